@@ -1,0 +1,37 @@
+# tandem: developer and demo entry points. `make demo` and `make test` work on a fresh machine
+# (Python 3.11, pip, make; no GPU). Torch is pinned here to the CPU wheel; the library itself
+# only asks for torch>=2.2.
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+TORCH_PIN ?= torch==2.13.0
+STAMP := $(VENV)/.installed
+
+.PHONY: setup demo test lint bench-share clean
+
+$(STAMP): pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+	$(BIN)/python -m pip install -q "$(TORCH_PIN)"
+	$(BIN)/python -m pip install -q -e ".[dev]"
+	touch $(STAMP)
+
+setup: $(STAMP)
+
+demo: setup
+	$(BIN)/tandem demo
+
+test: setup
+	$(BIN)/ruff check src tests benchmarks
+	$(BIN)/python -m pytest -q
+
+lint: setup
+	$(BIN)/ruff check src tests benchmarks
+	$(BIN)/ruff format --check src tests benchmarks
+
+bench-share: setup
+	$(BIN)/python -m pip install -q "tensorsocket==0.0.5" || echo "tensorsocket not installed: its column is skipped"
+	$(BIN)/python benchmarks/share_bench.py
+
+clean:
+	rm -rf $(VENV) .pytest_cache .ruff_cache src/*.egg-info

@@ -1,0 +1,169 @@
+"""The ``tandem`` command line: ``tandem share serve|ls``, ``tandem demo``, ``tandem bench share``."""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import json
+import logging
+import sys
+from pathlib import Path
+from typing import Any
+
+import click
+
+
+def load_object(ref: str) -> Any:
+    """Resolve ``MODULE:ATTR`` or ``path/to/file.py:ATTR``."""
+    module_name, sep, attr = ref.partition(":")
+    if not sep or not module_name or not attr:
+        raise click.BadParameter(f"{ref!r} is not of the form MODULE:FUNCTION")
+    try:
+        if module_name.endswith(".py") or "/" in module_name:
+            path = Path(module_name)
+            if not path.is_file():
+                raise click.BadParameter(f"no such file: {path}")
+            spec = importlib.util.spec_from_file_location(path.stem, path)
+            assert spec is not None and spec.loader is not None
+            module = importlib.util.module_from_spec(spec)
+            sys.modules[path.stem] = module
+            spec.loader.exec_module(module)
+        else:
+            sys.path.insert(0, str(Path.cwd()))
+            module = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise click.BadParameter(f"cannot import {module_name!r}: {exc}") from None
+    try:
+        return getattr(module, attr)
+    except AttributeError:
+        raise click.BadParameter(f"module {module_name!r} has no attribute {attr!r}") from None
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.option("-v", "--verbose", count=True, help="More log output (-v info, -vv debug).")
+def main(verbose: int) -> None:
+    """tandem: train more models on fewer resources on one server."""
+    level = logging.WARNING - 10 * min(verbose, 2)
+    logging.basicConfig(level=level, format="%(asctime)s %(name)s %(levelname)s: %(message)s")
+
+
+@main.group()
+def share() -> None:
+    """Shared data loading: one producer feeds many training processes."""
+
+
+@share.command("serve")
+@click.argument("name")
+@click.option("--loader", "loader_ref", help="MODULE:FUNCTION returning a re-iterable of batches.")
+@click.option("--dataset", "dataset_ref", help="MODULE:FUNCTION returning a map-style dataset.")
+@click.option("--batch-size", type=click.IntRange(min=1), default=32, show_default=True,
+              help="With --dataset: the producer's batch size.")
+@click.option("--shuffle/--no-shuffle", default=False, help="With --dataset: shuffle each epoch.")
+@click.option("--num-workers", type=click.IntRange(min=0), default=0, show_default=True,
+              help="With --dataset: DataLoader worker processes.")
+@click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--epochs", type=click.IntRange(min=1), default=None,
+              help="Stop after this many epochs (default: serve until stopped).")
+@click.option("--window", type=click.IntRange(min=2), default=8, show_default=True,
+              help="Batches in flight (shared-memory slots).")
+@click.option("--policy", type=click.Choice(["wait", "skip"]), default="wait", show_default=True,
+              help="wait: the slowest consumer sets the pace; skip: laggards miss batches.")
+def share_serve(
+    name: str, loader_ref: str | None, dataset_ref: str | None, batch_size: int, shuffle: bool,
+    num_workers: int, seed: int, epochs: int | None, window: int, policy: str,
+) -> None:  # fmt: skip
+    """Serve NAME to consumers on this host until stopped (Ctrl-C) or --epochs are done."""
+    from tandem.share import Producer, ShareError
+
+    if (loader_ref is None) == (dataset_ref is None):
+        raise click.UsageError("give exactly one of --loader MODULE:FUNCTION or --dataset MODULE:FUNCTION")
+    try:
+        if loader_ref is not None:
+            producer = Producer(load_object(loader_ref)(), name, window=window, policy=policy)
+        else:
+            producer = Producer.from_dataset(
+                load_object(dataset_ref)(), name, batch_size=batch_size, shuffle=shuffle,
+                num_workers=num_workers, seed=seed, window=window, policy=policy,
+            )  # fmt: skip
+    except (TypeError, ValueError) as exc:
+        raise click.UsageError(str(exc)) from None
+    click.echo(f"serving {name!r} (pid {__import__('os').getpid()}); Ctrl-C to stop", err=True)
+    try:
+        producer.serve(epochs=epochs)
+    except ShareError as exc:
+        raise click.ClickException(str(exc)) from None
+    click.echo(f"{name!r}: served {producer.epochs_served} epoch(s)", err=True)
+
+
+@share.command("ls")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
+@click.option("--timeout", type=float, default=2.0, show_default=True,
+              help="Seconds to wait for each producer's answer.")
+def share_ls(as_json: bool, timeout: float) -> None:
+    """List the producers on this host with their consumers, positions, lag and stalls."""
+    from dataclasses import asdict
+
+    from tandem.share.inspect import query_all
+
+    rows = query_all(timeout)
+    if as_json:
+        click.echo(json.dumps([asdict(r) if not isinstance(r, dict) else r for r in rows], indent=2))
+        return
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console()
+    if not rows:
+        console.print("no producers on this host")
+        return
+    for r in rows:
+        if isinstance(r, dict):  # a producer that did not answer
+            console.print(f"[bold]{r['name']}[/] (pid {r['pid']}): {r['error']}")
+            continue
+        console.print(
+            f"[bold]{r.name}[/] pid {r.pid}  policy {r.policy}  window {r.window}  "
+            f"epoch {r.epoch}  published {r.published}  {r.batches_per_s:.1f} batches/s  "
+            f"blocked {r.blocked_s:.1f} s  slab {r.slab_bytes / 2**20:.1f} MiB"
+        )
+        table = Table("id", "pid", "batch", "device", "position", "lag", "batches/s",
+                      "samples", "stall s", "missed", "attached s")  # fmt: skip
+        for c in r.consumers:
+            table.add_row(
+                str(c.consumer_id), str(c.pid), str(c.batch_size or "-"), c.device,
+                f"{c.epoch}:{c.offset}", str(c.lag), f"{c.batches_per_s:.1f}", str(c.samples),
+                f"{c.stall_s:.2f}", str(c.missed_batches), f"{c.attached_s:.0f}",
+            )  # fmt: skip
+        console.print(table)
+
+
+@main.command("demo")
+@click.option("--images", type=click.IntRange(min=16), default=768, show_default=True)
+@click.option("--epochs", type=click.IntRange(min=1), default=1, show_default=True)
+@click.option("--workdir", type=click.Path(path_type=Path), default=Path("runs/demo"),
+              show_default=True)
+def demo(images: int, epochs: int, workdir: Path) -> None:
+    """A producer plus 3 training processes (different models and batch sizes), shared vs private."""
+    from tandem.bench.demo import run_demo
+
+    run_demo(images=images, epochs=epochs, workdir=workdir)
+
+
+@main.group()
+def bench() -> None:
+    """Benchmarks."""
+
+
+@bench.command("share")
+@click.option("--jobs", default="1,2,4", show_default=True, help="Comma-separated job counts.")
+@click.option("--quick", is_flag=True, help="A small run, for a smoke test.")
+@click.option("--out", type=click.Path(path_type=Path), default=Path("benchmarks/results"),
+              show_default=True)
+def bench_share(jobs: str, quick: bool, out: Path) -> None:
+    """Shared against private data loading on a generated image folder."""
+    from tandem.bench.share_bench import run
+
+    run([int(j) for j in jobs.split(",")], quick=quick, out=out)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,356 @@
+"""The consumer: an iterable of batches served by a producer on this host.
+
+``for batch in Consumer("imagenet"):`` is one epoch; every ``iter()`` the next one. Batches
+are views into the producer's shared memory, valid until the consumer asks for the next
+batch (or calls :meth:`Consumer.release`). To keep a batch longer, copy it:
+``tandem.share.clone_batch(batch)``. Modifying a batch in place changes only this
+consumer's copy-on-write view, never the producer's data or another consumer's.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import socket
+import time
+import warnings
+import weakref
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+
+from tandem.share import protocol
+from tandem.share.cuda import DeviceCopier, check_device
+from tandem.share.errors import (
+    ConsumerTimeout,
+    MissedBatchesWarning,
+    ProducerError,
+    ProducerFinished,
+    ProducerGone,
+    ProducerNotFound,
+    ProducerStopped,
+    RefusedByProducer,
+)
+from tandem.share.order import Position, epoch_bounds
+from tandem.share.rebatch import Assembler, Piece
+from tandem.share.registry import live_producers, socket_path, validate_name
+from tandem.share.slab import SegmentMap
+from tandem.share.tree import flatten, unflatten
+
+
+class _Held:
+    """The producer batch this consumer is reading."""
+
+    __slots__ = ("msg", "piece_spec", "leaves")
+
+    def __init__(self, msg: protocol.Batch, spec: tuple, leaves: list[torch.Tensor]):
+        self.msg = msg
+        self.piece_spec = spec
+        self.leaves = leaves
+
+    @property
+    def end(self) -> Position:
+        return (self.msg.epoch, self.msg.offset + self.msg.count)
+
+
+class Consumer:
+    """Attach to the producer serving ``name`` on this host.
+
+    ``batch_size``: None for the producer's batches as they are, or any positive integer.
+    ``drop_last``: drop each epoch's last partial batch. ``timeout``: seconds to wait for the
+    producer to appear and for each answer. ``device``: ``"cpu"`` or ``"cuda[:N]"``.
+    """
+
+    def __init__(
+        self,
+        name: str,
+        batch_size: int | None = None,
+        drop_last: bool = False,
+        timeout: float = 120.0,
+        device: str = "cpu",
+    ):
+        validate_name(name)
+        if batch_size is not None and (
+            isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1
+        ):
+            raise ValueError(f"batch_size must be a positive integer or None, got {batch_size!r}")
+        if not isinstance(timeout, (int, float)) or timeout <= 0:
+            raise ValueError(f"timeout must be a positive number of seconds, got {timeout!r}")
+        self.name = name
+        self.batch_size = batch_size
+        self.drop_last = drop_last
+        self.timeout = float(timeout)
+        self.device = check_device(device)
+        self._copier = DeviceCopier(self.device) if self.device.type == "cuda" else None
+        self._segments = SegmentMap(writable_private=self._copier is None)
+        if self._copier is not None:
+            self._segments.on_map = self._copier.pin
+        self.stall_s = 0.0
+        self.samples = 0
+        self.batches = 0
+        self.missed_batches = 0
+        self.missed_samples = 0
+        self._cur: _Held | None = None
+        self._release: list[int] = []
+        self._end: protocol.End | None = None
+        self._k = 0  # this consumer's epoch counter
+        self._closed = False
+        self._sock = self._connect()
+        self._finalizer = weakref.finalize(self, self._sock.close)
+        welcome = self._hello()
+        self.producer_pid = welcome.pid
+        self.policy = welcome.policy
+        self.start: Position = (welcome.start_epoch, welcome.start_offset)
+        self._pos: Position = self.start
+        self._samples_per_epoch = welcome.samples_per_epoch
+        self._producer_batch = welcome.batch_size
+
+    # ------------------------------------------------------------------ connection
+    def _connect(self) -> socket.socket:
+        path = socket_path(self.name)
+        deadline = time.monotonic() + self.timeout
+        while True:
+            sock = protocol.new_socket()
+            try:
+                sock.connect(str(path))
+                sock.settimeout(self.timeout)
+                return sock
+            except (FileNotFoundError, ConnectionRefusedError):
+                sock.close()
+            if time.monotonic() >= deadline:
+                live = [p.name for p in live_producers()]
+                raise ProducerNotFound(
+                    f"no producer named {self.name!r} on this host after {self.timeout:g} s; "
+                    + (f"live producers: {', '.join(live)}" if live else "no producer is live")
+                    + f" (runtime dir {path.parent}). Start one with "
+                    f"`tandem share serve {self.name} --loader MODULE:FUNCTION`"
+                )
+            time.sleep(0.05)
+
+    def _hello(self) -> protocol.Welcome:
+        hello = protocol.Hello(
+            protocol.PROTOCOL_VERSION, os.getpid(), self.batch_size, self.drop_last, str(self.device)
+        )
+        reply = self._call(hello, "attaching")
+        if isinstance(reply, protocol.Refused):
+            self.close()
+            raise RefusedByProducer(f"producer {self.name!r} refused this consumer: {reply.reason}")
+        if not isinstance(reply, protocol.Welcome):
+            self.close()
+            raise protocol.ProtocolError(f"expected Welcome, got {type(reply).__name__}")
+        return reply
+
+    def _call(self, message: object, doing: str) -> object:
+        try:
+            protocol.send(self._sock, message)
+        except OSError:
+            # The producer may have left a final message (End/Failed) before closing.
+            self._sock.settimeout(0.5)
+        return self._receive(doing)
+
+    def _receive(self, doing: str) -> object:
+        pid = getattr(self, "producer_pid", None)
+        who = f"producer {self.name!r}" + (f" (pid {pid})" if pid else "")
+        try:
+            message, fds = protocol.recv(self._sock)
+        except (socket.timeout, TimeoutError):
+            raise ConsumerTimeout(
+                f"no answer from {who} within {self.timeout:g} s while {doing}; it may be "
+                "waiting for a stopped consumer (see `tandem share ls`), or raise timeout="
+            ) from None
+        except (EOFError, OSError) as exc:
+            raise ProducerGone(f"{who} is gone: the connection closed while {doing} ({exc})") from None
+        finally:
+            self._sock.settimeout(self.timeout)
+        if isinstance(message, protocol.Batch) and message.fd_attached:
+            if not fds:
+                raise protocol.ProtocolError("batch announced a segment but carried no fd")
+            self._segments.add(message.segment, fds[0])
+        return message
+
+    # ------------------------------------------------------------------ iteration
+    def __len__(self) -> int:
+        n = self._samples_per_epoch
+        if n is None:
+            raise TypeError("the producer's epoch length is not known (its source has no len())")
+        if self.batch_size is not None:
+            return n // self.batch_size if self.drop_last else math.ceil(n / self.batch_size)
+        pbs = self._producer_batch
+        if pbs is None:
+            raise TypeError("the producer's batch size is not fixed; ask for a batch_size")
+        p = self.start[1]
+        head = math.ceil((n - p) / pbs)
+        tail = p // pbs
+        if self.drop_last:
+            head = (n - p) // pbs
+        return head + tail
+
+    def __iter__(self) -> Iterator[Any]:
+        return self._epoch()
+
+    def _epoch(self) -> Iterator[Any]:
+        begin, end = epoch_bounds(self.start, self._k)
+        self._k += 1
+        self._skip_until(begin)
+        size = self.batch_size
+        while True:
+            asm = Assembler(size or 0)
+            while self._pos < end and (size is None and asm.empty or size is not None and asm.n < size):
+                if not self._readable():
+                    if asm.holds_views:
+                        asm.materialize()  # copy out before the slot is released
+                    if not self._advance(end, asm.n):
+                        break
+                    continue
+                assert self._cur is not None
+                msg = self._cur.msg
+                a = self._pos[1] - msg.offset
+                stop = msg.count if end[0] != msg.epoch else min(msg.count, end[1] - msg.offset)
+                want = stop - a if size is None else min(stop - a, size - asm.n)
+                asm.add(Piece(self._cur.piece_spec, self._cur.leaves, msg.count, a, a + want))
+                self._pos = (msg.epoch, msg.offset + a + want)
+            if asm.empty:
+                return
+            if size is not None and asm.n < size and self.drop_last:
+                return
+            batch = asm.result()
+            self.samples += asm.n
+            self.batches += 1
+            if self._copier is not None:
+                batch = self._copier.to_device(batch)
+            yield batch
+            if self._pos >= end:
+                return
+
+    def _readable(self) -> bool:
+        cur = self._cur
+        return cur is not None and cur.msg.epoch == self._pos[0] and self._pos[1] < cur.end[1]
+
+    def _skip_until(self, begin: Position) -> None:
+        """Discard what is left of an epoch the caller abandoned, up to the next epoch."""
+        while self._pos < begin:
+            if self._readable():
+                assert self._cur is not None
+                if self._cur.msg.epoch == begin[0]:
+                    self._pos = (begin[0], min(begin[1], self._cur.end[1]))
+                else:
+                    self._pos = self._cur.end
+                continue
+            if not self._advance(begin, 0):
+                return
+
+    def _advance(self, end: Position, have: int) -> bool:
+        """Fetch the next producer entry. False when the stream ended exactly at a boundary."""
+        if self._cur is not None:
+            self._release.append(self._cur.msg.seq)
+            self._segments.released(self._cur.msg.segment.slot)
+            self._cur = None
+        if self._end is not None:
+            return self._at_end(end, have)
+        if self._copier is not None:
+            self._copier.wait()
+        t0 = time.perf_counter()
+        reply = self._call(
+            protocol.Next(tuple(self._release), self.stall_s, self.samples), "waiting for a batch"
+        )
+        self.stall_s += time.perf_counter() - t0
+        self._release.clear()
+        if isinstance(reply, protocol.Batch):
+            self._on_batch(reply)
+        elif isinstance(reply, protocol.EpochEnd):
+            self._pos = max(self._pos, (reply.epoch + 1, 0))
+        elif isinstance(reply, protocol.End):
+            self._end = reply
+            return self._at_end(end, have)
+        elif isinstance(reply, protocol.Failed):
+            raise ProducerError(reply.message)
+        else:
+            raise protocol.ProtocolError(f"unexpected {type(reply).__name__} from the producer")
+        return True
+
+    def _on_batch(self, msg: protocol.Batch) -> None:
+        if msg.missed_batches:
+            self.missed_batches += msg.missed_batches
+            self.missed_samples += msg.missed_samples
+            warnings.warn(
+                f"consumer of {self.name!r} fell behind the producer's window and missed "
+                f"{msg.missed_batches} batch(es), {msg.missed_samples} sample(s) "
+                f"({self.missed_batches} batches in all); use policy='wait' on the producer "
+                "to never miss data",
+                MissedBatchesWarning,
+                stacklevel=4,
+            )
+        spec, leaves = self._segments.open(msg)
+        self._cur = _Held(msg, spec, leaves)
+        self._pos = max(self._pos, (msg.epoch, msg.offset))
+
+    def _at_end(self, end: Position, have: int) -> bool:
+        assert self._end is not None
+        begin = (end[0] - 1, end[1])
+        at_boundary = have == 0 and self._pos <= begin
+        if self._end.finished and at_boundary:
+            raise ProducerFinished(
+                f"producer {self.name!r} has finished ({self._end.reason}); "
+                f"this consumer has no further epoch"
+            )
+        if at_boundary and have == 0 and self._pos == begin:
+            raise ProducerStopped(f"producer {self.name!r} stopped: {self._end.reason}")
+        raise ProducerStopped(
+            f"producer {self.name!r} stopped before the end of this consumer's epoch "
+            f"({self._end.reason}); the epoch ended at producer position {self._pos}, "
+            f"short of {end}"
+        )
+
+    # ------------------------------------------------------------------ lifecycle
+    def release(self) -> None:
+        """Release the producer batches behind the last batch now, not at the next request.
+
+        The last batch's tensors must not be used afterwards (copy what you keep).
+        """
+        seqs = list(self._release)
+        if self._cur is not None and self._pos >= self._cur.end:
+            seqs.append(self._cur.msg.seq)
+            self._segments.released(self._cur.msg.segment.slot)
+            self._cur = None
+        if not seqs:
+            return
+        if self._copier is not None:
+            self._copier.wait()
+        try:
+            protocol.send(self._sock, protocol.Release(tuple(seqs)))
+        except OSError:
+            pass
+        self._release.clear()
+
+    def close(self) -> None:
+        """Detach from the producer (also done when the process exits or dies)."""
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            protocol.send(self._sock, protocol.Bye())
+        except OSError:
+            pass
+        if self._copier is not None:
+            self._copier.close()
+        self._cur = None
+        self._segments.close()
+        self._finalizer()
+
+    def __enter__(self) -> Consumer:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    @property
+    def position(self) -> Position:
+        """This consumer's position in the producer's stream: (epoch, sample offset)."""
+        return self._pos
+
+
+def clone_batch(batch: Any) -> Any:
+    """A deep copy of a batch's tensors, to keep it past the next step."""
+    spec, leaves = flatten(batch)
+    return unflatten(spec, [t.clone() for t in leaves])

@@ -1,0 +1,78 @@
+"""Host-to-GPU hand-off for consumers that ask for ``device="cuda:N"`` (guarded: CPU-only safe).
+
+A consumer on a GPU maps the producer's segments read-only and shared, and pins each segment
+once with ``cudaHostRegister`` (read-only flag), so batches go to the device in
+non-blocking copies straight from the shared pages. The slot is released only after a CUDA
+event recorded after the copies has completed: release by event, never by time.
+
+Nothing here runs, or imports CUDA state, unless a CUDA device is asked for.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import mmap
+from typing import Any
+
+import torch
+
+from tandem.share.errors import ShareError
+from tandem.share.tree import flatten, unflatten
+
+_HOST_REGISTER_READ_ONLY = 0x08  # cudaHostRegisterReadOnly
+
+
+def check_device(device: str) -> torch.device:
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, TypeError) as exc:
+        raise ValueError(f"invalid device {device!r}: {exc}") from None
+    if dev.type == "cpu":
+        return dev
+    if dev.type != "cuda":
+        raise ValueError(f"device must be 'cpu' or 'cuda[:N]', got {device!r}")
+    if not torch.cuda.is_available():
+        raise ShareError(
+            f"device {device!r} asked for, but CUDA is not available in this process "
+            "(CPU-only torch build or no GPU); use device='cpu'"
+        )
+    if dev.index is not None and dev.index >= torch.cuda.device_count():
+        raise ShareError(f"device {device!r}: only {torch.cuda.device_count()} CUDA device(s)")
+    return dev
+
+
+class DeviceCopier:
+    """Pins mapped segments and moves batches to one CUDA device, tracking completion."""
+
+    def __init__(self, device: torch.device):
+        self.device = device
+        self._registered: list[tuple[int, Any]] = []
+        self._pending: torch.cuda.Event | None = None
+
+    def pin(self, mm: mmap.mmap, u8: torch.Tensor) -> None:
+        ptr = u8.data_ptr()
+        err = torch.cuda.cudart().cudaHostRegister(ptr, len(mm), _HOST_REGISTER_READ_ONLY)
+        if int(err) != 0:
+            raise ShareError(f"cudaHostRegister of a {len(mm)}-byte segment failed: {err}")
+        self._registered.append((ptr, mm))  # keep the mapping alive while registered
+
+    def to_device(self, batch: Any) -> Any:
+        spec, leaves = flatten(batch)
+        with torch.cuda.device(self.device):
+            moved = [t.to(self.device, non_blocking=True) for t in leaves]
+            event = torch.cuda.Event()
+            event.record()
+        self._pending = event
+        return unflatten(spec, moved)
+
+    def wait(self) -> None:
+        """Block until the last batch's copies are done, so its slots may be released."""
+        if self._pending is not None:
+            self._pending.synchronize()
+            self._pending = None
+
+    def close(self) -> None:
+        self.wait()
+        for ptr, _mm in self._registered:
+            torch.cuda.cudart().cudaHostUnregister(ctypes.c_void_p(ptr).value)
+        self._registered.clear()

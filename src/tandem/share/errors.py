@@ -1,0 +1,51 @@
+"""Exceptions raised by tandem.share, each named for what went wrong."""
+
+from __future__ import annotations
+
+
+class ShareError(Exception):
+    """Base class of every error tandem.share raises."""
+
+
+class ProducerNotFound(ShareError):
+    """No producer serves the requested name (within the consumer's timeout)."""
+
+
+class ProducerExists(ShareError):
+    """A producer with this name is already live on this host."""
+
+
+class ProducerGone(ShareError):
+    """The producer died or closed the connection while this consumer was attached."""
+
+
+class ProducerStopped(ShareError):
+    """The producer stopped (signal, ``stop()``) before this consumer's epoch was complete."""
+
+
+class ProducerFinished(ShareError):
+    """The producer has served every epoch it was asked to; there is no further epoch."""
+
+
+class ProducerError(ShareError):
+    """The producer failed while loading or publishing a batch; the message says where."""
+
+
+class ConsumerTimeout(ShareError):
+    """The consumer waited longer than its ``timeout`` for the producer to answer."""
+
+
+class RefusedByProducer(ShareError):
+    """The producer refused this consumer (protocol version, bad options, shutting down)."""
+
+
+class UnsupportedBatch(ShareError, TypeError):
+    """A batch holds an element tandem cannot carry; the message names where it sits."""
+
+
+class ProtocolError(ShareError):
+    """A control message could not be understood."""
+
+
+class MissedBatchesWarning(UserWarning):
+    """Under the ``"skip"`` policy, this consumer fell behind and missed batches."""

@@ -1,0 +1,31 @@
+"""Ask live producers on this host for their statistics (what ``tandem share ls`` shows)."""
+
+from __future__ import annotations
+
+from tandem.share import protocol
+from tandem.share.registry import live_producers
+
+
+def query(path: str, timeout: float = 2.0) -> protocol.StatsReply:
+    sock = protocol.new_socket()
+    sock.settimeout(timeout)
+    try:
+        sock.connect(path)
+        protocol.send(sock, protocol.Stats())
+        reply, _ = protocol.recv(sock)
+    finally:
+        sock.close()
+    if not isinstance(reply, protocol.StatsReply):
+        raise protocol.ProtocolError(f"expected StatsReply, got {type(reply).__name__}")
+    return reply
+
+
+def query_all(timeout: float = 2.0) -> list[protocol.StatsReply | dict]:
+    """Stats of every live producer; one that does not answer is a dict with its error."""
+    out: list[protocol.StatsReply | dict] = []
+    for entry in live_producers():
+        try:
+            out.append(query(str(entry.socket_path), timeout))
+        except (OSError, EOFError, protocol.ProtocolError) as exc:
+            out.append({"name": entry.name, "pid": entry.pid, "error": f"no answer ({exc})"})
+    return out

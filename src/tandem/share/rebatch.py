@@ -1,0 +1,130 @@
+"""Cut and join producer batches into a consumer's own batch size.
+
+A *piece* is samples ``[a, b)`` of one producer batch. A consumer batch that lies inside one
+producer batch is returned as views of the shared memory (zero copies). One that spans
+producer batches is assembled into fresh tensors: each piece is copied in exactly once,
+before its producer batch is released, so a consumer never holds more than the producer
+batch it is reading plus the next.
+
+Per-sample elements are tensors whose first dimension equals the producer batch's sample
+count, and lists of plain values of that length; they are sliced and joined. Anything else
+(a scalar, a tensor of another length) is taken from the first piece.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from tandem.share.errors import ShareError
+from tandem.share.tree import Spec, map_plain_lists, plain_lists, unflatten
+
+
+@dataclass(slots=True)
+class Piece:
+    spec: Spec
+    leaves: list[torch.Tensor]
+    count: int  # samples in the whole producer batch
+    a: int
+    b: int
+
+    def _per_sample(self, t: torch.Tensor) -> bool:
+        return t.dim() >= 1 and t.shape[0] == self.count
+
+    def view(self) -> Any:
+        if self.a == 0 and self.b == self.count:
+            return unflatten(self.spec, self.leaves)
+        leaves = [t.narrow(0, self.a, self.b - self.a) if self._per_sample(t) else t for t in self.leaves]
+        spec = map_plain_lists(
+            self.spec, lambda v: v[self.a : self.b] if len(v) == self.count else v
+        )
+        return unflatten(spec, leaves)
+
+
+class Assembler:
+    """Builds one consumer batch of up to ``size`` samples from pieces."""
+
+    def __init__(self, size: int):
+        self.size = size
+        self.n = 0
+        self._first: Piece | None = None
+        self._out: list[torch.Tensor | None] | None = None
+        self._keep: list[torch.Tensor] = []
+        self._lists: list[list] = []
+        self._list_per_sample: list[bool] = []
+        self._spec: Spec | None = None
+
+    @property
+    def empty(self) -> bool:
+        return self.n == 0
+
+    @property
+    def holds_views(self) -> bool:
+        """True while the batch still points into a producer slot (not yet copied)."""
+        return self._first is not None
+
+    def add(self, piece: Piece) -> None:
+        if self._first is None and self._out is None:
+            self._first = piece
+            self.n = piece.b - piece.a
+            return
+        if self._first is not None:
+            self.materialize()
+        self._copy_in(piece)
+
+    def materialize(self) -> None:
+        """Copy the pieces gathered so far out of shared memory (before their release)."""
+        first = self._first
+        if first is None:
+            return
+        self._first = None
+        self._spec = first.spec
+        self._out = []
+        self._keep = list(first.leaves)
+        for t in first.leaves:
+            if first._per_sample(t):
+                self._out.append(torch.empty((self.size, *t.shape[1:]), dtype=t.dtype))
+            else:
+                self._out.append(None)
+        lists = plain_lists(first.spec)
+        self._list_per_sample = [len(v) == first.count for v in lists]
+        self._lists = [[] if ps else list(v) for v, ps in zip(lists, self._list_per_sample)]
+        self.n = 0
+        self._copy_in(first)
+
+    def _copy_in(self, piece: Piece) -> None:
+        assert self._out is not None
+        m = piece.b - piece.a
+        if len(piece.leaves) != len(self._out):
+            raise ShareError(
+                "cannot join producer batches of different structure into one consumer batch; "
+                "use batch_size=None or a batch size that divides the producer's"
+            )
+        for i, (t, out) in enumerate(zip(piece.leaves, self._out)):
+            if out is None:
+                continue
+            if not piece._per_sample(t) or t.shape[1:] != out.shape[1:] or t.dtype != out.dtype:
+                raise ShareError(
+                    f"cannot join producer batches into one consumer batch: tensor {i} has "
+                    f"shape {tuple(t.shape)} {t.dtype} in one and {tuple(out.shape[1:])} per "
+                    f"sample {out.dtype} in another; use batch_size=None or a batch size "
+                    "that divides the producer's"
+                )
+            out[self.n : self.n + m].copy_(t[piece.a : piece.b])
+        for j, values in enumerate(plain_lists(piece.spec)):
+            if j < len(self._lists) and self._list_per_sample[j]:
+                self._lists[j].extend(values[piece.a : piece.b])
+        self.n += m
+
+    def result(self) -> Any:
+        if self._first is not None:
+            return self._first.view()
+        assert self._out is not None and self._spec is not None
+        leaves = [
+            keep if out is None else out[: self.n] for out, keep in zip(self._out, self._keep)
+        ]
+        it = iter(self._lists)
+        spec = map_plain_lists(self._spec, lambda _v: next(it))
+        return unflatten(spec, leaves)

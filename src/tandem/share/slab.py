@@ -1,0 +1,183 @@
+"""The host slab: producer-owned shared memory that batches are written into once.
+
+Each slot is one anonymous ``memfd`` segment (``os.memfd_create``). The kernel frees a memfd
+when its last file descriptor and last mapping are gone, so no segment can outlive the
+processes using it, SIGKILL included: there is nothing in /dev/shm to leak or sweep.
+
+A slot's layout: every tensor of the batch, contiguous, each at a 64-byte aligned offset,
+then the pickled *meta* (batch spec and tensor descriptors). A slot grows by replacing its
+segment with a larger one (a new ``segment_id``); a consumer drops its mapping of the old
+one when it first sees the new one, and tensors it still holds keep the old memory alive.
+
+Consumers map segments copy-on-write (``MAP_PRIVATE``) and drop their private pages when
+they release a batch (``MADV_DONTNEED``): a consumer that modifies a batch in place changes
+only its own view, never the producer's data or another consumer's. Consumers that copy
+batches to a GPU map read-only and shared instead, so the pages can be pinned.
+"""
+
+from __future__ import annotations
+
+import mmap
+import os
+import pickle
+import warnings
+from dataclasses import dataclass
+
+import torch
+
+from tandem.share import protocol
+from tandem.share.tree import Spec
+
+ALIGN = 64
+PAGE = mmap.PAGESIZE
+MIN_SEGMENT = 1 << 20
+
+
+def _round_up(n: int, to: int) -> int:
+    return (n + to - 1) // to * to
+
+
+@dataclass(frozen=True, slots=True)
+class TensorDesc:
+    offset: int
+    dtype: torch.dtype
+    shape: tuple[int, ...]
+
+
+class _HostSegment:
+    def __init__(self, segment_id: int, slot: int, size: int, label: str):
+        self.segment_id = segment_id
+        self.slot = slot
+        self.size = size
+        self.fd = os.memfd_create(f"tandem:{label}:{segment_id}", os.MFD_CLOEXEC)
+        os.ftruncate(self.fd, size)
+        self.mm = mmap.mmap(self.fd, size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
+        self.u8 = torch.frombuffer(self.mm, dtype=torch.uint8)
+
+    def close(self) -> None:
+        os.close(self.fd)
+        # The mapping goes when the last tensor viewing it does; closing it under live views
+        # would be a use-after-unmap.
+        self.u8 = None  # type: ignore[assignment]
+        self.mm = None  # type: ignore[assignment]
+
+    def message(self) -> protocol.Segment:
+        return protocol.Segment("host", self.segment_id, self.slot, self.size)
+
+
+class HostSlab:
+    """The producer's pool of slots in host shared memory."""
+
+    def __init__(self, label: str, slots: int):
+        self.label = label
+        self._segments: list[_HostSegment | None] = [None] * slots
+        self._next_id = 0
+
+    @property
+    def slots(self) -> int:
+        return len(self._segments)
+
+    def add_slot(self) -> int:
+        self._segments.append(None)
+        return len(self._segments) - 1
+
+    @property
+    def nbytes(self) -> int:
+        return sum(s.size for s in self._segments if s is not None)
+
+    def segment(self, slot: int) -> _HostSegment:
+        seg = self._segments[slot]
+        assert seg is not None
+        return seg
+
+    def write(self, slot: int, spec: Spec, leaves: list[torch.Tensor]) -> tuple[int, int]:
+        """Copy a flattened batch into ``slot``; returns ``(meta_offset, meta_len)``."""
+        descs = []
+        offset = 0
+        for t in leaves:
+            descs.append(TensorDesc(offset, t.dtype, tuple(t.shape)))
+            offset = _round_up(offset + t.numel() * t.element_size(), ALIGN)
+        meta = pickle.dumps((spec, descs), protocol=pickle.HIGHEST_PROTOCOL)
+        needed = offset + len(meta)
+        seg = self._segments[slot]
+        if seg is None or seg.size < needed:
+            if seg is not None:
+                seg.close()
+            size = _round_up(max(needed + needed // 4, MIN_SEGMENT), PAGE)
+            seg = _HostSegment(self._next_id, slot, size, self.label)
+            self._next_id += 1
+            self._segments[slot] = seg
+        for t, d in zip(leaves, descs):
+            nbytes = t.numel() * t.element_size()
+            if nbytes:
+                dst = seg.u8[d.offset : d.offset + nbytes].view(t.dtype).view(t.shape)
+                dst.copy_(t)
+        seg.mm[offset:needed] = meta
+        return offset, len(meta)
+
+    def close(self) -> None:
+        for seg in self._segments:
+            if seg is not None:
+                seg.close()
+        self._segments = [None] * len(self._segments)
+
+
+class SegmentMap:
+    """A consumer's mappings of the producer's segments, keyed by slot."""
+
+    def __init__(self, writable_private: bool = True):
+        self._private = writable_private
+        self._by_slot: dict[int, tuple[int, mmap.mmap, torch.Tensor]] = {}
+        self._used: dict[int, int] = {}  # slot -> bytes touched by the current batch
+        self.on_map = None  # hook (e.g. pin for CUDA): called with (mmap, tensor)
+
+    def add(self, segment: protocol.Segment, fd: int) -> None:
+        try:
+            if self._private:
+                mm = mmap.mmap(fd, segment.size, mmap.MAP_PRIVATE, mmap.PROT_READ | mmap.PROT_WRITE)
+            else:
+                mm = mmap.mmap(fd, segment.size, mmap.MAP_SHARED, mmap.PROT_READ)
+        finally:
+            os.close(fd)  # the mapping keeps the memory alive
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # read-only buffer warning for the shared mapping
+            u8 = torch.frombuffer(mm, dtype=torch.uint8)
+        if self.on_map is not None:
+            self.on_map(mm, u8)
+        self._by_slot[segment.slot] = (segment.segment_id, mm, u8)
+
+    def has(self, segment: protocol.Segment) -> bool:
+        current = self._by_slot.get(segment.slot)
+        return current is not None and current[0] == segment.segment_id
+
+    def open(self, batch: protocol.Batch) -> tuple[Spec, list[torch.Tensor]]:
+        segment_id, mm, u8 = self._by_slot[batch.segment.slot]
+        if segment_id != batch.segment.segment_id:
+            raise protocol.ProtocolError(
+                f"batch {batch.seq} names segment {batch.segment.segment_id}, "
+                f"but slot {batch.segment.slot} is mapped to segment {segment_id}"
+            )
+        spec, descs = pickle.loads(mm[batch.meta_offset : batch.meta_offset + batch.meta_len])
+        leaves = []
+        for d in descs:
+            numel = 1
+            for s in d.shape:
+                numel *= s
+            if numel == 0:
+                leaves.append(torch.empty(d.shape, dtype=d.dtype))
+                continue
+            nbytes = numel * torch.empty((), dtype=d.dtype).element_size()
+            leaves.append(u8[d.offset : d.offset + nbytes].view(d.dtype).view(d.shape))
+        self._used[batch.segment.slot] = batch.meta_offset + batch.meta_len
+        return spec, leaves
+
+    def released(self, slot: int) -> None:
+        """Forget this consumer's private changes to ``slot`` before the producer reuses it."""
+        used = self._used.pop(slot, 0)
+        entry = self._by_slot.get(slot)
+        if self._private and entry is not None and used:
+            entry[1].madvise(mmap.MADV_DONTNEED, 0, min(_round_up(used, PAGE), len(entry[1])))
+
+    def close(self) -> None:
+        self._by_slot.clear()
+        self._used.clear()

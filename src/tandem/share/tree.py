@@ -1,0 +1,148 @@
+"""Batch structures: flatten a nested batch into tensors plus a picklable spec, and rebuild it.
+
+A batch may nest tuples, lists, dicts, namedtuples and dataclasses, with tensors and plain
+values (int, float, bool, str, bytes, None) at the leaves. ``flatten`` checks every element
+and raises :class:`UnsupportedBatch` naming where a bad one sits (``batch['meta'][2]``).
+
+Spec nodes (plain tuples so they pickle small and fast)::
+
+    ("T", i)                 the i-th tensor leaf
+    ("V", value)             a plain value
+    ("P", [values])          a list of plain values (e.g. file names: one per sample)
+    ("tuple", [nodes]) ("list", [nodes]) ("dict", [(key, node)])
+    ("nt", cls, [nodes])     namedtuple
+    ("dc", cls, [(field, node)])  dataclass
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from tandem.share.errors import UnsupportedBatch
+
+PLAIN = (int, float, bool, str, bytes, type(None))
+Spec = tuple
+
+
+def _is_namedtuple(obj: object) -> bool:
+    return isinstance(obj, tuple) and hasattr(type(obj), "_fields")
+
+
+def flatten(batch: object) -> tuple[Spec, list[torch.Tensor]]:
+    leaves: list[torch.Tensor] = []
+
+    def walk(obj: object, path: str) -> Spec:
+        if isinstance(obj, torch.Tensor):
+            if obj.is_sparse or obj.layout != torch.strided:
+                raise UnsupportedBatch(
+                    f"{path}: a {obj.layout} tensor cannot be shared; convert it with .to_dense()"
+                )
+            if obj.requires_grad:
+                obj = obj.detach()
+            leaves.append(obj)
+            return ("T", len(leaves) - 1)
+        if isinstance(obj, PLAIN):
+            return ("V", obj)
+        if _is_namedtuple(obj):
+            return ("nt", type(obj), [walk(v, f"{path}.{f}") for f, v in zip(obj._fields, obj)])
+        if isinstance(obj, list) and obj and all(isinstance(v, PLAIN) for v in obj):
+            return ("P", list(obj))
+        if isinstance(obj, (tuple, list)):
+            kind = "tuple" if isinstance(obj, tuple) else "list"
+            return (kind, [walk(v, f"{path}[{i}]") for i, v in enumerate(obj)])
+        if isinstance(obj, dict):
+            items = []
+            for k, v in obj.items():
+                if not isinstance(k, PLAIN):
+                    raise UnsupportedBatch(
+                        f"{path}: dict key {k!r} of type {type(k).__name__} cannot be shared; "
+                        "use str, int, float, bool or None keys"
+                    )
+                items.append((k, walk(v, f"{path}[{k!r}]")))
+            return ("dict", items)
+        if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+            fields = [
+                (f.name, walk(getattr(obj, f.name), f"{path}.{f.name}"))
+                for f in dataclasses.fields(obj)
+                if f.init
+            ]
+            return ("dc", type(obj), fields)
+        hint = ""
+        if type(obj).__module__ == "numpy":
+            hint = "; convert numpy values with torch.as_tensor() in your collate function"
+        raise UnsupportedBatch(
+            f"{path}: an element of type {type(obj).__module__}.{type(obj).__qualname__} "
+            "cannot be shared; a batch may hold tensors, int, float, bool, str, bytes, None, "
+            f"and tuples, lists, dicts, namedtuples and dataclasses of them{hint}"
+        )
+
+    spec = walk(batch, "batch")
+    return spec, leaves
+
+
+def unflatten(spec: Spec, leaves: list[torch.Tensor]) -> Any:
+    kind = spec[0]
+    if kind == "T":
+        return leaves[spec[1]]
+    if kind == "V":
+        return spec[1]
+    if kind == "P":
+        return list(spec[1])
+    if kind == "tuple":
+        return tuple(unflatten(s, leaves) for s in spec[1])
+    if kind == "list":
+        return [unflatten(s, leaves) for s in spec[1]]
+    if kind == "dict":
+        return {k: unflatten(s, leaves) for k, s in spec[1]}
+    if kind == "nt":
+        return spec[1](*(unflatten(s, leaves) for s in spec[2]))
+    if kind == "dc":
+        return spec[1](**{name: unflatten(s, leaves) for name, s in spec[2]})
+    raise ValueError(f"unknown spec node {kind!r}")
+
+
+def map_plain_lists(spec: Spec, fn: Callable[[list], list]) -> Spec:
+    """A copy of ``spec`` with every per-sample plain list replaced by ``fn(list)``."""
+    kind = spec[0]
+    if kind == "P":
+        return ("P", fn(spec[1]))
+    if kind in ("T", "V"):
+        return spec
+    if kind in ("tuple", "list"):
+        return (kind, [map_plain_lists(s, fn) for s in spec[1]])
+    if kind == "dict":
+        return ("dict", [(k, map_plain_lists(s, fn)) for k, s in spec[1]])
+    if kind == "nt":
+        return ("nt", spec[1], [map_plain_lists(s, fn) for s in spec[2]])
+    return ("dc", spec[1], [(n, map_plain_lists(s, fn)) for n, s in spec[2]])
+
+
+def plain_lists(spec: Spec) -> list[list]:
+    """Every per-sample plain list in ``spec``, in a fixed walk order."""
+    out: list[list] = []
+
+    def collect(values: list) -> list:
+        out.append(values)
+        return values
+
+    map_plain_lists(spec, collect)
+    return out
+
+
+def sample_count(spec: Spec, leaves: list[torch.Tensor]) -> int:
+    """Samples in a batch: the first dimension of its first tensor (or first plain list)."""
+    for t in leaves:
+        if t.dim() >= 1:
+            return int(t.shape[0])
+    lists = plain_lists(spec)
+    if lists:
+        return len(lists[0])
+    raise UnsupportedBatch(
+        "batch: cannot tell how many samples it holds (no tensor with a batch dimension "
+        "and no per-sample list); give it at least one tensor whose first dimension is the "
+        "batch size"
+    )
