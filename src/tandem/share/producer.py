@@ -141,6 +141,8 @@ class Producer:
         self._thread: threading.Thread | None = None
         self._wake_r, self._wake_w = socket.socketpair()
         self._started = False
+        self._ever_attached = False
+        self._epochs_target: int | None = None
         self._published_batches = 0
         self._recent = collections.deque(maxlen=64)
         self.blocked_s = 0.0
@@ -274,6 +276,7 @@ class Producer:
         if epochs is not None and (not isinstance(epochs, int) or epochs < 1):
             raise ValueError(f"epochs must be a positive integer or None, got {epochs!r}")
         owns = not self._started
+        self._epochs_target = epochs
         self.start()
         restore = self._install_signal_handlers()
         failure: BaseException | None = None
@@ -319,6 +322,8 @@ class Producer:
         while self._stop_reason is None:
             limit = None
             if epochs is not None and epoch >= epochs:
+                if not self._wait_first_consumer():
+                    break
                 with self._cond:
                     limit = max((c.cut for c in self._consumers.values()), default=0)
                     self._wrapping = True
@@ -357,6 +362,15 @@ class Producer:
                 self._publish_end(self._stop_reason, finished=False)
             else:
                 self._publish_end(f"served {epochs} epoch(s)", finished=True)
+
+    def _wait_first_consumer(self) -> bool:
+        """A run shorter than the window must not end before anyone could take it."""
+        with self._cond:
+            while not self._ever_attached:
+                if self._stop_reason is not None:
+                    return False
+                self._cond.wait(_TICK)
+            return True
 
     def _count(self, spec: tuple, leaves: list, offset: int) -> int:
         if self._sampler is not None and self._batch_size is not None:
@@ -655,12 +669,16 @@ class Producer:
                 ),
             )
             return None
-        if self._end_seq is not None or self._wrapping or self._stop_reason is not None:
+        join = self._join_point()
+        if join is None:
             self._send_quietly(
-                conn, protocol.Refused(f"producer {self.name!r} is finishing; no new consumers")
+                conn,
+                protocol.Refused(
+                    f"producer {self.name!r} is finishing and has no full epoch left to serve"
+                ),
             )
             return None
-        cursor, start = self._join_point()
+        cursor, start = join
         cut = start[1] if start[0] == self._epoch else 0
         c = _Consumer(
             self._next_cid, conn, hello.pid, hello.batch_size, hello.device, cursor, start, cut
@@ -676,16 +694,28 @@ class Producer:
         except OSError:
             return None
         self._consumers[c.cid] = c
+        self._ever_attached = True
         log.info("consumer %d (pid %d) attached at %s", c.cid, c.pid, start)
         self._cond.notify_all()
         return c
 
-    def _join_point(self) -> tuple[int, tuple[int, int]]:
-        """Where a new consumer starts: the oldest entry of the epoch being produced."""
+    def _join_point(self) -> tuple[int, tuple[int, int]] | None:
+        """Where a new consumer starts, or None when no full epoch is left for it.
+
+        Preferably at the oldest epoch start still in the window (nothing is cut); else at
+        the oldest entry of the epoch being produced, whose offset becomes a cut for the
+        epochs planned after it (see :mod:`tandem.share.order`).
+        """
+        full = self._epochs_target if self._epochs_target is not None else float("inf")
+        for entry in self._entries.values():
+            if entry.kind == "batch" and entry.offset == 0 and entry.epoch < full:
+                return entry.seq, (entry.epoch, 0)
+            if entry.kind == "epoch_end" and entry.epoch + 1 < full:
+                return entry.seq, (entry.epoch + 1, 0)
+        if self._end_seq is not None or self._wrapping or self._stop_reason is not None:
+            return None
         for entry in self._entries.values():
             if entry.epoch == self._epoch:
-                if entry.kind == "epoch_end":
-                    return entry.seq, (self._epoch + 1, 0)
                 return entry.seq, (self._epoch, entry.offset)
         if self._epoch_done:
             return self._next_seq, (self._epoch + 1, 0)

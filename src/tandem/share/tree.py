@@ -34,54 +34,56 @@ def _is_namedtuple(obj: object) -> bool:
 
 def flatten(batch: object) -> tuple[Spec, list[torch.Tensor]]:
     leaves: list[torch.Tensor] = []
+    return _walk(batch, "batch", leaves), leaves
 
-    def walk(obj: object, path: str) -> Spec:
-        if isinstance(obj, torch.Tensor):
-            if obj.is_sparse or obj.layout != torch.strided:
+
+# A module-level recursion, not a closure: a recursive closure is a reference cycle that
+# would keep every batch's tensors alive until the garbage collector's next full pass.
+def _walk(obj: object, path: str, leaves: list[torch.Tensor]) -> Spec:
+    if isinstance(obj, torch.Tensor):
+        if obj.is_sparse or obj.layout != torch.strided:
+            raise UnsupportedBatch(
+                f"{path}: a {obj.layout} tensor cannot be shared; convert it with .to_dense()"
+            )
+        if obj.requires_grad:
+            obj = obj.detach()
+        leaves.append(obj)
+        return ("T", len(leaves) - 1)
+    if isinstance(obj, PLAIN):
+        return ("V", obj)
+    if _is_namedtuple(obj):
+        fields = zip(obj._fields, obj)  # type: ignore[attr-defined]
+        return ("nt", type(obj), [_walk(v, f"{path}.{f}", leaves) for f, v in fields])
+    if isinstance(obj, list) and obj and all(isinstance(v, PLAIN) for v in obj):
+        return ("P", list(obj))
+    if isinstance(obj, (tuple, list)):
+        kind = "tuple" if isinstance(obj, tuple) else "list"
+        return (kind, [_walk(v, f"{path}[{i}]", leaves) for i, v in enumerate(obj)])
+    if isinstance(obj, dict):
+        items = []
+        for k, v in obj.items():
+            if not isinstance(k, PLAIN):
                 raise UnsupportedBatch(
-                    f"{path}: a {obj.layout} tensor cannot be shared; convert it with .to_dense()"
+                    f"{path}: dict key {k!r} of type {type(k).__name__} cannot be shared; "
+                    "use str, int, float, bool or None keys"
                 )
-            if obj.requires_grad:
-                obj = obj.detach()
-            leaves.append(obj)
-            return ("T", len(leaves) - 1)
-        if isinstance(obj, PLAIN):
-            return ("V", obj)
-        if _is_namedtuple(obj):
-            return ("nt", type(obj), [walk(v, f"{path}.{f}") for f, v in zip(obj._fields, obj)])
-        if isinstance(obj, list) and obj and all(isinstance(v, PLAIN) for v in obj):
-            return ("P", list(obj))
-        if isinstance(obj, (tuple, list)):
-            kind = "tuple" if isinstance(obj, tuple) else "list"
-            return (kind, [walk(v, f"{path}[{i}]") for i, v in enumerate(obj)])
-        if isinstance(obj, dict):
-            items = []
-            for k, v in obj.items():
-                if not isinstance(k, PLAIN):
-                    raise UnsupportedBatch(
-                        f"{path}: dict key {k!r} of type {type(k).__name__} cannot be shared; "
-                        "use str, int, float, bool or None keys"
-                    )
-                items.append((k, walk(v, f"{path}[{k!r}]")))
-            return ("dict", items)
-        if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
-            fields = [
-                (f.name, walk(getattr(obj, f.name), f"{path}.{f.name}"))
-                for f in dataclasses.fields(obj)
-                if f.init
-            ]
-            return ("dc", type(obj), fields)
-        hint = ""
-        if type(obj).__module__ == "numpy":
-            hint = "; convert numpy values with torch.as_tensor() in your collate function"
-        raise UnsupportedBatch(
-            f"{path}: an element of type {type(obj).__module__}.{type(obj).__qualname__} "
-            "cannot be shared; a batch may hold tensors, int, float, bool, str, bytes, None, "
-            f"and tuples, lists, dicts, namedtuples and dataclasses of them{hint}"
-        )
-
-    spec = walk(batch, "batch")
-    return spec, leaves
+            items.append((k, _walk(v, f"{path}[{k!r}]", leaves)))
+        return ("dict", items)
+    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        fields = [
+            (f.name, _walk(getattr(obj, f.name), f"{path}.{f.name}", leaves))
+            for f in dataclasses.fields(obj)
+            if f.init
+        ]
+        return ("dc", type(obj), fields)
+    hint = ""
+    if type(obj).__module__ == "numpy":
+        hint = "; convert numpy values with torch.as_tensor() in your collate function"
+    raise UnsupportedBatch(
+        f"{path}: an element of type {type(obj).__module__}.{type(obj).__qualname__} "
+        "cannot be shared; a batch may hold tensors, int, float, bool, str, bytes, None, "
+        f"and tuples, lists, dicts, namedtuples and dataclasses of them{hint}"
+    )
 
 
 def unflatten(spec: Spec, leaves: list[torch.Tensor]) -> Any:

@@ -1,0 +1,79 @@
+from __future__ import annotations
+
+import multiprocessing as mp
+import queue as queue_mod
+import time
+
+import pytest
+
+CTX = mp.get_context("spawn")
+
+
+class Procs:
+    """Starts real processes (spawn) and reaps every one of them at teardown."""
+
+    def __init__(self):
+        self.procs: list = []
+        self.queue = CTX.Queue()
+
+    def start(self, target, *args, **kwargs):
+        p = CTX.Process(target=target, args=args, kwargs=kwargs, daemon=True)
+        p.start()
+        self.procs.append(p)
+        return p
+
+    def event(self):
+        return CTX.Event()
+
+    def get(self, timeout=60.0):
+        try:
+            return self.queue.get(timeout=timeout)
+        except queue_mod.Empty:
+            raise AssertionError(f"no message from a child within {timeout} s") from None
+
+    def collect(self, tags, timeout=60.0):
+        """Gather messages until every tag said 'done'; returns {tag: {epoch: (ids, sizes)}}."""
+        results: dict = {t: {} for t in tags}
+        pending = set(tags)
+        deadline = time.monotonic() + timeout
+        while pending:
+            msg = self.get(max(0.1, deadline - time.monotonic()))
+            tag, what = msg[0], msg[1]
+            if tag not in results:
+                continue  # another child's report
+            if what == "error":
+                raise AssertionError(f"consumer {tag} failed: {msg[2]}")
+            if what == "done":
+                results[tag]["stats"] = msg[2]
+                pending.discard(tag)
+            elif what == "paused":
+                continue
+            elif what == "start":
+                results[tag]["start"] = msg[2]
+            else:
+                results[tag][what] = (msg[2], msg[3])
+        return results
+
+    def close(self):
+        for p in self.procs:
+            if p.is_alive():
+                p.kill()
+            p.join(10)
+        self.queue.close()
+
+
+@pytest.fixture
+def procs():
+    p = Procs()
+    yield p
+    p.close()
+
+
+def wait_for(predicate, timeout=20.0, interval=0.02, what="condition"):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(interval)
+    raise AssertionError(f"timed out after {timeout} s waiting for {what}")

@@ -1,0 +1,134 @@
+"""The data plane: structures and dtypes round-trip, zero-copy views, constant-size messages."""
+
+from __future__ import annotations
+
+import pickle
+
+import pytest
+import torch
+
+from tandem.share import Consumer, MissedBatchesWarning, Producer, UnsupportedBatch, clone_batch
+from tandem.share import protocol
+from tandem.share.tree import flatten
+
+from .workers import consume, serve_list, serve_range, structured_batches
+
+
+def _memfd_ranges():
+    ranges = []
+    with open("/proc/self/maps") as f:
+        for line in f:
+            if "memfd:tandem:" in line:
+                lo, hi = line.split()[0].split("-")
+                ranges.append((int(lo, 16), int(hi, 16)))
+    return ranges
+
+
+def _inside_shared_memory(t: torch.Tensor) -> bool:
+    ptr = t.data_ptr()
+    return any(lo <= ptr < hi for lo, hi in _memfd_ranges())
+
+
+def _assert_same(a, b):
+    if isinstance(a, torch.Tensor):
+        assert isinstance(b, torch.Tensor) and a.dtype == b.dtype and a.shape == b.shape
+        assert torch.equal(a, b)
+    elif isinstance(a, dict):
+        assert type(b) is dict and list(a) == list(b)
+        for k in a:
+            _assert_same(a[k], b[k])
+    elif isinstance(a, (list, tuple)):
+        assert type(a) is type(b) and len(a) == len(b)
+        for x, y in zip(a, b):
+            _assert_same(x, y)
+    elif hasattr(a, "__dataclass_fields__"):
+        assert type(a) is type(b)
+        for k in a.__dataclass_fields__:
+            _assert_same(getattr(a, k), getattr(b, k))
+    else:
+        assert a == b and type(a) is type(b)
+
+
+def test_nested_structures_dtypes_and_varying_shapes_round_trip(procs):
+    batches = structured_batches()
+    procs.start(serve_list, "st", batches, epochs=1)
+    with Consumer("st", timeout=30) as c:
+        got = [clone_batch(b) for b in c]
+    assert len(got) == len(batches)
+    for want, have in zip(batches, got):
+        _assert_same(want, have)
+
+
+def test_batches_are_views_into_shared_memory_and_slices_stay_views(procs):
+    procs.start(serve_range, "zc", 40, 10, epochs=1, width=1024)
+    with Consumer("zc", batch_size=5, timeout=30) as c:
+        for b in c:
+            assert _inside_shared_memory(b["x"]), "consumer batch inside one producer batch"
+            assert not b["x"].untyped_storage().resizable()
+            assert not _inside_shared_memory(clone_batch(b)["x"]), "clone_batch copies"
+
+
+def test_batch_spanning_producer_batches_is_assembled_by_copy(procs):
+    procs.start(serve_range, "sp", 40, 10, epochs=1)
+    with Consumer("sp", batch_size=15, timeout=30) as c:
+        batches = [(b["i"].tolist(), _inside_shared_memory(b["x"])) for b in c]
+    assert [ids for ids, _ in batches] == [list(range(0, 15)), list(range(15, 30)),
+                                           list(range(30, 40))]  # fmt: skip
+    assert [inside for _, inside in batches] == [False, False, False]
+
+
+def test_in_place_changes_stay_private_to_one_consumer(procs):
+    procs.start(serve_range, "cow", 30, 10, epochs=1)
+    with Consumer("cow", timeout=30) as a, Consumer("cow", timeout=30) as b:
+        for batch_a, batch_b in zip(a, b):
+            ids = batch_a["i"].clone()
+            batch_a["x"].mul_(-1)  # in place, in shared memory
+            assert torch.equal(batch_b["x"][:, 0], ids.float()), "other consumer unaffected"
+
+
+def test_control_message_size_independent_of_batch_bytes_and_consumers():
+    def size(segment_bytes: int, seq: int) -> int:
+        seg = protocol.Segment("host", 3, 1, segment_bytes)
+        return len(pickle.dumps(protocol.Batch(seq, 2, 640, 64, seg, segment_bytes - 900, 900)))
+
+    small, large = size(1 << 20, 100), size(100 << 20, 100)
+    huge = size(1 << 36, 100)
+    assert abs(large - small) <= 4 and abs(huge - small) <= 8
+    assert small < 400
+
+
+def test_unsupported_element_is_named_with_its_path():
+    with pytest.raises(UnsupportedBatch, match=r"batch\['meta'\]\[1\]\['deep'\]"):
+        flatten({"x": torch.zeros(1), "meta": [1, {"deep": object()}]})
+    with pytest.raises(UnsupportedBatch, match="numpy"):
+        import numpy as np
+
+        flatten((torch.zeros(1), np.zeros(2)))
+
+
+def test_skip_policy_laggard_misses_batches_is_told_and_does_not_hold_others(procs):
+    procs.start(serve_range, "skip", 200, 5, epochs=1, window=2, policy="skip")
+    procs.start(consume, "skip", procs.queue, epochs=1, step_s=0.0, tag="fast")
+    with pytest.warns(MissedBatchesWarning, match="missed"), Consumer("skip", timeout=30) as slow:
+        import time
+
+        seen = []
+        for b in slow:
+            seen += b["i"].tolist()
+            time.sleep(0.05)
+        missed = slow.missed_samples
+    res = procs.collect(["fast"])
+    assert sorted(res["fast"][0][0]) == list(range(200)), "the fast consumer lost nothing"
+    assert missed > 0 and len(seen) + missed <= 200 + 5
+    assert len(set(seen)) == len(seen), "never twice"
+
+
+def test_producer_rejects_one_shot_iterators_and_bad_options():
+    with pytest.raises(TypeError, match="re-iterable"):
+        Producer(iter([1, 2]), "x")
+    with pytest.raises(ValueError, match="policy"):
+        Producer([1], "x", policy="fast")
+    with pytest.raises(ValueError, match="invalid producer name"):
+        Producer([1], "a/b")
+    with pytest.raises(ValueError, match="batch_size"):
+        Consumer("x", batch_size=0)

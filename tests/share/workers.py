@@ -1,0 +1,139 @@
+"""Process entry points for the share tests (importable by spawned children)."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import signal
+import time
+import typing
+
+import torch
+
+from tandem.share import Consumer, Producer, ShareError
+
+
+class RangeDataset(torch.utils.data.Dataset):
+    """Sample i is {"x": a (width,) float tensor filled with i, "i": i, "name": f"s{i}"}."""
+
+    def __init__(self, n: int, width: int = 4):
+        self.n = n
+        self.width = width
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int):
+        return {"x": torch.full((self.width,), float(i)), "i": i, "name": f"s{i}"}
+
+
+def serve_range(name, n, batch_size, epochs=None, shuffle=False, window=8, policy="wait",
+                width=4, seed=0):  # fmt: skip
+    p = Producer.from_dataset(
+        RangeDataset(n, width), name, batch_size=batch_size, shuffle=shuffle, seed=seed,
+        window=window, policy=policy,
+    )  # fmt: skip
+    p.serve(epochs=epochs)
+
+
+def serve_list(name, batches, epochs=None, window=8):
+    Producer(batches, name, window=window).serve(epochs=epochs)
+
+
+class BadBatches:
+    """Two good batches, then one holding an object tandem cannot carry."""
+
+    def __iter__(self):
+        yield {"x": torch.zeros(2, 3)}
+        yield {"x": torch.ones(2, 3)}
+        time.sleep(1.5)  # the test's consumer attaches meanwhile (it polls every 50 ms)
+        yield {"x": torch.ones(2, 3), "meta": [1, {"deep": object()}]}
+
+
+def serve_bad(name):
+    try:
+        Producer(BadBatches(), name).serve(epochs=1)
+    except ShareError as exc:
+        raise SystemExit(f"producer raised: {exc}") from None
+
+
+def consume(name, queue, batch_size=None, epochs=1, step_s=0.0, drop_last=False, timeout=30.0,
+            first_step_s=0.0, tag=None, pause_after=0, gate=None):  # fmt: skip
+    """Report (tag, epoch, ids, batch sizes) per epoch, then ("done", stats)."""
+    tag = tag if tag is not None else os.getpid()
+    try:
+        c = Consumer(name, batch_size=batch_size, drop_last=drop_last, timeout=timeout)
+        queue.put((tag, "start", c.start))
+        for e in range(epochs):
+            ids, sizes = [], []
+            for b in c:
+                ids += b["i"].tolist()
+                sizes.append(len(b["i"]))
+                assert torch.equal(b["x"][:, 0], b["i"].float()), "tensor and id disagree"
+                assert b["name"] == [f"s{i}" for i in b["i"].tolist()]
+                if first_step_s and e == 0 and len(sizes) == 1:
+                    time.sleep(first_step_s)
+                if gate is not None and e == 0 and len(sizes) == pause_after:
+                    queue.put((tag, "paused", len(ids)))
+                    if not gate.wait(60):
+                        raise TimeoutError("gate not opened")
+                if step_s:
+                    time.sleep(step_s)
+            queue.put((tag, e, ids, sizes))
+        queue.put((tag, "done", {"missed": c.missed_batches, "stall": c.stall_s}))
+        c.close()
+    except BaseException as exc:  # report, so the test fails with the reason
+        queue.put((tag, "error", f"{type(exc).__name__}: {exc}"))
+
+
+def consume_forever(name, queue, step_s=0.05):
+    """Consume until an error; report the error type and when it happened."""
+    try:
+        c = Consumer(name, timeout=30)
+        queue.put(("start", c.start))
+        while True:
+            for _ in c:
+                queue.put(("batch", time.monotonic()))
+                time.sleep(step_s)
+    except BaseException as exc:
+        queue.put(("error", type(exc).__name__, str(exc), time.monotonic()))
+
+
+def stop_self_after(seconds: float):
+    time.sleep(seconds)
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+# --- structures for the round-trip test -------------------------------------------------------
+@dataclasses.dataclass
+class Pair:
+    image: torch.Tensor
+    label: int
+
+
+class Point(typing.NamedTuple):
+    x: torch.Tensor
+    tag: str
+
+
+def structured_batches():
+    out = []
+    for k in range(3):
+        out.append(
+            {
+                "pair": Pair(torch.arange(6 + k, dtype=torch.float32).reshape(1, -1), k),
+                "point": Point(torch.tensor([k], dtype=torch.int64), f"p{k}"),
+                "many": (
+                    torch.tensor([True, False]),
+                    torch.full((2, 2), k, dtype=torch.int8),
+                    torch.ones(2, 3, dtype=torch.float16) * k,
+                    torch.ones(2, dtype=torch.bfloat16) * k,
+                    torch.ones(2, dtype=torch.complex64) * (k + 1j),
+                    torch.tensor(3.5 + k),  # 0-d
+                    torch.empty(0, 5),
+                ),
+                "plain": [1, 2.5, "s", None, True, b"raw"],
+                "nested": [{"a": torch.zeros(1)}, (None, 7)],
+            }
+        )
+    return out
