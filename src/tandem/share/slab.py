@@ -17,10 +17,12 @@ batches to a GPU map read-only and shared instead, so the pages can be pinned.
 
 from __future__ import annotations
 
+import ctypes
 import mmap
 import os
 import pickle
 import warnings
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 
 import torch
@@ -31,6 +33,17 @@ from tandem.share.tree import Spec
 ALIGN = 64
 PAGE = mmap.PAGESIZE
 MIN_SEGMENT = 1 << 20
+_libc = ctypes.CDLL(None, use_errno=True)
+_libc.madvise.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int)
+
+
+def _drop_private_pages(mapping: torch.Tensor, length: int) -> None:
+    # Through ctypes, which releases the GIL: zapping tens of MB of page-table entries takes
+    # about a millisecond, and it runs beside the training step, not inside next(). Holding
+    # ``mapping`` (a tensor over the mmap) keeps the pages mapped until the call is done.
+    if _libc.madvise(mapping.data_ptr(), length, mmap.MADV_DONTNEED) != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, f"madvise(MADV_DONTNEED) failed: {os.strerror(err)}")
 
 
 def _round_up(n: int, to: int) -> int:
@@ -129,9 +142,12 @@ class SegmentMap:
         self._private = writable_private
         self._by_slot: dict[int, tuple[int, mmap.mmap, torch.Tensor]] = {}
         self._used: dict[int, int] = {}  # slot -> bytes touched by the current batch
+        self._resetting: dict[int, Future] = {}  # slot -> its pending copy-on-write reset
+        self._pool: ThreadPoolExecutor | None = None
         self.on_map = None  # hook (e.g. pin for CUDA): called with (mmap, tensor)
 
     def add(self, segment: protocol.Segment, fd: int) -> None:
+        self._wait_reset(segment.slot)
         try:
             if self._private:
                 mm = mmap.mmap(fd, segment.size, mmap.MAP_PRIVATE, mmap.PROT_READ | mmap.PROT_WRITE)
@@ -151,6 +167,7 @@ class SegmentMap:
         return current is not None and current[0] == segment.segment_id
 
     def open(self, batch: protocol.Batch) -> tuple[Spec, list[torch.Tensor]]:
+        self._wait_reset(batch.segment.slot)
         segment_id, mm, u8 = self._by_slot[batch.segment.slot]
         if segment_id != batch.segment.segment_id:
             raise protocol.ProtocolError(
@@ -172,12 +189,29 @@ class SegmentMap:
         return spec, leaves
 
     def released(self, slot: int) -> None:
-        """Forget this consumer's private changes to ``slot`` before the producer reuses it."""
+        """Forget this consumer's private changes to ``slot`` before it reads the slot again.
+
+        The reset runs on a helper thread; the next ``open`` of the same slot waits for it.
+        """
         used = self._used.pop(slot, 0)
         entry = self._by_slot.get(slot)
-        if self._private and entry is not None and used:
-            entry[1].madvise(mmap.MADV_DONTNEED, 0, min(_round_up(used, PAGE), len(entry[1])))
+        if not self._private or entry is None or not used:
+            return
+        length = min(_round_up(used, PAGE), entry[2].numel())
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(1, thread_name_prefix="tandem-cow-reset")
+        self._resetting[slot] = self._pool.submit(_drop_private_pages, entry[2], length)
+
+    def _wait_reset(self, slot: int) -> None:
+        pending = self._resetting.pop(slot, None)
+        if pending is not None:
+            pending.result()
 
     def close(self) -> None:
+        for slot in list(self._resetting):
+            self._wait_reset(slot)
+        if self._pool is not None:
+            self._pool.shutdown(wait=True)
+            self._pool = None
         self._by_slot.clear()
         self._used.clear()

@@ -1,0 +1,1 @@
+"""Workloads and runners for tandem's benchmarks and demo (no torchvision needed)."""
