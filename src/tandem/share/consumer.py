@@ -93,9 +93,11 @@ class Consumer:
         self.missed_samples = 0
         self._cur: _Held | None = None
         self._release: list[int] = []
+        self._inflight = False  # a Next whose reply is not read yet
         self._end: protocol.End | None = None
         self._k = 0  # this consumer's epoch counter
         self._closed = False
+        self._gone = False  # a send failed: the producer closed its end
         self._sock = self._connect()
         self._finalizer = weakref.finalize(self, self._sock.close)
         welcome = self._hello()
@@ -114,7 +116,6 @@ class Consumer:
             sock = protocol.new_socket()
             try:
                 sock.connect(str(path))
-                sock.settimeout(self.timeout)
                 return sock
             except (FileNotFoundError, ConnectionRefusedError):
                 sock.close()
@@ -142,18 +143,22 @@ class Consumer:
         return reply
 
     def _call(self, message: object, doing: str) -> object:
-        try:
-            protocol.send(self._sock, message)
-        except OSError:
-            # The producer may have left a final message (End/Failed) before closing.
-            self._sock.settimeout(0.5)
+        self._send(message)
         return self._receive(doing)
+
+    def _send(self, message: object) -> None:
+        try:
+            protocol.send(self._sock, message, timeout=self.timeout)
+        except (OSError, TimeoutError):
+            # The producer may have left a final message (End/Failed) before closing;
+            # the next receive finds it, or finds the connection closed.
+            self._gone = True
 
     def _receive(self, doing: str) -> object:
         pid = getattr(self, "producer_pid", None)
         who = f"producer {self.name!r}" + (f" (pid {pid})" if pid else "")
         try:
-            message, fds = protocol.recv(self._sock)
+            message, fds = protocol.recv(self._sock, 0.5 if self._gone else self.timeout)
         except (socket.timeout, TimeoutError):
             raise ConsumerTimeout(
                 f"no answer from {who} within {self.timeout:g} s while {doing}; it may be "
@@ -161,8 +166,6 @@ class Consumer:
             ) from None
         except (EOFError, OSError) as exc:
             raise ProducerGone(f"{who} is gone: the connection closed while {doing} ({exc})") from None
-        finally:
-            self._sock.settimeout(self.timeout)
         if isinstance(message, protocol.Batch) and message.fd_attached:
             if not fds:
                 raise protocol.ProtocolError("batch announced a segment but carried no fd")
@@ -241,21 +244,26 @@ class Consumer:
                 return
 
     def _advance(self, end: Position, have: int) -> bool:
-        """Fetch the next producer entry. False when the stream ended exactly at a boundary."""
+        """Take the next producer entry and ask for the one after it at once (prefetch).
+
+        Returns True, or raises at the stream's end (see ``_at_end``). The request for the
+        following entry carries this consumer's releases, so a slot is released exactly
+        when the caller asks for the next batch, as without the prefetch.
+        """
         if self._cur is not None:
             self._release.append(self._cur.msg.seq)
             self._segments.released(self._cur.msg.segment.slot)
             self._cur = None
         if self._end is not None:
             return self._at_end(end, have)
-        if self._copier is not None:
-            self._copier.wait()
+        if not self._inflight:
+            self._request()
         t0 = time.perf_counter()
-        reply = self._call(
-            protocol.Next(tuple(self._release), self.stall_s, self.samples), "waiting for a batch"
-        )
+        reply = self._receive("waiting for a batch")
         self.stall_s += time.perf_counter() - t0
-        self._release.clear()
+        self._inflight = False
+        if isinstance(reply, (protocol.Batch, protocol.EpochEnd)):
+            self._request()
         if isinstance(reply, protocol.Batch):
             self._on_batch(reply)
         elif isinstance(reply, protocol.EpochEnd):
@@ -268,6 +276,14 @@ class Consumer:
         else:
             raise protocol.ProtocolError(f"unexpected {type(reply).__name__} from the producer")
         return True
+
+    def _request(self) -> None:
+        """Ask for the next entry, handing back the released batches."""
+        if self._copier is not None:
+            self._copier.wait()
+        self._send(protocol.Next(tuple(self._release), self.stall_s, self.samples))
+        self._release.clear()
+        self._inflight = True
 
     def _on_batch(self, msg: protocol.Batch) -> None:
         if msg.missed_batches:
@@ -317,10 +333,7 @@ class Consumer:
             return
         if self._copier is not None:
             self._copier.wait()
-        try:
-            protocol.send(self._sock, protocol.Release(tuple(seqs)))
-        except OSError:
-            pass
+        self._send(protocol.Release(tuple(seqs)))
         self._release.clear()
 
     def close(self) -> None:
@@ -329,8 +342,8 @@ class Consumer:
             return
         self._closed = True
         try:
-            protocol.send(self._sock, protocol.Bye())
-        except OSError:
+            protocol.send(self._sock, protocol.Bye(), timeout=0.5)
+        except (OSError, TimeoutError):
             pass
         if self._copier is not None:
             self._copier.close()

@@ -8,11 +8,12 @@ from tandem.share.registry import live_producers
 
 def query(path: str, timeout: float = 2.0) -> protocol.StatsReply:
     sock = protocol.new_socket()
-    sock.settimeout(timeout)
+    sock.settimeout(timeout)  # for connect
     try:
         sock.connect(path)
-        protocol.send(sock, protocol.Stats())
-        reply, _ = protocol.recv(sock)
+        sock.setblocking(True)
+        protocol.send(sock, protocol.Stats(), timeout=timeout)
+        reply, _ = protocol.recv(sock, timeout)
     finally:
         sock.close()
     if not isinstance(reply, protocol.StatsReply):
@@ -26,6 +27,6 @@ def query_all(timeout: float = 2.0) -> list[protocol.StatsReply | dict]:
     for entry in live_producers():
         try:
             out.append(query(str(entry.socket_path), timeout))
-        except (OSError, EOFError, protocol.ProtocolError) as exc:
+        except (OSError, EOFError, TimeoutError, protocol.ProtocolError) as exc:
             out.append({"name": entry.name, "pid": entry.pid, "error": f"no answer ({exc})"})
     return out

@@ -520,11 +520,11 @@ class Producer:
             if attach:
                 fds = (self._slab.segment(seg.slot).fd,)
             if attach or c.missed_batches_pending:
-                message = protocol.Batch(
-                    message.seq, message.epoch, message.offset, message.count, seg,
-                    message.meta_offset, message.meta_len,
-                    c.missed_batches_pending, c.missed_samples_pending, attach,
-                )  # fmt: skip
+                message = message._replace(
+                    missed_batches=c.missed_batches_pending,
+                    missed_samples=c.missed_samples_pending,
+                    fd_attached=attach,
+                )
             c.missed_batches += c.missed_batches_pending
             c.missed_batches_pending = c.missed_samples_pending = 0
         elif entry.kind == "epoch_end":
@@ -611,8 +611,7 @@ class Producer:
             conn, _ = self._listener.accept()
         except BlockingIOError:
             return
-        conn.setblocking(True)
-        conn.settimeout(2.0)  # sends of small messages; a full buffer means a stuck peer
+        conn.setblocking(True)  # protocol.send/recv never block without a timeout
         conns[conn] = None
         sel.register(conn, selectors.EVENT_READ, "conn")
 

@@ -43,9 +43,13 @@ Positions are ``(epoch, offset)`` pairs in the producer's stream; see
 
 from __future__ import annotations
 
+import array
 import pickle
+import select
 import socket
+import struct
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 from tandem.share.errors import ProducerGone, ProtocolError
 
@@ -64,8 +68,9 @@ class Hello:
     device: str
 
 
-@dataclass(frozen=True, slots=True)
-class Next:
+class Next(NamedTuple):
+    """Give me the entry at my cursor; ``release`` hands back batches I am done with."""
+
     release: tuple[int, ...] = ()
     stall_s: float = 0.0  # cumulative time this consumer has waited for data
     samples: int = 0  # cumulative samples this consumer has been given
@@ -106,18 +111,16 @@ class Refused:
     reason: str
 
 
-@dataclass(frozen=True, slots=True)
-class Segment:
+class Segment(NamedTuple):
     """A shared-memory segment: its fd rides along with the first message naming it."""
 
-    kind: str  # "host" (memfd); a CUDA slab would add "cuda"
+    kind: str  # "host" (memfd); a CUDA slab would add "cuda" to SLAB_KINDS
     segment_id: int
     slot: int
     size: int
 
 
-@dataclass(frozen=True, slots=True)
-class Batch:
+class Batch(NamedTuple):
     seq: int
     epoch: int
     offset: int  # position of the batch's first sample in the producer's epoch
@@ -130,8 +133,7 @@ class Batch:
     fd_attached: bool = False
 
 
-@dataclass(frozen=True, slots=True)
-class EpochEnd:
+class EpochEnd(NamedTuple):
     seq: int
     epoch: int
     samples: int  # samples the producer served in that epoch
@@ -189,37 +191,106 @@ ToConsumer = Welcome | Refused | Batch | EpochEnd | End | Failed | StatsReply
 
 
 # --- framing ----------------------------------------------------------------------------------
+# Sockets stay in blocking mode and every call first tries without waiting (MSG_DONTWAIT):
+# a reply that is already there costs one system call. Python's own socket timeouts would
+# poll() before every send and recv, and settimeout() costs two fcntl() calls; on a busy or
+# virtualised host each is tens of microseconds on the hand-off path.
 def new_socket() -> socket.socket:
     return socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
 
 
-def send(sock: socket.socket, message: object, fds: tuple[int, ...] = ()) -> None:
+def _wait(sock: socket.socket, events: int, timeout: float | None) -> None:
+    poller = select.poll()
+    poller.register(sock, events | select.POLLERR | select.POLLHUP)
+    if not poller.poll(None if timeout is None else max(0, int(timeout * 1000))):
+        raise TimeoutError(f"no progress on the socket within {timeout:g} s")
+
+
+# The per-batch messages (Next, Batch, EpochEnd) have a fixed binary layout: each is a few
+# dozen bytes whatever the batch, and decodes in a few microseconds. Everything else is
+# rare and pickled. The first byte says which.
+SLAB_KINDS = ("host",)
+MAX_RELEASE = 64  # seqs one Next may release; more go in Release messages
+_PICKLED, _NEXT, _BATCH, _EPOCH_END = 0, 1, 2, 3
+_BATCH_FMT = struct.Struct("<B4qB3q2q2q?")
+_EPOCH_END_FMT = struct.Struct("<B3q")
+_NEXT_FMT = struct.Struct("<BdqH")
+_SEQ = struct.Struct("<q")
+
+
+def encode(message: object) -> bytes:
+    if type(message) is Batch:
+        seg = message.segment
+        return _BATCH_FMT.pack(
+            _BATCH, message.seq, message.epoch, message.offset, message.count,
+            SLAB_KINDS.index(seg.kind), seg.segment_id, seg.slot, seg.size,
+            message.meta_offset, message.meta_len, message.missed_batches,
+            message.missed_samples, message.fd_attached,
+        )  # fmt: skip
+    if type(message) is Next:
+        if len(message.release) > MAX_RELEASE:
+            raise ProtocolError(f"a Next releases at most {MAX_RELEASE} batches")
+        head = _NEXT_FMT.pack(_NEXT, message.stall_s, message.samples, len(message.release))
+        return head + b"".join(_SEQ.pack(seq) for seq in message.release)
+    if type(message) is EpochEnd:
+        return _EPOCH_END_FMT.pack(_EPOCH_END, *message)
+    return bytes([_PICKLED]) + pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
+
+
+def decode(data: bytes) -> object:
+    tag = data[0]
+    if tag == _BATCH:
+        f = _BATCH_FMT.unpack(data)
+        seg = Segment(SLAB_KINDS[f[5]], f[6], f[7], f[8])
+        return Batch(f[1], f[2], f[3], f[4], seg, f[9], f[10], f[11], f[12], f[13])
+    if tag == _NEXT:
+        _, stall_s, samples, n = _NEXT_FMT.unpack_from(data)
+        base = _NEXT_FMT.size
+        release = tuple(_SEQ.unpack_from(data, base + 8 * i)[0] for i in range(n))
+        return Next(release, stall_s, samples)
+    if tag == _EPOCH_END:
+        return EpochEnd(*_EPOCH_END_FMT.unpack(data)[1:])
+    if tag == _PICKLED:
+        return pickle.loads(data[1:])
+    raise ProtocolError(f"unknown message tag {tag}")
+
+
+def send(
+    sock: socket.socket, message: object, fds: tuple[int, ...] = (), timeout: float | None = 2.0
+) -> None:
     """Send one message (and optionally file descriptors) as one packet."""
-    data = pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
+    data = encode(message)
     if len(data) > MAX_MESSAGE:
         raise ProtocolError(f"control message of {len(data)} bytes exceeds {MAX_MESSAGE}")
-    if fds:
-        socket.send_fds(sock, [data], list(fds))
-    else:
-        sock.send(data)
+    ancillary = [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", fds))] if fds else []
+    while True:
+        try:
+            sock.sendmsg([data], ancillary, socket.MSG_DONTWAIT)
+            return
+        except BlockingIOError:
+            _wait(sock, select.POLLOUT, timeout)
 
 
-def recv(sock: socket.socket) -> tuple[object, list[int]]:
+def recv(sock: socket.socket, timeout: float | None = None) -> tuple[object, list[int]]:
     """Receive one message and any file descriptors it carries.
 
-    Raises ``ProducerGone``-style ``EOFError`` subclasses are left to callers: here an
-    orderly or abrupt close of the peer is ``EOFError``.
+    A closed or reset connection raises ``EOFError``; no message within ``timeout``
+    seconds raises ``TimeoutError``.
     """
-    try:
-        data, fds, _flags, _addr = socket.recv_fds(sock, MAX_MESSAGE, MAX_FDS)
-    except ConnectionResetError as exc:
-        raise EOFError("connection reset by peer") from exc
+    while True:
+        try:
+            data, fds, _flags, _addr = socket.recv_fds(sock, MAX_MESSAGE, MAX_FDS, socket.MSG_DONTWAIT)
+            break
+        except BlockingIOError:
+            _wait(sock, select.POLLIN, timeout)
+        except ConnectionResetError as exc:
+            raise EOFError("connection reset by peer") from exc
     if not data:
         for fd in fds:
             _close_quietly(fd)
         raise EOFError("peer closed the connection")
     try:
-        return pickle.loads(data), fds
+        return decode(data), fds
     except Exception as exc:  # a peer of another version or a corrupted packet
         for fd in fds:
             _close_quietly(fd)

@@ -22,7 +22,9 @@ import mmap
 import os
 import pickle
 import warnings
-from concurrent.futures import Future, ThreadPoolExecutor
+import queue
+import threading
+import time
 from dataclasses import dataclass
 
 import torch
@@ -135,6 +137,52 @@ class HostSlab:
         self._segments = [None] * len(self._segments)
 
 
+class _Resetter:
+    """One helper thread that drops private pages, in order; callers wait by ticket.
+
+    Lighter than an executor: the hot path is one ``SimpleQueue.put``; a wait is almost
+    never needed, since a slot is read again only after the producer has refilled it.
+    """
+
+    def __init__(self) -> None:
+        self._queue: queue.SimpleQueue = queue.SimpleQueue()
+        self._submitted = 0
+        self._done = 0  # written by the helper thread only
+        self._error: OSError | None = None
+        self._thread = threading.Thread(target=self._run, name="tandem-cow-reset", daemon=True)
+        self._thread.start()
+
+    def submit(self, mapping: torch.Tensor, length: int) -> int:
+        self._submitted += 1
+        self._queue.put((mapping, length))
+        return self._submitted
+
+    def _run(self) -> None:
+        while True:
+            item = self._queue.get()
+            if item is None:
+                return
+            try:
+                _drop_private_pages(*item)
+            except OSError as exc:
+                self._error = exc
+            del item
+            self._done += 1
+
+    def wait(self, ticket: int, timeout: float = 30.0) -> None:
+        deadline = time.monotonic() + timeout
+        while self._done < ticket:
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"copy-on-write reset did not finish within {timeout:g} s")
+            time.sleep(0.0001)
+        if self._error is not None:
+            raise self._error
+
+    def close(self) -> None:
+        self._queue.put(None)
+        self._thread.join(5)
+
+
 class SegmentMap:
     """A consumer's mappings of the producer's segments, keyed by slot."""
 
@@ -142,8 +190,8 @@ class SegmentMap:
         self._private = writable_private
         self._by_slot: dict[int, tuple[int, mmap.mmap, torch.Tensor]] = {}
         self._used: dict[int, int] = {}  # slot -> bytes touched by the current batch
-        self._resetting: dict[int, Future] = {}  # slot -> its pending copy-on-write reset
-        self._pool: ThreadPoolExecutor | None = None
+        self._resetting: dict[int, int] = {}  # slot -> ticket of its pending copy-on-write reset
+        self._resetter: _Resetter | None = None
         self.on_map = None  # hook (e.g. pin for CUDA): called with (mmap, tensor)
 
     def add(self, segment: protocol.Segment, fd: int) -> None:
@@ -198,20 +246,20 @@ class SegmentMap:
         if not self._private or entry is None or not used:
             return
         length = min(_round_up(used, PAGE), entry[2].numel())
-        if self._pool is None:
-            self._pool = ThreadPoolExecutor(1, thread_name_prefix="tandem-cow-reset")
-        self._resetting[slot] = self._pool.submit(_drop_private_pages, entry[2], length)
+        if self._resetter is None:
+            self._resetter = _Resetter()
+        self._resetting[slot] = self._resetter.submit(entry[2], length)
 
     def _wait_reset(self, slot: int) -> None:
-        pending = self._resetting.pop(slot, None)
-        if pending is not None:
-            pending.result()
+        ticket = self._resetting.pop(slot, None)
+        if ticket is not None and self._resetter is not None:
+            self._resetter.wait(ticket)
 
     def close(self) -> None:
         for slot in list(self._resetting):
             self._wait_reset(slot)
-        if self._pool is not None:
-            self._pool.shutdown(wait=True)
-            self._pool = None
+        if self._resetter is not None:
+            self._resetter.close()
+            self._resetter = None
         self._by_slot.clear()
         self._used.clear()

@@ -1,0 +1,449 @@
+"""Benchmark: N training jobs on one image folder, private DataLoaders vs tandem vs TensorSocket.
+
+Every job reads the same generated JPEG folder (decode, resize, random crop, flip, normalise)
+for a fixed number of epochs, then does one *step* per batch:
+
+``sleep``  a simulated accelerator: a fixed sleep per batch (the GPU works, the CPU is free);
+``cnn``    real CPU training of a small CNN (one torch thread per job).
+
+Modes: ``private`` (each job its own DataLoader), ``tandem`` (one producer process, N
+consumers), ``tensorsocket`` (its producer and consumers, when the package is installed).
+Measured for each run: aggregate and per-job samples/s, CPU-seconds per 1,000 samples over
+every process of the run (the runner's waited-for children: jobs, producers, loader workers),
+each job's data-stall time (time blocked waiting for a batch), and peak memory (the largest
+sum of PSS over all processes of the run, so shared pages are not counted twice).
+
+A separate hand-off measurement times ``next()`` on a consumer whose producer is ahead, for
+batches of 1 MB, 38.5 MB (64x3x224x224 float32) and 100 MB.
+"""
+
+from __future__ import annotations
+
+import json
+import multiprocessing as mp
+import os
+import platform
+import queue as queue_mod
+import resource
+import statistics
+import threading
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import psutil
+import torch
+
+from tandem.bench.data import ImageFolder
+from tandem.bench.images import make_image_folder
+from tandem.bench.models import MODELS
+
+CTX = mp.get_context("spawn")
+
+
+@dataclass
+class Config:
+    images: int = 512
+    epochs: int = 2
+    batch_size: int = 32
+    crop: int = 224
+    workers: int = 2  # DataLoader worker processes, per private job and for the producer
+    sleep_ms: float = 25.0  # simulated accelerator step per batch
+    model: str = "tiny_cnn"
+    run_timeout_s: float = 120.0
+    data_dir: str = "data/bench-images"
+
+
+@dataclass
+class JobResult:
+    job: int
+    samples: int = 0
+    wall_s: float = 0.0
+    stall_s: float = 0.0
+    samples_per_s: float = 0.0
+    error: str | None = None
+
+
+@dataclass
+class RunResult:
+    mode: str
+    jobs: int
+    step: str
+    wall_s: float = 0.0
+    samples: int = 0
+    samples_per_s: float = 0.0
+    cpu_s: float = 0.0
+    cpu_s_per_1k: float = 0.0
+    peak_pss_mib: float = 0.0
+    per_job: list[JobResult] = field(default_factory=list)
+    note: str = ""
+
+
+# --------------------------------------------------------------------------- job processes
+def _step_fn(step: str, cfg: Config):
+    if step == "sleep":
+        delay = cfg.sleep_ms / 1000
+
+        def sleep_step(images: torch.Tensor, labels: torch.Tensor) -> None:
+            time.sleep(delay)
+
+        return sleep_step
+    torch.set_num_threads(1)
+    model = MODELS[cfg.model]()
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    loss_fn = torch.nn.CrossEntropyLoss()
+
+    def train_step(images: torch.Tensor, labels: torch.Tensor) -> None:
+        opt.zero_grad(set_to_none=True)
+        loss_fn(model(images), labels).backward()
+        opt.step()
+
+    return train_step
+
+
+def _timed_epochs(batches_per_epoch, epochs: int, step, unpack=lambda b: b) -> JobResult:
+    """Iterate, timing the waits for data; returns samples, wall and stall time."""
+    res = JobResult(job=os.getpid())
+    t_start = time.perf_counter()
+    for e in range(epochs):
+        it = iter(batches_per_epoch(e))
+        while True:
+            t0 = time.perf_counter()
+            try:
+                batch = next(it)
+            except StopIteration:
+                break
+            res.stall_s += time.perf_counter() - t0
+            images, labels = unpack(batch)
+            step(images, labels)
+            res.samples += len(labels)
+    res.wall_s = time.perf_counter() - t_start
+    res.samples_per_s = res.samples / res.wall_s if res.wall_s else 0.0
+    return res
+
+
+def _report(queue, fn, *args) -> None:
+    try:
+        queue.put(fn(*args))
+    except BaseException as exc:  # noqa: BLE001 - reported to the runner
+        queue.put(JobResult(job=os.getpid(), error=f"{type(exc).__name__}: {exc}"))
+
+
+def _private_job(cfg: Config, step: str, root: str, ready) -> JobResult:
+    torch.set_num_threads(1)
+    loader = torch.utils.data.DataLoader(
+        ImageFolder(root, crop=cfg.crop), batch_size=cfg.batch_size, shuffle=True,
+        num_workers=cfg.workers,
+    )  # fmt: skip
+    fn = _step_fn(step, cfg)
+    ready.wait(60)
+    return _timed_epochs(lambda e: loader, cfg.epochs, fn)
+
+
+def private_job(queue, cfg, step, root, ready):
+    _report(queue, _private_job, cfg, step, root, ready)
+
+
+def tandem_producer(cfg: Config, root: str, name: str) -> None:
+    from tandem.share import Producer
+
+    torch.set_num_threads(1)
+    p = Producer.from_dataset(
+        ImageFolder(root, crop=cfg.crop), name, batch_size=cfg.batch_size, shuffle=True,
+        num_workers=cfg.workers, window=8,
+    )  # fmt: skip
+    p.serve(epochs=cfg.epochs)
+
+
+def _tandem_job(cfg: Config, step: str, name: str, ready) -> JobResult:
+    from tandem.share import Consumer
+
+    torch.set_num_threads(1)
+    fn = _step_fn(step, cfg)
+    consumer = Consumer(name, batch_size=cfg.batch_size, timeout=60)
+    ready.wait(60)
+    try:
+        return _timed_epochs(lambda e: consumer, cfg.epochs, fn)
+    finally:
+        consumer.close()
+
+
+def tandem_job(queue, cfg, step, name, ready):
+    _report(queue, _tandem_job, cfg, step, name, ready)
+
+
+def tensorsocket_producer(cfg: Config, root: str, ports: tuple[int, int, int, int]) -> None:
+    from tensorsocket import TensorProducer
+
+    torch.set_num_threads(1)
+    loader = torch.utils.data.DataLoader(
+        ImageFolder(root, crop=cfg.crop), batch_size=cfg.batch_size, shuffle=True,
+        num_workers=cfg.workers,
+    )  # fmt: skip
+    producer = TensorProducer(
+        loader, ports[0], ports[1], heart_ports=(ports[2], ports[3]), consumer_max_buffer_size=8
+    )
+    for _ in range(cfg.epochs):
+        for _ in producer:
+            pass
+    producer.join()
+
+
+def _tensorsocket_job(cfg: Config, step: str, ports, ready) -> JobResult:
+    from tensorsocket import TensorConsumer
+
+    torch.set_num_threads(1)
+    fn = _step_fn(step, cfg)
+    consumer = TensorConsumer(ports[0], ports[1], heart_ports=(ports[2], ports[3]),
+                              batch_size=cfg.batch_size)  # fmt: skip
+    ready.wait(60)
+    return _timed_epochs(lambda e: consumer, cfg.epochs, fn, unpack=lambda b: b[1])
+
+
+def tensorsocket_job(queue, cfg, step, ports, ready):
+    _report(queue, _tensorsocket_job, cfg, step, ports, ready)
+
+
+# --------------------------------------------------------------------------- measurement
+class PssSampler:
+    """Peak of the summed PSS of this process's descendants, sampled every 0.2 s."""
+
+    def __init__(self) -> None:
+        self.peak = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        me = psutil.Process()
+        while not self._stop.is_set():
+            total = 0
+            for p in me.children(recursive=True):
+                try:
+                    with open(f"/proc/{p.pid}/smaps_rollup") as f:
+                        for line in f:
+                            if line.startswith("Pss:"):
+                                total += int(line.split()[1]) * 1024
+                                break
+                except OSError:
+                    pass
+            self.peak = max(self.peak, total)
+            self._stop.wait(0.2)
+
+    def __enter__(self) -> PssSampler:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+
+def _children_cpu() -> float:
+    r = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return r.ru_utime + r.ru_stime
+
+
+def _free_ports(n: int) -> tuple[int, ...]:
+    import socket
+
+    socks = [socket.socket() for _ in range(n)]
+    for s in socks:
+        s.bind(("127.0.0.1", 0))
+    ports = tuple(s.getsockname()[1] for s in socks)
+    for s in socks:
+        s.close()
+    return ports
+
+
+def run_one(mode: str, jobs: int, step: str, cfg: Config, root: str) -> RunResult:
+    q = CTX.Queue()
+    ready = CTX.Event()
+    procs: list[mp.Process] = []
+    result = RunResult(mode, jobs, step)
+    cpu0 = _children_cpu()
+    with PssSampler() as pss:
+        if mode == "private":
+            targets = [(private_job, (q, cfg, step, root, ready))] * jobs
+        elif mode == "tandem":
+            name = f"bench-{os.getpid()}-{jobs}-{step}"
+            procs.append(CTX.Process(target=tandem_producer, args=(cfg, root, name)))
+            targets = [(tandem_job, (q, cfg, step, name, ready))] * jobs
+        else:
+            ports = _free_ports(4)
+            procs.append(CTX.Process(target=tensorsocket_producer, args=(cfg, root, ports)))
+            targets = [(tensorsocket_job, (q, cfg, step, ports, ready))] * jobs
+        procs += [CTX.Process(target=t, args=a) for t, a in targets]
+        for p in procs:
+            p.start()
+        time.sleep(1.0)  # let every job build its loader/consumer, then start them together
+        t0 = time.perf_counter()
+        ready.set()
+        deadline = time.monotonic() + cfg.run_timeout_s
+        while len(result.per_job) < jobs and time.monotonic() < deadline:
+            try:
+                result.per_job.append(q.get(timeout=1.0))
+            except queue_mod.Empty:
+                if not any(p.is_alive() for p in procs[-jobs:]):
+                    break
+        result.wall_s = time.perf_counter() - t0
+        if len(result.per_job) < jobs:
+            result.note = (f"{jobs - len(result.per_job)} job(s) did not finish within "
+                           f"{cfg.run_timeout_s:g} s (hung or too slow); killed")  # fmt: skip
+        for p in procs:
+            p.join(15 if not result.note else 0.5)
+            if p.is_alive():
+                p.kill()
+                p.join(5)
+    result.peak_pss_mib = pss.peak / 2**20
+    result.cpu_s = _children_cpu() - cpu0
+    errors = [j.error for j in result.per_job if j.error]
+    if errors:
+        result.note = (result.note + " " if result.note else "") + "; ".join(errors)[:300]
+    result.samples = sum(j.samples for j in result.per_job)
+    done = [j for j in result.per_job if not j.error and j.wall_s]
+    result.samples_per_s = sum(j.samples_per_s for j in done)
+    result.cpu_s_per_1k = 1000 * result.cpu_s / result.samples if result.samples else 0.0
+    return result
+
+
+# --------------------------------------------------------------------------- hand-off
+def handoff_producer(name: str, shape: tuple[int, ...], batches: int) -> None:
+    from tandem.share import Producer
+
+    distinct = [torch.randn(shape) for _ in range(4)]
+    source = [distinct[i % 4] for i in range(batches)]  # written into the slab one by one
+    Producer(source, name, window=4).serve(epochs=1000)
+
+
+def measure_handoff(shape: tuple[int, ...], steps: int = 40) -> dict[str, Any]:
+    """Median time of ``next()`` for batches of ``shape`` when the producer is ahead."""
+    from tandem.share import Consumer
+
+    name = f"handoff-{os.getpid()}-{'x'.join(map(str, shape))}"
+    nbytes = torch.Size(shape).numel() * 4
+    p = CTX.Process(target=handoff_producer, args=(name, shape, steps + 8))
+    p.start()
+    try:
+        consumer = Consumer(name, timeout=60)
+        it = iter(consumer)
+        next(it)  # first batch maps the segments: not a steady-state hand-off
+        # One step: touch every page (a real step reads the batch), then give the producer
+        # time to refill the window, so next() only measures the hand-off itself.
+        refill_s = 0.02 + 3 * nbytes / 2e9
+        times = []
+        for _ in range(steps):
+            time.sleep(refill_s)
+            t0 = time.perf_counter()
+            batch = next(it)
+            times.append(time.perf_counter() - t0)
+            float(batch.view(-1)[:: 1024].sum())
+        consumer.close()
+    finally:
+        p.terminate()
+        p.join(10)
+    times.sort()
+    return {
+        "shape": list(shape),
+        "mbytes": nbytes / 1e6,
+        "median_ms": statistics.median(times) * 1e3,
+        "p90_ms": times[int(0.9 * len(times))] * 1e3,
+        "steps": steps,
+    }
+
+
+# --------------------------------------------------------------------------- driver
+def tensorsocket_available() -> bool:
+    try:
+        import tensorsocket  # noqa: F401
+    except Exception:  # noqa: BLE001
+        return False
+    return True
+
+
+def run(jobs: list[int], quick: bool = False, out: Path = Path("benchmarks/results"),
+        steps: tuple[str, ...] = ("sleep", "cnn"), modes: tuple[str, ...] | None = None) -> dict:  # fmt: skip
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console()
+    cfg = Config(images=128, epochs=1, run_timeout_s=60) if quick else Config()
+    root = str(make_image_folder(Path(cfg.data_dir) / f"n{cfg.images}", images=cfg.images))
+    if modes is None:
+        modes = ("private", "tandem") + (("tensorsocket",) if tensorsocket_available() else ())
+    results: list[RunResult] = []
+    for step in steps:
+        for n in jobs:
+            for mode in modes:
+                console.print(f"[dim]running {mode} x{n} ({step})...[/]")
+                results.append(run_one(mode, n, step, cfg, root))
+    handoff = [measure_handoff(s, steps=15 if quick else 40)
+               for s in ((64, 4096), (64, 3, 224, 224), (64, 3, 361, 361))]  # fmt: skip
+
+    table = Table(title=f"tandem share benchmark ({os.cpu_count()} cores, {cfg.images} JPEGs, "
+                        f"{cfg.epochs} epoch(s), batch {cfg.batch_size})")  # fmt: skip
+    for col in ("step", "jobs", "mode", "samples/s (sum)", "per job", "CPU s / 1k samples",
+                "stall s / job", "peak PSS MiB", "note"):  # fmt: skip
+        table.add_column(col)
+    for r in results:
+        per_job = ", ".join(f"{j.samples_per_s:.0f}" for j in r.per_job if not j.error)
+        stall = statistics.mean([j.stall_s for j in r.per_job]) if r.per_job else 0.0
+        table.add_row(r.step, str(r.jobs), r.mode, f"{r.samples_per_s:.0f}", per_job,
+                      f"{r.cpu_s_per_1k:.2f}", f"{stall:.1f}", f"{r.peak_pss_mib:.0f}", r.note)  # fmt: skip
+    console.print(table)
+    ho = Table(title="hand-off: consumer next() with the producer ahead")
+    for col in ("batch", "MB", "median ms", "p90 ms"):
+        ho.add_column(col)
+    for h in handoff:
+        ho.add_row("x".join(map(str, h["shape"])), f"{h['mbytes']:.1f}", f"{h['median_ms']:.3f}",
+                   f"{h['p90_ms']:.3f}")  # fmt: skip
+    console.print(ho)
+
+    targets = _targets(results, handoff, max(jobs))
+    for t in targets:
+        colour = "green" if t["met"] else "red"
+        console.print(f"[{colour}]{'met' if t['met'] else 'NOT met'}[/]: {t['target']} "
+                      f"(measured {t['measured']})")  # fmt: skip
+    report = {
+        "machine": {"cpus": os.cpu_count(), "platform": platform.platform(),
+                    "python": platform.python_version(), "torch": torch.__version__},  # fmt: skip
+        "config": asdict(cfg),
+        "command": "python benchmarks/share_bench.py" + (" --quick" if quick else ""),
+        "when": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "runs": [asdict(r) for r in results],
+        "handoff": handoff,
+        "targets": targets,
+    }
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / ("share-quick.json" if quick else "share.json")
+    path.write_text(json.dumps(report, indent=2))
+    console.print(f"results written to {path}")
+    return report
+
+
+def _targets(results: list[RunResult], handoff: list[dict], n: int) -> list[dict]:
+    def find(mode: str) -> RunResult | None:
+        return next((r for r in results if r.mode == mode and r.jobs == n and r.step == "sleep"),
+                    None)  # fmt: skip
+
+    out = []
+    private, shared = find("private"), find("tandem")
+    if private and shared and private.samples_per_s and shared.cpu_s_per_1k:
+        ratio = shared.samples_per_s / private.samples_per_s
+        out.append({"target": f"N={n} simulated accelerator: shared samples/s >= 1.8x private",
+                    "measured": f"{ratio:.2f}x", "value": ratio, "met": ratio >= 1.8})  # fmt: skip
+        cpu = shared.cpu_s_per_1k / private.cpu_s_per_1k
+        out.append({"target": f"N={n}: shared CPU-s per sample <= 0.35x private",
+                    "measured": f"{cpu:.2f}x", "value": cpu, "met": cpu <= 0.35})  # fmt: skip
+    mid = next((h for h in handoff if h["shape"] == [64, 3, 224, 224]), None)
+    if mid:
+        out.append({"target": "hand-off of a 64x3x224x224 float32 batch: median <= 0.3 ms",
+                    "measured": f"{mid['median_ms']:.3f} ms", "value": mid["median_ms"],
+                    "met": mid["median_ms"] <= 0.3})  # fmt: skip
+    if len(handoff) >= 2:
+        small, large = handoff[0], handoff[-1]
+        growth = large["median_ms"] / small["median_ms"]
+        out.append({"target": f"hand-off does not grow with bytes ({small['mbytes']:.0f} MB vs "
+                              f"{large['mbytes']:.0f} MB: ratio <= 1.5)",
+                    "measured": f"{growth:.2f}x", "value": growth, "met": growth <= 1.5})  # fmt: skip
+    return out
