@@ -5,8 +5,14 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tandem.share import Consumer, MissedBatchesWarning, Producer, UnsupportedBatch, clone_batch
-from tandem.share import protocol
+from tandem.share import (
+    Consumer,
+    MissedBatchesWarning,
+    Producer,
+    UnsupportedBatch,
+    clone_batch,
+    protocol,
+)
 from tandem.share.tree import flatten
 
 from .workers import consume, serve_list, serve_range, structured_batches

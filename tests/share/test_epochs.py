@@ -7,6 +7,7 @@ import math
 import pytest
 
 from tandem.share import Consumer
+
 from .workers import consume, serve_range
 
 N, PBS = 103, 10

@@ -15,7 +15,6 @@ from tandem.share import (
     Producer,
     ProducerError,
     ProducerExists,
-    ProducerGone,
     ProducerNotFound,
     ProducerStopped,
 )

@@ -35,6 +35,7 @@ from tandem.share.errors import (
 from tandem.share.order import Position, epoch_bounds
 from tandem.share.rebatch import Assembler, Piece
 from tandem.share.registry import live_producers, socket_path, validate_name
+from tandem.share.ring import KIND_BATCH, ControlBlock
 from tandem.share.slab import SegmentMap
 from tandem.share.tree import flatten, unflatten
 
@@ -98,11 +99,22 @@ class Consumer:
         self._k = 0  # this consumer's epoch counter
         self._closed = False
         self._gone = False  # a send failed: the producer closed its end
+        self._welcome_fds: list[int] = []
         self._sock = self._connect()
         self._finalizer = weakref.finalize(self, self._sock.close)
-        welcome = self._hello()
+        welcome, control_fd = self._hello()
         self.producer_pid = welcome.pid
         self.policy = welcome.policy
+        # Under "wait", take announced batches straight from shared memory (see ring.py).
+        control = ControlBlock.from_fd(control_fd)
+        self._index = welcome.consumer_index
+        self._control: ControlBlock | None = None
+        self._taken = 0  # under "wait": the next seq to take (this consumer's cursor)
+        if self.policy == "wait":
+            self._control = control
+            self._taken = control.taken(self._index)
+        else:
+            control.close()
         self.start: Position = (welcome.start_epoch, welcome.start_offset)
         self._pos: Position = self.start
         self._samples_per_epoch = welcome.samples_per_epoch
@@ -129,18 +141,22 @@ class Consumer:
                 )
             time.sleep(0.05)
 
-    def _hello(self) -> protocol.Welcome:
+    def _hello(self) -> tuple[protocol.Welcome, int]:
         hello = protocol.Hello(
             protocol.PROTOCOL_VERSION, os.getpid(), self.batch_size, self.drop_last, str(self.device)
         )
-        reply = self._call(hello, "attaching")
+        self._send(hello)
+        reply = self._receive("attaching")
         if isinstance(reply, protocol.Refused):
             self.close()
             raise RefusedByProducer(f"producer {self.name!r} refused this consumer: {reply.reason}")
         if not isinstance(reply, protocol.Welcome):
             self.close()
             raise protocol.ProtocolError(f"expected Welcome, got {type(reply).__name__}")
-        return reply
+        if not self._welcome_fds:
+            self.close()
+            raise protocol.ProtocolError("Welcome carried no control block")
+        return reply, self._welcome_fds.pop()
 
     def _call(self, message: object, doing: str) -> object:
         self._send(message)
@@ -159,7 +175,7 @@ class Consumer:
         who = f"producer {self.name!r}" + (f" (pid {pid})" if pid else "")
         try:
             message, fds = protocol.recv(self._sock, 0.5 if self._gone else self.timeout)
-        except (socket.timeout, TimeoutError):
+        except TimeoutError:
             raise ConsumerTimeout(
                 f"no answer from {who} within {self.timeout:g} s while {doing}; it may be "
                 "waiting for a stopped consumer (see `tandem share ls`), or raise timeout="
@@ -170,6 +186,11 @@ class Consumer:
             if not fds:
                 raise protocol.ProtocolError("batch announced a segment but carried no fd")
             self._segments.add(message.segment, fds[0])
+        elif isinstance(message, protocol.Welcome):
+            self._welcome_fds = fds
+        else:
+            for fd in fds:
+                os.close(fd)
         return message
 
     # ------------------------------------------------------------------ iteration
@@ -244,11 +265,12 @@ class Consumer:
                 return
 
     def _advance(self, end: Position, have: int) -> bool:
-        """Take the next producer entry and ask for the one after it at once (prefetch).
+        """Take the next producer entry. Returns True, or raises at the stream's end.
 
-        Returns True, or raises at the stream's end (see ``_at_end``). The request for the
-        following entry carries this consumer's releases, so a slot is released exactly
-        when the caller asks for the next batch, as without the prefetch.
+        Under "wait" an announced entry is taken from the control block without a system
+        call; otherwise (nothing announced yet, a segment not mapped yet, End, "skip") the
+        socket path asks the producer. Under "skip" the request for the following entry is
+        sent at once (prefetch) and carries this consumer's releases.
         """
         if self._cur is not None:
             self._release.append(self._cur.msg.seq)
@@ -256,14 +278,9 @@ class Consumer:
             self._cur = None
         if self._end is not None:
             return self._at_end(end, have)
-        if not self._inflight:
-            self._request()
-        t0 = time.perf_counter()
-        reply = self._receive("waiting for a batch")
-        self.stall_s += time.perf_counter() - t0
-        self._inflight = False
-        if isinstance(reply, (protocol.Batch, protocol.EpochEnd)):
-            self._request()
+        reply = self._take_announced() if self._control is not None else None
+        if reply is None:
+            reply = self._ask()
         if isinstance(reply, protocol.Batch):
             self._on_batch(reply)
         elif isinstance(reply, protocol.EpochEnd):
@@ -275,7 +292,45 @@ class Consumer:
             raise ProducerError(reply.message)
         else:
             raise protocol.ProtocolError(f"unexpected {type(reply).__name__} from the producer")
+        if self._control is not None:
+            self._taken = reply.seq + 1
+            self._publish_progress()
         return True
+
+    def _take_announced(self) -> protocol.Batch | protocol.EpochEnd | None:
+        assert self._control is not None
+        record = self._control.lookup(self._taken)
+        if record is None:
+            return None
+        epoch, offset, count, kind, slot, segment_id, size, meta_offset, meta_len = record
+        if kind != KIND_BATCH:
+            return protocol.EpochEnd(self._taken, epoch, offset)
+        segment = protocol.Segment("host", segment_id, slot, size)
+        if not self._segments.has(segment):
+            return None  # the socket path brings the segment's fd
+        return protocol.Batch(self._taken, epoch, offset, count, segment, meta_offset, meta_len)
+
+    def _ask(self) -> object:
+        """The socket path: request the entry at this consumer's cursor and wait for it."""
+        if not self._inflight:
+            self._request()
+        t0 = time.perf_counter()
+        reply = self._receive("waiting for a batch")
+        self.stall_s += time.perf_counter() - t0
+        self._inflight = False
+        if self._control is None and isinstance(reply, (protocol.Batch, protocol.EpochEnd)):
+            self._request()
+        return reply
+
+    def _publish_progress(self) -> None:
+        """Write cursor, releases and statistics to this consumer's control record."""
+        assert self._control is not None
+        released = self._cur.msg.seq if self._cur is not None else self._taken
+        self._release.clear()
+        self._control.write_consumer(
+            self._index, self._taken, released, self.stall_s, self.samples, self.batches,
+            self._pos[0], self._pos[1],
+        )  # fmt: skip
 
     def _request(self) -> None:
         """Ask for the next entry, handing back the released batches."""
@@ -333,6 +388,9 @@ class Consumer:
             return
         if self._copier is not None:
             self._copier.wait()
+        if self._control is not None:
+            self._publish_progress()
+            return
         self._send(protocol.Release(tuple(seqs)))
         self._release.clear()
 
@@ -349,6 +407,8 @@ class Consumer:
             self._copier.close()
         self._cur = None
         self._segments.close()
+        if getattr(self, "_control", None) is not None:
+            self._control.close()
         self._finalizer()
 
     def __enter__(self) -> Consumer:

@@ -37,6 +37,7 @@ from tandem.share import protocol
 from tandem.share.errors import UnsupportedBatch
 from tandem.share.order import PlannedSampler, plan_epoch
 from tandem.share.registry import Registration
+from tandem.share.ring import KIND_BATCH, KIND_EPOCH_END, ControlBlock
 from tandem.share.slab import HostSlab
 from tandem.share.tree import flatten, sample_count
 
@@ -45,6 +46,8 @@ log = logging.getLogger("tandem.share")
 POLICIES = ("wait", "skip")
 _TICK = 0.2  # longest sleep of any wait, so stops and signals are seen promptly
 _WARN_BLOCKED_S = 30.0
+_POLL_RELEASES_S = 0.002  # under "wait", releases arrive in shared memory: poll this often
+MAX_CONSUMERS = 64
 
 
 @dataclass(slots=True)
@@ -60,14 +63,22 @@ class _Entry:
 
 @dataclass(slots=True)
 class _Consumer:
+    """The producer's view of one consumer.
+
+    Under "wait" (``control`` set) the consumer keeps its cursor and releases in its record
+    of the control block; under "skip" the producer keeps them here from the messages.
+    """
+
     cid: int
     sock: socket.socket
     pid: int
     batch_size: int | None
     device: str
-    cursor: int
+    server_cursor: int
     start: tuple[int, int]
     cut: int
+    index: int
+    control: ControlBlock | None
     holds: set[int] = field(default_factory=set)
     segments: set[int] = field(default_factory=set)
     waiting: bool = False
@@ -81,6 +92,15 @@ class _Consumer:
     attached_at: float = field(default_factory=time.monotonic)
     recent: collections.deque = field(default_factory=lambda: collections.deque(maxlen=64))
     position: tuple[int, int] = (0, 0)
+
+    @property
+    def cursor(self) -> int:
+        return self.control.taken(self.index) if self.control else self.server_cursor
+
+    def released_below(self) -> int:
+        """Every entry below this seq is released by this consumer ("wait" only)."""
+        assert self.control is not None
+        return self.control.released(self.index)
 
 
 class Producer:
@@ -118,6 +138,8 @@ class Producer:
         self._source = source
         self._registration = Registration(name)
         self._slab = HostSlab(f"{name}:{os.getpid()}", window)
+        self._control = ControlBlock.create(f"{name}:{os.getpid()}", 4 * window + 64, MAX_CONSUMERS)
+        self._free_indices = list(range(MAX_CONSUMERS - 1, -1, -1))
         self._cond = threading.Condition(threading.RLock())
         self._entries: collections.OrderedDict[int, _Entry] = collections.OrderedDict()
         self._next_seq = 0
@@ -259,6 +281,7 @@ class Producer:
             self._listener.close()
         self._registration.release()
         self._slab.close()
+        self._control.close()
         for s in (self._wake_r, self._wake_w):
             s.close()
         shutdown = getattr(getattr(self._source, "_iterator", None), "_shutdown_workers", None)
@@ -409,7 +432,8 @@ class Producer:
                     if now - warned_at > _WARN_BLOCKED_S:
                         warned_at = now
                         log.warning("producer %r: waiting for %s", self.name, self._laggards())
-                    self._cond.wait(_TICK)
+                    polling = self.policy == "wait" and self._consumers
+                    self._cond.wait(_POLL_RELEASES_S if polling else _TICK)
                     continue
                 if waited_from is not None:
                     self.blocked_s += time.monotonic() - waited_from
@@ -431,13 +455,27 @@ class Producer:
             f"consumer {c.cid} (pid {c.pid})"
             for c in self._consumers.values()
             if c.cursor <= oldest or oldest in c.holds
+            or (c.control is not None and c.released_below() <= oldest)
         ]
         return ", ".join(slow) or "a consumer to attach"
 
     # ------------------------------------------------------------------ entries (lock held)
     def _publish(self, entry: _Entry) -> None:
+        if entry.kind == "batch":
+            m = entry.message
+            self._control.announce(
+                entry.seq, entry.epoch, entry.offset, entry.count, KIND_BATCH, entry.slot,
+                m.segment.segment_id, m.segment.size, m.meta_offset, m.meta_len,
+            )  # fmt: skip
+        elif entry.kind == "epoch_end":
+            self._control.announce(entry.seq, entry.epoch, entry.offset, 0, KIND_EPOCH_END,
+                                   0, 0, 0, 0, 0)  # fmt: skip
         self._entries[entry.seq] = entry
         self._next_seq = entry.seq + 1
+        now = time.monotonic()
+        for c in self._consumers.values():
+            if c.control is not None:  # progress samples for batches/s in `tandem share ls`
+                c.recent.append((now, c.control.consumer(c.index)[4]))
         for c in list(self._consumers.values()):
             if c.waiting:
                 self._reply(c)
@@ -472,6 +510,14 @@ class Producer:
     def _evict(self) -> None:
         if not self._consumers:
             return  # keep the window for the first consumer to attach
+        if self.policy == "wait":
+            # Each consumer releases in order: below its ``released`` nothing is held.
+            below = min(c.released_below() for c in self._consumers.values())
+            for seq in list(self._entries):
+                if seq >= below or self._entries[seq].kind in ("end", "failed"):
+                    break
+                self._drop(seq)
+            return
         held: set[int] = set()
         for c in self._consumers.values():
             held |= c.holds
@@ -482,7 +528,7 @@ class Producer:
                 break
             if seq < slowest and seq not in held:
                 self._drop(seq)
-        if self.policy != "skip" or self._free:
+        if self._free:
             return
         # "skip": reuse the oldest slot the fastest consumer has taken and nobody reads now;
         # consumers that had not taken it miss it. Without one, _acquire_slot grows the slab.
@@ -504,9 +550,13 @@ class Producer:
             self._free.append(entry.slot)
 
     def _reply(self, c: _Consumer) -> None:
-        """Send ``c`` the entry at its cursor, or mark it waiting for one."""
-        while c.cursor < self._next_seq and c.cursor not in self._entries:
-            c.cursor += 1  # dropped under "skip"; counted in missed_*_pending
+        """Send ``c`` the entry at its cursor, or mark it waiting for one.
+
+        Under "wait" the consumer advances its own cursor when the reply arrives.
+        """
+        if c.control is None:
+            while c.server_cursor < self._next_seq and c.server_cursor not in self._entries:
+                c.server_cursor += 1  # dropped under "skip"; counted in missed_*_pending
         entry = self._entries.get(c.cursor)
         if entry is None:
             c.waiting = True
@@ -536,15 +586,18 @@ class Producer:
             return
         if entry.kind == "batch":
             c.segments.add(message.segment.segment_id)
+        elif entry.kind in ("end", "failed"):
+            c.done = True
+        if c.control is not None:
+            return
+        if entry.kind == "batch":
             c.holds.add(entry.seq)
             c.batches += 1
             c.recent.append(time.monotonic())
             c.position = (entry.epoch, entry.offset + entry.count)
         elif entry.kind == "epoch_end":
             c.position = (entry.epoch + 1, 0)
-        else:
-            c.done = True
-        c.cursor += 1
+        c.server_cursor += 1
 
     def _push_final(self) -> None:
         """Send the end entry to consumers that have not asked for it yet (we are leaving)."""
@@ -677,20 +730,30 @@ class Producer:
                 ),
             )
             return None
+        if not self._free_indices:
+            self._send_quietly(
+                conn, protocol.Refused(f"producer {self.name!r} has {MAX_CONSUMERS} consumers")
+            )
+            return None
         cursor, start = join
         cut = start[1] if start[0] == self._epoch else 0
+        index = self._free_indices.pop()
+        self._control.reset_consumer(index, cursor)
+        control = self._control if self.policy == "wait" else None
         c = _Consumer(
-            self._next_cid, conn, hello.pid, hello.batch_size, hello.device, cursor, start, cut
-        )
+            self._next_cid, conn, hello.pid, hello.batch_size, hello.device, cursor, start, cut,
+            index, control,
+        )  # fmt: skip
         c.position = start
         self._next_cid += 1
         welcome = protocol.Welcome(
             protocol.PROTOCOL_VERSION, self.name, os.getpid(), self.policy, self.window,
-            start[0], start[1], self._samples_per_epoch, self._batch_size, c.cid,
+            start[0], start[1], self._samples_per_epoch, self._batch_size, c.cid, index,
         )  # fmt: skip
         try:
-            protocol.send(conn, welcome)
+            protocol.send(conn, welcome, (self._control.fd,))
         except OSError:
+            self._free_indices.append(index)
             return None
         self._consumers[c.cid] = c
         self._ever_attached = True
@@ -723,21 +786,29 @@ class Producer:
     def _detach(self, c: _Consumer, why: str) -> None:
         if self._consumers.pop(c.cid, None) is None:
             return
+        self._free_indices.append(c.index)
         log.info("consumer %d (pid %d) detached: %s", c.cid, c.pid, why)
         self._cond.notify_all()
 
     # ----------------------------------------------------------------------------- stats
+    def _consumer_stats(self, c: _Consumer, now: float) -> protocol.ConsumerStats:
+        if c.control is not None:
+            taken, released, stall_s, samples, batches, epoch, offset = c.control.consumer(c.index)
+            rate = _rate_from_counts(c.recent)
+            holds = taken - released
+        else:
+            taken, stall_s, samples, batches = c.server_cursor, c.stall_s, c.samples, c.batches
+            epoch, offset = c.position
+            rate, holds = _rate(c.recent, now), len(c.holds)
+        return protocol.ConsumerStats(
+            c.cid, c.pid, c.batch_size, c.device, epoch, offset, max(0, self._next_seq - taken),
+            holds, batches, rate, samples, stall_s, c.missed_batches, now - c.attached_at,
+        )  # fmt: skip
+
     def stats(self) -> protocol.StatsReply:
         now = time.monotonic()
         with self._cond:
-            consumers = tuple(
-                protocol.ConsumerStats(
-                    c.cid, c.pid, c.batch_size, c.device, c.position[0], c.position[1],
-                    max(0, self._next_seq - c.cursor), len(c.holds), c.batches, _rate(c.recent, now),
-                    c.samples, c.stall_s, c.missed_batches, now - c.attached_at,
-                )  # fmt: skip
-                for c in self._consumers.values()
-            )
+            consumers = tuple(self._consumer_stats(c, now) for c in self._consumers.values())
             return protocol.StatsReply(
                 self.name, os.getpid(), self.policy, self.window, self._epoch,
                 self._published_batches, _rate(self._recent, now), self.blocked_s,
@@ -750,3 +821,11 @@ def _rate(stamps: collections.deque, now: float) -> float:
         return 0.0
     span = now - stamps[0]
     return (len(stamps) - 1) / span if span > 0 else 0.0
+
+
+def _rate_from_counts(samples: collections.deque) -> float:
+    """Batches/s from (time, cumulative batches) pairs recorded at each stats query."""
+    if len(samples) < 2:
+        return 0.0
+    (t0, b0), (t1, b1) = samples[0], samples[-1]
+    return (b1 - b0) / (t1 - t0) if t1 > t0 else 0.0

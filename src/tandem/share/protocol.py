@@ -104,6 +104,7 @@ class Welcome:
     samples_per_epoch: int | None  # None when the source's length is not known yet
     batch_size: int | None  # the producer's batch size, when fixed
     consumer_id: int
+    consumer_index: int  # this consumer's record in the control block (its fd rides along)
 
 
 @dataclass(frozen=True, slots=True)

@@ -17,15 +17,15 @@ batches to a GPU map read-only and shared instead, so the pages can be pinned.
 
 from __future__ import annotations
 
+import collections
 import ctypes
 import mmap
 import os
 import pickle
-import warnings
-import queue
 import threading
 import time
-from dataclasses import dataclass
+import warnings
+from typing import NamedTuple
 
 import torch
 
@@ -52,11 +52,21 @@ def _round_up(n: int, to: int) -> int:
     return (n + to - 1) // to * to
 
 
-@dataclass(frozen=True, slots=True)
-class TensorDesc:
+class TensorDesc(NamedTuple):
+    """Where one tensor of a batch sits in its slot (a tuple: cheap to unpickle)."""
+
     offset: int
     dtype: torch.dtype
     shape: tuple[int, ...]
+
+
+def _contiguous_strides(shape: tuple[int, ...]) -> tuple[int, ...]:
+    strides = []
+    step = 1
+    for size in reversed(shape):
+        strides.append(step)
+        step *= max(size, 1)
+    return tuple(reversed(strides))
 
 
 class _HostSegment:
@@ -140,12 +150,20 @@ class HostSlab:
 class _Resetter:
     """One helper thread that drops private pages, in order; callers wait by ticket.
 
-    Lighter than an executor: the hot path is one ``SimpleQueue.put``; a wait is almost
-    never needed, since a slot is read again only after the producer has refilled it.
+    Submitting must not wake a sleeping thread (a futex wake costs tens of microseconds on
+    the hand-off path of a busy or virtualised host), so while work keeps coming the thread
+    polls every few milliseconds, and only after a quiet second does it block until woken.
+    A wait is almost never needed: a slot is read again only after the producer refilled it.
     """
 
+    _POLL_S = 0.003
+    _IDLE_S = 1.0
+
     def __init__(self) -> None:
-        self._queue: queue.SimpleQueue = queue.SimpleQueue()
+        self._work: collections.deque = collections.deque()
+        self._wake = threading.Event()
+        self._sleeping = False
+        self._closed = False
         self._submitted = 0
         self._done = 0  # written by the helper thread only
         self._error: OSError | None = None
@@ -154,20 +172,33 @@ class _Resetter:
 
     def submit(self, mapping: torch.Tensor, length: int) -> int:
         self._submitted += 1
-        self._queue.put((mapping, length))
+        self._work.append((mapping, length))
+        if self._sleeping:
+            self._wake.set()
         return self._submitted
 
     def _run(self) -> None:
-        while True:
-            item = self._queue.get()
-            if item is None:
-                return
+        idle_since = time.monotonic()
+        while not self._closed:
             try:
-                _drop_private_pages(*item)
+                mapping, length = self._work.popleft()
+            except IndexError:
+                if time.monotonic() - idle_since < self._IDLE_S:
+                    time.sleep(self._POLL_S)
+                    continue
+                self._sleeping = True
+                if not self._work:  # re-check: a submit may have missed the flag
+                    self._wake.wait(self._IDLE_S)
+                self._wake.clear()
+                self._sleeping = False
+                continue
+            try:
+                _drop_private_pages(mapping, length)
             except OSError as exc:
                 self._error = exc
-            del item
+            del mapping
             self._done += 1
+            idle_since = time.monotonic()
 
     def wait(self, ticket: int, timeout: float = 30.0) -> None:
         deadline = time.monotonic() + timeout
@@ -179,7 +210,8 @@ class _Resetter:
             raise self._error
 
     def close(self) -> None:
-        self._queue.put(None)
+        self._closed = True
+        self._wake.set()
         self._thread.join(5)
 
 
@@ -189,6 +221,8 @@ class SegmentMap:
     def __init__(self, writable_private: bool = True):
         self._private = writable_private
         self._by_slot: dict[int, tuple[int, mmap.mmap, torch.Tensor]] = {}
+        # slot -> {dtype: the whole segment viewed as that dtype}; one as_strided per tensor
+        self._typed: dict[int, dict[torch.dtype, torch.Tensor]] = {}
         self._used: dict[int, int] = {}  # slot -> bytes touched by the current batch
         self._resetting: dict[int, int] = {}  # slot -> ticket of its pending copy-on-write reset
         self._resetter: _Resetter | None = None
@@ -209,6 +243,7 @@ class SegmentMap:
         if self.on_map is not None:
             self.on_map(mm, u8)
         self._by_slot[segment.slot] = (segment.segment_id, mm, u8)
+        self._typed[segment.slot] = {}
 
     def has(self, segment: protocol.Segment) -> bool:
         current = self._by_slot.get(segment.slot)
@@ -223,16 +258,13 @@ class SegmentMap:
                 f"but slot {batch.segment.slot} is mapped to segment {segment_id}"
             )
         spec, descs = pickle.loads(mm[batch.meta_offset : batch.meta_offset + batch.meta_len])
+        typed = self._typed[batch.segment.slot]
         leaves = []
-        for d in descs:
-            numel = 1
-            for s in d.shape:
-                numel *= s
-            if numel == 0:
-                leaves.append(torch.empty(d.shape, dtype=d.dtype))
-                continue
-            nbytes = numel * torch.empty((), dtype=d.dtype).element_size()
-            leaves.append(u8[d.offset : d.offset + nbytes].view(d.dtype).view(d.shape))
+        for offset, dtype, shape in descs:
+            view = typed.get(dtype)
+            if view is None:
+                view = typed[dtype] = u8[: len(u8) // dtype.itemsize * dtype.itemsize].view(dtype)
+            leaves.append(view.as_strided(shape, _contiguous_strides(shape), offset // dtype.itemsize))
         self._used[batch.segment.slot] = batch.meta_offset + batch.meta_len
         return spec, leaves
 
@@ -256,6 +288,7 @@ class SegmentMap:
             self._resetter.wait(ticket)
 
     def close(self) -> None:
+        self._typed.clear()
         for slot in list(self._resetting):
             self._wait_reset(slot)
         if self._resetter is not None:
