@@ -24,7 +24,6 @@ import multiprocessing as mp
 import os
 import platform
 import queue as queue_mod
-import resource
 import statistics
 import threading
 import time
@@ -51,17 +50,21 @@ class Config:
     workers: int = 2  # DataLoader worker processes, per private job and for the producer
     sleep_ms: float = 25.0  # simulated accelerator step per batch
     model: str = "tiny_cnn"
-    run_timeout_s: float = 120.0
+    run_timeout_s: float = 150.0
     data_dir: str = "data/bench-images"
 
 
 @dataclass
 class JobResult:
     job: int
+    label: str = ""
     samples: int = 0
     wall_s: float = 0.0
     stall_s: float = 0.0
     samples_per_s: float = 0.0
+    cpu_s: float = 0.0  # the job's process tree, from the common start to its end
+    start: float = 0.0  # time.monotonic(), shared by all processes on the host
+    end: float = 0.0
     error: str | None = None
 
 
@@ -81,7 +84,7 @@ class RunResult:
 
 
 # --------------------------------------------------------------------------- job processes
-def _step_fn(step: str, cfg: Config):
+def _step_fn(step: str, cfg: Config, model_name: str | None = None):
     if step == "sleep":
         delay = cfg.sleep_ms / 1000
 
@@ -90,7 +93,7 @@ def _step_fn(step: str, cfg: Config):
 
         return sleep_step
     torch.set_num_threads(1)
-    model = MODELS[cfg.model]()
+    model = MODELS[model_name or cfg.model]()
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
     loss_fn = torch.nn.CrossEntropyLoss()
 
@@ -102,9 +105,24 @@ def _step_fn(step: str, cfg: Config):
     return train_step
 
 
+def tree_cpu_s() -> float:
+    """CPU-seconds (user + system) of this process and its live descendants."""
+    me = psutil.Process()
+    total = 0.0
+    for p in [me, *me.children(recursive=True)]:
+        try:
+            t = p.cpu_times()
+            total += t.user + t.system
+        except psutil.NoSuchProcess:
+            pass
+    return total
+
+
 def _timed_epochs(batches_per_epoch, epochs: int, step, unpack=lambda b: b) -> JobResult:
-    """Iterate, timing the waits for data; returns samples, wall and stall time."""
+    """Iterate, timing the waits for data; returns samples, wall, stall and CPU time."""
     res = JobResult(job=os.getpid())
+    cpu0 = tree_cpu_s()
+    res.start = time.monotonic()
     t_start = time.perf_counter()
     for e in range(epochs):
         it = iter(batches_per_epoch(e))
@@ -119,64 +137,100 @@ def _timed_epochs(batches_per_epoch, epochs: int, step, unpack=lambda b: b) -> J
             step(images, labels)
             res.samples += len(labels)
     res.wall_s = time.perf_counter() - t_start
+    res.end = time.monotonic()
+    res.cpu_s = tree_cpu_s() - cpu0
     res.samples_per_s = res.samples / res.wall_s if res.wall_s else 0.0
     return res
 
 
-def _report(queue, fn, *args) -> None:
+def _report(queue, fn, cfg: Config, job: JobSpec, *args) -> None:
+    label = f"{job.model or job.step} bs{job.batch_size or cfg.batch_size}"
     try:
-        queue.put(fn(*args))
+        result = fn(cfg, job, *args)
+        result.label = label
     except BaseException as exc:  # noqa: BLE001 - reported to the runner
-        queue.put(JobResult(job=os.getpid(), error=f"{type(exc).__name__}: {exc}"))
+        result = JobResult(job=os.getpid(), label=label, error=f"{type(exc).__name__}: {exc}")
+    queue.put(result)
 
 
-def _private_job(cfg: Config, step: str, root: str, ready) -> JobResult:
+@dataclass(frozen=True)
+class JobSpec:
+    """One training job: its step, and (for ``cnn``) its model; its own batch size."""
+
+    step: str = "sleep"
+    model: str | None = None
+    batch_size: int | None = None  # None: the config's
+
+
+def _private_job(cfg: Config, job: JobSpec, root: str, built, ready) -> JobResult:
     torch.set_num_threads(1)
     loader = torch.utils.data.DataLoader(
-        ImageFolder(root, crop=cfg.crop), batch_size=cfg.batch_size, shuffle=True,
-        num_workers=cfg.workers,
+        ImageFolder(root, crop=cfg.crop), batch_size=job.batch_size or cfg.batch_size,
+        shuffle=True, num_workers=cfg.workers, persistent_workers=cfg.workers > 0,
     )  # fmt: skip
-    fn = _step_fn(step, cfg)
-    ready.wait(60)
+    fn = _step_fn(job.step, cfg, job.model)
+    built.put(os.getpid())
+    ready.wait(120)
+    # The clock starts before the loader's workers do: nobody prefetches before the start.
     return _timed_epochs(lambda e: loader, cfg.epochs, fn)
 
 
-def private_job(queue, cfg, step, root, ready):
-    _report(queue, _private_job, cfg, step, root, ready)
+def private_job(queue, cfg, job, root, built, ready):
+    _report(queue, _private_job, cfg, job, root, built, ready)
 
 
-def tandem_producer(cfg: Config, root: str, name: str) -> None:
+def _cpu_from_ready(ready) -> dict:
+    """CPU of this process tree from when ``ready`` is set (measured by a helper thread)."""
+    mark: dict = {}
+
+    def wait() -> None:
+        ready.wait(300)
+        mark["cpu0"] = tree_cpu_s()
+
+    threading.Thread(target=wait, daemon=True).start()
+    return mark
+
+
+def tandem_producer(queue, cfg: Config, root: str, name: str, ready) -> None:
     from tandem.share import Producer
 
     torch.set_num_threads(1)
+    mark = _cpu_from_ready(ready)
     p = Producer.from_dataset(
         ImageFolder(root, crop=cfg.crop), name, batch_size=cfg.batch_size, shuffle=True,
         num_workers=cfg.workers, window=8,
     )  # fmt: skip
-    p.serve(epochs=cfg.epochs)
+    with p:  # consumers can attach now; loading starts with the clock, as for private jobs
+        ready.wait(300)
+        p.serve(epochs=cfg.epochs)
+        queue.put(("producer", tree_cpu_s() - mark.get("cpu0", 0.0)))
 
 
-def _tandem_job(cfg: Config, step: str, name: str, ready) -> JobResult:
+def _tandem_job(cfg: Config, job: JobSpec, name: str, built, ready) -> JobResult:
     from tandem.share import Consumer
 
     torch.set_num_threads(1)
-    fn = _step_fn(step, cfg)
-    consumer = Consumer(name, batch_size=cfg.batch_size, timeout=60)
-    ready.wait(60)
+    fn = _step_fn(job.step, cfg, job.model)
+    consumer = Consumer(name, batch_size=job.batch_size or cfg.batch_size, timeout=120)
+    built.put(os.getpid())
+    ready.wait(120)
     try:
         return _timed_epochs(lambda e: consumer, cfg.epochs, fn)
     finally:
         consumer.close()
 
 
-def tandem_job(queue, cfg, step, name, ready):
-    _report(queue, _tandem_job, cfg, step, name, ready)
+def tandem_job(queue, cfg, job, name, built, ready):
+    _report(queue, _tandem_job, cfg, job, name, built, ready)
 
 
-def tensorsocket_producer(cfg: Config, root: str, ports: tuple[int, int, int, int]) -> None:
+def tensorsocket_producer(queue, cfg: Config, root: str, ports: tuple[int, int, int, int],
+                          ready) -> None:  # fmt: skip
     from tensorsocket import TensorProducer
 
     torch.set_num_threads(1)
+    mark = _cpu_from_ready(ready)
+    ready.wait(300)
     loader = torch.utils.data.DataLoader(
         ImageFolder(root, crop=cfg.crop), batch_size=cfg.batch_size, shuffle=True,
         num_workers=cfg.workers,
@@ -187,22 +241,24 @@ def tensorsocket_producer(cfg: Config, root: str, ports: tuple[int, int, int, in
     for _ in range(cfg.epochs):
         for _ in producer:
             pass
+    queue.put(("producer", tree_cpu_s() - mark.get("cpu0", 0.0)))
     producer.join()
 
 
-def _tensorsocket_job(cfg: Config, step: str, ports, ready) -> JobResult:
+def _tensorsocket_job(cfg: Config, job: JobSpec, ports, built, ready) -> JobResult:
     from tensorsocket import TensorConsumer
 
     torch.set_num_threads(1)
-    fn = _step_fn(step, cfg)
+    fn = _step_fn(job.step, cfg, job.model)
     consumer = TensorConsumer(ports[0], ports[1], heart_ports=(ports[2], ports[3]),
-                              batch_size=cfg.batch_size)  # fmt: skip
-    ready.wait(60)
+                              batch_size=job.batch_size or cfg.batch_size)  # fmt: skip
+    built.put(os.getpid())
+    ready.wait(120)
     return _timed_epochs(lambda e: consumer, cfg.epochs, fn, unpack=lambda b: b[1])
 
 
-def tensorsocket_job(queue, cfg, step, ports, ready):
-    _report(queue, _tensorsocket_job, cfg, step, ports, ready)
+def tensorsocket_job(queue, cfg, job, ports, built, ready):
+    _report(queue, _tensorsocket_job, cfg, job, ports, built, ready)
 
 
 # --------------------------------------------------------------------------- measurement
@@ -239,11 +295,6 @@ class PssSampler:
         self._thread.join()
 
 
-def _children_cpu() -> float:
-    r = resource.getrusage(resource.RUSAGE_CHILDREN)
-    return r.ru_utime + r.ru_stime
-
-
 def _free_ports(n: int) -> tuple[int, ...]:
     import socket
 
@@ -256,37 +307,55 @@ def _free_ports(n: int) -> tuple[int, ...]:
     return ports
 
 
-def run_one(mode: str, jobs: int, step: str, cfg: Config, root: str) -> RunResult:
+def run_one(mode: str, jobs: int | list[JobSpec], step: str, cfg: Config, root: str) -> RunResult:
+    """Run ``jobs`` (a count of identical ``step`` jobs, or their specs) in one ``mode``."""
+    specs = [JobSpec(step)] * jobs if isinstance(jobs, int) else list(jobs)
+    jobs = len(specs)
     q = CTX.Queue()
+    built = CTX.Queue()
     ready = CTX.Event()
     procs: list[mp.Process] = []
     result = RunResult(mode, jobs, step)
-    cpu0 = _children_cpu()
+    producer_cpu = 0.0
     with PssSampler() as pss:
         if mode == "private":
-            targets = [(private_job, (q, cfg, step, root, ready))] * jobs
+            targets = [(private_job, (q, cfg, job, root, built, ready)) for job in specs]
         elif mode == "tandem":
-            name = f"bench-{os.getpid()}-{jobs}-{step}"
-            procs.append(CTX.Process(target=tandem_producer, args=(cfg, root, name)))
-            targets = [(tandem_job, (q, cfg, step, name, ready))] * jobs
+            name = f"bench-{os.getpid()}-{time.monotonic_ns()}"
+            procs.append(CTX.Process(target=tandem_producer, args=(q, cfg, root, name, ready)))
+            targets = [(tandem_job, (q, cfg, job, name, built, ready)) for job in specs]
         else:
             ports = _free_ports(4)
-            procs.append(CTX.Process(target=tensorsocket_producer, args=(cfg, root, ports)))
-            targets = [(tensorsocket_job, (q, cfg, step, ports, ready))] * jobs
+            procs.append(CTX.Process(target=tensorsocket_producer, args=(q, cfg, root, ports, ready)))
+            targets = [(tensorsocket_job, (q, cfg, job, ports, built, ready)) for job in specs]
         procs += [CTX.Process(target=t, args=a) for t, a in targets]
         for p in procs:
             p.start()
-        time.sleep(1.0)  # let every job build its loader/consumer, then start them together
-        t0 = time.perf_counter()
-        ready.set()
+        # Start the clock when every job has built its loader or attached its consumer.
         deadline = time.monotonic() + cfg.run_timeout_s
-        while len(result.per_job) < jobs and time.monotonic() < deadline:
+        waiting = jobs
+        while waiting and time.monotonic() < deadline:
             try:
-                result.per_job.append(q.get(timeout=1.0))
+                built.get(timeout=1.0)
+                waiting -= 1
             except queue_mod.Empty:
                 if not any(p.is_alive() for p in procs[-jobs:]):
                     break
-        result.wall_s = time.perf_counter() - t0
+        ready.set()
+        expected = jobs + (mode != "private")
+        got = 0
+        while got < expected and time.monotonic() < deadline:
+            try:
+                item = q.get(timeout=1.0)
+            except queue_mod.Empty:
+                if not any(p.is_alive() for p in procs):
+                    break
+                continue
+            got += 1
+            if isinstance(item, tuple) and item[0] == "producer":
+                producer_cpu = item[1]
+            else:
+                result.per_job.append(item)
         if len(result.per_job) < jobs:
             result.note = (f"{jobs - len(result.per_job)} job(s) did not finish within "
                            f"{cfg.run_timeout_s:g} s (hung or too slow); killed")  # fmt: skip
@@ -296,13 +365,16 @@ def run_one(mode: str, jobs: int, step: str, cfg: Config, root: str) -> RunResul
                 p.kill()
                 p.join(5)
     result.peak_pss_mib = pss.peak / 2**20
-    result.cpu_s = _children_cpu() - cpu0
     errors = [j.error for j in result.per_job if j.error]
     if errors:
         result.note = (result.note + " " if result.note else "") + "; ".join(errors)[:300]
-    result.samples = sum(j.samples for j in result.per_job)
     done = [j for j in result.per_job if not j.error and j.wall_s]
-    result.samples_per_s = sum(j.samples_per_s for j in done)
+    result.samples = sum(j.samples for j in done)
+    if done:
+        result.wall_s = max(j.end for j in done) - min(j.start for j in done)
+    # aggregate: samples of all jobs over the span from the first start to the last end
+    result.samples_per_s = result.samples / result.wall_s if result.wall_s else 0.0
+    result.cpu_s = sum(j.cpu_s for j in done) + producer_cpu
     result.cpu_s_per_1k = 1000 * result.cpu_s / result.samples if result.samples else 0.0
     return result
 
