@@ -137,3 +137,8 @@ def structured_batches():
             }
         )
     return out
+
+
+def make_list_loader():
+    """For `tandem share serve --loader`: 5 batches of 4 samples."""
+    return [{"i": torch.arange(k * 4, k * 4 + 4), "x": torch.zeros(4, 2)} for k in range(5)]

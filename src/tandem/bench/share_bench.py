@@ -50,7 +50,7 @@ class Config:
     workers: int = 2  # DataLoader worker processes, per private job and for the producer
     sleep_ms: float = 25.0  # simulated accelerator step per batch
     model: str = "tiny_cnn"
-    run_timeout_s: float = 150.0
+    run_timeout_s: float = 90.0
     data_dir: str = "data/bench-images"
 
 
@@ -65,6 +65,7 @@ class JobResult:
     cpu_s: float = 0.0  # the job's process tree, from the common start to its end
     start: float = 0.0  # time.monotonic(), shared by all processes on the host
     end: float = 0.0
+    partial: bool = False  # killed before it finished: figures up to the kill
     error: str | None = None
 
 
@@ -118,11 +119,13 @@ def tree_cpu_s() -> float:
     return total
 
 
-def _timed_epochs(batches_per_epoch, epochs: int, step, unpack=lambda b: b) -> JobResult:
+def _timed_epochs(batches_per_epoch, epochs: int, step, progress, unpack=lambda b: b) -> JobResult:
     """Iterate, timing the waits for data; returns samples, wall, stall and CPU time."""
     res = JobResult(job=os.getpid())
     cpu0 = tree_cpu_s()
     res.start = time.monotonic()
+    progress[1] = res.start
+    progress[2] = os.getpid()
     t_start = time.perf_counter()
     for e in range(epochs):
         it = iter(batches_per_epoch(e))
@@ -136,6 +139,7 @@ def _timed_epochs(batches_per_epoch, epochs: int, step, unpack=lambda b: b) -> J
             images, labels = unpack(batch)
             step(images, labels)
             res.samples += len(labels)
+            progress[0] = res.samples  # read by the runner if this job must be killed
     res.wall_s = time.perf_counter() - t_start
     res.end = time.monotonic()
     res.cpu_s = tree_cpu_s() - cpu0
@@ -162,7 +166,7 @@ class JobSpec:
     batch_size: int | None = None  # None: the config's
 
 
-def _private_job(cfg: Config, job: JobSpec, root: str, built, ready) -> JobResult:
+def _private_job(cfg: Config, job: JobSpec, root: str, built, ready, progress) -> JobResult:
     torch.set_num_threads(1)
     loader = torch.utils.data.DataLoader(
         ImageFolder(root, crop=cfg.crop), batch_size=job.batch_size or cfg.batch_size,
@@ -172,11 +176,11 @@ def _private_job(cfg: Config, job: JobSpec, root: str, built, ready) -> JobResul
     built.put(os.getpid())
     ready.wait(120)
     # The clock starts before the loader's workers do: nobody prefetches before the start.
-    return _timed_epochs(lambda e: loader, cfg.epochs, fn)
+    return _timed_epochs(lambda e: loader, cfg.epochs, fn, progress)
 
 
-def private_job(queue, cfg, job, root, built, ready):
-    _report(queue, _private_job, cfg, job, root, built, ready)
+def private_job(queue, cfg, job, root, built, ready, progress):
+    _report(queue, _private_job, cfg, job, root, built, ready, progress)
 
 
 def _cpu_from_ready(ready) -> dict:
@@ -206,7 +210,7 @@ def tandem_producer(queue, cfg: Config, root: str, name: str, ready) -> None:
         queue.put(("producer", tree_cpu_s() - mark.get("cpu0", 0.0)))
 
 
-def _tandem_job(cfg: Config, job: JobSpec, name: str, built, ready) -> JobResult:
+def _tandem_job(cfg: Config, job: JobSpec, name: str, built, ready, progress) -> JobResult:
     from tandem.share import Consumer
 
     torch.set_num_threads(1)
@@ -215,29 +219,32 @@ def _tandem_job(cfg: Config, job: JobSpec, name: str, built, ready) -> JobResult
     built.put(os.getpid())
     ready.wait(120)
     try:
-        return _timed_epochs(lambda e: consumer, cfg.epochs, fn)
+        return _timed_epochs(lambda e: consumer, cfg.epochs, fn, progress)
     finally:
         consumer.close()
 
 
-def tandem_job(queue, cfg, job, name, built, ready):
-    _report(queue, _tandem_job, cfg, job, name, built, ready)
+def tandem_job(queue, cfg, job, name, built, ready, progress):
+    _report(queue, _tandem_job, cfg, job, name, built, ready, progress)
 
 
 def tensorsocket_producer(queue, cfg: Config, root: str, ports: tuple[int, int, int, int],
-                          ready) -> None:  # fmt: skip
+                          built, ready) -> None:  # fmt: skip
     from tensorsocket import TensorProducer
 
     torch.set_num_threads(1)
     mark = _cpu_from_ready(ready)
-    ready.wait(300)
     loader = torch.utils.data.DataLoader(
         ImageFolder(root, crop=cfg.crop), batch_size=cfg.batch_size, shuffle=True,
         num_workers=cfg.workers,
     )  # fmt: skip
+    # Its consumers handshake with a live producer, so it is built before the clock starts
+    # (and may prefetch a few batches: to its advantage).
     producer = TensorProducer(
         loader, ports[0], ports[1], heart_ports=(ports[2], ports[3]), consumer_max_buffer_size=8
     )
+    built.put("producer")
+    ready.wait(300)
     for _ in range(cfg.epochs):
         for _ in producer:
             pass
@@ -245,20 +252,28 @@ def tensorsocket_producer(queue, cfg: Config, root: str, ports: tuple[int, int, 
     producer.join()
 
 
-def _tensorsocket_job(cfg: Config, job: JobSpec, ports, built, ready) -> JobResult:
+def _tensorsocket_job(cfg: Config, job: JobSpec, ports, built, ready, progress) -> JobResult:
     from tensorsocket import TensorConsumer
 
     torch.set_num_threads(1)
     fn = _step_fn(job.step, cfg, job.model)
-    consumer = TensorConsumer(ports[0], ports[1], heart_ports=(ports[2], ports[3]),
-                              batch_size=job.batch_size or cfg.batch_size)  # fmt: skip
     built.put(os.getpid())
     ready.wait(120)
-    return _timed_epochs(lambda e: consumer, cfg.epochs, fn, unpack=lambda b: b[1])
+    # A TensorSocket consumer's constructor blocks until the producer is iterating, so it is
+    # built inside the clock.
+    consumer: list = []
+
+    def epoch(_e: int):
+        if not consumer:
+            consumer.append(TensorConsumer(ports[0], ports[1], heart_ports=(ports[2], ports[3]),
+                                           batch_size=job.batch_size or cfg.batch_size))  # fmt: skip
+        return consumer[0]
+
+    return _timed_epochs(epoch, cfg.epochs, fn, progress)
 
 
-def tensorsocket_job(queue, cfg, job, ports, built, ready):
-    _report(queue, _tensorsocket_job, cfg, job, ports, built, ready)
+def tensorsocket_job(queue, cfg, job, ports, built, ready, progress):
+    _report(queue, _tensorsocket_job, cfg, job, ports, built, ready, progress)
 
 
 # --------------------------------------------------------------------------- measurement
@@ -295,6 +310,27 @@ class PssSampler:
         self._thread.join()
 
 
+def _reap(procs: list, grace_s: float) -> None:
+    """Join the run's processes; kill whatever is left of their trees (loader workers too)."""
+    tree = []
+    for p in procs:
+        try:
+            tree += psutil.Process(p.pid).children(recursive=True)
+        except psutil.NoSuchProcess:
+            pass
+    for p in procs:
+        p.join(grace_s)
+        if p.is_alive():
+            p.kill()
+            p.join(5)
+    for child in tree:
+        try:
+            child.kill()
+        except psutil.NoSuchProcess:
+            pass
+    psutil.wait_procs(tree, timeout=5)
+
+
 def _free_ports(n: int) -> tuple[int, ...]:
     import socket
 
@@ -314,23 +350,35 @@ def run_one(mode: str, jobs: int | list[JobSpec], step: str, cfg: Config, root: 
     q = CTX.Queue()
     built = CTX.Queue()
     ready = CTX.Event()
+    progress = [CTX.Array("d", 3, lock=False) for _ in specs]  # (samples, start, pid) per job
     procs: list[mp.Process] = []
     result = RunResult(mode, jobs, step)
     producer_cpu = 0.0
     with PssSampler() as pss:
         if mode == "private":
-            targets = [(private_job, (q, cfg, job, root, built, ready)) for job in specs]
+            targets = [(private_job, (q, cfg, job, root, built, ready, pr))
+                       for job, pr in zip(specs, progress)]  # fmt: skip
         elif mode == "tandem":
             name = f"bench-{os.getpid()}-{time.monotonic_ns()}"
             procs.append(CTX.Process(target=tandem_producer, args=(q, cfg, root, name, ready)))
-            targets = [(tandem_job, (q, cfg, job, name, built, ready)) for job in specs]
+            targets = [(tandem_job, (q, cfg, job, name, built, ready, pr))
+                       for job, pr in zip(specs, progress)]  # fmt: skip
         else:
             ports = _free_ports(4)
-            procs.append(CTX.Process(target=tensorsocket_producer, args=(q, cfg, root, ports, ready)))
-            targets = [(tensorsocket_job, (q, cfg, job, ports, built, ready)) for job in specs]
-        procs += [CTX.Process(target=t, args=a) for t, a in targets]
-        for p in procs:
+            procs.append(CTX.Process(target=tensorsocket_producer,
+                                     args=(q, cfg, root, ports, built, ready)))  # fmt: skip
+            targets = [(tensorsocket_job, (q, cfg, job, ports, built, ready, pr))
+                       for job, pr in zip(specs, progress)]  # fmt: skip
+        for p in procs:  # the producer, if any
             p.start()
+        if mode == "tensorsocket":
+            # its consumers must connect to a live producer (ZeroMQ subscribers that come
+            # first miss its messages and it never sees them)
+            built.get(timeout=120)
+        jobs_procs = [CTX.Process(target=t, args=a) for t, a in targets]
+        for p in jobs_procs:
+            p.start()
+        procs += jobs_procs
         # Start the clock when every job has built its loader or attached its consumer.
         deadline = time.monotonic() + cfg.run_timeout_s
         waiting = jobs
@@ -357,13 +405,23 @@ def run_one(mode: str, jobs: int | list[JobSpec], step: str, cfg: Config, root: 
             else:
                 result.per_job.append(item)
         if len(result.per_job) < jobs:
+            killed_at = time.monotonic()
             result.note = (f"{jobs - len(result.per_job)} job(s) did not finish within "
-                           f"{cfg.run_timeout_s:g} s (hung or too slow); killed")  # fmt: skip
-        for p in procs:
-            p.join(15 if not result.note else 0.5)
-            if p.is_alive():
-                p.kill()
-                p.join(5)
+                           f"{cfg.run_timeout_s:g} s (hung or too slow): killed; figures up "
+                           "to the kill")  # fmt: skip
+            finished = {j.job for j in result.per_job}
+            for job, pr in zip(specs, progress):
+                label = f"{job.model or job.step} bs{job.batch_size or cfg.batch_size}"
+                if pr[2] and int(pr[2]) in finished:
+                    continue
+                start = pr[1] or killed_at
+                wall = killed_at - start
+                result.per_job.append(JobResult(
+                    job=int(pr[2]), label=label, samples=int(pr[0]), wall_s=wall, start=start,
+                    end=killed_at, partial=True, samples_per_s=pr[0] / wall if wall > 0 else 0.0,
+                ))  # fmt: skip
+
+        _reap(procs, grace_s=15 if not result.note else 0.5)
     result.peak_pss_mib = pss.peak / 2**20
     errors = [j.error for j in result.per_job if j.error]
     if errors:

@@ -218,9 +218,26 @@ class Consumer:
         self._k += 1
         self._skip_until(begin)
         size = self.batch_size
+        while size is None:  # the producer's batches as they are: no assembly, no copy
+            if self._pos >= end:
+                return
+            if not self._readable():
+                self._advance(end, 0)
+                continue
+            assert self._cur is not None
+            msg = self._cur.msg
+            a = self._pos[1] - msg.offset
+            b = msg.count if end[0] != msg.epoch else min(msg.count, end[1] - msg.offset)
+            batch = Piece(self._cur.piece_spec, self._cur.leaves, msg.count, a, b).view()
+            self._pos = (msg.epoch, msg.offset + b)
+            self.samples += b - a
+            self.batches += 1
+            if self._copier is not None:
+                batch = self._copier.to_device(batch)
+            yield batch
         while True:
-            asm = Assembler(size or 0)
-            while self._pos < end and (size is None and asm.empty or size is not None and asm.n < size):
+            asm = Assembler(size)
+            while self._pos < end and asm.n < size:
                 if not self._readable():
                     if asm.holds_views:
                         asm.materialize()  # copy out before the slot is released
@@ -231,12 +248,12 @@ class Consumer:
                 msg = self._cur.msg
                 a = self._pos[1] - msg.offset
                 stop = msg.count if end[0] != msg.epoch else min(msg.count, end[1] - msg.offset)
-                want = stop - a if size is None else min(stop - a, size - asm.n)
+                want = min(stop - a, size - asm.n)
                 asm.add(Piece(self._cur.piece_spec, self._cur.leaves, msg.count, a, a + want))
                 self._pos = (msg.epoch, msg.offset + a + want)
             if asm.empty:
                 return
-            if size is not None and asm.n < size and self.drop_last:
+            if asm.n < size and self.drop_last:
                 return
             batch = asm.result()
             self.samples += asm.n

@@ -372,6 +372,11 @@ class Producer:
                     break
             if limit is not None:
                 break
+            if completed and offset == 0:
+                raise ValueError(
+                    f"the source yielded no batch in epoch {epoch}; a producer needs a source "
+                    "whose every iter() yields at least one batch"
+                )
             if completed and self._stop_reason is None:
                 with self._cond:
                     self._publish(_Entry(self._next_seq, "epoch_end", epoch, offset))

@@ -223,6 +223,7 @@ class SegmentMap:
         self._by_slot: dict[int, tuple[int, mmap.mmap, torch.Tensor]] = {}
         # slot -> {dtype: the whole segment viewed as that dtype}; one as_strided per tensor
         self._typed: dict[int, dict[torch.dtype, torch.Tensor]] = {}
+        self._meta: dict[int, tuple[bytes, tuple]] = {}  # slot -> (raw meta, decoded)
         self._used: dict[int, int] = {}  # slot -> bytes touched by the current batch
         self._resetting: dict[int, int] = {}  # slot -> ticket of its pending copy-on-write reset
         self._resetter: _Resetter | None = None
@@ -244,6 +245,7 @@ class SegmentMap:
             self.on_map(mm, u8)
         self._by_slot[segment.slot] = (segment.segment_id, mm, u8)
         self._typed[segment.slot] = {}
+        self._meta.pop(segment.slot, None)
 
     def has(self, segment: protocol.Segment) -> bool:
         current = self._by_slot.get(segment.slot)
@@ -257,7 +259,14 @@ class SegmentMap:
                 f"batch {batch.seq} names segment {batch.segment.segment_id}, "
                 f"but slot {batch.segment.slot} is mapped to segment {segment_id}"
             )
-        spec, descs = pickle.loads(mm[batch.meta_offset : batch.meta_offset + batch.meta_len])
+        raw = mm[batch.meta_offset : batch.meta_offset + batch.meta_len]
+        # Batches of tensors only have the same meta from one batch to the next: decode once.
+        cached = self._meta.get(batch.segment.slot)
+        if cached is not None and cached[0] == raw:
+            spec, descs = cached[1]
+        else:
+            spec, descs = pickle.loads(raw)
+            self._meta[batch.segment.slot] = (raw, (spec, descs))
         typed = self._typed[batch.segment.slot]
         leaves = []
         for offset, dtype, shape in descs:
@@ -289,6 +298,7 @@ class SegmentMap:
 
     def close(self) -> None:
         self._typed.clear()
+        self._meta.clear()
         for slot in list(self._resetting):
             self._wait_reset(slot)
         if self._resetter is not None:

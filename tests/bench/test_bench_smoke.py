@@ -1,0 +1,45 @@
+"""The benchmark and demo machinery on a tiny workload (figures are not asserted: speed
+targets live in benchmarks/, not in unit tests)."""
+
+from __future__ import annotations
+
+import torch
+
+from tandem.bench.data import ImageFolder
+from tandem.bench.images import make_image_folder
+from tandem.bench.models import MODELS
+from tandem.bench.share_bench import Config, JobSpec, run_one
+
+
+def test_image_folder_is_generated_once_and_decodes(tmp_path):
+    root = make_image_folder(tmp_path / "img", images=12, classes=3, min_side=64, max_side=80)
+    stamp = (root / "class00" / "000000.jpg").stat().st_mtime_ns
+    make_image_folder(tmp_path / "img", images=12, classes=3, min_side=64, max_side=80)
+    assert (root / "class00" / "000000.jpg").stat().st_mtime_ns == stamp, "reused, not rewritten"
+    ds = ImageFolder(root, crop=48)
+    assert len(ds) == 12 and ds.classes == ["class00", "class01", "class02"]
+    image, label = ds[5]
+    assert image.shape == (3, 48, 48) and image.dtype == torch.float32
+    assert label == ds.classes.index(ds.samples[5][0].parent.name)
+    assert -3 < float(image.mean()) < 3
+
+
+def test_models_train_on_a_batch():
+    x, y = torch.randn(4, 3, 64, 64), torch.tensor([0, 1, 2, 3])
+    for name, make in MODELS.items():
+        model = make()
+        loss = torch.nn.functional.cross_entropy(model(x), y)
+        loss.backward()
+        assert torch.isfinite(loss), name
+
+
+def test_private_and_shared_runs_deliver_every_sample(tmp_path):
+    cfg = Config(images=24, epochs=1, batch_size=8, crop=48, workers=1, run_timeout_s=120,
+                 data_dir=str(tmp_path))  # fmt: skip
+    root = str(make_image_folder(tmp_path / "img", images=24, classes=3, min_side=64, max_side=80))
+    jobs = [JobSpec("cnn", "tiny_cnn", 8), JobSpec("sleep", None, 5)]
+    for mode in ("private", "tandem"):
+        result = run_one(mode, jobs, "mixed", cfg, root)
+        assert not result.note, result.note
+        assert sorted(j.samples for j in result.per_job) == [24, 24], mode
+        assert result.cpu_s > 0 and result.samples_per_s > 0 and result.peak_pss_mib > 0

@@ -1,0 +1,33 @@
+"""The GPU path: guarded on CPU-only machines; exercised only where CUDA is available."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from tandem.share import Consumer, ShareError
+
+from .workers import serve_range
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the CPU-only error")
+def test_cuda_device_without_cuda_is_a_clear_error():
+    with pytest.raises(ShareError, match="CUDA is not available"):
+        Consumer("anything", device="cuda:0", timeout=1)
+
+
+def test_invalid_device_is_rejected():
+    with pytest.raises(ValueError, match="device"):
+        Consumer("anything", device="tpu", timeout=1)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_device_consumer_gets_batches_on_the_gpu(procs):
+    procs.start(serve_range, "gpu", 50, 10, epochs=1)
+    with Consumer("gpu", device="cuda:0", batch_size=7, timeout=30) as c:
+        ids = []
+        for b in c:
+            assert b["x"].device.type == "cuda"
+            assert torch.equal(b["x"][:, 0].cpu(), b["i"].float().cpu())
+            ids += b["i"].cpu().tolist()
+    assert ids == list(range(50))
