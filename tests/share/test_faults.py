@@ -73,7 +73,7 @@ def test_sigstopped_consumer_is_kept_others_wait_and_it_gets_all_its_data(procs)
     wait_for(lambda: all(c.batches >= 2 for c in _stats("st").consumers), what="both consuming")
     os.kill(sleeper.pid, signal.SIGSTOP)
     try:
-        time.sleep(1.0)
+        time.sleep(2.0)  # the other consumer runs up to the window's end, then waits
         before = {c.pid: c.batches for c in _stats("st").consumers}
         time.sleep(4.0)
         during = _stats("st")

@@ -142,3 +142,19 @@ def structured_batches():
 def make_list_loader():
     """For `tandem share serve --loader`: 5 batches of 4 samples."""
     return [{"i": torch.arange(k * 4, k * 4 + 4), "x": torch.zeros(4, 2)} for k in range(5)]
+
+
+class SlowBatches:
+    """A source that takes `delay` seconds per batch."""
+
+    def __init__(self, delay: float):
+        self.delay = delay
+
+    def __iter__(self):
+        for k in range(100):
+            time.sleep(self.delay)
+            yield {"i": torch.tensor([k])}
+
+
+def serve_slow(name, delay):
+    Producer(SlowBatches(delay), name, window=2).serve()

@@ -547,8 +547,44 @@ def run(jobs: list[int], quick: bool = False, out: Path = Path("benchmarks/resul
     out.mkdir(parents=True, exist_ok=True)
     path = out / ("share-quick.json" if quick else "share.json")
     path.write_text(json.dumps(report, indent=2))
-    console.print(f"results written to {path}")
+    write_markdown(report, path.with_suffix(".md"))
+    console.print(f"results written to {path} and {path.with_suffix('.md')}")
     return report
+
+
+def write_markdown(report: dict, path: Path) -> None:
+    """The results as markdown tables (what benchmarks/README.md quotes)."""
+    m, c = report["machine"], report["config"]
+    lines = [
+        f"# tandem share benchmark: results of {report['when']}",
+        "",
+        f"Command: `{report['command']}`. Machine: {m['cpus']} cores, {m['platform']}, "
+        f"Python {m['python']}, torch {m['torch']}. Workload: {c['images']} generated JPEGs, "
+        f"{c['epochs']} epoch(s) per job, batch {c['batch_size']}, crop {c['crop']}, "
+        f"{c['workers']} loader workers per private job and per producer, simulated "
+        f"accelerator step {c['sleep_ms']:g} ms per batch, CPU training model {c['model']}.",
+        "",
+        "| step | jobs | mode | samples/s, all jobs | samples/s per job | CPU-s per 1k samples "
+        "| data stall s per job (mean) | peak PSS MiB | note |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in report["runs"]:
+        per_job = ", ".join(f"{j['samples_per_s']:.0f}" for j in r["per_job"] if not j["error"])
+        stalls = [j["stall_s"] for j in r["per_job"] if not j["partial"]]
+        stall = f"{statistics.mean(stalls):.1f}" if stalls else "-"
+        cpu = f"{r['cpu_s_per_1k']:.2f}" if r["cpu_s_per_1k"] else "-"
+        lines.append(f"| {r['step']} | {r['jobs']} | {r['mode']} | {r['samples_per_s']:.0f} | {per_job} "
+                     f"| {cpu} | {stall} | {r['peak_pss_mib']:.0f} | {r['note']} |")  # fmt: skip
+    lines += ["", "Hand-off: time of a consumer's `next()` while the producer is ahead "
+              "(each step touches every page of the batch, then waits for the producer to refill).",
+              "", "| batch | MB | median ms | p90 ms |", "|---|---|---|---|"]  # fmt: skip
+    for h in report["handoff"]:
+        lines.append(f"| {'x'.join(map(str, h['shape']))} float32 | {h['mbytes']:.1f} "
+                     f"| {h['median_ms']:.3f} | {h['p90_ms']:.3f} |")  # fmt: skip
+    lines += ["", "| target | measured | met |", "|---|---|---|"]
+    for t in report["targets"]:
+        lines.append(f"| {t['target']} | {t['measured']} | {'yes' if t['met'] else 'no'} |")
+    path.write_text("\n".join(lines) + "\n")
 
 
 def _targets(results: list[RunResult], handoff: list[dict], n: int) -> list[dict]:

@@ -35,9 +35,11 @@ from tandem.share.errors import (
 from tandem.share.order import Position, epoch_bounds
 from tandem.share.rebatch import Assembler, Piece
 from tandem.share.registry import live_producers, socket_path, validate_name
-from tandem.share.ring import KIND_BATCH, ControlBlock
+from tandem.share.ring import KIND_BATCH, RING_SUPPORTED, ControlBlock
 from tandem.share.slab import SegmentMap
 from tandem.share.tree import flatten, unflatten
+
+_ATTACH = object()  # _receive's default timeout: the attach timeout
 
 
 class _Held:
@@ -59,8 +61,12 @@ class Consumer:
     """Attach to the producer serving ``name`` on this host.
 
     ``batch_size``: None for the producer's batches as they are, or any positive integer.
-    ``drop_last``: drop each epoch's last partial batch. ``timeout``: seconds to wait for the
-    producer to appear and for each answer. ``device``: ``"cpu"`` or ``"cuda[:N]"``.
+    ``drop_last``: drop each epoch's last partial batch (needs a ``batch_size``).
+    ``timeout``: seconds to wait for the producer to appear and to answer when attaching.
+    ``data_timeout``: seconds to wait for a batch; None (default) waits as long as the
+    producer lives, like a ``DataLoader``: under the default policy a slow or paused
+    consumer legitimately holds the others, and a dead producer is noticed at once anyway.
+    ``device``: ``"cpu"`` or ``"cuda[:N]"``.
     """
 
     def __init__(
@@ -68,20 +74,32 @@ class Consumer:
         name: str,
         batch_size: int | None = None,
         drop_last: bool = False,
-        timeout: float = 120.0,
+        timeout: float = 60.0,
         device: str = "cpu",
+        data_timeout: float | None = None,
     ):
         validate_name(name)
         if batch_size is not None and (
             isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1
         ):
             raise ValueError(f"batch_size must be a positive integer or None, got {batch_size!r}")
+        if drop_last and batch_size is None:
+            raise ValueError(
+                "drop_last=True needs a batch_size: with batch_size=None the producer's batches "
+                "are passed on as they are"
+            )
         if not isinstance(timeout, (int, float)) or timeout <= 0:
             raise ValueError(f"timeout must be a positive number of seconds, got {timeout!r}")
         self.name = name
         self.batch_size = batch_size
         self.drop_last = drop_last
         self.timeout = float(timeout)
+        if data_timeout is not None and (not isinstance(data_timeout, (int, float)) or data_timeout <= 0):
+            raise ValueError(
+                f"data_timeout must be a positive number of seconds or None, got {data_timeout!r}"
+            )
+        self.data_timeout = data_timeout
+        self._broken: str | None = None
         self.device = check_device(device)
         self._copier = DeviceCopier(self.device) if self.device.type == "cuda" else None
         self._segments = SegmentMap(writable_private=self._copier is None)
@@ -101,7 +119,8 @@ class Consumer:
         self._gone = False  # a send failed: the producer closed its end
         self._welcome_fds: list[int] = []
         self._sock = self._connect()
-        self._finalizer = weakref.finalize(self, self._sock.close)
+        # Also run when the consumer is garbage-collected or the interpreter exits.
+        self._finalizer = weakref.finalize(self, _release_resources, self._sock, self._segments)
         welcome, control_fd = self._hello()
         self.producer_pid = welcome.pid
         self.policy = welcome.policy
@@ -110,7 +129,7 @@ class Consumer:
         self._index = welcome.consumer_index
         self._control: ControlBlock | None = None
         self._taken = 0  # under "wait": the next seq to take (this consumer's cursor)
-        if self.policy == "wait":
+        if self.policy == "wait" and RING_SUPPORTED:
             self._control = control
             self._taken = control.taken(self._index)
         else:
@@ -170,16 +189,22 @@ class Consumer:
             # the next receive finds it, or finds the connection closed.
             self._gone = True
 
-    def _receive(self, doing: str) -> object:
+    def _receive(self, doing: str, timeout: float | None | object = _ATTACH) -> object:
         pid = getattr(self, "producer_pid", None)
         who = f"producer {self.name!r}" + (f" (pid {pid})" if pid else "")
+        if self._broken:
+            raise ConsumerTimeout(self._broken)
+        wait = 0.5 if self._gone else (self.timeout if timeout is _ATTACH else timeout)
         try:
-            message, fds = protocol.recv(self._sock, 0.5 if self._gone else self.timeout)
+            message, fds = protocol.recv(self._sock, wait)
         except TimeoutError:
-            raise ConsumerTimeout(
-                f"no answer from {who} within {self.timeout:g} s while {doing}; it may be "
-                "waiting for a stopped consumer (see `tandem share ls`), or raise timeout="
-            ) from None
+            # A reply may still come and would answer a later request: this consumer is done.
+            self._broken = (
+                f"no answer from {who} within {wait} s while {doing}; it may be waiting for a "
+                "stopped consumer (see `tandem share ls`). This consumer can no longer be "
+                "used; create a new one (or pass a larger timeout)"
+            )
+            raise ConsumerTimeout(self._broken) from None
         except (EOFError, OSError) as exc:
             raise ProducerGone(f"{who} is gone: the connection closed while {doing} ({exc})") from None
         if isinstance(message, protocol.Batch) and message.fd_attached:
@@ -332,7 +357,7 @@ class Consumer:
         if not self._inflight:
             self._request()
         t0 = time.perf_counter()
-        reply = self._receive("waiting for a batch")
+        reply = self._receive("waiting for a batch", self.data_timeout)
         self.stall_s += time.perf_counter() - t0
         self._inflight = False
         if self._control is None and isinstance(reply, (protocol.Batch, protocol.EpochEnd)):
@@ -342,6 +367,8 @@ class Consumer:
     def _publish_progress(self) -> None:
         """Write cursor, releases and statistics to this consumer's control record."""
         assert self._control is not None
+        if self._copier is not None:
+            self._copier.wait()  # a slot is released only once its copies to the GPU are done
         released = self._cur.msg.seq if self._cur is not None else self._taken
         self._release.clear()
         self._control.write_consumer(
@@ -374,15 +401,17 @@ class Consumer:
         self._pos = max(self._pos, (msg.epoch, msg.offset))
 
     def _at_end(self, end: Position, have: int) -> bool:
+        """The stream has ended. False lets the caller deliver a partial batch first."""
         assert self._end is not None
-        begin = (end[0] - 1, end[1])
-        at_boundary = have == 0 and self._pos <= begin
-        if self._end.finished and at_boundary:
+        if have:
+            return False
+        if self._end.finished:
             raise ProducerFinished(
                 f"producer {self.name!r} has finished ({self._end.reason}); "
-                f"this consumer has no further epoch"
+                "this consumer has no further epoch"
             )
-        if at_boundary and have == 0 and self._pos == begin:
+        begin = (end[0] - 1, end[1])
+        if self._pos <= begin:
             raise ProducerStopped(f"producer {self.name!r} stopped: {self._end.reason}")
         raise ProducerStopped(
             f"producer {self.name!r} stopped before the end of this consumer's epoch "
@@ -416,16 +445,13 @@ class Consumer:
         if self._closed:
             return
         self._closed = True
+        if self._copier is not None:
+            self._copier.close()  # copies out of shared memory finish before we let go
         try:
             protocol.send(self._sock, protocol.Bye(), timeout=0.5)
         except (OSError, TimeoutError):
             pass
-        if self._copier is not None:
-            self._copier.close()
         self._cur = None
-        self._segments.close()
-        if getattr(self, "_control", None) is not None:
-            self._control.close()
         self._finalizer()
 
     def __enter__(self) -> Consumer:
@@ -438,6 +464,11 @@ class Consumer:
     def position(self) -> Position:
         """This consumer's position in the producer's stream: (epoch, sample offset)."""
         return self._pos
+
+
+def _release_resources(sock, segments: SegmentMap) -> None:
+    segments.close()
+    sock.close()
 
 
 def clone_batch(batch: Any) -> Any:

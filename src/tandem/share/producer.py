@@ -37,7 +37,7 @@ from tandem.share import protocol
 from tandem.share.errors import UnsupportedBatch
 from tandem.share.order import PlannedSampler, plan_epoch
 from tandem.share.registry import Registration
-from tandem.share.ring import KIND_BATCH, KIND_EPOCH_END, ControlBlock
+from tandem.share.ring import KIND_BATCH, KIND_EPOCH_END, RING_SUPPORTED, ControlBlock
 from tandem.share.slab import HostSlab
 from tandem.share.tree import flatten, sample_count
 
@@ -169,11 +169,14 @@ class Producer:
         self._recent = collections.deque(maxlen=64)
         self.blocked_s = 0.0
         self.epochs_served = 0
-        try:
-            self._samples_per_epoch = len(source.sampler)  # type: ignore[attr-defined]
+        try:  # a DataLoader: its epoch length in samples, when it is fixed
             self._batch_size = source.batch_size  # type: ignore[attr-defined]
+            if source.drop_last:  # type: ignore[attr-defined]
+                self._samples_per_epoch = len(source) * self._batch_size  # type: ignore[arg-type]
+            else:
+                self._samples_per_epoch = len(source.sampler)  # type: ignore[attr-defined]
         except (AttributeError, TypeError):
-            pass
+            self._batch_size = self._samples_per_epoch = None
 
     # ----------------------------------------------------------------------------- setup
     @classmethod
@@ -224,6 +227,8 @@ class Producer:
         """Claim the name and start accepting consumers (``serve`` calls this if needed)."""
         if self._started:
             return self
+        if self._wake_r.fileno() == -1:
+            raise RuntimeError("this producer was closed; create a new one")
         self._registration.acquire()
         try:
             listener = protocol.new_socket()
@@ -262,6 +267,7 @@ class Producer:
     def close(self) -> None:
         """Tell consumers, stop the control thread, free the slab and the name."""
         if not self._started:
+            self._free_unstarted()
             return
         with self._cond:
             self._publish_end(self._stop_reason or "producer closed", finished=False)
@@ -289,6 +295,20 @@ class Producer:
             shutdown()
         self._started = False
 
+    def _free_unstarted(self) -> None:
+        if self._wake_r.fileno() != -1:
+            self._control.close()
+            self._slab.close()
+            self._wake_r.close()
+            self._wake_w.close()
+
+    def __del__(self) -> None:
+        try:
+            if not self._started:
+                self._free_unstarted()
+        except Exception:  # noqa: BLE001 - interpreter shutdown
+            pass
+
     # ----------------------------------------------------------------------------- serving
     def serve(self, epochs: int | None = None) -> None:
         """Serve until stopped, or until ``epochs`` epochs (plus late joiners' wrap) are done.
@@ -310,12 +330,11 @@ class Producer:
             where = "" if isinstance(exc, UnsupportedBatch) else f"{type(exc).__name__}: "
             with self._cond:
                 self._publish_failed(f"producer {self.name!r} failed: {where}{exc}")
-        finally:
-            restore()
         try:
             stopped = self._stop_reason is not None or failure is not None
             self._drain(10.0 if stopped else self.drain_timeout)
         finally:
+            restore()  # only now: a signal while draining still stops cleanly
             if owns:
                 self.close()
         if failure is not None:
@@ -368,7 +387,9 @@ class Producer:
                     self._publish_batch(epoch, offset, count, slot, meta_offset, meta_len)
                 offset += count
                 if self._stop_reason is not None or (limit is not None and offset >= limit):
-                    completed = limit is None and self._stop_reason is None
+                    # a stop that comes with the epoch's last batch still ends the epoch
+                    known = self._samples_per_epoch
+                    completed = limit is None and known is not None and offset >= known
                     break
             if limit is not None:
                 break
@@ -377,13 +398,15 @@ class Producer:
                     f"the source yielded no batch in epoch {epoch}; a producer needs a source "
                     "whose every iter() yields at least one batch"
                 )
-            if completed and self._stop_reason is None:
+            if completed:
                 with self._cond:
                     self._publish(_Entry(self._next_seq, "epoch_end", epoch, offset))
                     self._epoch_done = True
                     if self._samples_per_epoch is None:
                         self._samples_per_epoch = offset
                 self.epochs_served += 1
+            if self._stop_reason is not None:
+                break
             epoch += 1
         with self._cond:
             if self._stop_reason is not None:
@@ -744,7 +767,7 @@ class Producer:
         cut = start[1] if start[0] == self._epoch else 0
         index = self._free_indices.pop()
         self._control.reset_consumer(index, cursor)
-        control = self._control if self.policy == "wait" else None
+        control = self._control if self.policy == "wait" and RING_SUPPORTED else None
         c = _Consumer(
             self._next_cid, conn, hello.pid, hello.batch_size, hello.device, cursor, start, cut,
             index, control,
@@ -792,6 +815,10 @@ class Producer:
         if self._consumers.pop(c.cid, None) is None:
             return
         self._free_indices.append(c.index)
+        try:
+            c.sock.shutdown(socket.SHUT_RDWR)  # a detached consumer cannot go on talking
+        except OSError:
+            pass
         log.info("consumer %d (pid %d) detached: %s", c.cid, c.pid, why)
         self._cond.notify_all()
 

@@ -22,9 +22,9 @@ Conversation (request-reply, consumer-driven, like ZeroMQ's REQ/REP)::
 
     consumer                         producer
     Hello  ─────────────────────────▶
-           ◀───────────────────────── Welcome | Refused
-    Next(release=…) ────────────────▶            (repeated; one reply each)
-           ◀───────────────────────── Batch [+fd] | EpochEnd | End | Failed
+           ◀───────────────────────── Welcome [+control block fd] | Refused
+    Next(release=…) ────────────────▶            (one reply each)
+           ◀───────────────────────── Batch [+segment fd] | EpochEnd | End | Failed
     Release(seqs) ──────────────────▶            (optional, no reply)
     Bye ────────────────────────────▶            (or just close / die)
 
@@ -32,10 +32,18 @@ Conversation (request-reply, consumer-driven, like ZeroMQ's REQ/REP)::
 
 Every entry the producer publishes has a sequence number ``seq``; a consumer's cursor is the
 next ``seq`` it will be given. A ``Batch`` is *held* by a consumer from the reply until it
-names the ``seq`` in a later ``Next.release`` or ``Release``; the slot is reused only when no
-consumer holds it and, under the default ``"wait"`` policy, every consumer has passed it.
-Under the ``"skip"`` policy a consumer that falls a whole window behind the fastest one is
-moved forward; the next ``Batch`` it gets says how many batches and samples it missed.
+releases it; the slot is reused only when no consumer holds it and, under the default
+``"wait"`` policy, every consumer has passed it.
+
+Under ``"wait"`` the per-batch traffic does not use the socket at all in the steady state:
+the producer also announces each entry in the *control block* (:mod:`tandem.share.ring`),
+and the consumer takes announced entries and publishes its cursor and releases there. It
+sends ``Next`` only when the entry it needs is not announced yet (it then blocks until the
+reply), names a segment it has not mapped (the reply brings the fd), or is ``End``/``Failed``
+(never announced). Under ``"skip"`` every entry goes through ``Next``: the producer keeps
+the cursor and the releases (``Next.release``), and a consumer that falls a whole window
+behind the fastest one is moved forward; the next ``Batch`` it gets says how many batches
+and samples it missed. A consumer keeps one ``Next`` in flight there (prefetch).
 
 Positions are ``(epoch, offset)`` pairs in the producer's stream; see
 :mod:`tandem.share.order` for how a consumer's own epochs map onto them.
@@ -56,6 +64,7 @@ from tandem.share.errors import ProducerGone, ProtocolError
 PROTOCOL_VERSION = 1
 MAX_MESSAGE = 1 << 16  # control messages are small; Stats replies are the largest
 MAX_FDS = 4
+_FDS_SPACE = socket.CMSG_SPACE(MAX_FDS * array.array("i").itemsize)
 
 
 # --- consumer -> producer -------------------------------------------------------------------
@@ -280,12 +289,21 @@ def recv(sock: socket.socket, timeout: float | None = None) -> tuple[object, lis
     """
     while True:
         try:
-            data, fds, _flags, _addr = socket.recv_fds(sock, MAX_MESSAGE, MAX_FDS, socket.MSG_DONTWAIT)
+            # recvmsg itself: socket.recv_fds ignores its flags argument on Python < 3.12
+            data, ancillary, _flags, _addr = sock.recvmsg(
+                MAX_MESSAGE, _FDS_SPACE, socket.MSG_DONTWAIT | socket.MSG_CMSG_CLOEXEC
+            )
             break
         except BlockingIOError:
             _wait(sock, select.POLLIN, timeout)
         except ConnectionResetError as exc:
             raise EOFError("connection reset by peer") from exc
+    fds: list[int] = []
+    for level, kind, payload in ancillary:
+        if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
+            received = array.array("i")
+            received.frombytes(payload[: len(payload) - len(payload) % received.itemsize])
+            fds += received
     if not data:
         for fd in fds:
             _close_quietly(fd)

@@ -82,7 +82,9 @@ class Assembler:
         self._first = None
         self._spec = first.spec
         self._out = []
-        self._keep = list(first.leaves)
+        # Elements that are not per-sample are kept from the first piece: copied, since its
+        # slot is released before the batch is used.
+        self._keep = [t if first._per_sample(t) else t.clone() for t in first.leaves]
         for t in first.leaves:
             if first._per_sample(t):
                 self._out.append(torch.empty((self.size, *t.shape[1:]), dtype=t.dtype))

@@ -27,7 +27,13 @@ from __future__ import annotations
 
 import mmap
 import os
+import platform
 import struct
+
+# The ring's read-twice check relies on the store order of x86-64 (TSO): the producer's
+# field stores are seen before its seq store. Python issues no memory fences, so on weaker
+# orderings (ARM) consumers use the socket path, which is correct everywhere.
+RING_SUPPORTED = platform.machine().lower() in ("x86_64", "amd64")
 
 _HEADER = struct.Struct("<8sqq")  # magic, ring capacity, consumer records
 _MAGIC = b"tandem01"
