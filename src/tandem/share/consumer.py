@@ -177,10 +177,6 @@ class Consumer:
             raise protocol.ProtocolError("Welcome carried no control block")
         return reply, self._welcome_fds.pop()
 
-    def _call(self, message: object, doing: str) -> object:
-        self._send(message)
-        return self._receive(doing)
-
     def _send(self, message: object) -> None:
         try:
             protocol.send(self._sock, message, timeout=self.timeout)
