@@ -1,0 +1,73 @@
+"""Per-run attribution with real processes: each run sees only its own CPU and memory."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+
+from tandem.watch.samplers import ProcessTreeSampler
+
+BUSY = "import time\nend = time.time() + {s}\nwhile time.time() < end: pass\n"
+IDLE = "import time\ntime.sleep({s})\n"
+# A parent that starts a busy child only after a while: the sampler must find it.
+LATE_CHILD = (
+    "import subprocess, sys, time\n"
+    "time.sleep(0.5)\n"
+    "child = subprocess.Popen([sys.executable, '-c', {busy!r}])\n"
+    "child.wait()\n"
+)
+
+
+def _run(code: str) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-c", code])
+
+
+def test_two_concurrent_runs_each_see_only_their_own_cpu_and_memory():
+    busy, idle = _run(BUSY.format(s=2.0)), _run(IDLE.format(s=2.0))
+    try:
+        samplers = {"busy": ProcessTreeSampler(busy.pid), "idle": ProcessTreeSampler(idle.pid)}
+        last = {}
+        for _ in range(6):
+            for name, s in samplers.items():
+                last[name] = s.sample()
+            time.sleep(0.25)
+        busy_cpu = last["busy"]["system/process_tree/cpu_user_seconds"]
+        idle_cpu = last["idle"]["system/process_tree/cpu_user_seconds"]
+        assert busy_cpu > 0.5, busy_cpu
+        assert idle_cpu < 0.3 * busy_cpu, (idle_cpu, busy_cpu)
+        assert last["busy"]["system/process_tree/cpu_percent"] > 40
+        assert last["idle"]["system/process_tree/cpu_percent"] < 20
+        for name in samplers:
+            assert last[name]["system/process_tree/rss_bytes"] > 1 << 20
+            assert last[name]["system/process_tree/processes"] == 1
+    finally:
+        for p in (busy, idle):
+            p.kill()
+            p.wait(10)
+
+
+def test_children_started_after_the_run_began_are_counted_and_kept_after_exit():
+    parent = _run(LATE_CHILD.format(busy=BUSY.format(s=1.0)))
+    try:
+        sampler = ProcessTreeSampler(parent.pid)
+        seen_processes = 0
+        cpu = 0.0
+        deadline = time.monotonic() + 20
+        while parent.poll() is None and time.monotonic() < deadline:
+            m = sampler.sample()
+            seen_processes = max(seen_processes, int(m["system/process_tree/processes"]))
+            cpu = m["system/process_tree/cpu_user_seconds"]
+            time.sleep(0.1)
+        assert seen_processes == 2, "the late child was found"
+        assert cpu > 0.5, f"the child's CPU is attributed to the run ({cpu:.2f} s)"
+    finally:
+        parent.kill()
+        parent.wait(10)
+
+
+def test_unavailable_is_said_not_raised():
+    proc = _run("pass")
+    proc.wait(10)
+    ok, why = ProcessTreeSampler(proc.pid).available()
+    assert not ok and str(proc.pid) in why
