@@ -5,6 +5,7 @@ clearly when it cannot work on this machine instead of failing) and ``sample()``
 returns metric names (under ``system/``, unit in the name) mapped to values.
 """
 
+from tandem.watch.samplers.host import HostSampler
 from tandem.watch.samplers.process_tree import ProcessTreeSampler
 
-__all__ = ["ProcessTreeSampler"]
+__all__ = ["HostSampler", "ProcessTreeSampler"]
