@@ -39,7 +39,7 @@ def run_demo(images: int = 768, epochs: int = 1, workdir: Path = Path("runs/demo
         table.add_column(col)
     by_label = {m: {j.label: j for j in r.per_job} for m, r in runs.items()}
     for job in JOBS:
-        label = f"{job.model} bs{job.batch_size}"
+        label = job.label(cfg)
         p, t = by_label["private"].get(label), by_label["tandem"].get(label)
         table.add_row(label, f"{p.samples_per_s:.0f}" if p else "-", f"{t.samples_per_s:.0f}" if t else "-",
                       f"{p.stall_s:.1f}" if p else "-", f"{t.stall_s:.1f}" if t else "-")  # fmt: skip

@@ -37,6 +37,7 @@ import torch
 from tandem.bench.data import ImageFolder
 from tandem.bench.images import make_image_folder
 from tandem.bench.models import MODELS
+from tandem.watch.samplers.process_tree import pss_bytes
 
 CTX = mp.get_context("spawn")
 
@@ -148,7 +149,7 @@ def _timed_epochs(batches_per_epoch, epochs: int, step, progress, unpack=lambda 
 
 
 def _report(queue, fn, cfg: Config, job: JobSpec, *args) -> None:
-    label = f"{job.model or job.step} bs{job.batch_size or cfg.batch_size}"
+    label = job.label(cfg)
     try:
         result = fn(cfg, job, *args)
         result.label = label
@@ -164,6 +165,9 @@ class JobSpec:
     step: str = "sleep"
     model: str | None = None
     batch_size: int | None = None  # None: the config's
+
+    def label(self, cfg: Config) -> str:
+        return f"{self.model or self.step} bs{self.batch_size or cfg.batch_size}"
 
 
 def _private_job(cfg: Config, job: JobSpec, root: str, built, ready, progress) -> JobResult:
@@ -288,16 +292,7 @@ class PssSampler:
     def _run(self) -> None:
         me = psutil.Process()
         while not self._stop.is_set():
-            total = 0
-            for p in me.children(recursive=True):
-                try:
-                    with open(f"/proc/{p.pid}/smaps_rollup") as f:
-                        for line in f:
-                            if line.startswith("Pss:"):
-                                total += int(line.split()[1]) * 1024
-                                break
-                except OSError:
-                    pass
+            total = sum(pss_bytes(p.pid) or 0 for p in me.children(recursive=True))
             self.peak = max(self.peak, total)
             self._stop.wait(0.2)
 
@@ -411,7 +406,7 @@ def run_one(mode: str, jobs: int | list[JobSpec], step: str, cfg: Config, root: 
                            "to the kill")  # fmt: skip
             finished = {j.job for j in result.per_job}
             for job, pr in zip(specs, progress):
-                label = f"{job.model or job.step} bs{job.batch_size or cfg.batch_size}"
+                label = job.label(cfg)
                 if pr[2] and int(pr[2]) in finished:
                     continue
                 start = pr[1] or killed_at

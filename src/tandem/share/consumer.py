@@ -245,17 +245,8 @@ class Consumer:
             if not self._readable():
                 self._advance(end, 0)
                 continue
-            assert self._cur is not None
-            msg = self._cur.msg
-            a = self._pos[1] - msg.offset
-            b = msg.count if end[0] != msg.epoch else min(msg.count, end[1] - msg.offset)
-            batch = Piece(self._cur.piece_spec, self._cur.leaves, msg.count, a, b).view()
-            self._pos = (msg.epoch, msg.offset + b)
-            self.samples += b - a
-            self.batches += 1
-            if self._copier is not None:
-                batch = self._copier.to_device(batch)
-            yield batch
+            a, b = self._readable_range(end)
+            yield self._deliver(self._take(a, b).view(), b - a)
         while True:
             asm = Assembler(size)
             while self._pos < end and asm.n < size:
@@ -265,25 +256,35 @@ class Consumer:
                     if not self._advance(end, asm.n):
                         break
                     continue
-                assert self._cur is not None
-                msg = self._cur.msg
-                a = self._pos[1] - msg.offset
-                stop = msg.count if end[0] != msg.epoch else min(msg.count, end[1] - msg.offset)
-                want = min(stop - a, size - asm.n)
-                asm.add(Piece(self._cur.piece_spec, self._cur.leaves, msg.count, a, a + want))
-                self._pos = (msg.epoch, msg.offset + a + want)
+                a, b = self._readable_range(end)
+                asm.add(self._take(a, min(b, a + size - asm.n)))
             if asm.empty:
                 return
             if asm.n < size and self.drop_last:
                 return
-            batch = asm.result()
-            self.samples += asm.n
-            self.batches += 1
-            if self._copier is not None:
-                batch = self._copier.to_device(batch)
-            yield batch
+            yield self._deliver(asm.result(), asm.n)
             if self._pos >= end:
                 return
+
+    def _readable_range(self, end: Position) -> tuple[int, int]:
+        """Samples ``[a, b)`` of the current producer batch that belong to this epoch."""
+        assert self._cur is not None
+        msg = self._cur.msg
+        a = self._pos[1] - msg.offset
+        b = msg.count if end[0] != msg.epoch else min(msg.count, end[1] - msg.offset)
+        return a, b
+
+    def _take(self, a: int, b: int) -> Piece:
+        """Samples ``[a, b)`` of the current producer batch; the position moves past them."""
+        assert self._cur is not None
+        msg = self._cur.msg
+        self._pos = (msg.epoch, msg.offset + b)
+        return Piece(self._cur.piece_spec, self._cur.leaves, msg.count, a, b)
+
+    def _deliver(self, batch: Any, samples: int) -> Any:
+        self.samples += samples
+        self.batches += 1
+        return self._copier.to_device(batch) if self._copier is not None else batch
 
     def _readable(self) -> bool:
         cur = self._cur

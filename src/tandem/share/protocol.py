@@ -59,7 +59,7 @@ import struct
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
-from tandem.share.errors import ProducerGone, ProtocolError
+from tandem.share.errors import ProtocolError
 
 PROTOCOL_VERSION = 1
 MAX_MESSAGE = 1 << 16  # control messages are small; Stats replies are the largest
@@ -335,7 +335,6 @@ __all__ = [
     "Failed",
     "Hello",
     "Next",
-    "ProducerGone",
     "Refused",
     "Release",
     "Segment",

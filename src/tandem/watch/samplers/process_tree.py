@@ -14,7 +14,8 @@ import time
 import psutil
 
 
-def _pss_bytes(pid: int) -> int | None:
+def pss_bytes(pid: int) -> int | None:
+    """Proportional set size of a process (shared pages split among their users), or None."""
     try:
         with open(f"/proc/{pid}/smaps_rollup") as f:
             for line in f:
@@ -74,7 +75,7 @@ class ProcessTreeSampler:
             self._cpu[p.pid] = (cpu.user, cpu.system)
             alive += 1
             rss += mem.rss
-            pss += _pss_bytes(p.pid) or mem.rss
+            pss += pss_bytes(p.pid) or mem.rss
             threads += n_threads
             if io is not None:
                 read += io.read_bytes
