@@ -1,4 +1,4 @@
-"""The ``tandem`` command line: ``tandem share serve|ls``, ``tandem demo``, ``tandem bench share``."""
+"""The ``tandem`` command line: ``share serve|ls``, ``run``, ``ui``, ``report``, ``demo``, ``bench``."""
 
 from __future__ import annotations
 
@@ -56,18 +56,42 @@ def share() -> None:
 @click.argument("name")
 @click.option("--loader", "loader_ref", help="MODULE:FUNCTION returning a re-iterable of batches.")
 @click.option("--dataset", "dataset_ref", help="MODULE:FUNCTION returning a map-style dataset.")
-@click.option("--batch-size", type=click.IntRange(min=1), default=32, show_default=True,
-              help="With --dataset: the producer's batch size.")
+@click.option(
+    "--batch-size",
+    type=click.IntRange(min=1),
+    default=32,
+    show_default=True,
+    help="With --dataset: the producer's batch size.",
+)
 @click.option("--shuffle/--no-shuffle", default=False, help="With --dataset: shuffle each epoch.")
-@click.option("--num-workers", type=click.IntRange(min=0), default=0, show_default=True,
-              help="With --dataset: DataLoader worker processes.")
+@click.option(
+    "--num-workers",
+    type=click.IntRange(min=0),
+    default=0,
+    show_default=True,
+    help="With --dataset: DataLoader worker processes.",
+)
 @click.option("--seed", type=int, default=0, show_default=True)
-@click.option("--epochs", type=click.IntRange(min=1), default=None,
-              help="Stop after this many epochs (default: serve until stopped).")
-@click.option("--window", type=click.IntRange(min=2), default=8, show_default=True,
-              help="Batches in flight (shared-memory slots).")
-@click.option("--policy", type=click.Choice(["wait", "skip"]), default="wait", show_default=True,
-              help="wait: the slowest consumer sets the pace; skip: laggards miss batches.")
+@click.option(
+    "--epochs",
+    type=click.IntRange(min=1),
+    default=None,
+    help="Stop after this many epochs (default: serve until stopped).",
+)
+@click.option(
+    "--window",
+    type=click.IntRange(min=2),
+    default=8,
+    show_default=True,
+    help="Batches in flight (shared-memory slots).",
+)
+@click.option(
+    "--policy",
+    type=click.Choice(["wait", "skip"]),
+    default="wait",
+    show_default=True,
+    help="wait: the slowest consumer sets the pace; skip: laggards miss batches.",
+)
 def share_serve(
     name: str, loader_ref: str | None, dataset_ref: str | None, batch_size: int, shuffle: bool,
     num_workers: int, seed: int, epochs: int | None, window: int, policy: str,
@@ -97,8 +121,13 @@ def share_serve(
 
 @share.command("ls")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
-@click.option("--timeout", type=float, default=2.0, show_default=True,
-              help="Seconds to wait for each producer's answer.")
+@click.option(
+    "--timeout",
+    type=float,
+    default=2.0,
+    show_default=True,
+    help="Seconds to wait for each producer's answer.",
+)
 def share_ls(as_json: bool, timeout: float) -> None:
     """List the producers on this host with their consumers, positions, lag and stalls."""
     from dataclasses import asdict
@@ -136,11 +165,176 @@ def share_ls(as_json: bool, timeout: float) -> None:
         console.print(table)
 
 
+def _parse_tags(values: tuple[str, ...], group: str | None) -> dict[str, str]:
+    from tandem.watch.tracker import check_tags
+
+    tags = {}
+    for raw in values:
+        key, sep, value = raw.partition("=")
+        if not sep or not key:
+            raise click.BadParameter(f"{raw!r} is not KEY=VALUE", param_hint="'--tag'")
+        tags[key.strip()] = value
+    if group is not None:
+        tags["group"] = group
+    try:
+        return check_tags(tags)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), param_hint="'--tag'") from None
+
+
+def _check_interval(_ctx: click.Context, _param: click.Parameter, value: float) -> float:
+    from tandem.watch.tracker import check_interval
+
+    try:
+        return check_interval(value)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc)) from None
+
+
+def _make_store(sink: str, store_uri: str | None, out: Path, experiment: str) -> Any:
+    from tandem.watch.sinks.store import FileStore, MlflowStore
+
+    if sink == "mlflow":
+        return MlflowStore(store_uri, experiment=experiment)
+    if store_uri is not None:
+        raise click.UsageError("--store is for --sink mlflow; use --out DIR with --sink csv|parquet")
+    return FileStore(out, fmt=sink)
+
+
+@main.command("run", context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False})
+@click.option("-e", "--experiment", default="tandem", show_default=True, help="MLflow experiment.")
+@click.option("-n", "--name", help="Run name (default: the command's name).")
+@click.option(
+    "-i",
+    "--interval",
+    type=float,
+    default=1.0,
+    show_default=True,
+    callback=_check_interval,
+    help="Seconds between samples (0.1 to 3600).",
+)
+@click.option("-t", "--tag", "tag_values", multiple=True, metavar="KEY=VALUE", help="A tag (repeatable).")
+@click.option("-g", "--group", help="Group tag: collocated runs with the same group are shown together.")
+@click.option("--sink", type=click.Choice(["mlflow", "csv", "parquet"]), default="mlflow", show_default=True)
+@click.option(
+    "--store",
+    "store_uri",
+    metavar="URI",
+    help="MLflow tracking URI [default: $MLFLOW_TRACKING_URI or sqlite:///./mlflow.db].",
+)
+@click.option(
+    "--out",
+    type=click.Path(path_type=Path),
+    default=Path("tandem-runs"),
+    show_default=True,
+    help="Directory for --sink csv|parquet (and the fall-back if MLflow fails).",
+)
+@click.option("-q", "--quiet", is_flag=True, help="No summary table.")
+@click.argument("command", nargs=-1, type=click.UNPROCESSED, required=True)
+def run_cmd(
+    experiment: str, name: str | None, interval: float, tag_values: tuple[str, ...], group: str | None,
+    sink: str, store_uri: str | None, out: Path, quiet: bool, command: tuple[str, ...],
+) -> None:  # fmt: skip
+    """Run COMMAND and track its processes' hardware use and energy: tandem run [OPTIONS] -- COMMAND..."""
+    from tandem.watch.runner import CommandNotExecutable, CommandNotFound, run_command
+
+    tags = _parse_tags(tag_values, group)
+    store = _make_store(sink, store_uri, out, experiment)
+    try:
+        code = run_command(list(command), name=name, experiment=experiment, tags=tags,
+                           interval=interval, store=store, quiet=quiet)  # fmt: skip
+    except (CommandNotFound, CommandNotExecutable) as exc:
+        click.echo(f"tandem run: {exc}", err=True)
+        sys.exit(exc.exit_code)
+    sys.exit(code)
+
+
+@main.command("ui")
+@click.option(
+    "--store",
+    "store_uri",
+    metavar="URI",
+    help="MLflow tracking URI [default: $MLFLOW_TRACKING_URI or sqlite:///./mlflow.db].",
+)
+@click.option("--port", type=click.IntRange(1, 65535), default=5000, show_default=True)
+def ui(store_uri: str | None, port: int) -> None:
+    """Serve the MLflow UI for the tracked runs on 127.0.0.1 (this machine only)."""
+    import os
+
+    from tandem.watch.sinks.store import default_store_uri
+
+    uri = store_uri or default_store_uri()
+    click.echo(f"MLflow UI for {uri} at http://127.0.0.1:{port} (Ctrl-C to stop)", err=True)
+    argv = [sys.executable, "-m", "mlflow", "server", "--backend-store-uri", uri,
+            "--host", "127.0.0.1", "--port", str(port), "--workers", "1"]  # fmt: skip
+    os.execv(sys.executable, argv)
+
+
+@main.command("report")
+@click.argument("runs", nargs=-1, required=True)
+@click.option(
+    "-o",
+    "--output",
+    type=click.Path(path_type=Path),
+    default=Path("tandem-report.png"),
+    show_default=True,
+    help="FILE.png, .pdf or .svg (a figure) or FILE.html (figure and table).",
+)
+@click.option(
+    "-m",
+    "--metric",
+    "metrics",
+    multiple=True,
+    metavar="KEY",
+    help="Plot this metric (a full key or a regex; repeatable) instead of the default panels.",
+)
+@click.option(
+    "--store",
+    "store_uri",
+    metavar="URI",
+    help="MLflow tracking URI [default: $MLFLOW_TRACKING_URI or sqlite:///./mlflow.db].",
+)
+def report(runs: tuple[str, ...], output: Path, metrics: tuple[str, ...], store_uri: str | None) -> None:
+    """Plot RUNS over time (collocated groups side by side) and print their summaries.
+
+    A RUN is an MLflow run id, a run name, group:NAME (every run with that group tag) or
+    the directory of a run kept with --sink csv|parquet.
+    """
+    from rich.console import Console
+
+    from tandem.watch.report import (
+        DEFAULT_PANELS,
+        RunNotFound,
+        load_runs,
+        panels_for,
+        plot,
+        summary_rich,
+        write_html,
+    )
+
+    if output.suffix.lower() not in (".png", ".pdf", ".svg", ".html"):
+        raise click.BadParameter(f"{output}: use a .png, .pdf, .svg or .html file", param_hint="'-o'")
+    panels = panels_for(metrics) if metrics else DEFAULT_PANELS
+    try:
+        loaded = load_runs(runs, store_uri)
+    except RunNotFound as exc:
+        click.echo(f"tandem report: {exc}", err=True)
+        sys.exit(2)
+    try:
+        if output.suffix.lower() == ".html":
+            write_html(loaded, output, panels)
+        else:
+            plot(loaded, output, panels)
+    except ValueError as exc:
+        raise click.ClickException(str(exc)) from None
+    Console().print(summary_rich(loaded))
+    click.echo(f"wrote {output}", err=True)
+
+
 @main.command("demo")
 @click.option("--images", type=click.IntRange(min=16), default=768, show_default=True)
 @click.option("--epochs", type=click.IntRange(min=1), default=1, show_default=True)
-@click.option("--workdir", type=click.Path(path_type=Path), default=Path("runs/demo"),
-              show_default=True)
+@click.option("--workdir", type=click.Path(path_type=Path), default=Path("runs/demo"), show_default=True)
 def demo(images: int, epochs: int, workdir: Path) -> None:
     """A producer plus 3 training processes (different models and batch sizes), shared vs private."""
     from tandem.bench.demo import run_demo
@@ -156,8 +350,7 @@ def bench() -> None:
 @bench.command("share")
 @click.option("--jobs", default="1,2,4", show_default=True, help="Comma-separated job counts.")
 @click.option("--quick", is_flag=True, help="A small run, for a smoke test.")
-@click.option("--out", type=click.Path(path_type=Path), default=Path("benchmarks/results"),
-              show_default=True)
+@click.option("--out", type=click.Path(path_type=Path), default=Path("benchmarks/results"), show_default=True)
 def bench_share(jobs: str, quick: bool, out: Path) -> None:
     """Shared against private data loading on a generated image folder."""
     from tandem.bench.share_bench import run

@@ -38,11 +38,13 @@ class HostSampler:
         if self._last is not None and now > self._last[0]:
             dt = now - self._last[0]
             (r0, w0), (rx0, tx0) = self._last[1], self._last[2]
-            metrics.update({
-                "system/host/disk_read_bytes_per_s": (disk[0] - r0) / dt,
-                "system/host/disk_write_bytes_per_s": (disk[1] - w0) / dt,
-                "system/host/net_recv_bytes_per_s": (net[0] - rx0) / dt,
-                "system/host/net_sent_bytes_per_s": (net[1] - tx0) / dt,
-            })  # fmt: skip
+            metrics.update(
+                {
+                    "system/host/disk_read_bytes_per_s": (disk[0] - r0) / dt,
+                    "system/host/disk_write_bytes_per_s": (disk[1] - w0) / dt,
+                    "system/host/net_recv_bytes_per_s": (net[0] - rx0) / dt,
+                    "system/host/net_sent_bytes_per_s": (net[1] - tx0) / dt,
+                }
+            )
         self._last = (now, disk, net)
         return metrics

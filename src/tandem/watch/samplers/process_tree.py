@@ -5,6 +5,10 @@ over every python process, as radT does) charge one run for another's work. Each
 walks the tree from the root again, so DataLoader workers and producers started after the
 run began are counted; CPU-seconds of descendants that have exited stay counted (their last
 reading is kept), so the totals never go backwards.
+
+CPU-seconds count from the first sample (``since_start=False``, right for tracking a
+process that has been running a while, as ``track()`` does with its own process) or from
+each process's start (``since_start=True``, right for a command the tracker just started).
 """
 
 from __future__ import annotations
@@ -14,26 +18,52 @@ import time
 import psutil
 
 
-def pss_bytes(pid: int) -> int | None:
-    """Proportional set size of a process (shared pages split among their users), or None."""
+def memory_rollup(pid: int) -> tuple[int, int] | None:
+    """``(pss, uss)`` bytes of a process from ``/proc/PID/smaps_rollup``, or None.
+
+    PSS splits each shared page among its users (so a run's PSS sums correctly across
+    processes that share a tandem slab); USS is what only this process holds (what its
+    exit would free).
+    """
+    pss = uss = 0
     try:
         with open(f"/proc/{pid}/smaps_rollup") as f:
             for line in f:
                 if line.startswith("Pss:"):
-                    return int(line.split()[1]) * 1024
+                    pss = int(line.split()[1]) * 1024
+                elif line.startswith(("Private_Clean:", "Private_Dirty:", "Private_Hugetlb:")):
+                    uss += int(line.split()[1]) * 1024
     except OSError:
         return None
-    return None
+    return pss, uss
+
+
+def pss_bytes(pid: int) -> int | None:
+    """Proportional set size of a process (shared pages split among their users), or None."""
+    rollup = memory_rollup(pid)
+    return rollup[0] if rollup else None
 
 
 class ProcessTreeSampler:
     name = "process_tree"
 
-    def __init__(self, root_pid: int):
+    def __init__(self, root_pid: int, since_start: bool = True, exclude: set[int] | None = None):
+        """``exclude``: pids (with their descendants) left out of the run, e.g. a tracker's
+        own helper process; the set may be filled in after construction."""
         self.root_pid = root_pid
+        self.exclude = exclude if exclude is not None else set()
+        self.since_start = since_start
+        self._base: tuple[float, float] | None = None if not since_start else (0.0, 0.0)
         self._procs: dict[int, psutil.Process] = {}
         self._cpu: dict[int, tuple[float, float]] = {}  # pid -> last (user, system) seconds
         self._last: tuple[float, float] | None = None  # (time, total cpu seconds)
+        self.pids: frozenset[int] = frozenset()  # the tree's live pids at the last sample
+
+    @property
+    def cpu_seconds(self) -> float:
+        """The run's CPU-seconds (user + system) as of the last sample."""
+        base = self._base or (0.0, 0.0)
+        return sum(u + s for u, s in self._cpu.values()) - base[0] - base[1]
 
     def available(self) -> tuple[bool, str]:
         if not psutil.pid_exists(self.root_pid):
@@ -44,6 +74,12 @@ class ProcessTreeSampler:
         try:
             root = self._procs.get(self.root_pid) or psutil.Process(self.root_pid)
             found = [root, *root.children(recursive=True)]
+            if self.exclude:
+                skip = set(self.exclude)
+                for p in found:
+                    if p.pid in self.exclude:
+                        skip.update(c.pid for c in p.children(recursive=True))
+                found = [p for p in found if p.pid not in skip]
         except psutil.NoSuchProcess:
             return []
         # Reuse Process objects: psutil keys a process on (pid, create time), so a reused
@@ -58,8 +94,8 @@ class ProcessTreeSampler:
 
     def sample(self) -> dict[str, float]:
         now = time.monotonic()
-        rss = pss = threads = read = written = 0
-        alive = 0
+        rss = pss = uss = threads = read = written = 0
+        pids = set()
         for p in self._tree():
             try:
                 with p.oneshot():
@@ -73,22 +109,28 @@ class ProcessTreeSampler:
             except (psutil.NoSuchProcess, psutil.ZombieProcess):
                 continue
             self._cpu[p.pid] = (cpu.user, cpu.system)
-            alive += 1
+            pids.add(p.pid)
             rss += mem.rss
-            pss += pss_bytes(p.pid) or mem.rss
+            rollup = memory_rollup(p.pid)
+            pss += rollup[0] if rollup else mem.rss
+            uss += rollup[1] if rollup else mem.rss
             threads += n_threads
             if io is not None:
                 read += io.read_bytes
                 written += io.write_bytes
         user = sum(u for u, _ in self._cpu.values())
         system = sum(s for _, s in self._cpu.values())
+        if self._base is None:
+            self._base = (user, system)
+        user, system = user - self._base[0], system - self._base[1]
         metrics = {
             "system/process_tree/cpu_user_seconds": user,
             "system/process_tree/cpu_system_seconds": system,
             "system/process_tree/rss_bytes": float(rss),
             "system/process_tree/pss_bytes": float(pss),
+            "system/process_tree/uss_bytes": float(uss),
             "system/process_tree/threads": float(threads),
-            "system/process_tree/processes": float(alive),
+            "system/process_tree/processes": float(len(pids)),
             "system/process_tree/read_bytes": float(read),
             "system/process_tree/write_bytes": float(written),
         }
@@ -98,4 +140,5 @@ class ProcessTreeSampler:
                 100.0 * (user + system - self._last[1]) / (now - self._last[0])
             )
         self._last = (now, user + system)
+        self.pids = frozenset(pids)
         return metrics

@@ -1,0 +1,138 @@
+"""The tracker's sink: asynchronous, batched, and never the reason a run fails.
+
+The sampling thread hands points to :meth:`Recorder.log`, which only appends to a queue.
+A writer thread opens the run store (MLflow by default: importing it and opening a SQLite
+store takes seconds, so the command starts at once and early samples wait in the queue),
+then writes in batches every ``flush_s`` seconds. If the store cannot be opened or a write
+fails, the writer warns once, saying where the rest goes, opens a file store instead and
+carries on there: the run is never stopped and no point after the failure is lost.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import sys
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from tandem.watch.sinks.csv_sink import Point
+from tandem.watch.sinks.store import FileStore, RunStore
+
+log = logging.getLogger(__name__)
+
+
+class Recorder:
+    def __init__(
+        self,
+        store: RunStore,
+        name: str,
+        tags: dict[str, str],
+        fallback_dir: str | Path = "tandem-runs",
+        flush_s: float = 2.0,
+        warn: Callable[[str], None] | None = None,
+    ):
+        self.store = store
+        self.name = name
+        self._tags = dict(tags)
+        self._fallback = lambda: FileStore(fallback_dir)
+        self.flush_s = flush_s
+        self._warn = warn or (lambda msg: print(f"tandem: warning: {msg}", file=sys.stderr, flush=True))
+        self.start_ms = int(time.time() * 1000)  # the run's start, not the (later) store opening
+        self._queue: queue.SimpleQueue = queue.SimpleQueue()
+        self.opened = threading.Event()
+        self.fell_back = False
+        self.error: str | None = None
+        self.cpu_seconds = 0.0  # the writer thread's own CPU time
+        self._thread = threading.Thread(target=self._run, name="tandem-recorder", daemon=True)
+        self._thread.start()
+
+    # --- called from other threads -------------------------------------------------------
+    def log(self, points: list[Point]) -> None:
+        if points:
+            self._queue.put(("points", points))
+
+    def set_tags(self, tags: dict[str, str]) -> None:
+        self._queue.put(("tags", dict(tags)))
+
+    def log_artifact(self, path: Path) -> None:
+        self._queue.put(("artifact", Path(path)))
+
+    def close(self, status: str = "FINISHED", timeout: float = 60.0) -> bool:
+        """Write what is queued, end the run; False if that did not finish in ``timeout``."""
+        self._queue.put(("close", status))
+        self._thread.join(timeout)
+        return not self._thread.is_alive()
+
+    def wait_open(self, timeout: float = 60.0) -> bool:
+        return self.opened.wait(timeout)
+
+    @property
+    def run_id(self) -> str:
+        return self.store.run_id
+
+    @property
+    def where(self) -> str:
+        return self.store.where
+
+    # --- the writer thread ---------------------------------------------------------------
+    def _run(self) -> None:
+        self._guard(lambda: self.store.open(self.name, self._tags, self.start_ms), "open")
+        self.opened.set()
+        pending: list[Point] = []
+        last_flush = time.monotonic()
+        while True:
+            wait = max(0.0, last_flush + self.flush_s - time.monotonic())
+            try:
+                kind, item = self._queue.get(timeout=wait)
+            except queue.Empty:
+                kind, item = "tick", None
+            if kind == "points":
+                pending.extend(item)
+                if len(pending) < 5000 and time.monotonic() - last_flush < self.flush_s:
+                    continue
+            if pending:  # flush on time, on size, and before any other operation
+                batch, pending = pending, []
+                self._guard(lambda b=batch: self.store.log(b), "write metrics")
+            last_flush = time.monotonic()
+            if kind == "tags":
+                self._tags.update(item)
+                self._guard(lambda t=item: self.store.set_tags(t), "set tags")
+            elif kind == "artifact":
+                self._guard(lambda p=item: self.store.log_artifact(p), f"store {item.name}")
+            elif kind == "close":
+                self._guard(lambda s=item: self.store.close(s), "end the run")
+                self.cpu_seconds = time.thread_time()
+                return
+            self.cpu_seconds = time.thread_time()
+
+    def _guard(self, op: Callable[[], None], what: str) -> None:
+        # ``op`` reads ``self.store`` when called, so after a fall-back it runs on the file store.
+        try:
+            op()
+            return
+        except Exception as exc:
+            if self.fell_back:  # the file store failed too: say so, keep the run going
+                self._warn(f"could not {what} in {self.store.where}: {exc}")
+                return
+            failed_where = self.store.where
+            self.error = f"{type(exc).__name__}: {exc}"
+        self.fell_back = True
+        self.store = self._fallback()
+        try:
+            self.store.open(self.name, self._tags, self.start_ms)
+        except Exception as exc:
+            self._warn(
+                f"could not {what} in {failed_where} ({self.error}) nor open a local "
+                f"file store ({exc}); this run's metrics are lost"
+            )
+            return
+        self._warn(
+            f"could not {what} in {failed_where} ({self.error}); "
+            f"this run's metrics from now on are kept in {self.store.where}"
+        )
+        if what == "open":
+            return
+        self._guard(op, what)

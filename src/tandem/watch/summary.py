@@ -1,0 +1,173 @@
+"""The summary of a run: built from its samples as they come, stored with it, printed as a table.
+
+Energy is kept by source: measured (RAPL, the NVML counter) and estimated are separate
+lines and separate totals, never added together.
+"""
+
+from __future__ import annotations
+
+import re
+from collections import defaultdict
+
+from rich.table import Table
+
+_GPU = re.compile(
+    r"^system/gpu_(\d+)/(utilization_percent|run_memory_bytes|energy_measured_joules|"
+    r"energy_estimated_joules|power_watts)$"
+)
+_STALL = re.compile(r"^system/share/.+/consumer_\d+/stall_seconds$")
+
+# energy metric -> (summary key, source said in the table)
+ENERGY_SOURCES = {
+    "system/energy/cpu_attributed_measured_joules": (
+        "energy_cpu_measured_joules",
+        "CPU, RAPL, run's share of package",
+    ),
+    "system/energy/cpu_package_measured_joules": (
+        "energy_cpu_package_measured_joules",
+        "CPU package, RAPL, whole host",
+    ),
+    "system/energy/cpu_estimated_joules": ("energy_cpu_estimated_joules", "CPU, estimated from CPU-seconds"),
+}
+
+
+class SummaryBuilder:
+    """Folds samples into the figures a run's summary needs (no sample is kept)."""
+
+    def __init__(self) -> None:
+        self.last: dict[str, float] = {}
+        self.peak: dict[str, float] = defaultdict(float)
+        self.total: dict[str, float] = defaultdict(float)
+        self.count: dict[str, int] = defaultdict(int)
+
+    def add(self, metrics: dict[str, float]) -> None:
+        for k, v in metrics.items():
+            self.last[k] = v
+            if v > self.peak[k]:
+                self.peak[k] = v
+            self.total[k] += v
+            self.count[k] += 1
+
+    def _mean(self, key: str) -> float:
+        return self.total[key] / self.count[key] if self.count[key] else 0.0
+
+    def result(self, duration_s: float, samples: int = 0, tracker_cpu_s: float = 0.0) -> dict[str, float]:
+        pt = "system/process_tree/"
+        s: dict[str, float] = {"duration_s": duration_s}
+        user, system = self.last.get(pt + "cpu_user_seconds"), self.last.get(pt + "cpu_system_seconds")
+        if user is not None and system is not None:
+            s["cpu_seconds"] = user + system
+            s["cpu_user_seconds"], s["cpu_system_seconds"] = user, system
+            if duration_s > 0:
+                s["cpu_percent_mean"] = 100.0 * (user + system) / duration_s
+        if pt + "cpu_percent" in self.peak:
+            s["cpu_percent_peak"] = self.peak[pt + "cpu_percent"]
+        for name in ("rss", "pss", "uss"):
+            if pt + f"{name}_bytes" in self.peak:
+                s[f"peak_{name}_bytes"] = self.peak[pt + f"{name}_bytes"]
+        for name in ("read", "write"):
+            if pt + f"{name}_bytes" in self.last:
+                s[f"{name}_bytes"] = self.last[pt + f"{name}_bytes"]
+        gpu_measured = gpu_estimated = 0.0
+        for key in sorted(self.last):
+            m = _GPU.match(key)
+            if not m:
+                continue
+            i, what = m.groups()
+            if what == "utilization_percent":
+                s[f"gpu_{i}_utilization_mean_percent"] = self._mean(key)
+                s[f"gpu_{i}_utilization_peak_percent"] = self.peak[key]
+            elif what == "run_memory_bytes":
+                s[f"gpu_{i}_run_memory_peak_bytes"] = self.peak[key]
+            elif what == "power_watts":
+                s[f"gpu_{i}_power_mean_watts"] = self._mean(key)
+            elif what == "energy_measured_joules":
+                gpu_measured += self.last[key]
+                s["energy_gpu_measured_joules"] = gpu_measured
+            elif what == "energy_estimated_joules":
+                gpu_estimated += self.last[key]
+                s["energy_gpu_estimated_joules"] = gpu_estimated
+        for metric, (key, _) in ENERGY_SOURCES.items():
+            if metric in self.last:
+                s[key] = self.last[metric]
+        measured = s.get("energy_cpu_measured_joules", 0.0) + s.get("energy_gpu_measured_joules", 0.0)
+        estimated = s.get("energy_cpu_estimated_joules", 0.0) + s.get("energy_gpu_estimated_joules", 0.0)
+        if "energy_cpu_measured_joules" in s or "energy_gpu_measured_joules" in s:
+            s["energy_measured_joules"] = measured
+        if "energy_cpu_estimated_joules" in s or "energy_gpu_estimated_joules" in s:
+            s["energy_estimated_joules"] = estimated
+        stalls = [v for k, v in self.last.items() if _STALL.match(k)]
+        if stalls:
+            s["data_stall_seconds"] = sum(stalls)
+        if samples:
+            s["samples"] = float(samples)
+            if duration_s > 0:
+                s["samples_per_s"] = samples / duration_s
+        s["tracker_cpu_seconds"] = tracker_cpu_s
+        return s
+
+
+def _bytes(v: float) -> str:
+    return f"{v / 2**30:.2f} GiB" if v >= 2**30 else f"{v / 2**20:.1f} MiB"
+
+
+def _joules(v: float) -> str:
+    return f"{v:,.1f} J  ({v / 3600:.4f} Wh)"
+
+
+def summary_rows(s: dict[str, float]) -> list[tuple[str, str]]:
+    """(what, value) rows for people, in a fixed order; keys absent from ``s`` are skipped."""
+    rows: list[tuple[str, str]] = [("duration", f"{s['duration_s']:.1f} s")]
+    if "cpu_seconds" in s:
+        rows.append(
+            (
+                "CPU time (user + system)",
+                f"{s['cpu_seconds']:.1f} s ({s['cpu_user_seconds']:.1f} + {s['cpu_system_seconds']:.1f})",
+            )
+        )
+        rows.append(
+            (
+                "CPU, mean / peak (% of one core)",
+                f"{s.get('cpu_percent_mean', 0):.0f} / {s.get('cpu_percent_peak', 0):.0f}",
+            )
+        )
+    for name, what in (("rss", "RSS"), ("pss", "PSS"), ("uss", "USS")):
+        if f"peak_{name}_bytes" in s:
+            rows.append((f"peak memory, {what}", _bytes(s[f"peak_{name}_bytes"])))
+    if "read_bytes" in s:
+        rows.append(("disk read / written", f"{_bytes(s['read_bytes'])} / {_bytes(s.get('write_bytes', 0))}"))
+    for key in sorted(k for k in s if k.endswith("_utilization_mean_percent")):
+        i = key.split("_")[1]
+        rows.append(
+            (
+                f"GPU {i} utilisation, mean / peak",
+                f"{s[key]:.0f} / {s[f'gpu_{i}_utilization_peak_percent']:.0f} %",
+            )
+        )
+        if f"gpu_{i}_run_memory_peak_bytes" in s:
+            rows.append((f"GPU {i} memory of the run, peak", _bytes(s[f"gpu_{i}_run_memory_peak_bytes"])))
+    energy = [
+        ("energy_cpu_measured_joules", "energy: CPU, measured (RAPL, run's share)"),
+        ("energy_cpu_package_measured_joules", "energy: CPU package, measured (whole host)"),
+        ("energy_gpu_measured_joules", "energy: GPU, measured (NVML counter)"),
+        ("energy_measured_joules", "energy: measured total (run)"),
+        ("energy_cpu_estimated_joules", "energy: CPU, estimated"),
+        ("energy_gpu_estimated_joules", "energy: GPU, estimated (power x time)"),
+        ("energy_estimated_joules", "energy: estimated total"),
+    ]
+    rows.extend((label, _joules(s[key])) for key, label in energy if key in s)
+    if "data_stall_seconds" in s:
+        rows.append(("waiting for data (tandem share)", f"{s['data_stall_seconds']:.1f} s"))
+    if "samples" in s:
+        rows.append(("samples", f"{s['samples']:.0f} ({s.get('samples_per_s', 0):.1f} samples/s)"))
+    rows.append(("tracker's sampling CPU time", f"{s.get('tracker_cpu_seconds', 0):.2f} s"))
+    return rows
+
+
+def summary_table(s: dict[str, float], title: str) -> Table:
+    table = Table(title=title, show_header=False, title_justify="left")
+    table.add_column(style="bold")
+    table.add_column()
+    for what, value in summary_rows(s):
+        table.add_row(what, value)
+    return table

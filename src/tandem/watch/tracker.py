@@ -1,0 +1,331 @@
+"""A tracked run: samplers read on a fixed interval on one thread, points go to a recorder.
+
+``Run`` is what both ``tandem run`` (tracking a command it started) and ``track()`` (in a
+training script) use. The sampling thread reads every available sampler, adds the
+throughput the script logged with ``log_step``, feeds the summary and hands the points to
+the asynchronous :class:`~tandem.watch.sinks.recorder.Recorder`. A sampler that raises is
+reported once and dropped; tracking never stops the run.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+
+from tandem.watch.samplers import (
+    CpuEnergySampler,
+    HostSampler,
+    NvmlSampler,
+    ProcessTreeSampler,
+    ShareSampler,
+)
+from tandem.watch.sinks.csv_sink import Point
+from tandem.watch.sinks.recorder import Recorder
+from tandem.watch.sinks.store import MlflowStore, RunStore
+from tandem.watch.sinks.writer import RecorderProcess
+from tandem.watch.summary import SummaryBuilder, summary_table
+
+MIN_INTERVAL_S = 0.1
+MAX_INTERVAL_S = 3600.0
+_TAG_KEY_OK = set("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_-./ ")
+
+
+def check_interval(interval: float) -> float:
+    if not MIN_INTERVAL_S <= interval <= MAX_INTERVAL_S:
+        raise ValueError(
+            f"interval must be between {MIN_INTERVAL_S} and {MAX_INTERVAL_S:.0f} seconds, got {interval}"
+        )
+    return float(interval)
+
+
+def check_tags(tags: Mapping[str, Any]) -> dict[str, str]:
+    out = {}
+    for k, v in tags.items():
+        if not k or not set(k) <= _TAG_KEY_OK:
+            raise ValueError(f"tag key {k!r} is not valid: use letters, digits, '_', '-', '.', '/' or spaces")
+        out[k] = str(v)
+    return out
+
+
+def default_samplers(
+    pid: int, env: Mapping[str, str] | None = None, since_start: bool = False, exclude: set[int] | None = None
+) -> list[Any]:
+    tree = ProcessTreeSampler(pid, since_start=since_start, exclude=exclude)
+    return [
+        tree,  # first: the others read the tree's pids and CPU time from its last sample
+        HostSampler(),
+        CpuEnergySampler(lambda: tree.cpu_seconds),
+        NvmlSampler(lambda: tree.pids, env=dict(env) if env is not None else None),
+        ShareSampler(lambda: tree.pids),
+    ]
+
+
+class Run:
+    """One tracked run of a process tree (``pid`` and its descendants; default: this process).
+
+    ``cpu_since_start``: count the tree's CPU time from its processes' start (for a command
+    just started) rather than from now (for this process, which has run a while).
+    ``store`` is where the run is kept (default: MLflow at ``$MLFLOW_TRACKING_URI`` or
+    ``./mlflow.db``); ``fallback_dir`` is where its metrics go if that store fails.
+    ``writer``: ``"process"`` writes to the store from a helper process left out of the
+    run (the default when tracking this process: MLflow's import and writes are not
+    charged to the run); ``"thread"`` writes from a thread of this process (the default
+    when the tracked tree is another process's, as with ``tandem run``).
+    """
+
+    def __init__(
+        self,
+        pid: int | None = None,
+        name: str | None = None,
+        experiment: str = "tandem",
+        tags: Mapping[str, Any] | None = None,
+        interval: float = 1.0,
+        store: RunStore | None = None,
+        fallback_dir: str | Path = "tandem-runs",
+        samplers: list[Any] | None = None,
+        env: Mapping[str, str] | None = None,
+        quiet: bool = False,
+        flush_s: float = 2.0,
+        cpu_since_start: bool = False,
+        writer: str | None = None,
+    ):
+        self.pid = os.getpid() if pid is None else pid
+        self.name = name or Path(sys.argv[0] or "run").stem or "run"
+        self.interval = check_interval(interval)
+        self.tags = {
+            "tandem.host": socket.gethostname(),
+            "tandem.pid": str(self.pid),
+            "tandem.interval_s": f"{self.interval:g}",
+            **check_tags(tags or {}),
+        }
+        self._store = store or MlflowStore(experiment=experiment)
+        self._fallback_dir = Path(fallback_dir)
+        self._samplers_given = samplers
+        self._env = env
+        self._since_start = cpu_since_start
+        self._writer = writer or ("process" if self.pid == os.getpid() else "thread")
+        if self._writer not in ("process", "thread"):
+            raise ValueError(f"writer must be 'process' or 'thread', not {writer!r}")
+        self.quiet = quiet
+        self._flush_s = flush_s
+        self.console = Console(stderr=True)
+        self.samplers: list[Any] = []
+        self.recorder: Recorder | RecorderProcess | None = None
+        self.summary: dict[str, float] | None = None
+        self.unavailable: dict[str, str] = {}
+        self._lock = threading.Lock()
+        self._samples = 0
+        self._steps = 0
+        self._last_rate: tuple[float, int] | None = None
+        self._tick_n = 0
+        self._builder = SummaryBuilder()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._sampler_cpu_s = 0.0
+        self._t0 = 0.0
+        self._broken: set[str] = set()
+
+    # --- life cycle ----------------------------------------------------------------------
+    def start(self) -> Run:
+        self._t0 = time.monotonic()
+        exclude: set[int] = set()
+        if self._writer == "process":
+            self.recorder = RecorderProcess(
+                self._store, self.name, self.tags, self._fallback_dir, self._flush_s
+            )
+            exclude.add(self.recorder.pid)
+        else:
+            self.recorder = Recorder(
+                self._store,
+                self.name,
+                self.tags,
+                fallback_dir=self._fallback_dir,
+                flush_s=self._flush_s,
+                warn=self._warn,
+            )
+        given = self._samplers_given
+        self.samplers = []
+        for s in (
+            given if given is not None else default_samplers(self.pid, self._env, self._since_start, exclude)
+        ):
+            ok, why = s.available()
+            if ok:
+                self.samplers.append(s)
+                if why:
+                    self.unavailable[s.name] = why  # a reduced mode, e.g. estimated energy
+            else:
+                self.unavailable[s.name] = why
+                _close(s)
+        extra = {f"tandem.note.{k}": v for k, v in self.unavailable.items()}
+        for s in self.samplers:
+            if hasattr(s, "tags"):
+                extra.update(s.tags())
+        if extra:
+            self.recorder.set_tags(extra)
+        if not self.quiet:
+            for k, why in self.unavailable.items():
+                self.console.print(f"[dim]tandem: {k}: {why}[/]", soft_wrap=True)
+        self._thread = threading.Thread(target=self._loop, name="tandem-sampler", daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(
+        self,
+        status: str = "FINISHED",
+        tags: Mapping[str, Any] | None = None,
+        final: Mapping[str, float] | None = None,
+    ) -> dict[str, float]:
+        """Stop sampling, store the summary and end the run. ``final`` overrides metrics of
+        the last sample (``tandem run`` passes the exact CPU time the kernel reported)."""
+        if self._thread is None or self.recorder is None:
+            raise RuntimeError("this run was not started")
+        self._stop.set()
+        self._thread.join(self.interval + 30)
+        duration = time.monotonic() - self._t0
+        self._tick(final)  # the end state, after the last interval
+        for s in self.samplers:
+            _close(s)
+        with self._lock:
+            samples = self._samples
+        self.summary = self._builder.result(duration, samples, self._sampler_cpu_s)
+        ts = int(time.time() * 1000)
+        self.recorder.log([Point(f"summary/{k}", v, ts, 0) for k, v in self.summary.items()])
+        with tempfile.TemporaryDirectory() as tmp:
+            path = Path(tmp) / "summary.json"
+            path.write_text(json.dumps(self.summary, indent=2, sort_keys=True))
+            self.recorder.log_artifact(path)
+            if tags:
+                self.recorder.set_tags(check_tags(tags))
+            if not self.recorder.close(status, timeout=120):
+                self._warn(f"the run store {self.recorder.where} did not finish writing in 120 s")
+        if not self.quiet:
+            self.console.print(summary_table(self.summary, f"tandem: {self.name} ({status.lower()})"))
+            self.console.print(f"[dim]tandem: stored in {self.recorder.where}[/]", soft_wrap=True)
+        return self.summary
+
+    def __enter__(self) -> Run:
+        return self.start()
+
+    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
+        if exc_type is None:
+            status = "FINISHED"
+        elif issubclass(exc_type, KeyboardInterrupt):
+            status = "KILLED"
+        else:
+            status = "FAILED"
+        self.stop(status)
+
+    # --- what the training script calls --------------------------------------------------
+    def log_step(self, samples: int = 0, **metrics: float) -> None:
+        """Count one training step of ``samples`` samples; extra metrics are logged at this step."""
+        with self._lock:
+            self._samples += int(samples)
+            self._steps += 1
+            step = self._steps
+        if metrics and self.recorder is not None:
+            ts = int(time.time() * 1000)
+            self.recorder.log([Point(k, float(v), ts, step) for k, v in metrics.items()])
+
+    def log_metrics(self, metrics: Mapping[str, float], step: int = 0) -> None:
+        if self.recorder is not None:
+            ts = int(time.time() * 1000)
+            self.recorder.log([Point(k, float(v), ts, step) for k, v in metrics.items()])
+
+    def log_artifact(self, path: str | Path) -> None:
+        if self.recorder is not None:
+            self.recorder.log_artifact(Path(path))
+
+    @property
+    def run_id(self) -> str:
+        """The store's id for this run (waits for the store to open, up to 60 s)."""
+        if self.recorder is None:
+            return ""
+        self.recorder.wait_open(60)
+        return self.recorder.run_id
+
+    @property
+    def where(self) -> str:
+        return self.recorder.where if self.recorder is not None else ""
+
+    # --- the sampling thread -------------------------------------------------------------
+    def _loop(self) -> None:
+        deadline = time.monotonic()
+        while True:
+            self._tick()
+            self._sampler_cpu_s = time.thread_time()
+            deadline += self.interval
+            now = time.monotonic()
+            if deadline < now:  # a slow sample: start again from now rather than burst
+                deadline = now
+            if self._stop.wait(deadline - now):
+                return
+
+    def _tick(self, final: Mapping[str, float] | None = None) -> None:
+        ts = int(time.time() * 1000)
+        now = time.monotonic()
+        metrics: dict[str, float] = {}
+        for s in self.samplers:
+            if s.name in self._broken:
+                continue
+            try:
+                metrics.update(s.sample())
+            except Exception as exc:  # one broken source must not end the tracking
+                self._broken.add(s.name)
+                self._warn(f"sampler {s.name} failed and is switched off: {type(exc).__name__}: {exc}")
+        if final:
+            for k, v in final.items():
+                metrics[k] = max(v, metrics.get(k, v))
+        with self._lock:
+            samples, steps = self._samples, self._steps
+        if steps:
+            metrics["train/samples"] = float(samples)
+            if self._last_rate is not None and now > self._last_rate[0]:
+                metrics["train/samples_per_s"] = (samples - self._last_rate[1]) / (now - self._last_rate[0])
+            self._last_rate = (now, samples)
+        self._builder.add(metrics)
+        assert self.recorder is not None
+        self.recorder.log([Point(k, v, ts, self._tick_n) for k, v in metrics.items()])
+        self._tick_n += 1
+
+    def _warn(self, msg: str) -> None:
+        print(f"tandem: warning: {msg}", file=sys.stderr, flush=True)
+
+
+def _close(sampler: Any) -> None:
+    close = getattr(sampler, "close", None)
+    if close is not None:
+        try:
+            close()
+        except Exception:
+            pass
+
+
+@contextmanager
+def track(
+    name: str | None = None,
+    experiment: str = "tandem",
+    tags: Mapping[str, Any] | None = None,
+    interval: float = 1.0,
+    pid: int | None = None,
+    **kwargs: Any,
+) -> Iterator[Run]:
+    """Track this process (or ``pid``) and its descendants while the block runs.
+
+    >>> with track(name="resnet-lr0.1", tags={"group": "sweep-1"}) as run:
+    ...     for x, y in loader:
+    ...         ...
+    ...         run.log_step(samples=len(x), loss=loss.item())
+    """
+    with Run(pid=pid, name=name, experiment=experiment, tags=tags, interval=interval, **kwargs) as run:
+        yield run
