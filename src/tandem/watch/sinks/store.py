@@ -8,10 +8,13 @@ reached, is :class:`tandem.watch.sinks.recorder.Recorder`.
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import json
 import os
 import shutil
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Protocol
 
@@ -46,6 +49,23 @@ def _quiet_mlflow() -> None:
         logging.getLogger(name).setLevel(logging.WARNING)
 
 
+@contextlib.contextmanager
+def _sqlite_init_lock(uri: str) -> Iterator[None]:
+    """Serialise first use of a SQLite store: MLflow creates the tables on first use, and
+    two runs starting together on a new file would both try (one then fails)."""
+    if not uri.startswith("sqlite:///"):
+        yield
+        return
+    db = Path(uri.removeprefix("sqlite:///"))
+    db.parent.mkdir(parents=True, exist_ok=True)
+    with open(f"{db}.lock", "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+
+
 class MlflowStore:
     """One MLflow run through the public client API (any tracking URI MLflow accepts)."""
 
@@ -62,8 +82,9 @@ class MlflowStore:
         from mlflow.tracking import MlflowClient
 
         _quiet_mlflow()  # after the import: mlflow sets its logger up when imported
-        client = MlflowClient(tracking_uri=self.uri)
-        exp = client.get_experiment_by_name(self.experiment)
+        with _sqlite_init_lock(self.uri):
+            client = MlflowClient(tracking_uri=self.uri)
+            exp = client.get_experiment_by_name(self.experiment)  # creates the tables if new
         exp_id = exp.experiment_id if exp is not None else client.create_experiment(self.experiment)
         run = client.create_run(exp_id, start_time=start_ms, run_name=name, tags=tags)
         self._client, self.run_id = client, run.info.run_id

@@ -2,7 +2,7 @@
 
 Importing MLflow costs a training process about 2 CPU-seconds and 200 MB of memory, which
 would then be charged to the very run being measured. So ``track()`` starts this small
-helper (``python -m tandem.watch.sinks.writer``), which the process-tree sampler leaves
+helper (``python -m tandem.watch.sinks.writer_process``), which the process-tree sampler leaves
 out of the run, and sends it the points over a pipe.
 
 Parent to helper, on stdin: length-prefixed pickles ``(kind, payload)``: ``init``,
@@ -14,9 +14,8 @@ file, ends the run as KILLED and exits: a killed script leaves no run marked as 
 from __future__ import annotations
 
 import json
-import os
 import pickle
-import signal
+import queue
 import struct
 import subprocess
 import sys
@@ -25,7 +24,6 @@ from pathlib import Path
 from typing import Any, BinaryIO
 
 from tandem.watch.sinks.csv_sink import Point
-from tandem.watch.sinks.recorder import Recorder
 
 _LEN = struct.Struct(">I")
 
@@ -40,30 +38,30 @@ def _recv(stream: BinaryIO) -> Any:
     head = stream.read(_LEN.size)
     if len(head) < _LEN.size:
         raise EOFError
-    data = stream.read(_LEN.unpack(head)[0])
+    size = _LEN.unpack(head)[0]
+    data = stream.read(size)
+    if len(data) < size:  # the writer died mid-message
+        raise EOFError
     return pickle.loads(data)
 
 
 class RecorderProcess:
-    """The parent's side: the same calls as :class:`Recorder`, served by the helper."""
+    """The parent's side: the same calls as :class:`Recorder`, served by the helper.
 
-    def __init__(
-        self,
-        store: Any,
-        name: str,
-        tags: dict[str, str],
-        fallback_dir: str | Path = "tandem-runs",
-        flush_s: float = 2.0,
-    ):
+    Calls only queue their message: a sender thread writes to the pipe, so a training
+    loop that logs every step never waits for the helper (which may be busy importing
+    MLflow for seconds, with the pipe full).
+    """
+
+    def __init__(self, store: Any, name: str, tags: dict[str, str], fallback_dir: str | Path = "tandem-runs",
+                 flush_s: float = 2.0):  # fmt: skip
         self.name = name
         self._proc = subprocess.Popen(
-            [sys.executable, "-m", "tandem.watch.sinks.writer"],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            close_fds=True,
-        )
+            [sys.executable, "-m", "tandem.watch.sinks.writer_process"],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, close_fds=True,
+        )  # fmt: skip
         self.pid = self._proc.pid
-        self._lock = threading.Lock()
+        self._outbox: queue.SimpleQueue = queue.SimpleQueue()
         self.opened = threading.Event()
         self._closed = threading.Event()
         self._run_id = ""
@@ -72,15 +70,32 @@ class RecorderProcess:
         self.fell_back = False
         self._reader = threading.Thread(target=self._read_events, name="tandem-writer-events", daemon=True)
         self._reader.start()
-        self._put(("init", (store, name, tags, str(fallback_dir), flush_s)))
+        self._sender = threading.Thread(target=self._send_loop, name="tandem-writer-send", daemon=True)
+        self._sender.start()
+        self._outbox.put(("init", (store, name, tags, str(fallback_dir), flush_s)))
 
-    def _put(self, message: Any) -> None:
+    def _send_loop(self) -> None:
         assert self._proc.stdin is not None
-        with self._lock:
-            try:
-                _send(self._proc.stdin, message)
-            except (BrokenPipeError, ValueError):
-                pass  # the helper is gone; it said why on stderr
+        while True:
+            messages = [self._outbox.get()]
+            while True:  # take everything queued: consecutive points go as one message
+                try:
+                    messages.append(self._outbox.get_nowait())
+                except queue.Empty:
+                    break
+            merged: list[tuple[str, Any]] = []
+            for kind, payload in messages:
+                if kind == "points" and merged and merged[-1][0] == "points":
+                    merged[-1][1].extend(payload)
+                else:
+                    merged.append((kind, list(payload) if kind == "points" else payload))
+            for message in merged:
+                try:
+                    _send(self._proc.stdin, message)
+                except (BrokenPipeError, ValueError, OSError):
+                    return  # the helper is gone; it said why on stderr
+                if message[0] == "close":
+                    return
 
     def _read_events(self) -> None:
         assert self._proc.stdout is not None
@@ -95,22 +110,24 @@ class RecorderProcess:
             elif event["event"] == "closed":
                 self._closed.set()
         self.opened.set()  # the helper ended: nobody waits forever
+        self._closed.set()
 
     def log(self, points: list[Point]) -> None:
         if points:
-            self._put(("points", [tuple(p) for p in points]))
+            self._outbox.put(("points", [tuple(p) for p in points]))
 
     def set_tags(self, tags: dict[str, str]) -> None:
-        self._put(("tags", dict(tags)))
+        self._outbox.put(("tags", dict(tags)))
 
     def log_artifact(self, path: Path) -> None:
-        self._put(("artifact", str(path)))
+        self._outbox.put(("artifact", str(path)))
 
     def wait_open(self, timeout: float = 60.0) -> bool:
         return self.opened.wait(timeout)
 
     def close(self, status: str = "FINISHED", timeout: float = 60.0) -> bool:
-        self._put(("close", status))
+        self._outbox.put(("close", status))
+        self._sender.join(timeout)
         done = self._closed.wait(timeout)
         try:
             self._proc.wait(timeout=10 if done else 1)
@@ -119,7 +136,10 @@ class RecorderProcess:
             self._proc.wait()
         for stream in (self._proc.stdin, self._proc.stdout):
             if stream is not None:
-                stream.close()
+                try:
+                    stream.close()
+                except OSError:
+                    pass
         return done
 
     @property
@@ -129,57 +149,3 @@ class RecorderProcess:
     @property
     def where(self) -> str:
         return self._where
-
-
-def _emit(event: str, recorder: Recorder, **extra: Any) -> None:
-    sys.stdout.write(
-        json.dumps(
-            {
-                "event": event,
-                "run_id": recorder.run_id,
-                "where": recorder.where,
-                "fell_back": recorder.fell_back,
-                **extra,
-            }
-        )
-        + "\n"
-    )
-    sys.stdout.flush()
-
-
-def main() -> int:
-    # Ctrl-C goes to the whole foreground process group; the helper must outlive the
-    # script's own handling of it to record how the run ended.
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    stdin = sys.stdin.buffer
-    kind, payload = _recv(stdin)
-    if kind != "init":
-        print(f"tandem writer: expected init, got {kind!r}", file=sys.stderr)
-        return 2
-    store, name, tags, fallback_dir, flush_s = payload
-    recorder = Recorder(store, name, tags, fallback_dir=fallback_dir, flush_s=flush_s)
-    recorder.wait_open(600)
-    _emit("opened", recorder)
-    status = "KILLED"  # unless the parent says otherwise
-    while True:
-        try:
-            kind, payload = _recv(stdin)
-        except EOFError:
-            break
-        if kind == "points":
-            recorder.log([Point(*p) for p in payload])
-        elif kind == "tags":
-            recorder.set_tags(payload)
-        elif kind == "artifact":
-            recorder.log_artifact(Path(payload))
-        elif kind == "close":
-            status = payload
-            break
-    recorder.close(status, timeout=300)
-    t = os.times()  # the helper's whole CPU time: imports, store, every write
-    _emit("closed", recorder, cpu_seconds=t.user + t.system)
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())
