@@ -327,7 +327,8 @@ def report(runs: tuple[str, ...], output: Path, metrics: tuple[str, ...], store_
             plot(loaded, output, panels)
     except ValueError as exc:
         raise click.ClickException(str(exc)) from None
-    Console().print(summary_rich(loaded))
+    # Piped or redirected: no terminal width to wrap to, so keep each row on one line.
+    Console(width=None if sys.stdout.isatty() else 240).print(summary_rich(loaded))
     click.echo(f"wrote {output}", err=True)
 
 

@@ -1,0 +1,163 @@
+"""`tandem report` and `tandem ui` on real tracked runs in a real MLflow SQLite store."""
+
+from __future__ import annotations
+
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+
+import pytest
+
+from tests.watch.test_run import BUSY, TANDEM, tandem_run
+
+
+@pytest.fixture(scope="module")
+def tracked(tmp_path_factory):
+    """A store holding a collocated pair (group g) and one run on its own."""
+    root = tmp_path_factory.mktemp("report")
+    store = root / "mlflow.db"
+    tandem_run(store, "-q", "-n", "solo", "-i", "0.2", "--", sys.executable, "-c", BUSY.format(s=0.6))
+    pair = [
+        subprocess.Popen(
+            [
+                *TANDEM,
+                "run",
+                "--store",
+                f"sqlite:///{store}",
+                "-q",
+                "-n",
+                n,
+                "-g",
+                "g",
+                "-i",
+                "0.2",
+                "--",
+                sys.executable,
+                "-c",
+                BUSY.format(s=s),
+            ]
+        )
+        for n, s in (("p1", 1.0), ("p2", 0.6))
+    ]
+    assert all(p.wait(120) == 0 for p in pair)
+    return store
+
+
+def report(store, *args):
+    return subprocess.run(
+        [*TANDEM, "report", "--store", f"sqlite:///{store}", *args],
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
+
+
+def test_png_of_a_group_and_a_run_with_summary_table(tracked, tmp_path):
+    out = tmp_path / "fig.png"
+    r = report(tracked, "group:g", "solo", "-o", str(out))
+    assert r.returncode == 0, r.stderr
+    data = out.read_bytes()
+    assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 20_000
+    assert "p1 (g)" in r.stdout and "p2 (g)" in r.stdout and "solo" in r.stdout
+    assert "CPU time" in r.stdout and "energy: CPU, estimated" in r.stdout
+
+
+def test_html_has_the_figure_and_the_table(tracked, tmp_path):
+    out = tmp_path / "r.html"
+    r = report(tracked, "p1", "p2", "-o", str(out), "-m", "system/process_tree/cpu_percent")
+    assert r.returncode == 0, r.stderr
+    page = out.read_text()
+    assert "data:image/png;base64," in page and "<table>" in page and "peak memory, PSS" in page
+
+
+def test_unknown_run_lists_recent_runs(tracked, tmp_path):
+    r = report(tracked, "no-such-run", "-o", str(tmp_path / "x.png"))
+    assert r.returncode == 2
+    assert "no run 'no-such-run'" in r.stderr and "Recent runs:" in r.stderr
+    assert "p1" in r.stderr and "solo" in r.stderr
+    r = report(tracked, "solo", "-o", str(tmp_path / "x.txt"))
+    assert r.returncode == 2 and "use a .png, .pdf, .svg or .html file" in r.stderr
+    r = report(tracked, "solo", "-m", "no/such/metric", "-o", str(tmp_path / "x.png"))
+    assert r.returncode == 1 and "none of the chosen metrics" in r.stderr
+
+
+def test_report_of_a_file_store_run(tmp_path):
+    out = tmp_path / "runs"
+    r = subprocess.run(
+        [
+            *TANDEM,
+            "run",
+            "--sink",
+            "csv",
+            "--out",
+            str(out),
+            "-q",
+            "-n",
+            "filed",
+            "-i",
+            "0.2",
+            "--",
+            sys.executable,
+            "-c",
+            BUSY.format(s=0.5),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
+    assert r.returncode == 0, r.stderr
+    (run_dir,) = out.iterdir()
+    r = subprocess.run(
+        [*TANDEM, "report", str(run_dir), "-o", str(tmp_path / "f.png")],
+        capture_output=True,
+        text=True,
+        timeout=180,
+        cwd=tmp_path,
+    )
+    assert r.returncode == 0, r.stderr
+    assert (tmp_path / "f.png").stat().st_size > 10_000
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_ui_serves_the_store_on_localhost(tracked):
+    port = _free_port()
+    p = subprocess.Popen(
+        [*TANDEM, "ui", "--store", f"sqlite:///{tracked}", "--port", str(port)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        start_new_session=True,
+    )
+    try:
+        deadline = time.monotonic() + 90
+        while True:
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2) as resp:
+                    assert resp.status == 200
+                    break
+            except OSError:
+                assert p.poll() is None, p.stderr.read().decode()[-2000:]
+                assert time.monotonic() < deadline, "the MLflow UI did not come up in 90 s"
+                time.sleep(0.5)
+        url = f"http://127.0.0.1:{port}/api/2.0/mlflow/experiments/search"
+        req = urllib.request.Request(
+            url, data=b'{"max_results": 10}', headers={"Content-Type": "application/json"}
+        )
+        with urllib.request.urlopen(req, timeout=10) as resp:
+            assert b'"tandem"' in resp.read(), "the UI serves the tracked store"
+    finally:
+        import os
+        import signal
+
+        os.killpg(p.pid, signal.SIGTERM)
+        try:
+            p.wait(20)
+        except subprocess.TimeoutExpired:
+            os.killpg(p.pid, signal.SIGKILL)
+            p.wait()
