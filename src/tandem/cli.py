@@ -336,11 +336,17 @@ def report(runs: tuple[str, ...], output: Path, metrics: tuple[str, ...], store_
 @click.option("--images", type=click.IntRange(min=16), default=768, show_default=True)
 @click.option("--epochs", type=click.IntRange(min=1), default=1, show_default=True)
 @click.option("--workdir", type=click.Path(path_type=Path), default=Path("runs/demo"), show_default=True)
-def demo(images: int, epochs: int, workdir: Path) -> None:
+@click.option(
+    "--track/--no-track",
+    default=True,
+    show_default=True,
+    help="Track each job into the MLflow store and draw a report figure.",
+)
+def demo(images: int, epochs: int, workdir: Path, track: bool) -> None:
     """A producer plus 3 training processes (different models and batch sizes), shared vs private."""
     from tandem.bench.demo import run_demo
 
-    run_demo(images=images, epochs=epochs, workdir=workdir)
+    run_demo(images=images, epochs=epochs, workdir=workdir, track=track)
 
 
 @main.group()

@@ -43,3 +43,25 @@ def test_private_and_shared_runs_deliver_every_sample(tmp_path):
         assert not result.note, result.note
         assert sorted(j.samples for j in result.per_job) == [24, 24], mode
         assert result.cpu_s > 0 and result.samples_per_s > 0 and result.peak_pss_mib > 0
+
+
+def test_demo_jobs_are_tracked_as_runs_of_a_group(tmp_path, monkeypatch):
+    from mlflow.tracking import MlflowClient
+
+    from tandem.watch.report import load_runs, plot
+
+    store = f"sqlite:///{tmp_path}/mlflow.db"
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", store)
+    cfg = Config(images=16, epochs=1, batch_size=8, crop=48, workers=1, run_timeout_s=120,
+                 data_dir=str(tmp_path))  # fmt: skip
+    root = str(make_image_folder(tmp_path / "img", images=16, classes=2, min_side=64, max_side=80))
+    result = run_one("tandem", [JobSpec("cnn", "tiny_cnn", 8)], "cnn", cfg, root, track_group="smoke-g")
+    assert not result.note, result.note
+    runs = load_runs(["group:smoke-g"], store)
+    assert sorted(r.name for r in runs) == ["producer", JobSpec("cnn", "tiny_cnn", 8).label(cfg)]
+    job = next(r for r in runs if r.name != "producer")
+    assert job.summary["samples"] == 16 and job.summary["cpu_seconds"] > 0
+    assert all(r.status == "FINISHED" for r in runs)
+    plot(runs, tmp_path / "r.png")
+    assert (tmp_path / "r.png").stat().st_size > 10_000
+    assert MlflowClient(store).get_run(job.run_id).data.tags["group"] == "smoke-g"

@@ -338,8 +338,20 @@ def _free_ports(n: int) -> tuple[int, ...]:
     return ports
 
 
-def run_one(mode: str, jobs: int | list[JobSpec], step: str, cfg: Config, root: str) -> RunResult:
-    """Run ``jobs`` (a count of identical ``step`` jobs, or their specs) in one ``mode``."""
+def _track(pid: int, name: str, group: str, mode: str) -> Any:
+    from tandem.watch import Run
+
+    return Run(pid=pid, name=name, tags={"group": group, "tandem.mode": mode}, interval=1.0, quiet=True,
+               writer="thread", cpu_since_start=True).start()  # fmt: skip
+
+
+def run_one(
+    mode: str, jobs: int | list[JobSpec], step: str, cfg: Config, root: str, track_group: str | None = None
+) -> RunResult:
+    """Run ``jobs`` (a count of identical ``step`` jobs, or their specs) in one ``mode``.
+
+    With ``track_group``, each job (and the producer) is tracked by ``tandem.watch`` as its
+    own run with that group tag, from this process (so the tracking is in no job's tree)."""
     specs = [JobSpec(step)] * jobs if isinstance(jobs, int) else list(jobs)
     jobs = len(specs)
     q = CTX.Queue()
@@ -364,15 +376,20 @@ def run_one(mode: str, jobs: int | list[JobSpec], step: str, cfg: Config, root: 
                                      args=(q, cfg, root, ports, built, ready)))  # fmt: skip
             targets = [(tensorsocket_job, (q, cfg, job, ports, built, ready, pr))
                        for job, pr in zip(specs, progress)]  # fmt: skip
+        tracked: list[tuple[Any, int | None]] = []  # (run, job index or None for the producer)
         for p in procs:  # the producer, if any
             p.start()
+            if track_group:
+                tracked.append((_track(p.pid, "producer", track_group, mode), None))
         if mode == "tensorsocket":
             # its consumers must connect to a live producer (ZeroMQ subscribers that come
             # first miss its messages and it never sees them)
             built.get(timeout=120)
         jobs_procs = [CTX.Process(target=t, args=a) for t, a in targets]
-        for p in jobs_procs:
+        for i, p in enumerate(jobs_procs):
             p.start()
+            if track_group:
+                tracked.append((_track(p.pid, specs[i].label(cfg), track_group, mode), i))
         procs += jobs_procs
         # Start the clock when every job has built its loader or attached its consumer.
         deadline = time.monotonic() + cfg.run_timeout_s
@@ -417,6 +434,12 @@ def run_one(mode: str, jobs: int | list[JobSpec], step: str, cfg: Config, root: 
                 ))  # fmt: skip
 
         _reap(procs, grace_s=15 if not result.note else 0.5)
+        by_label = {j.label: j for j in result.per_job}
+        for run, i in tracked:
+            job = by_label.get(specs[i].label(cfg)) if i is not None else None
+            if job is not None and job.samples:
+                run.log_step(samples=job.samples)
+            run.stop("FINISHED" if job is None or not job.error else "FAILED")
     result.peak_pss_mib = pss.peak / 2**20
     errors = [j.error for j in result.per_job if j.error]
     if errors:

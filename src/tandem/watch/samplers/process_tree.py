@@ -69,7 +69,7 @@ def child_pids(pid: int) -> list[int]:
 # PSS and USS come from smaps_rollup, which walks the page tables: about 7 ms for a
 # process with torch loaded. They are read at most this share of the time (RSS, from
 # the cheap stat files, every sample), so tracking stays far under 1% of a core.
-ROLLUP_BUDGET = 0.002
+ROLLUP_BUDGET = 0.001
 
 
 class ProcessTreeSampler:

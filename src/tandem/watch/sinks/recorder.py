@@ -31,7 +31,7 @@ class Recorder:
         name: str,
         tags: dict[str, str],
         fallback_dir: str | Path = "tandem-runs",
-        flush_s: float = 2.0,
+        flush_s: float = 5.0,
         warn: Callable[[str], None] | None = None,
     ):
         self.store = store

@@ -54,7 +54,7 @@ class RecorderProcess:
     """
 
     def __init__(self, store: Any, name: str, tags: dict[str, str], fallback_dir: str | Path = "tandem-runs",
-                 flush_s: float = 2.0):  # fmt: skip
+                 flush_s: float = 5.0):  # fmt: skip
         self.name = name
         self._proc = subprocess.Popen(
             [sys.executable, "-m", "tandem.watch.sinks.writer_process"],
