@@ -172,7 +172,9 @@ def main() -> None:
             ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True
         ).stdout.strip(),
         "command": "python benchmarks/watch_overhead.py --seconds " + f"{args.seconds:g}",
-        "tracked_tree": "5 processes with torch imported (a parent and 4 children), each busy 10 ms in every 100 ms",
+        "tracked_tree": (
+            "5 processes with torch imported (a parent and 4 children), each busy 10 ms in every 100 ms"
+        ),
         "runs": rows,
     }
     args.out.mkdir(parents=True, exist_ok=True)

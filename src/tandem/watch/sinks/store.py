@@ -84,11 +84,23 @@ class MlflowStore:
         _quiet_mlflow()  # after the import: mlflow sets its logger up when imported
         with _sqlite_init_lock(self.uri):
             client = MlflowClient(tracking_uri=self.uri)
-            exp = client.get_experiment_by_name(self.experiment)  # creates the tables if new
-        exp_id = exp.experiment_id if exp is not None else client.create_experiment(self.experiment)
+            exp_id = self._experiment_id(client)
         run = client.create_run(exp_id, start_time=start_ms, run_name=name, tags=tags)
         self._client, self.run_id = client, run.info.run_id
         self.where = f"{self.uri} (experiment {self.experiment!r}, run {self.run_id})"
+
+    def _experiment_id(self, client) -> str:  # type: ignore[no-untyped-def]
+        exp = client.get_experiment_by_name(self.experiment)  # creates the tables if new
+        if exp is not None:
+            return exp.experiment_id
+        try:
+            return client.create_experiment(self.experiment)
+        except Exception:
+            # another run created it since (a server store, which the lock does not cover)
+            exp = client.get_experiment_by_name(self.experiment)
+            if exp is None:
+                raise
+            return exp.experiment_id
 
     def log(self, points: list[Point]) -> None:
         from mlflow.entities import Metric
