@@ -255,6 +255,7 @@ def plot(runs: list[RunData], out: Path, panels: Sequence[Panel] = DEFAULT_PANEL
             sharey="row",
             squeeze=False,
         )
+        row_top = [0.0] * len(shown)
         for c, (group, group_runs) in enumerate(columns):
             t0 = min(_start(r) for r in group_runs)
             for row, panel in enumerate(shown):
@@ -275,19 +276,23 @@ def plot(runs: list[RunData], out: Path, panels: Sequence[Panel] = DEFAULT_PANEL
                             color=colour[r.run_id],
                             lw=1.2,
                             label=f"{r.name}{suffix}",
+                            drawstyle="steps-post",  # a value holds until the next one is stored
+                            marker="o" if len(xy) < 5 else None,  # a short series stays visible
+                            markersize=2.5,
                         )
                 if panel.additive and len(curves) > 1 and len(group_runs) > 1:
                     tx, ty = _total(curves, panel.cumulative)
-                    ax.plot(tx, ty, color="0.2", lw=1.0, ls="--", label="total")
+                    ax.plot(tx, ty, color="0.2", lw=1.0, ls="--", label="total", drawstyle="steps-post")
+                    row_top[row] = max([row_top[row], *ty])
                 ax.grid(True, color="0.9", lw=0.6)
-                ax.set_ylim(bottom=0)
+                row_top[row] = max([row_top[row], *(y for xy in curves for _, y in xy)])
                 if c == 0:
                     ax.set_ylabel(textwrap.fill(panel.title, 16))
                 if row == 0:
                     ax.set_title(f"group {group}" if group != "runs" else "runs")
                 if row == len(shown) - 1:
                     ax.set_xlabel("time since start (s)")
-            handles, labels = axes[0][c].get_legend_handles_labels()
+            handles, labels = axes[0][c].get_legend_handles_labels()  # legend: every line once
             for row in range(1, len(shown)):
                 h, lab = axes[row][c].get_legend_handles_labels()
                 for hh, ll in zip(h, lab):
@@ -302,6 +307,8 @@ def plot(runs: list[RunData], out: Path, panels: Sequence[Panel] = DEFAULT_PANEL
                 ncol=2,
                 frameon=False,
             )
+        for row, top in enumerate(row_top):  # rows share a scale from 0: columns compare
+            axes[row][0].set_ylim(0, top * 1.08 if top > 0 else 1.0)
         fig.align_ylabels(axes[:, 0])
         fig.tight_layout()
         out.parent.mkdir(parents=True, exist_ok=True)

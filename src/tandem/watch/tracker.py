@@ -297,9 +297,7 @@ class Run:
             self._last_rate = (now, samples)
         self._builder.add(metrics)
         assert self.recorder is not None
-        self.recorder.log(
-            [Point(k, v, ts, self._tick_n) for k, v in self._changed(metrics, now, last)]
-        )
+        self.recorder.log([Point(k, v, ts, self._tick_n) for k, v in self._changed(metrics, now, last)])
         self._tick_n += 1
 
     def _changed(self, metrics: dict[str, float], now: float, last: bool) -> list[tuple[str, float]]:

@@ -68,7 +68,8 @@ def child_pids(pid: int) -> list[int]:
 
 # PSS and USS come from smaps_rollup, which walks the page tables: about 7 ms for a
 # process with torch loaded. They are read at most this share of the time (RSS, from
-# the cheap stat files, every sample), so tracking stays far under 1% of a core.
+# the cheap stat files, every sample), so tracking stays far under 1% of a core; in
+# between, each process's PSS and USS move with its RSS.
 ROLLUP_BUDGET = 0.001
 
 
@@ -87,7 +88,7 @@ class ProcessTreeSampler:
         self._last: tuple[float, float] | None = None  # (time, total cpu seconds)
         self.pids: frozenset[int] = frozenset()  # the tree's live pids at the last sample
         self._fast_children = _has_children_files()
-        self._rollups: dict[int, tuple[int, int]] = {}
+        self._rollups: dict[int, tuple[int, int, int]] = {}  # pid -> (pss, uss, rss when read)
         self._rollup_due = 0.0
 
     @property
@@ -145,7 +146,14 @@ class ProcessTreeSampler:
         tree = self._tree()
         if now >= self._rollup_due:
             t0 = time.perf_counter()
-            self._rollups = {p.pid: r for p in tree if (r := memory_rollup(p.pid)) is not None}
+            self._rollups = {}
+            for p in tree:
+                r = memory_rollup(p.pid)
+                if r is not None:
+                    try:
+                        self._rollups[p.pid] = (*r, p.memory_info().rss)
+                    except psutil.Error:
+                        continue
             self._rollup_due = now + (time.perf_counter() - t0) / ROLLUP_BUDGET
         for p in tree:
             try:
@@ -163,8 +171,15 @@ class ProcessTreeSampler:
             pids.add(p.pid)
             rss += mem.rss
             rollup = self._rollups.get(p.pid)
-            pss += rollup[0] if rollup else mem.rss
-            uss += rollup[1] if rollup else mem.rss
+            if rollup is None:
+                pss += mem.rss
+                uss += mem.rss
+            else:
+                # Between reads, memory the process gained or gave back since the last read
+                # (its RSS change) is counted as its own: growth is mostly private pages.
+                grown = mem.rss - rollup[2]
+                pss += max(0, rollup[0] + grown)
+                uss += max(0, rollup[1] + grown)
             threads += n_threads
             if io is not None:
                 read += io.read_bytes

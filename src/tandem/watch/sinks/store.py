@@ -89,12 +89,22 @@ class MlflowStore:
         self._client, self.run_id = client, run.info.run_id
         self.where = f"{self.uri} (experiment {self.experiment!r}, run {self.run_id})"
 
+    def _artifact_location(self) -> str | None:
+        """For a SQLite store, artifacts (output.log, summary.json) go beside the database
+        (``mlruns/<experiment>/`` next to ``mlflow.db``), not into whatever directory the
+        first run happened to start in, which is MLflow's default."""
+        if not self.uri.startswith("sqlite:///"):
+            return None
+        db = Path(self.uri.removeprefix("sqlite:///")).resolve()
+        safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in self.experiment)
+        return (db.parent / "mlruns" / safe).as_uri()
+
     def _experiment_id(self, client) -> str:  # type: ignore[no-untyped-def]
         exp = client.get_experiment_by_name(self.experiment)  # creates the tables if new
         if exp is not None:
             return exp.experiment_id
         try:
-            return client.create_experiment(self.experiment)
+            return client.create_experiment(self.experiment, artifact_location=self._artifact_location())
         except Exception:
             # another run created it since (a server store, which the lock does not cover)
             exp = client.get_experiment_by_name(self.experiment)
