@@ -242,10 +242,12 @@ def run_cmd(
     store = _make_store(sink, store_uri, out, experiment)
     try:
         code = run_command(list(command), name=name, experiment=experiment, tags=tags,
-                           interval=interval, store=store, quiet=quiet)  # fmt: skip
+                           interval=interval, store=store, quiet=quiet, fallback_dir=out)  # fmt: skip
     except (CommandNotFound, CommandNotExecutable) as exc:
         click.echo(f"tandem run: {exc}", err=True)
         sys.exit(exc.exit_code)
+    except ValueError as exc:  # a bad setting, such as TANDEM_WATTS_PER_CORE
+        raise click.UsageError(str(exc)) from None
     sys.exit(code)
 
 

@@ -122,7 +122,10 @@ def test_consumer_for_unknown_name_waits_its_timeout_then_lists_live_producers(p
 
 def test_unsupported_element_fails_producer_and_consumers_get_the_message(procs):
     bad = procs.start(serve_bad, "bad")
-    with Consumer("bad", timeout=30) as c, pytest.raises(ProducerError, match=r"batch\['meta'\]\[1\]\['deep'\]"):  # noqa: E501
+    with (
+        Consumer("bad", timeout=30) as c,
+        pytest.raises(ProducerError, match=r"batch\['meta'\]\[1\]\['deep'\]"),
+    ):  # noqa: E501
         got = 0
         for b in c:
             got += len(b["x"])

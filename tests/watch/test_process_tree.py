@@ -8,7 +8,9 @@ import time
 
 from tandem.watch.samplers import ProcessTreeSampler
 
-BUSY = "import time\nend = time.time() + {s}\nwhile time.time() < end: pass\n"
+BUSY = (
+    "import time\nend = time.process_time() + {s}\nwhile time.process_time() < end: sum(range(20000))\n"  # {s} CPU-seconds, mostly user
+)
 IDLE = "import time\ntime.sleep({s})\n"
 # A parent that starts a busy child only after a while: the sampler must find it.
 LATE_CHILD = (

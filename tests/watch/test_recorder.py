@@ -17,7 +17,12 @@ def test_store_broken_mid_run_keeps_the_rest_in_a_local_file(tmp_path):
     assert rec.wait_open(60) and not rec.fell_back
     now = int(time.time() * 1000)
     rec.log([Point("system/a", 1.0, now, 0)])
-    time.sleep(1.0)  # flushed to MLflow
+    from mlflow.tracking import MlflowClient
+
+    deadline = time.monotonic() + 30
+    while not MlflowClient(f"sqlite:///{db}").get_metric_history(rec.run_id, "system/a"):
+        assert time.monotonic() < deadline, "the first point never reached MLflow"
+        time.sleep(0.1)
     db.write_bytes(b"this is not a database any more" * 1000)  # the store breaks
     rec.log([Point("system/a", 2.0, now + 1000, 1), Point("system/b", 3.0, now + 1000, 1)])
     assert rec.close("FINISHED", timeout=60)

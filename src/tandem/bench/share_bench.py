@@ -485,7 +485,7 @@ def measure_handoff(shape: tuple[int, ...], steps: int = 40) -> dict[str, Any]:
             t0 = time.perf_counter()
             batch = next(it)
             times.append(time.perf_counter() - t0)
-            float(batch.view(-1)[:: 1024].sum())
+            float(batch.view(-1)[::1024].sum())
         consumer.close()
     finally:
         p.terminate()
@@ -553,8 +553,12 @@ def run(jobs: list[int], quick: bool = False, out: Path = Path("benchmarks/resul
         console.print(f"[{colour}]{'met' if t['met'] else 'NOT met'}[/]: {t['target']} "
                       f"(measured {t['measured']})")  # fmt: skip
     report = {
-        "machine": {"cpus": os.cpu_count(), "platform": platform.platform(),
-                    "python": platform.python_version(), "torch": torch.__version__},  # fmt: skip
+        "machine": {
+            "cpus": os.cpu_count(),
+            "platform": platform.platform(),
+            "python": platform.python_version(),
+            "torch": torch.__version__,
+        },  # fmt: skip
         "config": asdict(cfg),
         "command": "python benchmarks/share_bench.py" + (" --quick" if quick else ""),
         "when": time.strftime("%Y-%m-%dT%H:%M:%S%z"),

@@ -482,7 +482,8 @@ class Producer:
         slow = [
             f"consumer {c.cid} (pid {c.pid})"
             for c in self._consumers.values()
-            if c.cursor <= oldest or oldest in c.holds
+            if c.cursor <= oldest
+            or oldest in c.holds
             or (c.control is not None and c.released_below() <= oldest)
         ]
         return ", ".join(slow) or "a consumer to attach"
@@ -645,9 +646,7 @@ class Producer:
         deadline = None if timeout is None else time.monotonic() + timeout
         warned_at = time.monotonic()
         with self._cond:
-            while any(
-                c.cursor < (self._end_seq or 0) and not c.done for c in self._consumers.values()
-            ):
+            while any(c.cursor < (self._end_seq or 0) and not c.done for c in self._consumers.values()):
                 now = time.monotonic()
                 if deadline is not None and now >= deadline:
                     log.warning(
@@ -753,9 +752,7 @@ class Producer:
         if join is None:
             self._send_quietly(
                 conn,
-                protocol.Refused(
-                    f"producer {self.name!r} is finishing and has no full epoch left to serve"
-                ),
+                protocol.Refused(f"producer {self.name!r} is finishing and has no full epoch left to serve"),
             )
             return None
         if not self._free_indices:

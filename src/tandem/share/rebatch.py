@@ -37,9 +37,7 @@ class Piece:
         if self.a == 0 and self.b == self.count:
             return unflatten(self.spec, self.leaves)
         leaves = [t.narrow(0, self.a, self.b - self.a) if self._per_sample(t) else t for t in self.leaves]
-        spec = map_plain_lists(
-            self.spec, lambda v: v[self.a : self.b] if len(v) == self.count else v
-        )
+        spec = map_plain_lists(self.spec, lambda v: v[self.a : self.b] if len(v) == self.count else v)
         return unflatten(spec, leaves)
 
 
@@ -124,9 +122,7 @@ class Assembler:
         if self._first is not None:
             return self._first.view()
         assert self._out is not None and self._spec is not None
-        leaves = [
-            keep if out is None else out[: self.n] for out, keep in zip(self._out, self._keep)
-        ]
+        leaves = [keep if out is None else out[: self.n] for out, keep in zip(self._out, self._keep)]
         it = iter(self._lists)
         spec = map_plain_lists(self._spec, lambda _v: next(it))
         return unflatten(spec, leaves)

@@ -10,8 +10,10 @@ server carried). One row per metric, the same scale across a row, so columns com
 from __future__ import annotations
 
 import base64
+import bisect
 import html
 import json
+import math
 import re
 import tempfile
 import textwrap
@@ -69,7 +71,7 @@ DEFAULT_PANELS = [
     ),
     Panel("CPU energy, estimated (kJ)", r"system/energy/cpu_estimated_joules", 1e-3, cumulative=True),
     Panel("throughput (samples/s)", r"train/samples_per_s"),
-    Panel("waiting for data (s)", r"system/share/.+/consumer_\d+/stall_seconds"),
+    Panel("waiting for data (s)", r"system/share/.+/consumer_\d+/stall_seconds", cumulative=True),
 ]
 
 
@@ -158,7 +160,7 @@ def load_runs(
         if client is None:
             client = _client(uri)
         if ref.startswith("group:"):
-            group = ref.removeprefix("group:")
+            group = ref.removeprefix("group:").replace("'", "\\'")
             found = client.search_runs(
                 _all_experiments(client),
                 filter_string=f"tags.{GROUP_TAG} = '{group}'",
@@ -216,12 +218,9 @@ def _start(run: RunData) -> int:
 
 
 def _at(curve: list[tuple[float, float]], t: float) -> float:
-    last = curve[0][1]
-    for tc, v in curve:
-        if tc > t:
-            break
-        last = v
-    return last
+    """The value a step curve holds at ``t`` (its first value before it starts)."""
+    i = bisect.bisect_right(curve, (t, math.inf)) - 1
+    return curve[max(i, 0)][1]
 
 
 def plot(runs: list[RunData], out: Path, panels: Sequence[Panel] = DEFAULT_PANELS) -> list[Panel]:
@@ -261,11 +260,18 @@ def plot(runs: list[RunData], out: Path, panels: Sequence[Panel] = DEFAULT_PANEL
             for row, panel in enumerate(shown):
                 ax = axes[row][c]
                 curves = []
+                devices: set[str] = set()
                 for r in group_runs:
                     base = t0 if r.group else _start(r)
                     for key, points in _lines(r, panel):
                         xy = [((t - base) / 1000.0, v * panel.scale) for t, v in points]
-                        curves.append(xy)
+                        # Runs that share a GPU each report the whole device: count it once.
+                        gpu = re.match(r"system/(gpu_\d+)/", key)
+                        device = r.tags.get(f"tandem.{gpu.group(1)}") if gpu else None
+                        if device is None or device not in devices:
+                            curves.append(xy)
+                            if device is not None:
+                                devices.add(device)
                         suffix = ""
                         m = re.search(r"(gpu_\d+|consumer_\d+)", key)
                         if m and len(_lines(r, panel)) > 1:

@@ -2,9 +2,11 @@
 
 The command's stdout and stderr are passed through as they come and also written to
 ``output.log``, stored with the run. Signals: Ctrl-C in a terminal already reaches the
-command (it is in the same foreground process group), so the wrapper does not send it a
-second one; a SIGINT sent to the wrapper alone (``kill -INT``, a scheduler) and SIGTERM,
-SIGHUP, SIGQUIT, SIGUSR1 and SIGUSR2 are forwarded. The wrapper waits for the command to
+command (it is in the same foreground process group), so while the wrapper is in a
+terminal's foreground it does not send SIGINT a second time; otherwise (no terminal, in the
+background, under a scheduler) SIGINT is forwarded. SIGTERM, SIGHUP, SIGQUIT, SIGUSR1 and
+SIGUSR2 are always forwarded. Once the command has ended, signals act on the wrapper again
+(a Ctrl-C then stops the final writes). The wrapper waits for the command to
 end and exits with its exit code (128 + N if a signal N ended it, as shells do); 127 if
 the command does not exist, 126 if it cannot be executed.
 
@@ -26,6 +28,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, BinaryIO
 
+from tandem.watch.samplers.energy import watts_per_core
 from tandem.watch.tracker import Run
 
 FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2)
@@ -71,8 +74,11 @@ def _pump(src: BinaryIO, dest: BinaryIO, log: BinaryIO, lock: threading.Lock) ->
         except (BrokenPipeError, ValueError):
             pass  # our own output went away (e.g. `| head`): keep logging to the file
         with lock:
-            log.write(chunk)
-            log.flush()
+            try:
+                log.write(chunk)
+                log.flush()
+            except ValueError:
+                return  # the log was closed: the command ended, this is a grandchild's output
     src.close()
 
 
@@ -97,9 +103,11 @@ def run_command(
     store: Any = None,
     quiet: bool = False,
     env: Mapping[str, str] | None = None,
+    fallback_dir: str | Path = "tandem-runs",
 ) -> int:
     """Run and track ``argv``; return the exit code ``tandem run`` should exit with."""
     resolve(argv)  # fail before creating a run for a command that cannot start
+    watts_per_core()  # a bad TANDEM_WATTS_PER_CORE is a usage error, before anything starts
     child_env = dict(os.environ if env is None else env)
     # Pipes make Python buffer its output in blocks: ask for it to flow as it is printed.
     child_env.setdefault("PYTHONUNBUFFERED", "1")
@@ -124,11 +132,15 @@ def run_command(
     except FileNotFoundError as exc:
         shutil.rmtree(workdir, ignore_errors=True)
         raise CommandNotFound(f"{argv[0]}: {exc.strerror}") from None
-    except PermissionError as exc:
+    except OSError as exc:  # permission, a script without #!, a binary for another machine
         shutil.rmtree(workdir, ignore_errors=True)
         raise CommandNotExecutable(f"{argv[0]}: {exc.strerror}") from None
 
+    reaped = False
+
     def forward(signum: int, _frame: Any) -> None:
+        if reaped:
+            return  # the pid may belong to another process by now
         forwarded.append(signum)
         if signum == signal.SIGINT and _in_terminal_foreground():
             return  # the terminal sent it to the command too
@@ -153,18 +165,17 @@ def run_command(
             # wait4 (retried by Python after each signal handler runs) gives the kernel's
             # CPU totals for the command and the descendants it reaped.
             _, wait_status, usage = os.wait4(proc.pid, 0)
+            reaped = True
             proc.returncode = os.waitstatus_to_exitcode(wait_status)
+            for sig, handler in previous.items():  # from here on, Ctrl-C stops the wrapper
+                signal.signal(sig, handler)
             for t in pumps:
-                t.join(30)  # output a detached grandchild keeps writing is not waited for
+                t.join(5)  # a detached grandchild that keeps the output open is not waited for
         code = proc.returncode
         status = "FINISHED" if code == 0 else ("KILLED" if code < 0 or forwarded else "FAILED")
         exit_code = code if code >= 0 else 128 - code
         run.log_artifact(log_path)
-        final = {
-            "system/process_tree/cpu_user_seconds": usage.ru_utime,
-            "system/process_tree/cpu_system_seconds": usage.ru_stime,
-        }
-        run.stop(status, tags={"tandem.exit_code": str(code)}, final=final)
+        run.stop(status, tags={"tandem.exit_code": str(code)}, final_cpu=(usage.ru_utime, usage.ru_stime))
         return exit_code
     finally:
         for s, handler in previous.items():
@@ -172,6 +183,5 @@ def run_command(
         if proc.returncode is None:  # we are leaving abnormally: do not leave the command behind
             proc.kill()
             proc.wait()
-        if run.recorder is not None and run.summary is None:
-            run.stop("FAILED")
+        run.stop("FAILED")  # does nothing if the run ended above or never started
         shutil.rmtree(workdir, ignore_errors=True)

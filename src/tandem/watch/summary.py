@@ -149,8 +149,8 @@ def summary_rows(s: dict[str, float]) -> list[tuple[str, str]]:
     energy = [
         ("energy_cpu_measured_joules", "energy: CPU, measured (RAPL, run's share)"),
         ("energy_cpu_package_measured_joules", "energy: CPU package, measured (whole host)"),
-        ("energy_gpu_measured_joules", "energy: GPU, measured (NVML counter)"),
-        ("energy_measured_joules", "energy: measured total (run)"),
+        ("energy_gpu_measured_joules", "energy: GPU, measured (NVML counter, whole device)"),
+        ("energy_measured_joules", "energy: measured total (CPU share + visible GPUs)"),
         ("energy_cpu_estimated_joules", "energy: CPU, estimated"),
         ("energy_gpu_estimated_joules", "energy: GPU, estimated (power x time)"),
         ("energy_estimated_joules", "energy: estimated total"),

@@ -50,6 +50,14 @@ def check_interval(interval: float) -> float:
     return float(interval)
 
 
+def _check_keys(metrics: Mapping[str, Any]) -> None:
+    for k in metrics:
+        if not k or not set(k) <= _TAG_KEY_OK:
+            raise ValueError(
+                f"metric name {k!r} is not valid: use letters, digits, '_', '-', '.', '/' or spaces"
+            )
+
+
 def check_tags(tags: Mapping[str, Any]) -> dict[str, str]:
     out = {}
     for k, v in tags.items():
@@ -141,21 +149,10 @@ class Run:
     # --- life cycle ----------------------------------------------------------------------
     def start(self) -> Run:
         self._t0 = time.monotonic()
+        self.tags["tandem.pid"] = str(self.pid)  # ``tandem run`` sets the command's pid after __init__
+        # Samplers first: a bad setting (TANDEM_WATTS_PER_CORE=abc) fails here, before any
+        # thread or helper process exists. The writer helper's pid joins ``exclude`` below.
         exclude: set[int] = set()
-        if self._writer == "process":
-            self.recorder = RecorderProcess(
-                self._store, self.name, self.tags, self._fallback_dir, self._flush_s
-            )
-            exclude.add(self.recorder.pid)
-        else:
-            self.recorder = Recorder(
-                self._store,
-                self.name,
-                self.tags,
-                fallback_dir=self._fallback_dir,
-                flush_s=self._flush_s,
-                warn=self._warn,
-            )
         given = self._samplers_given
         self.samplers = []
         for s in (
@@ -169,6 +166,14 @@ class Run:
             else:
                 self.unavailable[s.name] = why
                 _close(s)
+        if self._writer == "process":
+            self.recorder = RecorderProcess(
+                self._store, self.name, self.tags, self._fallback_dir, self._flush_s
+            )
+            exclude.add(self.recorder.pid)
+        else:
+            self.recorder = Recorder(self._store, self.name, self.tags, fallback_dir=self._fallback_dir,
+                                     flush_s=self._flush_s, warn=self._warn)  # fmt: skip
         extra = {f"tandem.note.{k}": v for k, v in self.unavailable.items()}
         for s in self.samplers:
             if hasattr(s, "tags"):
@@ -186,18 +191,29 @@ class Run:
         self,
         status: str = "FINISHED",
         tags: Mapping[str, Any] | None = None,
-        final: Mapping[str, float] | None = None,
+        final_cpu: tuple[float, float] | None = None,
     ) -> dict[str, float]:
-        """Stop sampling, store the summary and end the run. ``final`` overrides metrics of
-        the last sample (``tandem run`` passes the exact CPU time the kernel reported)."""
+        """Stop sampling, store the summary and end the run. ``final_cpu`` is the tree's
+        exact (user, system) CPU time if known (``tandem run`` gets it from the kernel)."""
         if self._thread is None or self.recorder is None:
-            raise RuntimeError("this run was not started")
+            return {}  # never started: nothing to stop
+        if self.summary is not None:
+            return self.summary  # already stopped
         self._stop.set()
         self._thread.join(self.interval + 30)
         duration = time.monotonic() - self._t0
-        self._tick(final, last=True)  # the end state, after the last interval; every metric
-        for s in self.samplers:
-            _close(s)
+        if self._thread.is_alive():
+            # A sampler is stuck (an NVML call on a GPU that fell off the bus, say): do not
+            # sample or close the samplers under it from this thread too.
+            self._warn("the sampling thread did not stop in time; the last sample is skipped")
+        else:
+            if final_cpu is not None:
+                for s in self.samplers:
+                    if isinstance(s, ProcessTreeSampler):
+                        s.final_cpu = final_cpu
+            self._tick(last=True)  # the end state, after the last interval; every metric
+            for s in self.samplers:
+                _close(s)
         with self._lock:
             samples = self._samples
         self.summary = self._builder.result(duration, samples, self._sampler_cpu_s)
@@ -210,7 +226,7 @@ class Run:
             if tags:
                 self.recorder.set_tags(check_tags(tags))
             if not self.recorder.close(status, timeout=120):
-                self._warn(f"the run store {self.recorder.where} did not finish writing in 120 s")
+                self._warn(f"the run may not be complete in {self.recorder.where}: its writer did not finish")
         if not self.quiet:
             self.console.print(summary_table(self.summary, f"tandem: {self.name} ({status.lower()})"))
             self.console.print(f"[dim]tandem: stored in {self.recorder.where}[/]", soft_wrap=True)
@@ -220,7 +236,7 @@ class Run:
         return self.start()
 
     def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
-        if exc_type is None:
+        if exc_type is None or (issubclass(exc_type, SystemExit) and exc.code in (0, None)):
             status = "FINISHED"
         elif issubclass(exc_type, KeyboardInterrupt):
             status = "KILLED"
@@ -231,6 +247,7 @@ class Run:
     # --- what the training script calls --------------------------------------------------
     def log_step(self, samples: int = 0, **metrics: float) -> None:
         """Count one training step of ``samples`` samples; extra metrics are logged at this step."""
+        _check_keys(metrics)
         with self._lock:
             self._samples += int(samples)
             self._steps += 1
@@ -240,13 +257,16 @@ class Run:
             self.recorder.log([Point(k, float(v), ts, step) for k, v in metrics.items()])
 
     def log_metrics(self, metrics: Mapping[str, float], step: int = 0) -> None:
+        _check_keys(metrics)
         if self.recorder is not None:
             ts = int(time.time() * 1000)
             self.recorder.log([Point(k, float(v), ts, step) for k, v in metrics.items()])
 
     def log_artifact(self, path: str | Path) -> None:
+        """Store a file with the run. It is copied when the writer gets to it (within
+        seconds, and before the run ends): keep it in place until then."""
         if self.recorder is not None:
-            self.recorder.log_artifact(Path(path))
+            self.recorder.log_artifact(Path(path).resolve())
 
     @property
     def run_id(self) -> str:
@@ -273,7 +293,7 @@ class Run:
             if self._stop.wait(deadline - now):
                 return
 
-    def _tick(self, final: Mapping[str, float] | None = None, last: bool = False) -> None:
+    def _tick(self, last: bool = False) -> None:
         ts = int(time.time() * 1000)
         now = time.monotonic()
         metrics: dict[str, float] = {}
@@ -285,9 +305,6 @@ class Run:
             except Exception as exc:  # one broken source must not end the tracking
                 self._broken.add(s.name)
                 self._warn(f"sampler {s.name} failed and is switched off: {type(exc).__name__}: {exc}")
-        if final:
-            for k, v in final.items():
-                metrics[k] = max(v, metrics.get(k, v))
         with self._lock:
             samples, steps = self._samples, self._steps
         if steps:

@@ -84,18 +84,19 @@ class ProcessTreeSampler:
         self.since_start = since_start
         self._base: tuple[float, float] | None = None if not since_start else (0.0, 0.0)
         self._procs: dict[int, psutil.Process] = {}
-        self._cpu: dict[int, tuple[float, float]] = {}  # pid -> last (user, system) seconds
+        self._cpu: dict[tuple[int, float], tuple[float, float]] = {}  # (pid, start) -> (user, system) s
         self._last: tuple[float, float] | None = None  # (time, total cpu seconds)
         self.pids: frozenset[int] = frozenset()  # the tree's live pids at the last sample
         self._fast_children = _has_children_files()
         self._rollups: dict[int, tuple[int, int, int]] = {}  # pid -> (pss, uss, rss when read)
         self._rollup_due = 0.0
+        self.final_cpu: tuple[float, float] | None = None  # the kernel's total at the end, if known
+        self._total_cpu = 0.0
 
     @property
     def cpu_seconds(self) -> float:
         """The run's CPU-seconds (user + system) as of the last sample."""
-        base = self._base or (0.0, 0.0)
-        return sum(u + s for u, s in self._cpu.values()) - base[0] - base[1]
+        return self._total_cpu
 
     def available(self) -> tuple[bool, str]:
         if not psutil.pid_exists(self.root_pid):
@@ -167,7 +168,7 @@ class ProcessTreeSampler:
                         io = None
             except (psutil.NoSuchProcess, psutil.ZombieProcess):
                 continue
-            self._cpu[p.pid] = (cpu.user, cpu.system)
+            self._cpu[(p.pid, p.create_time())] = (cpu.user, cpu.system)  # a reused pid is a new key
             pids.add(p.pid)
             rss += mem.rss
             rollup = self._rollups.get(p.pid)
@@ -189,6 +190,9 @@ class ProcessTreeSampler:
         if self._base is None:
             self._base = (user, system)
         user, system = user - self._base[0], system - self._base[1]
+        if self.final_cpu is not None:  # wait4's total includes children that lived between samples
+            user, system = max(user, self.final_cpu[0]), max(system, self.final_cpu[1])
+        self._total_cpu = user + system
         metrics = {
             "system/process_tree/cpu_user_seconds": user,
             "system/process_tree/cpu_system_seconds": system,

@@ -99,27 +99,39 @@ class Recorder:
             last_flush = time.monotonic()
             if kind == "tags":
                 self._tags.update(item)
-                self._guard(lambda t=item: self.store.set_tags(t), "set tags")
+                self._try(lambda t=item: self.store.set_tags(t), "set tags")
             elif kind == "artifact":
-                self._guard(lambda p=item: self.store.log_artifact(p), f"store {item.name}")
+                self._try(lambda p=item: self.store.log_artifact(p), f"store {item.name}")
             elif kind == "close":
                 self._guard(lambda s=item: self.store.close(s), "end the run")
                 self.cpu_seconds = time.thread_time()
                 return
             self.cpu_seconds = time.thread_time()
 
-    def _guard(self, op: Callable[[], None], what: str) -> None:
-        # ``op`` reads ``self.store`` when called, so after a fall-back it runs on the file store.
+    def _try(self, op: Callable[[], None], what: str) -> None:
+        """Tags and artifacts: a failure costs that item only (warned), not the store."""
         try:
             op()
-            return
         except Exception as exc:
-            if self.fell_back:  # the file store failed too: say so, keep the run going
-                self._warn(f"could not {what} in {self.store.where}: {exc}")
+            self._warn(f"could not {what} in {self.store.where}: {type(exc).__name__}: {exc}")
+
+    def _guard(self, op: Callable[[], None], what: str) -> None:
+        # ``op`` reads ``self.store`` when called, so after a fall-back it runs on the file store.
+        for attempt in range(2):
+            try:
+                op()
                 return
-            failed_where = self.store.where
-            self.error = f"{type(exc).__name__}: {exc}"
+            except Exception as exc:
+                if self.fell_back:  # the file store failed too: say so, keep the run going
+                    self._warn(f"could not {what} in {self.store.where}: {exc}")
+                    return
+                failed_where = self.store.where
+                self.error = f"{type(exc).__name__}: {exc}"
+                if what == "open" or attempt == 1:
+                    break
+                time.sleep(1.0)  # once more: a locked SQLite file or a server hiccup passes
         self.fell_back = True
+        failed = self.store
         self.store = self._fallback()
         try:
             self.store.open(self.name, self._tags, self.start_ms)
@@ -133,6 +145,10 @@ class Recorder:
             f"could not {what} in {failed_where} ({self.error}); "
             f"this run's metrics from now on are kept in {self.store.where}"
         )
-        if what == "open":
-            return
-        self._guard(op, what)
+        if what != "open":
+            try:  # best effort: do not leave the first store's run marked as running
+                failed.set_tags({"tandem.continued_in": self.store.where})
+                failed.close("FAILED")
+            except Exception:
+                pass
+            self._guard(op, what)

@@ -22,6 +22,7 @@ from tandem.watch.sinks.csv_sink import CsvSink, Point, read_points
 
 DEFAULT_DB = "mlflow.db"
 FALLBACK_DIR = "tandem-runs"
+LOCK_TIMEOUT_S = 60.0
 
 
 def default_store_uri() -> str:
@@ -59,7 +60,15 @@ def _sqlite_init_lock(uri: str) -> Iterator[None]:
     db = Path(uri.removeprefix("sqlite:///"))
     db.parent.mkdir(parents=True, exist_ok=True)
     with open(f"{db}.lock", "a") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
+        deadline = time.monotonic() + LOCK_TIMEOUT_S
+        while True:
+            try:
+                fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() > deadline:  # its holder is stopped (Ctrl-Z) or stuck
+                    raise TimeoutError(f"{db}.lock held by another run for {LOCK_TIMEOUT_S:.0f} s") from None
+                time.sleep(0.05)
         try:
             yield
         finally:
@@ -79,6 +88,9 @@ class MlflowStore:
         self._client = None
 
     def open(self, name: str, tags: dict[str, str], start_ms: int | None = None) -> None:
+        # MLflow prints "View run ... at ..." to stdout when a run against a server ends;
+        # under ``tandem run`` that would land in the command's output.
+        os.environ.setdefault("MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT", "true")
         from mlflow.tracking import MlflowClient
 
         _quiet_mlflow()  # after the import: mlflow sets its logger up when imported

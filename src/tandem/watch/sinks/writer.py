@@ -14,12 +14,14 @@ file, ends the run as KILLED and exits: a killed script leaves no run marked as 
 from __future__ import annotations
 
 import json
+import os
 import pickle
 import queue
 import struct
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 from typing import Any, BinaryIO
 
@@ -56,9 +58,16 @@ class RecorderProcess:
     def __init__(self, store: Any, name: str, tags: dict[str, str], fallback_dir: str | Path = "tandem-runs",
                  flush_s: float = 5.0):  # fmt: skip
         self.name = name
+        env = dict(os.environ)
+        # The helper must import this very tandem, even if the script found it by sys.path.
+        package_root = str(Path(__file__).resolve().parents[3])
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [package_root, env.get("PYTHONPATH")]))
+        env["TANDEM_WRITER_PARENT"] = str(os.getpid())
+        env["MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT"] = "true"
         self._proc = subprocess.Popen(
             [sys.executable, "-m", "tandem.watch.sinks.writer_process"],
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, close_fds=True,
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, close_fds=True, env=env,
+            start_new_session=True,  # no Ctrl-C or hang-up from the script's terminal
         )  # fmt: skip
         self.pid = self._proc.pid
         self._outbox: queue.SimpleQueue = queue.SimpleQueue()
@@ -68,6 +77,7 @@ class RecorderProcess:
         self._where = str(getattr(store, "where", ""))
         self.cpu_seconds = 0.0
         self.fell_back = False
+        self.ended_cleanly = False  # True once the helper said the run is closed
         self._reader = threading.Thread(target=self._read_events, name="tandem-writer-events", daemon=True)
         self._reader.start()
         self._sender = threading.Thread(target=self._send_loop, name="tandem-writer-send", daemon=True)
@@ -99,18 +109,26 @@ class RecorderProcess:
 
     def _read_events(self) -> None:
         assert self._proc.stdout is not None
-        for line in self._proc.stdout:
-            event = json.loads(line)
-            self._run_id = event.get("run_id", self._run_id)
-            self._where = event.get("where", self._where)
-            self.fell_back = event.get("fell_back", self.fell_back)
-            self.cpu_seconds = event.get("cpu_seconds", self.cpu_seconds)
-            if event["event"] == "opened":
-                self.opened.set()
-            elif event["event"] == "closed":
-                self._closed.set()
-        self.opened.set()  # the helper ended: nobody waits forever
-        self._closed.set()
+        try:
+            for line in self._proc.stdout:
+                try:
+                    event = json.loads(line)
+                except ValueError:
+                    continue  # not one of ours
+                self._run_id = event.get("run_id", self._run_id)
+                self._where = event.get("where", self._where)
+                self.fell_back = event.get("fell_back", self.fell_back)
+                self.cpu_seconds = event.get("cpu_seconds", self.cpu_seconds)
+                if event.get("event") == "opened":
+                    self.opened.set()
+                elif event.get("event") == "closed":
+                    self.ended_cleanly = True
+                    self._closed.set()
+        except (OSError, ValueError):
+            pass
+        finally:
+            self.opened.set()  # the helper ended: nobody waits forever
+            self._closed.set()
 
     def log(self, points: list[Point]) -> None:
         if points:
@@ -126,9 +144,12 @@ class RecorderProcess:
         return self.opened.wait(timeout)
 
     def close(self, status: str = "FINISHED", timeout: float = 60.0) -> bool:
+        """End the run; False (the caller warns) unless the helper said it closed it."""
+        deadline = time.monotonic() + timeout
         self._outbox.put(("close", status))
         self._sender.join(timeout)
-        done = self._closed.wait(timeout)
+        self._closed.wait(max(0.0, deadline - time.monotonic()))
+        done = self.ended_cleanly
         try:
             self._proc.wait(timeout=10 if done else 1)
         except subprocess.TimeoutExpired:

@@ -8,8 +8,11 @@ from __future__ import annotations
 
 import json
 import os
+import pickle
+import queue
 import signal
 import sys
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -17,23 +20,44 @@ from tandem.watch.sinks.csv_sink import Point
 from tandem.watch.sinks.recorder import Recorder
 from tandem.watch.sinks.writer import _recv
 
+_events: Any = None  # the pipe to the parent; fd 1 is pointed at stderr (see main)
+
 
 def _emit(event: str, recorder: Recorder, **extra: Any) -> None:
     message = {"event": event, "run_id": recorder.run_id, "where": recorder.where,
                "fell_back": recorder.fell_back, **extra}  # fmt: skip
     try:
-        sys.stdout.write(json.dumps(message) + "\n")
-        sys.stdout.flush()
-    except OSError:
-        pass  # the parent is gone: the run is still ended properly below
+        _events.write(json.dumps(message) + "\n")
+        _events.flush()
+    except (OSError, ValueError):
+        pass  # the parent is gone: the run is still ended properly
+
+
+def _watch_parent(parent: int, gone: threading.Event) -> None:
+    # End of file on stdin can come late: DataLoader workers forked by the script hold
+    # the pipe's write end too. So the parent is also checked by pid.
+    while not gone.wait(1.0):
+        if os.getppid() != parent:
+            gone.set()
 
 
 def main() -> int:
-    # Ctrl-C goes to the whole foreground process group; the helper must outlive the
-    # script's own handling of it to record how the run ended.
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    global _events
+    # The helper is in a session of its own (no terminal signals) and ignores the signals a
+    # scheduler or a closing terminal sends the script: it must outlive the script to
+    # record how the run ended.
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, signal.SIG_IGN)
+    # Events go to the parent on a private copy of fd 1; fd 1 itself (and anything MLflow
+    # prints there, such as "View run ... at ..." for a server store) goes to stderr.
+    _events = os.fdopen(os.dup(1), "w")
+    os.dup2(2, 1)
+    parent = int(os.environ.get("TANDEM_WRITER_PARENT", os.getppid()))
     stdin = sys.stdin.buffer
-    kind, payload = _recv(stdin)
+    try:
+        kind, payload = _recv(stdin)
+    except EOFError:
+        return 0
     if kind != "init":
         print(f"tandem writer: expected init, got {kind!r}", file=sys.stderr)
         return 2
@@ -41,12 +65,29 @@ def main() -> int:
     recorder = Recorder(store, name, tags, fallback_dir=fallback_dir, flush_s=flush_s)
     recorder.wait_open(600)
     _emit("opened", recorder)
+    messages: queue.SimpleQueue = queue.SimpleQueue()
+    gone = threading.Event()
+
+    def read() -> None:
+        while True:
+            try:
+                messages.put(_recv(stdin))
+            except (EOFError, OSError, pickle.UnpicklingError):
+                gone.set()
+                return
+
+    threading.Thread(target=read, name="tandem-writer-read", daemon=True).start()
+    threading.Thread(
+        target=_watch_parent, args=(parent, gone), name="tandem-writer-parent", daemon=True
+    ).start()
     status = "KILLED"  # unless the parent says otherwise
     while True:
         try:
-            kind, payload = _recv(stdin)
-        except EOFError:
-            break
+            kind, payload = messages.get(timeout=0.5)
+        except queue.Empty:
+            if gone.is_set() and messages.empty():
+                break
+            continue
         if kind == "points":
             recorder.log([Point(*p) for p in payload])
         elif kind == "tags":
@@ -60,7 +101,7 @@ def main() -> int:
     t = os.times()  # the helper's whole CPU time: imports, store, every write
     _emit("closed", recorder, cpu_seconds=t.user + t.system)
     try:
-        sys.stdout.close()
+        _events.close()
     except OSError:
         pass
     return 0
