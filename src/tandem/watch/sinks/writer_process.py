@@ -104,7 +104,11 @@ def main() -> int:
         _events.close()
     except OSError:
         pass
-    return 0
+    # Everything is written and closed. Leave without interpreter shutdown: the reader
+    # thread may sit in a read of stdin (a fork-mode worker of the script holds its write
+    # end), and finalising a buffered stream another thread holds aborts Python.
+    sys.stderr.flush()
+    os._exit(0)
 
 
 if __name__ == "__main__":
