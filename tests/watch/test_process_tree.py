@@ -8,9 +8,8 @@ import time
 
 from tandem.watch.samplers import ProcessTreeSampler
 
-BUSY = (
-    "import time\nend = time.process_time() + {s}\nwhile time.process_time() < end: sum(range(20000))\n"  # {s} CPU-seconds, mostly user
-)
+# Busy for {s} CPU-seconds (not wall seconds: the same on a loaded machine), mostly user time.
+BUSY = "import time\nend = time.process_time() + {s}\nwhile time.process_time() < end: sum(range(20000))\n"
 IDLE = "import time\ntime.sleep({s})\n"
 # A parent that starts a busy child only after a while: the sampler must find it.
 LATE_CHILD = (

@@ -16,9 +16,8 @@ from mlflow.tracking import MlflowClient
 from tandem.watch.samplers import CpuEnergySampler
 
 TANDEM = [sys.executable, "-m", "tandem.cli"]
-BUSY = (
-    "import time\nend = time.process_time() + {s}\nwhile time.process_time() < end: sum(range(20000))\n"  # {s} CPU-seconds, mostly user
-)
+# Busy for {s} CPU-seconds (not wall seconds: the same on a loaded machine), mostly user time.
+BUSY = "import time\nend = time.process_time() + {s}\nwhile time.process_time() < end: sum(range(20000))\n"
 # Holds 200 MiB for a while, using almost no CPU.
 IDLE_BIG = (
     "import time\nx = bytearray(200 << 20)\nfor i in range(0, len(x), 4096): x[i] = 1\ntime.sleep({s})\n"
