@@ -161,3 +161,21 @@ def test_ui_serves_the_store_on_localhost(tracked):
         except subprocess.TimeoutExpired:
             os.killpg(p.pid, signal.SIGKILL)
             p.wait()
+
+
+def test_group_total_of_rates_is_averaged_on_a_common_grid():
+    from tandem.watch.report import Panel, _total
+
+    # Two runs each using one core all the time, sampled half an interval apart: the server
+    # carried 200%, and the total must not show the 300% a sum of raw steps gives.
+    a = [(float(t), 100.0) for t in range(0, 11)]
+    b = [(t + 0.5, 100.0) for t in range(0, 10)]
+    grid, total = _total([a, b], Panel("cpu", "x", rate=True))
+    inner = [v for t, v in zip(grid, total) if 1.0 < t < 9.5]
+    assert inner and max(inner) <= 200.0 + 1e-6 and min(inner) >= 200.0 - 1e-6
+    # levels: a run that ended counts 0 afterwards, unless it is a running total
+    levels = [[(0.0, 1.0), (5.0, 1.0)], [(0.0, 2.0), (10.0, 2.0)]]
+    grid, total = _total(levels, Panel("mem", "x"))
+    assert total[0] == 3.0 and total[-1] == 2.0
+    grid, total = _total(levels, Panel("energy", "x", cumulative=True))
+    assert total[-1] == 3.0

@@ -57,12 +57,13 @@ class Panel:
     scale: float = 1.0
     additive: bool = True  # a group total means something (CPU, memory, power; not %)
     cumulative: bool = False  # a running total: a run that ended still counts its last value
+    rate: bool = False  # each value is an average over the interval that ends at its time
 
 
 DEFAULT_PANELS = [
-    Panel("CPU (% of one core)", r"system/process_tree/cpu_percent"),
+    Panel("CPU (% of one core)", r"system/process_tree/cpu_percent", rate=True),
     Panel("memory, PSS (GiB)", r"system/process_tree/pss_bytes", 1 / 2**30),
-    Panel("GPU utilisation (%)", r"system/gpu_\d+/utilization_percent", additive=False),
+    Panel("GPU utilisation (%)", r"system/gpu_\d+/utilization_percent", additive=False, rate=True),
     Panel("GPU memory of the run (GiB)", r"system/gpu_\d+/run_memory_bytes", 1 / 2**30),
     Panel("GPU power (W)", r"system/gpu_\d+/power_watts"),
     Panel("GPU energy, measured (kJ)", r"system/gpu_\d+/energy_measured_joules", 1e-3, cumulative=True),
@@ -70,7 +71,7 @@ DEFAULT_PANELS = [
         "CPU energy, measured (kJ)", r"system/energy/cpu_attributed_measured_joules", 1e-3, cumulative=True
     ),
     Panel("CPU energy, estimated (kJ)", r"system/energy/cpu_estimated_joules", 1e-3, cumulative=True),
-    Panel("throughput (samples/s)", r"train/samples_per_s"),
+    Panel("throughput (samples/s)", r"train/samples_per_s", rate=True),
     Panel("waiting for data (s)", r"system/share/.+/consumer_\d+/stall_seconds", cumulative=True),
 ]
 
@@ -202,14 +203,55 @@ def _lines(run: RunData, panel: Panel) -> list[tuple[str, list[tuple[int, float]
     return [(k, v) for k, v in sorted(run.series.items()) if re.fullmatch(panel.pattern, k)]
 
 
-def _total(curves: list[list[tuple[float, float]]], cumulative: bool) -> tuple[list[float], list[float]]:
-    """The sum of step curves on the union of their times: 0 outside a curve's span, or,
-    for running totals, its last value after it ends."""
-    times = sorted({t for c in curves for t, _ in c})
+def _grid(curves: list[list[tuple[float, float]]]) -> list[float]:
+    """Common times for a group total: the group's span in steps of its typical interval."""
+    gaps = sorted(b[0] - a[0] for c in curves for a, b in zip(c, c[1:]) if b[0] > a[0])
+    step = max(gaps[len(gaps) // 2] if gaps else 1.0, 0.1)
+    lo, hi = min(c[0][0] for c in curves if c), max(c[-1][0] for c in curves if c)
+    n = min(int((hi - lo) / step) + 1, 20_000)
+    return [lo + i * (hi - lo) / max(n - 1, 1) for i in range(n)]
+
+
+def _mean_rate(curve: list[tuple[float, float]], cum: list[float], a: float, b: float) -> float:
+    """Time-weighted mean over (a, b] of a rate curve whose value i covers (t[i-1], t[i]]."""
+
+    def integral(t: float) -> float:
+        if t <= curve[0][0]:
+            return 0.0
+        i = bisect.bisect_left(curve, (t, -math.inf))
+        if i >= len(curve):
+            return cum[-1]
+        return cum[i - 1] + curve[i][1] * (t - curve[i - 1][0])
+
+    return (integral(b) - integral(a)) / (b - a) if b > a else 0.0
+
+
+def _total(curves: list[list[tuple[float, float]]], panel: Panel) -> tuple[list[float], list[float]]:
+    """The group's total on a common grid. Rates are averaged over each grid interval, so
+    runs sampled at different moments add up to what the server carried, not to spikes;
+    levels are read at each grid time (0 outside a run, or its last value after it ends for
+    running totals)."""
+    curves = [c for c in curves if c]
+    grid = _grid(curves)
+    if panel.rate:
+        cums = []
+        for c in curves:
+            cum = [0.0]
+            for (t0, _), (t1, v1) in zip(c, c[1:]):
+                cum.append(cum[-1] + v1 * (t1 - t0))
+            cums.append(cum)
+        total = [0.0] + [
+            sum(_mean_rate(c, cum, a, b) for c, cum in zip(curves, cums)) for a, b in zip(grid, grid[1:])
+        ]
+        return grid, total
     total = [
-        sum(_at(c, t) for c in curves if c and c[0][0] <= t and (cumulative or t <= c[-1][0])) for t in times
+        sum(_at(c, t) for c in curves if c[0][0] <= t and (panel.cumulative or t <= c[-1][0])) for t in grid
     ]
-    return times, total
+    return grid, total
+
+
+def _end(run: RunData) -> int:
+    return max((points[-1][0] for points in run.series.values() if points), default=0)
 
 
 def _start(run: RunData) -> int:
@@ -265,6 +307,8 @@ def plot(runs: list[RunData], out: Path, panels: Sequence[Panel] = DEFAULT_PANEL
                     base = t0 if r.group else _start(r)
                     for key, points in _lines(r, panel):
                         xy = [((t - base) / 1000.0, v * panel.scale) for t, v in points]
+                        if not panel.rate and xy and xy[-1][0] < (end := (_end(r) - base) / 1000.0):
+                            xy.append((end, xy[-1][1]))  # an unchanged value was not stored again
                         # Runs that share a GPU each report the whole device: count it once.
                         gpu = re.match(r"system/(gpu_\d+)/", key)
                         device = r.tags.get(f"tandem.{gpu.group(1)}") if gpu else None
@@ -282,13 +326,15 @@ def plot(runs: list[RunData], out: Path, panels: Sequence[Panel] = DEFAULT_PANEL
                             color=colour[r.run_id],
                             lw=1.2,
                             label=f"{r.name}{suffix}",
-                            drawstyle="steps-post",  # a value holds until the next one is stored
+                            # a level holds until the next value; a rate covers the interval before it
+                            drawstyle="steps-pre" if panel.rate else "steps-post",
                             marker="o" if len(xy) < 5 else None,  # a short series stays visible
                             markersize=2.5,
                         )
                 if panel.additive and len(curves) > 1 and len(group_runs) > 1:
-                    tx, ty = _total(curves, panel.cumulative)
-                    ax.plot(tx, ty, color="0.2", lw=1.0, ls="--", label="total", drawstyle="steps-post")
+                    tx, ty = _total(curves, panel)
+                    style = "steps-pre" if panel.rate else "steps-post"
+                    ax.plot(tx, ty, color="0.2", lw=1.0, ls="--", label="total", drawstyle=style)
                     row_top[row] = max([row_top[row], *ty])
                 ax.grid(True, color="0.9", lw=0.6)
                 row_top[row] = max([row_top[row], *(y for xy in curves for _, y in xy)])
