@@ -6,7 +6,6 @@ import subprocess
 import sys
 import time
 
-import pytest
 from mlflow.tracking import MlflowClient
 
 from tests.watch.test_run import find_run
@@ -55,14 +54,31 @@ def test_track_logs_steps_and_leaves_its_writer_out_of_the_run(tmp_path):
     assert 1.4 < m["summary/cpu_seconds"] < 3.2, "the busy 1.5 s, not MLflow's import (about 2 s more)"
 
 
-def test_bad_metric_names_are_refused_at_once(tmp_path):
+def test_bad_metric_names_are_warned_about_once_and_dropped(capfd):
     from tandem.watch import Run
 
     run = Run(name="x", writer="thread")  # not started: the check needs no store
-    with pytest.raises(ValueError, match="metric name 'acc@1' is not valid"):
-        run.log_step(samples=1, **{"acc@1": 0.9})
-    with pytest.raises(ValueError, match="metric name"):
-        run.log_metrics({"": 1.0})
+    assert run._good({"acc@1": 0.9, "loss": 1.0}) == {"loss": 1.0}, "training goes on"
+    assert run._good({"acc@1": 0.8}) == {}
+    err = capfd.readouterr().err
+    assert err.count("metric name 'acc@1' is not valid") == 1
+
+
+def test_unchanged_values_are_skipped_but_a_change_keeps_its_place():
+    from tandem.watch import Run
+
+    run = Run(name="x", writer="thread")
+    stored = []
+    # a rate: 100 for ticks 0..4, then 0 from tick 5
+    for tick, value in enumerate([100.0, 100.0, 100.0, 100.0, 100.0, 0.0, 0.0]):
+        run._tick_n = tick
+        stored += [
+            (p.step, p.value) for p in run._changed({"cpu": value}, now=float(tick), ts=tick, last=False)
+        ]
+    # tick 4 (the last 100) is stored when the value changes, so the drop is placed at tick 5
+    assert stored == [(0, 100.0), (4, 100.0), (5, 0.0)]
+    run._tick_n = 7
+    assert [(p.step, p.value) for p in run._changed({"cpu": 0.0}, now=7.0, ts=7, last=True)] == [(7, 0.0)]
 
 
 def test_a_killed_script_leaves_its_run_marked_killed(tmp_path):

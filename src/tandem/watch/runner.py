@@ -5,10 +5,11 @@ The command's stdout and stderr are passed through as they come and also written
 command (it is in the same foreground process group), so while the wrapper is in a
 terminal's foreground it does not send SIGINT a second time; otherwise (no terminal, in the
 background, under a scheduler) SIGINT is forwarded. SIGTERM, SIGHUP, SIGQUIT, SIGUSR1 and
-SIGUSR2 are always forwarded. Once the command has ended, signals act on the wrapper again
-(a Ctrl-C then stops the final writes). The wrapper waits for the command to
-end and exits with its exit code (128 + N if a signal N ended it, as shells do); 127 if
-the command does not exist, 126 if it cannot be executed.
+SIGUSR2 are always forwarded. Once the command has ended they are ignored until the run is
+stored (at most a couple of minutes for a slow store), so the record is not cut short.
+The wrapper waits for the command to end and exits with its exit code (128 + N if a
+signal N ended it, as shells do); 127 if the command does not exist, 126 if it cannot be
+executed.
 
 The exact CPU time of the tree comes from the kernel when the command is reaped
 (``wait4``: the command and every descendant it waited for), so a child that lived and died
@@ -60,26 +61,33 @@ def resolve(argv: Sequence[str]) -> str:
 
 
 def _pump(src: BinaryIO, dest: BinaryIO, log: BinaryIO, lock: threading.Lock) -> None:
+    """Copy the command's output to ours and to the log until it ends. Keep draining even
+    when our side fails (a closed pipe, a hung-up terminal): a full pipe would stall the command."""
     fd = src.fileno()
-    while True:
-        try:
-            chunk = os.read(fd, 65536)
-        except OSError:
-            break
-        if not chunk:
-            break
-        try:
-            dest.write(chunk)
-            dest.flush()
-        except (BrokenPipeError, ValueError):
-            pass  # our own output went away (e.g. `| head`): keep logging to the file
-        with lock:
+    to_dest, to_log = True, True
+    try:
+        while True:
             try:
-                log.write(chunk)
-                log.flush()
-            except ValueError:
-                return  # the log was closed: the command ended, this is a grandchild's output
-    src.close()
+                chunk = os.read(fd, 65536)
+            except OSError:
+                break
+            if not chunk:
+                break
+            if to_dest:
+                try:
+                    dest.write(chunk)
+                    dest.flush()
+                except (OSError, ValueError):
+                    to_dest = False
+            if to_log:
+                with lock:
+                    try:
+                        log.write(chunk)
+                        log.flush()
+                    except (OSError, ValueError):
+                        to_log = False  # the log was closed: only a grandchild is still writing
+    finally:
+        src.close()
 
 
 def _in_terminal_foreground() -> bool:
@@ -167,8 +175,6 @@ def run_command(
             _, wait_status, usage = os.wait4(proc.pid, 0)
             reaped = True
             proc.returncode = os.waitstatus_to_exitcode(wait_status)
-            for sig, handler in previous.items():  # from here on, Ctrl-C stops the wrapper
-                signal.signal(sig, handler)
             for t in pumps:
                 t.join(5)  # a detached grandchild that keeps the output open is not waited for
         code = proc.returncode

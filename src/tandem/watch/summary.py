@@ -7,6 +7,7 @@ lines and separate totals, never added together.
 from __future__ import annotations
 
 import re
+import threading
 from collections import defaultdict
 
 from rich.table import Table
@@ -39,8 +40,13 @@ class SummaryBuilder:
         self.peak: dict[str, float] = defaultdict(float)
         self.total: dict[str, float] = defaultdict(float)
         self.count: dict[str, int] = defaultdict(int)
+        self.lock = threading.Lock()
 
     def add(self, metrics: dict[str, float]) -> None:
+        with self.lock:
+            self._add(metrics)
+
+    def _add(self, metrics: dict[str, float]) -> None:
         for k, v in metrics.items():
             self.last[k] = v
             if v > self.peak[k]:

@@ -50,12 +50,8 @@ def check_interval(interval: float) -> float:
     return float(interval)
 
 
-def _check_keys(metrics: Mapping[str, Any]) -> None:
-    for k in metrics:
-        if not k or not set(k) <= _TAG_KEY_OK:
-            raise ValueError(
-                f"metric name {k!r} is not valid: use letters, digits, '_', '-', '.', '/' or spaces"
-            )
+def _valid_key(k: str) -> bool:
+    return bool(k) and set(k) <= _TAG_KEY_OK
 
 
 def check_tags(tags: Mapping[str, Any]) -> dict[str, str]:
@@ -145,6 +141,8 @@ class Run:
         self._t0 = 0.0
         self._broken: set[str] = set()
         self._logged: dict[str, tuple[float, float]] = {}  # key -> (value, time) last stored
+        self._skipped: dict[str, Point] = {}  # key -> the newest point not stored (unchanged)
+        self._bad_keys: set[str] = set()
 
     # --- life cycle ----------------------------------------------------------------------
     def start(self) -> Run:
@@ -174,17 +172,21 @@ class Run:
         else:
             self.recorder = Recorder(self._store, self.name, self.tags, fallback_dir=self._fallback_dir,
                                      flush_s=self._flush_s, warn=self._warn)  # fmt: skip
-        extra = {f"tandem.note.{k}": v for k, v in self.unavailable.items()}
-        for s in self.samplers:
-            if hasattr(s, "tags"):
-                extra.update(s.tags())
-        if extra:
-            self.recorder.set_tags(extra)
-        if not self.quiet:
-            for k, why in self.unavailable.items():
-                self.console.print(f"[dim]tandem: {k}: {why}[/]", soft_wrap=True)
-        self._thread = threading.Thread(target=self._loop, name="tandem-sampler", daemon=True)
-        self._thread.start()
+        try:
+            extra = {f"tandem.note.{k}": v for k, v in self.unavailable.items()}
+            for s in self.samplers:
+                if hasattr(s, "tags"):
+                    extra.update(s.tags())
+            if extra:
+                self.recorder.set_tags(extra)
+            if not self.quiet:
+                for k, why in self.unavailable.items():
+                    self.console.print(f"[dim]tandem: {k}: {why}[/]", soft_wrap=True)
+            self._thread = threading.Thread(target=self._loop, name="tandem-sampler", daemon=True)
+            self._thread.start()
+        except BaseException:
+            self.recorder.close("FAILED", timeout=30)
+            raise
         return self
 
     def stop(
@@ -216,7 +218,8 @@ class Run:
                 _close(s)
         with self._lock:
             samples = self._samples
-        self.summary = self._builder.result(duration, samples, self._sampler_cpu_s)
+        with self._builder.lock:  # a stuck sampling thread may come back and add to it
+            self.summary = self._builder.result(duration, samples, self._sampler_cpu_s)
         ts = int(time.time() * 1000)
         self.recorder.log([Point(f"summary/{k}", v, ts, 0) for k, v in self.summary.items()])
         with tempfile.TemporaryDirectory() as tmp:
@@ -247,7 +250,7 @@ class Run:
     # --- what the training script calls --------------------------------------------------
     def log_step(self, samples: int = 0, **metrics: float) -> None:
         """Count one training step of ``samples`` samples; extra metrics are logged at this step."""
-        _check_keys(metrics)
+        metrics = self._good(metrics)
         with self._lock:
             self._samples += int(samples)
             self._steps += 1
@@ -257,10 +260,23 @@ class Run:
             self.recorder.log([Point(k, float(v), ts, step) for k, v in metrics.items()])
 
     def log_metrics(self, metrics: Mapping[str, float], step: int = 0) -> None:
-        _check_keys(metrics)
+        metrics = self._good(metrics)
         if self.recorder is not None:
             ts = int(time.time() * 1000)
             self.recorder.log([Point(k, float(v), ts, step) for k, v in metrics.items()])
+
+    def _good(self, metrics: Mapping[str, float]) -> dict[str, float]:
+        """The metrics with valid names; a bad name is warned about once and dropped (a
+        name first used at evaluation time must not end hours of training)."""
+        good = {}
+        for k, v in metrics.items():
+            if _valid_key(k):
+                good[k] = v
+            elif k not in self._bad_keys:
+                self._bad_keys.add(k)
+                self._warn(f"metric name {k!r} is not valid (use letters, digits, '_', '-', '.', '/' or "
+                           "spaces); it is not logged")  # fmt: skip
+        return good
 
     def log_artifact(self, path: str | Path) -> None:
         """Store a file with the run. It is copied when the writer gets to it (within
@@ -314,20 +330,28 @@ class Run:
             self._last_rate = (now, samples)
         self._builder.add(metrics)
         assert self.recorder is not None
-        self.recorder.log([Point(k, v, ts, self._tick_n) for k, v in self._changed(metrics, now, last)])
+        self.recorder.log(self._changed(metrics, now, ts, last))
         self._tick_n += 1
 
-    def _changed(self, metrics: dict[str, float], now: float, last: bool) -> list[tuple[str, float]]:
-        """The metrics worth storing: those whose value changed, each at least every
+    def _changed(self, metrics: dict[str, float], now: float, ts: int, last: bool) -> list[Point]:
+        """The points worth storing: values that changed, each metric at least every
         ``HEARTBEAT_S``, and all of them at the end. MLflow's SQL store costs about 0.3 ms
         of CPU per point, most of a 1%-of-a-core budget; unchanged values (process count,
-        memory total, PSS between its reads) would be most of the points."""
+        memory total, PSS between its reads) would be most of the points. When a value
+        changes after a stretch of skipped ones, the last skipped point is stored too, so
+        that a rate's change is placed at the right interval, not back at the stretch's start."""
         out = []
         for k, v in metrics.items():
+            point = Point(k, v, ts, self._tick_n)
             prev = self._logged.get(k)
             if last or prev is None or prev[0] != v or now - prev[1] >= HEARTBEAT_S:
-                out.append((k, v))
+                skipped = self._skipped.pop(k, None)
+                if skipped is not None and prev is not None and prev[0] != v:
+                    out.append(skipped)
+                out.append(point)
                 self._logged[k] = (v, now)
+            else:
+                self._skipped[k] = point
         return out
 
     def _warn(self, msg: str) -> None:

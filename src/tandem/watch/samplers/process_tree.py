@@ -88,10 +88,11 @@ class ProcessTreeSampler:
         self._last: tuple[float, float] | None = None  # (time, total cpu seconds)
         self.pids: frozenset[int] = frozenset()  # the tree's live pids at the last sample
         self._fast_children = _has_children_files()
-        self._rollups: dict[int, tuple[int, int, int]] = {}  # pid -> (pss, uss, rss when read)
+        self._rollups: dict[tuple[int, float], tuple[int, int, int]] = {}  # -> (pss, uss, rss when read)
         self._rollup_due = 0.0
         self.final_cpu: tuple[float, float] | None = None  # the kernel's total at the end, if known
         self._total_cpu = 0.0
+        self._exited = (0.0, 0.0)  # CPU-seconds of the tree's processes that have ended
 
     @property
     def cpu_seconds(self) -> float:
@@ -140,6 +141,17 @@ class ProcessTreeSampler:
             tree.append(known)
         return tree
 
+    def _read_rollup(self, p: psutil.Process) -> tuple[int, int, int] | None:
+        r = memory_rollup(p.pid)
+        if r is None:
+            return None
+        try:
+            rollup = (*r, p.memory_info().rss)
+            self._rollups[(p.pid, p.create_time())] = rollup
+        except psutil.Error:
+            return None
+        return rollup
+
     def sample(self) -> dict[str, float]:
         now = time.monotonic()
         rss = pss = uss = threads = read = written = 0
@@ -149,13 +161,9 @@ class ProcessTreeSampler:
             t0 = time.perf_counter()
             self._rollups = {}
             for p in tree:
-                r = memory_rollup(p.pid)
-                if r is not None:
-                    try:
-                        self._rollups[p.pid] = (*r, p.memory_info().rss)
-                    except psutil.Error:
-                        continue
+                self._read_rollup(p)
             self._rollup_due = now + (time.perf_counter() - t0) / ROLLUP_BUDGET
+        alive: set[tuple[int, float]] = set()
         for p in tree:
             try:
                 with p.oneshot():
@@ -168,10 +176,14 @@ class ProcessTreeSampler:
                         io = None
             except (psutil.NoSuchProcess, psutil.ZombieProcess):
                 continue
-            self._cpu[(p.pid, p.create_time())] = (cpu.user, cpu.system)  # a reused pid is a new key
+            key = (p.pid, p.create_time())  # a reused pid is a new key
+            self._cpu[key] = (cpu.user, cpu.system)
+            alive.add(key)
             pids.add(p.pid)
             rss += mem.rss
-            rollup = self._rollups.get(p.pid)
+            rollup = self._rollups.get(key)
+            if rollup is None:  # a process new since the last read: read it now (once)
+                rollup = self._read_rollup(p)
             if rollup is None:
                 pss += mem.rss
                 uss += mem.rss
@@ -185,8 +197,14 @@ class ProcessTreeSampler:
             if io is not None:
                 read += io.read_bytes
                 written += io.write_bytes
-        user = sum(u for u, _ in self._cpu.values())
-        system = sum(s for _, s in self._cpu.values())
+        for key in [k for k in self._cpu if k not in alive]:  # exited: keep its CPU, drop the rest
+            u, s_ = self._cpu.pop(key)
+            self._exited = (self._exited[0] + u, self._exited[1] + s_)
+            self._rollups.pop(key, None)
+        for pid in [pid for pid in self._procs if pid not in pids]:
+            del self._procs[pid]
+        user = self._exited[0] + sum(u for u, _ in self._cpu.values())
+        system = self._exited[1] + sum(s for _, s in self._cpu.values())
         if self._base is None:
             self._base = (user, system)
         user, system = user - self._base[0], system - self._base[1]

@@ -45,6 +45,7 @@ class Recorder:
         self.opened = threading.Event()
         self.fell_back = False
         self.error: str | None = None
+        self.closed_ok = True
         self.cpu_seconds = 0.0  # the writer thread's own CPU time
         self._thread = threading.Thread(target=self._run, name="tandem-recorder", daemon=True)
         self._thread.start()
@@ -64,7 +65,7 @@ class Recorder:
         """Write what is queued, end the run; False if that did not finish in ``timeout``."""
         self._queue.put(("close", status))
         self._thread.join(timeout)
-        return not self._thread.is_alive()
+        return not self._thread.is_alive() and self.closed_ok
 
     def wait_open(self, timeout: float = 60.0) -> bool:
         return self.opened.wait(timeout)
@@ -117,7 +118,8 @@ class Recorder:
 
     def _guard(self, op: Callable[[], None], what: str) -> None:
         # ``op`` reads ``self.store`` when called, so after a fall-back it runs on the file store.
-        for attempt in range(2):
+        delays = (1.0,) if what == "open" else (1.0, 2.0, 4.0)  # a locked SQLite file, a server hiccup
+        for attempt in range(len(delays) + 1):
             try:
                 op()
                 return
@@ -127,24 +129,30 @@ class Recorder:
                     return
                 failed_where = self.store.where
                 self.error = f"{type(exc).__name__}: {exc}"
-                if what == "open" or attempt == 1:
+                if attempt == len(delays):
                     break
-                time.sleep(1.0)  # once more: a locked SQLite file or a server hiccup passes
+                time.sleep(delays[attempt])
+        if what == "end the run":
+            # Everything else is written: a new store holding only the end would help nobody.
+            self.closed_ok = False
+            self._warn(f"could not {what} in {failed_where} ({self.error}); it may show as still running")
+            return
         self.fell_back = True
         failed = self.store
         self.store = self._fallback()
         try:
             self.store.open(self.name, self._tags, self.start_ms)
         except Exception as exc:
+            self.store = _Nowhere()
             self._warn(
                 f"could not {what} in {failed_where} ({self.error}) nor open a local "
-                f"file store ({exc}); this run's metrics are lost"
+                f"file store ({exc}); this run's metrics from now on are lost"
             )
-            return
-        self._warn(
-            f"could not {what} in {failed_where} ({self.error}); "
-            f"this run's metrics from now on are kept in {self.store.where}"
-        )
+        else:
+            self._warn(
+                f"could not {what} in {failed_where} ({self.error}); "
+                f"this run's metrics from now on are kept in {self.store.where}"
+            )
         if what != "open":
             try:  # best effort: do not leave the first store's run marked as running
                 failed.set_tags({"tandem.continued_in": self.store.where})
@@ -152,3 +160,17 @@ class Recorder:
             except Exception:
                 pass
             self._guard(op, what)
+
+
+class _Nowhere:
+    """Where a run goes when neither its store nor a local file can take it: nowhere (the
+    user was warned once); the run itself goes on."""
+
+    run_id = ""
+    where = "nowhere"
+
+    def open(self, name: str, tags: dict[str, str], start_ms: int | None = None) -> None: ...
+    def log(self, points: list[Point]) -> None: ...
+    def set_tags(self, tags: dict[str, str]) -> None: ...
+    def log_artifact(self, path: Path) -> None: ...
+    def close(self, status: str) -> None: ...

@@ -122,7 +122,7 @@ class RecorderProcess:
                 if event.get("event") == "opened":
                     self.opened.set()
                 elif event.get("event") == "closed":
-                    self.ended_cleanly = True
+                    self.ended_cleanly = bool(event.get("ok", True))
                     self._closed.set()
         except (OSError, ValueError):
             pass
@@ -144,24 +144,29 @@ class RecorderProcess:
         return self.opened.wait(timeout)
 
     def close(self, status: str = "FINISHED", timeout: float = 60.0) -> bool:
-        """End the run; False (the caller warns) unless the helper said it closed it."""
+        """End the run; False (the caller warns) unless the helper said it closed it cleanly.
+
+        On a timeout the helper is not killed: it holds the points not yet written (a slow
+        store, a server retrying) and finishes on its own; it watches for this process's end."""
         deadline = time.monotonic() + timeout
         self._outbox.put(("close", status))
         self._sender.join(timeout)
         self._closed.wait(max(0.0, deadline - time.monotonic()))
-        done = self.ended_cleanly
+        if not self._closed.is_set():
+            print(f"tandem: warning: the run's writer (pid {self.pid}) is still writing to {self._where}; "
+                  "it finishes on its own", file=sys.stderr, flush=True)  # fmt: skip
+            return False
         try:
-            self._proc.wait(timeout=10 if done else 1)
+            self._proc.wait(timeout=10)
         except subprocess.TimeoutExpired:
-            self._proc.kill()
-            self._proc.wait()
+            pass  # it said it is done; it exits on its own
         for stream in (self._proc.stdin, self._proc.stdout):
             if stream is not None:
                 try:
                     stream.close()
                 except OSError:
                     pass
-        return done
+        return self.ended_cleanly
 
     @property
     def run_id(self) -> str:

@@ -63,8 +63,6 @@ def main() -> int:
         return 2
     store, name, tags, fallback_dir, flush_s = payload
     recorder = Recorder(store, name, tags, fallback_dir=fallback_dir, flush_s=flush_s)
-    recorder.wait_open(600)
-    _emit("opened", recorder)
     messages: queue.SimpleQueue = queue.SimpleQueue()
     gone = threading.Event()
 
@@ -80,6 +78,10 @@ def main() -> int:
     threading.Thread(
         target=_watch_parent, args=(parent, gone), name="tandem-writer-parent", daemon=True
     ).start()
+    # Reading starts before the store is open (MLflow's import and a slow server take
+    # seconds), so the parent's pipe never fills; the recorder queues until it is open.
+    recorder.wait_open(600)
+    _emit("opened", recorder)
     status = "KILLED"  # unless the parent says otherwise
     while True:
         try:
@@ -97,9 +99,9 @@ def main() -> int:
         elif kind == "close":
             status = payload
             break
-    recorder.close(status, timeout=300)
+    ok = recorder.close(status, timeout=300)
     t = os.times()  # the helper's whole CPU time: imports, store, every write
-    _emit("closed", recorder, cpu_seconds=t.user + t.system)
+    _emit("closed", recorder, cpu_seconds=t.user + t.system, ok=ok)
     try:
         _events.close()
     except OSError:
