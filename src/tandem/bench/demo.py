@@ -30,11 +30,7 @@ def _open_store() -> str:
     from tandem.watch.sinks.store import MlflowStore
 
     store = MlflowStore()
-    store.open("demo-store-check", {})
-    store.close("FINISHED")
-    from mlflow.tracking import MlflowClient
-
-    MlflowClient(store.uri).delete_run(store.run_id)  # only there to open the store
+    store.prepare()
     return store.uri
 
 

@@ -147,6 +147,10 @@ def _from_dir(path: Path) -> RunData:
     return data
 
 
+def _quote(value: str) -> str:
+    return value.replace("'", "\\'")  # inside an MLflow filter string's quotes
+
+
 def load_runs(
     refs: Sequence[str], uri: str | None = None, keys: Sequence[str] | None = None
 ) -> list[RunData]:
@@ -161,7 +165,7 @@ def load_runs(
         if client is None:
             client = _client(uri)
         if ref.startswith("group:"):
-            group = ref.removeprefix("group:").replace("'", "\\'")
+            group = _quote(ref.removeprefix("group:"))
             found = client.search_runs(
                 _all_experiments(client),
                 filter_string=f"tags.{GROUP_TAG} = '{group}'",
@@ -173,7 +177,7 @@ def load_runs(
             except Exception:
                 found = []
         else:
-            quoted = ref.replace("'", "\\'")
+            quoted = _quote(ref)
             found = client.search_runs(
                 _all_experiments(client),
                 filter_string=f"attributes.run_name = '{quoted}'",
@@ -212,18 +216,15 @@ def _grid(curves: list[list[tuple[float, float]]]) -> list[float]:
     return [lo + i * (hi - lo) / max(n - 1, 1) for i in range(n)]
 
 
-def _mean_rate(curve: list[tuple[float, float]], cum: list[float], a: float, b: float) -> float:
-    """Time-weighted mean over (a, b] of a rate curve whose value i covers (t[i-1], t[i]]."""
-
-    def integral(t: float) -> float:
-        if t <= curve[0][0]:
-            return 0.0
-        i = bisect.bisect_left(curve, (t, -math.inf))
-        if i >= len(curve):
-            return cum[-1]
-        return cum[i - 1] + curve[i][1] * (t - curve[i - 1][0])
-
-    return (integral(b) - integral(a)) / (b - a) if b > a else 0.0
+def _integral(curve: list[tuple[float, float]], cum: list[float], t: float) -> float:
+    """The integral up to ``t`` of a rate curve whose value i covers (t[i-1], t[i]];
+    ``cum[i]`` is the integral up to t[i]."""
+    if t <= curve[0][0]:
+        return 0.0
+    i = bisect.bisect_left(curve, (t, -math.inf))
+    if i >= len(curve):
+        return cum[-1]
+    return cum[i - 1] + curve[i][1] * (t - curve[i - 1][0])
 
 
 def _total(curves: list[list[tuple[float, float]]], panel: Panel) -> tuple[list[float], list[float]]:
@@ -234,15 +235,14 @@ def _total(curves: list[list[tuple[float, float]]], panel: Panel) -> tuple[list[
     curves = [c for c in curves if c]
     grid = _grid(curves)
     if panel.rate:
-        cums = []
+        area = [0.0] * len(grid)  # the group's integral up to each grid time
         for c in curves:
             cum = [0.0]
             for (t0, _), (t1, v1) in zip(c, c[1:]):
                 cum.append(cum[-1] + v1 * (t1 - t0))
-            cums.append(cum)
-        total = [0.0] + [
-            sum(_mean_rate(c, cum, a, b) for c, cum in zip(curves, cums)) for a, b in zip(grid, grid[1:])
-        ]
+            for i, t in enumerate(grid):
+                area[i] += _integral(c, cum, t)
+        total = [0.0] + [(area[i + 1] - area[i]) / (grid[i + 1] - grid[i]) for i in range(len(grid) - 1)]
         return grid, total
     total = [
         sum(_at(c, t) for c in curves if c[0][0] <= t and (panel.cumulative or t <= c[-1][0])) for t in grid
@@ -305,7 +305,8 @@ def plot(runs: list[RunData], out: Path, panels: Sequence[Panel] = DEFAULT_PANEL
                 devices: set[str] = set()
                 for r in group_runs:
                     base = t0 if r.group else _start(r)
-                    for key, points in _lines(r, panel):
+                    lines = _lines(r, panel)
+                    for key, points in lines:
                         xy = [((t - base) / 1000.0, v * panel.scale) for t, v in points]
                         if not panel.rate and xy and xy[-1][0] < (end := (_end(r) - base) / 1000.0):
                             xy.append((end, xy[-1][1]))  # an unchanged value was not stored again
@@ -318,7 +319,7 @@ def plot(runs: list[RunData], out: Path, panels: Sequence[Panel] = DEFAULT_PANEL
                                 devices.add(device)
                         suffix = ""
                         m = re.search(r"(gpu_\d+|consumer_\d+)", key)
-                        if m and len(_lines(r, panel)) > 1:
+                        if m and len(lines) > 1:
                             suffix = f" {m.group(1)}"
                         ax.plot(
                             [x for x, _ in xy],

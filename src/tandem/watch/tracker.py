@@ -57,7 +57,7 @@ def _valid_key(k: str) -> bool:
 def check_tags(tags: Mapping[str, Any]) -> dict[str, str]:
     out = {}
     for k, v in tags.items():
-        if not k or not set(k) <= _TAG_KEY_OK:
+        if not _valid_key(k):
             raise ValueError(f"tag key {k!r} is not valid: use letters, digits, '_', '-', '.', '/' or spaces")
         out[k] = str(v)
     return out

@@ -16,7 +16,7 @@ import shutil
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
 from tandem.watch.sinks.csv_sink import CsvSink, Point, read_points
 
@@ -87,7 +87,10 @@ class MlflowStore:
         self.where = self.uri
         self._client = None
 
-    def open(self, name: str, tags: dict[str, str], start_ms: int | None = None) -> None:
+    def prepare(self) -> tuple[Any, str]:
+        """Import MLflow, create the store's tables and the experiment if new; return
+        ``(client, experiment id)``. Seconds of CPU the first time: the demo calls it before
+        its clocks start."""
         # MLflow prints "View run ... at ..." to stdout when a run against a server ends;
         # under ``tandem run`` that would land in the command's output.
         os.environ.setdefault("MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT", "true")
@@ -96,7 +99,10 @@ class MlflowStore:
         _quiet_mlflow()  # after the import: mlflow sets its logger up when imported
         with _sqlite_init_lock(self.uri):
             client = MlflowClient(tracking_uri=self.uri)
-            exp_id = self._experiment_id(client)
+            return client, self._experiment_id(client)
+
+    def open(self, name: str, tags: dict[str, str], start_ms: int | None = None) -> None:
+        client, exp_id = self.prepare()
         run = client.create_run(exp_id, start_time=start_ms, run_name=name, tags=tags)
         self._client, self.run_id = client, run.info.run_id
         self.where = f"{self.uri} (experiment {self.experiment!r}, run {self.run_id})"
