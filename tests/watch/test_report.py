@@ -4,13 +4,12 @@ from __future__ import annotations
 
 import socket
 import subprocess
-import sys
 import time
 import urllib.request
 
 import pytest
 
-from tests.watch.test_run import BUSY, TANDEM, tandem_run
+from tests.watch.test_run import BUSY, TANDEM, python_c, start_run, tandem, tandem_run
 
 
 @pytest.fixture(scope="module")
@@ -18,27 +17,9 @@ def tracked(tmp_path_factory):
     """A store holding a collocated pair (group g) and one run on its own."""
     root = tmp_path_factory.mktemp("report")
     store = root / "mlflow.db"
-    tandem_run(store, "-q", "-n", "solo", "-i", "0.2", "--", sys.executable, "-c", BUSY.format(s=0.6))
+    tandem_run(store, "-q", "-n", "solo", "-i", "0.2", *python_c(BUSY.format(s=0.6)))
     pair = [
-        subprocess.Popen(
-            [
-                *TANDEM,
-                "run",
-                "--store",
-                f"sqlite:///{store}",
-                "-q",
-                "-n",
-                n,
-                "-g",
-                "g",
-                "-i",
-                "0.2",
-                "--",
-                sys.executable,
-                "-c",
-                BUSY.format(s=s),
-            ]
-        )
+        start_run(store, "-q", "-n", n, "-g", "g", "-i", "0.2", *python_c(BUSY.format(s=s)))
         for n, s in (("p1", 1.0), ("p2", 0.6))
     ]
     assert all(p.wait(120) == 0 for p in pair)
@@ -46,12 +27,7 @@ def tracked(tmp_path_factory):
 
 
 def report(store, *args):
-    return subprocess.run(
-        [*TANDEM, "report", "--store", f"sqlite:///{store}", *args],
-        capture_output=True,
-        text=True,
-        timeout=180,
-    )
+    return tandem("report", "--store", f"sqlite:///{store}", *args)
 
 
 def test_png_of_a_group_and_a_run_with_summary_table(tracked, tmp_path):
@@ -85,37 +61,11 @@ def test_unknown_run_lists_recent_runs(tracked, tmp_path):
 
 def test_report_of_a_file_store_run(tmp_path):
     out = tmp_path / "runs"
-    r = subprocess.run(
-        [
-            *TANDEM,
-            "run",
-            "--sink",
-            "csv",
-            "--out",
-            str(out),
-            "-q",
-            "-n",
-            "filed",
-            "-i",
-            "0.2",
-            "--",
-            sys.executable,
-            "-c",
-            BUSY.format(s=0.5),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=180,
-    )
+    r = tandem("run", "--sink", "csv", "--out", str(out), "-q", "-n", "filed", "-i", "0.2",
+               *python_c(BUSY.format(s=0.5)), cwd=tmp_path)  # fmt: skip
     assert r.returncode == 0, r.stderr
     (run_dir,) = out.iterdir()
-    r = subprocess.run(
-        [*TANDEM, "report", str(run_dir), "-o", str(tmp_path / "f.png")],
-        capture_output=True,
-        text=True,
-        timeout=180,
-        cwd=tmp_path,
-    )
+    r = tandem("report", str(run_dir), "-o", str(tmp_path / "f.png"), cwd=tmp_path)
     assert r.returncode == 0, r.stderr
     assert (tmp_path / "f.png").stat().st_size > 10_000
 

@@ -24,16 +24,24 @@ IDLE_BIG = (
 )
 
 
+def tandem(*args: str, cwd: Path | None = None, **kw) -> subprocess.CompletedProcess:
+    """The ``tandem`` command, with its output captured."""
+    return subprocess.run([*TANDEM, *args], capture_output=True, text=True, timeout=180, cwd=cwd, **kw)
+
+
+def python_c(code: str) -> list[str]:
+    """The end of a ``tandem run`` command line that runs ``code`` in Python."""
+    return ["--", sys.executable, "-c", code]
+
+
 def tandem_run(store: Path, *args: str, cwd: Path | None = None, **kw) -> subprocess.CompletedProcess:
     """``tandem run`` against ``store``, in the store's directory (any fall-back goes there)."""
-    return subprocess.run(
-        [*TANDEM, "run", "--store", f"sqlite:///{store}", *args],
-        capture_output=True,
-        text=True,
-        timeout=180,
-        cwd=cwd or store.parent,
-        **kw,
-    )
+    return tandem("run", "--store", f"sqlite:///{store}", *args, cwd=cwd or store.parent, **kw)
+
+
+def start_run(store: Path, *args: str) -> subprocess.Popen:
+    """``tandem run`` against ``store`` in the background."""
+    return subprocess.Popen([*TANDEM, "run", "--store", f"sqlite:///{store}", *args])
 
 
 def client_for(store: Path) -> MlflowClient:
@@ -56,9 +64,7 @@ def store(tmp_path_factory) -> Path:
 def test_exit_code_output_tags_and_summary_are_stored(store, tmp_path):
     code = "import sys\nprint('to stdout')\nprint('to stderr', file=sys.stderr)\n" + BUSY.format(s=1.0)
     code += "sys.exit(3)\n"
-    r = tandem_run(
-        store, "-n", "exit3", "-i", "0.2", "-g", "g-exit", "-t", "lr=0.1", "--", sys.executable, "-c", code
-    )
+    r = tandem_run(store, "-n", "exit3", "-i", "0.2", "-g", "g-exit", "-t", "lr=0.1", *python_c(code))
     assert r.returncode == 3, r.stderr
     assert "to stdout" in r.stdout and "to stderr" in r.stderr, "output is streamed through"
     assert "CPU time" in r.stderr, "the summary table is printed"
@@ -82,44 +88,9 @@ def test_exit_code_output_tags_and_summary_are_stored(store, tmp_path):
 
 
 def test_two_concurrent_runs_each_see_only_their_own_cpu_and_memory(store):
-    busy = subprocess.Popen(
-        [
-            *TANDEM,
-            "run",
-            "--store",
-            f"sqlite:///{store}",
-            "-q",
-            "-n",
-            "c-busy",
-            "-g",
-            "pair",
-            "-i",
-            "0.25",
-            "--",
-            sys.executable,
-            "-c",
-            BUSY.format(s=3.0),
-        ]
-    )
-    idle = subprocess.Popen(
-        [
-            *TANDEM,
-            "run",
-            "--store",
-            f"sqlite:///{store}",
-            "-q",
-            "-n",
-            "c-idle",
-            "-g",
-            "pair",
-            "-i",
-            "0.25",
-            "--",
-            sys.executable,
-            "-c",
-            IDLE_BIG.format(s=3.0),
-        ]
-    )
+    pair = ("-q", "-g", "pair", "-i", "0.25")
+    busy = start_run(store, *pair, "-n", "c-busy", *python_c(BUSY.format(s=3.0)))
+    idle = start_run(store, *pair, "-n", "c-idle", *python_c(IDLE_BIG.format(s=3.0)))
     assert busy.wait(120) == 0 and idle.wait(120) == 0
     b, i = find_run(store, "c-busy").data.metrics, find_run(store, "c-idle").data.metrics
     assert b["summary/cpu_seconds"] > 1.0, b["summary/cpu_seconds"]
@@ -133,7 +104,7 @@ def test_children_started_later_are_counted(store):
         "import subprocess, sys, time\ntime.sleep(0.6)\n"
         f"subprocess.run([sys.executable, '-c', {BUSY.format(s=1.0)!r}], check=True)\n"
     )
-    r = tandem_run(store, "-q", "-n", "late-child", "-i", "0.2", "--", sys.executable, "-c", code)
+    r = tandem_run(store, "-q", "-n", "late-child", "-i", "0.2", *python_c(code))
     assert r.returncode == 0, r.stderr
     run = find_run(store, "late-child")
     assert run.data.metrics["summary/cpu_seconds"] > 0.8, "the child's CPU belongs to the run"
@@ -152,7 +123,7 @@ def test_signals_are_forwarded_and_the_exit_code_kept(store, tmp_path, sig, expe
     )
     name = f"sig-{sig.name}"
     p = subprocess.Popen(
-        [*TANDEM, "run", "--store", f"sqlite:///{store}", "-q", "-n", name, "--", sys.executable, "-c", code],
+        [*TANDEM, "run", "--store", f"sqlite:///{store}", "-q", "-n", name, *python_c(code)],
         stderr=subprocess.PIPE,
         text=True,
         cwd=tmp_path,
@@ -194,27 +165,8 @@ def test_bad_input_clear_errors(store, tmp_path):
 
 def test_unreachable_store_falls_back_to_a_local_file(tmp_path):
     (tmp_path / "not-a-dir").write_text("")  # MLflow cannot create its database under a file
-    r = subprocess.run(
-        [
-            *TANDEM,
-            "run",
-            "--store",
-            f"sqlite:///{tmp_path}/not-a-dir/mlflow.db",
-            "-q",
-            "-n",
-            "fb",
-            "-i",
-            "0.2",
-            "--",
-            sys.executable,
-            "-c",
-            BUSY.format(s=0.5),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=180,
-        cwd=tmp_path,
-    )
+    r = tandem("run", "--store", f"sqlite:///{tmp_path}/not-a-dir/mlflow.db", "-q", "-n", "fb", "-i", "0.2",
+               *python_c(BUSY.format(s=0.5)), cwd=tmp_path)  # fmt: skip
     assert r.returncode == 0, r.stderr
     assert "warning" in r.stderr and "tandem-runs" in r.stderr, r.stderr
     (run_dir,) = (tmp_path / "tandem-runs").iterdir()
@@ -228,28 +180,8 @@ def test_unreachable_store_falls_back_to_a_local_file(tmp_path):
 def test_file_sinks_csv_and_parquet(tmp_path):
     for fmt in ("csv", "parquet"):
         out = tmp_path / fmt
-        r = subprocess.run(
-            [
-                *TANDEM,
-                "run",
-                "--sink",
-                fmt,
-                "--out",
-                str(out),
-                "-q",
-                "-n",
-                f"f-{fmt}",
-                "-i",
-                "0.2",
-                "--",
-                sys.executable,
-                "-c",
-                BUSY.format(s=0.5),
-            ],
-            capture_output=True,
-            text=True,
-            timeout=180,
-        )
+        r = tandem("run", "--sink", fmt, "--out", str(out), "-q", "-n", f"f-{fmt}", "-i", "0.2",
+                   *python_c(BUSY.format(s=0.5)), cwd=tmp_path)  # fmt: skip
         assert r.returncode == 0, r.stderr
         (run_dir,) = out.iterdir()
         assert (run_dir / "metrics.csv").stat().st_size > 100
