@@ -66,7 +66,7 @@ def child_pids(pid: int) -> list[int]:
     return out
 
 
-# PSS and USS come from smaps_rollup, which walks the page tables: about 7 ms for a
+# PSS and USS come from smaps_rollup, which walks the page tables: about 6 ms for a
 # process with torch loaded. They are read at most this share of the time (RSS, from
 # the cheap stat files, every sample), so tracking stays far under 1% of a core; in
 # between, each process's PSS and USS move with its RSS.

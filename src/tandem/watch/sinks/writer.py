@@ -1,7 +1,8 @@
 """The recorder in a helper process, for ``track()`` inside a training script.
 
-Importing MLflow costs a training process about 2 CPU-seconds and 200 MB of memory, which
-would then be charged to the very run being measured. So ``track()`` starts this small
+Importing MLflow and opening a new store cost a training process about 3.7 CPU-seconds and
+180 MiB of memory (``benchmarks/watch_costs.py``), which would then be charged to the very
+run being measured. So ``track()`` starts this small
 helper (``python -m tandem.watch.sinks.writer_process``), which the process-tree sampler leaves
 out of the run, and sends it the points over a pipe.
 
