@@ -132,7 +132,7 @@ def share_ls(as_json: bool, timeout: float) -> None:
     """List the producers on this host with their consumers, positions, lag and stalls."""
     from dataclasses import asdict
 
-    from tandem.share.inspect import query_all
+    from tandem.share._stats import query_all
 
     rows = query_all(timeout)
     if as_json:

@@ -13,7 +13,7 @@ from tandem.share import (
     clone_batch,
     protocol,
 )
-from tandem.share.tree import flatten
+from tandem.share._tree import flatten
 
 from .workers import consume, serve_list, serve_range, structured_batches
 
@@ -92,15 +92,29 @@ def test_in_place_changes_stay_private_to_one_consumer(procs):
 
 def test_per_batch_messages_have_one_fixed_size_whatever_the_batch():
     def batch_message(segment_bytes: int, seq: int) -> bytes:
-        seg = protocol.Segment("host", 3, 1, segment_bytes)
-        return protocol.encode(protocol.Batch(seq, 2, 640, 64, seg, segment_bytes - 900, 900))
+        seg = protocol.Segment(kind="host", segment_id=3, slot=1, size=segment_bytes)
+        batch = protocol.Batch(
+            seq=seq, epoch=2, offset=640, count=64, segment=seg, meta_offset=segment_bytes - 900, meta_len=900
+        )
+        return protocol.encode(batch)
 
     sizes = {len(batch_message(b, seq)) for b in (1 << 20, 100 << 20, 1 << 36) for seq in (0, 10**9)}
     assert len(sizes) == 1 and sizes.pop() < 100
-    assert len(protocol.encode(protocol.Next((7,), 1.5, 100))) < 40
-    msg = protocol.Batch(9, 1, 32, 16, protocol.Segment("host", 4, 2, 1 << 20), 77, 88, 1, 2, True)
+    assert len(protocol.encode(protocol.Next(release=(7,), stall_s=1.5, samples=100, batches=9))) < 48
+    msg = protocol.Batch(
+        seq=9,
+        epoch=1,
+        offset=32,
+        count=16,
+        segment=protocol.Segment(kind="host", segment_id=4, slot=2, size=1 << 20),
+        meta_offset=77,
+        meta_len=88,
+        missed_batches=1,
+        missed_samples=2,
+        fd_attached=True,
+    )
     assert protocol.decode(protocol.encode(msg)) == msg
-    nxt = protocol.Next((3, 4), 0.25, 12)
+    nxt = protocol.Next(release=(3, 4), stall_s=0.25, samples=12, batches=3)
     assert protocol.decode(protocol.encode(nxt)) == nxt
 
 

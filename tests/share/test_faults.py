@@ -18,8 +18,8 @@ from tandem.share import (
     ProducerNotFound,
     ProducerStopped,
 )
-from tandem.share.inspect import query
-from tandem.share.registry import live_producers, lock_path, socket_path
+from tandem.share._registry import live_producers, lock_path, socket_path
+from tandem.share._stats import query
 
 from .conftest import wait_for
 from .workers import consume, consume_forever, serve_bad, serve_range
@@ -118,6 +118,15 @@ def test_consumer_for_unknown_name_waits_its_timeout_then_lists_live_producers(p
     with pytest.raises(ProducerNotFound, match=r"'typo'.*live producers: real-one"):
         Consumer("typo", timeout=1.0)
     assert 0.9 < time.monotonic() - t0 < 5
+
+
+def test_consumer_says_once_that_it_waits_and_for_whom(procs, caplog):
+    procs.start(serve_range, "real-one", 10, 5)
+    wait_for(lambda: [p.name for p in live_producers()] == ["real-one"], what="producer up")
+    with caplog.at_level("WARNING", logger="tandem.share"), pytest.raises(ProducerNotFound):
+        Consumer("late", timeout=2.5)
+    said = [r.getMessage() for r in caplog.records if "waiting" in r.getMessage()]
+    assert said == ["waiting up to 2.5 s for producer 'late' to start (live producers: real-one)"]
 
 
 def test_unsupported_element_fails_producer_and_consumers_get_the_message(procs):

@@ -9,9 +9,9 @@ consumer's copy-on-write view, never the producer's data or another consumer's.
 
 from __future__ import annotations
 
+import logging
 import math
 import os
-import socket
 import time
 import warnings
 import weakref
@@ -20,26 +20,26 @@ from typing import Any
 
 import torch
 
-from tandem.share import protocol
-from tandem.share.cuda import DeviceCopier, check_device
+from tandem.share import _table, protocol
+from tandem.share._channel import Connection, SocketChannel, TableChannel, connect, say_bye
+from tandem.share._cuda import DeviceCopier, check_device
+from tandem.share._order import Position, epoch_bounds
+from tandem.share._rebatch import Assembler, Piece
+from tandem.share._registry import live_producers, socket_path, validate_name
+from tandem.share._slab import SegmentMap
+from tandem.share._tree import flatten, unflatten
 from tandem.share.errors import (
-    ConsumerTimeout,
     MissedBatchesWarning,
     ProducerError,
     ProducerFinished,
-    ProducerGone,
     ProducerNotFound,
     ProducerStopped,
+    ProtocolError,
     RefusedByProducer,
 )
-from tandem.share.order import Position, epoch_bounds
-from tandem.share.rebatch import Assembler, Piece
-from tandem.share.registry import live_producers, socket_path, validate_name
-from tandem.share.ring import KIND_BATCH, RING_SUPPORTED, ControlBlock
-from tandem.share.slab import SegmentMap
-from tandem.share.tree import flatten, unflatten
 
-_ATTACH = object()  # _receive's default timeout: the attach timeout
+log = logging.getLogger("tandem.share")
+_SAY_WAITING_AFTER_S = 1.0  # a producer that is starting up is not worth a message
 
 
 class _Held:
@@ -99,120 +99,100 @@ class Consumer:
                 f"data_timeout must be a positive number of seconds or None, got {data_timeout!r}"
             )
         self.data_timeout = data_timeout
-        self._broken: str | None = None
         self.device = check_device(device)
         self._copier = DeviceCopier(self.device) if self.device.type == "cuda" else None
         self._segments = SegmentMap(writable_private=self._copier is None)
         if self._copier is not None:
             self._segments.on_map = self._copier.pin
-        self.stall_s = 0.0
         self.samples = 0
         self.batches = 0
         self.missed_batches = 0
         self.missed_samples = 0
         self._cur: _Held | None = None
-        self._release: list[int] = []
-        self._inflight = False  # a Next whose reply is not read yet
+        self._release: list[int] = []  # seqs done with, not handed back yet
         self._end: protocol.End | None = None
         self._k = 0  # this consumer's epoch counter
         self._closed = False
-        self._gone = False  # a send failed: the producer closed its end
-        self._welcome_fds: list[int] = []
-        self._sock = self._connect()
+        self._conn = Connection(self._connect(), name, self.timeout, self._segments)
         # Also run when the consumer is garbage-collected or the interpreter exits.
-        self._finalizer = weakref.finalize(self, _release_resources, self._sock, self._segments)
-        welcome, control_fd = self._hello()
-        self.producer_pid = welcome.pid
+        self._finalizer = weakref.finalize(self, _release_resources, self._conn.sock, self._segments)
+        welcome = self._hello()
+        self.producer_pid = self._conn.producer_pid = welcome.pid
         self.policy = welcome.policy
-        # Under "wait", take announced batches straight from shared memory (see ring.py).
-        control = ControlBlock.from_fd(control_fd)
-        self._index = welcome.consumer_index
-        self._control: ControlBlock | None = None
-        self._taken = 0  # under "wait": the next seq to take (this consumer's cursor)
-        if self.policy == "wait" and RING_SUPPORTED:
-            self._control = control
-            self._taken = control.taken(self._index)
+        wait_copies = self._copier.wait if self._copier is not None else _nothing
+        if welcome.transport == "table":
+            table = _table.AnnouncementTable.from_fd(self._conn.welcome_fds.pop())
+            self._channel: SocketChannel | TableChannel = TableChannel(
+                self._conn, table, welcome.table_index, self._segments, self._progress, wait_copies
+            )
         else:
-            control.close()
+            self._channel = SocketChannel(self._conn, self._progress, wait_copies)
         self.start: Position = (welcome.start_epoch, welcome.start_offset)
         self._pos: Position = self.start
         self._samples_per_epoch = welcome.samples_per_epoch
         self._producer_batch = welcome.batch_size
 
+    @property
+    def stall_s(self) -> float:
+        """Seconds this consumer has waited for the producer's data."""
+        return self._channel.stall_s
+
+    @property
+    def transport(self) -> str:
+        """How entries reach this consumer: ``"table"`` or ``"socket"`` (see ``protocol``)."""
+        return self._channel.transport
+
+    def _progress(self) -> tuple[float, int, int, Position]:
+        return self._channel.stall_s, self.samples, self.batches, self._pos
+
     # ------------------------------------------------------------------ connection
-    def _connect(self) -> socket.socket:
+    def _connect(self):
         path = socket_path(self.name)
-        deadline = time.monotonic() + self.timeout
+        started = time.monotonic()
+        said = False
         while True:
-            sock = protocol.new_socket()
-            try:
-                sock.connect(str(path))
+            sock = connect(str(path))
+            if sock is not None:
                 return sock
-            except (FileNotFoundError, ConnectionRefusedError):
-                sock.close()
-            if time.monotonic() >= deadline:
-                live = [p.name for p in live_producers()]
+            waited = time.monotonic() - started
+            if waited >= self.timeout:
                 raise ProducerNotFound(
                     f"no producer named {self.name!r} on this host after {self.timeout:g} s; "
-                    + (f"live producers: {', '.join(live)}" if live else "no producer is live")
+                    + self._live_producers()
                     + f" (runtime dir {path.parent}). Start one with "
                     f"`tandem share serve {self.name} --loader MODULE:FUNCTION`"
                 )
+            if not said and waited >= _SAY_WAITING_AFTER_S:
+                said = True
+                live = self._live_producers()
+                log.warning("waiting up to %g s for producer %r to start (%s)", self.timeout, self.name, live)
             time.sleep(0.05)
 
-    def _hello(self) -> tuple[protocol.Welcome, int]:
+    @staticmethod
+    def _live_producers() -> str:
+        live = [p.name for p in live_producers()]
+        return f"live producers: {', '.join(live)}" if live else "no producer is live"
+
+    def _hello(self) -> protocol.Welcome:
         hello = protocol.Hello(
-            protocol.PROTOCOL_VERSION, os.getpid(), self.batch_size, self.drop_last, str(self.device)
+            version=protocol.PROTOCOL_VERSION,
+            pid=os.getpid(),
+            batch_size=self.batch_size,
+            device=str(self.device),
+            table=_table.supported(),
         )
-        self._send(hello)
-        reply = self._receive("attaching")
+        self._conn.send(hello)
+        reply = self._conn.receive("attaching", self.timeout)
         if isinstance(reply, protocol.Refused):
             self.close()
             raise RefusedByProducer(f"producer {self.name!r} refused this consumer: {reply.reason}")
         if not isinstance(reply, protocol.Welcome):
             self.close()
-            raise protocol.ProtocolError(f"expected Welcome, got {type(reply).__name__}")
-        if not self._welcome_fds:
+            raise ProtocolError(f"expected Welcome, got {type(reply).__name__}")
+        if reply.transport == "table" and not self._conn.welcome_fds:
             self.close()
-            raise protocol.ProtocolError("Welcome carried no control block")
-        return reply, self._welcome_fds.pop()
-
-    def _send(self, message: object) -> None:
-        try:
-            protocol.send(self._sock, message, timeout=self.timeout)
-        except (OSError, TimeoutError):
-            # The producer may have left a final message (End/Failed) before closing;
-            # the next receive finds it, or finds the connection closed.
-            self._gone = True
-
-    def _receive(self, doing: str, timeout: float | None | object = _ATTACH) -> object:
-        pid = getattr(self, "producer_pid", None)
-        who = f"producer {self.name!r}" + (f" (pid {pid})" if pid else "")
-        if self._broken:
-            raise ConsumerTimeout(self._broken)
-        wait = 0.5 if self._gone else (self.timeout if timeout is _ATTACH else timeout)
-        try:
-            message, fds = protocol.recv(self._sock, wait)
-        except TimeoutError:
-            # A reply may still come and would answer a later request: this consumer is done.
-            self._broken = (
-                f"no answer from {who} within {wait} s while {doing}; it may be waiting for a "
-                "stopped consumer (see `tandem share ls`). This consumer can no longer be "
-                "used; create a new one (or pass a larger timeout)"
-            )
-            raise ConsumerTimeout(self._broken) from None
-        except (EOFError, OSError) as exc:
-            raise ProducerGone(f"{who} is gone: the connection closed while {doing} ({exc})") from None
-        if isinstance(message, protocol.Batch) and message.fd_attached:
-            if not fds:
-                raise protocol.ProtocolError("batch announced a segment but carried no fd")
-            self._segments.add(message.segment, fds[0])
-        elif isinstance(message, protocol.Welcome):
-            self._welcome_fds = fds
-        else:
-            for fd in fds:
-                os.close(fd)
-        return message
+            raise ProtocolError("Welcome named the table transport but carried no table")
+        return reply
 
     # ------------------------------------------------------------------ iteration
     def __len__(self) -> int:
@@ -306,10 +286,9 @@ class Consumer:
     def _advance(self, end: Position, have: int) -> bool:
         """Take the next producer entry. Returns True, or raises at the stream's end.
 
-        Under "wait" an announced entry is taken from the control block without a system
-        call; otherwise (nothing announced yet, a segment not mapped yet, End, "skip") the
-        socket path asks the producer. Under "skip" the request for the following entry is
-        sent at once (prefetch) and carries this consumer's releases.
+        The channel brings it (from the announcement table without a system call, or over
+        the socket; see :mod:`tandem.share._channel`) and hands back what this consumer
+        released.
         """
         if self._cur is not None:
             self._release.append(self._cur.msg.seq)
@@ -317,9 +296,7 @@ class Consumer:
             self._cur = None
         if self._end is not None:
             return self._at_end(end, have)
-        reply = self._take_announced() if self._control is not None else None
-        if reply is None:
-            reply = self._ask()
+        reply = self._channel.take(self._release, self.data_timeout)
         if isinstance(reply, protocol.Batch):
             self._on_batch(reply)
         elif isinstance(reply, protocol.EpochEnd):
@@ -330,56 +307,13 @@ class Consumer:
         elif isinstance(reply, protocol.Failed):
             raise ProducerError(reply.message)
         else:
-            raise protocol.ProtocolError(f"unexpected {type(reply).__name__} from the producer")
-        if self._control is not None:
-            self._taken = reply.seq + 1
-            self._publish_progress()
+            raise ProtocolError(f"unexpected {type(reply).__name__} from the producer")
+        self._channel.taken(reply.seq, self._holding())
         return True
 
-    def _take_announced(self) -> protocol.Batch | protocol.EpochEnd | None:
-        assert self._control is not None
-        record = self._control.lookup(self._taken)
-        if record is None:
-            return None
-        epoch, offset, count, kind, slot, segment_id, size, meta_offset, meta_len = record
-        if kind != KIND_BATCH:
-            return protocol.EpochEnd(self._taken, epoch, offset)
-        segment = protocol.Segment("host", segment_id, slot, size)
-        if not self._segments.has(segment):
-            return None  # the socket path brings the segment's fd
-        return protocol.Batch(self._taken, epoch, offset, count, segment, meta_offset, meta_len)
-
-    def _ask(self) -> object:
-        """The socket path: request the entry at this consumer's cursor and wait for it."""
-        if not self._inflight:
-            self._request()
-        t0 = time.perf_counter()
-        reply = self._receive("waiting for a batch", self.data_timeout)
-        self.stall_s += time.perf_counter() - t0
-        self._inflight = False
-        if self._control is None and isinstance(reply, (protocol.Batch, protocol.EpochEnd)):
-            self._request()
-        return reply
-
-    def _publish_progress(self) -> None:
-        """Write cursor, releases and statistics to this consumer's control record."""
-        assert self._control is not None
-        if self._copier is not None:
-            self._copier.wait()  # a slot is released only once its copies to the GPU are done
-        released = self._cur.msg.seq if self._cur is not None else self._taken
-        self._release.clear()
-        self._control.write_consumer(
-            self._index, self._taken, released, self.stall_s, self.samples, self.batches,
-            self._pos[0], self._pos[1],
-        )  # fmt: skip
-
-    def _request(self) -> None:
-        """Ask for the next entry, handing back the released batches."""
-        if self._copier is not None:
-            self._copier.wait()
-        self._send(protocol.Next(tuple(self._release), self.stall_s, self.samples))
-        self._release.clear()
-        self._inflight = True
+    def _holding(self) -> int | None:
+        """The seq of the producer batch this consumer still reads, if any."""
+        return self._cur.msg.seq if self._cur is not None else None
 
     def _on_batch(self, msg: protocol.Batch) -> None:
         if msg.missed_batches:
@@ -422,20 +356,12 @@ class Consumer:
 
         The last batch's tensors must not be used afterwards (copy what you keep).
         """
-        seqs = list(self._release)
         if self._cur is not None and self._pos >= self._cur.end:
-            seqs.append(self._cur.msg.seq)
+            self._release.append(self._cur.msg.seq)
             self._segments.released(self._cur.msg.segment.slot)
             self._cur = None
-        if not seqs:
-            return
-        if self._copier is not None:
-            self._copier.wait()
-        if self._control is not None:
-            self._publish_progress()
-            return
-        self._send(protocol.Release(tuple(seqs)))
-        self._release.clear()
+        if self._release:
+            self._channel.release(self._release, self._holding())
 
     def close(self) -> None:
         """Detach from the producer (also done when the process exits or dies)."""
@@ -444,11 +370,10 @@ class Consumer:
         self._closed = True
         if self._copier is not None:
             self._copier.close()  # copies out of shared memory finish before we let go
-        try:
-            protocol.send(self._sock, protocol.Bye(), timeout=0.5)
-        except (OSError, TimeoutError):
-            pass
+        say_bye(self._conn.sock)
         self._cur = None
+        if hasattr(self, "_channel"):
+            self._channel.close()
         self._finalizer()
 
     def __enter__(self) -> Consumer:
@@ -461,6 +386,10 @@ class Consumer:
     def position(self) -> Position:
         """This consumer's position in the producer's stream: (epoch, sample offset)."""
         return self._pos
+
+
+def _nothing() -> None:
+    pass
 
 
 def _release_resources(sock, segments: SegmentMap) -> None:

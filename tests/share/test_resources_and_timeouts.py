@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from tandem.share import Consumer, ConsumerTimeout, Producer, ProducerExists, live_producers
-from tandem.share.rebatch import Assembler, Piece
-from tandem.share.tree import flatten
+from tandem.share._rebatch import Assembler, Piece
+from tandem.share._tree import flatten
 
 from .conftest import wait_for
 from .workers import serve_range, serve_slow

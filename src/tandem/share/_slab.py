@@ -25,12 +25,12 @@ import pickle
 import threading
 import time
 import warnings
-from typing import NamedTuple
+from typing import NamedTuple, Protocol
 
 import torch
 
 from tandem.share import protocol
-from tandem.share.tree import Spec
+from tandem.share._tree import Spec
 
 ALIGN = 64
 PAGE = mmap.PAGESIZE
@@ -86,37 +86,66 @@ class _HostSegment:
         self.u8 = None  # type: ignore[assignment]
         self.mm = None  # type: ignore[assignment]
 
-    def message(self) -> protocol.Segment:
-        return protocol.Segment("host", self.segment_id, self.slot, self.size)
+    def describe(self) -> protocol.Segment:
+        return protocol.Segment(kind="host", segment_id=self.segment_id, slot=self.slot, size=self.size)
+
+
+class Slab(Protocol):
+    """Producer-owned memory that batches are written into once, one slot per live batch.
+
+    The window (:mod:`tandem.share._window`) decides which slot is free; a slab only holds
+    them. ``write`` allocates the slot's segment (or a larger one) as needed and says where
+    the batch's meta is; ``segment`` describes a slot's segment for ``Batch`` messages, and
+    ``fd`` is what travels to a consumer to map it. The host slab is the one kind today; a
+    CUDA slab (kind ``"cuda"``) would send IPC handles and release slots by CUDA events.
+    """
+
+    kind: str
+
+    @property
+    def nbytes(self) -> int: ...
+
+    def write(self, slot: int, spec: Spec, leaves: list[torch.Tensor]) -> tuple[int, int]: ...
+
+    def segment(self, slot: int) -> protocol.Segment: ...
+
+    def fd(self, slot: int) -> int: ...
+
+    def close(self) -> None: ...
 
 
 class HostSlab:
-    """The producer's pool of slots in host shared memory."""
+    """The producer's pool of slots in host shared memory (anonymous memfd segments)."""
 
-    def __init__(self, label: str, slots: int):
+    kind = "host"
+
+    def __init__(self, label: str):
         self.label = label
-        self._segments: list[_HostSegment | None] = [None] * slots
+        self._segments: list[_HostSegment | None] = []
         self._next_id = 0
-
-    @property
-    def slots(self) -> int:
-        return len(self._segments)
-
-    def add_slot(self) -> int:
-        self._segments.append(None)
-        return len(self._segments) - 1
 
     @property
     def nbytes(self) -> int:
         return sum(s.size for s in self._segments if s is not None)
 
-    def segment(self, slot: int) -> _HostSegment:
+    def _segment(self, slot: int) -> _HostSegment:
         seg = self._segments[slot]
-        assert seg is not None
+        if seg is None:
+            raise KeyError(f"slot {slot} holds no segment yet")
         return seg
 
+    def segment(self, slot: int) -> protocol.Segment:
+        return self._segment(slot).describe()
+
+    def fd(self, slot: int) -> int:
+        return self._segment(slot).fd
+
     def write(self, slot: int, spec: Spec, leaves: list[torch.Tensor]) -> tuple[int, int]:
-        """Copy a flattened batch into ``slot``; returns ``(meta_offset, meta_len)``."""
+        """Copy a flattened batch into ``slot``; returns ``(meta_offset, meta_len)``.
+
+        Any slot number may be used; the slab grows to hold it."""
+        if slot >= len(self._segments):
+            self._segments.extend([None] * (slot + 1 - len(self._segments)))
         descs = []
         offset = 0
         for t in leaves:

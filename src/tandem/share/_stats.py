@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+from tandem._ipc import new_socket
 from tandem.share import protocol
-from tandem.share.registry import live_producers
+from tandem.share._registry import live_producers
 
 
 def query(path: str, timeout: float = 2.0) -> protocol.StatsReply:
-    sock = protocol.new_socket()
+    sock = new_socket()
     sock.settimeout(timeout)  # for connect
     try:
         sock.connect(path)

@@ -1,4 +1,4 @@
-"""Where producers are found on this host: a private runtime directory of socket and lock files.
+"""Where producers are found on this host: socket and lock files in the private runtime directory.
 
 Layout: ``<runtime dir>/<name>.sock`` (the producer's listening socket) and
 ``<runtime dir>/<name>.lock`` (holds the producer's pid; the producer keeps an exclusive
@@ -6,9 +6,8 @@ Layout: ``<runtime dir>/<name>.sock`` (the producer's listening socket) and
 SIGKILL included, so "is the lock free?" is an exact liveness test. A producer sweeps
 the files of dead producers when it starts, and ``tandem share ls`` ignores them.
 
-The directory is ``$TANDEM_RUNTIME_DIR``, else ``$XDG_RUNTIME_DIR/tandem``, else
-``/tmp/tandem-<uid>``; it is created with mode 0700 and refused if another user owns it or
-others can read it, so only the same user can reach a producer.
+The runtime directory (private to this user, see :mod:`tandem._ipc`) is shared with
+tandem's other local endpoints; the share files are the ``*.sock``/``*.lock`` pairs in it.
 """
 
 from __future__ import annotations
@@ -16,14 +15,13 @@ from __future__ import annotations
 import fcntl
 import os
 import re
-import stat
 from dataclasses import dataclass
 from pathlib import Path
 
+from tandem import _ipc
 from tandem.share.errors import ProducerExists, ShareError
 
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
-_SUN_PATH_MAX = 107  # sockaddr_un.sun_path is 108 bytes including the terminating NUL
 
 
 def validate_name(name: str) -> str:
@@ -36,33 +34,17 @@ def validate_name(name: str) -> str:
 
 
 def runtime_dir() -> Path:
-    explicit = os.environ.get("TANDEM_RUNTIME_DIR")
-    if explicit:
-        path = Path(explicit)
-    elif os.environ.get("XDG_RUNTIME_DIR"):
-        path = Path(os.environ["XDG_RUNTIME_DIR"]) / "tandem"
-    else:
-        path = Path("/tmp") / f"tandem-{os.getuid()}"
-    path.mkdir(mode=0o700, parents=True, exist_ok=True)
-    info = path.stat()
-    if info.st_uid != os.getuid():
-        raise ShareError(
-            f"runtime directory {path} belongs to uid {info.st_uid}, not to you "
-            f"(uid {os.getuid()}); set TANDEM_RUNTIME_DIR to a directory of your own"
-        )
-    if stat.S_IMODE(info.st_mode) & 0o077:
-        os.chmod(path, 0o700)
-    return path
+    try:
+        return _ipc.runtime_dir()
+    except _ipc.RuntimeDirError as exc:
+        raise ShareError(str(exc)) from None
 
 
 def socket_path(name: str) -> Path:
-    path = runtime_dir() / f"{validate_name(name)}.sock"
-    if len(os.fsencode(path)) > _SUN_PATH_MAX:
-        raise ShareError(
-            f"socket path {path} is longer than {_SUN_PATH_MAX} bytes, the limit of Unix "
-            "sockets; set TANDEM_RUNTIME_DIR to a shorter directory"
-        )
-    return path
+    try:
+        return _ipc.socket_file(f"{validate_name(name)}.sock")
+    except _ipc.RuntimeDirError as exc:
+        raise ShareError(str(exc)) from None
 
 
 def lock_path(name: str) -> Path:

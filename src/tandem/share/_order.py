@@ -22,6 +22,7 @@ the same set every epoch.
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
+from typing import Any
 
 import numpy as np
 import torch.utils.data
@@ -59,6 +60,70 @@ class PlannedSampler(torch.utils.data.Sampler[int]):
 
     def __len__(self) -> int:
         return self.limit
+
+
+class EpochPlanner:
+    """The sample order of a producer that owns it: one plan per epoch, cut by join points."""
+
+    def __init__(self, sampler: PlannedSampler, shuffle: bool, seed: int):
+        self.sampler = sampler
+        self.shuffle = shuffle
+        self.seed = seed
+        self._order: np.ndarray | None = None
+
+    def begin(self, epoch: int, cuts: Iterable[int], limit: int | None) -> None:
+        """Plan ``epoch``; with ``limit``, only its first ``limit`` samples are served."""
+        self._order = plan_epoch(self._order, self.sampler.size, cuts, self.shuffle, self.seed, epoch)
+        self.sampler.order = self._order
+        self.sampler.limit = self.sampler.size if limit is None else limit
+
+    def count(self, batch_size: int, offset: int) -> int:
+        """Samples in the batch at ``offset`` (the last one may be partial)."""
+        return min(batch_size, self.sampler.limit - offset)
+
+
+def planned_loader(
+    dataset: torch.utils.data.Dataset,
+    batch_size: int,
+    shuffle: bool,
+    num_workers: int,
+    collate_fn: Any,
+    seed: int,
+    prefetch_factor: int | None,
+) -> tuple[torch.utils.data.DataLoader, EpochPlanner]:
+    """A ``DataLoader`` over ``dataset`` whose order an :class:`EpochPlanner` sets."""
+    try:
+        size = len(dataset)  # type: ignore[arg-type]
+    except TypeError:
+        raise TypeError("from_dataset needs a map-style dataset with __len__") from None
+    if not isinstance(batch_size, int) or batch_size < 1:
+        raise ValueError(f"batch_size must be a positive integer, got {batch_size!r}")
+    sampler = PlannedSampler(size)
+    loader_kwargs: dict[str, Any] = {}
+    if num_workers > 0:
+        loader_kwargs["persistent_workers"] = True
+        if prefetch_factor is not None:
+            loader_kwargs["prefetch_factor"] = prefetch_factor
+    loader = torch.utils.data.DataLoader(
+        dataset,
+        batch_size=batch_size,
+        sampler=sampler,
+        num_workers=num_workers,
+        collate_fn=collate_fn,
+        drop_last=False,
+        **loader_kwargs,
+    )
+    return loader, EpochPlanner(sampler, shuffle, seed)
+
+
+def source_shape(source: object) -> tuple[int | None, int | None]:
+    """``(batch_size, samples_per_epoch)`` of a ``DataLoader`` when they are fixed, else Nones."""
+    try:
+        batch_size = source.batch_size  # type: ignore[attr-defined]
+        drop_last = source.drop_last  # type: ignore[attr-defined]
+        return batch_size, len(source) * batch_size if drop_last else len(source.sampler)  # type: ignore
+    except (AttributeError, TypeError):
+        return None, None
 
 
 Position = tuple[int, int]

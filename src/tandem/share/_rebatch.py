@@ -18,8 +18,8 @@ from typing import Any
 
 import torch
 
+from tandem.share._tree import Spec, map_plain_lists, plain_lists, unflatten
 from tandem.share.errors import ShareError
-from tandem.share.tree import Spec, map_plain_lists, plain_lists, unflatten
 
 
 @dataclass(slots=True)

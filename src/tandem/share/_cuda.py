@@ -16,8 +16,8 @@ from typing import Any
 
 import torch
 
+from tandem.share._tree import flatten, unflatten
 from tandem.share.errors import ShareError
-from tandem.share.tree import flatten, unflatten
 
 _HOST_REGISTER_READ_ONLY = 0x08  # cudaHostRegisterReadOnly
 

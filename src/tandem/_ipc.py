@@ -1,0 +1,148 @@
+"""Local IPC plumbing shared by tandem's processes: the private runtime directory and framed
+Unix sockets.
+
+Every tandem endpoint on a host (a ``tandem.share`` producer today, the job manager's daemon
+next) is a ``SOCK_SEQPACKET`` Unix socket in one private directory: ``$TANDEM_RUNTIME_DIR``,
+else ``$XDG_RUNTIME_DIR/tandem``, else ``/tmp/tandem-<uid>``. The directory is created with
+mode 0700 and refused if another user owns it, so only the same user can reach an endpoint;
+nothing listens on a network interface.
+
+Seqpacket keeps message boundaries (one ``send_packet`` is one ``recv_packet``), carries file
+descriptors (``SCM_RIGHTS``) and shows each side the other's death at once as end-of-file, so
+no heartbeats are needed. What the packets mean is each subsystem's protocol, not this
+module's (see :mod:`tandem.share.protocol`).
+
+Sockets stay in blocking mode and every call first tries without waiting (``MSG_DONTWAIT``):
+a packet that is already there costs one system call. Python's own socket timeouts would
+``poll()`` before every send and receive, and ``settimeout()`` costs two ``fcntl()`` calls;
+on a busy or virtualised host each is tens of microseconds on the hand-off path.
+"""
+
+from __future__ import annotations
+
+import array
+import os
+import select
+import socket
+import stat
+from pathlib import Path
+
+MAX_PACKET = 1 << 16  # control messages are small; a producer's statistics are the largest
+MAX_FDS = 4
+SUN_PATH_MAX = 107  # sockaddr_un.sun_path is 108 bytes including the terminating NUL
+_FDS_SPACE = socket.CMSG_SPACE(MAX_FDS * array.array("i").itemsize)
+
+
+class RuntimeDirError(OSError):
+    """The runtime directory or a socket path in it cannot be used safely."""
+
+
+def runtime_dir() -> Path:
+    """The private (0700) directory of this user's tandem sockets, created if needed."""
+    explicit = os.environ.get("TANDEM_RUNTIME_DIR")
+    if explicit:
+        path = Path(explicit)
+    elif os.environ.get("XDG_RUNTIME_DIR"):
+        path = Path(os.environ["XDG_RUNTIME_DIR"]) / "tandem"
+    else:
+        path = Path("/tmp") / f"tandem-{os.getuid()}"
+    path.mkdir(mode=0o700, parents=True, exist_ok=True)
+    info = path.stat()
+    if info.st_uid != os.getuid():
+        raise RuntimeDirError(
+            f"runtime directory {path} belongs to uid {info.st_uid}, not to you "
+            f"(uid {os.getuid()}); set TANDEM_RUNTIME_DIR to a directory of your own"
+        )
+    if stat.S_IMODE(info.st_mode) & 0o077:
+        os.chmod(path, 0o700)
+    return path
+
+
+def socket_file(filename: str) -> Path:
+    """``runtime_dir() / filename``, refused if too long for a Unix socket address."""
+    path = runtime_dir() / filename
+    if len(os.fsencode(path)) > SUN_PATH_MAX:
+        raise RuntimeDirError(
+            f"socket path {path} is longer than {SUN_PATH_MAX} bytes, the limit of Unix "
+            "sockets; set TANDEM_RUNTIME_DIR to a shorter directory"
+        )
+    return path
+
+
+def new_socket() -> socket.socket:
+    return socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+
+
+def listen(path: Path, backlog: int = 64) -> socket.socket:
+    """A non-blocking listening socket at ``path``, readable and writable by this user only."""
+    sock = new_socket()
+    old_umask = os.umask(0o177)
+    try:
+        sock.bind(str(path))
+    except BaseException:
+        sock.close()
+        raise
+    finally:
+        os.umask(old_umask)
+    sock.listen(backlog)
+    sock.setblocking(False)
+    return sock
+
+
+def _wait(sock: socket.socket, events: int, timeout: float | None) -> None:
+    poller = select.poll()
+    poller.register(sock, events | select.POLLERR | select.POLLHUP)
+    if not poller.poll(None if timeout is None else max(0, int(timeout * 1000))):
+        raise TimeoutError(f"no progress on the socket within {timeout:g} s")
+
+
+def send_packet(
+    sock: socket.socket, data: bytes, fds: tuple[int, ...] = (), timeout: float | None = 2.0
+) -> None:
+    """Send ``data`` (and optionally file descriptors) as one packet."""
+    if len(data) > MAX_PACKET:
+        raise ValueError(f"packet of {len(data)} bytes exceeds {MAX_PACKET}")
+    ancillary = [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", fds))] if fds else []
+    while True:
+        try:
+            sock.sendmsg([data], ancillary, socket.MSG_DONTWAIT)
+            return
+        except BlockingIOError:
+            _wait(sock, select.POLLOUT, timeout)
+
+
+def recv_packet(sock: socket.socket, timeout: float | None = None) -> tuple[bytes, list[int]]:
+    """Receive one packet and the file descriptors it carries (close-on-exec).
+
+    A closed or reset connection raises ``EOFError``; nothing within ``timeout`` seconds
+    raises ``TimeoutError``.
+    """
+    while True:
+        try:
+            # recvmsg itself: socket.recv_fds ignores its flags argument on Python < 3.12
+            data, ancillary, _flags, _addr = sock.recvmsg(
+                MAX_PACKET, _FDS_SPACE, socket.MSG_DONTWAIT | socket.MSG_CMSG_CLOEXEC
+            )
+            break
+        except BlockingIOError:
+            _wait(sock, select.POLLIN, timeout)
+        except ConnectionResetError as exc:
+            raise EOFError("connection reset by peer") from exc
+    fds: list[int] = []
+    for level, kind, payload in ancillary:
+        if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
+            received = array.array("i")
+            received.frombytes(payload[: len(payload) - len(payload) % received.itemsize])
+            fds += received
+    if not data:
+        close_fds(fds)
+        raise EOFError("peer closed the connection")
+    return data, fds
+
+
+def close_fds(fds: list[int]) -> None:
+    for fd in fds:
+        try:
+            os.close(fd)
+        except OSError:
+            pass

@@ -1,0 +1,244 @@
+"""A consumer's channel to its producer: the connection, and the transport that carries entries.
+
+:class:`Connection` is the consumer's socket: sending with a timeout, receiving with clear
+errors (a timeout leaves the consumer unusable, since a late reply would answer a later
+request; end-of-file means the producer is gone), and mapping each segment whose fd arrives.
+
+On top of it one of two channels, as the producer chose in ``Welcome.transport`` (see
+:mod:`tandem.share.protocol`). The consumer only ever calls :meth:`take` (the next entry)
+and :meth:`release` (hand back batches now) and never asks which channel it has:
+
+:class:`SocketChannel`
+    Every entry through ``Next``, one kept in flight (prefetch); releases ride on ``Next``
+    or go in ``Release``.
+:class:`TableChannel`
+    Announced entries straight from the announcement table, without a system call; the
+    socket only for what is not announced yet, segments not mapped yet, and the end. The
+    cursor and releases are published in the consumer's table record.
+"""
+
+from __future__ import annotations
+
+import socket
+import time
+from collections.abc import Callable
+
+from tandem._ipc import close_fds, new_socket
+from tandem.share import protocol
+from tandem.share._slab import SegmentMap
+from tandem.share._table import AnnouncementTable, ConsumerRecord, EntryKind
+from tandem.share.errors import ConsumerTimeout, ProducerGone, ProtocolError
+
+# Everything the producer is told about this consumer's progress: (stall_s, samples,
+# batches, (epoch, offset)); a callable, since the consumer's counters move on every batch.
+Progress = Callable[[], tuple[float, int, int, tuple[int, int]]]
+
+
+class Connection:
+    """The consumer's socket to its producer."""
+
+    def __init__(self, sock: socket.socket, name: str, timeout: float, segments: SegmentMap):
+        self.sock = sock
+        self.name = name
+        self.timeout = timeout
+        self.producer_pid: int | None = None
+        self._segments = segments
+        self._broken: str | None = None  # why this consumer can no longer be used
+        self._gone = False  # a send failed: the producer closed its end
+        self.welcome_fds: list[int] = []
+
+    def send(self, message: object) -> None:
+        try:
+            protocol.send(self.sock, message, timeout=self.timeout)
+        except (OSError, TimeoutError):
+            # The producer may have left a final message (End/Failed) before closing;
+            # the next receive finds it, or finds the connection closed.
+            self._gone = True
+
+    def receive(self, doing: str, timeout: float | None) -> object:
+        who = f"producer {self.name!r}" + (f" (pid {self.producer_pid})" if self.producer_pid else "")
+        if self._broken:
+            raise ConsumerTimeout(self._broken)
+        wait = 0.5 if self._gone else timeout
+        try:
+            message, fds = protocol.recv(self.sock, wait)
+        except TimeoutError:
+            # A reply may still come and would answer a later request: this consumer is done.
+            self._broken = (
+                f"no answer from {who} within {wait} s while {doing}; it may be waiting for a "
+                "stopped consumer (see `tandem share ls`). This consumer can no longer be "
+                "used; create a new one (or pass a larger timeout)"
+            )
+            raise ConsumerTimeout(self._broken) from None
+        except (EOFError, OSError) as exc:
+            raise ProducerGone(f"{who} is gone: the connection closed while {doing} ({exc})") from None
+        if isinstance(message, protocol.Batch) and message.fd_attached:
+            if not fds:
+                raise ProtocolError("batch announced a segment but carried no fd")
+            self._segments.add(message.segment, fds[0])
+        elif isinstance(message, protocol.Welcome):
+            self.welcome_fds = fds
+        else:
+            close_fds(fds)
+        return message
+
+
+def connect(path: str) -> socket.socket | None:
+    """A socket connected to ``path``, or None if no producer listens there (yet)."""
+    sock = new_socket()
+    try:
+        sock.connect(path)
+        return sock
+    except (FileNotFoundError, ConnectionRefusedError):
+        sock.close()
+        return None
+
+
+class SocketChannel:
+    """Every entry through ``Next``, with one ``Next`` kept in flight."""
+
+    transport = "socket"
+
+    def __init__(
+        self,
+        conn: Connection,
+        progress: Progress,
+        before_release: Callable[[], None],
+        prefetch: bool = True,
+    ):
+        self._conn = conn
+        self._progress = progress
+        self._before_release = before_release  # a GPU copy out of a slot must finish first
+        self._prefetch = prefetch
+        self._inflight = False  # a Next whose reply is not read yet
+        self.stall_s = 0.0
+
+    def take(self, releases: list[int], data_timeout: float | None) -> object:
+        """The next entry; ``releases`` (seqs handed back) are sent and cleared."""
+        if not self._inflight:
+            self._request(releases)
+        t0 = time.perf_counter()
+        reply = self._conn.receive("waiting for a batch", data_timeout)
+        self.stall_s += time.perf_counter() - t0
+        self._inflight = False
+        if self._prefetch and isinstance(reply, (protocol.Batch, protocol.EpochEnd)):
+            self._request(releases)  # prefetch: the producer prepares the reply meanwhile
+        return reply
+
+    def taken(self, seq: int, holding: int | None) -> None:
+        """The producer moved this consumer's cursor when it replied: nothing to publish."""
+
+    def release(self, releases: list[int], holding: int | None) -> None:
+        if releases:
+            self._before_release()
+            self._conn.send(protocol.Release(tuple(releases)))
+            releases.clear()
+
+    def _request(self, releases: list[int]) -> None:
+        self._before_release()
+        stall_s, samples, batches, _ = self._progress()
+        self._conn.send(
+            protocol.Next(release=tuple(releases), stall_s=stall_s, samples=samples, batches=batches)
+        )
+        releases.clear()
+        self._inflight = True
+
+    def close(self) -> None:
+        pass
+
+
+class TableChannel:
+    """Announced entries from the table; the socket channel for everything else."""
+
+    transport = "table"
+
+    def __init__(
+        self,
+        conn: Connection,
+        table: AnnouncementTable,
+        index: int,
+        segments: SegmentMap,
+        progress: Progress,
+        before_release: Callable[[], None],
+    ):
+        self._table = table
+        self._index = index
+        self._segments = segments
+        self._progress = progress
+        self._before_release = before_release
+        # Never prefetch here: the reply to a Next in flight could arrive after its entry
+        # was taken from the table, and answer the wrong request.
+        self._socket = SocketChannel(conn, progress, before_release, prefetch=False)
+        self._taken = table.taken(index)  # this consumer's cursor: the next seq to take
+
+    @property
+    def stall_s(self) -> float:
+        return self._socket.stall_s
+
+    def take(self, releases: list[int], data_timeout: float | None) -> object:
+        reply = self._take_announced()
+        if reply is None:
+            reply = self._socket.take(releases, data_timeout)
+        return reply
+
+    def taken(self, seq: int, holding: int | None) -> None:
+        """Entry ``seq`` is this consumer's now: move the cursor past it and publish."""
+        self._taken = seq + 1
+        self._publish(holding)
+
+    def _take_announced(self) -> protocol.Batch | protocol.EpochEnd | None:
+        record = self._table.lookup(self._taken)
+        if record is None:
+            return None
+        if record.kind != EntryKind.BATCH:
+            return protocol.EpochEnd(seq=self._taken, epoch=record.epoch, samples=record.offset)
+        segment = protocol.Segment(
+            kind="host", segment_id=record.segment_id, slot=record.slot, size=record.segment_size
+        )
+        if not self._segments.has(segment):
+            return None  # the socket path brings the segment's fd
+        return protocol.Batch(
+            seq=self._taken,
+            epoch=record.epoch,
+            offset=record.offset,
+            count=record.count,
+            segment=segment,
+            meta_offset=record.meta_offset,
+            meta_len=record.meta_len,
+        )
+
+    def release(self, releases: list[int], holding: int | None) -> None:
+        self._publish(holding)
+        releases.clear()
+
+    def _publish(self, holding: int | None) -> None:
+        """Write cursor, releases and statistics to this consumer's table record.
+
+        Releases are in order: every seq below the batch still held (or below the cursor)
+        is released.
+        """
+        self._before_release()
+        stall_s, samples, batches, (epoch, offset) = self._progress()
+        self._table.write_consumer(
+            self._index,
+            ConsumerRecord(
+                taken=self._taken,
+                released=holding if holding is not None else self._taken,
+                stall_s=stall_s,
+                samples=samples,
+                batches=batches,
+                epoch=epoch,
+                offset=offset,
+            ),
+        )
+
+    def close(self) -> None:
+        self._table.close()
+
+
+def say_bye(sock: socket.socket) -> None:
+    """Detach politely; a producer that is gone already needs no goodbye."""
+    try:
+        protocol.send(sock, protocol.Bye(), timeout=0.5)
+    except (OSError, TimeoutError):
+        pass

@@ -1,0 +1,422 @@
+"""The producer's control side: the thread that accepts consumers and answers their requests.
+
+One thread runs a selector over the listening socket and every consumer's connection. It
+admits consumers (``Hello`` → ``Welcome``, choosing each one's transport and join point),
+answers ``Next`` from the window, takes ``Release``/``Bye``, answers ``Stats``, and detaches
+a consumer whose connection closes (a dead consumer is seen at once as end-of-file).
+
+Everything it touches is guarded by the producer's lock (``cond``); the produce loop calls
+:meth:`ControlServer.published` (lock held) after each entry, which answers the consumers
+that were waiting for it. Every wait has a timeout, so a stop is seen within ``TICK``.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import os
+import selectors
+import socket
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from tandem._ipc import close_fds
+from tandem.share import _table, protocol
+from tandem.share._slab import Slab
+from tandem.share._transport import Link, SocketLink, TableLink
+from tandem.share._window import Entry, Window
+from tandem.share.protocol import EntryKind
+
+log = logging.getLogger("tandem.share")
+
+TICK = 0.2  # longest sleep of any wait, so stops and signals are seen promptly
+WARN_BLOCKED_S = 30.0  # say who holds things up after this long
+MAX_CONSUMERS = 64
+
+
+@dataclass(slots=True, kw_only=True)
+class Attached:
+    """The producer's record of one attached consumer."""
+
+    cid: int
+    sock: socket.socket
+    pid: int
+    batch_size: int | None
+    device: str
+    start: tuple[int, int]
+    cut: int  # its join offset within the epoch it joined (0: at an epoch start)
+    link: Link
+    table_index: int
+    segments: set[int] = field(default_factory=set)  # segment ids whose fd it has
+    waiting: bool = False  # it asked for an entry not published yet
+    done: bool = False  # it was sent End or Failed
+    missed_pending: tuple[int, int] = (0, 0)  # (batches, samples) skipped, not told yet
+    missed_batches: int = 0
+    attached_at: float = field(default_factory=time.monotonic)
+    # (time, batches delivered) at each publish: batches/s for `tandem share ls`
+    progress: collections.deque = field(default_factory=lambda: collections.deque(maxlen=64))
+
+
+class ControlServer:
+    """Admits consumers and answers them from the window (see the module docstring)."""
+
+    def __init__(
+        self,
+        name: str,
+        window: Window,
+        slab: Slab,
+        cond: threading.Condition,
+        stats: Callable[[], protocol.StatsReply],
+        on_error: Callable[[str], None],
+    ):
+        self.name = name
+        self.window = window
+        self.slab = slab
+        self.cond = cond
+        self.table = _table.AnnouncementTable.create(
+            f"{name}:{os.getpid()}", 4 * window.size + 64, MAX_CONSUMERS
+        )
+        self.consumers: dict[int, Attached] = {}
+        self.ever_attached = False
+        self._stats = stats
+        self._on_error = on_error
+        self._free_indices = list(range(MAX_CONSUMERS - 1, -1, -1))
+        self._next_cid = 1
+        self._listener: socket.socket | None = None
+        self._wake_r, self._wake_w = socket.socketpair()
+        self._closing = False
+        self._thread: threading.Thread | None = None
+
+    def links(self) -> list[Link]:
+        return [c.link for c in self.consumers.values()]
+
+    # --------------------------------------------------------------------- lifecycle
+    def start(self, listener: socket.socket) -> None:
+        self._listener = listener
+        self._thread = threading.Thread(target=self._loop, name=f"tandem-producer-{self.name}", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        """End the thread and detach every consumer (lock not held)."""
+        with self.cond:
+            self._closing = True
+        try:
+            self._wake_w.send(b"x")
+        except OSError:
+            pass
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+        with self.cond:
+            for c in list(self.consumers.values()):
+                self.detach(c, "producer closed")
+        self.close()
+
+    def close(self) -> None:
+        """Free the table, the wake-up pair and the listener (idempotent)."""
+        if self._wake_r.fileno() == -1:
+            return
+        if self._listener is not None:
+            self._listener.close()
+        self.table.close()
+        self._wake_r.close()
+        self._wake_w.close()
+
+    # --------------------------------------------------------------------- the thread
+    def _loop(self) -> None:
+        sel = selectors.DefaultSelector()
+        assert self._listener is not None
+        sel.register(self._listener, selectors.EVENT_READ, None)
+        sel.register(self._wake_r, selectors.EVENT_READ, "wake")
+        conns: dict[socket.socket, Attached | None] = {}
+        try:
+            while not self._closing:
+                for key, _ in sel.select(timeout=TICK):
+                    if key.data == "wake":
+                        continue
+                    if key.data is None:
+                        self._accept(sel, conns)
+                    else:
+                        self._on_message(sel, conns, key.fileobj)  # type: ignore[arg-type]
+        except Exception:  # the control thread must never die silently
+            log.exception("producer %r: control thread failed", self.name)
+            self._on_error("control thread failed")
+        finally:
+            for s in list(conns):
+                sel.unregister(s)
+                s.close()
+            sel.close()
+
+    def _accept(self, sel: selectors.BaseSelector, conns: dict) -> None:
+        assert self._listener is not None
+        try:
+            conn, _ = self._listener.accept()
+        except BlockingIOError:
+            return
+        conn.setblocking(True)  # protocol.send/recv never block without a timeout
+        conns[conn] = None
+        sel.register(conn, selectors.EVENT_READ, "conn")
+
+    def _on_message(self, sel: selectors.BaseSelector, conns: dict, conn: socket.socket) -> None:
+        consumer = conns.get(conn)
+        try:
+            message, fds = protocol.recv(conn)
+            close_fds(fds)
+        except (EOFError, OSError, protocol.ProtocolError) as exc:
+            sel.unregister(conn)
+            conns.pop(conn, None)
+            if consumer is not None:
+                with self.cond:
+                    self.detach(consumer, f"disconnected ({exc})")
+            conn.close()
+            return
+        with self.cond:
+            if isinstance(message, protocol.Next) and consumer is not None:
+                self._released(consumer, message.release)
+                consumer.link.reported(message.stall_s, message.samples, message.batches)
+                self.reply(consumer)
+            elif isinstance(message, protocol.Release) and consumer is not None:
+                self._released(consumer, message.seqs)
+            elif isinstance(message, protocol.Hello) and consumer is None:
+                conns[conn] = self._attach(conn, message)
+            elif isinstance(message, protocol.Stats):
+                _send_quietly(conn, self._stats())
+            elif isinstance(message, protocol.Bye) and consumer is not None:
+                self.detach(consumer, "said goodbye")
+                conns[conn] = None
+            else:
+                _send_quietly(conn, protocol.Refused(f"unexpected {type(message).__name__}"))
+
+    def _released(self, c: Attached, seqs: tuple[int, ...]) -> None:
+        if seqs:
+            c.link.released(seqs)
+            self.cond.notify_all()
+
+    # ------------------------------------------------------------- replies (lock held)
+    def reply(self, c: Attached) -> None:
+        """Send ``c`` the entry at its cursor, or mark it waiting for one."""
+        entry = self.window.entries.get(self.window.next_live(c.link.cursor()))
+        if entry is None:
+            c.waiting = True
+            return
+        c.waiting = False
+        fds: tuple[int, ...] = ()
+        message = entry.message
+        if entry.kind == EntryKind.BATCH:
+            seg = message.segment  # type: ignore[attr-defined]
+            attach = seg.segment_id not in c.segments
+            if attach:
+                fds = (self.slab.fd(seg.slot),)
+            missed_batches, missed_samples = c.missed_pending
+            if attach or missed_batches:
+                message = message._replace(  # type: ignore[attr-defined]
+                    missed_batches=missed_batches, missed_samples=missed_samples, fd_attached=attach
+                )
+            c.missed_batches += missed_batches
+            c.missed_pending = (0, 0)
+        try:
+            protocol.send(c.sock, message, fds)
+        except OSError as exc:
+            self.detach(c, f"send failed: {exc}")
+            return
+        if entry.kind == EntryKind.BATCH:
+            c.segments.add(message.segment.segment_id)  # type: ignore[attr-defined]
+            end = (entry.epoch, entry.offset + entry.count)
+        elif entry.kind == EntryKind.EPOCH_END:
+            end = (entry.epoch + 1, 0)
+        else:
+            c.done = True
+            end = (entry.epoch, entry.offset)
+        c.link.sent(entry.seq, entry.kind, end)
+
+    def published(self, entry: Entry) -> None:
+        """``entry`` is in the window now: announce it and answer the consumers waiting."""
+        if entry.kind in (EntryKind.BATCH, EntryKind.EPOCH_END):
+            self.table.announce(entry.seq, announcement(entry))
+        now = time.monotonic()
+        for c in list(self.consumers.values()):
+            c.progress.append((now, c.link.progress().batches))
+            if c.waiting:
+                self.reply(c)
+        self.cond.notify_all()
+
+    def missed(self, seq: int, batches: int, samples: int) -> None:
+        """Entry ``seq`` was evicted under "skip": consumers that had not taken it missed it."""
+        for c in self.consumers.values():
+            if c.link.cursor() <= seq:
+                mb, ms = c.missed_pending
+                c.missed_pending = (mb + batches, ms + samples)
+
+    def drain(self, timeout: float | None) -> None:
+        """Wait until every consumer has taken all published data (or left); then send the
+        end to those that have not asked for it (lock not held)."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        warned_at = time.monotonic()
+        end = self.window.end_seq or 0
+        with self.cond:
+            while any(c.link.cursor() < end and not c.done for c in self.consumers.values()):
+                now = time.monotonic()
+                if deadline is not None and now >= deadline:
+                    log.warning(
+                        "producer %r: leaving before %s took all published batches",
+                        self.name,
+                        self.laggards(),
+                    )
+                    break
+                if now - warned_at > WARN_BLOCKED_S:
+                    warned_at = now
+                    log.warning("producer %r: draining, waiting for %s", self.name, self.laggards())
+                self.cond.wait(TICK)
+            self.push_final()
+
+    def laggards(self) -> str:
+        """The consumers that hold the oldest entry back, for "waiting for ..." messages."""
+        blocking = {id(link) for link in self.window.blocking(self.links())}
+        slow = [f"consumer {c.cid} (pid {c.pid})" for c in self.consumers.values() if id(c.link) in blocking]
+        return ", ".join(slow) or "a consumer to attach"
+
+    def push_final(self) -> None:
+        """Send the end entry to consumers that have not asked for it yet (we are leaving)."""
+        if self.window.end_seq is None:
+            return
+        entry = self.window.entries.get(self.window.end_seq)
+        for c in list(self.consumers.values()):
+            if not c.done and entry is not None:
+                _send_quietly(c.sock, entry.message)
+                c.done = True
+
+    # --------------------------------------------------------- attach and detach (lock held)
+    def _attach(self, conn: socket.socket, hello: protocol.Hello) -> Attached | None:
+        if hello.version != protocol.PROTOCOL_VERSION:
+            _send_quietly(
+                conn,
+                protocol.Refused(
+                    f"protocol version {hello.version} is not supported by this producer "
+                    f"(version {protocol.PROTOCOL_VERSION}); install the same tandem version"
+                ),
+            )
+            return None
+        join = self.window.join_point()
+        if join is None:
+            reason = f"producer {self.name!r} is finishing and has no full epoch left to serve"
+            _send_quietly(conn, protocol.Refused(reason))
+            return None
+        if not self._free_indices:
+            _send_quietly(conn, protocol.Refused(f"producer {self.name!r} has {MAX_CONSUMERS} consumers"))
+            return None
+        cursor, start = join
+        index = self._free_indices.pop()
+        self.table.reset_consumer(index, cursor)
+        use_table = self.window.policy == "wait" and hello.table and _table.supported()
+        link: Link = TableLink(self.table, index) if use_table else SocketLink(cursor, start)
+        c = Attached(
+            cid=self._next_cid,
+            sock=conn,
+            pid=hello.pid,
+            batch_size=hello.batch_size,
+            device=hello.device,
+            start=start,
+            cut=start[1] if start[0] == self.window.epoch else 0,
+            link=link,
+            table_index=index,
+        )
+        self._next_cid += 1
+        welcome = protocol.Welcome(
+            version=protocol.PROTOCOL_VERSION,
+            name=self.name,
+            pid=os.getpid(),
+            policy=self.window.policy,
+            window=self.window.size,
+            start_epoch=start[0],
+            start_offset=start[1],
+            samples_per_epoch=self.window.samples_per_epoch,
+            batch_size=self.window.batch_size,
+            consumer_id=c.cid,
+            transport=link.transport,
+            table_index=index,
+        )
+        assert self.table.fd is not None
+        try:
+            protocol.send(conn, welcome, (self.table.fd,) if use_table else ())
+        except OSError:
+            self._free_indices.append(index)
+            return None
+        self.consumers[c.cid] = c
+        self.ever_attached = True
+        log.info("consumer %d (pid %d) attached at %s over the %s", c.cid, c.pid, start, link.transport)
+        self.cond.notify_all()
+        return c
+
+    def detach(self, c: Attached, why: str) -> None:
+        if self.consumers.pop(c.cid, None) is None:
+            return
+        self._free_indices.append(c.table_index)
+        try:
+            c.sock.shutdown(socket.SHUT_RDWR)  # a detached consumer cannot go on talking
+        except OSError:
+            pass
+        log.info("consumer %d (pid %d) detached: %s", c.cid, c.pid, why)
+        self.cond.notify_all()
+
+    # ----------------------------------------------------------------- stats (lock held)
+    def consumer_stats(self, now: float) -> tuple[protocol.ConsumerStats, ...]:
+        return tuple(self._consumer_stats(c, now) for c in self.consumers.values())
+
+    def _consumer_stats(self, c: Attached, now: float) -> protocol.ConsumerStats:
+        p = c.link.progress()
+        return protocol.ConsumerStats(
+            consumer_id=c.cid,
+            pid=c.pid,
+            batch_size=c.batch_size,
+            device=c.device,
+            transport=c.link.transport,
+            epoch=p.epoch,
+            offset=p.offset,
+            lag=max(0, self.window.next_seq - p.taken),
+            holds=p.taken - p.released,
+            batches=p.batches,
+            batches_per_s=rate(c.progress),
+            samples=p.samples,
+            stall_s=p.stall_s,
+            missed_batches=c.missed_batches,
+            attached_s=now - c.attached_at,
+        )
+
+
+_NO_SEGMENT = {"slot": 0, "segment_id": 0, "segment_size": 0, "meta_offset": 0, "meta_len": 0}
+
+
+def announcement(entry: Entry) -> _table.Announcement:
+    """The table record of a batch or an epoch end."""
+    if entry.kind == EntryKind.EPOCH_END:
+        return _table.Announcement(
+            epoch=entry.epoch, offset=entry.offset, count=0, kind=entry.kind, **_NO_SEGMENT
+        )
+    batch: protocol.Batch = entry.message  # type: ignore[assignment]
+    return _table.Announcement(
+        epoch=entry.epoch,
+        offset=entry.offset,
+        count=entry.count,
+        kind=entry.kind,
+        slot=batch.segment.slot,
+        segment_id=batch.segment.segment_id,
+        segment_size=batch.segment.size,
+        meta_offset=batch.meta_offset,
+        meta_len=batch.meta_len,
+    )
+
+
+def rate(progress: collections.deque) -> float:
+    """Per second, from (time, cumulative count) pairs."""
+    if len(progress) < 2:
+        return 0.0
+    (t0, n0), (t1, n1) = progress[0], progress[-1]
+    return (n1 - n0) / (t1 - t0) if t1 > t0 else 0.0
+
+
+def _send_quietly(conn: socket.socket, message: object) -> None:
+    try:
+        protocol.send(conn, message)
+    except OSError:
+        pass
