@@ -24,9 +24,9 @@ import time
 from collections.abc import Callable
 
 from tandem._ipc import close_fds, new_socket
-from tandem.share import protocol
+from tandem.share import _table, protocol
 from tandem.share._slab import SegmentMap
-from tandem.share._table import AnnouncementTable, ConsumerRecord, EntryKind
+from tandem.share._table import AnnouncementTable, ConsumerRecord
 from tandem.share.errors import ConsumerTimeout, ProducerGone, ProtocolError
 
 # Everything the producer is told about this consumer's progress: (stall_s, samples,
@@ -190,22 +190,10 @@ class TableChannel:
         record = self._table.lookup(self._taken)
         if record is None:
             return None
-        if record.kind != EntryKind.BATCH:
-            return protocol.EpochEnd(seq=self._taken, epoch=record.epoch, samples=record.offset)
-        segment = protocol.Segment(
-            kind="host", segment_id=record.segment_id, slot=record.slot, size=record.segment_size
-        )
-        if not self._segments.has(segment):
+        message = _table.message(self._taken, record)
+        if isinstance(message, protocol.Batch) and not self._segments.has(message.segment):
             return None  # the socket path brings the segment's fd
-        return protocol.Batch(
-            seq=self._taken,
-            epoch=record.epoch,
-            offset=record.offset,
-            count=record.count,
-            segment=segment,
-            meta_offset=record.meta_offset,
-            meta_len=record.meta_len,
-        )
+        return message
 
     def release(self, releases: list[int], holding: int | None) -> None:
         self._publish(holding)

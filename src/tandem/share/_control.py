@@ -45,7 +45,6 @@ class Attached:
     pid: int
     batch_size: int | None
     device: str
-    start: tuple[int, int]
     cut: int  # its join offset within the epoch it joined (0: at an epoch start)
     link: Link
     table_index: int
@@ -233,7 +232,9 @@ class ControlServer:
     def published(self, entry: Entry) -> None:
         """``entry`` is in the window now: announce it and answer the consumers waiting."""
         if entry.kind in (EntryKind.BATCH, EntryKind.EPOCH_END):
-            self.table.announce(entry.seq, announcement(entry))
+            self.table.announce(
+                entry.seq, _table.announcement(entry.kind, entry.epoch, entry.offset, entry.message)
+            )
         now = time.monotonic()
         for c in list(self.consumers.values()):
             c.progress.append((now, c.link.progress().batches))
@@ -316,7 +317,6 @@ class ControlServer:
             pid=hello.pid,
             batch_size=hello.batch_size,
             device=hello.device,
-            start=start,
             cut=start[1] if start[0] == self.window.epoch else 0,
             link=link,
             table_index=index,
@@ -382,29 +382,6 @@ class ControlServer:
             missed_batches=c.missed_batches,
             attached_s=now - c.attached_at,
         )
-
-
-_NO_SEGMENT = {"slot": 0, "segment_id": 0, "segment_size": 0, "meta_offset": 0, "meta_len": 0}
-
-
-def announcement(entry: Entry) -> _table.Announcement:
-    """The table record of a batch or an epoch end."""
-    if entry.kind == EntryKind.EPOCH_END:
-        return _table.Announcement(
-            epoch=entry.epoch, offset=entry.offset, count=0, kind=entry.kind, **_NO_SEGMENT
-        )
-    batch: protocol.Batch = entry.message  # type: ignore[assignment]
-    return _table.Announcement(
-        epoch=entry.epoch,
-        offset=entry.offset,
-        count=entry.count,
-        kind=entry.kind,
-        slot=batch.segment.slot,
-        segment_id=batch.segment.segment_id,
-        segment_size=batch.segment.size,
-        meta_offset=batch.meta_offset,
-        meta_len=batch.meta_len,
-    )
 
 
 def rate(progress: collections.deque) -> float:

@@ -32,7 +32,7 @@ import platform
 import struct
 from typing import NamedTuple
 
-from tandem.share.protocol import EntryKind
+from tandem.share.protocol import Batch, EntryKind, EpochEnd, Segment
 
 # The ring's read-twice check relies on the store order of x86-64 (TSO): the producer's
 # field stores are seen before its seq store. Python issues no memory fences, so on weaker
@@ -74,6 +74,45 @@ class ConsumerRecord(NamedTuple):
     batches: int
     epoch: int
     offset: int
+
+
+# The table's records and the messages they stand for, in both directions: the producer
+# announces what it would send, the consumer rebuilds what it would have received.
+_NO_SEGMENT = {"slot": 0, "segment_id": 0, "segment_size": 0, "meta_offset": 0, "meta_len": 0}
+
+
+def announcement(kind: EntryKind, epoch: int, offset: int, message: object) -> Announcement:
+    """The record of a published batch (``message`` its Batch) or epoch end."""
+    if kind == EntryKind.EPOCH_END:
+        return Announcement(epoch=epoch, offset=offset, count=0, kind=kind, **_NO_SEGMENT)
+    assert isinstance(message, Batch)
+    return Announcement(
+        epoch=epoch,
+        offset=offset,
+        count=message.count,
+        kind=kind,
+        slot=message.segment.slot,
+        segment_id=message.segment.segment_id,
+        segment_size=message.segment.size,
+        meta_offset=message.meta_offset,
+        meta_len=message.meta_len,
+    )
+
+
+def message(seq: int, record: Announcement) -> Batch | EpochEnd:
+    """The message ``record`` stands for (a host-slab segment: the only kind in the table)."""
+    if record.kind != EntryKind.BATCH:
+        return EpochEnd(seq=seq, epoch=record.epoch, samples=record.offset)
+    segment = Segment(kind="host", segment_id=record.segment_id, slot=record.slot, size=record.segment_size)
+    return Batch(
+        seq=seq,
+        epoch=record.epoch,
+        offset=record.offset,
+        count=record.count,
+        segment=segment,
+        meta_offset=record.meta_offset,
+        meta_len=record.meta_len,
+    )
 
 
 _HEADER = struct.Struct("<8sqq")  # magic, ring capacity, consumer records
@@ -163,4 +202,12 @@ class AnnouncementTable:
         self._mm = None  # type: ignore[assignment]
 
 
-__all__ = ["Announcement", "AnnouncementTable", "ConsumerRecord", "EntryKind", "supported"]
+__all__ = [
+    "Announcement",
+    "AnnouncementTable",
+    "ConsumerRecord",
+    "EntryKind",
+    "announcement",
+    "message",
+    "supported",
+]
