@@ -124,9 +124,9 @@ def test_consumer_says_once_that_it_waits_and_for_whom(procs, caplog):
     procs.start(serve_range, "real-one", 10, 5)
     wait_for(lambda: [p.name for p in live_producers()] == ["real-one"], what="producer up")
     with caplog.at_level("WARNING", logger="tandem.share"), pytest.raises(ProducerNotFound):
-        Consumer("late", timeout=2.5)
+        Consumer("late", timeout=3.5)
     said = [r.getMessage() for r in caplog.records if "waiting" in r.getMessage()]
-    assert said == ["waiting up to 2.5 s for producer 'late' to start (live producers: real-one)"]
+    assert said == ["waiting up to 3.5 s for producer 'late' to start (live producers: real-one)"]
 
 
 def test_unsupported_element_fails_producer_and_consumers_get_the_message(procs):

@@ -24,8 +24,9 @@ The layers, top down:
   tandem's other local endpoints; ``_registry`` names producers there.
 """
 
+from typing import TYPE_CHECKING
+
 from tandem.share._registry import live_producers
-from tandem.share.consumer import Consumer, clone_batch
 from tandem.share.errors import (
     ConsumerTimeout,
     MissedBatchesWarning,
@@ -40,7 +41,29 @@ from tandem.share.errors import (
     ShareError,
     UnsupportedBatch,
 )
-from tandem.share.producer import Producer
+
+if TYPE_CHECKING:  # for type checkers and IDEs; at run time they load on first use
+    from tandem.share.consumer import Consumer, clone_batch
+    from tandem.share.producer import Producer
+
+# Producer and Consumer import torch (seconds); loaded on first use (PEP 562), so that
+# `tandem share ls` and the registry need only the standard library.
+_LAZY = {"Consumer": "consumer", "clone_batch": "consumer", "Producer": "producer"}
+
+
+def __getattr__(name: str) -> object:
+    if name in _LAZY:
+        import importlib
+
+        value = getattr(importlib.import_module(f"tandem.share.{_LAZY[name]}"), name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module 'tandem.share' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))
+
 
 __all__ = [
     "Consumer",

@@ -39,7 +39,7 @@ from tandem.share.errors import (
 )
 
 log = logging.getLogger("tandem.share")
-_SAY_WAITING_AFTER_S = 1.0  # a producer that is starting up is not worth a message
+_SAY_WAITING_AFTER_S = 2.0  # a producer starting up beside its consumers is not worth a message
 
 
 class _Held:
