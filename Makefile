@@ -1,6 +1,6 @@
 # tandem: developer and demo entry points. `make demo` and `make test` work on a fresh machine
-# (Python 3.11, pip, make; no GPU). Torch is pinned here to the CPU wheel; the library itself
-# only asks for torch>=2.2.
+# (Python 3.11, pip, make; no GPU). Torch is pinned here (TORCH_PIN) to one tested version,
+# installed before tandem so that pip keeps it; the library itself only asks for torch>=2.2.
 PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
@@ -13,7 +13,7 @@ $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
 	$(BIN)/python -m pip install -q "$(TORCH_PIN)"
-	$(BIN)/python -m pip install -q -e ".[dev]"
+	$(BIN)/python -m pip install -q -e ".[all,dev]"
 	touch $(STAMP)
 
 setup: $(STAMP)

@@ -30,7 +30,7 @@ import psutil
 IMPORT_PROBE = """
 import json, os, resource, sys, time
 import torch
-from tandem.watch.sinks.store import MlflowStore
+from tandem.watch.stores import MlflowStore
 t0 = os.times(); r0 = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
 store = MlflowStore(sys.argv[1])
 store.prepare()
@@ -61,8 +61,8 @@ def mlflow_import_and_open(tmp: Path) -> dict:
 def mlflow_cpu_per_point(tmp: Path, keys: int = 20, points: int = 40, batches: int = 10) -> dict:
     from mlflow.entities import Metric
 
-    from tandem.watch.sinks.csv_sink import Point
-    from tandem.watch.sinks.store import MlflowStore
+    from tandem.watch.point import Point
+    from tandem.watch.stores import MlflowStore
 
     store = MlflowStore(f"sqlite:///{tmp}/points.db", experiment="cost")
     store.open("cost", {})
@@ -78,7 +78,7 @@ def mlflow_cpu_per_point(tmp: Path, keys: int = 20, points: int = 40, batches: i
 
 
 def samplers_on_a_torch_tree(samples: int = 40) -> dict:
-    from tandem.watch.samplers.process_tree import memory_rollup
+    from tandem.watch.samplers.process_tree import ProcessTreeSampler, memory_rollup
     from tandem.watch.tracker import default_samplers
 
     tree = subprocess.Popen([sys.executable, "-c", TREE.format(sleeper=SLEEPER.format(s=120), s=120)])
@@ -93,7 +93,8 @@ def samplers_on_a_torch_tree(samples: int = 40) -> dict:
         for _ in range(20):
             memory_rollup(tree.pid)
         rollup_ms = 1000 * (time.process_time() - t0) / 20
-        samplers = default_samplers(tree.pid, since_start=True)
+        run_tree = ProcessTreeSampler(tree.pid, since_start=True)
+        samplers = [run_tree, *default_samplers(run_tree)]
         per = {s.name: 0.0 for s in samplers}
         for _ in range(samples):
             for s in samplers:

@@ -6,8 +6,8 @@ touching fresh memory now and then, so that CPU times, memory and host figures c
 every sample as in real training (unchanged values are stored less often, so an idle
 workload would flatter the tracker). Two ways of tracking are measured:
 
-* ``tandem run``: the wrapper is a separate process; its CPU time (all its threads:
-  sampling and the MLflow writer) is read from /proc between a warm-up point (imports done,
+* ``tandem run``: the wrapper is a separate process (sampling) with a helper process (the
+  MLflow writer); their CPU time is read from /proc between a warm-up point (imports done,
   store open) and the end, and divided by the wall time between them.
 * ``track()`` inside the script: the sampling thread runs in the training process (its CPU
   time is reported by the summary as ``tracker_cpu_seconds``); the MLflow writer is a helper
@@ -72,8 +72,13 @@ def _cpu(p: psutil.Process) -> float:
     return t.user + t.system
 
 
+SETTLE_S = 7.0
+
+
 def _wait_open(store: str, name: str, timeout: float = 60.0) -> None:
-    """Until the run is in the store: imports done, store open; then a little more."""
+    """Until the run is in the store (imports done, store open), then past the recorder's
+    first flush (every 5 s), which writes the points queued while the store was opening:
+    one-time start-up work, not the steady state this measures."""
     from mlflow.tracking import MlflowClient
 
     client = MlflowClient(store)
@@ -81,7 +86,7 @@ def _wait_open(store: str, name: str, timeout: float = 60.0) -> None:
     while time.monotonic() < deadline:
         exps = [e.experiment_id for e in client.search_experiments()]
         if exps and client.search_runs(exps, filter_string=f"attributes.run_name = '{name}'"):
-            time.sleep(3.0)
+            time.sleep(SETTLE_S)
             return
         time.sleep(0.5)
     raise RuntimeError(f"run {name} did not open in {timeout} s")
@@ -94,6 +99,20 @@ def _measure(pid: int, seconds: float) -> dict:
     time.sleep(seconds)
     c1, t1 = _cpu(tracker), time.monotonic()
     return {"tracker_cpu_s": c1 - c0, "wall_s": t1 - t0, "percent_of_one_core": 100 * (c1 - c0) / (t1 - t0)}
+
+
+def _helper_pid(parent: int, timeout: float = 30.0) -> int | None:
+    """The recorder helper process of ``parent`` (``tandem.watch._recording.helper_main``;
+    ``writer_process`` before 2026-11-22), or None. Older ``tandem run`` wrappers wrote from a
+    thread instead: matching both names lets this script measure older checkouts too."""
+    me = psutil.Process(parent)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        for c in me.children():
+            if any(n in " ".join(c.cmdline()) for n in ("helper_main", "writer_process")):
+                return c.pid
+        time.sleep(0.1)
+    return None
 
 
 def bench_run(interval: float, seconds: float, store: str) -> dict:
@@ -116,8 +135,20 @@ def bench_run(interval: float, seconds: float, store: str) -> dict:
     ]
     proc = subprocess.Popen(cmd)
     _wait_open(store, f"overhead-run-{interval}")
+    helper_pid = _helper_pid(proc.pid, timeout=2.0)  # open and settled: it exists by now, if any
+    helper = psutil.Process(helper_pid) if helper_pid is not None else None
+    h0 = _cpu(helper) if helper is not None else 0.0
     out = _measure(proc.pid, seconds)
-    out.update(mode="tandem run", interval_s=interval, exit_code=proc.wait(seconds + 120))
+    writer = 100 * (_cpu(helper) - h0) / out["wall_s"] if helper is not None else 0.0
+    sampling = out["percent_of_one_core"]
+    out.update(
+        mode="tandem run",
+        interval_s=interval,
+        exit_code=proc.wait(seconds + 120),
+        sampling_percent_of_one_core=sampling,
+        writer_helper_percent_of_one_core=writer,
+        percent_of_one_core=sampling + writer,
+    )
     return out
 
 
@@ -126,19 +157,11 @@ def bench_track(interval: float, seconds: float, store: str, workdir: Path) -> d
     script.write_text(TRACKED_SCRIPT.format(interval=interval, s=seconds + 25, work=WORK))
     env = {**os.environ, "MLFLOW_TRACKING_URI": store}
     proc = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True, env=env)
-    me = psutil.Process(proc.pid)
-
-    def writer_pid() -> int:
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:
-            for c in me.children():
-                if "writer_process" in " ".join(c.cmdline()):
-                    return c.pid
-            time.sleep(0.1)
-        raise RuntimeError("no writer helper found")
-
     _wait_open(store, f"overhead-track-{interval}")
-    writer = _measure(writer_pid(), seconds)
+    helper_pid = _helper_pid(proc.pid)
+    if helper_pid is None:
+        raise RuntimeError("track(): no recorder helper found")
+    writer = _measure(helper_pid, seconds)
     stdout, _ = proc.communicate(timeout=seconds + 120)
     line = next(ln for ln in stdout.splitlines() if ln.startswith("TRACKER_CPU"))
     sampler_cpu, duration = (float(x) for x in line.split()[1:])
@@ -146,7 +169,7 @@ def bench_track(interval: float, seconds: float, store: str, workdir: Path) -> d
         "mode": "track()",
         "interval_s": interval,
         "exit_code": proc.returncode,
-        "sampling_thread_percent_of_one_core": 100 * sampler_cpu / duration,
+        "sampling_percent_of_one_core": 100 * sampler_cpu / duration,
         "writer_helper_percent_of_one_core": writer["percent_of_one_core"],
         "percent_of_one_core": 100 * sampler_cpu / duration + writer["percent_of_one_core"],
     }
@@ -160,6 +183,11 @@ def main() -> None:
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         store = f"sqlite:///{tmp}/mlflow.db"
+        # Create the store's tables first: this script's own lookups (_wait_open) would
+        # otherwise race the first run's helper to create them.
+        from mlflow.tracking import MlflowClient
+
+        MlflowClient(store).search_experiments()
         for interval in (1.0, 0.1):
             rows.append(bench_run(interval, args.seconds, store))
             print(rows[-1], flush=True)
@@ -192,11 +220,11 @@ def main() -> None:
         pct = r["percent_of_one_core"]
         met = ("yes" if pct < 1.0 else "no") if r["interval_s"] == 1.0 else "-"
         detail = ""
-        if r["mode"] == "track()":
-            detail = (
-                f" (sampling thread {r['sampling_thread_percent_of_one_core']:.2f} + "
-                f"writer helper {r['writer_helper_percent_of_one_core']:.2f})"
-            )
+        sampler = "sampling thread" if r["mode"] == "track()" else "wrapper"
+        detail = (
+            f" ({sampler} {r['sampling_percent_of_one_core']:.2f} + "
+            f"writer helper {r['writer_helper_percent_of_one_core']:.2f})"
+        )
         lines.append(f"| {r['mode']} | {r['interval_s']:g} s | {pct:.2f}{detail} | {met} |")
     (args.out / "watch_overhead.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))

@@ -2,44 +2,82 @@
 
 from __future__ import annotations
 
-import importlib
 import importlib.util
 import json
 import logging
+import os
+import pkgutil
 import sys
 from pathlib import Path
 from typing import Any
 
 import click
 
+from tandem import __version__
 
-def load_object(ref: str) -> Any:
-    """Resolve ``MODULE:ATTR`` or ``path/to/file.py:ATTR``."""
-    module_name, sep, attr = ref.partition(":")
-    if not sep or not module_name or not attr:
-        raise click.BadParameter(f"{ref!r} is not of the form MODULE:FUNCTION")
+OBJECT_FORMS = "MODULE:FUNCTION or path/to/file.py:FUNCTION"
+
+
+def _load_file(path: Path, attr: str) -> Any:
+    """``path/to/file.py:ATTR``: run the file as a module named after it."""
+    if not path.is_file():
+        raise click.BadParameter(f"no such file: {path}")
+    spec = importlib.util.spec_from_file_location(path.stem, path)
+    if spec is None or spec.loader is None:
+        raise click.BadParameter(f"{path} is not a Python file")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[path.stem] = module  # so that pickle and dataclasses find its classes
     try:
-        if module_name.endswith(".py") or "/" in module_name:
-            path = Path(module_name)
-            if not path.is_file():
-                raise click.BadParameter(f"no such file: {path}")
-            spec = importlib.util.spec_from_file_location(path.stem, path)
-            assert spec is not None and spec.loader is not None
-            module = importlib.util.module_from_spec(spec)
-            sys.modules[path.stem] = module
-            spec.loader.exec_module(module)
-        else:
-            sys.path.insert(0, str(Path.cwd()))
-            module = importlib.import_module(module_name)
+        spec.loader.exec_module(module)
     except ImportError as exc:
-        raise click.BadParameter(f"cannot import {module_name!r}: {exc}") from None
+        raise click.BadParameter(f"cannot import {str(path)!r}: {exc}") from None
     try:
         return getattr(module, attr)
     except AttributeError:
+        raise click.BadParameter(f"{path} has no attribute {attr!r}") from None
+
+
+def load_object(ref: str) -> Any:
+    """Resolve ``MODULE:ATTR`` (``pkgutil.resolve_name``; ATTR may be dotted) or
+    ``path/to/file.py:ATTR``."""
+    module_name, sep, attr = ref.partition(":")
+    if not sep or not module_name or not attr:
+        raise click.BadParameter(f"{ref!r} is not of the form {OBJECT_FORMS}")
+    if module_name.endswith(".py") or "/" in module_name:
+        return _load_file(Path(module_name), attr)
+    # A console script's sys.path starts at its bin/ directory, not at the current one (as
+    # ``python -m`` does): add it, as uvicorn and gunicorn do, so that a module of the
+    # project one is in can be named.
+    if "" not in sys.path and os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())
+    try:
+        return pkgutil.resolve_name(ref)
+    except ImportError as exc:
+        raise click.BadParameter(f"cannot import {module_name!r}: {exc}") from None
+    except AttributeError:
         raise click.BadParameter(f"module {module_name!r} has no attribute {attr!r}") from None
+    except ValueError as exc:
+        raise click.BadParameter(f"{ref!r}: {exc}") from None
+
+
+# The extra each command needs ([bench] includes [watch]); pyproject.toml lists what each brings.
+_EXTRA_OF_COMMAND = {"run": "watch", "ui": "watch", "report": "watch", "demo": "bench", "bench": "bench"}
+
+
+def require(command: str, *modules: str) -> None:
+    """Fail at once, naming the extra to install, if a module ``command`` needs is missing
+    (before any work, and before a lookup could fail for another reason)."""
+    for module in modules:
+        if importlib.util.find_spec(module) is None:
+            extra = _EXTRA_OF_COMMAND[command]
+            raise click.ClickException(
+                f"`tandem {command}` needs {module!r}, which is not installed; it comes with the "
+                f"{extra!r} extra: pip install 'tandem[{extra}]'"
+            )
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, "-V", "--version", prog_name="tandem")
 @click.option("-v", "--verbose", count=True, help="More log output (-v info, -vv debug).")
 def main(verbose: int) -> None:
     """tandem: train more models on fewer resources on one server."""
@@ -54,8 +92,13 @@ def share() -> None:
 
 @share.command("serve")
 @click.argument("name")
-@click.option("--loader", "loader_ref", help="MODULE:FUNCTION returning a re-iterable of batches.")
-@click.option("--dataset", "dataset_ref", help="MODULE:FUNCTION returning a map-style dataset.")
+@click.option(
+    "--loader",
+    "loader_ref",
+    metavar="REF",
+    help=f"{OBJECT_FORMS}: returns a re-iterable of batches (a DataLoader, say).",
+)
+@click.option("--dataset", "dataset_ref", metavar="REF", help=f"{OBJECT_FORMS}: returns a map-style dataset.")
 @click.option(
     "--batch-size",
     type=click.IntRange(min=1),
@@ -96,11 +139,17 @@ def share_serve(
     name: str, loader_ref: str | None, dataset_ref: str | None, batch_size: int, shuffle: bool,
     num_workers: int, seed: int, epochs: int | None, window: int, policy: str,
 ) -> None:  # fmt: skip
-    """Serve NAME to consumers on this host until stopped (Ctrl-C) or --epochs are done."""
+    """Serve NAME to consumers on this host until stopped (Ctrl-C) or --epochs are done.
+
+    \b
+    Examples:
+    tandem share serve imagenet --dataset mypkg.data:train_set --shuffle
+    tandem share serve stream --loader path/to/loaders.py:make_loader --epochs 10
+    """
+    if (loader_ref is None) == (dataset_ref is None):
+        raise click.UsageError(f"give exactly one of --loader or --dataset ({OBJECT_FORMS})")
     from tandem.share import Producer, ShareError
 
-    if (loader_ref is None) == (dataset_ref is None):
-        raise click.UsageError("give exactly one of --loader MODULE:FUNCTION or --dataset MODULE:FUNCTION")
     try:
         if loader_ref is not None:
             producer = Producer(load_object(loader_ref)(), name, window=window, policy=policy)
@@ -111,9 +160,10 @@ def share_serve(
             )  # fmt: skip
     except (TypeError, ValueError) as exc:
         raise click.UsageError(str(exc)) from None
-    click.echo(f"serving {name!r} (pid {__import__('os').getpid()}); Ctrl-C to stop", err=True)
     try:
-        producer.serve(epochs=epochs)
+        with producer:  # claims the name (ProducerExists if it is live) before saying so
+            click.echo(f"serving {name!r} (pid {os.getpid()}); Ctrl-C to stop", err=True)
+            producer.serve(epochs=epochs)
     except ShareError as exc:
         raise click.ClickException(str(exc)) from None
     click.echo(f"{name!r}: served {producer.epochs_served} epoch(s)", err=True)
@@ -138,6 +188,7 @@ def share_ls(as_json: bool, timeout: float) -> None:
     if as_json:
         click.echo(json.dumps([asdict(r) if not isinstance(r, dict) else r for r in rows], indent=2))
         return
+    from rich import box
     from rich.console import Console
     from rich.table import Table
 
@@ -149,24 +200,34 @@ def share_ls(as_json: bool, timeout: float) -> None:
         if isinstance(r, dict):  # a producer that did not answer
             console.print(f"[bold]{r['name']}[/] (pid {r['pid']}): {r['error']}")
             continue
+        # Two short lines and only the columns that say something, so that it reads in 80 columns.
         console.print(
-            f"[bold]{r.name}[/] pid {r.pid}  policy {r.policy}  window {r.window}  "
-            f"epoch {r.epoch}  published {r.published}  {r.batches_per_s:.1f} batches/s  "
-            f"blocked {r.blocked_s:.1f} s  slab {r.slab_bytes / 2**20:.1f} MiB"
+            f"[bold]{r.name}[/]  pid {r.pid}  policy {r.policy}  window {r.window}  "
+            f"slab {r.slab_bytes / 2**20:.1f} MiB\n"
+            f"  epoch {r.epoch}  published {r.published}  {r.batches_per_s:.1f} batches/s  "
+            f"blocked {r.blocked_s:.1f} s"
         )
-        table = Table("id", "pid", "batch", "device", "position", "lag", "batches/s",
-                      "samples", "stall s", "missed", "attached s")  # fmt: skip
+        if not r.consumers:
+            console.print("  no consumers")
+            continue
+        columns = ["id", "pid", "batch", "position", "lag", "batch/s", "samples", "stall s", "attached s"]
+        show_device = any(c.device != "cpu" for c in r.consumers)
+        show_missed = r.policy == "skip" or any(c.missed_batches for c in r.consumers)
+        table = Table(box=box.SIMPLE_HEAD, pad_edge=False, show_edge=False)
+        for name in columns[:3] + ["device"] * show_device + columns[3:] + ["missed"] * show_missed:
+            table.add_column(name, justify="left" if name == "device" else "right", no_wrap=True)
         for c in r.consumers:
-            table.add_row(
-                str(c.consumer_id), str(c.pid), str(c.batch_size or "-"), c.device,
-                f"{c.epoch}:{c.offset}", str(c.lag), f"{c.batches_per_s:.1f}", str(c.samples),
-                f"{c.stall_s:.2f}", str(c.missed_batches), f"{c.attached_s:.0f}",
-            )  # fmt: skip
+            values = [str(c.consumer_id), str(c.pid), str(c.batch_size or "-")]
+            values += [c.device] * show_device
+            values += [f"{c.epoch}:{c.offset}", str(c.lag), f"{c.batches_per_s:.1f}", str(c.samples)]
+            values += [f"{c.stall_s:.2f}", f"{c.attached_s:.0f}"]
+            values += [str(c.missed_batches)] * show_missed
+            table.add_row(*values)
         console.print(table)
 
 
 def _parse_tags(values: tuple[str, ...], group: str | None) -> dict[str, str]:
-    from tandem.watch.tracker import check_tags
+    from tandem.watch._checks import check_tags  # standard library only: a usage error comes at once
 
     tags = {}
     for raw in values:
@@ -183,7 +244,7 @@ def _parse_tags(values: tuple[str, ...], group: str | None) -> dict[str, str]:
 
 
 def _check_interval(_ctx: click.Context, _param: click.Parameter, value: float) -> float:
-    from tandem.watch.tracker import check_interval
+    from tandem.watch._checks import check_interval  # standard library only: a usage error comes at once
 
     try:
         return check_interval(value)
@@ -192,7 +253,7 @@ def _check_interval(_ctx: click.Context, _param: click.Parameter, value: float) 
 
 
 def _make_store(sink: str, store_uri: str | None, out: Path, experiment: str) -> Any:
-    from tandem.watch.sinks.store import FileStore, MlflowStore
+    from tandem.watch.stores import FileStore, MlflowStore
 
     if sink == "mlflow":
         return MlflowStore(store_uri, experiment=experiment)
@@ -236,19 +297,24 @@ def run_cmd(
     sink: str, store_uri: str | None, out: Path, quiet: bool, command: tuple[str, ...],
 ) -> None:  # fmt: skip
     """Run COMMAND and track its processes' hardware use and energy: tandem run [OPTIONS] -- COMMAND..."""
-    from tandem.watch.runner import CommandNotExecutable, CommandNotFound, run_command
-
-    tags = _parse_tags(tag_values, group)
+    tags = _parse_tags(tag_values, group)  # usage errors first, before the tracker's imports
     store = _make_store(sink, store_uri, out, experiment)
-    try:
-        code = run_command(list(command), name=name, experiment=experiment, tags=tags,
-                           interval=interval, store=store, quiet=quiet, fallback_dir=out)  # fmt: skip
-    except (CommandNotFound, CommandNotExecutable) as exc:
-        click.echo(f"tandem run: {exc}", err=True)
-        sys.exit(exc.exit_code)
-    except ValueError as exc:  # a bad setting, such as TANDEM_WATTS_PER_CORE
-        raise click.UsageError(str(exc)) from None
-    sys.exit(code)
+    from tandem.watch.runner import CommandNotExecutable, CommandNotFound, SignalForwarder, start
+
+    # Process-wide signal handlers: this entry point tracks one command, so its signals are
+    # the command's (the library's start() and wait() install none). From before the start,
+    # so that none is missed while the command and its tracking start.
+    with SignalForwarder() as signals:
+        try:
+            cmd = start(list(command), name=name, experiment=experiment, tags=tags, interval=interval,
+                        store=store, quiet=quiet, fallback_dir=out)  # fmt: skip
+        except (CommandNotFound, CommandNotExecutable) as exc:
+            click.echo(f"tandem run: {exc}", err=True)
+            sys.exit(exc.exit_code)
+        except ValueError as exc:  # a bad setting, such as TANDEM_WATTS_PER_CORE
+            raise click.UsageError(str(exc)) from None
+        signals.attach(cmd)
+        sys.exit(cmd.wait())
 
 
 @main.command("ui")
@@ -263,13 +329,16 @@ def ui(store_uri: str | None, port: int) -> None:
     """Serve the MLflow UI for the tracked runs on 127.0.0.1 (this machine only)."""
     import os
 
-    from tandem.watch.sinks.store import default_store_uri
+    from tandem.watch.stores import default_store_uri
 
     uri = store_uri or default_store_uri()
     click.echo(f"MLflow UI for {uri} at http://127.0.0.1:{port} (Ctrl-C to stop)", err=True)
     argv = [sys.executable, "-m", "mlflow", "server", "--backend-store-uri", uri,
             "--host", "127.0.0.1", "--port", str(port), "--workers", "1"]  # fmt: skip
-    os.execv(sys.executable, argv)
+    # MLflow's job runner (GenAI evaluation jobs; nothing a tracked run uses) keeps its queue
+    # in a new /dev/shm/tmpXXXXXXXX directory per launch and never removes it.
+    env = {"MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false", **os.environ}
+    os.execve(sys.executable, argv, env)
 
 
 @main.command("report")
@@ -302,6 +371,7 @@ def report(runs: tuple[str, ...], output: Path, metrics: tuple[str, ...], store_
     A RUN is an MLflow run id, a run name, group:NAME (every run with that group tag) or
     the directory of a run kept with --sink csv|parquet.
     """
+    require("report", "matplotlib")  # every output format is drawn
     from rich.console import Console
 
     from tandem.watch.report import (
@@ -346,6 +416,7 @@ def report(runs: tuple[str, ...], output: Path, metrics: tuple[str, ...], store_
 )
 def demo(images: int, epochs: int, workdir: Path, track: bool) -> None:
     """A producer plus 3 training processes (different models and batch sizes), shared vs private."""
+    require("demo", "PIL", *(("mlflow", "matplotlib") if track else ()))
     from tandem.bench.demo import run_demo
 
     run_demo(images=images, epochs=epochs, workdir=workdir, track=track)
@@ -362,6 +433,7 @@ def bench() -> None:
 @click.option("--out", type=click.Path(path_type=Path), default=Path("benchmarks/results"), show_default=True)
 def bench_share(jobs: str, quick: bool, out: Path) -> None:
     """Shared against private data loading on a generated image folder."""
+    require("bench", "PIL")
     from tandem.bench.share_bench import run
 
     run([int(j) for j in jobs.split(",")], quick=quick, out=out)

@@ -8,7 +8,7 @@ import torch
 from tandem.bench.data import ImageFolder
 from tandem.bench.images import make_image_folder
 from tandem.bench.models import MODELS
-from tandem.bench.share_bench import Config, JobSpec, run_one
+from tandem.bench.share_bench import CLOCK_MARK, STALL_KEY, Config, JobSpec, run_one
 
 
 def test_image_folder_is_generated_once_and_decodes(tmp_path):
@@ -65,3 +65,26 @@ def test_demo_jobs_are_tracked_as_runs_of_a_group(tmp_path, monkeypatch):
     plot(runs, tmp_path / "r.png")
     assert (tmp_path / "r.png").stat().st_size > 10_000
     assert MlflowClient(store).get_run(job.run_id).data.tags["group"] == "smoke-g"
+    # Where the figures' clock started: after every job was built, before any ended.
+    clock_ms = float(job.tags[CLOCK_MARK])
+    assert job.start_ms < clock_ms <= job.series["system/process_tree/cpu_percent"][-1][0]
+
+
+def test_private_jobs_data_stall_is_logged_as_the_job_measured_it(tmp_path, monkeypatch):
+    """tandem's consumers report their stall to tandem.watch; a private DataLoader does not,
+    so the runner logs what each job measured (time blocked in next()) to its run."""
+    from tandem.watch.report import load_runs
+
+    store = f"sqlite:///{tmp_path}/mlflow.db"
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", store)
+    cfg = Config(images=16, epochs=1, batch_size=8, crop=48, workers=1, run_timeout_s=120,
+                 data_dir=str(tmp_path))  # fmt: skip
+    root = str(make_image_folder(tmp_path / "img", images=16, classes=2, min_side=64, max_side=80))
+    spec = JobSpec("cnn", "tiny_cnn", 4)
+    result = run_one("private", [spec], "cnn", cfg, root, track_group="smoke-p")
+    assert not result.note, result.note
+    (run,) = load_runs(["group:smoke-p"], store)
+    stalls = [v for _, v in run.series[STALL_KEY]]
+    assert stalls == sorted(stalls), "a running total"
+    assert stalls[-1] == result.per_job[0].stall_s > 0
+    assert CLOCK_MARK in run.tags

@@ -1,4 +1,5 @@
-"""The CSV sink: real files, exact round trip, appends, and a killed writer keeps its rows."""
+"""The metrics CSV of a file-store run: real files, exact round trip, appends, and a killed
+writer keeps its rows."""
 
 from __future__ import annotations
 
@@ -7,8 +8,8 @@ import sys
 
 import pytest
 
-from tandem.watch.sinks import CsvSink, Point
-from tandem.watch.sinks.csv_sink import read_points
+from tandem.watch.point import Point
+from tandem.watch.stores.csv_file import CsvSink, read_points
 
 
 def test_round_trip_and_append(tmp_path):
@@ -29,7 +30,8 @@ def test_rows_survive_a_killed_writer(tmp_path):
     path = tmp_path / "m.csv"
     code = (
         "import os, signal\n"
-        "from tandem.watch.sinks import CsvSink, Point\n"
+        "from tandem.watch.point import Point\n"
+        "from tandem.watch.stores.csv_file import CsvSink\n"
         f"s = CsvSink({str(path)!r})\n"
         "s.log([Point('k', 1.0, 1, 0)])\n"
         "os.kill(os.getpid(), signal.SIGKILL)\n"

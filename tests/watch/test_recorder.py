@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import time
 
-from tandem.watch.sinks.csv_sink import Point, read_points
-from tandem.watch.sinks.recorder import Recorder
-from tandem.watch.sinks.store import MlflowStore
+from tandem.watch._recording.recorder import Recorder
+from tandem.watch.point import Point
+from tandem.watch.stores import MlflowStore
+from tandem.watch.stores.csv_file import read_points
 
 
 def test_store_broken_mid_run_keeps_the_rest_in_a_local_file(tmp_path):

@@ -6,6 +6,7 @@ import socket
 import subprocess
 import time
 import urllib.request
+from pathlib import Path
 
 import pytest
 
@@ -76,7 +77,13 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+def _shm_dirs() -> set[str]:
+    """MLflow's server makes its job queue's directory in /dev/shm (``tmpXXXXXXXX``)."""
+    return {p.name for p in Path("/dev/shm").glob("tmp*") if p.is_dir()}
+
+
 def test_ui_serves_the_store_on_localhost(tracked):
+    shm_before = _shm_dirs()
     port = _free_port()
     p = subprocess.Popen(
         [*TANDEM, "ui", "--store", f"sqlite:///{tracked}", "--port", str(port)],
@@ -111,6 +118,7 @@ def test_ui_serves_the_store_on_localhost(tracked):
         except subprocess.TimeoutExpired:
             os.killpg(p.pid, signal.SIGKILL)
             p.wait()
+    assert _shm_dirs() <= shm_before, "the server left a directory in /dev/shm"
 
 
 def test_group_total_of_rates_is_averaged_on_a_common_grid():
@@ -129,3 +137,17 @@ def test_group_total_of_rates_is_averaged_on_a_common_grid():
     assert total[0] == 3.0 and total[-1] == 2.0
     grid, total = _total(levels, Panel("energy", "x", cumulative=True))
     assert total[-1] == 3.0
+
+
+def test_group_total_of_levels_steps_where_its_lines_do():
+    from tandem.watch.report import Panel, _total
+
+    # Two running totals (data stall, say) that step at 9.05 and 9.1 s: the total steps at
+    # those very times (a grid of whole intervals drew it up to one interval late).
+    a = [(0.0, 0.0), (9.05, 2.2), (10.1, 2.5)]
+    b = [(0.5, 0.0), (9.1, 2.3), (10.2, 2.8)]
+    grid, total = _total([a, b], Panel("stall", "x", cumulative=True))
+    at = dict(zip(grid.tolist(), total.tolist()))
+    assert at[9.05] == pytest.approx(2.2) and at[9.1] == pytest.approx(4.5)
+    assert at[10.1] == pytest.approx(4.8) and at[10.2] == pytest.approx(5.3)
+    assert at[0.0] == 0.0 and sorted(at) == [0.0, 0.5, 9.05, 9.1, 10.1, 10.2]

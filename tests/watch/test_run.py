@@ -163,6 +163,18 @@ def test_bad_input_clear_errors(store, tmp_path):
     assert not list(tmp_path.glob("tandem-runs")), "no run was made for a command that cannot start"
 
 
+def test_usage_errors_come_before_the_trackers_imports():
+    # -X importtime lists every module imported; a usage error must need none of the heavy ones.
+    argv = [sys.executable, "-X", "importtime", "-m", "tandem.cli", "run", "-i", "0.01", "--", "true"]
+    r = subprocess.run(argv, capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2 and "interval must be between 0.1" in r.stderr
+    imported = {
+        line.split("|")[-1].strip() for line in r.stderr.splitlines() if line.startswith("import time:")
+    }
+    assert "click" in imported, "the import list was read"
+    assert not imported & {"torch", "mlflow", "psutil", "rich", "tandem.watch.tracker", "tandem.share"}
+
+
 def test_unreachable_store_falls_back_to_a_local_file(tmp_path):
     (tmp_path / "not-a-dir").write_text("")  # MLflow cannot create its database under a file
     r = tandem("run", "--store", f"sqlite:///{tmp_path}/not-a-dir/mlflow.db", "-q", "-n", "fb", "-i", "0.2",

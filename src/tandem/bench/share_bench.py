@@ -141,6 +141,7 @@ def _timed_epochs(batches_per_epoch, epochs: int, step, progress, unpack=lambda 
             step(images, labels)
             res.samples += len(labels)
             progress[0] = res.samples  # read by the runner if this job must be killed
+            progress[3] = res.stall_s  # read by the runner to log it while the job runs
     res.wall_s = time.perf_counter() - t_start
     res.end = time.monotonic()
     res.cpu_s = tree_cpu_s() - cpu0
@@ -281,28 +282,43 @@ def tensorsocket_job(queue, cfg, job, ports, built, ready, progress):
 
 
 # --------------------------------------------------------------------------- measurement
-class PssSampler:
-    """Peak of the summed PSS of this process's descendants, sampled every 0.2 s."""
+class _Every:
+    """Calls ``tick()`` from a thread every ``interval`` s while in its ``with`` block, and
+    once more at the block's end."""
 
-    def __init__(self) -> None:
-        self.peak = 0
+    def __init__(self, interval: float) -> None:
+        self._interval = interval
         self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread = threading.Thread(target=self._loop, name=type(self).__name__, daemon=True)
 
-    def _run(self) -> None:
-        me = psutil.Process()
-        while not self._stop.is_set():
-            total = sum(pss_bytes(p.pid) or 0 for p in me.children(recursive=True))
-            self.peak = max(self.peak, total)
-            self._stop.wait(0.2)
+    def tick(self) -> None:
+        raise NotImplementedError
 
-    def __enter__(self) -> PssSampler:
+    def _loop(self) -> None:
+        while not self._stop.wait(self._interval):
+            self.tick()
+
+    def __enter__(self) -> _Every:
         self._thread.start()
         return self
 
     def __exit__(self, *exc: object) -> None:
         self._stop.set()
         self._thread.join()
+        self.tick()
+
+
+class PssSampler(_Every):
+    """Peak of the summed PSS of this process's descendants, sampled every 0.2 s."""
+
+    def __init__(self) -> None:
+        super().__init__(0.2)
+        self.peak = 0
+        self._me = psutil.Process()
+
+    def tick(self) -> None:
+        total = sum(pss_bytes(p.pid) or 0 for p in self._me.children(recursive=True))
+        self.peak = max(self.peak, total)
 
 
 def _reap(procs: list, grace_s: float) -> None:
@@ -345,6 +361,28 @@ def _track(pid: int, name: str, group: str, mode: str) -> Any:
                writer="thread", cpu_since_start=True).start()  # fmt: skip
 
 
+STALL_KEY = "train/stall_seconds"
+CLOCK = "clock_start"
+CLOCK_MARK = f"tandem.mark.{CLOCK}"  # `tandem report` draws a dotted line there
+
+
+class StallLogger(_Every):
+    """Logs each job's data stall (its time blocked in ``next()``, counted by the job
+    itself) to its tracked run every ``interval`` s and at the end, as a running total.
+    Tandem consumers' stall is logged by ``tandem.watch`` from their producer's statistics;
+    private loaders and TensorSocket consumers report nothing, so without this their stall
+    would be missing from the figure while the table shows it."""
+
+    def __init__(self, tracked: list[tuple[Any, int | None]], progress: list, interval: float = 1.0):
+        super().__init__(interval)
+        self._jobs = [(run, progress[i]) for run, i in tracked if i is not None]
+
+    def tick(self) -> None:
+        for run, pr in self._jobs:
+            if pr[1]:  # the job's clock has started
+                run.log_metrics({STALL_KEY: pr[3]})
+
+
 def run_one(
     mode: str, jobs: int | list[JobSpec], step: str, cfg: Config, root: str, track_group: str | None = None
 ) -> RunResult:
@@ -357,7 +395,7 @@ def run_one(
     q = CTX.Queue()
     built = CTX.Queue()
     ready = CTX.Event()
-    progress = [CTX.Array("d", 3, lock=False) for _ in specs]  # (samples, start, pid) per job
+    progress = [CTX.Array("d", 4, lock=False) for _ in specs]  # (samples, start, pid, stall s) per job
     procs: list[mp.Process] = []
     result = RunResult(mode, jobs, step)
     producer_cpu = 0.0
@@ -402,20 +440,23 @@ def run_one(
                 if not any(p.is_alive() for p in procs[-jobs:]):
                     break
         ready.set()
+        clock_ms = time.time() * 1000  # where the figures' clock starts (start-up is before it)
         expected = jobs + (mode != "private")
         got = 0
-        while got < expected and time.monotonic() < deadline:
-            try:
-                item = q.get(timeout=1.0)
-            except queue_mod.Empty:
-                if not any(p.is_alive() for p in procs):
-                    break
-                continue
-            got += 1
-            if isinstance(item, tuple) and item[0] == "producer":
-                producer_cpu = item[1]
-            else:
-                result.per_job.append(item)
+        # Private and TensorSocket jobs' stall is logged here (tandem's comes from its producer).
+        with StallLogger(tracked if mode != "tandem" else [], progress):
+            while got < expected and time.monotonic() < deadline:
+                try:
+                    item = q.get(timeout=1.0)
+                except queue_mod.Empty:
+                    if not any(p.is_alive() for p in procs):
+                        break
+                    continue
+                got += 1
+                if isinstance(item, tuple) and item[0] == "producer":
+                    producer_cpu = item[1]
+                else:
+                    result.per_job.append(item)
         if len(result.per_job) < jobs:
             killed_at = time.monotonic()
             result.note = (f"{jobs - len(result.per_job)} job(s) did not finish within "
@@ -439,7 +480,8 @@ def run_one(
             job = by_label.get(specs[i].label(cfg)) if i is not None else None
             if job is not None and job.samples:
                 run.log_step(samples=job.samples)
-            run.stop("FINISHED" if job is None or not job.error else "FAILED")
+            status = "FINISHED" if job is None or not job.error else "FAILED"
+            run.stop(status, tags={CLOCK_MARK: f"{clock_ms:.0f}"})
     result.peak_pss_mib = pss.peak / 2**20
     errors = [j.error for j in result.per_job if j.error]
     if errors:

@@ -4,16 +4,21 @@ Runs are named by MLflow run id, by run name, by ``group:NAME`` (every run with 
 tag) or by the directory of a file-store run. Each group of collocated runs is one column
 of panels on a time axis relative to the group's first start, so runs that ran together
 line up; where a group has several runs a dashed line shows their total (the load the
-server carried). One row per metric, the same scale across a row, so columns compare.
+server carried). One row per metric, the same scale across a row, and one time axis for
+all columns, so columns compare. A run's colour follows its name, so the same job has the
+same colour in every column. A tag ``tandem.mark.NAME`` holding a Unix time in ms draws a
+dotted line at that time in the run's column (the demo marks where its clock starts).
+
+Data stall ("waiting for data") is the cumulative time a job was blocked waiting for a
+batch: tandem consumers' as their producer reports it, or a run's own
+``train/stall_seconds`` (the demo logs it for its private DataLoaders).
 """
 
 from __future__ import annotations
 
 import base64
-import bisect
 import html
 import json
-import math
 import re
 import tempfile
 import textwrap
@@ -21,11 +26,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import numpy as np
 from rich.table import Table
 
-from tandem.watch.sinks.csv_sink import read_points
-from tandem.watch.sinks.store import default_store_uri
-from tandem.watch.summary import summary_rows
+from tandem.watch._summary import summary_rows
+from tandem.watch.stores.base import default_store_uri
+from tandem.watch.stores.csv_file import read_points
+from tandem.watch.stores.mlflow_store import sqlite_path
 
 GROUP_TAG = "group"
 _RUN_ID = re.compile(r"^[0-9a-f]{32}$")
@@ -58,6 +65,7 @@ class Panel:
     additive: bool = True  # a group total means something (CPU, memory, power; not %)
     cumulative: bool = False  # a running total: a run that ended still counts its last value
     rate: bool = False  # each value is an average over the interval that ends at its time
+    unit: str = ""  # an SI unit: ticks read "50 J", "1.2 kJ" (for values with a wide range)
 
 
 DEFAULT_PANELS = [
@@ -66,23 +74,43 @@ DEFAULT_PANELS = [
     Panel("GPU utilisation (%)", r"system/gpu_\d+/utilization_percent", additive=False, rate=True),
     Panel("GPU memory of the run (GiB)", r"system/gpu_\d+/run_memory_bytes", 1 / 2**30),
     Panel("GPU power (W)", r"system/gpu_\d+/power_watts"),
-    Panel("GPU energy, measured (kJ)", r"system/gpu_\d+/energy_measured_joules", 1e-3, cumulative=True),
+    Panel("GPU energy, measured", r"system/gpu_\d+/energy_measured_joules", cumulative=True, unit="J"),
     Panel(
-        "CPU energy, measured (kJ)", r"system/energy/cpu_attributed_measured_joules", 1e-3, cumulative=True
+        "CPU energy, measured",
+        r"system/energy/cpu_attributed_measured_joules",
+        cumulative=True,
+        unit="J",
     ),
-    Panel("CPU energy, estimated (kJ)", r"system/energy/cpu_estimated_joules", 1e-3, cumulative=True),
+    Panel("CPU energy, estimated", r"system/energy/cpu_estimated_joules", cumulative=True, unit="J"),
     Panel("throughput (samples/s)", r"train/samples_per_s", rate=True),
-    Panel("waiting for data (s)", r"system/share/.+/consumer_\d+/stall_seconds", cumulative=True),
+    Panel(
+        "waiting for data (s)",
+        r"system/share/.+/consumer_\d+/stall_seconds|train/stall_seconds",
+        cumulative=True,
+    ),
 ]
 
 
 # --- loading ------------------------------------------------------------------------------
 def _client(uri: str | None):  # type: ignore[no-untyped-def]
-    from mlflow.tracking import MlflowClient
+    """A client of an existing store: a lookup must not create one (MLflow would, 1 MB)."""
+    uri = uri or default_store_uri()
+    db = sqlite_path(uri)
+    if db is not None and not db.is_file():
+        raise RunNotFound(
+            f"no MLflow store found: looked for {db}; give --store URI or set MLFLOW_TRACKING_URI, "
+            "or run this where the runs' mlflow.db is"
+        )
+    try:
+        from mlflow.tracking import MlflowClient
+    except ImportError:
+        raise RunNotFound(
+            "looking runs up by name, id or group needs MLflow (pip install mlflow); "
+            "run directories of `tandem run --sink csv|parquet` need none"
+        ) from None
+    from tandem.watch.stores.mlflow_store import _quiet_mlflow
 
-    from tandem.watch.sinks.store import _quiet_mlflow
-
-    client = MlflowClient(tracking_uri=uri or default_store_uri())
+    client = MlflowClient(tracking_uri=uri)
     _quiet_mlflow()
     return client
 
@@ -159,8 +187,11 @@ def load_runs(
     client = None
     for ref in refs:
         path = Path(ref)
-        if path.is_dir() and (path / "run.json").exists():
-            out.append(_from_dir(path))
+        # A file-store run's directory, or the --out directory that holds them.
+        inside = sorted(m.parent for m in path.glob("*/run.json"))
+        run_dirs = [path] if (path / "run.json").is_file() else inside
+        if path.is_dir() and run_dirs:
+            out.extend(_from_dir(d) for d in run_dirs)
             continue
         if client is None:
             client = _client(uri)
@@ -207,46 +238,42 @@ def _lines(run: RunData, panel: Panel) -> list[tuple[str, list[tuple[int, float]
     return [(k, v) for k, v in sorted(run.series.items()) if re.fullmatch(panel.pattern, k)]
 
 
-def _grid(curves: list[list[tuple[float, float]]]) -> list[float]:
-    """Common times for a group total: the group's span in steps of its typical interval."""
-    gaps = sorted(b[0] - a[0] for c in curves for a, b in zip(c, c[1:]) if b[0] > a[0])
-    step = max(gaps[len(gaps) // 2] if gaps else 1.0, 0.1)
-    lo, hi = min(c[0][0] for c in curves if c), max(c[-1][0] for c in curves if c)
-    n = min(int((hi - lo) / step) + 1, 20_000)
-    return [lo + i * (hi - lo) / max(n - 1, 1) for i in range(n)]
+def _rate_grid(arrays: list[np.ndarray]) -> np.ndarray:
+    """Common times for a total of rates: the group's span in steps of its typical interval."""
+    gaps = np.sort(np.concatenate([np.diff(a[:, 0]) for a in arrays]))
+    gaps = gaps[gaps > 0]
+    step = max(float(gaps[len(gaps) // 2]) if len(gaps) else 1.0, 0.1)
+    lo, hi = min(a[0, 0] for a in arrays), max(a[-1, 0] for a in arrays)
+    return np.linspace(lo, hi, min(int((hi - lo) / step) + 1, 20_000))
 
 
-def _integral(curve: list[tuple[float, float]], cum: list[float], t: float) -> float:
-    """The integral up to ``t`` of a rate curve whose value i covers (t[i-1], t[i]];
-    ``cum[i]`` is the integral up to t[i]."""
-    if t <= curve[0][0]:
-        return 0.0
-    i = bisect.bisect_left(curve, (t, -math.inf))
-    if i >= len(curve):
-        return cum[-1]
-    return cum[i - 1] + curve[i][1] * (t - curve[i - 1][0])
+def _total(curves: list[list[tuple[float, float]]], panel: Panel) -> tuple[np.ndarray, np.ndarray]:
+    """The group's total of step curves.
 
-
-def _total(curves: list[list[tuple[float, float]]], panel: Panel) -> tuple[list[float], list[float]]:
-    """The group's total on a common grid. Rates are averaged over each grid interval, so
-    runs sampled at different moments add up to what the server carried, not to spikes;
-    levels are read at each grid time (0 outside a run, or its last value after it ends for
-    running totals)."""
-    curves = [c for c in curves if c]
-    grid = _grid(curves)
+    Rates (value i is the average over (t[i-1], t[i]], drawn ``steps-pre``) are averaged
+    over each interval of a common grid, so runs sampled at different moments add up to
+    what the server carried, not to spikes: a rate's integral is piecewise linear, so
+    ``np.interp`` of its running integral is exact at any time (0 before the run, all of
+    it after). Levels (a value holds until the next, drawn ``steps-post``) are summed at
+    every time at which any run has a point, so the total steps exactly where its lines
+    do: each run's latest value, 0 before it starts and after it ends, except running
+    totals, which keep their last value."""
+    arrays = [np.asarray(c, dtype=float) for c in curves if c]
     if panel.rate:
-        area = [0.0] * len(grid)  # the group's integral up to each grid time
-        for c in curves:
-            cum = [0.0]
-            for (t0, _), (t1, v1) in zip(c, c[1:]):
-                cum.append(cum[-1] + v1 * (t1 - t0))
-            for i, t in enumerate(grid):
-                area[i] += _integral(c, cum, t)
-        total = [0.0] + [(area[i + 1] - area[i]) / (grid[i + 1] - grid[i]) for i in range(len(grid) - 1)]
-        return grid, total
-    total = [
-        sum(_at(c, t) for c in curves if c[0][0] <= t and (panel.cumulative or t <= c[-1][0])) for t in grid
-    ]
+        grid = _rate_grid(arrays)
+        if len(grid) < 2:
+            return grid, np.zeros_like(grid)
+        area = np.zeros_like(grid)
+        for a in arrays:
+            t, v = a[:, 0], a[:, 1]
+            area += np.interp(grid, t, np.concatenate([[0.0], np.cumsum(v[1:] * np.diff(t))]))
+        return grid, np.concatenate([[0.0], np.diff(area) / np.diff(grid)])
+    grid = np.unique(np.concatenate([a[:, 0] for a in arrays]))
+    total = np.zeros_like(grid)
+    for a in arrays:
+        t, v = a[:, 0], a[:, 1]
+        running = grid >= t[0] if panel.cumulative else (grid >= t[0]) & (grid <= t[-1])
+        total[running] += v[np.searchsorted(t, grid[running], side="right") - 1]
     return grid, total
 
 
@@ -259,24 +286,46 @@ def _start(run: RunData) -> int:
     return min([run.start_ms, *first]) if run.start_ms else min(first, default=0)
 
 
-def _at(curve: list[tuple[float, float]], t: float) -> float:
-    """The value a step curve holds at ``t`` (its first value before it starts)."""
-    i = bisect.bisect_right(curve, (t, math.inf)) - 1
-    return curve[max(i, 0)][1]
+MARK_TAG = "tandem.mark."  # tandem.mark.NAME = Unix ms: a dotted line labelled NAME
 
 
-def plot(runs: list[RunData], out: Path, panels: Sequence[Panel] = DEFAULT_PANELS) -> list[Panel]:
-    """Write the figure (format from the suffix: .png, .pdf, .svg); return the panels drawn."""
+def _marks(group_runs: list[RunData]) -> dict[str, float]:
+    """A column's marks: {NAME: Unix ms}."""
+    marks: dict[str, float] = {}
+    for r in group_runs:
+        for key, value in r.tags.items():
+            if key.startswith(MARK_TAG):
+                try:
+                    marks[key.removeprefix(MARK_TAG)] = float(value)
+                except ValueError:
+                    continue  # not a time: not ours to draw
+    return marks
+
+
+def plot(
+    runs: list[RunData],
+    out: Path,
+    panels: Sequence[Panel] = DEFAULT_PANELS,
+    caption: str | None = None,
+    zero: str | None = None,
+) -> list[Panel]:
+    """Write the figure (format from the suffix: .png, .pdf, .svg), with ``caption`` under
+    it if given; return the panels drawn. ``zero``: the NAME of a mark (tag
+    ``tandem.mark.NAME``) that is time 0 in the columns that have it, instead of the group's
+    first start (what comes before it is drawn at negative times)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import EngFormatter
 
     shown = [p for p in panels if any(_lines(r, p) for r in runs)]
     if not shown:
         raise ValueError("none of the chosen metrics was recorded in these runs")
     columns = _columns(runs)
-    colour = {r.run_id: COLOURS[i % len(COLOURS)] for i, r in enumerate(runs)}
+    # By name, not by run: the same job in two groups (private and shared, say) is one colour.
+    names = list(dict.fromkeys(r.name for r in runs))
+    colour = {name: COLOURS[i % len(COLOURS)] for i, name in enumerate(names)}
     with plt.rc_context(
         {
             "font.size": 8,
@@ -292,13 +341,16 @@ def plot(runs: list[RunData], out: Path, panels: Sequence[Panel] = DEFAULT_PANEL
             len(shown),
             len(columns),
             figsize=(3.6 * len(columns), 1.7 * len(shown) + 0.6),
-            sharex="col",
+            sharex=True,  # one time axis: a group that finished sooner is visibly shorter
             sharey="row",
             squeeze=False,
         )
         row_top = [0.0] * len(shown)
+        legend: dict[str, object] = {}  # label -> handle, over all columns
         for c, (group, group_runs) in enumerate(columns):
-            t0 = min(_start(r) for r in group_runs)
+            marks = _marks(group_runs) if group != "runs" else {}
+            aligned = zero in marks
+            t0 = int(marks[zero]) if aligned else min(_start(r) for r in group_runs)
             for row, panel in enumerate(shown):
                 ax = axes[row][c]
                 curves = []
@@ -324,7 +376,7 @@ def plot(runs: list[RunData], out: Path, panels: Sequence[Panel] = DEFAULT_PANEL
                         ax.plot(
                             [x for x, _ in xy],
                             [y for _, y in xy],
-                            color=colour[r.run_id],
+                            color=colour[r.name],
                             lw=1.2,
                             label=f"{r.name}{suffix}",
                             # a level holds until the next value; a rate covers the interval before it
@@ -332,38 +384,70 @@ def plot(runs: list[RunData], out: Path, panels: Sequence[Panel] = DEFAULT_PANEL
                             marker="o" if len(xy) < 5 else None,  # a short series stays visible
                             markersize=2.5,
                         )
+                if not curves:  # an empty panel must not read as zero
+                    ax.text(0.5, 0.5, "not recorded", transform=ax.transAxes, ha="center", color="0.5")
                 if panel.additive and len(curves) > 1 and len(group_runs) > 1:
                     tx, ty = _total(curves, panel)
                     style = "steps-pre" if panel.rate else "steps-post"
-                    ax.plot(tx, ty, color="0.2", lw=1.0, ls="--", label="total", drawstyle=style)
-                    row_top[row] = max([row_top[row], *ty])
+                    ax.plot(tx, ty, color="0.2", lw=1.0, ls="--", label="group total", drawstyle=style)
+                    row_top[row] = max(row_top[row], float(ty.max()))
+                for name, ms in marks.items():
+                    x, label = (ms - t0) / 1000.0, name.replace("_", " ")
+                    ax.axvline(x, color="0.4", lw=0.9, ls=":")
+                    if row == 0:
+                        ax.annotate(
+                            label,
+                            xy=(x, 1.0),
+                            xycoords=("data", "axes fraction"),
+                            xytext=(2, -1),
+                            textcoords="offset points",
+                            ha="left",
+                            va="top",
+                            fontsize=6.5,
+                            color="0.3",
+                        )
                 ax.grid(True, color="0.9", lw=0.6)
+                if panel.unit:
+                    ax.yaxis.set_major_formatter(EngFormatter(unit=panel.unit, sep=" "))
                 row_top[row] = max([row_top[row], *(y for xy in curves for _, y in xy)])
                 if c == 0:
                     ax.set_ylabel(textwrap.fill(panel.title, 16))
                 if row == 0:
                     ax.set_title(f"group {group}" if group != "runs" else "runs")
                 if row == len(shown) - 1:
-                    ax.set_xlabel("time since start (s)")
-            handles, labels = axes[0][c].get_legend_handles_labels()  # legend: every line once
-            for row in range(1, len(shown)):
-                h, lab = axes[row][c].get_legend_handles_labels()
-                for hh, ll in zip(h, lab):
-                    if ll not in labels:
-                        handles.append(hh)
-                        labels.append(ll)
-            axes[-1][c].legend(
-                handles,
-                labels,
-                loc="upper center",
-                bbox_to_anchor=(0.5, -0.42),
-                ncol=2,
-                frameon=False,
-            )
+                    since = zero.replace("_", " ") if aligned and zero else "the group's first start"
+                    ax.set_xlabel(f"time since {since} (s)")
+                for handle, label in zip(*ax.get_legend_handles_labels()):
+                    legend.setdefault(label, handle)
         for row, top in enumerate(row_top):  # rows share a scale from 0: columns compare
             axes[row][0].set_ylim(0, top * 1.08 if top > 0 else 1.0)
+        if not any(zero in _marks(rs) for _, rs in columns):
+            axes[0][0].set_xlim(left=0)
         fig.align_ylabels(axes[:, 0])
         fig.tight_layout()
+        # One legend for the figure (a name has one colour in every column), the total last.
+        labels = sorted(legend, key=lambda label: label == "group total")
+        shown_legend = fig.legend(
+            [legend[label] for label in labels],
+            labels,
+            loc="upper center",
+            bbox_to_anchor=(0.5, 0.0),
+            ncol=min(4, len(labels)),
+            frameon=False,
+        )
+        if caption:
+            fig.canvas.draw()
+            below = shown_legend.get_window_extent().transformed(fig.transFigure.inverted()).y0
+            width = int(fig.get_figwidth() * 17)  # characters per line at 7 pt
+            fig.text(
+                0.02,
+                below - 0.005,
+                "\n".join(textwrap.wrap(caption, width)),
+                ha="left",
+                va="top",
+                fontsize=7,
+                color="0.15",
+            )
         out.parent.mkdir(parents=True, exist_ok=True)
         fig.savefig(out, dpi=200, bbox_inches="tight")
         plt.close(fig)

@@ -1,15 +1,21 @@
-"""``tandem run -- COMMAND...``: start a command, track its process tree, keep its output.
+"""Track a command: ``start()`` it with its run, ``wait()`` for it; ``tandem run -- COMMAND...``.
+
+:func:`start` launches the command and its tracking and returns at once with a
+:class:`TrackedCommand` handle (its ``pid`` and ``run``); :meth:`TrackedCommand.wait` waits
+for the command, stores the run and returns the exit code. Neither touches the process's
+signal handlers, so one process (a job manager) can start several tracked commands and wait
+on each separately. ``tandem run`` (in ``tandem.cli``) is: start, forward signals
+(:class:`SignalForwarder`, for a command-line entry point only), wait.
 
 The command's stdout and stderr are passed through as they come and also written to
-``output.log``, stored with the run. Signals: Ctrl-C in a terminal already reaches the
-command (it is in the same foreground process group), so while the wrapper is in a
-terminal's foreground it does not send SIGINT a second time; otherwise (no terminal, in the
-background, under a scheduler) SIGINT is forwarded. SIGTERM, SIGHUP, SIGQUIT, SIGUSR1 and
-SIGUSR2 are always forwarded. Once the command has ended they are ignored until the run is
-stored (at most a couple of minutes for a slow store), so the record is not cut short.
-The wrapper waits for the command to end and exits with its exit code (128 + N if a
-signal N ended it, as shells do); 127 if the command does not exist, 126 if it cannot be
-executed.
+``output.log``, stored with the run. Signals, under ``tandem run``: Ctrl-C in a terminal
+already reaches the command (it is in the same foreground process group), so while the
+wrapper is in a terminal's foreground it does not send SIGINT a second time; otherwise (no
+terminal, in the background, under a scheduler) SIGINT is forwarded. SIGTERM, SIGHUP,
+SIGQUIT, SIGUSR1 and SIGUSR2 are always forwarded. Once the command has ended they are
+ignored until the run is stored (at most a couple of minutes for a slow store), so the
+record is not cut short. The exit code is the command's (128 + N if a signal N ended it, as
+shells do); 127 if the command does not exist, 126 if it cannot be executed.
 
 The exact CPU time of the tree comes from the kernel when the command is reaped
 (``wait4``: the command and every descendant it waited for), so a child that lived and died
@@ -25,14 +31,14 @@ import subprocess
 import sys
 import tempfile
 import threading
+import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, BinaryIO
 
 from tandem.watch.samplers.energy import watts_per_core
+from tandem.watch.stores import RunStore
 from tandem.watch.tracker import Run
-
-FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2)
 
 
 class CommandNotFound(Exception):
@@ -102,18 +108,107 @@ def _in_terminal_foreground() -> bool:
     return False
 
 
-def run_command(
+class TrackedCommand:
+    """A command started by :func:`start`, with its run: ``pid``, ``run``, ``wait()``."""
+
+    def __init__(
+        self, proc: subprocess.Popen, run: Run, workdir: Path, pumps: list[threading.Thread], log: BinaryIO
+    ) -> None:
+        self.pid = proc.pid
+        self.run = run
+        self.exit_code: int | None = None  # once waited for: what ``tandem run`` exits with
+        self.signalled = False  # a signal was sent to it through :meth:`send_signal`
+        self._proc = proc
+        self._workdir = workdir
+        self._pumps = pumps
+        self._log = log
+        self._reaped = False
+
+    def send_signal(self, signum: int) -> None:
+        """Send ``signum`` to the command, unless it has ended (its pid may be reused)."""
+        if self._reaped:
+            return
+        self.signalled = True
+        try:
+            os.kill(self.pid, signum)
+        except ProcessLookupError:
+            pass
+
+    @property
+    def reaped(self) -> bool:
+        return self._reaped
+
+    def wait(self, timeout: float | None = None) -> int:
+        """Wait for the command to end, store the run, return the exit code ``tandem run``
+        exits with. With ``timeout``: ``TimeoutError`` if it is still running then (call
+        again later); an exception other than that stops the command and fails the run."""
+        if self.exit_code is not None:
+            return self.exit_code
+        try:
+            usage = self._reap(timeout)
+        except TimeoutError:
+            raise
+        except BaseException:
+            self._abandon()
+            raise
+        try:
+            for t in self._pumps:
+                t.join(5)  # a detached grandchild that keeps the output open is not waited for
+            self._log.close()
+            code = self._proc.returncode
+            status = "FINISHED" if code == 0 else ("KILLED" if code < 0 or self.signalled else "FAILED")
+            self.run.log_artifact(self._workdir / "output.log")
+            self.run.stop(
+                status, tags={"tandem.exit_code": str(code)}, final_cpu=(usage.ru_utime, usage.ru_stime)
+            )
+            self.exit_code = code if code >= 0 else 128 - code
+            return self.exit_code
+        finally:
+            self.run.stop("FAILED")  # does nothing if the run ended above
+            shutil.rmtree(self._workdir, ignore_errors=True)
+
+    def _reap(self, timeout: float | None) -> Any:
+        # wait4 (retried by Python after each signal handler runs) gives the kernel's CPU
+        # totals for the command and the descendants it reaped.
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            pid, wait_status, usage = os.wait4(self.pid, 0 if deadline is None else os.WNOHANG)
+            if pid == self.pid:
+                break
+            if deadline is not None and time.monotonic() >= deadline:
+                raise TimeoutError(f"command {self.pid} still running after {timeout} s")
+            time.sleep(0.05)
+        self._reaped = True
+        self._proc.returncode = os.waitstatus_to_exitcode(wait_status)
+        return usage
+
+    def _abandon(self) -> None:
+        """Leaving abnormally (an exception in ``wait``): do not leave the command behind."""
+        if not self._reaped:
+            self._proc.kill()
+            self._proc.wait(60)  # SIGKILL: at once, unless the kernel is stuck on its I/O
+            self._reaped = True
+        self._log.close()
+        self.run.stop("FAILED")
+        shutil.rmtree(self._workdir, ignore_errors=True)
+
+
+def start(
     argv: Sequence[str],
     name: str | None = None,
     experiment: str = "tandem",
     tags: Mapping[str, Any] | None = None,
     interval: float = 1.0,
-    store: Any = None,
+    store: RunStore | None = None,
     quiet: bool = False,
     env: Mapping[str, str] | None = None,
     fallback_dir: str | Path = "tandem-runs",
-) -> int:
-    """Run and track ``argv``; return the exit code ``tandem run`` should exit with."""
+    stdout: BinaryIO | None = None,
+    stderr: BinaryIO | None = None,
+) -> TrackedCommand:
+    """Start ``argv`` and its tracking; return at once. Its output goes to ``stdout`` and
+    ``stderr`` (default: this process's) and to ``output.log``. Raises
+    :class:`CommandNotFound` or :class:`CommandNotExecutable` before any run is made."""
     resolve(argv)  # fail before creating a run for a command that cannot start
     watts_per_core()  # a bad TANDEM_WATTS_PER_CORE is a usage error, before anything starts
     child_env = dict(os.environ if env is None else env)
@@ -129,12 +224,10 @@ def run_command(
         store=store,
         quiet=quiet,
         env=child_env,
-        writer="thread",
-        cpu_since_start=True,
+        fallback_dir=fallback_dir,
+        cpu_since_start=True,  # the command was just started: count all of its CPU time
     )
     workdir = Path(tempfile.mkdtemp(prefix="tandem-run-"))
-    log_path = workdir / "output.log"
-    forwarded: list[int] = []
     try:
         proc = subprocess.Popen(list(argv), stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=child_env)
     except FileNotFoundError as exc:
@@ -143,51 +236,66 @@ def run_command(
     except OSError as exc:  # permission, a script without #!, a binary for another machine
         shutil.rmtree(workdir, ignore_errors=True)
         raise CommandNotExecutable(f"{argv[0]}: {exc.strerror}") from None
-
-    reaped = False
-
-    def forward(signum: int, _frame: Any) -> None:
-        if reaped:
-            return  # the pid may belong to another process by now
-        forwarded.append(signum)
-        if signum == signal.SIGINT and _in_terminal_foreground():
-            return  # the terminal sent it to the command too
-        try:
-            os.kill(proc.pid, signum)
-        except ProcessLookupError:
-            pass
-
-    previous = {s: signal.signal(s, forward) for s in FORWARDED}
     run.pid = proc.pid
+    log = (workdir / "output.log").open("wb")
     lock = threading.Lock()
-    status = "FAILED"
+    pumps = [
+        threading.Thread(
+            target=_pump, args=(proc.stdout, stdout or sys.stdout.buffer, log, lock), daemon=True
+        ),
+        threading.Thread(
+            target=_pump, args=(proc.stderr, stderr or sys.stderr.buffer, log, lock), daemon=True
+        ),
+    ]
+    for t in pumps:
+        t.start()
+    cmd = TrackedCommand(proc, run, workdir, pumps, log)
     try:
-        with log_path.open("wb") as log:
-            pumps = [
-                threading.Thread(target=_pump, args=(proc.stdout, sys.stdout.buffer, log, lock), daemon=True),
-                threading.Thread(target=_pump, args=(proc.stderr, sys.stderr.buffer, log, lock), daemon=True),
-            ]
-            for t in pumps:
-                t.start()
-            run.start()
-            # wait4 (retried by Python after each signal handler runs) gives the kernel's
-            # CPU totals for the command and the descendants it reaped.
-            _, wait_status, usage = os.wait4(proc.pid, 0)
-            reaped = True
-            proc.returncode = os.waitstatus_to_exitcode(wait_status)
-            for t in pumps:
-                t.join(5)  # a detached grandchild that keeps the output open is not waited for
-        code = proc.returncode
-        status = "FINISHED" if code == 0 else ("KILLED" if code < 0 or forwarded else "FAILED")
-        exit_code = code if code >= 0 else 128 - code
-        run.log_artifact(log_path)
-        run.stop(status, tags={"tandem.exit_code": str(code)}, final_cpu=(usage.ru_utime, usage.ru_stime))
-        return exit_code
-    finally:
-        for s, handler in previous.items():
+        run.start()
+    except BaseException:
+        cmd._abandon()
+        raise
+    return cmd
+
+
+FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2)
+
+
+class SignalForwarder:
+    """For a command-line entry point that tracks one command (``tandem run``): while in the
+    ``with`` block, the signals that would stop this process go to the command instead (see
+    the module docstring for the terminal rule), and once it has ended they are ignored
+    until the block ends (the run is stored). Process-wide, so from the main thread only, as
+    Python requires.
+
+    Enter it before :func:`start` and :meth:`attach` the command after: a signal that comes
+    while the command and its tracking start is held and sent to it once attached.
+    """
+
+    def __init__(self) -> None:
+        self._cmd: TrackedCommand | None = None
+        self._pending: list[int] = []
+        self._previous: dict[int, Any] = {}
+
+    def __enter__(self) -> SignalForwarder:
+        self._previous = {s: signal.signal(s, self._on_signal) for s in FORWARDED}
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for s, handler in self._previous.items():
             signal.signal(s, handler)
-        if proc.returncode is None:  # we are leaving abnormally: do not leave the command behind
-            proc.kill()
-            proc.wait()
-        run.stop("FAILED")  # does nothing if the run ended above or never started
-        shutil.rmtree(workdir, ignore_errors=True)
+
+    def attach(self, cmd: TrackedCommand) -> None:
+        self._cmd = cmd
+        pending, self._pending = self._pending, []
+        for signum in pending:
+            self._on_signal(signum, None)
+
+    def _on_signal(self, signum: int, _frame: Any) -> None:
+        cmd = self._cmd
+        if cmd is None:
+            self._pending.append(signum)
+        elif signum == signal.SIGINT and _in_terminal_foreground() and not cmd.reaped:
+            cmd.signalled = True  # the terminal sent it to the command too
+        else:
+            cmd.send_signal(signum)  # ignored once the command has ended

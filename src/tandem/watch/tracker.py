@@ -1,10 +1,13 @@
 """A tracked run: samplers read on a fixed interval on one thread, points go to a recorder.
 
-``Run`` is what both ``tandem run`` (tracking a command it started) and ``track()`` (in a
-training script) use. The sampling thread reads every available sampler, adds the
+``Run`` is what both ``tandem run`` (tracking a command it started, :mod:`tandem.watch.runner`)
+and ``track()`` (in a training script) use. The run's process-tree sampler says which
+processes are the run; the other samplers (:class:`~tandem.watch.samplers.Sampler`) read
+from it or from the host. The sampling thread reads every available sampler, adds the
 throughput the script logged with ``log_step``, feeds the summary and hands the points to
-the asynchronous :class:`~tandem.watch.sinks.recorder.Recorder`. A sampler that raises is
-reported once and dropped; tracking never stops the run.
+a recorder (``tandem.watch._recording``), which writes them to the run's store
+(:class:`~tandem.watch.stores.RunStore`) from a low-priority helper process, or a thread.
+A sampler that raises is reported once and dropped; tracking never stops the run.
 """
 
 from __future__ import annotations
@@ -23,52 +26,28 @@ from typing import Any
 
 from rich.console import Console
 
+from tandem.watch._checks import check_interval, check_tags, valid_key
+from tandem.watch._recording.helper import HelperRecorder
+from tandem.watch._recording.recorder import Recorder
+from tandem.watch._summary import SummaryBuilder, summary_table
+from tandem.watch.point import Point
 from tandem.watch.samplers import (
     CpuEnergySampler,
     HostSampler,
     NvmlSampler,
     ProcessTreeSampler,
+    Sampler,
     ShareSampler,
 )
-from tandem.watch.sinks.csv_sink import Point
-from tandem.watch.sinks.recorder import Recorder
-from tandem.watch.sinks.store import MlflowStore, RunStore
-from tandem.watch.sinks.writer import RecorderProcess
-from tandem.watch.summary import SummaryBuilder, summary_table
+from tandem.watch.stores import MlflowStore, RunStore
 
-MIN_INTERVAL_S = 0.1
 HEARTBEAT_S = 30.0  # an unchanged metric is still stored this often
-MAX_INTERVAL_S = 3600.0
-_TAG_KEY_OK = set("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_-./ ")
 
 
-def check_interval(interval: float) -> float:
-    if not MIN_INTERVAL_S <= interval <= MAX_INTERVAL_S:
-        raise ValueError(
-            f"interval must be between {MIN_INTERVAL_S} and {MAX_INTERVAL_S:.0f} seconds, got {interval}"
-        )
-    return float(interval)
-
-
-def _valid_key(k: str) -> bool:
-    return bool(k) and set(k) <= _TAG_KEY_OK
-
-
-def check_tags(tags: Mapping[str, Any]) -> dict[str, str]:
-    out = {}
-    for k, v in tags.items():
-        if not _valid_key(k):
-            raise ValueError(f"tag key {k!r} is not valid: use letters, digits, '_', '-', '.', '/' or spaces")
-        out[k] = str(v)
-    return out
-
-
-def default_samplers(
-    pid: int, env: Mapping[str, str] | None = None, since_start: bool = False, exclude: set[int] | None = None
-) -> list[Any]:
-    tree = ProcessTreeSampler(pid, since_start=since_start, exclude=exclude)
+def default_samplers(tree: ProcessTreeSampler, env: Mapping[str, str] | None = None) -> list[Sampler]:
+    """The samplers beside the run's process tree. They are sampled after it, and read its
+    pids and CPU time from its last sample."""
     return [
-        tree,  # first: the others read the tree's pids and CPU time from its last sample
         HostSampler(),
         CpuEnergySampler(lambda: tree.cpu_seconds),
         NvmlSampler(lambda: tree.pids, env=dict(env) if env is not None else None),
@@ -83,10 +62,11 @@ class Run:
     just started) rather than from now (for this process, which has run a while).
     ``store`` is where the run is kept (default: MLflow at ``$MLFLOW_TRACKING_URI`` or
     ``./mlflow.db``); ``fallback_dir`` is where its metrics go if that store fails.
-    ``writer``: ``"process"`` writes to the store from a helper process left out of the
-    run (the default when tracking this process: MLflow's import and writes are not
-    charged to the run); ``"thread"`` writes from a thread of this process (the default
-    when the tracked tree is another process's, as with ``tandem run``).
+    ``samplers``: what is sampled beside the run's process tree (default:
+    :func:`default_samplers`: host, CPU energy, GPUs, tandem share).
+    ``writer``: ``"process"`` (the default) writes to the store from a low-priority helper
+    process left out of the run, so MLflow's import and writes are neither charged to the
+    run nor compete with it; ``"thread"`` writes from a thread of this process.
     """
 
     def __init__(
@@ -98,7 +78,7 @@ class Run:
         interval: float = 1.0,
         store: RunStore | None = None,
         fallback_dir: str | Path = "tandem-runs",
-        samplers: list[Any] | None = None,
+        samplers: list[Sampler] | None = None,
         env: Mapping[str, str] | None = None,
         quiet: bool = False,
         flush_s: float = 5.0,
@@ -119,14 +99,15 @@ class Run:
         self._samplers_given = samplers
         self._env = env
         self._since_start = cpu_since_start
-        self._writer = writer or ("process" if self.pid == os.getpid() else "thread")
+        self._writer = writer or "process"
         if self._writer not in ("process", "thread"):
             raise ValueError(f"writer must be 'process' or 'thread', not {writer!r}")
         self.quiet = quiet
         self._flush_s = flush_s
         self.console = Console(stderr=True)
-        self.samplers: list[Any] = []
-        self.recorder: Recorder | RecorderProcess | None = None
+        self.samplers: list[Sampler] = []
+        self.tree: ProcessTreeSampler | None = None  # the run's own sampler: which processes are the run
+        self.recorder: Recorder | HelperRecorder | None = None
         self.summary: dict[str, float] | None = None
         self.unavailable: dict[str, str] = {}
         self._lock = threading.Lock()
@@ -151,11 +132,14 @@ class Run:
         # Samplers first: a bad setting (TANDEM_WATTS_PER_CORE=abc) fails here, before any
         # thread or helper process exists. The writer helper's pid joins ``exclude`` below.
         exclude: set[int] = set()
-        given = self._samplers_given
+        self.tree = ProcessTreeSampler(self.pid, since_start=self._since_start, exclude=exclude)
+        others = (
+            self._samplers_given
+            if self._samplers_given is not None
+            else default_samplers(self.tree, self._env)
+        )
         self.samplers = []
-        for s in (
-            given if given is not None else default_samplers(self.pid, self._env, self._since_start, exclude)
-        ):
+        for s in [self.tree, *others]:  # the tree first: the others read its last sample
             ok, why = s.available()
             if ok:
                 self.samplers.append(s)
@@ -165,23 +149,27 @@ class Run:
                 self.unavailable[s.name] = why
                 _close(s)
         if self._writer == "process":
-            self.recorder = RecorderProcess(
+            self.recorder = HelperRecorder(
                 self._store, self.name, self.tags, self._fallback_dir, self._flush_s
             )
-            exclude.add(self.recorder.pid)
+            exclude.add(self.recorder.pid)  # a child of this process, but not part of the run
         else:
             self.recorder = Recorder(self._store, self.name, self.tags, fallback_dir=self._fallback_dir,
                                      flush_s=self._flush_s, warn=self._warn)  # fmt: skip
         try:
             extra = {f"tandem.note.{k}": v for k, v in self.unavailable.items()}
             for s in self.samplers:
-                if hasattr(s, "tags"):
-                    extra.update(s.tags())
+                extra.update(s.tags())
             if extra:
                 self.recorder.set_tags(extra)
             if not self.quiet:
                 for k, why in self.unavailable.items():
                     self.console.print(f"[dim]tandem: {k}: {why}[/]", soft_wrap=True)
+            if self.tree in self.samplers and not self._since_start:
+                # The run's CPU counts from now, not from the sampling thread's first sample:
+                # that can come tens of ms later (the thread waits for the GIL behind a busy
+                # training loop), and the loop's CPU meanwhile belongs to the run.
+                self.tree.sample()
             self._thread = threading.Thread(target=self._loop, name="tandem-sampler", daemon=True)
             self._thread.start()
         except BaseException:
@@ -209,10 +197,8 @@ class Run:
             # sample or close the samplers under it from this thread too.
             self._warn("the sampling thread did not stop in time; the last sample is skipped")
         else:
-            if final_cpu is not None:
-                for s in self.samplers:
-                    if isinstance(s, ProcessTreeSampler):
-                        s.final_cpu = final_cpu
+            if final_cpu is not None and self.tree is not None:
+                self.tree.final_cpu = final_cpu
             self._tick(last=True)  # the end state, after the last interval; every metric
             for s in self.samplers:
                 _close(s)
@@ -260,6 +246,7 @@ class Run:
             self.recorder.log([Point(k, float(v), ts, step) for k, v in metrics.items()])
 
     def log_metrics(self, metrics: Mapping[str, float], step: int = 0) -> None:
+        """Log metrics at ``step`` (say, an evaluation), without counting a training step."""
         metrics = self._good(metrics)
         if self.recorder is not None:
             ts = int(time.time() * 1000)
@@ -270,7 +257,7 @@ class Run:
         name first used at evaluation time must not end hours of training)."""
         good = {}
         for k, v in metrics.items():
-            if _valid_key(k):
+            if valid_key(k):
                 good[k] = v
             elif k not in self._bad_keys:
                 self._bad_keys.add(k)
@@ -358,13 +345,11 @@ class Run:
         print(f"tandem: warning: {msg}", file=sys.stderr, flush=True)
 
 
-def _close(sampler: Any) -> None:
-    close = getattr(sampler, "close", None)
-    if close is not None:
-        try:
-            close()
-        except Exception:
-            pass
+def _close(sampler: Sampler) -> None:
+    try:
+        sampler.close()
+    except Exception:
+        pass  # freeing what a sampler holds must not fail the run
 
 
 @contextmanager

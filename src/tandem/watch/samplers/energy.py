@@ -19,6 +19,8 @@ from pathlib import Path
 
 import psutil
 
+from tandem.watch.samplers.base import Sampler
+
 POWERCAP = Path("/sys/class/powercap")
 # Without a counter, a busy logical core is charged this many watts. A guess, said as
 # one: server parts draw roughly 3-6 W per busy thread at full load (TDP / threads).
@@ -100,7 +102,7 @@ def watts_per_core() -> float:
     return value
 
 
-class CpuEnergySampler:
+class CpuEnergySampler(Sampler):
     """CPU energy of the run: measured through RAPL where readable, else estimated.
 
     ``run_cpu_seconds`` returns the run's cumulative CPU-seconds (the process-tree

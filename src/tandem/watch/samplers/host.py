@@ -6,8 +6,10 @@ import time
 
 import psutil
 
+from tandem.watch.samplers.base import Sampler
 
-class HostSampler:
+
+class HostSampler(Sampler):
     name = "host"
 
     def __init__(self) -> None:

@@ -27,6 +27,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+from tandem.watch.samplers.base import Sampler
 from tandem.watch.samplers.energy import EnergyCounter
 
 VISIBLE_ENV = "CUDA_VISIBLE_DEVICES"
@@ -154,7 +155,7 @@ def _load_pynvml() -> Any:
     return pynvml
 
 
-class NvmlSampler:
+class NvmlSampler(Sampler):
     name = "nvml"
 
     def __init__(

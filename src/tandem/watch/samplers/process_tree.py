@@ -18,6 +18,8 @@ import time
 
 import psutil
 
+from tandem.watch.samplers.base import Sampler
+
 
 def memory_rollup(pid: int) -> tuple[int, int] | None:
     """``(pss, uss)`` bytes of a process from ``/proc/PID/smaps_rollup``, or None.
@@ -73,7 +75,7 @@ def child_pids(pid: int) -> list[int]:
 ROLLUP_BUDGET = 0.001
 
 
-class ProcessTreeSampler:
+class ProcessTreeSampler(Sampler):
     name = "process_tree"
 
     def __init__(self, root_pid: int, since_start: bool = True, exclude: set[int] | None = None):

@@ -13,6 +13,7 @@ import re
 from collections.abc import Callable, Iterable
 
 from tandem.share._stats import query_all
+from tandem.watch.samplers.base import Sampler
 
 _UNSAFE = re.compile(r"[^A-Za-z0-9_.\- ]")
 
@@ -21,7 +22,7 @@ def _key(name: str) -> str:
     return _UNSAFE.sub("_", name)  # MLflow metric keys allow letters, digits, _ - . space /
 
 
-class ShareSampler:
+class ShareSampler(Sampler):
     name = "share"
 
     def __init__(self, run_pids: Callable[[], Iterable[int]], timeout: float = 0.5):

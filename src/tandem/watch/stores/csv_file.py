@@ -1,4 +1,4 @@
-"""A plain-file sink: one CSV row per metric point, for people who do not want MLflow.
+"""The metrics file of a file-store run: one CSV row per metric point.
 
 Rows are ``timestamp_ms,step,key,value`` (long format: any set of metrics, readable with
 ``pandas.read_csv`` or a spreadsheet). Each ``log`` call is written and flushed at once,
@@ -9,15 +9,8 @@ from __future__ import annotations
 
 import csv
 from pathlib import Path
-from typing import NamedTuple
 
-
-class Point(NamedTuple):
-    key: str
-    value: float
-    timestamp_ms: int
-    step: int = 0
-
+from tandem.watch.point import Point
 
 HEADER = ("timestamp_ms", "step", "key", "value")
 

@@ -1,4 +1,4 @@
-"""The tracker's sink: asynchronous, batched, and never the reason a run fails.
+"""The recorder: points to a run store, asynchronous, batched, and never the reason a run fails.
 
 The sampling thread hands points to :meth:`Recorder.log`, which only appends to a queue.
 A writer thread opens the run store (MLflow by default: importing it and opening a SQLite
@@ -10,7 +10,6 @@ carries on there: the run is never stopped and no point after the failure is los
 
 from __future__ import annotations
 
-import logging
 import queue
 import sys
 import threading
@@ -18,10 +17,9 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from tandem.watch.sinks.csv_sink import Point
-from tandem.watch.sinks.store import FileStore, RunStore
-
-log = logging.getLogger(__name__)
+from tandem.watch.point import Point
+from tandem.watch.stores.base import RunStore
+from tandem.watch.stores.file_store import FileStore
 
 
 class Recorder:
@@ -46,7 +44,6 @@ class Recorder:
         self.fell_back = False
         self.error: str | None = None
         self.closed_ok = True
-        self.cpu_seconds = 0.0  # the writer thread's own CPU time
         self._thread = threading.Thread(target=self._run, name="tandem-recorder", daemon=True)
         self._thread.start()
 
@@ -105,9 +102,7 @@ class Recorder:
                 self._try(lambda p=item: self.store.log_artifact(p), f"store {item.name}")
             elif kind == "close":
                 self._guard(lambda s=item: self.store.close(s), "end the run")
-                self.cpu_seconds = time.thread_time()
                 return
-            self.cpu_seconds = time.thread_time()
 
     def _try(self, op: Callable[[], None], what: str) -> None:
         """Tags and artifacts: a failure costs that item only (warned), not the store."""

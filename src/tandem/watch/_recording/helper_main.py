@@ -1,34 +1,34 @@
-"""Entry point of the recorder helper process (``python -m tandem.watch.sinks.writer_process``).
+"""Entry point of the recorder helper process (``python -m tandem.watch._recording.helper_main``).
 
-Kept apart from :mod:`tandem.watch.sinks.writer`, which the tracker imports, so that
-running this module does not import it twice. The protocol is described there.
+Kept apart from :mod:`tandem.watch._recording.helper` (the parent's side, which the tracker
+imports), so that running this module does not import that one twice. The protocol is
+described there.
 """
 
 from __future__ import annotations
 
-import json
 import os
 import pickle
 import queue
 import signal
 import sys
 import threading
+from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
 
-from tandem.watch.sinks.csv_sink import Point
-from tandem.watch.sinks.recorder import Recorder
-from tandem.watch.sinks.writer import _recv
+from tandem.watch._recording.recorder import Recorder
+from tandem.watch.point import Point
 
-_events: Any = None  # the pipe to the parent; fd 1 is pointed at stderr (see main)
+_events: Connection | None = None  # to the parent; fd 1 is pointed at stderr (see main)
 
 
 def _emit(event: str, recorder: Recorder, **extra: Any) -> None:
     message = {"event": event, "run_id": recorder.run_id, "where": recorder.where,
                "fell_back": recorder.fell_back, **extra}  # fmt: skip
     try:
-        _events.write(json.dumps(message) + "\n")
-        _events.flush()
+        assert _events is not None
+        _events.send(message)
     except (OSError, ValueError):
         pass  # the parent is gone: the run is still ended properly
 
@@ -43,19 +43,22 @@ def _watch_parent(parent: int, gone: threading.Event) -> None:
 
 def main() -> int:
     global _events
-    # The helper is in a session of its own (no terminal signals) and ignores the signals a
-    # scheduler or a closing terminal sends the script: it must outlive the script to
-    # record how the run ended.
-    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+    # The helper is in a process group of its own (no Ctrl-C from the terminal) and ignores
+    # the signals a scheduler or a closing terminal sends the script: it must outlive the
+    # script to record how the run ended. SIGTTOU: a background group's warning on a
+    # terminal set to ``stty tostop`` must not stop it.
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGTTOU):
         signal.signal(sig, signal.SIG_IGN)
+    # Below the run's priority before the heavy work (MLflow's import): see helper.py.
+    os.nice(int(os.environ.get("TANDEM_HELPER_NICE", "0")))
     # Events go to the parent on a private copy of fd 1; fd 1 itself (and anything MLflow
     # prints there, such as "View run ... at ..." for a server store) goes to stderr.
-    _events = os.fdopen(os.dup(1), "w")
+    _events = Connection(os.dup(1), readable=False)
     os.dup2(2, 1)
     parent = int(os.environ.get("TANDEM_WRITER_PARENT", os.getppid()))
-    stdin = sys.stdin.buffer
+    inbox = Connection(os.dup(0), writable=False)
     try:
-        kind, payload = _recv(stdin)
+        kind, payload = inbox.recv()
     except EOFError:
         return 0
     if kind != "init":
@@ -69,7 +72,7 @@ def main() -> int:
     def read() -> None:
         while True:
             try:
-                messages.put(_recv(stdin))
+                messages.put(inbox.recv())
             except (EOFError, OSError, pickle.UnpicklingError):
                 gone.set()
                 return
@@ -100,8 +103,7 @@ def main() -> int:
             status = payload
             break
     ok = recorder.close(status, timeout=300)
-    t = os.times()  # the helper's whole CPU time: imports, store, every write
-    _emit("closed", recorder, cpu_seconds=t.user + t.system, ok=ok)
+    _emit("closed", recorder, ok=ok)
     try:
         _events.close()
     except OSError:

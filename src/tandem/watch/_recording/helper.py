@@ -1,54 +1,43 @@
-"""The recorder in a helper process, for ``track()`` inside a training script.
+"""The recorder in a low-priority helper process: MLflow's import and writes off the run's path.
 
-Importing MLflow and opening a new store cost a training process about 3.7 CPU-seconds and
-180 MiB of memory (``benchmarks/watch_costs.py``), which would then be charged to the very
-run being measured. So ``track()`` starts this small
-helper (``python -m tandem.watch.sinks.writer_process``), which the process-tree sampler leaves
-out of the run, and sends it the points over a pipe.
+Importing MLflow and opening a new store cost about 3.7 CPU-seconds and 180 MiB of memory
+(``benchmarks/watch_costs.py``). Inside a training script (``track()``) they would be
+charged to the very run being measured; in the ``tandem run`` wrapper they would compete
+for the CPU with the command it has just started (and with its neighbours', when several
+runs start at once: ``benchmarks/watch_startup.py``). So both start this small helper
+(``python -m tandem.watch._recording.helper_main``) at a lower CPU priority (nice
+``HELPER_NICE``), which the process-tree sampler leaves out of the run, and send it the
+points.
 
-Parent to helper, on stdin: length-prefixed pickles ``(kind, payload)``: ``init``,
-``points``, ``tags``, ``artifact``, ``close``. Helper to parent, on stdout: one JSON object
-per line: ``{"event": "opened"|"closed", ...}``. If the parent dies, the helper sees end of
-file, ends the run as KILLED and exits: a killed script leaves no run marked as running.
+Parent to helper, on the helper's stdin: ``multiprocessing.connection`` messages
+``(kind, payload)``: ``init``, ``points``, ``tags``, ``artifact``, ``close``. Helper to
+parent, on its stdout: dicts ``{"event": "opened"|"closed", ...}``. If the parent dies, the
+helper sees end of file (or its parent's pid change), ends the run as KILLED and exits: a
+killed script leaves no run marked as running.
 """
 
 from __future__ import annotations
 
-import json
 import os
-import pickle
 import queue
-import struct
 import subprocess
 import sys
 import threading
 import time
+from multiprocessing.connection import Connection
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import Any
 
-from tandem.watch.sinks.csv_sink import Point
+from tandem.watch.point import Point
+from tandem.watch.stores.base import RunStore
 
-_LEN = struct.Struct(">I")
-
-
-def _send(stream: BinaryIO, message: Any) -> None:
-    data = pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
-    stream.write(_LEN.pack(len(data)) + data)
-    stream.flush()
+# Lower priority than the run: under contention the kernel gives it about a tenth of the
+# CPU share of a process at the default priority. Its work is not urgent: points wait in
+# its queue, and the run's end waits for it (up to ``Run.stop``'s timeout).
+HELPER_NICE = 10
 
 
-def _recv(stream: BinaryIO) -> Any:
-    head = stream.read(_LEN.size)
-    if len(head) < _LEN.size:
-        raise EOFError
-    size = _LEN.unpack(head)[0]
-    data = stream.read(size)
-    if len(data) < size:  # the writer died mid-message
-        raise EOFError
-    return pickle.loads(data)
-
-
-class RecorderProcess:
+class HelperRecorder:
     """The parent's side: the same calls as :class:`Recorder`, served by the helper.
 
     Calls only queue their message: a sender thread writes to the pipe, so a training
@@ -56,8 +45,9 @@ class RecorderProcess:
     MLflow for seconds, with the pipe full).
     """
 
-    def __init__(self, store: Any, name: str, tags: dict[str, str], fallback_dir: str | Path = "tandem-runs",
-                 flush_s: float = 5.0):  # fmt: skip
+    def __init__(
+        self, store: RunStore, name: str, tags: dict[str, str], fallback_dir: str | Path, flush_s: float
+    ):
         self.name = name
         env = dict(os.environ)
         # The helper must import this very tandem, even if the script found it by sys.path.
@@ -65,18 +55,29 @@ class RecorderProcess:
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [package_root, env.get("PYTHONPATH")]))
         env["TANDEM_WRITER_PARENT"] = str(os.getpid())
         env["MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT"] = "true"
-        self._proc = subprocess.Popen(
-            [sys.executable, "-m", "tandem.watch.sinks.writer_process"],
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, close_fds=True, env=env,
-            start_new_session=True,  # no Ctrl-C or hang-up from the script's terminal
-        )  # fmt: skip
+        env["TANDEM_HELPER_NICE"] = str(HELPER_NICE)
+        to_helper, from_helper = os.pipe(), os.pipe()  # (read, write) each, not inherited
+        try:
+            self._proc = subprocess.Popen(
+                [sys.executable, "-m", "tandem.watch._recording.helper_main"],
+                stdin=to_helper[0], stdout=from_helper[1], close_fds=True, env=env,
+                # Its own process group: a Ctrl-C in the terminal does not reach it. Not its
+                # own session: with the kernel's autogroup scheduling (most desktops and
+                # servers), a new session is a new scheduling group with a full share of its
+                # own, which would undo its lower priority.
+                process_group=0,
+            )  # fmt: skip
+        finally:
+            os.close(to_helper[0])
+            os.close(from_helper[1])
+        self._out = Connection(to_helper[1], readable=False)
+        self._in = Connection(from_helper[0], writable=False)
         self.pid = self._proc.pid
         self._outbox: queue.SimpleQueue = queue.SimpleQueue()
         self.opened = threading.Event()
         self._closed = threading.Event()
         self._run_id = ""
         self._where = str(getattr(store, "where", ""))
-        self.cpu_seconds = 0.0
         self.fell_back = False
         self.ended_cleanly = False  # True once the helper said the run is closed
         self._reader = threading.Thread(target=self._read_events, name="tandem-writer-events", daemon=True)
@@ -86,7 +87,6 @@ class RecorderProcess:
         self._outbox.put(("init", (store, name, tags, str(fallback_dir), flush_s)))
 
     def _send_loop(self) -> None:
-        assert self._proc.stdin is not None
         while True:
             messages = [self._outbox.get()]
             while True:  # take everything queued: consecutive points go as one message
@@ -102,30 +102,25 @@ class RecorderProcess:
                     merged.append((kind, list(payload) if kind == "points" else payload))
             for message in merged:
                 try:
-                    _send(self._proc.stdin, message)
-                except (BrokenPipeError, ValueError, OSError):
+                    self._out.send(message)
+                except (ValueError, OSError):
                     return  # the helper is gone; it said why on stderr
                 if message[0] == "close":
                     return
 
     def _read_events(self) -> None:
-        assert self._proc.stdout is not None
         try:
-            for line in self._proc.stdout:
-                try:
-                    event = json.loads(line)
-                except ValueError:
-                    continue  # not one of ours
+            while True:
+                event = self._in.recv()
                 self._run_id = event.get("run_id", self._run_id)
                 self._where = event.get("where", self._where)
                 self.fell_back = event.get("fell_back", self.fell_back)
-                self.cpu_seconds = event.get("cpu_seconds", self.cpu_seconds)
                 if event.get("event") == "opened":
                     self.opened.set()
                 elif event.get("event") == "closed":
                     self.ended_cleanly = bool(event.get("ok", True))
                     self._closed.set()
-        except (OSError, ValueError):
+        except (EOFError, OSError, ValueError):
             pass
         finally:
             self.opened.set()  # the helper ended: nobody waits forever
@@ -161,12 +156,8 @@ class RecorderProcess:
             self._proc.wait(timeout=10)
         except subprocess.TimeoutExpired:
             pass  # it said it is done; it exits on its own
-        for stream in (self._proc.stdin, self._proc.stdout):
-            if stream is not None:
-                try:
-                    stream.close()
-                except OSError:
-                    pass
+        self._out.close()
+        self._reader.join(5)  # it has seen "closed"; it ends at the helper's end of file
         return self.ended_cleanly
 
     @property

@@ -1,0 +1,126 @@
+"""A run kept in MLflow, through its public client API (any tracking URI MLflow accepts).
+
+MLflow is imported only when a store is opened: importing it costs seconds of CPU, which
+the tracker spends off the tracked run's path (``tandem.watch._recording``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from filelock import FileLock, Timeout
+
+from tandem.watch.point import Point
+from tandem.watch.stores.base import default_store_uri
+
+LOCK_TIMEOUT_S = 60.0
+
+
+def sqlite_path(uri: str) -> Path | None:
+    """The database file of a ``sqlite:///`` URI; None for any other store."""
+    return Path(uri.removeprefix("sqlite:///")) if uri.startswith("sqlite:///") else None
+
+
+def _quiet_mlflow() -> None:
+    # MLflow logs INFO lines on first use of a SQLite store (creating tables) and on every
+    # run it ends ("View run ..."); a wrapped command's output should not be interleaved.
+    import logging
+
+    for name in ("mlflow", "alembic"):
+        logging.getLogger(name).setLevel(logging.WARNING)
+
+
+@contextlib.contextmanager
+def _sqlite_init_lock(uri: str) -> Iterator[None]:
+    """Serialise first use of a SQLite store: MLflow creates the tables on first use, and
+    two runs starting together on a new file would both try (one then fails)."""
+    db = sqlite_path(uri)
+    if db is None:
+        yield
+        return
+    db.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        with FileLock(f"{db}.lock", timeout=LOCK_TIMEOUT_S):
+            yield
+    except Timeout:  # its holder is stopped (Ctrl-Z) or stuck
+        raise TimeoutError(f"{db}.lock held by another run for {LOCK_TIMEOUT_S:.0f} s") from None
+
+
+class MlflowStore:
+    """One MLflow run through the public client API (any tracking URI MLflow accepts)."""
+
+    MAX_METRICS_PER_CALL = 1000  # MLflow's log_batch limit
+
+    def __init__(self, uri: str | None = None, experiment: str = "tandem"):
+        self.uri = uri or default_store_uri()
+        self.experiment = experiment
+        self.run_id = ""
+        self.where = self.uri
+        self._client = None
+
+    def prepare(self) -> tuple[Any, str]:
+        """Import MLflow, create the store's tables and the experiment if new; return
+        ``(client, experiment id)``. Seconds of CPU the first time: the demo calls it before
+        its clocks start."""
+        # MLflow prints "View run ... at ..." to stdout when a run against a server ends;
+        # under ``tandem run`` that would land in the command's output.
+        os.environ.setdefault("MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT", "true")
+        from mlflow.tracking import MlflowClient
+
+        _quiet_mlflow()  # after the import: mlflow sets its logger up when imported
+        with _sqlite_init_lock(self.uri):
+            client = MlflowClient(tracking_uri=self.uri)
+            return client, self._experiment_id(client)
+
+    def open(self, name: str, tags: dict[str, str], start_ms: int | None = None) -> None:
+        client, exp_id = self.prepare()
+        run = client.create_run(exp_id, start_time=start_ms, run_name=name, tags=tags)
+        self._client, self.run_id = client, run.info.run_id
+        self.where = f"{self.uri} (experiment {self.experiment!r}, run {self.run_id})"
+
+    def _artifact_location(self) -> str | None:
+        """For a SQLite store, artifacts (output.log, summary.json) go beside the database
+        (``mlruns/<experiment>/`` next to ``mlflow.db``), not into whatever directory the
+        first run happened to start in, which is MLflow's default."""
+        db = sqlite_path(self.uri)
+        if db is None:
+            return None
+        db = db.resolve()
+        safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in self.experiment)
+        return (db.parent / "mlruns" / safe).as_uri()
+
+    def _experiment_id(self, client) -> str:  # type: ignore[no-untyped-def]
+        exp = client.get_experiment_by_name(self.experiment)  # creates the tables if new
+        if exp is not None:
+            return exp.experiment_id
+        try:
+            return client.create_experiment(self.experiment, artifact_location=self._artifact_location())
+        except Exception:
+            # another run created it since (a server store, which the lock does not cover)
+            exp = client.get_experiment_by_name(self.experiment)
+            if exp is None:
+                raise
+            return exp.experiment_id
+
+    def log(self, points: list[Point]) -> None:
+        from mlflow.entities import Metric
+
+        metrics = [Metric(p.key, float(p.value), int(p.timestamp_ms), int(p.step)) for p in points]
+        for i in range(0, len(metrics), self.MAX_METRICS_PER_CALL):
+            self._client.log_batch(self.run_id, metrics=metrics[i : i + self.MAX_METRICS_PER_CALL])
+
+    def set_tags(self, tags: dict[str, str]) -> None:
+        from mlflow.entities import RunTag
+
+        if tags:
+            self._client.log_batch(self.run_id, tags=[RunTag(k, str(v)) for k, v in tags.items()])
+
+    def log_artifact(self, path: Path) -> None:
+        self._client.log_artifact(self.run_id, str(path))
+
+    def close(self, status: str) -> None:
+        self._client.set_terminated(self.run_id, status=status)
