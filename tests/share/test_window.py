@@ -19,6 +19,13 @@ def _publish_batch(w: Window, slot: int, count: int = 4) -> int:
     return entry.seq
 
 
+def _fill(w: Window, links: list, n: int, cap: int) -> None:
+    """Publish ``n`` batches, each into the slot the window gives."""
+    for _ in range(n):
+        slot, _ = w.take_slot(links, cap)
+        _publish_batch(w, slot)
+
+
 def _take(link: SocketLink, w: Window) -> int:
     """The consumer takes the entry at its cursor (as the control thread sends it)."""
     seq = w.next_live(link.cursor())
@@ -38,9 +45,7 @@ def _check_slots(w: Window) -> None:
 def test_wait_reuses_a_slot_only_once_every_consumer_released_it():
     w = Window("wait", 2)
     a, b = SocketLink(0, (0, 0)), SocketLink(0, (0, 0))
-    for _ in range(2):
-        slot, _ = w.take_slot([a, b], 99)
-        _publish_batch(w, slot)
+    _fill(w, [a, b], 2, 99)
     assert w.take_slot([a, b], 99) == (None, None), "window full"
     assert _take(a, w) == 0 and _take(a, w) == 1
     a.released((0, 1))
@@ -58,9 +63,7 @@ def test_wait_reuses_a_slot_only_once_every_consumer_released_it():
 def test_without_consumers_nothing_is_evicted_the_first_one_gets_the_window():
     w = Window("skip", 3)
     cap = w.size + 1  # the producer's cap with no consumer: one slot to grow into
-    for _ in range(4):
-        slot, _ = w.take_slot([], cap)
-        _publish_batch(w, slot)
+    _fill(w, [], 4, cap)
     assert w.take_slot([], cap) == (None, None)
     assert list(w.entries) == [0, 1, 2, 3]
     assert w.join_point() == (0, (0, 0))
@@ -69,9 +72,7 @@ def test_without_consumers_nothing_is_evicted_the_first_one_gets_the_window():
 def test_skip_keeps_pace_with_the_fastest_and_the_slow_one_is_told_what_it_missed():
     w = Window("skip", 2)
     fast, slow = SocketLink(0, (0, 0)), SocketLink(0, (0, 0))
-    for _ in range(2):
-        slot, _ = w.take_slot([fast, slow], 5)
-        _publish_batch(w, slot)
+    _fill(w, [fast, slow], 2, 5)
     assert w.take_slot([fast, slow], 5)[0] is None, "the fastest has taken nothing: wait"
     _take(fast, w)
     fast.released((0,))
@@ -86,9 +87,7 @@ def test_skip_keeps_pace_with_the_fastest_and_the_slow_one_is_told_what_it_misse
 def test_skip_never_evicts_a_held_entry_and_grows_up_to_the_cap_instead():
     w = Window("skip", 2)
     a = SocketLink(0, (0, 0))
-    for _ in range(2):
-        slot, _ = w.take_slot([a], 3)
-        _publish_batch(w, slot)
+    _fill(w, [a], 2, 3)
     _take(a, w)
     _take(a, w)  # holds both
     slot, skipped = w.take_slot([a], 3)
@@ -117,9 +116,7 @@ def test_end_is_never_evicted_and_nothing_follows_it():
 
 def test_join_points_prefer_an_epoch_start_then_cut_then_refuse():
     w = Window("wait", 8)
-    for _ in range(2):
-        slot, _ = w.take_slot([], 99)
-        _publish_batch(w, slot)
+    _fill(w, [], 2, 99)
     assert w.join_point() == (0, (0, 0)), "epoch 0's start is still in the window"
     w.entries.pop(0)
     w.free.append(0)

@@ -35,6 +35,8 @@ import psutil
 import torch
 
 from tandem.bench.data import ImageFolder
+from tandem.bench.handoff import SHAPES as HANDOFF_SHAPES
+from tandem.bench.handoff import measure as measure_handoff
 from tandem.bench.images import make_image_folder
 from tandem.bench.models import MODELS
 from tandem.watch.samplers.process_tree import pss_bytes
@@ -498,50 +500,6 @@ def run_one(
 
 
 # --------------------------------------------------------------------------- hand-off
-def handoff_producer(name: str, shape: tuple[int, ...], batches: int) -> None:
-    from tandem.share import Producer
-
-    distinct = [torch.randn(shape) for _ in range(4)]
-    source = [distinct[i % 4] for i in range(batches)]  # written into the slab one by one
-    Producer(source, name, window=4).serve(epochs=1000)
-
-
-def measure_handoff(shape: tuple[int, ...], steps: int = 40) -> dict[str, Any]:
-    """Median time of ``next()`` for batches of ``shape`` when the producer is ahead."""
-    from tandem.share import Consumer
-
-    name = f"handoff-{os.getpid()}-{'x'.join(map(str, shape))}"
-    nbytes = torch.Size(shape).numel() * 4
-    p = CTX.Process(target=handoff_producer, args=(name, shape, steps + 8))
-    p.start()
-    try:
-        consumer = Consumer(name, timeout=60)
-        it = iter(consumer)
-        next(it)  # first batch maps the segments: not a steady-state hand-off
-        # One step: touch every page (a real step reads the batch), then give the producer
-        # time to refill the window, so next() only measures the hand-off itself.
-        refill_s = 0.02 + 3 * nbytes / 2e9
-        times = []
-        for _ in range(steps):
-            time.sleep(refill_s)
-            t0 = time.perf_counter()
-            batch = next(it)
-            times.append(time.perf_counter() - t0)
-            float(batch.view(-1)[::1024].sum())
-        consumer.close()
-    finally:
-        p.terminate()
-        p.join(10)
-    times.sort()
-    return {
-        "shape": list(shape),
-        "mbytes": nbytes / 1e6,
-        "median_ms": statistics.median(times) * 1e3,
-        "p90_ms": times[int(0.9 * len(times))] * 1e3,
-        "steps": steps,
-    }
-
-
 # --------------------------------------------------------------------------- driver
 def tensorsocket_available() -> bool:
     try:
@@ -567,8 +525,7 @@ def run(jobs: list[int], quick: bool = False, out: Path = Path("benchmarks/resul
             for mode in modes:
                 console.print(f"[dim]running {mode} x{n} ({step})...[/]")
                 results.append(run_one(mode, n, step, cfg, root))
-    handoff = [measure_handoff(s, steps=15 if quick else 40)
-               for s in ((64, 4096), (64, 3, 224, 224), (64, 3, 361, 361))]  # fmt: skip
+    handoff = [measure_handoff(s, steps=15 if quick else 40) for s in HANDOFF_SHAPES]
 
     table = Table(title=f"tandem share benchmark ({os.cpu_count()} cores, {cfg.images} JPEGs, "
                         f"{cfg.epochs} epoch(s), batch {cfg.batch_size})")  # fmt: skip
