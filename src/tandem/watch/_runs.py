@@ -1,0 +1,171 @@
+"""Finding and loading tracked runs for ``tandem report``: by MLflow run id, run name,
+``group:NAME`` or a file-store run directory.
+
+Lookups are read-only: they never create a store (MLflow would create a 1 MB database for a
+mistyped path), and a file-store directory needs no MLflow at all.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from tandem.watch.stores.base import default_store_uri
+from tandem.watch.stores.csv_file import read_points
+from tandem.watch.stores.mlflow_store import sqlite_path
+
+GROUP_TAG = "group"
+_RUN_ID = re.compile(r"^[0-9a-f]{32}$")
+
+
+class RunNotFound(LookupError):
+    pass
+
+
+@dataclass
+class RunData:
+    run_id: str
+    name: str
+    start_ms: int
+    tags: dict[str, str] = field(default_factory=dict)
+    status: str = ""
+    series: dict[str, list[tuple[int, float]]] = field(default_factory=dict)  # key -> [(ms, value)]
+    summary: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def group(self) -> str | None:
+        return self.tags.get(GROUP_TAG)
+
+
+# --- loading ------------------------------------------------------------------------------
+def _client(uri: str | None):  # type: ignore[no-untyped-def]
+    """A client of an existing store: a lookup must not create one (MLflow would, 1 MB)."""
+    uri = uri or default_store_uri()
+    db = sqlite_path(uri)
+    if db is not None and not db.is_file():
+        raise RunNotFound(
+            f"no MLflow store found: looked for {db}; give --store URI or set MLFLOW_TRACKING_URI, "
+            "or run this where the runs' mlflow.db is"
+        )
+    try:
+        from mlflow.tracking import MlflowClient
+    except ImportError:
+        raise RunNotFound(
+            "looking runs up by name, id or group needs MLflow (pip install mlflow); "
+            "run directories of `tandem run --sink csv|parquet` need none"
+        ) from None
+    from tandem.watch.stores.mlflow_store import _quiet_mlflow
+
+    client = MlflowClient(tracking_uri=uri)
+    _quiet_mlflow()
+    return client
+
+
+def _all_experiments(client) -> list[str]:  # type: ignore[no-untyped-def]
+    return [e.experiment_id for e in client.search_experiments()]
+
+
+def recent_runs(uri: str | None = None, limit: int = 10) -> list[tuple[str, str, str]]:
+    """(run id, name, group) of the newest runs in the store, newest first."""
+    client = _client(uri)
+    runs = client.search_runs(
+        _all_experiments(client), max_results=limit, order_by=["attributes.start_time DESC"]
+    )
+    return [(r.info.run_id, r.info.run_name or "", r.data.tags.get(GROUP_TAG, "")) for r in runs]
+
+
+def _not_found(ref: str, uri: str | None) -> RunNotFound:
+    try:
+        recent = recent_runs(uri)
+    except Exception:
+        recent = []
+    where = uri or default_store_uri()
+    if not recent:
+        return RunNotFound(f"no run {ref!r} in {where}, which has no runs yet (track one with `tandem run`)")
+    lines = "\n".join(f"  {rid}  {name}" + (f"  (group {g})" if g else "") for rid, name, g in recent)
+    return RunNotFound(f"no run {ref!r} in {where}. Recent runs:\n{lines}")
+
+
+def _from_mlflow(client, mlrun, keys: Sequence[str] | None = None) -> RunData:  # type: ignore[no-untyped-def]
+    info = mlrun.info
+    data = RunData(
+        info.run_id,
+        info.run_name or info.run_id,
+        int(info.start_time or 0),
+        dict(mlrun.data.tags),
+        info.status,
+    )
+    for key, value in mlrun.data.metrics.items():
+        if key.startswith("summary/"):
+            data.summary[key.removeprefix("summary/")] = float(value)
+        elif keys is None or any(re.fullmatch(k, key) for k in keys):
+            history = client.get_metric_history(info.run_id, key)
+            data.series[key] = sorted((m.timestamp, m.value) for m in history)
+    return data
+
+
+def _from_dir(path: Path) -> RunData:
+    meta = json.loads((path / "run.json").read_text())
+    data = RunData(
+        meta["run_id"],
+        meta.get("name", path.name),
+        int(meta.get("start_time_ms", 0)),
+        dict(meta.get("tags", {})),
+        meta.get("status", ""),
+    )
+    for p in read_points(path / "metrics.csv"):
+        if p.key.startswith("summary/"):
+            data.summary[p.key.removeprefix("summary/")] = p.value
+        else:
+            data.series.setdefault(p.key, []).append((p.timestamp_ms, p.value))
+    return data
+
+
+def _quote(value: str) -> str:
+    return value.replace("'", "\\'")  # inside an MLflow filter string's quotes
+
+
+def load_runs(
+    refs: Sequence[str], uri: str | None = None, keys: Sequence[str] | None = None
+) -> list[RunData]:
+    """Resolve each reference to runs (see the module docstring); unknown ones raise RunNotFound."""
+    out: list[RunData] = []
+    client = None
+    for ref in refs:
+        path = Path(ref)
+        # A file-store run's directory, or the --out directory that holds them.
+        inside = sorted(m.parent for m in path.glob("*/run.json"))
+        run_dirs = [path] if (path / "run.json").is_file() else inside
+        if path.is_dir() and run_dirs:
+            out.extend(_from_dir(d) for d in run_dirs)
+            continue
+        if client is None:
+            client = _client(uri)
+        if ref.startswith("group:"):
+            group = _quote(ref.removeprefix("group:"))
+            found = client.search_runs(
+                _all_experiments(client),
+                filter_string=f"tags.{GROUP_TAG} = '{group}'",
+                order_by=["attributes.start_time ASC"],
+            )
+        elif _RUN_ID.match(ref):
+            try:
+                found = [client.get_run(ref)]
+            except Exception:
+                found = []
+        else:
+            quoted = _quote(ref)
+            found = client.search_runs(
+                _all_experiments(client),
+                filter_string=f"attributes.run_name = '{quoted}'",
+                order_by=["attributes.start_time DESC"],
+                max_results=1,
+            )
+        if not found:
+            raise _not_found(ref, uri)
+        out.extend(_from_mlflow(client, r, keys) for r in found)
+    seen: set[str] = set()
+    return [r for r in out if not (r.run_id in seen or seen.add(r.run_id))]  # type: ignore[func-returns-value]
