@@ -1,0 +1,243 @@
+"""The job processes of the share benchmark (:mod:`tandem.bench.share_bench`): one private
+DataLoader job, one tandem producer and consumer job, one TensorSocket producer and job.
+
+Each runs in a spawned process, builds its loader, says so, waits for the common start and
+then reports its :class:`JobResult` (samples, stall, CPU of its own tree) on a queue.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from dataclasses import dataclass
+
+import psutil
+import torch
+
+from tandem.bench.data import ImageFolder
+from tandem.bench.models import MODELS
+
+
+@dataclass
+class Config:
+    images: int = 512
+    epochs: int = 2
+    batch_size: int = 32
+    crop: int = 224
+    workers: int = 2  # DataLoader worker processes, per private job and for the producer
+    sleep_ms: float = 25.0  # simulated accelerator step per batch
+    model: str = "tiny_cnn"
+    run_timeout_s: float = 90.0
+    data_dir: str = "data/bench-images"
+
+
+@dataclass
+class JobResult:
+    job: int
+    label: str = ""
+    samples: int = 0
+    wall_s: float = 0.0
+    stall_s: float = 0.0
+    samples_per_s: float = 0.0
+    cpu_s: float = 0.0  # the job's process tree, from the common start to its end
+    start: float = 0.0  # time.monotonic(), shared by all processes on the host
+    end: float = 0.0
+    partial: bool = False  # killed before it finished: figures up to the kill
+    error: str | None = None
+
+
+# --------------------------------------------------------------------------- job processes
+def _step_fn(step: str, cfg: Config, model_name: str | None = None):
+    if step == "sleep":
+        delay = cfg.sleep_ms / 1000
+
+        def sleep_step(images: torch.Tensor, labels: torch.Tensor) -> None:
+            time.sleep(delay)
+
+        return sleep_step
+    torch.set_num_threads(1)
+    model = MODELS[model_name or cfg.model]()
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    loss_fn = torch.nn.CrossEntropyLoss()
+
+    def train_step(images: torch.Tensor, labels: torch.Tensor) -> None:
+        opt.zero_grad(set_to_none=True)
+        loss_fn(model(images), labels).backward()
+        opt.step()
+
+    return train_step
+
+
+def tree_cpu_s() -> float:
+    """CPU-seconds (user + system) of this process and its live descendants."""
+    me = psutil.Process()
+    total = 0.0
+    for p in [me, *me.children(recursive=True)]:
+        try:
+            t = p.cpu_times()
+            total += t.user + t.system
+        except psutil.NoSuchProcess:
+            pass
+    return total
+
+
+def _timed_epochs(batches_per_epoch, epochs: int, step, progress, unpack=lambda b: b) -> JobResult:
+    """Iterate, timing the waits for data; returns samples, wall, stall and CPU time."""
+    res = JobResult(job=os.getpid())
+    cpu0 = tree_cpu_s()
+    res.start = time.monotonic()
+    progress[1] = res.start
+    progress[2] = os.getpid()
+    t_start = time.perf_counter()
+    for e in range(epochs):
+        it = iter(batches_per_epoch(e))
+        while True:
+            t0 = time.perf_counter()
+            try:
+                batch = next(it)
+            except StopIteration:
+                break
+            res.stall_s += time.perf_counter() - t0
+            images, labels = unpack(batch)
+            step(images, labels)
+            res.samples += len(labels)
+            progress[0] = res.samples  # read by the runner if this job must be killed
+            progress[3] = res.stall_s  # read by the runner to log it while the job runs
+    res.wall_s = time.perf_counter() - t_start
+    res.end = time.monotonic()
+    res.cpu_s = tree_cpu_s() - cpu0
+    res.samples_per_s = res.samples / res.wall_s if res.wall_s else 0.0
+    return res
+
+
+def _report(queue, fn, cfg: Config, job: JobSpec, *args) -> None:
+    label = job.label(cfg)
+    try:
+        result = fn(cfg, job, *args)
+        result.label = label
+    except BaseException as exc:  # noqa: BLE001 - reported to the runner
+        result = JobResult(job=os.getpid(), label=label, error=f"{type(exc).__name__}: {exc}")
+    queue.put(result)
+
+
+@dataclass(frozen=True)
+class JobSpec:
+    """One training job: its step, and (for ``cnn``) its model; its own batch size."""
+
+    step: str = "sleep"
+    model: str | None = None
+    batch_size: int | None = None  # None: the config's
+
+    def label(self, cfg: Config) -> str:
+        return f"{self.model or self.step} bs{self.batch_size or cfg.batch_size}"
+
+
+def _private_job(cfg: Config, job: JobSpec, root: str, built, ready, progress) -> JobResult:
+    torch.set_num_threads(1)
+    loader = torch.utils.data.DataLoader(
+        ImageFolder(root, crop=cfg.crop), batch_size=job.batch_size or cfg.batch_size,
+        shuffle=True, num_workers=cfg.workers, persistent_workers=cfg.workers > 0,
+    )  # fmt: skip
+    fn = _step_fn(job.step, cfg, job.model)
+    built.put(os.getpid())
+    ready.wait(120)
+    # The clock starts before the loader's workers do: nobody prefetches before the start.
+    return _timed_epochs(lambda e: loader, cfg.epochs, fn, progress)
+
+
+def private_job(queue, cfg, job, root, built, ready, progress):
+    _report(queue, _private_job, cfg, job, root, built, ready, progress)
+
+
+def _cpu_from_ready(ready) -> dict:
+    """CPU of this process tree from when ``ready`` is set (measured by a helper thread)."""
+    mark: dict = {}
+
+    def wait() -> None:
+        ready.wait(300)
+        mark["cpu0"] = tree_cpu_s()
+
+    threading.Thread(target=wait, daemon=True).start()
+    return mark
+
+
+def tandem_producer(queue, cfg: Config, root: str, name: str, ready) -> None:
+    from tandem.share import Producer
+
+    torch.set_num_threads(1)
+    mark = _cpu_from_ready(ready)
+    p = Producer.from_dataset(
+        ImageFolder(root, crop=cfg.crop), name, batch_size=cfg.batch_size, shuffle=True,
+        num_workers=cfg.workers, window=8,
+    )  # fmt: skip
+    with p:  # consumers can attach now; loading starts with the clock, as for private jobs
+        ready.wait(300)
+        p.serve(epochs=cfg.epochs)
+        queue.put(("producer", tree_cpu_s() - mark.get("cpu0", 0.0)))
+
+
+def _tandem_job(cfg: Config, job: JobSpec, name: str, built, ready, progress) -> JobResult:
+    from tandem.share import Consumer
+
+    torch.set_num_threads(1)
+    fn = _step_fn(job.step, cfg, job.model)
+    consumer = Consumer(name, batch_size=job.batch_size or cfg.batch_size, timeout=120)
+    built.put(os.getpid())
+    ready.wait(120)
+    try:
+        return _timed_epochs(lambda e: consumer, cfg.epochs, fn, progress)
+    finally:
+        consumer.close()
+
+
+def tandem_job(queue, cfg, job, name, built, ready, progress):
+    _report(queue, _tandem_job, cfg, job, name, built, ready, progress)
+
+
+def tensorsocket_producer(queue, cfg: Config, root: str, ports: tuple[int, int, int, int],
+                          built, ready) -> None:  # fmt: skip
+    from tensorsocket import TensorProducer
+
+    torch.set_num_threads(1)
+    mark = _cpu_from_ready(ready)
+    loader = torch.utils.data.DataLoader(
+        ImageFolder(root, crop=cfg.crop), batch_size=cfg.batch_size, shuffle=True,
+        num_workers=cfg.workers,
+    )  # fmt: skip
+    # Its consumers handshake with a live producer, so it is built before the clock starts
+    # (and may prefetch a few batches: to its advantage).
+    producer = TensorProducer(
+        loader, ports[0], ports[1], heart_ports=(ports[2], ports[3]), consumer_max_buffer_size=8
+    )
+    built.put("producer")
+    ready.wait(300)
+    for _ in range(cfg.epochs):
+        for _ in producer:
+            pass
+    queue.put(("producer", tree_cpu_s() - mark.get("cpu0", 0.0)))
+    producer.join()
+
+
+def _tensorsocket_job(cfg: Config, job: JobSpec, ports, built, ready, progress) -> JobResult:
+    from tensorsocket import TensorConsumer
+
+    torch.set_num_threads(1)
+    fn = _step_fn(job.step, cfg, job.model)
+    built.put(os.getpid())
+    ready.wait(120)
+    # A TensorSocket consumer's constructor blocks until the producer is iterating, so it is
+    # built inside the clock.
+    consumer: list = []
+
+    def epoch(_e: int):
+        if not consumer:
+            consumer.append(TensorConsumer(ports[0], ports[1], heart_ports=(ports[2], ports[3]),
+                                           batch_size=job.batch_size or cfg.batch_size))  # fmt: skip
+        return consumer[0]
+
+    return _timed_epochs(epoch, cfg.epochs, fn, progress)
+
+
+def tensorsocket_job(queue, cfg, job, ports, built, ready, progress):
+    _report(queue, _tensorsocket_job, cfg, job, ports, built, ready, progress)
