@@ -44,8 +44,8 @@ def main() -> None:
             row = {"round": r, **handoff.measure(shape, args.policy)}
             rows.append(row)
             label = "x".join(map(str, row["shape"]))
-            print(f"{label:>14} {row['mbytes']:6.1f} MB  median {row['median_ms']:.3f} ms  "
-                  f"p90 {row['p90_ms']:.3f} ms", flush=True)  # fmt: skip
+            mb, median, p90 = row["mbytes"], row["median_ms"], row["p90_ms"]
+            print(f"{label:>14} {mb:6.1f} MB  median {median:.3f} ms  p90 {p90:.3f} ms", flush=True)
     if args.json_path:
         with open(args.json_path, "w") as f:
             json.dump({"policy": args.policy, "transport": transport, "rows": rows}, f, indent=2)
