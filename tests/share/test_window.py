@@ -50,6 +50,7 @@ def test_wait_reuses_a_slot_only_once_every_consumer_released_it():
     assert _take(a, w) == 0 and _take(a, w) == 1
     a.released((0, 1))
     assert w.take_slot([a, b], 99)[0] is None, "b has not taken entry 0: it must not be reused"
+    assert w.holds_back(b) and not w.holds_back(a), "b is the one to name in 'waiting for'"
     assert _take(b, w) == 0
     assert w.take_slot([a, b], 99)[0] is None, "b holds entry 0"
     b.released((0,))

@@ -273,8 +273,8 @@ class ControlServer:
 
     def laggards(self) -> str:
         """The consumers that hold the oldest entry back, for "waiting for ..." messages."""
-        blocking = {id(link) for link in self.window.blocking(self.links())}
-        slow = [f"consumer {c.cid} (pid {c.pid})" for c in self.consumers.values() if id(c.link) in blocking]
+        consumers = self.consumers.values()
+        slow = [f"consumer {c.cid} (pid {c.pid})" for c in consumers if self.window.holds_back(c.link)]
         return ", ".join(slow) or "a consumer to attach"
 
     def push_final(self) -> None:

@@ -193,14 +193,10 @@ class Window:
         if entry.slot is not None:
             self.free.append(entry.slot)
 
-    def blocking(self, links: Collection[Link]) -> list[Link]:
-        """The consumers that hold the oldest entry back (for "waiting for ..." messages)."""
-        oldest = next(iter(self.entries), self.next_seq)
-        return [
-            link
-            for link in links
-            if link.cursor() <= oldest or link.holds(oldest) or link.released_below() <= oldest
-        ]
+    def holds_back(self, link: Link) -> bool:
+        """Whether this consumer keeps the oldest entry in the window (it has not taken it,
+        or still holds it): who to name in "waiting for ..." messages."""
+        return link.released_below() <= next(iter(self.entries), self.next_seq)
 
     # ------------------------------------------------------------------------- joining
     def join_point(self) -> tuple[int, Position] | None:

@@ -218,7 +218,12 @@ class Producer:
             self.stop(f"stopped by {signal.Signals(signum).name}")
 
         previous = {sig: signal.signal(sig, handler) for sig in (signal.SIGINT, signal.SIGTERM)}
-        return lambda: [signal.signal(sig, old) for sig, old in previous.items()] and None
+
+        def restore() -> None:
+            for sig, old in previous.items():
+                signal.signal(sig, old)
+
+        return restore
 
     def _produce(self, epochs: int | None) -> None:
         epoch = 0
