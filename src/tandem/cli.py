@@ -1,4 +1,5 @@
-"""The ``tandem`` command line: ``share serve|ls``, ``run``, ``ui``, ``report``, ``demo``, ``bench``."""
+"""The ``tandem`` command line: ``share serve|ls``, ``run``, ``ui``, ``report``, ``demo``, ``bench``,
+and the job manager's ``submit|ls|show|logs|cancel|wait|daemon`` (:mod:`tandem.place.cli`)."""
 
 from __future__ import annotations
 
@@ -438,6 +439,15 @@ def bench_share(jobs: str, quick: bool, out: Path) -> None:
 
     run([int(j) for j in jobs.split(",")], quick=quick, out=out)
 
+
+def _add_place_commands() -> None:
+    from tandem.place.cli import COMMANDS
+
+    for command in COMMANDS:
+        main.add_command(command)
+
+
+_add_place_commands()
 
 if __name__ == "__main__":
     main()

@@ -1,0 +1,533 @@
+"""The job manager's commands: ``tandem submit|ls|show|logs|cancel|wait|daemon``.
+
+Reads (``ls``, ``show``, ``logs``, ``wait``) go to the state file and work with no daemon
+running; ``submit`` starts one if needed; ``cancel`` and ``daemon stop|status`` talk to it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import click
+
+from tandem.place.model import (
+    FINAL_STATES,
+    SUCCEEDED,
+    format_size,
+    job_key,
+    parse_cpus,
+    parse_size,
+)
+
+
+def _state() -> Any:
+    from tandem.place.state import State, StateError
+
+    try:
+        return State()
+    except StateError as exc:
+        raise click.ClickException(str(exc)) from None
+
+
+def _size(_ctx: click.Context, param: click.Parameter, value: str | None) -> int | None:
+    if value is None:
+        return None
+    try:
+        return parse_size(value)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc)) from None
+
+
+def _gpu_mem(_ctx: click.Context, _param: click.Parameter, value: str) -> int | None:
+    if value.strip().lower() == "auto":
+        return None
+    try:
+        return parse_size(value)
+    except ValueError as exc:
+        raise click.BadParameter(f"{exc}, or auto") from None
+
+
+def _cpus(_ctx: click.Context, _param: click.Parameter, value: str | None) -> float | None:
+    if value is None:
+        return None
+    try:
+        return parse_cpus(value)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc)) from None
+
+
+def _ids(values: tuple[str, ...], what: str) -> list[int]:
+    ids = []
+    for raw in values:
+        for part in raw.split(","):
+            if not part.strip().isdigit():
+                raise click.BadParameter(
+                    f"{part!r} is not a job id (a number, as `tandem ls` shows)", param_hint=what
+                )
+            ids.append(int(part))
+    return ids
+
+
+def _request(message: dict[str, Any], timeout: float = 10.0) -> dict[str, Any]:
+    from tandem.place.client import DaemonError, request
+    from tandem.place.state import state_dir
+
+    try:
+        return request(state_dir(), message, timeout=timeout)
+    except DaemonError as exc:
+        raise click.ClickException(str(exc)) from None
+
+
+@click.command("submit", context_settings={"ignore_unknown_options": False, "allow_interspersed_args": False})
+@click.option("--name", help="Job name (measured peaks are remembered per name).")
+@click.option(
+    "--cpus", callback=_cpus, default="1", show_default=True, help="Cores to reserve (0.5 allowed)."
+)
+@click.option("--mem", callback=_size, metavar="SIZE", help="RAM to reserve (512M, 10G) [default: none].")
+@click.option("--gpus", type=click.IntRange(min=0), help="GPUs [default: 1 if the manager has GPUs, else 0].")
+@click.option(
+    "--gpu-mem",
+    callback=_gpu_mem,
+    default="auto",
+    show_default=True,
+    metavar="SIZE|auto",
+    help="GPU memory per GPU; auto: the peak measured for this name before, else probe.",
+)
+@click.option("--gpu-share", type=click.IntRange(1, 100), metavar="PCT", help="MPS: share of the GPU's SMs.")
+@click.option("--priority", type=int, default=0, show_default=True, help="Higher runs first.")
+@click.option(
+    "--retries",
+    type=click.IntRange(min=0),
+    default=2,
+    show_default=True,
+    help="Retries after an out-of-memory ending (other failures are never retried).",
+)
+@click.option("--share", metavar="NAME", help="Read the shared dataset NAME (sets TANDEM_SHARE).")
+@click.option("--group", metavar="G", help="Group name (shown in ls; tags the run).")
+@click.option("--after", "after", multiple=True, metavar="ID,...", help="Start after these jobs succeeded.")
+@click.option("--env", "env_pairs", multiple=True, metavar="K=V", help="Set a variable (repeatable).")
+@click.option(
+    "--cwd", type=click.Path(file_okay=False, path_type=Path), help="Working directory [default: .]."
+)
+@click.option("--json", "as_json", is_flag=True, help="Print the job as JSON.")
+@click.argument("command", nargs=-1, type=click.UNPROCESSED)
+def submit(
+    name: str | None,
+    cpus: float,
+    mem: int | None,
+    gpus: int | None,
+    gpu_mem: int | None,
+    gpu_share: int | None,
+    priority: int,
+    retries: int,
+    share: str | None,
+    group: str | None,
+    after: tuple[str, ...],
+    env_pairs: tuple[str, ...],
+    cwd: Path | None,
+    as_json: bool,
+    command: tuple[str, ...],
+) -> None:
+    """Queue COMMAND: tandem submit [OPTIONS] -- COMMAND...  Prints the job's id."""
+    if not command:
+        raise click.UsageError("no command given: tandem submit [OPTIONS] -- COMMAND [ARGS]...")
+    env = dict(os.environ)
+    for pair in env_pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key:
+            raise click.BadParameter(f"{pair!r} is not K=V", param_hint="'--env'")
+        env[key] = value
+    workdir = (cwd or Path.cwd()).resolve()
+    if not workdir.is_dir():
+        raise click.BadParameter(f"{workdir}: no such directory", param_hint="'--cwd'")
+    spec = {
+        "name": name,
+        "job_key": job_key(name, list(command)),
+        "command": list(command),
+        "cwd": str(workdir),
+        "env": env,
+        "cpus": cpus,
+        "mem": mem or 0,
+        "gpus": gpus,
+        "gpu_mem": gpu_mem,
+        "gpu_share": gpu_share,
+        "priority": priority,
+        "retries": retries,
+        "share": share,
+        "group": group,
+        "after": _ids(after, "'--after'"),
+    }
+    from tandem.place.client import DaemonError, ensure_daemon
+    from tandem.place.state import state_dir
+
+    try:
+        ensure_daemon(state_dir())
+    except DaemonError as exc:
+        raise click.ClickException(f"could not start the daemon: {exc}") from None
+    reply = _request({"op": "submit", "job": spec})
+    if as_json:
+        from tandem.place.views import job_json
+
+        job = _state().job(reply["id"])
+        click.echo(json.dumps(job_json(job), indent=2))
+    else:
+        click.echo(reply["id"])
+
+
+@click.command("ls")
+@click.option("-a", "--all", "show_all", is_flag=True, help="Ended jobs too (default: the last 10 ended).")
+@click.option("--json", "as_json", is_flag=True, help="A JSON list of jobs.")
+def ls(show_all: bool, as_json: bool) -> None:
+    """The queue: waiting and running jobs, and recently ended ones."""
+    from tandem.place.views import LS_COLUMNS, job_json, ls_row
+
+    jobs = _state().jobs(attempts=True)
+    if not show_all:
+        ended = [j for j in jobs if j.state in FINAL_STATES]
+        keep = {j.id for j in ended[-10:]}
+        jobs = [j for j in jobs if j.state not in FINAL_STATES or j.id in keep]
+    if as_json:
+        click.echo(json.dumps([job_json(j) for j in jobs], indent=2))
+        return
+    from rich import box
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console(width=None if sys.stdout.isatty() else 200)
+    if not jobs:
+        console.print("no jobs")
+        return
+    table = Table(box=box.SIMPLE_HEAD, pad_edge=False, show_edge=False)
+    for col in LS_COLUMNS:
+        table.add_column(
+            col,
+            justify="right" if col in ("id", "tries", "wait", "run", "mem", "gpu mem") else "left",
+            overflow="fold",
+        )
+    now = time.time()
+    for j in jobs:
+        table.add_row(*ls_row(j, now))
+    console.print(table)
+
+
+@click.command("show")
+@click.argument("job_id", type=int)
+@click.option("--json", "as_json", is_flag=True)
+def show(job_id: int, as_json: bool) -> None:
+    """One job: its request, attempts, placement, how it ended (with the log line), peaks."""
+    from tandem.place.views import job_json
+
+    state = _state()
+    job = state.job(job_id)
+    if job is None:
+        raise click.ClickException(f"no job {job_id} (see tandem ls --all)")
+    data = job_json(job)
+    if as_json:
+        click.echo(json.dumps(data, indent=2))
+        return
+    req = data["request"]
+    lines = [
+        f"job {job.id}  {job.name or ''}  [{job.state}]",
+        f"  command   {' '.join(job.command)}",
+        f"  cwd       {job.cwd}",
+        f"  request   {req['cpus']:g} cores, RAM {format_size(req['mem_bytes'] or None)}, "
+        f"{job.gpus} GPU(s), GPU memory {format_size(job.gpu_mem) if job.gpu_mem else 'auto'}",
+        f"  priority  {job.priority}   retries {job.retries}   group {job.grp or '-'}   "
+        f"share {job.share or '-'}",
+        f"  waited    {data['wait_s']:.1f} s   ran {data['run_s'] or 0:.1f} s   "
+        f"peak RAM {format_size(job.peak_mem)}   peak GPU memory {format_size(job.peak_gpu_mem)}",
+    ]
+    if job.cause:
+        lines.append(
+            f"  ended     {job.cause}" + (f" (exit {job.exit_code})" if job.exit_code is not None else "")
+        )
+    if job.cause_line:
+        lines.append(f"  log       {job.cause_line}")
+    for a in data["attempts"]:
+        p = a["placement"]
+        lines.append(
+            f"  attempt {a['n']}: {a['state']} on {p['device']}{' mps' if p['mps'] else ''}"
+            f"{' alone' if p['alone'] else ''}  {a['cause'] or ''}"
+        )
+    for e in state.events(job_id):
+        lines.append(f"  {time.strftime('%H:%M:%S', time.localtime(e['t']))} {e['kind']} {e['detail']}")
+    click.echo("\n".join(lines))
+
+
+@click.command("logs")
+@click.argument("job_id", type=int)
+@click.option("-f", "--follow", is_flag=True, help="Keep printing as the job writes, until it ends.")
+def logs(job_id: int, follow: bool) -> None:
+    """A job's output (every attempt, in order)."""
+    state = _state()
+    job = state.job(job_id)
+    if job is None:
+        raise click.ClickException(f"no job {job_id} (see tandem ls --all)")
+    out = sys.stdout.buffer
+    shown: dict[int, int] = {}
+
+    def dump() -> None:
+        for a in state.attempts(job_id):
+            path = state.attempt_dir(job_id, a.n) / "output.log"
+            if a.n not in shown and len(state.attempts(job_id)) > 1:
+                out.write(f"== attempt {a.n} ==\n".encode())
+            try:
+                with open(path, "rb") as f:
+                    f.seek(shown.get(a.n, 0))
+                    data = f.read()
+            except OSError:
+                data = b""
+            shown[a.n] = shown.get(a.n, 0) + len(data)
+            out.write(data)
+        out.flush()
+
+    dump()
+    while follow:
+        job = state.job(job_id, attempts=False)
+        if job is None or job.state in FINAL_STATES:
+            dump()
+            break
+        time.sleep(0.5)
+        dump()
+
+
+@click.command("cancel")
+@click.argument("ids", nargs=-1, required=True)
+def cancel(ids: tuple[str, ...]) -> None:
+    """Cancel jobs: a waiting job leaves the queue; a running job's whole process tree gets
+    SIGTERM, then SIGKILL after a grace period."""
+    reply = _request({"op": "cancel", "ids": _ids(ids, "'IDS'")})
+    for i in reply["cancelled"]:
+        click.echo(f"cancelled {i}")
+    for i in reply["ended"]:
+        click.echo(f"job {i} had already ended", err=True)
+    for i in reply["unknown"]:
+        click.echo(f"no job {i}", err=True)
+    if reply["unknown"]:
+        sys.exit(1)
+
+
+@click.command("wait")
+@click.argument("ids", nargs=-1)
+@click.option("--timeout", type=float, help="Give up after this many seconds (exit 124).")
+def wait(ids: tuple[str, ...], timeout: float | None) -> None:
+    """Block until the jobs end (default: every job now waiting or running). Exit with the
+    job's exit code (one job), or 1 if any of several did not succeed."""
+    state = _state()
+    wanted = _ids(ids, "'IDS'") if ids else [j.id for j in state.jobs() if j.state not in FINAL_STATES]
+    for i in wanted:
+        if state.job(i, attempts=False) is None:
+            raise click.ClickException(f"no job {i} (see tandem ls --all)")
+    deadline = None if timeout is None else time.monotonic() + timeout
+    while True:
+        jobs = [state.job(i, attempts=False) for i in wanted]
+        if all(j is not None and j.state in FINAL_STATES for j in jobs):
+            break
+        if deadline is not None and time.monotonic() >= deadline:
+            click.echo(f"tandem wait: jobs still running after {timeout:g} s", err=True)
+            sys.exit(124)
+        time.sleep(0.3)
+    if len(jobs) == 1:
+        j = jobs[0]
+        assert j is not None
+        if j.state == SUCCEEDED:
+            sys.exit(0)
+        sys.exit(j.exit_code if j.exit_code not in (None, 0) else 1)
+    sys.exit(0 if all(j is not None and j.state == SUCCEEDED for j in jobs) else 1)
+
+
+def _given_options(ctx: click.Context) -> list[str]:
+    """The options given on this command line, for the background daemon's own."""
+    from click.core import ParameterSource
+
+    out = []
+    for param in ctx.command.params:
+        if not isinstance(param, click.Option) or param.name in ("foreground", "as_json"):
+            continue
+        if ctx.get_parameter_source(param.name or "") != ParameterSource.COMMANDLINE:
+            continue
+        value = ctx.params[param.name or ""]
+        flag = max(param.opts, key=len)
+        if param.is_flag:
+            if value:
+                out.append(flag)
+        else:
+            out += [flag, str(value)]
+    return out
+
+
+@click.group("daemon")
+def daemon() -> None:
+    """The job manager's daemon (one per state directory; `tandem submit` starts one)."""
+
+
+@daemon.command("start")
+@click.option("--cpus", callback=_cpus, help="Cores to hand out [default: all this process may use].")
+@click.option("--mem", callback=_size, metavar="SIZE", help="RAM to hand out [default: all].")
+@click.option(
+    "--gpus", "gpu_list", metavar="LIST", help="GPUs to use: indices or UUIDs, or none [default: all]."
+)
+@click.option(
+    "--policy",
+    default="packing",
+    show_default=True,
+    type=click.Choice(["exclusive", "first-fit", "best-fit", "most-free-memory", "packing"]),
+)
+@click.option("--max-per-gpu", type=click.IntRange(min=1), default=4, show_default=True)
+@click.option(
+    "--settle",
+    "settle_s",
+    type=click.FloatRange(min=0),
+    default=30.0,
+    show_default=True,
+    help="Seconds a job's memory must stop growing before its GPU takes another.",
+)
+@click.option(
+    "--window",
+    "window_s",
+    type=click.FloatRange(min=1),
+    default=30.0,
+    show_default=True,
+    help="Seconds of SM activity / CPU use the compute gate looks at.",
+)
+@click.option("--sm-mean", type=click.FloatRange(0, 1), default=0.60, show_default=True)
+@click.option("--sm-p95", type=click.FloatRange(0, 1), default=0.80, show_default=True)
+@click.option(
+    "--starve-after",
+    "starve_after_s",
+    type=click.FloatRange(min=0),
+    default=600.0,
+    show_default=True,
+    help="Seconds a job may wait before no job behind it is started past it.",
+)
+@click.option(
+    "--grace",
+    "grace_s",
+    type=click.FloatRange(min=0),
+    default=10.0,
+    show_default=True,
+    help="Seconds between SIGTERM and SIGKILL when a job is cancelled.",
+)
+@click.option("--mps", is_flag=True, help="Collocate GPU jobs under NVIDIA MPS (one server per GPU).")
+@click.option("--foreground", is_flag=True, help="Run here instead of in the background.")
+@click.option("--json", "as_json", is_flag=True)
+def daemon_start(
+    cpus: float | None,
+    mem: int | None,
+    gpu_list: str | None,
+    policy: str,
+    max_per_gpu: int,
+    settle_s: float,
+    window_s: float,
+    sm_mean: float,
+    sm_p95: float,
+    starve_after_s: float,
+    grace_s: float,
+    mps: bool,
+    foreground: bool,
+    as_json: bool,
+) -> None:
+    """Start the daemon (capacity defaults to what the machine has)."""
+    from tandem.place.client import DaemonError, is_running, start_daemon
+    from tandem.place.state import state_dir
+
+    directory = state_dir()
+    if not foreground:
+        if is_running(directory):
+            raise click.ClickException(f"a daemon already serves {directory} (tandem daemon status)")
+        try:
+            reply = start_daemon(directory, _given_options(click.get_current_context()))
+        except DaemonError as exc:
+            raise click.ClickException(str(exc)) from None
+        click.echo(json.dumps(reply, indent=2) if as_json else f"daemon {reply['pid']} serves {directory}")
+        return
+    from tandem.place.daemon import Daemon, DaemonRunning, Settings
+    from tandem.place.devices import Nvml, detect_capacity
+    from tandem.place.policies import Limits, make_policy
+
+    nvml = Nvml() if gpu_list != "none" else None
+    try:
+        capacity = detect_capacity(cpus, mem, gpu_list, nvml)
+    except ValueError as exc:
+        raise click.UsageError(str(exc)) from None
+    limits = Limits(
+        max_per_gpu=max_per_gpu,
+        settle_s=settle_s,
+        window_s=window_s,
+        sm_mean=sm_mean,
+        sm_p95=sm_p95,
+        starve_after_s=starve_after_s,
+    )
+    settings = Settings(make_policy(policy), limits, grace_s=grace_s, mps=mps)
+    click.echo(
+        f"tandem daemon {os.getpid()}: {capacity.cpus:g} cores, {format_size(capacity.mem)} RAM, "
+        f"{len(capacity.gpus)} GPU(s), policy {policy}, state {directory}",
+        err=True,
+    )
+    try:
+        Daemon(_state(), capacity, settings, nvml).serve()
+    except DaemonRunning as exc:
+        raise click.ClickException(str(exc)) from None
+
+
+@daemon.command("stop")
+@click.option("--timeout", type=float, default=30.0, show_default=True)
+def daemon_stop(timeout: float) -> None:
+    """Stop the daemon. Running jobs go on; the next daemon adopts them."""
+    from tandem.place.client import daemon_pid, is_running
+    from tandem.place.state import state_dir
+
+    directory = state_dir()
+    if not is_running(directory):
+        click.echo(f"no daemon serves {directory}", err=True)
+        return
+    pid = daemon_pid(directory)
+    _request({"op": "stop"})
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and is_running(directory):
+        time.sleep(0.1)
+    if is_running(directory) and pid:
+        os.kill(pid, signal.SIGTERM)
+    click.echo("daemon stopped", err=True)
+
+
+@daemon.command("status")
+@click.option("--json", "as_json", is_flag=True)
+def daemon_status(as_json: bool) -> None:
+    """The daemon's pid, policy, capacity and what is in use."""
+    from tandem.place.client import is_running
+    from tandem.place.state import state_dir
+
+    if not is_running(state_dir()):
+        if as_json:
+            click.echo(json.dumps({"running": False, "state_dir": str(state_dir())}))
+        else:
+            click.echo(f"no daemon serves {state_dir()}")
+        sys.exit(3)
+    reply = _request({"op": "status"})
+    reply.pop("ok", None)
+    reply["running"] = True
+    if as_json:
+        click.echo(json.dumps(reply, indent=2))
+        return
+    cap, used = reply["capacity"], reply["used"]
+    click.echo(f"daemon {reply['pid']}  policy {reply['policy']}  state {reply['state_dir']}")
+    click.echo(
+        f"  cores {used['cpus']:g}/{cap['cpus']:g} reserved   RAM {format_size(used['mem_bytes'])}/"
+        f"{format_size(cap['mem_bytes'])} reserved   jobs running {used['jobs']}"
+    )
+    for g, u in zip(cap["gpus"], used["gpus"]):
+        click.echo(
+            f"  GPU {g['index']} {g['uuid']}: {u['jobs']} job(s), {format_size(u['mem_reserved_bytes'])}/"
+            f"{format_size(g['mem_bytes'])} reserved"
+        )
+    click.echo("  jobs: " + ", ".join(f"{k} {v}" for k, v in sorted(reply["jobs"].items())))
+
+
+COMMANDS = [submit, ls, show, logs, cancel, wait, daemon]

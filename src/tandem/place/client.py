@@ -1,0 +1,122 @@
+"""Talking to the daemon: one request, one reply; start the daemon when none is running.
+
+``submit`` starts a daemon if none serves the state directory (as task-spooler does), so
+``tandem submit -- python train.py`` needs no set-up. The daemon runs in a session of its
+own with its output in ``daemon.log`` in the state directory.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from tandem import _ipc
+from tandem.place import protocol
+
+START_TIMEOUT_S = 30.0
+
+
+class DaemonError(Exception):
+    """The daemon is not there, did not answer, or refused the request."""
+
+
+def request(state_dir: Path, message: dict[str, Any], timeout: float = 10.0) -> dict[str, Any]:
+    """Send ``message``; return the reply, or raise :class:`DaemonError` (with its message)."""
+    path = protocol.socket_path(state_dir)
+    try:
+        with _ipc.new_socket() as sock:
+            sock.settimeout(timeout)
+            sock.connect(str(path))
+            sock.settimeout(None)
+            _ipc.send_packet(sock, protocol.encode(message), timeout=timeout)
+            data, fds = _ipc.recv_packet(sock, timeout=timeout)
+            _ipc.close_fds(fds)
+    except (FileNotFoundError, ConnectionRefusedError):
+        raise DaemonNotRunning(f"no daemon serves {state_dir}") from None
+    except TimeoutError:
+        raise DaemonError(f"the daemon of {state_dir} did not answer within {timeout:g} s") from None
+    except (EOFError, OSError) as exc:
+        raise DaemonError(f"lost the daemon of {state_dir} mid-request ({exc})") from None
+    reply = protocol.decode(data)
+    if not reply.get("ok"):
+        raise DaemonError(reply.get("error", "the daemon refused the request"))
+    return reply
+
+
+class DaemonNotRunning(DaemonError):
+    pass
+
+
+class DaemonTimeout(DaemonError):
+    pass
+
+
+def is_running(state_dir: Path) -> bool:
+    """Does a daemon answer for ``state_dir``? (One that is stopping counts as gone; one
+    that does not answer at all is an error, not a reason to start a second.)"""
+    try:
+        request(state_dir, {"op": "status"}, timeout=5.0)
+        return True
+    except DaemonTimeout:
+        raise
+    except DaemonError:
+        return False
+
+
+def start_daemon(state_dir: Path, options: list[str], timeout: float = START_TIMEOUT_S) -> dict[str, Any]:
+    """Start a daemon for ``state_dir`` in the background and wait until it answers."""
+    log_path = state_dir / "daemon.log"
+    env = dict(os.environ, TANDEM_STATE_DIR=str(state_dir))
+    with open(log_path, "ab") as log:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "tandem.cli", "daemon", "start", "--foreground", *options],
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env=env,
+            start_new_session=True,
+            cwd="/",
+        )
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        code = proc.poll()
+        if code is not None:
+            # Another daemon won a race to start? Then it answers; else report why ours died.
+            try:
+                return request(state_dir, {"op": "status"}, timeout=5.0)
+            except DaemonError:
+                raise DaemonError(f"the daemon exited at start (exit {code}):\n{_tail(log_path)}") from None
+        try:
+            return request(state_dir, {"op": "status"}, timeout=2.0)
+        except DaemonNotRunning:
+            time.sleep(0.1)
+    proc.kill()
+    proc.wait(10)
+    raise DaemonError(f"the daemon did not come up within {timeout:g} s:\n{_tail(log_path)}")
+
+
+def _tail(path: Path, lines: int = 15) -> str:
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+    except OSError:
+        return "(no daemon.log)"
+
+
+def ensure_daemon(state_dir: Path) -> None:
+    if not is_running(state_dir):
+        start_daemon(state_dir, [])
+
+
+def daemon_pid(state_dir: Path) -> int | None:
+    """The pid the last daemon of ``state_dir`` wrote in ``daemon.json`` (None if unknown)."""
+    from tandem.place.shim import read_json
+
+    info = read_json(state_dir / "daemon.json")
+    return None if info is None else int(info["pid"])
+
+
+__all__ = ["DaemonError", "DaemonNotRunning", "ensure_daemon", "is_running", "request", "start_daemon"]

@@ -1,0 +1,644 @@
+"""The job manager's daemon: takes submissions, places jobs, supervises them, keeps state.
+
+One daemon per state directory (a file lock says which). Each tick (0.5 s, or at once
+when a request or a job's result arrives) it:
+
+1. answers requests on its socket (:mod:`tandem.place.protocol`);
+2. measures the host and GPUs (:class:`tandem.place.devices.Monitor`, each second) and
+   each running job's process tree (the shim's ``usage.json``);
+3. collects endings (the shim's ``result.json``), classifies them, and requeues an
+   out-of-memory ending with an escalated placement while retries remain;
+4. plans (:func:`tandem.place.scheduler.plan`, the policy's choices) and starts the jobs
+   it placed, each under its own shim (:mod:`tandem.place.shim`).
+
+Jobs do not depend on the daemon: each runs under a shim in its own session, and a
+restarted daemon re-adopts the attempts it finds running (shim pid plus start time, so a
+reused pid is never mistaken for one) and goes on with the queue. An attempt is recorded
+before its shim starts, and the shim leaves ``shim.json`` before anything else, so an
+attempt is never started twice.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import selectors
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import psutil
+from filelock import FileLock, Timeout
+
+from tandem import _ipc
+from tandem.place import protocol
+from tandem.place.devices import Monitor, Nvml
+from tandem.place.model import (
+    CANCELLED,
+    FAILED,
+    FINAL_STATES,
+    QUEUED,
+    RETRYING,
+    RUNNING,
+    SUCCEEDED,
+    Capacity,
+    format_size,
+)
+from tandem.place.policies import GpuSlot, HostSlot, Limits, Policy
+from tandem.place.scheduler import Placement, Waiting, fits_at_all, plan
+from tandem.place.shim import read_json, same_process, write_json
+from tandem.place.state import Attempt, Job, State
+
+log = logging.getLogger(__name__)
+
+TICK_S = 0.5
+SAMPLE_S = 1.0
+LOST_AFTER_S = 10.0  # an attempt whose shim never showed itself within this is abandoned
+
+
+def _runs_in(attempt_dir: Path) -> bool:
+    """Is a shim for ``attempt_dir`` running (found by its command line)?"""
+    target = str(attempt_dir)
+    for p in psutil.process_iter(["cmdline"]):
+        cmdline = p.info.get("cmdline") or []
+        if "tandem.place.shim" in cmdline and target in cmdline:
+            return True
+    return False
+
+
+class DaemonRunning(Exception):
+    """Another daemon holds this state directory."""
+
+
+@dataclass
+class Active:
+    """A running attempt as the daemon follows it."""
+
+    job: Job
+    n: int
+    placement: Placement
+    uuids: tuple[str, ...]
+    dir: Path
+    started: float  # wall clock
+    shim_pid: int | None = None
+    shim_ctime: float | None = None
+    gpu_mem_reserved: int | None = None  # per GPU; None while a probe has not settled
+    pids: tuple[int, ...] = ()
+    mem: int = 0
+    peak_mem: int = 0
+    peak_gpu_mem: int = 0
+    last_growth: float = field(default_factory=time.time)
+    usage_t: float = 0.0
+    energy_start: dict[str, int] = field(default_factory=dict)
+
+    def settled(self, now: float, settle_s: float) -> bool:
+        return now - self.started >= settle_s and now - self.last_growth >= settle_s
+
+
+@dataclass
+class Settings:
+    policy: Policy
+    limits: Limits
+    grace_s: float = 10.0
+    interval_s: float = 1.0
+    mps: bool = False
+
+
+class Daemon:
+    def __init__(
+        self, state: State, capacity: Capacity, settings: Settings, nvml: Nvml | None = None
+    ) -> None:
+        self.state = state
+        self.capacity = capacity
+        self.settings = settings
+        self.limits = settings.limits
+        self.policy = settings.policy
+        self.nvml = nvml
+        self.monitor = Monitor(capacity, settings.limits.window_s, nvml)
+        self.active: dict[int, Active] = {}
+        self.socket_path = protocol.socket_path(state.dir)
+        self.lock = FileLock(str(state.dir / "daemon.lock"))
+        self.started = time.time()
+        self._stop = False
+        self._wake = False
+        self._next_sample = 0.0
+        self.mps = None
+        if settings.mps:
+            from tandem.place.mps import MpsManager
+
+            self.mps = MpsManager(_ipc.runtime_dir())
+
+    # --- life cycle -----------------------------------------------------------------------
+
+    def serve(self) -> None:
+        try:
+            self.lock.acquire(timeout=0)
+        except Timeout:
+            raise DaemonRunning(f"a daemon already serves {self.state.dir}") from None
+        try:
+            self.socket_path.unlink(missing_ok=True)  # a dead daemon's; the lock says it is dead
+            listener = _ipc.listen(self.socket_path)
+            write_json(self.state.dir / "daemon.json", {"pid": os.getpid(), "started": self.started})
+            self._install_signals()
+            self.adopt()
+            sel = selectors.DefaultSelector()
+            sel.register(listener, selectors.EVENT_READ)
+            log.info("serving %s with policy %s", self.state.dir, self.policy.name)
+            while not self._stop:
+                for _key, _ in sel.select(timeout=0 if self._wake else TICK_S):
+                    self._accept(listener)
+                self._wake = False
+                self.tick()
+            sel.close()
+            listener.close()
+        finally:
+            self.socket_path.unlink(missing_ok=True)
+            if self.mps is not None:
+                self.mps.stop_all()
+            if self.nvml is not None:
+                self.nvml.close()
+            self.lock.release()
+
+    def _install_signals(self) -> None:
+        def stop(_signum: int, _frame: Any) -> None:
+            self._stop = True
+
+        signal.signal(signal.SIGTERM, stop)
+        signal.signal(signal.SIGINT, stop)
+        signal.signal(signal.SIGHUP, signal.SIG_IGN)
+
+    # --- requests -------------------------------------------------------------------------
+
+    def _accept(self, listener: Any) -> None:
+        while True:
+            try:
+                conn, _ = listener.accept()
+            except BlockingIOError:
+                return
+            with conn:
+                conn.setblocking(True)
+                try:
+                    data, fds = _ipc.recv_packet(conn, timeout=2.0)
+                    _ipc.close_fds(fds)
+                    request = protocol.decode(data)
+                except (EOFError, TimeoutError, ValueError, OSError):
+                    continue
+                op = request.get("op")
+                if op == "wake":
+                    self._wake = True
+                    continue
+                try:
+                    reply = self.handle(request)
+                except Exception as exc:  # a bad request must not take the daemon down
+                    log.exception("request %r failed", op)
+                    reply = {"ok": False, "error": f"{type(exc).__name__}: {exc}"}
+                try:
+                    _ipc.send_packet(conn, protocol.encode(reply), timeout=2.0)
+                except (OSError, TimeoutError, ValueError):
+                    pass
+
+    def handle(self, request: dict[str, Any]) -> dict[str, Any]:
+        op = request.get("op")
+        if op == "submit":
+            return self.submit(request["job"])
+        if op == "cancel":
+            return self.cancel([int(i) for i in request.get("ids", [])])
+        if op == "status":
+            return self.status()
+        if op == "stop":
+            self._stop = True
+            return {"ok": True}
+        return {"ok": False, "error": f"unknown request {op!r}; this daemon knows {', '.join(protocol.OPS)}"}
+
+    def submit(self, spec: dict[str, Any]) -> dict[str, Any]:
+        gpus = spec.get("gpus")
+        if gpus is None:  # a GPU job where there are GPUs, a CPU job where there are none
+            gpus = 1 if self.capacity.gpus else 0
+        waiting = Waiting(0, 0, 0.0, float(spec["cpus"]), int(spec["mem"]), int(gpus), spec.get("gpu_mem"))
+        why = fits_at_all(waiting, self._host_slot(), self._gpu_slots())
+        if why:
+            return {
+                "ok": False,
+                "error": f"refused: the job {why}; ask for less, or start the daemon with more",
+            }
+        for dep in spec.get("after", []):
+            if self.state.job(int(dep), attempts=False) is None:
+                return {"ok": False, "error": f"refused: --after {dep}: no such job"}
+        job_id = self.state.add_job(
+            name=spec.get("name"),
+            job_key=spec["job_key"],
+            command=spec["command"],
+            cwd=spec["cwd"],
+            env=spec["env"],
+            cpus=float(spec["cpus"]),
+            mem=int(spec["mem"]),
+            gpus=int(gpus),
+            gpu_mem=spec.get("gpu_mem"),
+            gpu_share=spec.get("gpu_share"),
+            priority=int(spec.get("priority", 0)),
+            retries=int(spec.get("retries", 2)),
+            share=spec.get("share"),
+            grp=spec.get("group"),
+            after=[int(a) for a in spec.get("after", [])],
+            state=QUEUED,
+            submitted=time.time(),
+        )
+        self._wake = True
+        return {"ok": True, "id": job_id}
+
+    def cancel(self, ids: list[int]) -> dict[str, Any]:
+        cancelled, unknown, ended = [], [], []
+        for job_id in ids:
+            job = self.state.job(job_id, attempts=False)
+            if job is None:
+                unknown.append(job_id)
+            elif job.state in FINAL_STATES:
+                ended.append(job_id)
+            elif job_id in self.active:
+                self.state.update_job(job_id, cancel_requested=1)
+                self._signal_shim(self.active[job_id], signal.SIGTERM)
+                cancelled.append(job_id)
+            else:
+                self.state.update_job(
+                    job_id, state=CANCELLED, cause="cancelled", ended=time.time(), cancel_requested=1
+                )
+                self.state.event(job_id, "cancelled", "while waiting")
+                cancelled.append(job_id)
+        return {"ok": True, "cancelled": cancelled, "unknown": unknown, "ended": ended}
+
+    def status(self) -> dict[str, Any]:
+        host = self._host_slot()
+        counts: dict[str, int] = {}
+        for row in self.state.query("SELECT state, count(*) FROM jobs GROUP BY state"):
+            counts[row[0]] = row[1]
+        return {
+            "ok": True,
+            "pid": os.getpid(),
+            "policy": self.policy.name,
+            "state_dir": str(self.state.dir),
+            "started": self.started,
+            "limits": self.limits.__dict__,
+            "mps": self.settings.mps,
+            "capacity": {
+                "cpus": self.capacity.cpus,
+                "mem_bytes": self.capacity.mem,
+                "gpus": [
+                    {"index": g.index, "uuid": g.uuid, "mem_bytes": g.mem_total} for g in self.capacity.gpus
+                ],
+            },
+            "used": {
+                "cpus": host.cpus_reserved,
+                "mem_bytes": host.mem_reserved,
+                "cpu_busy_mean": host.cpu_mean,
+                "mem_available_bytes": host.mem_available,
+                "jobs": len(self.active),
+                "gpus": [
+                    {
+                        "index": g.index,
+                        "jobs": g.jobs,
+                        "mem_reserved_bytes": g.mem_reserved,
+                        "mem_used_bytes": g.mem_used,
+                        "activity_mean": g.activity_mean,
+                        "probing": g.probing,
+                    }
+                    for g in self._gpu_slots()
+                ],
+            },
+            "jobs": counts,
+        }
+
+    # --- the tick ---------------------------------------------------------------------------
+
+    def tick(self) -> None:
+        now = time.time()
+        if time.monotonic() >= self._next_sample:
+            self._next_sample = time.monotonic() + SAMPLE_S
+            self.monitor.sample()
+        for active in list(self.active.values()):
+            self._follow(active, now)
+        self._reap_children()
+        self._resolve_dependencies()
+        self._schedule(now)
+
+    def _follow(self, a: Active, now: float) -> None:
+        if a.shim_pid is None:
+            shim = read_json(a.dir / "shim.json")
+            if shim is not None:
+                a.shim_pid, a.shim_ctime = shim["pid"], shim["ctime"]
+                self.state.update_attempt(a.job.id, a.n, shim_pid=a.shim_pid, shim_ctime=a.shim_ctime)
+        usage = read_json(a.dir / "usage.json")
+        if usage is not None and usage["t"] != a.usage_t:
+            a.usage_t = usage["t"]
+            a.pids = tuple(usage["pids"])
+            grown = usage["mem"] > a.peak_mem * 1.02 + (1 << 20)
+            a.mem = usage["mem"]
+            a.peak_mem = max(a.peak_mem, usage["peak_mem"])
+            gpu_mem = max((self.monitor.job_gpu_mem(u, a.pids) for u in a.uuids), default=0)
+            if gpu_mem > a.peak_gpu_mem * 1.02 + (1 << 20):
+                grown = True
+            a.peak_gpu_mem = max(a.peak_gpu_mem, gpu_mem)
+            if grown:
+                a.last_growth = now
+        if a.gpu_mem_reserved is None and a.placement.gpus and a.settled(now, self.limits.settle_s):
+            # A probe has settled: from now on it holds its measured peak plus the margin.
+            a.gpu_mem_reserved = int(a.peak_gpu_mem * (1 + self.limits.gpu_mem_margin))
+            self.state.event(a.job.id, "settled", f"GPU memory {format_size(a.peak_gpu_mem)}")
+        result = read_json(a.dir / "result.json")
+        if result is not None:
+            self._finish(a, result)
+        elif a.shim_pid is not None and not same_process(a.shim_pid, a.shim_ctime):
+            result = read_json(a.dir / "result.json")  # it may have written it just before exiting
+            if result is None:
+                result = {
+                    "kind": "lost",
+                    "state": FAILED,
+                    "exit_code": None,
+                    "signal": None,
+                    "cause": "lost: the job's supervisor died without a result",
+                    "line": None,
+                    "ended": now,
+                }
+                if a.job.cancel_requested or self._cancel_requested(a.job.id):
+                    result.update(kind="cancelled", state=CANCELLED, cause="cancelled")
+            self._finish(a, result)
+        elif a.shim_pid is None and now - a.started > LOST_AFTER_S and not _runs_in(a.dir):
+            # The daemon died between recording the attempt and starting its shim: the
+            # attempt never ran, so the job goes back to the queue (no attempt runs twice).
+            del self.active[a.job.id]
+            self.state.update_attempt(a.job.id, a.n, state="lost", ended=now, cause="never started")
+            self.state.update_job(a.job.id, state=RETRYING if a.n > 1 else QUEUED)
+            self.state.event(a.job.id, "requeued", f"attempt {a.n} never started")
+
+    def _cancel_requested(self, job_id: int) -> bool:
+        job = self.state.job(job_id, attempts=False)
+        return bool(job and job.cancel_requested)
+
+    def _finish(self, a: Active, result: dict[str, Any]) -> None:
+        del self.active[a.job.id]
+        ended = result.get("ended") or time.time()
+        peak_mem = max(a.peak_mem, result.get("peak_mem") or 0) or None
+        peak_gpu = a.peak_gpu_mem or None
+        kind = result["kind"]
+        self.state.update_attempt(
+            a.job.id,
+            a.n,
+            state=result["state"],
+            ended=ended,
+            exit_code=result.get("exit_code"),
+            signal=result.get("signal"),
+            cause=result.get("cause"),
+            cause_line=result.get("line"),
+            peak_mem=peak_mem,
+            peak_gpu_mem=peak_gpu,
+            cpu_seconds=result.get("cpu_seconds"),
+        )
+        job = self.state.job(a.job.id, attempts=False)
+        assert job is not None
+        energy = self._energy(a)
+        common = {
+            "exit_code": result.get("exit_code"),
+            "signal": result.get("signal"),
+            "cause": result.get("cause"),
+            "cause_line": result.get("line"),
+            "peak_mem": max(job.peak_mem or 0, peak_mem or 0) or None,
+            "peak_gpu_mem": max(job.peak_gpu_mem or 0, peak_gpu or 0) or None,
+            "energy_joules": (job.energy_joules or 0.0) + energy if energy is not None else job.energy_joules,
+        }
+        if kind in ("gpu_oom", "host_oom") and a.n <= job.retries and not job.cancel_requested:
+            # Escalate: first the GPU with the most free memory, then alone; reserve what was measured.
+            changes: dict[str, Any] = {"state": RETRYING, "escalation": min(2, job.escalation + 1)}
+            if kind == "gpu_oom" and peak_gpu:
+                changes["gpu_mem"] = max(job.gpu_mem or 0, int(peak_gpu * (1 + self.limits.gpu_mem_margin)))
+            if kind == "host_oom" and peak_mem:
+                changes["mem"] = min(self.capacity.mem, max(job.mem, int(peak_mem * 1.2)))
+            self.state.update_job(job.id, **common, **changes)
+            self.state.event(job.id, "retry", f"attempt {a.n} ended {result.get('cause')}; retrying")
+        else:
+            self.state.update_job(job.id, state=result["state"], ended=ended, **common)
+            self.state.event(job.id, result["state"], result.get("cause") or "")
+        if peak_mem or peak_gpu:
+            self.state.record_peak(job.job_key, peak_mem, peak_gpu, ended - a.started)
+
+    def _energy(self, a: Active) -> float | None:
+        """Joules of the job's GPUs over the attempt (shared among collocated jobs: the
+        whole device's counter, split by how many jobs were on it at the end)."""
+        if not a.energy_start:
+            return None
+        total = 0.0
+        for uuid, start in a.energy_start.items():
+            end = self.monitor.gpus[uuid].energy_mj
+            if end is None:
+                return None
+            sharers = 1 + sum(1 for o in self.active.values() if uuid in o.uuids)
+            total += (end - start) / 1000.0 / sharers
+        return total
+
+    def _signal_shim(self, a: Active, sig: int) -> None:
+        if same_process(a.shim_pid, a.shim_ctime):
+            try:
+                os.kill(a.shim_pid or 0, sig)
+            except ProcessLookupError:
+                pass
+
+    def _reap_children(self) -> None:
+        # Shims this daemon started are its children until they exit: reap them (no zombies).
+        while True:
+            try:
+                pid, _status = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                return
+            if pid == 0:
+                return
+
+    def _resolve_dependencies(self) -> None:
+        for job in self.state.jobs((QUEUED,)):
+            for dep_id in job.after:
+                dep = self.state.job(dep_id, attempts=False)
+                if dep is not None and dep.state in FINAL_STATES and dep.state != SUCCEEDED:
+                    self.state.update_job(
+                        job.id,
+                        state=CANCELLED,
+                        ended=time.time(),
+                        cause=f"dependency {dep_id} ended {dep.state}",
+                    )
+                    self.state.event(job.id, "cancelled", f"dependency {dep_id} ended {dep.state}")
+                    break
+
+    # --- scheduling -------------------------------------------------------------------------
+
+    def _host_slot(self) -> HostSlot:
+        now = time.time()
+        cpu_jobs = [a for a in self.active.values() if not a.placement.gpus]
+        return HostSlot(
+            cpus_total=self.capacity.cpus,
+            mem_total=self.capacity.mem,
+            cpus_reserved=sum(a.job.cpus for a in self.active.values()),
+            mem_reserved=sum(a.job.mem for a in self.active.values()),
+            mem_available=self.monitor.mem_available,
+            cpu_mean=self.monitor.cpu.mean(),
+            cpu_p95=self.monitor.cpu.p95(),
+            jobs=len(cpu_jobs),
+            fresh=any(now - a.started < self.limits.settle_s for a in cpu_jobs),
+            alone=any(a.placement.alone for a in cpu_jobs),
+        )
+
+    def _gpu_slots(self) -> list[GpuSlot]:
+        now = time.time()
+        slots = []
+        for g in self.capacity.gpus:
+            on = [a for a in self.active.values() if g.uuid in a.uuids]
+            m = self.monitor.gpus.get(g.uuid)
+            slots.append(
+                GpuSlot(
+                    index=g.index,
+                    uuid=g.uuid,
+                    mem_total=g.mem_total,
+                    mem_reserved=sum(a.gpu_mem_reserved or 0 for a in on),
+                    mem_used=m.mem_used if m else None,
+                    jobs=len(on),
+                    probing=any(a.gpu_mem_reserved is None for a in on),
+                    fresh=any(now - a.started < self.limits.settle_s for a in on),
+                    alone=any(a.placement.alone for a in on),
+                    activity_mean=m.activity.mean() if m else None,
+                    activity_p95=m.activity.p95() if m else None,
+                )
+            )
+        return slots
+
+    def _waiting(self) -> list[Waiting]:
+        out = []
+        done = {j.id: j.state for j in self.state.jobs(tuple(FINAL_STATES))}
+        for job in self.state.jobs((QUEUED, RETRYING)):
+            if job.id in self.active or any(done.get(d) != SUCCEEDED for d in job.after):
+                continue
+            gpu_mem = job.gpu_mem
+            if job.gpus and gpu_mem is None:
+                known = self.state.peak(job.job_key)
+                if known is not None and known["peak_gpu_mem"]:
+                    gpu_mem = int(known["peak_gpu_mem"] * (1 + self.limits.gpu_mem_margin))
+            out.append(
+                Waiting(
+                    job.id, job.priority, job.submitted, job.cpus, job.mem, job.gpus, gpu_mem, job.escalation
+                )
+            )
+        return out
+
+    def _schedule(self, now: float) -> None:
+        queue = self._waiting()
+        if not queue:
+            return
+        for placement in plan(queue, self._host_slot(), self._gpu_slots(), self.policy, self.limits, now):
+            job = self.state.job(placement.job_id)
+            if job is None or job.cancel_requested:
+                continue
+            try:
+                self._launch(job, placement)
+            except Exception as exc:
+                log.exception("could not start job %d", job.id)
+                self.state.update_job(
+                    job.id, state=FAILED, ended=time.time(), cause=f"could not start: {exc}"
+                )
+
+    def _launch(self, job: Job, p: Placement) -> None:
+        n = len(job.attempts) + 1
+        adir = self.state.attempt_dir(job.id, n)
+        adir.mkdir(parents=True, exist_ok=True)
+        uuids = tuple(g.uuid for g in self.capacity.gpus if g.index in p.gpus)
+        env = dict(job.env)
+        env.update(TANDEM_JOB_ID=str(job.id), TANDEM_JOB_ATTEMPT=str(n), PYTHONUNBUFFERED="1")
+        # The job sees its GPUs only (by UUID, immune to index reordering); a CPU-only job sees none.
+        env["CUDA_VISIBLE_DEVICES"] = ",".join(uuids)
+        if job.share:
+            env["TANDEM_SHARE"] = job.share
+        mps_used = False
+        if self.mps is not None and len(uuids) == 1 and not p.alone:
+            server = self.mps.ensure(uuids[0])
+            if server is not None:
+                from tandem.place.mps import client_env
+
+                env.update(client_env(uuids[0], server.dirs, p.gpu_mem, job.gpu_share))
+                mps_used = True
+        placement = {
+            "gpus": list(p.gpus),
+            "uuids": list(uuids),
+            "gpu_mem": p.gpu_mem,
+            "alone": p.alone,
+            "probe": p.probe,
+            "mps": mps_used,
+            "device": ",".join(f"cuda:{i}" for i in p.gpus) or "cpu",
+        }
+        write_json(
+            adir / "spec.json",
+            {
+                "command": job.command,
+                "cwd": job.cwd,
+                "env": env,
+                "grace_s": self.settings.grace_s,
+                "interval": self.settings.interval_s,
+                "socket": str(self.socket_path),
+            },
+        )
+        started = time.time()
+        self.state.add_attempt(Attempt(job.id, n, RUNNING, placement, started))
+        self.state.update_job(job.id, state=RUNNING, started=job.started or started)
+        self.state.event(job.id, "started", f"attempt {n} on {placement['device']}")
+        with open(adir / "shim.log", "ab") as shim_log:
+            proc = subprocess.Popen(
+                [sys.executable, "-m", "tandem.place.shim", str(adir)],
+                cwd=job.cwd if os.path.isdir(job.cwd) else "/",
+                stdin=subprocess.DEVNULL,
+                stdout=shim_log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+        ctime = psutil.Process(proc.pid).create_time()
+        self.state.update_attempt(job.id, n, shim_pid=proc.pid, shim_ctime=ctime)
+        active = Active(
+            job, n, p, uuids, adir, started, proc.pid, ctime, gpu_mem_reserved=None if p.probe else p.gpu_mem
+        )
+        active.energy_start = {u: e for u in uuids if (e := self.monitor.gpus[u].energy_mj) is not None}
+        self.active[job.id] = active
+
+    # --- after a restart ----------------------------------------------------------------------
+
+    def adopt(self) -> None:
+        """Take up the attempts a previous daemon left running."""
+        for job in self.state.jobs((RUNNING,), attempts=True):
+            if not job.attempts:
+                self.state.update_job(job.id, state=QUEUED)
+                continue
+            att = job.attempts[-1]
+            adir = self.state.attempt_dir(job.id, att.n)
+            pl = att.placement
+            placement = Placement(
+                job.id,
+                tuple(pl.get("gpus", ())),
+                pl.get("gpu_mem"),
+                bool(pl.get("alone")),
+                bool(pl.get("probe")),
+            )
+            a = Active(
+                job,
+                att.n,
+                placement,
+                tuple(pl.get("uuids", ())),
+                adir,
+                att.started,
+                att.shim_pid,
+                att.shim_ctime,
+                gpu_mem_reserved=pl.get("gpu_mem"),
+            )
+            if a.shim_pid is None:
+                shim = read_json(adir / "shim.json")
+                if shim is not None:
+                    a.shim_pid, a.shim_ctime = shim["pid"], shim["ctime"]
+            if placement.probe:
+                a.gpu_mem_reserved = None
+            self.active[job.id] = a
+            self.state.event(job.id, "adopted", f"attempt {att.n} (shim pid {a.shim_pid})")
+        for a in list(self.active.values()):
+            self._follow(a, time.time())

@@ -1,0 +1,158 @@
+"""What the daemon has and how busy it is: capacity at start, measurements every second.
+
+Capacity: the cores this process may run on, the RAM, and the GPUs NVML lists (through
+``watch``'s NVML code), each narrowed by the daemon's options. Measurements: the host's
+CPU use and free RAM (psutil) and, per GPU, memory used, the memory of each process, and
+SM activity (GPM on Hopper and newer; else NVML's utilisation, which only says a kernel
+ran), kept over a sliding window for the scheduler's mean and 95th percentile.
+
+Without NVML (no driver, no nvidia-ml-py) there are no GPUs and the manager schedules
+cores and RAM only.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from collections import deque
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+import psutil
+
+from tandem.place.model import Capacity, GpuInfo
+
+log = logging.getLogger(__name__)
+
+
+def host_cpus() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return psutil.cpu_count() or 1
+
+
+def parse_gpu_list(text: str | None, available: Iterable[GpuInfo]) -> tuple[GpuInfo, ...]:
+    """``--gpus 0,2`` (indices or UUIDs), ``none`` or ``all``/None against what NVML lists."""
+    gpus = tuple(available)
+    if text is None or text.strip().lower() == "all":
+        return gpus
+    if text.strip().lower() in ("none", ""):
+        return ()
+    chosen = []
+    for token in (t.strip() for t in text.split(",")):
+        match = [g for g in gpus if str(g.index) == token or g.uuid == token or g.uuid.startswith(token)]
+        if len(match) != 1:
+            listed = ", ".join(f"{g.index} ({g.uuid})" for g in gpus) or "none"
+            raise ValueError(f"--gpus: {token!r} names no single GPU here; the GPUs are: {listed}")
+        if match[0] not in chosen:
+            chosen.append(match[0])
+    return tuple(chosen)
+
+
+class Nvml:
+    """The daemon's NVML view of every GPU (``watch``'s sampler, all devices visible)."""
+
+    def __init__(self, nvml: Any = None) -> None:
+        from tandem.watch.samplers.nvml import NvmlSampler
+
+        self.sampler = NvmlSampler(run_pids=lambda: (), visible=None, nvml=nvml, env={})
+        ok, self.why_not = self.sampler.available()
+        self.gpus: tuple[GpuInfo, ...] = ()
+        if not ok:
+            return
+        for d in self.sampler.devices:
+            reading = self.sampler.read(d)
+            self.gpus += (GpuInfo(d.parent_index, d.uuid, int(reading.memory_total_bytes or 0)),)
+        self._ordinal = {d.uuid: d for d in self.sampler.devices}
+
+    def read(self, uuid: str) -> Any:
+        return self.sampler.read(self._ordinal[uuid])
+
+    def close(self) -> None:
+        self.sampler.close()
+
+
+def detect_capacity(cpus: float | None, mem: int | None, gpus: str | None, nvml: Nvml | None) -> Capacity:
+    total_cpus = host_cpus()
+    total_mem = psutil.virtual_memory().total
+    if cpus is not None and cpus > total_cpus:
+        raise ValueError(f"--cpus {cpus:g}: this machine lets the daemon use {total_cpus} cores")
+    if mem is not None and mem > total_mem:
+        raise ValueError(f"--mem: more than this machine's {total_mem} bytes of RAM")
+    listed = nvml.gpus if nvml is not None else ()
+    if gpus not in (None, "none", "all", "") and not listed:
+        why = nvml.why_not if nvml is not None else "NVML not loaded"
+        raise ValueError(f"--gpus {gpus}: no GPU can be used here ({why})")
+    return Capacity(
+        cpus if cpus is not None else float(total_cpus), mem or total_mem, parse_gpu_list(gpus, listed)
+    )
+
+
+@dataclass
+class Window:
+    """Timestamped values over the last ``span`` seconds: mean and 95th percentile."""
+
+    span: float
+    values: deque[tuple[float, float]] = field(default_factory=deque)
+
+    def add(self, t: float, value: float) -> None:
+        self.values.append((t, value))
+        while self.values and self.values[0][0] < t - self.span:
+            self.values.popleft()
+
+    def mean(self) -> float | None:
+        return sum(v for _, v in self.values) / len(self.values) if self.values else None
+
+    def p95(self) -> float | None:
+        if not self.values:
+            return None
+        ordered = sorted(v for _, v in self.values)
+        return ordered[min(len(ordered) - 1, int(round(0.95 * (len(ordered) - 1))))]
+
+
+@dataclass
+class GpuMeasure:
+    mem_used: int | None = None
+    activity: Window = field(default_factory=lambda: Window(30.0))
+    process_mem: dict[int, int] = field(default_factory=dict)
+    energy_mj: int | None = None
+
+
+class Monitor:
+    """Samples the host and the daemon's GPUs; the daemon calls :meth:`sample` each second."""
+
+    def __init__(self, capacity: Capacity, window_s: float, nvml: Nvml | None) -> None:
+        self.capacity = capacity
+        self.nvml = nvml
+        self.cpu = Window(window_s)
+        self.mem_available: int | None = None
+        self.gpus = {g.uuid: GpuMeasure(activity=Window(window_s)) for g in capacity.gpus}
+        psutil.cpu_percent()  # the first call only sets the base
+
+    def sample(self) -> None:
+        now = time.monotonic()
+        self.cpu.add(now, psutil.cpu_percent() / 100.0)
+        self.mem_available = psutil.virtual_memory().available
+        if self.nvml is None:
+            return
+        for uuid, m in self.gpus.items():
+            try:
+                r = self.nvml.read(uuid)
+            except Exception as exc:  # a GPU that fell off the bus: keep the last values
+                log.warning("cannot read GPU %s: %s", uuid, exc)
+                continue
+            m.mem_used = r.memory_used_bytes
+            m.energy_mj = r.energy_mj
+            m.process_mem = {pid: int(used or 0) for pid, used in r.processes}
+            activity = r.sm_active_percent if r.sm_active_percent is not None else r.utilization_percent
+            if activity is not None:
+                m.activity.add(now, activity / 100.0)
+
+    def job_gpu_mem(self, uuid: str, pids: Iterable[int]) -> int:
+        m = self.gpus.get(uuid)
+        if m is None:
+            return 0
+        return sum(m.process_mem.get(pid, 0) for pid in pids)

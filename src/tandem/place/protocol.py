@@ -1,0 +1,51 @@
+"""The job manager's wire protocol: JSON requests and replies over the daemon's socket.
+
+One ``SOCK_SEQPACKET`` Unix socket per state directory, in tandem's private runtime
+directory (:mod:`tandem._ipc`): ``place-<hash of the state directory>.sock``. A client
+connects, sends one request packet, reads one reply packet, closes. Every request is an
+object with ``op``; every reply has ``ok`` and, when ``ok`` is false, ``error`` (a message
+for the user). Reads (``ls``, ``show``, ``logs``, ``wait``) go to the state file, not here.
+
+=========  ==============================================  =================================
+op         request fields                                  reply fields
+=========  ==============================================  =================================
+submit     ``job``: the fields of ``tandem submit``        ``id``
+cancel     ``ids``                                         ``cancelled``, ``unknown``, ``ended``
+status     -                                               ``pid``, ``policy``, ``capacity``, ``used``, ...
+stop       -                                               - (the daemon exits; jobs go on)
+wake       -                                               (no reply: a shim's result is ready)
+=========  ==============================================  =================================
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+from typing import Any
+
+from tandem import _ipc
+
+OPS = ("submit", "cancel", "status", "stop", "wake")
+
+
+def socket_path(state_dir: Path) -> Path:
+    digest = hashlib.sha1(str(state_dir).encode()).hexdigest()[:10]
+    return _ipc.socket_file(f"place-{digest}.sock")
+
+
+def encode(message: dict[str, Any]) -> bytes:
+    data = json.dumps(message).encode()
+    if len(data) > _ipc.MAX_PACKET:
+        raise ValueError(
+            f"request of {len(data)} bytes is over the {_ipc.MAX_PACKET}-byte limit "
+            "(a very large environment? pass fewer variables)"
+        )
+    return data
+
+
+def decode(data: bytes) -> dict[str, Any]:
+    message = json.loads(data)
+    if not isinstance(message, dict):
+        raise ValueError("a message must be a JSON object")
+    return message

@@ -1,0 +1,312 @@
+"""The job manager's state: jobs, attempts, measured peaks and events in one SQLite file.
+
+``$TANDEM_STATE_DIR`` (default ``$XDG_STATE_HOME/tandem``, else ``~/.local/state/tandem``)
+holds ``place.db`` and a directory per job with each attempt's spec, output and result.
+The daemon is the only writer; ``tandem ls|show|logs|wait`` read the file directly
+(write-ahead logging lets them read while the daemon writes), so they work while no
+daemon is running. The directory is private (0700), as is the database.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sqlite3
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+SCHEMA_VERSION = 1
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS meta (k TEXT PRIMARY KEY, v TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS jobs (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    name TEXT, job_key TEXT NOT NULL, command TEXT NOT NULL, cwd TEXT NOT NULL, env TEXT NOT NULL,
+    cpus REAL NOT NULL, mem INTEGER NOT NULL, gpus INTEGER NOT NULL, gpu_mem INTEGER,
+    gpu_share INTEGER, priority INTEGER NOT NULL, retries INTEGER NOT NULL,
+    share TEXT, grp TEXT, after TEXT NOT NULL DEFAULT '[]',
+    state TEXT NOT NULL, cause TEXT, cause_line TEXT, exit_code INTEGER, signal TEXT,
+    submitted REAL NOT NULL, started REAL, ended REAL, cancel_requested INTEGER NOT NULL DEFAULT 0,
+    escalation INTEGER NOT NULL DEFAULT 0,
+    peak_mem INTEGER, peak_gpu_mem INTEGER, energy_joules REAL, mlflow_run_id TEXT
+);
+CREATE INDEX IF NOT EXISTS jobs_state ON jobs(state);
+CREATE TABLE IF NOT EXISTS attempts (
+    job_id INTEGER NOT NULL, n INTEGER NOT NULL, state TEXT NOT NULL,
+    placement TEXT NOT NULL, started REAL NOT NULL, ended REAL,
+    exit_code INTEGER, signal TEXT, cause TEXT, cause_line TEXT,
+    shim_pid INTEGER, shim_ctime REAL, pid INTEGER, pid_ctime REAL,
+    peak_mem INTEGER, peak_gpu_mem INTEGER, cpu_seconds REAL,
+    PRIMARY KEY (job_id, n)
+);
+CREATE TABLE IF NOT EXISTS peaks (
+    job_key TEXT PRIMARY KEY, peak_mem INTEGER, peak_gpu_mem INTEGER, run_s REAL, updated REAL
+);
+CREATE TABLE IF NOT EXISTS events (
+    id INTEGER PRIMARY KEY AUTOINCREMENT, t REAL NOT NULL, job_id INTEGER, kind TEXT NOT NULL,
+    detail TEXT NOT NULL DEFAULT ''
+);
+"""
+
+
+class StateError(Exception):
+    """The state file cannot be used (corrupt, locked, from a newer version)."""
+
+
+def state_dir() -> Path:
+    """The private directory of the job manager's state, created if needed."""
+    explicit = os.environ.get("TANDEM_STATE_DIR")
+    if explicit:
+        path = Path(explicit)
+    elif os.environ.get("XDG_STATE_HOME"):
+        path = Path(os.environ["XDG_STATE_HOME"]) / "tandem"
+    else:
+        path = Path.home() / ".local" / "state" / "tandem"
+    path = path.expanduser().resolve()
+    path.mkdir(mode=0o700, parents=True, exist_ok=True)
+    return path
+
+
+@dataclass
+class Attempt:
+    job_id: int
+    n: int
+    state: str
+    placement: dict[str, Any]
+    started: float
+    ended: float | None = None
+    exit_code: int | None = None
+    signal: str | None = None
+    cause: str | None = None
+    cause_line: str | None = None
+    shim_pid: int | None = None
+    shim_ctime: float | None = None
+    pid: int | None = None
+    pid_ctime: float | None = None
+    peak_mem: int | None = None
+    peak_gpu_mem: int | None = None
+    cpu_seconds: float | None = None
+
+
+@dataclass
+class Job:
+    id: int
+    name: str | None
+    job_key: str
+    command: list[str]
+    cwd: str
+    env: dict[str, str]
+    cpus: float
+    mem: int
+    gpus: int
+    gpu_mem: int | None
+    gpu_share: int | None
+    priority: int
+    retries: int
+    share: str | None
+    grp: str | None
+    after: list[int]
+    state: str
+    submitted: float
+    cause: str | None = None
+    cause_line: str | None = None
+    exit_code: int | None = None
+    signal: str | None = None
+    started: float | None = None
+    ended: float | None = None
+    cancel_requested: bool = False
+    escalation: int = 0
+    peak_mem: int | None = None
+    peak_gpu_mem: int | None = None
+    energy_joules: float | None = None
+    mlflow_run_id: str | None = None
+    attempts: list[Attempt] = field(default_factory=list)
+
+
+_JSON_FIELDS = {"command", "env", "after", "placement"}
+
+
+def _decode(cls: type, row: sqlite3.Row) -> Any:
+    values = {k: (json.loads(row[k]) if k in _JSON_FIELDS else row[k]) for k in row.keys()}  # noqa: SIM118
+    if "cancel_requested" in values:
+        values["cancel_requested"] = bool(values["cancel_requested"])
+    return cls(**values)
+
+
+class State:
+    """One connection to ``place.db``. Errors that mean the file cannot be used become
+    :class:`StateError` with what to do."""
+
+    def __init__(self, directory: Path | None = None, timeout: float = 10.0) -> None:
+        self.dir = directory or state_dir()
+        self.dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+        self.path = self.dir / "place.db"
+        self.jobs_dir = self.dir / "jobs"
+        try:
+            fresh = not self.path.exists()
+            self.db = sqlite3.connect(self.path, timeout=timeout, isolation_level=None)
+            if fresh:
+                os.chmod(self.path, 0o600)
+            self.db.row_factory = sqlite3.Row
+            self.db.execute("PRAGMA journal_mode=WAL")
+            self.db.execute("PRAGMA synchronous=NORMAL")
+            self.db.executescript(_SCHEMA)
+            self._check_version()
+        except sqlite3.DatabaseError as exc:
+            raise self._error(exc) from None
+
+    def _error(self, exc: sqlite3.Error) -> StateError:
+        text = str(exc)
+        if "locked" in text or "busy" in text:
+            return StateError(
+                f"state file {self.path} is locked by another process ({text}); "
+                "wait for it, or find it with: fuser " + str(self.path)
+            )
+        return StateError(
+            f"state file {self.path} cannot be read ({text}); it may be corrupt. Move it away "
+            f"(mv {self.path} {self.path}.bad) to start with an empty queue"
+        )
+
+    def _check_version(self) -> None:
+        row = self.db.execute("SELECT v FROM meta WHERE k='schema'").fetchone()
+        if row is None:
+            self.db.execute("INSERT OR IGNORE INTO meta VALUES ('schema', ?)", (str(SCHEMA_VERSION),))
+        elif int(row[0]) > SCHEMA_VERSION:
+            raise StateError(
+                f"state file {self.path} is from a newer tandem (schema {row[0]}, this one "
+                f"reads {SCHEMA_VERSION}); upgrade tandem or set TANDEM_STATE_DIR elsewhere"
+            )
+
+    def close(self) -> None:
+        self.db.close()
+
+    @contextmanager
+    def transaction(self) -> Iterator[sqlite3.Connection]:
+        try:
+            self.db.execute("BEGIN IMMEDIATE")
+        except sqlite3.Error as exc:
+            raise self._error(exc) from None
+        try:
+            yield self.db
+        except BaseException:
+            self.db.execute("ROLLBACK")
+            raise
+        else:
+            self.db.execute("COMMIT")
+
+    def query(self, sql: str, args: tuple = ()) -> list[sqlite3.Row]:
+        try:
+            return self.db.execute(sql, args).fetchall()
+        except sqlite3.DatabaseError as exc:
+            raise self._error(exc) from None
+
+    # --- jobs -----------------------------------------------------------------------------
+
+    def add_job(self, **values: Any) -> int:
+        values = {k: (json.dumps(v) if k in _JSON_FIELDS else v) for k, v in values.items()}
+        cols = ", ".join(values)
+        marks = ", ".join("?" for _ in values)
+        with self.transaction() as db:
+            cur = db.execute(f"INSERT INTO jobs ({cols}) VALUES ({marks})", tuple(values.values()))
+            job_id = int(cur.lastrowid or 0)
+            db.execute(
+                "INSERT INTO events (t, job_id, kind) VALUES (?, ?, 'submitted')", (time.time(), job_id)
+            )
+        return job_id
+
+    def update_job(self, job_id: int, **values: Any) -> None:
+        values = {k: (json.dumps(v) if k in _JSON_FIELDS else v) for k, v in values.items()}
+        sets = ", ".join(f"{k} = ?" for k in values)
+        with self.transaction() as db:
+            db.execute(f"UPDATE jobs SET {sets} WHERE id = ?", (*values.values(), job_id))
+
+    def job(self, job_id: int, attempts: bool = True) -> Job | None:
+        rows = self.query("SELECT * FROM jobs WHERE id = ?", (job_id,))
+        if not rows:
+            return None
+        job = _decode(Job, rows[0])
+        if attempts:
+            job.attempts = self.attempts(job_id)
+        return job
+
+    def jobs(self, states: tuple[str, ...] | None = None, attempts: bool = False) -> list[Job]:
+        if states:
+            marks = ", ".join("?" for _ in states)
+            rows = self.query(f"SELECT * FROM jobs WHERE state IN ({marks}) ORDER BY id", tuple(states))
+        else:
+            rows = self.query("SELECT * FROM jobs ORDER BY id")
+        jobs = [_decode(Job, r) for r in rows]
+        if attempts:
+            by_job: dict[int, list[Attempt]] = {}
+            for a in self.all_attempts():
+                by_job.setdefault(a.job_id, []).append(a)
+            for j in jobs:
+                j.attempts = by_job.get(j.id, [])
+        return jobs
+
+    # --- attempts -------------------------------------------------------------------------
+
+    def attempts(self, job_id: int) -> list[Attempt]:
+        rows = self.query("SELECT * FROM attempts WHERE job_id = ? ORDER BY n", (job_id,))
+        return [_decode(Attempt, r) for r in rows]
+
+    def all_attempts(self) -> list[Attempt]:
+        return [_decode(Attempt, r) for r in self.query("SELECT * FROM attempts ORDER BY job_id, n")]
+
+    def add_attempt(self, attempt: Attempt) -> None:
+        values = {k: (json.dumps(v) if k in _JSON_FIELDS else v) for k, v in attempt.__dict__.items()}
+        cols = ", ".join(values)
+        marks = ", ".join("?" for _ in values)
+        with self.transaction() as db:
+            db.execute(f"INSERT INTO attempts ({cols}) VALUES ({marks})", tuple(values.values()))
+
+    def update_attempt(self, job_id: int, n: int, **values: Any) -> None:
+        values = {k: (json.dumps(v) if k in _JSON_FIELDS else v) for k, v in values.items()}
+        sets = ", ".join(f"{k} = ?" for k in values)
+        with self.transaction() as db:
+            db.execute(
+                f"UPDATE attempts SET {sets} WHERE job_id = ? AND n = ?", (*values.values(), job_id, n)
+            )
+
+    # --- measured peaks, events, settings -------------------------------------------------
+
+    def peak(self, job_key: str) -> sqlite3.Row | None:
+        rows = self.query("SELECT * FROM peaks WHERE job_key = ?", (job_key,))
+        return rows[0] if rows else None
+
+    def record_peak(self, job_key: str, peak_mem: int | None, peak_gpu_mem: int | None, run_s: float) -> None:
+        with self.transaction() as db:
+            db.execute(
+                "INSERT INTO peaks VALUES (?, ?, ?, ?, ?) ON CONFLICT(job_key) DO UPDATE SET "
+                "peak_mem = max(coalesce(excluded.peak_mem, 0), coalesce(peak_mem, 0)), "
+                "peak_gpu_mem = max(coalesce(excluded.peak_gpu_mem, 0), coalesce(peak_gpu_mem, 0)), "
+                "run_s = excluded.run_s, updated = excluded.updated",
+                (job_key, peak_mem, peak_gpu_mem, run_s, time.time()),
+            )
+
+    def event(self, job_id: int | None, kind: str, detail: str = "") -> None:
+        with self.transaction() as db:
+            db.execute(
+                "INSERT INTO events (t, job_id, kind, detail) VALUES (?, ?, ?, ?)",
+                (time.time(), job_id, kind, detail),
+            )
+
+    def events(self, job_id: int) -> list[sqlite3.Row]:
+        return self.query("SELECT t, kind, detail FROM events WHERE job_id = ? ORDER BY id", (job_id,))
+
+    def setting(self, key: str) -> str | None:
+        rows = self.query("SELECT v FROM meta WHERE k = ?", (key,))
+        return rows[0][0] if rows else None
+
+    def set_setting(self, key: str, value: str) -> None:
+        with self.transaction() as db:
+            db.execute(
+                "INSERT INTO meta VALUES (?, ?) ON CONFLICT(k) DO UPDATE SET v = excluded.v", (key, value)
+            )
+
+    def attempt_dir(self, job_id: int, n: int) -> Path:
+        return self.jobs_dir / str(job_id) / str(n)

@@ -1,0 +1,129 @@
+"""How jobs are shown: the ``--json`` objects (field names fixed by the interface) and the
+rows of ``tandem ls``."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from tandem.place.model import format_size
+from tandem.place.state import Attempt, Job
+
+
+def _placement(attempt: Attempt | None) -> dict[str, Any] | None:
+    if attempt is None:
+        return None
+    p = attempt.placement
+    return {
+        "device": p.get("device", "cpu"),
+        "gpus": p.get("gpus", []),
+        "gpu_uuids": p.get("uuids", []),
+        "gpu_mem_bytes": p.get("gpu_mem"),
+        "mps": bool(p.get("mps")),
+        "alone": bool(p.get("alone")),
+        "probe": bool(p.get("probe")),
+    }
+
+
+def attempt_json(a: Attempt) -> dict[str, Any]:
+    return {
+        "n": a.n,
+        "state": a.state,
+        "exit_code": a.exit_code,
+        "signal": a.signal,
+        "cause": a.cause,
+        "cause_line": a.cause_line,
+        "placement": _placement(a),
+        "started": a.started,
+        "ended": a.ended,
+        "peak_mem_bytes": a.peak_mem,
+        "peak_gpu_mem_bytes": a.peak_gpu_mem,
+        "cpu_seconds": a.cpu_seconds,
+    }
+
+
+def run_seconds(job: Job, now: float | None = None) -> float | None:
+    if not job.attempts:
+        return None
+    now = time.time() if now is None else now
+    return sum((a.ended or now) - a.started for a in job.attempts if a.state != "lost")
+
+
+def job_json(job: Job, now: float | None = None) -> dict[str, Any]:
+    """A job as ``--json`` prints it. Times are seconds since the epoch."""
+    now = time.time() if now is None else now
+    last = job.attempts[-1] if job.attempts else None
+    wait_s = (
+        job.started or (now if job.state in ("queued", "retrying") else job.ended or now)
+    ) - job.submitted
+    return {
+        "id": job.id,
+        "name": job.name,
+        "state": job.state,
+        "exit_code": job.exit_code,
+        "signal": job.signal,
+        "cause": job.cause,
+        "cause_line": job.cause_line,
+        "attempts": [attempt_json(a) for a in job.attempts],
+        "placement": _placement(last),
+        "submitted": job.submitted,
+        "started": job.started,
+        "ended": job.ended,
+        "wait_s": max(0.0, wait_s),
+        "run_s": run_seconds(job, now),
+        "peak_mem_bytes": job.peak_mem,
+        "peak_gpu_mem_bytes": job.peak_gpu_mem,
+        "energy_joules": job.energy_joules,
+        "mlflow_run_id": job.mlflow_run_id,
+        "command": job.command,
+        "cwd": job.cwd,
+        "group": job.grp,
+        "share": job.share,
+        "priority": job.priority,
+        "retries": job.retries,
+        "after": job.after,
+        "request": {
+            "cpus": job.cpus,
+            "mem_bytes": job.mem,
+            "gpus": job.gpus,
+            "gpu_mem_bytes": job.gpu_mem,
+            "gpu_share": job.gpu_share,
+        },
+    }
+
+
+def _duration(seconds: float | None) -> str:
+    if seconds is None:
+        return "-"
+    seconds = int(seconds)
+    if seconds < 60:
+        return f"{seconds}s"
+    if seconds < 3600:
+        return f"{seconds // 60}m{seconds % 60:02d}s"
+    return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m"
+
+
+def ls_row(job: Job, now: float | None = None) -> list[str]:
+    j = job_json(job, now)
+    where = j["placement"]["device"] if j["placement"] else "-"
+    if j["placement"] and j["placement"]["mps"]:
+        where += " mps"
+    cause = "" if job.state in ("queued", "running", "succeeded") else (job.cause or "")
+    if job.state == "retrying" and job.attempts:
+        cause = f"{job.attempts[-1].cause} (retry {len(job.attempts)}/{job.retries})"
+    return [
+        str(job.id),
+        job.name or "-",
+        job.state,
+        job.grp or job.share or "-",
+        where,
+        str(len(job.attempts)),
+        _duration(j["wait_s"]),
+        _duration(j["run_s"]),
+        format_size(job.peak_mem),
+        format_size(job.peak_gpu_mem),
+        cause,
+    ]
+
+
+LS_COLUMNS = ["id", "name", "state", "group", "where", "tries", "wait", "run", "mem", "gpu mem", "cause"]

@@ -1,0 +1,83 @@
+"""A private state and runtime directory per test, and a ``tandem`` CLI runner; daemons
+started by a test are stopped (and their jobs cancelled) after it."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import psutil
+import pytest
+
+TANDEM = [sys.executable, "-m", "tandem.cli"]
+
+
+class Cli:
+    def __init__(self, env: dict[str, str], state: Path, tmp: Path) -> None:
+        self.env = env
+        self.state = state
+        self.tmp = tmp
+
+    def __call__(self, *args: str, check: bool = True, timeout: float = 60) -> subprocess.CompletedProcess:
+        proc = subprocess.run(
+            [*TANDEM, *args], env=self.env, capture_output=True, text=True, timeout=timeout, cwd=self.tmp
+        )
+        if check and proc.returncode != 0:
+            raise AssertionError(
+                f"tandem {' '.join(args)} -> {proc.returncode}\n{proc.stdout}\n{proc.stderr}"
+            )
+        return proc
+
+    def json(self, *args: str) -> object:
+        return json.loads(self(*args, "--json").stdout)
+
+    def submit(self, *args: str) -> int:
+        return int(self("submit", *args).stdout.strip())
+
+    def job(self, job_id: int) -> dict:
+        return self.json("show", str(job_id))  # type: ignore[return-value]
+
+    def wait_state(self, job_id: int, states: set[str], timeout: float = 30) -> dict:
+        deadline = time.monotonic() + timeout
+        while True:
+            job = self.job(job_id)
+            if job["state"] in states:
+                return job
+            if time.monotonic() > deadline:
+                raise AssertionError(f"job {job_id} is {job['state']}, not in {states}, after {timeout} s")
+            time.sleep(0.2)
+
+    def daemon_pid(self) -> int | None:
+        try:
+            return json.loads((self.state / "daemon.json").read_text())["pid"]
+        except OSError:
+            return None
+
+
+@pytest.fixture
+def cli(tmp_path: Path) -> Iterator[Cli]:
+    state = tmp_path / "state"
+    runtime = Path(f"/tmp/tt-{os.getpid()}-{tmp_path.name[-12:]}")  # short: a Unix socket path
+    env = dict(os.environ, TANDEM_STATE_DIR=str(state), TANDEM_RUNTIME_DIR=str(runtime))
+    runner = Cli(env, state, tmp_path)
+    yield runner
+    # Cancel what is still going, stop the daemon, then make sure nothing is left behind.
+    if runner("daemon", "status", check=False).returncode == 0:
+        runner("cancel", *[str(j["id"]) for j in runner.json("ls")], check=False) if runner.json(
+            "ls"
+        ) else None
+        runner("daemon", "stop", check=False)
+    for p in psutil.process_iter(["cmdline"]):
+        cmdline = " ".join(p.info.get("cmdline") or [])
+        if str(state) in cmdline or str(tmp_path) in cmdline:
+            try:
+                p.send_signal(signal.SIGKILL)
+            except psutil.Error:
+                pass
+    subprocess.run(["rm", "-rf", str(runtime)], check=False)

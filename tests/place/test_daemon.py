@@ -1,0 +1,291 @@
+"""The job manager end to end: a real daemon, real shims, real jobs, real signals, a real
+SQLite state. Fast settings (settle 0.3 s) so that the scheduling is exercised in seconds."""
+
+from __future__ import annotations
+
+import os
+import signal
+import sqlite3
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+FAST = ["--settle", "0.3", "--window", "2", "--grace", "1"]
+
+
+def intervals(path: Path) -> list[tuple[float, float]]:
+    """(start, end) of each job that appended 'start T' / 'end T' lines tagged with its id."""
+    starts, ends = {}, {}
+    for line in path.read_text().splitlines():
+        kind, job, t = line.split()
+        (starts if kind == "start" else ends)[job] = float(t)
+    return [(starts[j], ends[j]) for j in starts]
+
+
+def max_overlap(spans: list[tuple[float, float]]) -> int:
+    events = sorted([(s, 1) for s, _ in spans] + [(e, -1) for _, e in spans])
+    level = peak = 0
+    for _, step in events:
+        level += step
+        peak = max(peak, level)
+    return peak
+
+
+def logged_job(log: Path, tag: str, seconds: float) -> list[str]:
+    script = (
+        f"import time,sys; f=open({str(log)!r},'a'); f.write('start {tag} %f\\n' % time.time()); f.flush(); "
+        f"time.sleep({seconds}); f.write('end {tag} %f\\n' % time.time())"
+    )
+    return ["python3", "-c", script]
+
+
+def test_submit_run_show_logs_wait(cli) -> None:
+    cli("daemon", "start", "--cpus", "2", *FAST)
+    ok = cli.submit("--name", "hello", "--cpus", "0.5", "--", "sh", "-c", "echo hello from the job")
+    bad = cli.submit("--", "sh", "-c", "echo about to fail; echo 'ValueError: bad config' >&2; exit 3")
+    missing = cli.submit("--", "no-such-command-xyz")
+    assert cli("wait", str(ok)).returncode == 0
+    assert cli("wait", str(bad), check=False).returncode == 3
+    assert cli("wait", str(ok), str(bad), check=False).returncode == 1
+    cli("wait", str(missing), check=False)
+    assert "hello from the job" in cli("logs", str(ok)).stdout
+    job = cli.job(ok)
+    for key in (
+        "id",
+        "name",
+        "state",
+        "exit_code",
+        "signal",
+        "attempts",
+        "placement",
+        "submitted",
+        "started",
+        "ended",
+        "wait_s",
+        "run_s",
+        "peak_mem_bytes",
+        "peak_gpu_mem_bytes",
+        "energy_joules",
+        "mlflow_run_id",
+    ):
+        assert key in job
+    assert job["state"] == "succeeded" and job["exit_code"] == 0 and job["name"] == "hello"
+    assert job["placement"]["device"] == "cpu" and len(job["attempts"]) == 1
+    assert job["attempts"][0]["state"] == "succeeded"
+    failed = cli.job(bad)
+    assert failed["state"] == "failed" and failed["exit_code"] == 3
+    assert failed["cause_line"] == "ValueError: bad config"  # the matching line, not the log's last
+    assert len(failed["attempts"]) == 1  # a plain failure is never retried
+    nf = cli.job(missing)
+    assert nf["state"] == "failed" and nf["exit_code"] == 127 and "not found" in nf["cause"]
+    listed = cli.json("ls", "--all")
+    assert [j["id"] for j in listed] == [ok, bad, missing]
+    status = cli.json("daemon", "status")
+    assert status["policy"] == "packing" and status["capacity"]["cpus"] == 2 and "used" in status
+    table = cli("ls").stdout
+    assert "exit 3" in table and "command not found" in table
+
+
+@pytest.mark.parametrize("policy,limit", [("exclusive", 1), ("packing", 2)])
+def test_reservations_never_exceed_capacity(cli, tmp_path: Path, policy: str, limit: int) -> None:
+    """Six 1-core jobs on a 2-core manager: never more than 2 at once (1 under exclusive)."""
+    cli("daemon", "start", "--cpus", "2", "--policy", policy, *FAST)
+    log = tmp_path / "spans.log"
+    ids = [cli.submit("--cpus", "1", "--", *logged_job(log, f"j{i}", 0.8)) for i in range(6)]
+    assert cli("wait", *map(str, ids), timeout=120).returncode == 0
+    spans = intervals(log)
+    assert len(spans) == 6
+    assert max_overlap(spans) <= limit
+    if policy == "packing":
+        assert max_overlap(spans) == 2  # and it does use both cores
+
+
+def test_priority_then_backfill(cli, tmp_path: Path) -> None:
+    cli("daemon", "start", "--cpus", "2", "--policy", "first-fit", *FAST)
+    log = tmp_path / "order.log"
+    first = cli.submit("--cpus", "2", "--", *logged_job(log, "first", 2.5))
+    cli.wait_state(first, {"running"})
+    big = cli.submit("--cpus", "2", "--", *logged_job(log, "big", 0.2))
+    low = cli.submit("--cpus", "1", "--", *logged_job(log, "low", 0.2))
+    high = cli.submit("--cpus", "1", "--priority", "5", "--", *logged_job(log, "high", 0.2))
+    cli("wait", str(first), str(big), str(low), str(high), timeout=120)
+    started = {j: cli.job(j)["attempts"][0]["started"] for j in (big, low, high)}
+    # When `first` ends: `high` first (priority); `big` (next in line) does not fit beside it,
+    # so `low` backfills past it; `big` starts once both are done.
+    assert started[high] <= started[low] < started[big]
+    assert max_overlap(intervals(log)) == 2
+
+
+def test_aging_stops_backfill(cli, tmp_path: Path) -> None:
+    cli("daemon", "start", "--cpus", "2", "--policy", "first-fit", "--starve-after", "0", *FAST)
+    log = tmp_path / "order.log"
+    first = cli.submit("--cpus", "1", "--", *logged_job(log, "first", 2.0))
+    cli.wait_state(first, {"running"})
+    big = cli.submit("--cpus", "2", "--", *logged_job(log, "big", 0.2))
+    small = cli.submit("--cpus", "1", "--", *logged_job(log, "small", 0.2))
+    cli("wait", str(first), str(big), str(small), timeout=120)
+    starts = {
+        line.split()[1]: float(line.split()[2]) for line in log.read_text().splitlines() if "start" in line
+    }
+    assert starts["big"] < starts["small"]  # waited past --starve-after: nothing passes it
+
+
+OOM_ONCE = (
+    "import os, sys\n"
+    "marker = sys.argv[1]\n"
+    "if not os.path.exists(marker):\n"
+    "    open(marker, 'w').close()\n"
+    "    print('step 1 ok')\n"
+    "    print('torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total "
+    "capacity of 79.19 GiB of which 1.02 GiB is free.', file=sys.stderr)\n"
+    "    sys.exit(1)\n"
+    "print('trained')\n"
+)
+
+
+def test_oom_is_retried_with_escalation(cli, tmp_path: Path) -> None:
+    cli("daemon", "start", "--cpus", "2", *FAST)
+    script = tmp_path / "oom_once.py"
+    script.write_text(OOM_ONCE)
+    job_id = cli.submit("--name", "oomy", "--", "python3", str(script), str(tmp_path / "marker"))
+    assert cli("wait", str(job_id), timeout=60).returncode == 0
+    job = cli.job(job_id)
+    assert job["state"] == "succeeded"
+    first, second = job["attempts"]
+    assert first["state"] == "oom" and "Tried to allocate 2.00 GiB" in first["cause_line"]
+    assert second["state"] == "succeeded"
+    events = cli("show", str(job_id)).stdout
+    assert "retry" in events
+    assert "== attempt 1 ==" in cli("logs", str(job_id)).stdout
+
+
+def test_oom_retries_are_bounded(cli, tmp_path: Path) -> None:
+    cli("daemon", "start", "--cpus", "2", *FAST)
+    always = "import sys; print('RuntimeError: CUBLAS_STATUS_ALLOC_FAILED when calling cublasCreate', file=sys.stderr); sys.exit(1)"  # noqa: E501
+    job_id = cli.submit("--retries", "1", "--", "python3", "-c", always)
+    assert cli("wait", str(job_id), timeout=60, check=False).returncode == 1
+    job = cli.job(job_id)
+    assert job["state"] == "oom" and len(job["attempts"]) == 2
+    assert "CUBLAS_STATUS_ALLOC_FAILED" in job["cause_line"]
+    assert "oom" in cli("ls").stdout
+
+
+def _pids_from(path: Path, n: int, timeout: float = 20) -> list[int]:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if path.exists() and len(path.read_text().split()) >= n:
+            return [int(p) for p in path.read_text().split()]
+        time.sleep(0.1)
+    raise AssertionError(f"{path} did not get {n} pids")
+
+
+def _gone(pids: list[int], timeout: float = 15) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        alive = [
+            p for p in pids if psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE
+        ]
+        if not alive:
+            return True
+        time.sleep(0.1)
+    return False
+
+
+def test_cancel_stops_the_whole_tree(cli, tmp_path: Path) -> None:
+    cli("daemon", "start", "--cpus", "2", *FAST)
+    pids = tmp_path / "pids"
+    # A shell with two children, one of which ignores SIGTERM (so SIGKILL must follow).
+    tree = (
+        f"sleep 300 & echo $! >> {pids}; (trap '' TERM; sleep 300) & echo $! >> {pids}; "
+        f"echo $$ >> {pids}; wait"
+    )
+    job_id = cli.submit("--", "sh", "-c", tree)
+    procs = _pids_from(pids, 3)
+    queued = cli.submit("--cpus", "2", "--", "sleep", "100")  # cannot start: cores taken
+    out = cli("cancel", str(job_id), str(queued)).stdout
+    assert f"cancelled {job_id}" in out and f"cancelled {queued}" in out
+    assert _gone(procs), "processes of the cancelled job are still alive"
+    assert cli.wait_state(job_id, {"cancelled"})["state"] == "cancelled"
+    assert cli.job(queued)["attempts"] == []
+    assert cli("cancel", "999", check=False).returncode == 1
+
+
+def test_daemon_sigkill_and_restart_loses_nothing(cli, tmp_path: Path) -> None:
+    cli("daemon", "start", "--cpus", "1", *FAST)
+    log = tmp_path / "runs.log"
+    running = cli.submit("--cpus", "1", "--", *logged_job(log, "running", 3))
+    cli.wait_state(running, {"running"})
+    queued = cli.submit("--cpus", "1", "--", *logged_job(log, "queued", 0.2))
+    os.kill(cli.daemon_pid(), signal.SIGKILL)
+    time.sleep(0.5)
+    assert cli.job(running)["state"] == "running"  # the job goes on without its manager
+    time.sleep(3)  # the job ends while no daemon runs; its shim keeps the result
+    cli("daemon", "start", "--cpus", "1", *FAST)
+    assert cli("wait", str(running), str(queued), timeout=60).returncode == 0
+    lines = log.read_text().split("\n")
+    assert sum(line.startswith("start running") for line in lines) == 1  # never started twice
+    assert sum(line.startswith("start queued") for line in lines) == 1
+    assert len(cli.job(running)["attempts"]) == 1
+    assert "adopted" in cli("show", str(running)).stdout
+
+
+def test_bad_input_is_a_clear_error(cli, tmp_path: Path) -> None:
+    r = cli("submit", "--mem", "12Q", "--", "true", check=False)
+    assert r.returncode == 2 and "not a size" in r.stderr
+    r = cli("submit", "--cpus", "-1", "--", "true", check=False)
+    assert r.returncode == 2 and "above 0" in r.stderr
+    r = cli("submit", "--frobnicate", "--", "true", check=False)
+    assert r.returncode == 2 and "No such option" in r.stderr
+    r = cli("submit", check=False)
+    assert r.returncode == 2 and "no command given" in r.stderr
+    r = cli("show", "12", check=False)
+    assert r.returncode == 1 and "no job 12" in r.stderr
+    cli("daemon", "start", "--cpus", "2", *FAST)
+    r = cli("submit", "--cpus", "64", "--", "true", check=False)
+    assert r.returncode == 1 and "asks for 64 cores" in r.stderr
+    r = cli("submit", "--gpus", "1", "--", "true", check=False)
+    assert r.returncode == 1 and "GPU" in r.stderr
+    r = cli("submit", "--after", "77", "--", "true", check=False)
+    assert r.returncode == 1 and "no such job" in r.stderr
+    r = cli("daemon", "start", check=False)
+    assert r.returncode == 1 and "already" in r.stderr
+
+
+def test_corrupt_state_file_is_a_clear_error(cli) -> None:
+    cli.state.mkdir(parents=True)
+    (cli.state / "place.db").write_bytes(b"this is not a database" * 100)
+    r = cli("ls", check=False)
+    assert r.returncode == 1 and "corrupt" in r.stderr and "mv " in r.stderr
+
+
+def test_locked_state_file_is_a_clear_error(cli) -> None:
+    from tandem.place.state import State, StateError
+
+    cli("ls")  # creates it; readers are not blocked by a writer (write-ahead log) ...
+    db = sqlite3.connect(cli.state / "place.db")
+    db.execute("BEGIN EXCLUSIVE")
+    try:
+        assert "no jobs" in cli("ls").stdout
+        state = State(cli.state, timeout=0.3)
+        with pytest.raises(StateError, match="locked by another process"):
+            state.event(None, "test")  # ... a second writer is, and is told so
+        state.close()
+    finally:
+        db.rollback()
+        db.close()
+
+
+def test_dependencies(cli, tmp_path: Path) -> None:
+    cli("daemon", "start", "--cpus", "2", *FAST)
+    log = tmp_path / "deps.log"
+    a = cli.submit("--", *logged_job(log, "a", 0.5))
+    b = cli.submit("--after", str(a), "--", *logged_job(log, "b", 0.1))
+    fail = cli.submit("--", "false")
+    c = cli.submit("--after", str(fail), "--", "true")
+    cli("wait", str(a), str(b), str(c), check=False, timeout=60)
+    spans = dict(zip(["a", "b"], sorted(intervals(log))))
+    assert spans["b"][0] >= spans["a"][1]
+    dep = cli.job(c)
+    assert dep["state"] == "cancelled" and f"dependency {fail}" in dep["cause"]

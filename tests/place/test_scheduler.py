@@ -1,0 +1,136 @@
+"""The scheduler and the policies on hand-built device states (no processes)."""
+
+from __future__ import annotations
+
+import pytest
+
+from tandem.place.policies import GpuSlot, HostSlot, Limits, make_policy
+from tandem.place.scheduler import Waiting, fits_at_all, plan
+
+G = 1 << 30
+LIMITS = Limits()
+
+
+def host(**kw) -> HostSlot:
+    return HostSlot(**{"cpus_total": 16, "mem_total": 128 * G, **kw})
+
+
+def gpu(index: int, **kw) -> GpuSlot:
+    return GpuSlot(**{"index": index, "uuid": f"GPU-{index}", "mem_total": 80 * G, **kw})
+
+
+def job(
+    i: int, gpu_mem: float | None = 10, gpus: int = 1, cpus: float = 1, priority: int = 0, **kw
+) -> Waiting:
+    mem = None if gpu_mem is None else int(gpu_mem * G)
+    return Waiting(i, priority, submitted=float(i), cpus=cpus, mem=0, gpus=gpus, gpu_mem=mem, **kw)
+
+
+def placed(policy: str, queue, gpus, h=None, limits=LIMITS, now=100.0):
+    return {p.job_id: p.gpus for p in plan(queue, h or host(), gpus, make_policy(policy), limits, now)}
+
+
+def test_exclusive_one_job_per_gpu_fifo() -> None:
+    gpus = [gpu(0, jobs=1, mem_reserved=10 * G), gpu(1)]
+    assert placed("exclusive", [job(1), job(2)], gpus) == {1: (1,)}
+    # strict FIFO: a job that does not fit stops the queue (no backfill)
+    assert placed("exclusive", [job(1, gpus=2), job(2)], gpus) == {}
+
+
+def test_memory_policies_choose_as_named() -> None:
+    gpus = [
+        gpu(0, jobs=1, mem_reserved=50 * G),
+        gpu(1, jobs=1, mem_reserved=20 * G),
+        gpu(2, jobs=1, mem_reserved=65 * G),
+    ]
+    q = [job(1, gpu_mem=12)]
+    assert placed("first-fit", q, gpus) == {1: (0,)}
+    assert placed("best-fit", q, gpus) == {1: (2,)}  # 80-65-12 = 3 GiB left: the tightest fit
+    assert placed("most-free-memory", q, gpus) == {1: (1,)}
+    assert placed("first-fit", [job(1, gpu_mem=70)], gpus) == {}  # fits nowhere: waits
+
+
+def test_reservations_add_up_within_one_pass() -> None:
+    gpus = [gpu(0)]
+    got = placed("first-fit", [job(i, gpu_mem=30) for i in range(4)], gpus)
+    assert got == {0: (0,), 1: (0,)}  # 30+30 fit in 80; a third would not
+    got = placed("first-fit", [job(i, gpu_mem=1) for i in range(10)], gpus, limits=Limits(max_per_gpu=3))
+    assert len(got) == 3  # the per-GPU cap
+
+
+def test_measured_memory_counts_only_once_settled() -> None:
+    # Someone else's process uses 75 GiB: a settled GPU shows it; a fresh one is not trusted.
+    settled = [gpu(0, jobs=1, mem_reserved=5 * G, mem_used=75 * G, activity_mean=0.1, activity_p95=0.1)]
+    assert placed("first-fit", [job(1, gpu_mem=10)], settled) == {}
+    fresh = [gpu(0, jobs=1, mem_reserved=5 * G, mem_used=75 * G, fresh=True)]
+    assert placed("first-fit", [job(1, gpu_mem=10)], fresh) == {1: (0,)}
+    assert placed("packing", [job(1, gpu_mem=10)], fresh) == {}  # packing waits for a measurement
+
+
+def test_packing_spreads_then_packs_under_the_compute_gate() -> None:
+    busy = dict(jobs=1, mem_reserved=10 * G, mem_used=12 * G)
+    gpus = [gpu(0, **busy, activity_mean=0.3, activity_p95=0.4), gpu(1)]
+    assert placed("packing", [job(1)], gpus) == {1: (1,)}  # an empty GPU first
+    gpus = [
+        gpu(0, **busy, activity_mean=0.5, activity_p95=0.6),
+        gpu(1, **busy, activity_mean=0.2, activity_p95=0.3),
+    ]
+    assert placed("packing", [job(1)], gpus) == {1: (1,)}  # then the least busy
+    gpus = [
+        gpu(0, **busy, activity_mean=0.5, activity_p95=0.85),
+        gpu(1, **busy, activity_mean=0.7, activity_p95=0.75),
+    ]
+    assert placed("packing", [job(1)], gpus) == {}  # p95 over 0.80 on one, mean over 0.60 on the other
+
+
+def test_a_probe_goes_to_the_most_free_gpu_and_blocks_it() -> None:
+    gpus = [
+        gpu(0, jobs=1, mem_reserved=40 * G, mem_used=40 * G, activity_mean=0.1, activity_p95=0.1),
+        gpu(1, jobs=1, mem_reserved=10 * G, mem_used=10 * G, activity_mean=0.1, activity_p95=0.1),
+    ]
+    got = plan(
+        [job(1, gpu_mem=None), job(2, gpu_mem=1)], host(), gpus, make_policy("first-fit"), LIMITS, 100.0
+    )
+    assert [(p.job_id, p.gpus, p.probe) for p in got] == [(1, (1,), True), (2, (0,), False)]
+    assert placed("first-fit", [job(3)], [gpu(0, jobs=1, probing=True)]) == {}
+
+
+def test_escalation_most_free_then_alone() -> None:
+    gpus = [gpu(0, jobs=1, mem_reserved=10 * G), gpu(1, jobs=2, mem_reserved=20 * G)]
+    assert placed("best-fit", [job(1, escalation=1)], gpus) == {1: (0,)}  # most free, not best fit
+    assert placed("packing", [job(1, escalation=2)], gpus) == {}  # alone: no empty GPU
+    got = plan([job(1, escalation=2), job(2)], host(), [gpu(0)], make_policy("first-fit"), LIMITS, 100.0)
+    assert [(p.job_id, p.alone) for p in got] == [(1, True)]  # and no one joins it
+
+
+def test_priorities_backfill_and_aging() -> None:
+    gpus = [gpu(0, jobs=1, mem_reserved=60 * G)]
+    q = [job(1, gpu_mem=30), job(2, gpu_mem=10), job(3, gpu_mem=5, priority=1)]
+    got = plan(q, host(), gpus, make_policy("first-fit"), LIMITS, now=100.0)
+    assert [p.job_id for p in got] == [3, 2]  # priority first; 1 does not fit and is passed over
+    got = plan(q, host(), gpus, make_policy("first-fit"), Limits(starve_after_s=50), now=100.0)
+    assert [p.job_id for p in got] == [3]  # 1 has waited 99 s > 50: nothing passes it
+
+
+def test_cpu_only_jobs_reserve_cores_and_ram() -> None:
+    h = host(cpus_total=2, mem_total=8 * G, mem_available=8 * G)
+    q = [Waiting(i, 0, float(i), cpus=1, mem=3 * G, gpus=0, gpu_mem=None) for i in range(4)]
+    assert len(plan(q, h, [], make_policy("first-fit"), LIMITS, 0.0)) == 2
+    assert len(plan(q, h, [], make_policy("exclusive"), LIMITS, 0.0)) == 1
+    busy = host(cpus_total=2, mem_total=8 * G, jobs=1, cpus_reserved=0.5, cpu_mean=0.9, cpu_p95=0.95)
+    assert plan(q[:1], busy, [], make_policy("packing"), LIMITS, 0.0) == []  # measured busy: wait
+    idle = host(cpus_total=2, mem_total=8 * G, jobs=1, cpus_reserved=0.5, cpu_mean=0.2, cpu_p95=0.3)
+    assert len(plan(q[:1], idle, [], make_policy("packing"), LIMITS, 0.0)) == 1
+
+
+def test_fits_at_all() -> None:
+    h, gs = host(), [gpu(0)]
+    assert fits_at_all(job(1, gpu_mem=90), h, gs) is not None
+    assert "2 GPU" in fits_at_all(job(1, gpus=2), h, gs)
+    assert fits_at_all(job(1, cpus=17), h, gs) is not None
+    assert fits_at_all(job(1), h, gs) is None
+
+
+def test_unknown_policy() -> None:
+    with pytest.raises(ValueError, match="choose one of"):
+        make_policy("greedy")
