@@ -441,10 +441,12 @@ def bench_share(jobs: str, quick: bool, out: Path) -> None:
 
 
 def _add_place_commands() -> None:
-    from tandem.place.cli import COMMANDS
+    from tandem.place.cli import COMMANDS, SHARE_COMMANDS
 
     for command in COMMANDS:
         main.add_command(command)
+    for command in SHARE_COMMANDS:
+        share.add_command(command)
 
 
 _add_place_commands()

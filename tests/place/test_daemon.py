@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import signal
 import sqlite3
+import sys
 import time
 from pathlib import Path
 
@@ -289,3 +290,44 @@ def test_dependencies(cli, tmp_path: Path) -> None:
     assert spans["b"][0] >= spans["a"][1]
     dep = cli.job(c)
     assert dep["state"] == "cancelled" and f"dependency {fail}" in dep["cause"]
+
+
+DATASET = "import torch\n\ndef make():\n    return [torch.tensor([float(i)]) for i in range(64)]\n"
+READER = (
+    "import os, sys\n"
+    "from tandem.share import Consumer\n"
+    "c = Consumer.from_env(batch_size=8)\n"
+    "n = sum(int(b.shape[0]) for b in c)\n"
+    "with open(sys.argv[1], 'a') as f:\n"
+    "    f.write(f\"{os.environ['TANDEM_JOB_ID']} {c.producer_pid} {n}\\n\")\n"
+    "c.close()\n"
+)
+
+
+def test_share_group_runs_one_producer_that_stops_after_its_last_job(cli, tmp_path: Path) -> None:
+    (tmp_path / "toy_data.py").write_text(DATASET)
+    (tmp_path / "reader.py").write_text(READER)
+    out = cli(
+        "share", "define", "toy", "--dataset", "toy_data.py:make", "--batch-size", "4", "--cpus", "0.5"
+    ).stdout
+    assert "defined 'toy'" in out
+    cli("daemon", "start", "--cpus", "2", *FAST)
+    r = cli("submit", "--share", "nope", "--", "true", check=False)
+    assert r.returncode == 1 and "tandem share define nope" in r.stderr
+    results = tmp_path / "results.txt"
+    ids = [
+        cli.submit("--share", "toy", "--cpus", "0.5", "--", sys.executable, "reader.py", str(results))
+        for _ in range(2)
+    ]
+    listing = cli("ls").stdout
+    assert "share toy" in listing
+    assert cli("wait", *map(str, ids), timeout=120).returncode == 0, cli("logs", str(ids[0])).stdout
+    rows = [line.split() for line in results.read_text().splitlines()]
+    assert sorted(int(r[0]) for r in rows) == ids
+    assert len({r[1] for r in rows}) == 1  # one producer fed both
+    assert all(int(r[2]) == 64 for r in rows)  # each read a whole epoch
+    producer = int(rows[0][1])
+    assert _gone([producer], timeout=20), "the producer outlived its last job"
+    events = cli("show", str(ids[0])).stdout
+    assert "producer" in events
+    assert all(cli.job(i)["share"] == "toy" for i in ids)

@@ -214,6 +214,27 @@ def ls(show_all: bool, as_json: bool) -> None:
     for j in jobs:
         table.add_row(*ls_row(j, now))
     console.print(table)
+    _print_share_groups(console, jobs)
+
+
+def _print_share_groups(console: Any, jobs: list[Any]) -> None:
+    """One line per shared dataset that jobs here use: its producer and its jobs."""
+    from tandem.place.shim import same_process
+
+    used = {j.share for j in jobs if j.share}
+    for share in _state().shares():
+        if share.name not in used:
+            continue
+        members = [j for j in jobs if j.share == share.name]
+        running = sum(j.state == "running" for j in members)
+        waiting = sum(j.state in ("queued", "retrying") for j in members)
+        producer = (
+            f"producer pid {share.pid}" if same_process(share.pid, share.ctime) else "no producer running"
+        )
+        console.print(
+            f"share {share.name}: {producer}; jobs {', '.join(str(j.id) for j in members)} "
+            f"({running} running, {waiting} waiting)"
+        )
 
 
 @click.command("show")
@@ -244,9 +265,8 @@ def show(job_id: int, as_json: bool) -> None:
         f"peak RAM {format_size(job.peak_mem)}   peak GPU memory {format_size(job.peak_gpu_mem)}",
     ]
     if job.cause:
-        lines.append(
-            f"  ended     {job.cause}" + (f" (exit {job.exit_code})" if job.exit_code is not None else "")
-        )
+        code = f" (exit {job.exit_code})" if job.exit_code is not None and "exit" not in job.cause else ""
+        lines.append(f"  ended     {job.cause}{code}")
     if job.cause_line:
         lines.append(f"  log       {job.cause_line}")
     for a in data["attempts"]:
@@ -530,4 +550,70 @@ def daemon_status(as_json: bool) -> None:
     click.echo("  jobs: " + ", ".join(f"{k} {v}" for k, v in sorted(reply["jobs"].items())))
 
 
+@click.command("define")
+@click.argument("name")
+@click.option(
+    "--dataset", "dataset_ref", metavar="REF", help="MODULE:FUNCTION returning a map-style dataset."
+)
+@click.option(
+    "--loader", "loader_ref", metavar="REF", help="MODULE:FUNCTION returning a re-iterable of batches."
+)
+@click.option("--batch-size", type=click.IntRange(min=1), default=32, show_default=True)
+@click.option("--shuffle/--no-shuffle", default=False)
+@click.option("--num-workers", type=click.IntRange(min=0), default=0, show_default=True)
+@click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--window", type=click.IntRange(min=2), default=8, show_default=True)
+@click.option("--policy", type=click.Choice(["wait", "skip"]), default="wait", show_default=True)
+@click.option(
+    "--cpus", callback=_cpus, default=None, help="Cores the producer reserves [default: 1 + workers]."
+)
+@click.option("--mem", callback=_size, metavar="SIZE", help="RAM the producer reserves [default: none].")
+def share_define(
+    name: str,
+    dataset_ref: str | None,
+    loader_ref: str | None,
+    batch_size: int,
+    shuffle: bool,
+    num_workers: int,
+    seed: int,
+    window: int,
+    policy: str,
+    cpus: float | None,
+    mem: int | None,
+) -> None:
+    """Register NAME for the job manager: jobs submitted with --share NAME read it from one
+    producer, started with the first such job and stopped after the last (same options as
+    tandem share serve)."""
+    from tandem.share._registry import validate_name
+
+    if (loader_ref is None) == (dataset_ref is None):
+        raise click.UsageError(
+            "give exactly one of --loader or --dataset (MODULE:FUNCTION or path/to/file.py:FUNCTION)"
+        )
+    ref = dataset_ref or loader_ref or ""
+    module, sep, attr = ref.partition(":")
+    if not sep or not module or not attr:
+        raise click.BadParameter(f"{ref!r} is not MODULE:FUNCTION or path/to/file.py:FUNCTION")
+    if module.endswith(".py") or "/" in module:
+        path = Path(module).resolve()  # the producer runs in the job's directory: keep the file findable
+        if not path.is_file():
+            raise click.BadParameter(f"no such file: {module}")
+        ref = f"{path}:{attr}"
+    try:
+        validate_name(name)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc)) from None
+    args = ["--dataset" if dataset_ref else "--loader", ref, "--window", str(window), "--policy", policy]
+    if dataset_ref:
+        args += ["--batch-size", str(batch_size), "--num-workers", str(num_workers), "--seed", str(seed)]
+        args += ["--shuffle"] if shuffle else []
+    reserved = cpus if cpus is not None else 1.0 + num_workers
+    _state().define_share(name, args, reserved, mem or 0)
+    click.echo(
+        f"defined {name!r}: jobs submitted with --share {name} read it from one producer "
+        f"(reserving {reserved:g} cores, RAM {format_size(mem or None)})"
+    )
+
+
 COMMANDS = [submit, ls, show, logs, cancel, wait, daemon]
+SHARE_COMMANDS = [share_define]

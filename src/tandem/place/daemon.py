@@ -126,6 +126,8 @@ class Daemon:
         self._stop = False
         self._wake = False
         self._next_sample = 0.0
+        self._producers: dict[str, subprocess.Popen] = {}  # started by this daemon (to reap)
+        self._stopping: dict[str, tuple[int, float, float]] = {}  # name -> pid, ctime, SIGKILL deadline
         self.mps = None
         if settings.mps:
             from tandem.place.mps import MpsManager
@@ -225,6 +227,12 @@ class Daemon:
                 "ok": False,
                 "error": f"refused: the job {why}; ask for less, or start the daemon with more",
             }
+        if spec.get("share") and self.state.share(spec["share"]) is None:
+            return {
+                "ok": False,
+                "error": f"refused: --share {spec['share']}: no such shared dataset; define it first: "
+                f"tandem share define {spec['share']} --dataset MODULE:FUNCTION",
+            }
         for dep in spec.get("after", []):
             if self.state.job(int(dep), attempts=False) is None:
                 return {"ok": False, "error": f"refused: --after {dep}: no such job"}
@@ -321,8 +329,11 @@ class Daemon:
         for active in list(self.active.values()):
             self._follow(active, now)
         self._reap_children()
+        if self.mps is not None:
+            self.mps.release_idle({u for a in self.active.values() for u in a.uuids})
         self._resolve_dependencies()
         self._schedule(now)
+        self._stop_idle_producers(now)
 
     def _follow(self, a: Active, now: float) -> None:
         if a.shim_pid is None:
@@ -473,11 +484,12 @@ class Daemon:
     def _host_slot(self) -> HostSlot:
         now = time.time()
         cpu_jobs = [a for a in self.active.values() if not a.placement.gpus]
+        producers = [s for s in self.state.shares() if same_process(s.pid, s.ctime)]
         return HostSlot(
             cpus_total=self.capacity.cpus,
             mem_total=self.capacity.mem,
-            cpus_reserved=sum(a.job.cpus for a in self.active.values()),
-            mem_reserved=sum(a.job.mem for a in self.active.values()),
+            cpus_reserved=sum(a.job.cpus for a in self.active.values()) + sum(s.cpus for s in producers),
+            mem_reserved=sum(a.job.mem for a in self.active.values()) + sum(s.mem for s in producers),
             mem_available=self.monitor.mem_available,
             cpu_mean=self.monitor.cpu.mean(),
             cpu_p95=self.monitor.cpu.p95(),
@@ -512,9 +524,21 @@ class Daemon:
     def _waiting(self) -> list[Waiting]:
         out = []
         done = {j.id: j.state for j in self.state.jobs(tuple(FINAL_STATES))}
-        for job in self.state.jobs((QUEUED, RETRYING)):
+        shares = {s.name: s for s in self.state.shares()}
+        producer_counted: set[str] = set()
+        for job in sorted(self.state.jobs((QUEUED, RETRYING)), key=lambda j: (-j.priority, j.submitted)):
             if job.id in self.active or any(done.get(d) != SUCCEEDED for d in job.after):
                 continue
+            cpus, mem = job.cpus, job.mem
+            share = shares.get(job.share or "")
+            if (
+                share is not None
+                and share.name not in producer_counted
+                and not same_process(share.pid, share.ctime)
+            ):
+                # The first job of a share group to start also starts its producer: reserve both.
+                producer_counted.add(share.name)
+                cpus, mem = cpus + share.cpus, mem + share.mem
             gpu_mem = job.gpu_mem
             if job.gpus and gpu_mem is None:
                 known = self.state.peak(job.job_key)
@@ -554,6 +578,7 @@ class Daemon:
         env["CUDA_VISIBLE_DEVICES"] = ",".join(uuids)
         if job.share:
             env["TANDEM_SHARE"] = job.share
+            self._ensure_producer(job)
         mps_used = False
         if self.mps is not None and len(uuids) == 1 and not p.alone:
             server = self.mps.ensure(uuids[0])
@@ -602,6 +627,59 @@ class Daemon:
         )
         active.energy_start = {u: e for u in uuids if (e := self.monitor.gpus[u].energy_mj) is not None}
         self.active[job.id] = active
+
+    # --- shared producers ---------------------------------------------------------------------
+
+    def _ensure_producer(self, job: Job) -> None:
+        """Start the producer of ``job``'s share unless one runs: in the job's environment
+        (so both find the same runtime directory), on the CPU, in a session of its own (it
+        outlives a daemon crash like the jobs do)."""
+        share = self.state.share(job.share or "")
+        if share is None:
+            raise RuntimeError(f"shared dataset {job.share!r} is not defined (tandem share define)")
+        if same_process(share.pid, share.ctime):
+            return
+        logs = self.state.dir / "shares"
+        logs.mkdir(exist_ok=True)
+        env = dict(job.env, CUDA_VISIBLE_DEVICES="")
+        with open(logs / f"{share.name}.log", "ab") as out:
+            proc = subprocess.Popen(
+                [sys.executable, "-m", "tandem.cli", "share", "serve", share.name, *share.serve_args],
+                cwd=job.cwd if os.path.isdir(job.cwd) else "/",
+                env=env,
+                stdin=subprocess.DEVNULL,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+        self._producers[share.name] = proc
+        self.state.set_producer(share.name, proc.pid, psutil.Process(proc.pid).create_time())
+        self.state.event(job.id, "producer", f"started producer of {share.name!r} (pid {proc.pid})")
+
+    def _stop_idle_producers(self, now: float) -> None:
+        waiting_shares = {j.share for j in self.state.jobs((QUEUED, RETRYING)) if j.share}
+        busy = waiting_shares | {a.job.share for a in self.active.values() if a.job.share}
+        for share in self.state.shares():
+            if share.name in busy or not same_process(share.pid, share.ctime):
+                continue
+            try:
+                os.kill(share.pid or 0, signal.SIGTERM)
+            except ProcessLookupError:
+                pass
+            self._stopping[share.name] = (share.pid or 0, share.ctime or 0.0, now + self.settings.grace_s)
+            self.state.set_producer(share.name, None, None)
+            self.state.event(None, "producer", f"stopped producer of {share.name!r}: its last job ended")
+        for name, (pid, ctime, deadline) in list(self._stopping.items()):
+            if not same_process(pid, ctime):
+                del self._stopping[name]
+            elif now >= deadline:
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+        for name, proc in list(self._producers.items()):
+            if proc.poll() is not None:
+                del self._producers[name]
 
     # --- after a restart ----------------------------------------------------------------------
 

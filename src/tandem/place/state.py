@@ -46,6 +46,10 @@ CREATE TABLE IF NOT EXISTS attempts (
 CREATE TABLE IF NOT EXISTS peaks (
     job_key TEXT PRIMARY KEY, peak_mem INTEGER, peak_gpu_mem INTEGER, run_s REAL, updated REAL
 );
+CREATE TABLE IF NOT EXISTS shares (
+    name TEXT PRIMARY KEY, serve_args TEXT NOT NULL, cpus REAL NOT NULL, mem INTEGER NOT NULL,
+    defined REAL NOT NULL, pid INTEGER, ctime REAL, started REAL
+);
 CREATE TABLE IF NOT EXISTS events (
     id INTEGER PRIMARY KEY AUTOINCREMENT, t REAL NOT NULL, job_id INTEGER, kind TEXT NOT NULL,
     detail TEXT NOT NULL DEFAULT ''
@@ -125,6 +129,27 @@ class Job:
     energy_joules: float | None = None
     mlflow_run_id: str | None = None
     attempts: list[Attempt] = field(default_factory=list)
+
+
+@dataclass
+class Share:
+    """A dataset defined with ``tandem share define``: how to serve it, what its producer
+    reserves, and the producer now running for it (pid and start time), if any."""
+
+    name: str
+    serve_args: list[str]
+    cpus: float
+    mem: int
+    defined: float
+    pid: int | None = None
+    ctime: float | None = None
+    started: float | None = None
+
+
+def _decode_share(row: sqlite3.Row) -> Share:
+    values = dict(zip(row.keys(), tuple(row)))
+    values["serve_args"] = json.loads(values["serve_args"])
+    return Share(**values)
 
 
 _JSON_FIELDS = {"command", "env", "after", "placement"}
@@ -306,6 +331,31 @@ class State:
         with self.transaction() as db:
             db.execute(
                 "INSERT INTO meta VALUES (?, ?) ON CONFLICT(k) DO UPDATE SET v = excluded.v", (key, value)
+            )
+
+    # --- shared datasets (tandem share define) ------------------------------------------------
+
+    def define_share(self, name: str, serve_args: list[str], cpus: float, mem: int) -> None:
+        with self.transaction() as db:
+            db.execute(
+                "INSERT INTO shares (name, serve_args, cpus, mem, defined) VALUES (?, ?, ?, ?, ?) "
+                "ON CONFLICT(name) DO UPDATE SET serve_args = excluded.serve_args, cpus = excluded.cpus, "
+                "mem = excluded.mem, defined = excluded.defined",
+                (name, json.dumps(serve_args), cpus, mem, time.time()),
+            )
+
+    def share(self, name: str) -> Share | None:
+        rows = self.query("SELECT * FROM shares WHERE name = ?", (name,))
+        return _decode_share(rows[0]) if rows else None
+
+    def shares(self) -> list[Share]:
+        return [_decode_share(r) for r in self.query("SELECT * FROM shares ORDER BY name")]
+
+    def set_producer(self, name: str, pid: int | None, ctime: float | None) -> None:
+        with self.transaction() as db:
+            db.execute(
+                "UPDATE shares SET pid = ?, ctime = ?, started = ? WHERE name = ?",
+                (pid, ctime, time.time() if pid else None, name),
             )
 
     def attempt_dir(self, job_id: int, n: int) -> Path:

@@ -132,6 +132,18 @@ class Consumer:
         self._samples_per_epoch = welcome.samples_per_epoch
         self._producer_batch = welcome.batch_size
 
+    @classmethod
+    def from_env(cls, **kwargs: Any) -> Consumer:
+        """The consumer of the shared dataset the job manager named in ``$TANDEM_SHARE``
+        (``tandem submit --share NAME``); keyword arguments as for ``Consumer``."""
+        name = os.environ.get("TANDEM_SHARE")
+        if not name:
+            raise ValueError(
+                "TANDEM_SHARE is not set: submit the job with `tandem submit --share NAME -- ...` "
+                "(after `tandem share define NAME ...`), or name the producer: Consumer(NAME)"
+            )
+        return cls(name, **kwargs)
+
     @property
     def stall_s(self) -> float:
         """Seconds this consumer has waited for the producer's data."""
