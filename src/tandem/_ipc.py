@@ -58,9 +58,16 @@ def runtime_dir() -> Path:
     return path
 
 
-def socket_file(filename: str) -> Path:
-    """``runtime_dir() / filename``, refused if too long for a Unix socket address."""
-    path = runtime_dir() / filename
+def socket_file(filename: str, subdir: str | None = None) -> Path:
+    """``runtime_dir() / [subdir /] filename``, refused if too long for a Unix socket address.
+
+    The top level belongs to ``tandem.share`` (its sweeper removes sockets there that have no
+    lock file); every other subsystem keeps its sockets in a ``subdir`` of its own."""
+    directory = runtime_dir()
+    if subdir is not None:
+        directory = directory / subdir
+        directory.mkdir(mode=0o700, exist_ok=True)
+    path = directory / filename
     if len(os.fsencode(path)) > SUN_PATH_MAX:
         raise RuntimeDirError(
             f"socket path {path} is longer than {SUN_PATH_MAX} bytes, the limit of Unix "

@@ -73,11 +73,19 @@ def cli(tmp_path: Path) -> Iterator[Cli]:
             "ls"
         ) else None
         runner("daemon", "stop", check=False)
+    leftovers = []
     for p in psutil.process_iter(["cmdline"]):
-        cmdline = " ".join(p.info.get("cmdline") or [])
-        if str(state) in cmdline or str(tmp_path) in cmdline:
+        try:
+            cmdline = " ".join(p.info.get("cmdline") or [])
+            mine = str(state) in cmdline or str(tmp_path) in cmdline
+            mine = mine or p.environ().get("TANDEM_STATE_DIR") == str(state)
+        except psutil.Error:
+            continue
+        if mine and p.pid != os.getpid():
+            leftovers.append(p)
             try:
                 p.send_signal(signal.SIGKILL)
             except psutil.Error:
                 pass
+    psutil.wait_procs(leftovers, timeout=10)
     subprocess.run(["rm", "-rf", str(runtime)], check=False)

@@ -331,3 +331,27 @@ def test_share_group_runs_one_producer_that_stops_after_its_last_job(cli, tmp_pa
     events = cli("show", str(ids[0])).stdout
     assert "producer" in events
     assert all(cli.job(i)["share"] == "toy" for i in ids)
+
+
+def test_each_job_is_an_mlflow_run(cli, tmp_path: Path) -> None:
+    from mlflow.tracking import MlflowClient
+
+    cli("daemon", "start", "--cpus", "2", *FAST)
+    uri = cli.json("daemon", "status")["tracking"]
+    assert uri == f"sqlite:///{cli.state / 'mlflow.db'}"
+    job_id = cli.submit(
+        "--name", "tracked", "--group", "sweep1", "--", "sh", "-c", "echo to the log; sleep 2.5"
+    )
+    cli("wait", str(job_id), timeout=60)
+    deadline = time.monotonic() + 120  # the helper imports MLflow once (seconds on this machine)
+    while (run_id := cli.job(job_id)["mlflow_run_id"]) is None:
+        assert time.monotonic() < deadline, (cli.state / "tracking.log").read_text()
+        time.sleep(0.5)
+    run = MlflowClient(tracking_uri=uri).get_run(run_id)
+    assert run.info.status == "FINISHED" and run.info.run_name == "tracked"
+    assert run.data.tags["tandem.job_id"] == str(job_id) and run.data.tags["group"] == "sweep1"
+    assert run.data.tags["tandem.placement"] == "cpu"
+    assert "system/process_tree/pss_bytes" in run.data.metrics  # the samples
+    assert run.data.metrics["summary/run_s"] >= 2.0
+    artifacts = [a.path for a in MlflowClient(tracking_uri=uri).list_artifacts(run_id)]
+    assert "output.log" in artifacts

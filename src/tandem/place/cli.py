@@ -435,6 +435,13 @@ def daemon() -> None:
     help="Seconds between SIGTERM and SIGKILL when a job is cancelled.",
 )
 @click.option("--mps", is_flag=True, help="Collocate GPU jobs under NVIDIA MPS (one server per GPU).")
+@click.option(
+    "--store",
+    "store_uri",
+    metavar="URI",
+    help="MLflow store for the jobs' runs [default: $MLFLOW_TRACKING_URI, else mlflow.db in the state dir].",
+)
+@click.option("--track/--no-track", default=True, show_default=True, help="Record each job as an MLflow run.")
 @click.option("--foreground", is_flag=True, help="Run here instead of in the background.")
 @click.option("--json", "as_json", is_flag=True)
 def daemon_start(
@@ -450,6 +457,8 @@ def daemon_start(
     starve_after_s: float,
     grace_s: float,
     mps: bool,
+    store_uri: str | None,
+    track: bool,
     foreground: bool,
     as_json: bool,
 ) -> None:
@@ -484,7 +493,7 @@ def daemon_start(
         sm_p95=sm_p95,
         starve_after_s=starve_after_s,
     )
-    settings = Settings(make_policy(policy), limits, grace_s=grace_s, mps=mps)
+    settings = Settings(make_policy(policy), limits, grace_s=grace_s, mps=mps, track=track, store=store_uri)
     click.echo(
         f"tandem daemon {os.getpid()}: {capacity.cpus:g} cores, {format_size(capacity.mem)} RAM, "
         f"{len(capacity.gpus)} GPU(s), policy {policy}, state {directory}",

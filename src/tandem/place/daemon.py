@@ -106,6 +106,8 @@ class Settings:
     grace_s: float = 10.0
     interval_s: float = 1.0
     mps: bool = False
+    track: bool = True
+    store: str | None = None  # MLflow tracking URI (default: tracking.default_store)
 
 
 class Daemon:
@@ -128,6 +130,13 @@ class Daemon:
         self._next_sample = 0.0
         self._producers: dict[str, subprocess.Popen] = {}  # started by this daemon (to reap)
         self._stopping: dict[str, tuple[int, float, float]] = {}  # name -> pid, ctime, SIGKILL deadline
+        self.tracker = None
+        if settings.track:
+            from tandem.place.tracking import Tracker, default_store
+
+            self.tracker = Tracker(state.dir, settings.store or default_store(state.dir))
+            if self.tracker.why_not:
+                log.warning("jobs are not tracked in MLflow: %s", self.tracker.why_not)
         self.mps = None
         if settings.mps:
             from tandem.place.mps import MpsManager
@@ -291,6 +300,7 @@ class Daemon:
             "started": self.started,
             "limits": self.limits.__dict__,
             "mps": self.settings.mps,
+            "tracking": None if self.tracker is None else (self.tracker.why_not or self.tracker.uri),
             "capacity": {
                 "cpus": self.capacity.cpus,
                 "mem_bytes": self.capacity.mem,
@@ -334,6 +344,16 @@ class Daemon:
         self._resolve_dependencies()
         self._schedule(now)
         self._stop_idle_producers(now)
+        if self.tracker is not None:
+            self.tracker.poke()
+            for done in self.tracker.results():
+                if done.get("run_id"):
+                    self.state.update_attempt(done["job_id"], done["attempt"], mlflow_run_id=done["run_id"])
+                    self.state.update_job(done["job_id"], mlflow_run_id=done["run_id"])
+                else:
+                    self.state.event(
+                        done["job_id"], "tracking", f"not recorded in MLflow: {done.get('error')}"
+                    )
 
     def _follow(self, a: Active, now: float) -> None:
         if a.shim_pid is None:
@@ -433,6 +453,56 @@ class Daemon:
             self.state.event(job.id, result["state"], result.get("cause") or "")
         if peak_mem or peak_gpu:
             self.state.record_peak(job.job_key, peak_mem, peak_gpu, ended - a.started)
+        if self.tracker is not None and not self.tracker.why_not:
+            self._track(job, a, result, ended, peak_mem, peak_gpu, energy)
+
+    def _track(
+        self,
+        job: Job,
+        a: Active,
+        result: dict[str, Any],
+        ended: float,
+        peak_mem: int | None,
+        peak_gpu: int | None,
+        energy: float | None,
+    ) -> None:
+        from tandem.place.tracking import enqueue
+
+        placement = ",".join(f"cuda:{i}" for i in a.placement.gpus) or "cpu"
+        status = {"succeeded": "FINISHED", "cancelled": "KILLED"}.get(result["state"], "FAILED")
+        enqueue(
+            self.state.dir,
+            {
+                "job_id": job.id,
+                "attempt": a.n,
+                "name": job.name or Path(job.command[0]).name,
+                "started": a.started,
+                "ended": ended,
+                "status": status,
+                "metrics_file": str(a.dir / "metrics.jsonl"),
+                "log_file": str(a.dir / "output.log"),
+                "tags": {
+                    "tandem.job_id": job.id,
+                    "tandem.attempt": a.n,
+                    "group": job.grp or "",
+                    "tandem.share": job.share or "",
+                    "tandem.placement": placement,
+                    "tandem.mps": bool(a.uuids and self.mps is not None),
+                    "tandem.command": " ".join(job.command)[:5000],
+                    "tandem.state": result["state"],
+                    "tandem.cause": result.get("cause") or "",
+                    "tandem.exit_code": result.get("exit_code"),
+                },
+                "summary": {
+                    "run_s": ended - a.started,
+                    "wait_s": (job.started or a.started) - job.submitted,
+                    "peak_mem_bytes": peak_mem,
+                    "peak_gpu_mem_bytes": peak_gpu,
+                    "cpu_seconds": result.get("cpu_seconds"),
+                    "gpu_energy_joules": energy,
+                },
+            },
+        )
 
     def _energy(self, a: Active) -> float | None:
         """Joules of the job's GPUs over the attempt (shared among collocated jobs: the

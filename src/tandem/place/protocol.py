@@ -1,7 +1,7 @@
 """The job manager's wire protocol: JSON requests and replies over the daemon's socket.
 
 One ``SOCK_SEQPACKET`` Unix socket per state directory, in tandem's private runtime
-directory (:mod:`tandem._ipc`): ``place-<hash of the state directory>.sock``. A client
+directory (:mod:`tandem._ipc`): ``place/<hash of the state directory>.sock``. A client
 connects, sends one request packet, reads one reply packet, closes. Every request is an
 object with ``op``; every reply has ``ok`` and, when ``ok`` is false, ``error`` (a message
 for the user). Reads (``ls``, ``show``, ``logs``, ``wait``) go to the state file, not here.
@@ -31,7 +31,7 @@ OPS = ("submit", "cancel", "status", "stop", "wake")
 
 def socket_path(state_dir: Path) -> Path:
     digest = hashlib.sha1(str(state_dir).encode()).hexdigest()[:10]
-    return _ipc.socket_file(f"place-{digest}.sock")
+    return _ipc.socket_file(f"{digest}.sock", subdir="place")
 
 
 def encode(message: dict[str, Any]) -> bytes:

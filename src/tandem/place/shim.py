@@ -187,6 +187,8 @@ class Shim:
         except Exception:  # a process that vanished mid-read: next time
             return
         known.update(sampler.pids)
+        with open(self.dir / "metrics.jsonl", "a") as f:  # for the job's MLflow run (tracking.py)
+            f.write(json.dumps({"t": time.time(), "m": m}) + "\n")
         mem = int(m.get("system/process_tree/pss_bytes", 0))
         peaks["peak_mem"] = max(peaks["peak_mem"], mem)
         peaks["cpu_seconds"] = sampler.cpu_seconds

@@ -40,7 +40,7 @@ CREATE TABLE IF NOT EXISTS attempts (
     placement TEXT NOT NULL, started REAL NOT NULL, ended REAL,
     exit_code INTEGER, signal TEXT, cause TEXT, cause_line TEXT,
     shim_pid INTEGER, shim_ctime REAL, pid INTEGER, pid_ctime REAL,
-    peak_mem INTEGER, peak_gpu_mem INTEGER, cpu_seconds REAL,
+    peak_mem INTEGER, peak_gpu_mem INTEGER, cpu_seconds REAL, mlflow_run_id TEXT,
     PRIMARY KEY (job_id, n)
 );
 CREATE TABLE IF NOT EXISTS peaks (
@@ -94,6 +94,7 @@ class Attempt:
     peak_mem: int | None = None
     peak_gpu_mem: int | None = None
     cpu_seconds: float | None = None
+    mlflow_run_id: str | None = None
 
 
 @dataclass

@@ -39,6 +39,7 @@ def attempt_json(a: Attempt) -> dict[str, Any]:
         "peak_mem_bytes": a.peak_mem,
         "peak_gpu_mem_bytes": a.peak_gpu_mem,
         "cpu_seconds": a.cpu_seconds,
+        "mlflow_run_id": a.mlflow_run_id,
     }
 
 
