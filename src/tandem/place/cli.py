@@ -20,7 +20,6 @@ from tandem.place.model import (
     FINAL_STATES,
     SUCCEEDED,
     format_size,
-    job_key,
     parse_cpus,
     parse_size,
 )
@@ -146,23 +145,24 @@ def submit(
     workdir = (cwd or Path.cwd()).resolve()
     if not workdir.is_dir():
         raise click.BadParameter(f"{workdir}: no such directory", param_hint="'--cwd'")
-    spec = {
-        "name": name,
-        "job_key": job_key(name, list(command)),
-        "command": list(command),
-        "cwd": str(workdir),
-        "env": env,
-        "cpus": cpus,
-        "mem": mem or 0,
-        "gpus": gpus,
-        "gpu_mem": gpu_mem,
-        "gpu_share": gpu_share,
-        "priority": priority,
-        "retries": retries,
-        "share": share,
-        "group": group,
-        "after": _ids(after, "'--after'"),
-    }
+    from tandem.place.client import job_spec
+
+    spec = job_spec(
+        list(command),
+        name=name,
+        cpus=cpus,
+        mem=mem or 0,
+        gpus=gpus,
+        gpu_mem=gpu_mem,
+        gpu_share=gpu_share,
+        priority=priority,
+        retries=retries,
+        share=share,
+        group=group,
+        after=_ids(after, "'--after'"),
+        env=env,
+        cwd=str(workdir),
+    )
     from tandem.place.client import DaemonError, ensure_daemon
     from tandem.place.state import state_dir
 
@@ -624,5 +624,96 @@ def share_define(
     )
 
 
-COMMANDS = [submit, ls, show, logs, cancel, wait, daemon]
+@click.command("replay")
+@click.argument("trace_path", metavar="TRACE", type=click.Path(exists=True, dir_okay=False, path_type=Path))
+@click.option(
+    "--policy",
+    "policies",
+    multiple=True,
+    metavar="P",
+    type=click.Choice(["exclusive", "first-fit", "best-fit", "most-free-memory", "packing"]),
+    help="A policy to compare (repeatable) [default: all five].",
+)
+@click.option(
+    "--simulate", is_flag=True, help="Simulate instead of running the commands (seconds, any scale)."
+)
+@click.option(
+    "--format",
+    "fmt",
+    type=click.Choice(["tandem", "philly", "alibaba"]),
+    default="tandem",
+    show_default=True,
+    help="The trace's format (Philly: cluster_job_log JSON; Alibaba 2023: pod CSV).",
+)
+@click.option("--limit", type=click.IntRange(min=1), help="Only the first N jobs of the trace.")
+@click.option("--gpus", type=click.IntRange(min=0), default=1, show_default=True, help="Simulated GPUs.")
+@click.option("--gpu-mem", callback=_size, default="80G", show_default=True, help="Simulated memory per GPU.")
+@click.option("--cpus", callback=_cpus, help="Cores (simulated; or the live daemon's --cpus).")
+@click.option("--settle", "settle_s", type=click.FloatRange(min=0), default=30.0, show_default=True)
+@click.option("--window", "window_s", type=click.FloatRange(min=1), default=30.0, show_default=True)
+@click.option(
+    "--out",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=Path("replay-out"),
+    show_default=True,
+    help="Where the JSON, the plot and (live) each policy's state go.",
+)
+def replay(
+    trace_path: Path,
+    policies: tuple[str, ...],
+    simulate: bool,
+    fmt: str,
+    limit: int | None,
+    gpus: int,
+    gpu_mem: int,
+    cpus: float | None,
+    settle_s: float,
+    window_s: float,
+    out: Path,
+) -> None:
+    """Replay TRACE under each policy and compare makespan, job completion time, queue wait,
+    slowdown against running alone, utilisation, energy and OOM crashes."""
+    from rich.console import Console
+
+    from tandem.place import trace as traces
+    from tandem.place.policies import POLICIES, Limits
+    from tandem.place.replay import compare, run_simulations, write_report
+
+    try:
+        if fmt == "philly":
+            jobs = traces.read_philly(trace_path, limit=limit)
+        elif fmt == "alibaba":
+            jobs = traces.read_alibaba(trace_path, limit=limit)
+        else:
+            jobs = traces.read_trace(trace_path)[:limit]
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), param_hint="'TRACE'") from None
+    chosen = list(policies) or list(POLICIES)
+    limits = Limits(settle_s=settle_s, window_s=window_s)
+    if simulate:
+        results: dict[str, Any] = run_simulations(
+            jobs, chosen, gpus=gpus, gpu_mem=gpu_mem or 0, cpus=cpus or 64, limits=limits
+        )
+        kind = "simulated"
+    else:
+        if any(not j.command for j in jobs):
+            raise click.UsageError(f"{trace_path} has jobs without a command: add --simulate to simulate it")
+        from tandem.place.live import replay_live
+
+        options = ["--settle", str(settle_s), "--window", str(window_s)] + (
+            ["--cpus", str(cpus)] if cpus else []
+        )
+        results = {}
+        for policy in chosen:
+            click.echo(f"replaying {len(jobs)} jobs under {policy} ...", err=True)
+            results[policy] = replay_live(jobs, policy, out.resolve(), options)
+        kind = "measured"
+    Console(width=None if sys.stdout.isatty() else 200).print(
+        compare(results, title=f"{trace_path.name} ({kind})")
+    )
+    json_path, png_path = write_report(results, out, f"replay-{trace_path.stem}")
+    click.echo(f"wrote {json_path} and {png_path}", err=True)
+
+
+COMMANDS = [submit, ls, show, logs, cancel, wait, daemon, replay]
 SHARE_COMMANDS = [share_define]

@@ -67,10 +67,52 @@ def is_running(state_dir: Path) -> bool:
         return False
 
 
-def start_daemon(state_dir: Path, options: list[str], timeout: float = START_TIMEOUT_S) -> dict[str, Any]:
+def job_spec(
+    command: list[str],
+    *,
+    name: str | None = None,
+    cpus: float = 1.0,
+    mem: int = 0,
+    gpus: int | None = None,
+    gpu_mem: int | None = None,
+    gpu_share: int | None = None,
+    priority: int = 0,
+    retries: int = 2,
+    share: str | None = None,
+    group: str | None = None,
+    after: list[int] | None = None,
+    env: dict[str, str] | None = None,
+    cwd: str | None = None,
+) -> dict[str, Any]:
+    """The ``submit`` request's job: what ``tandem submit`` sends (the environment defaults
+    to this process's, the directory to the current one)."""
+    from tandem.place.model import job_key
+
+    return {
+        "name": name,
+        "job_key": job_key(name, command),
+        "command": command,
+        "cwd": cwd or os.getcwd(),
+        "env": dict(os.environ) if env is None else env,
+        "cpus": cpus,
+        "mem": mem,
+        "gpus": gpus,
+        "gpu_mem": gpu_mem,
+        "gpu_share": gpu_share,
+        "priority": priority,
+        "retries": retries,
+        "share": share,
+        "group": group,
+        "after": after or [],
+    }
+
+
+def start_daemon(
+    state_dir: Path, options: list[str], timeout: float = START_TIMEOUT_S, env: dict[str, str] | None = None
+) -> dict[str, Any]:
     """Start a daemon for ``state_dir`` in the background and wait until it answers."""
     log_path = state_dir / "daemon.log"
-    env = dict(os.environ, TANDEM_STATE_DIR=str(state_dir))
+    env = dict(os.environ if env is None else env, TANDEM_STATE_DIR=str(state_dir))
     with open(log_path, "ab") as log:
         proc = subprocess.Popen(
             [sys.executable, "-m", "tandem.cli", "daemon", "start", "--foreground", *options],

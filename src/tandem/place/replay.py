@@ -32,6 +32,7 @@ _COLUMNS: tuple[tuple[str, str, str], ...] = (
     ("slowdown_mean", "mean slowdown", "x"),
     ("slowdown_max", "max slowdown", "x"),
     ("gpu_util", "GPU busy", "pct"),
+    ("cpu_util", "CPU busy", "pct"),
     ("energy_kwh_estimated", "energy (est.)", "kwh"),
     ("oom_crashes", "OOM crashes", "int"),
     ("retries", "retries", "int"),
@@ -71,7 +72,7 @@ def _format(value: Any, how: str) -> str:
     if how == "pct":
         return f"{100 * value:.0f}%"
     if how == "kwh":
-        return f"{value:.2f} kWh"
+        return f"{value:.2f} kWh" if value >= 1 else f"{value * 1000:.1f} Wh"
     return str(int(value))
 
 
@@ -112,13 +113,23 @@ def _plot(results: Mapping[str, Result], path: Path, title: str) -> None:
     names = list(results)
     width = 0.8 / len(_PLOTTED)
     fig, ax = plt.subplots(figsize=(max(6.0, 1.4 * len(names) + 2), 4.0))
+    longest = (
+        max((aggregates(results[n]).get(k) or 0.0) for n in names for k, _ in _PLOTTED) if names else 0.0
+    )
+    unit, scale = (
+        ("hours", 3600.0)
+        if longest >= 2 * 3600
+        else ("minutes", 60.0)
+        if longest >= 120
+        else ("seconds", 1.0)
+    )
     for i, (key, label) in enumerate(_PLOTTED):
-        hours = [(aggregates(results[n]).get(key) or 0.0) / 3600 for n in names]
+        hours = [(aggregates(results[n]).get(key) or 0.0) / scale for n in names]
         xs = [x + (i - (len(_PLOTTED) - 1) / 2) * width for x in range(len(names))]
         bars = ax.bar(xs, hours, width, label=label)
         ax.bar_label(bars, fmt="%.1f", fontsize=7)
     ax.set_xticks(range(len(names)), names)
-    ax.set_ylabel("hours")
+    ax.set_ylabel(unit)
     ax.set_title(title)
     ax.legend()
     fig.tight_layout()
