@@ -3,6 +3,7 @@ SQLite state. Fast settings (settle 0.3 s) so that the scheduling is exercised i
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import sqlite3
@@ -89,7 +90,7 @@ def test_submit_run_show_logs_wait(cli) -> None:
     assert "exit 3" in table and "command not found" in table
 
 
-@pytest.mark.parametrize("policy,limit", [("exclusive", 1), ("packing", 2)])
+@pytest.mark.parametrize("policy,limit", [("exclusive", 1), ("first-fit", 2), ("packing", 2)])
 def test_reservations_never_exceed_capacity(cli, tmp_path: Path, policy: str, limit: int) -> None:
     """Six 1-core jobs on a 2-core manager: never more than 2 at once (1 under exclusive)."""
     cli("daemon", "start", "--cpus", "2", "--policy", policy, *FAST)
@@ -99,8 +100,8 @@ def test_reservations_never_exceed_capacity(cli, tmp_path: Path, policy: str, li
     spans = intervals(log)
     assert len(spans) == 6
     assert max_overlap(spans) <= limit
-    if policy == "packing":
-        assert max_overlap(spans) == 2  # and it does use both cores
+    if policy == "first-fit":  # reservations only: it does use both cores (packing also
+        assert max_overlap(spans) == 2  # measures the host's CPU, which a busy test machine fills)
 
 
 def test_priority_then_backfill(cli, tmp_path: Path) -> None:
@@ -208,7 +209,8 @@ def test_cancel_stops_the_whole_tree(cli, tmp_path: Path) -> None:
     out = cli("cancel", str(job_id), str(queued)).stdout
     assert f"cancelled {job_id}" in out and f"cancelled {queued}" in out
     assert _gone(procs), "processes of the cancelled job are still alive"
-    assert cli.wait_state(job_id, {"cancelled"})["state"] == "cancelled"
+    cancelled = cli.wait_state(job_id, {"cancelled"})
+    assert cancelled["signal"] in ("SIGTERM", "SIGKILL")  # how it really ended, not a made-up 0
     assert cli.job(queued)["attempts"] == []
     assert cli("cancel", "999", check=False).returncode == 1
 
@@ -222,7 +224,9 @@ def test_daemon_sigkill_and_restart_loses_nothing(cli, tmp_path: Path) -> None:
     os.kill(cli.daemon_pid(), signal.SIGKILL)
     time.sleep(0.5)
     assert cli.job(running)["state"] == "running"  # the job goes on without its manager
-    time.sleep(3)  # the job ends while no daemon runs; its shim keeps the result
+    r = cli("wait", str(queued), check=False)  # nothing can end it now: says so instead of hanging
+    assert r.returncode == 3 and "no daemon is running" in r.stderr
+    time.sleep(1)  # the job ends while no daemon runs; its shim keeps the result
     cli("daemon", "start", "--cpus", "1", *FAST)
     assert cli("wait", str(running), str(queued), timeout=60).returncode == 0
     lines = log.read_text().split("\n")
@@ -355,3 +359,19 @@ def test_each_job_is_an_mlflow_run(cli, tmp_path: Path) -> None:
     assert run.data.metrics["summary/run_s"] >= 2.0
     artifacts = [a.path for a in MlflowClient(tracking_uri=uri).list_artifacts(run_id)]
     assert "output.log" in artifacts
+
+
+def test_a_killed_supervisor_does_not_leave_its_job_running(cli, tmp_path: Path) -> None:
+    cli("daemon", "start", "--cpus", "2", "--no-track", *FAST)
+    assert cli.json("daemon", "status")["tracking"] is None  # --no-track reached the background daemon
+    pids = tmp_path / "pids"
+    job_id = cli.submit("--", "sh", "-c", f"echo $$ >> {pids}; sleep 300")
+    (job_pid,) = _pids_from(pids, 1)
+    shim = cli.job(job_id)
+    adir = cli.state / "jobs" / str(job_id) / "1"
+    shim_pid = json.loads((adir / "shim.json").read_text())["pid"]
+    os.kill(shim_pid, signal.SIGKILL)
+    job = cli.wait_state(job_id, {"failed"})
+    assert "supervisor died" in job["cause"]
+    assert _gone([job_pid]), "the job of a dead supervisor is still running"
+    assert shim["state"] == "running"

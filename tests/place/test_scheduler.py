@@ -134,3 +134,36 @@ def test_fits_at_all() -> None:
 def test_unknown_policy() -> None:
     with pytest.raises(ValueError, match="choose one of"):
         make_policy("greedy")
+
+
+def test_aging_counts_from_when_a_job_could_start() -> None:
+    gpus = [gpu(0, jobs=1, mem_reserved=60 * G)]
+    retried = job(1, gpu_mem=30, waiting_since=99.0)  # submitted at 1, requeued just now
+    got = plan(
+        [retried, job(2, gpu_mem=10)],
+        host(),
+        gpus,
+        make_policy("first-fit"),
+        Limits(starve_after_s=50),
+        100.0,
+    )
+    assert [p.job_id for p in got] == [2]  # not starved yet: the small job may pass it
+
+
+def test_a_job_alone_on_the_host_blocks_gpu_jobs_too() -> None:
+    lonely = host(alone=True, jobs=1, all_jobs=1)
+    assert placed("first-fit", [job(1)], [gpu(0)], h=lonely) == {}
+    busy = host(jobs=0, all_jobs=1)  # one GPU job runs: a CPU job that must be alone waits
+    q = [Waiting(2, 0, 2.0, cpus=1, mem=0, gpus=0, gpu_mem=None, escalation=2)]
+    assert plan(q, busy, [], make_policy("first-fit"), LIMITS, 0.0) == []
+
+
+def test_no_probe_on_a_gpu_measured_full() -> None:
+    full = [gpu(0, jobs=1, mem_reserved=10 * G, mem_used=80 * G, activity_mean=0.1, activity_p95=0.1)]
+    assert placed("first-fit", [job(1, gpu_mem=None)], full) == {}
+
+
+def test_ram_beyond_what_is_handed_out_is_refused() -> None:
+    h = host(mem_total=100 * G)
+    big = Waiting(1, 0, 0.0, cpus=1, mem=97 * G, gpus=0, gpu_mem=None)
+    assert "at most" in fits_at_all(big, h, [])  # 5% of RAM is kept free of jobs

@@ -339,12 +339,17 @@ def cancel(ids: tuple[str, ...]) -> None:
 def wait(ids: tuple[str, ...], timeout: float | None) -> None:
     """Block until the jobs end (default: every job now waiting or running). Exit with the
     job's exit code (one job), or 1 if any of several did not succeed."""
+    from tandem.place.client import is_running
+    from tandem.place.state import state_dir
+
     state = _state()
     wanted = _ids(ids, "'IDS'") if ids else [j.id for j in state.jobs() if j.state not in FINAL_STATES]
     for i in wanted:
         if state.job(i, attempts=False) is None:
-            raise click.ClickException(f"no job {i} (see tandem ls --all)")
+            click.echo(f"Error: no job {i} (see tandem ls --all)", err=True)
+            sys.exit(2)
     deadline = None if timeout is None else time.monotonic() + timeout
+    next_check = time.monotonic() + 5.0
     while True:
         jobs = [state.job(i, attempts=False) for i in wanted]
         if all(j is not None and j.state in FINAL_STATES for j in jobs):
@@ -352,6 +357,16 @@ def wait(ids: tuple[str, ...], timeout: float | None) -> None:
         if deadline is not None and time.monotonic() >= deadline:
             click.echo(f"tandem wait: jobs still running after {timeout:g} s", err=True)
             sys.exit(124)
+        if time.monotonic() >= next_check:
+            # Only a daemon moves jobs on: without one, waiting would never end.
+            next_check = time.monotonic() + 5.0
+            if not is_running(state_dir()):
+                click.echo(
+                    "tandem wait: no daemon is running, so these jobs cannot end; "
+                    "start one with `tandem daemon start` (it adopts running jobs)",
+                    err=True,
+                )
+                sys.exit(3)
         time.sleep(0.3)
     if len(jobs) == 1:
         j = jobs[0]
@@ -377,6 +392,8 @@ def _given_options(ctx: click.Context) -> list[str]:
         if param.is_flag:
             if value:
                 out.append(flag)
+            elif param.secondary_opts:  # --no-track and the like
+                out.append(param.secondary_opts[0])
         else:
             out += [flag, str(value)]
     return out

@@ -38,7 +38,10 @@ def request(state_dir: Path, message: dict[str, Any], timeout: float = 10.0) -> 
     except (FileNotFoundError, ConnectionRefusedError):
         raise DaemonNotRunning(f"no daemon serves {state_dir}") from None
     except TimeoutError:
-        raise DaemonError(f"the daemon of {state_dir} did not answer within {timeout:g} s") from None
+        raise DaemonTimeout(
+            f"the daemon of {state_dir} did not answer within {timeout:g} s (busy or stuck; a request "
+            "it has received may still be carried out: check `tandem ls` before repeating it)"
+        ) from None
     except (EOFError, OSError) as exc:
         raise DaemonError(f"lost the daemon of {state_dir} mid-request ({exc})") from None
     reply = protocol.decode(data)

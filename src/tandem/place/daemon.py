@@ -20,6 +20,7 @@ attempt is never started twice.
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import selectors
@@ -50,7 +51,7 @@ from tandem.place.model import (
 )
 from tandem.place.policies import GpuSlot, HostSlot, Limits, Policy
 from tandem.place.scheduler import Placement, Waiting, fits_at_all, plan
-from tandem.place.shim import read_json, same_process, write_json
+from tandem.place.shim import create_time, read_json, same_process, write_json
 from tandem.place.state import Attempt, Job, State
 
 log = logging.getLogger(__name__)
@@ -151,8 +152,7 @@ class Daemon:
         except Timeout:
             raise DaemonRunning(f"a daemon already serves {self.state.dir}") from None
         try:
-            self.socket_path.unlink(missing_ok=True)  # a dead daemon's; the lock says it is dead
-            listener = _ipc.listen(self.socket_path)
+            listener = self._listen()
             write_json(self.state.dir / "daemon.json", {"pid": os.getpid(), "started": self.started})
             self._install_signals()
             self.adopt()
@@ -163,16 +163,45 @@ class Daemon:
                 for _key, _ in sel.select(timeout=0 if self._wake else TICK_S):
                     self._accept(listener)
                 self._wake = False
-                self.tick()
+                try:
+                    self.tick()
+                except Exception:  # one bad tick (a full disk, a vanished file) must not end the daemon
+                    log.exception("tick failed; going on")
+                    time.sleep(TICK_S)
+                listener = self._check_socket(sel, listener)
             sel.close()
             listener.close()
         finally:
             self.socket_path.unlink(missing_ok=True)
-            if self.mps is not None:
-                self.mps.stop_all()
+            if (
+                self.mps is not None
+            ):  # servers with clients stay: their jobs go on, the next daemon adopts them
+                self.mps.release_idle({u for a in self.active.values() for u in a.uuids})
             if self.nvml is not None:
                 self.nvml.close()
             self.lock.release()
+
+    def _listen(self) -> Any:
+        self.socket_path = protocol.socket_path(self.state.dir)
+        self.socket_path.unlink(missing_ok=True)  # a dead daemon's; the lock says it is dead
+        listener = _ipc.listen(self.socket_path)
+        self._socket_ino = os.stat(self.socket_path).st_ino
+        return listener
+
+    def _check_socket(self, sel: selectors.BaseSelector, listener: Any) -> Any:
+        """Listen again if our socket file was removed or replaced (logind removes the
+        runtime directory at the user's last logout): otherwise no client could reach us."""
+        try:
+            if os.stat(self.socket_path).st_ino == self._socket_ino:
+                return listener
+        except OSError:
+            pass
+        sel.unregister(listener)
+        listener.close()
+        listener = self._listen()
+        sel.register(listener, selectors.EVENT_READ)
+        log.warning("socket %s had gone; listening again", self.socket_path)
+        return listener
 
     def _install_signals(self) -> None:
         def stop(_signum: int, _frame: Any) -> None:
@@ -230,7 +259,7 @@ class Daemon:
         if gpus is None:  # a GPU job where there are GPUs, a CPU job where there are none
             gpus = 1 if self.capacity.gpus else 0
         waiting = Waiting(0, 0, 0.0, float(spec["cpus"]), int(spec["mem"]), int(gpus), spec.get("gpu_mem"))
-        why = fits_at_all(waiting, self._host_slot(), self._gpu_slots())
+        why = fits_at_all(waiting, self._host_slot(), self._gpu_slots(), self.limits)
         if why:
             return {
                 "ok": False,
@@ -262,7 +291,8 @@ class Daemon:
             grp=spec.get("group"),
             after=[int(a) for a in spec.get("after", [])],
             state=QUEUED,
-            submitted=time.time(),
+            submitted=(now := time.time()),
+            queued_at=now,
         )
         self._wake = True
         return {"ok": True, "id": job_id}
@@ -361,6 +391,8 @@ class Daemon:
             if shim is not None:
                 a.shim_pid, a.shim_ctime = shim["pid"], shim["ctime"]
                 self.state.update_attempt(a.job.id, a.n, shim_pid=a.shim_pid, shim_ctime=a.shim_ctime)
+                if self._cancel_requested(a.job.id):  # cancelled before we knew whom to tell
+                    self._signal_shim(a, signal.SIGTERM)
         usage = read_json(a.dir / "usage.json")
         if usage is not None and usage["t"] != a.usage_t:
             a.usage_t = usage["t"]
@@ -374,9 +406,18 @@ class Daemon:
             a.peak_gpu_mem = max(a.peak_gpu_mem, gpu_mem)
             if grown:
                 a.last_growth = now
-        if a.gpu_mem_reserved is None and a.placement.gpus and a.settled(now, self.limits.settle_s):
-            # A probe has settled: from now on it holds its measured peak plus the margin.
+        # A probe has settled once its GPU memory stopped growing; one that has not touched
+        # the GPU yet (still loading data, say) is not settled at 0 unless that goes on long.
+        long_s = max(300.0, 10 * self.limits.settle_s)
+        if (
+            a.gpu_mem_reserved is None
+            and a.placement.gpus
+            and a.settled(now, self.limits.settle_s)
+            and (a.peak_gpu_mem > 0 or now - a.started > long_s)
+        ):
             a.gpu_mem_reserved = int(a.peak_gpu_mem * (1 + self.limits.gpu_mem_margin))
+            placement = {**self._placement_json(a), "gpu_mem": a.gpu_mem_reserved, "settled": True}
+            self.state.update_attempt(a.job.id, a.n, placement=placement, peak_gpu_mem=a.peak_gpu_mem)
             self.state.event(a.job.id, "settled", f"GPU memory {format_size(a.peak_gpu_mem)}")
         result = read_json(a.dir / "result.json")
         if result is not None:
@@ -384,6 +425,7 @@ class Daemon:
         elif a.shim_pid is not None and not same_process(a.shim_pid, a.shim_ctime):
             result = read_json(a.dir / "result.json")  # it may have written it just before exiting
             if result is None:
+                self._stop_orphan(a)
                 result = {
                     "kind": "lost",
                     "state": FAILED,
@@ -401,8 +443,26 @@ class Daemon:
             # attempt never ran, so the job goes back to the queue (no attempt runs twice).
             del self.active[a.job.id]
             self.state.update_attempt(a.job.id, a.n, state="lost", ended=now, cause="never started")
-            self.state.update_job(a.job.id, state=RETRYING if a.n > 1 else QUEUED)
-            self.state.event(a.job.id, "requeued", f"attempt {a.n} never started")
+            if self._cancel_requested(a.job.id):
+                self.state.update_job(a.job.id, state=CANCELLED, cause="cancelled", ended=now)
+                self.state.event(a.job.id, "cancelled", "before its attempt started")
+            else:
+                self.state.update_job(a.job.id, state=RETRYING if a.n > 1 else QUEUED, queued_at=now)
+                self.state.event(a.job.id, "requeued", f"attempt {a.n} never started")
+
+    def _placement_json(self, a: Active) -> dict[str, Any]:
+        rows = self.state.query("SELECT placement FROM attempts WHERE job_id = ? AND n = ?", (a.job.id, a.n))
+        return json.loads(rows[0][0]) if rows else {}
+
+    def _stop_orphan(self, a: Active) -> None:
+        """The shim died without a result (killed): stop the job it supervised, so that it
+        does not run on unaccounted for, holding memory the scheduler has given away."""
+        started = read_json(a.dir / "started.json")
+        if started and same_process(started["pid"], started["ctime"]):
+            from tandem.place.shim import stop_tree
+
+            stop_tree(started["pid"], started.get("pgid"), self.settings.grace_s)
+            self.state.event(a.job.id, "stopped", "its supervisor died; the job was stopped")
 
     def _cancel_requested(self, job_id: int) -> bool:
         job = self.state.job(job_id, attempts=False)
@@ -442,10 +502,15 @@ class Daemon:
         if kind in ("gpu_oom", "host_oom") and a.n <= job.retries and not job.cancel_requested:
             # Escalate: first the GPU with the most free memory, then alone; reserve what was measured.
             changes: dict[str, Any] = {"state": RETRYING, "escalation": min(2, job.escalation + 1)}
+            # ... capped at what the machine has, so that the retry can still be placed.
             if kind == "gpu_oom" and peak_gpu:
-                changes["gpu_mem"] = max(job.gpu_mem or 0, int(peak_gpu * (1 + self.limits.gpu_mem_margin)))
+                largest = max((g.mem_total for g in self.capacity.gpus), default=0)
+                wanted = max(job.gpu_mem or 0, int(peak_gpu * (1 + self.limits.gpu_mem_margin)))
+                changes["gpu_mem"] = min(largest, wanted) if largest else wanted
             if kind == "host_oom" and peak_mem:
-                changes["mem"] = min(self.capacity.mem, max(job.mem, int(peak_mem * 1.2)))
+                usable = int(self.capacity.mem * (1 - self.limits.host_mem_headroom))
+                changes["mem"] = min(usable, max(job.mem, int(peak_mem * 1.2)))
+            changes["queued_at"] = time.time()
             self.state.update_job(job.id, **common, **changes)
             self.state.event(job.id, "retry", f"attempt {a.n} ended {result.get('cause')}; retrying")
         else:
@@ -564,6 +629,7 @@ class Daemon:
             cpu_mean=self.monitor.cpu.mean(),
             cpu_p95=self.monitor.cpu.p95(),
             jobs=len(cpu_jobs),
+            all_jobs=len(self.active),
             fresh=any(now - a.started < self.limits.settle_s for a in cpu_jobs),
             alone=any(a.placement.alone for a in cpu_jobs),
         )
@@ -593,21 +659,29 @@ class Daemon:
 
     def _waiting(self) -> list[Waiting]:
         out = []
-        done = {j.id: j.state for j in self.state.jobs(tuple(FINAL_STATES))}
+        waiting = self.state.jobs((QUEUED, RETRYING))
+        deps = {d for j in waiting for d in j.after}
+        ended = {}
+        if deps:
+            marks = ", ".join("?" for _ in deps)
+            for row in self.state.query(
+                f"SELECT id, state, ended FROM jobs WHERE id IN ({marks})", tuple(deps)
+            ):
+                ended[row["id"]] = (row["state"], row["ended"])
         shares = {s.name: s for s in self.state.shares()}
-        producer_counted: set[str] = set()
-        for job in sorted(self.state.jobs((QUEUED, RETRYING)), key=lambda j: (-j.priority, j.submitted)):
-            if job.id in self.active or any(done.get(d) != SUCCEEDED for d in job.after):
+        for job in waiting:
+            if job.id in self.active or job.cancel_requested:
                 continue
+            if any(ended.get(d, ("", None))[0] != SUCCEEDED for d in job.after):
+                continue
+            since = max([job.queued_at or job.submitted] + [ended[d][1] or 0.0 for d in job.after])
             cpus, mem = job.cpus, job.mem
             share = shares.get(job.share or "")
-            if (
-                share is not None
-                and share.name not in producer_counted
-                and not same_process(share.pid, share.ctime)
-            ):
-                # The first job of a share group to start also starts its producer: reserve both.
-                producer_counted.add(share.name)
+            if share is not None and not same_process(share.pid, share.ctime):
+                if share.name in self._stopping:
+                    continue  # its old producer is still stopping: a new one could not take the name
+                # Whichever job of the group starts first also starts its producer: each is
+                # charged for it until then, so the producer never overbooks the host.
                 cpus, mem = cpus + share.cpus, mem + share.mem
             gpu_mem = job.gpu_mem
             if job.gpus and gpu_mem is None:
@@ -616,7 +690,15 @@ class Daemon:
                     gpu_mem = int(known["peak_gpu_mem"] * (1 + self.limits.gpu_mem_margin))
             out.append(
                 Waiting(
-                    job.id, job.priority, job.submitted, job.cpus, job.mem, job.gpus, gpu_mem, job.escalation
+                    job.id,
+                    job.priority,
+                    job.submitted,
+                    cpus,
+                    mem,
+                    job.gpus,
+                    gpu_mem,
+                    job.escalation,
+                    waiting_since=since,
                 )
             )
         return out
@@ -690,7 +772,7 @@ class Daemon:
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
             )
-        ctime = psutil.Process(proc.pid).create_time()
+        ctime = create_time(proc.pid)
         self.state.update_attempt(job.id, n, shim_pid=proc.pid, shim_ctime=ctime)
         active = Active(
             job, n, p, uuids, adir, started, proc.pid, ctime, gpu_mem_reserved=None if p.probe else p.gpu_mem
@@ -723,7 +805,7 @@ class Daemon:
                 start_new_session=True,
             )
         self._producers[share.name] = proc
-        self.state.set_producer(share.name, proc.pid, psutil.Process(proc.pid).create_time())
+        self.state.set_producer(share.name, proc.pid, create_time(proc.pid))
         self.state.event(job.id, "producer", f"started producer of {share.name!r} (pid {proc.pid})")
 
     def _stop_idle_producers(self, now: float) -> None:
@@ -784,7 +866,9 @@ class Daemon:
                 shim = read_json(adir / "shim.json")
                 if shim is not None:
                     a.shim_pid, a.shim_ctime = shim["pid"], shim["ctime"]
-            if placement.probe:
+            a.peak_gpu_mem = att.peak_gpu_mem or 0
+            a.peak_mem = att.peak_mem or 0
+            if placement.probe and not pl.get("settled"):
                 a.gpu_mem_reserved = None
             self.active[job.id] = a
             self.state.event(job.id, "adopted", f"attempt {att.n} (shim pid {a.shim_pid})")

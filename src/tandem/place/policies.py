@@ -81,8 +81,9 @@ class HostSlot:
     cpu_mean: float | None = None  # fraction of all cores busy, over the window
     cpu_p95: float | None = None
     jobs: int = 0  # CPU-only jobs running
+    all_jobs: int = 0  # every job running (GPU jobs use the host's cores and RAM too)
     fresh: bool = False  # a CPU-only job started less than settle_s ago
-    alone: bool = False  # a CPU-only job that must run alone is running
+    alone: bool = False  # a job that must run alone on the host is running
 
 
 @dataclass(frozen=True)

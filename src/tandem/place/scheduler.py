@@ -43,6 +43,7 @@ class Waiting:
     gpus: int
     gpu_mem: int | None  # per GPU; None: unknown (a probe)
     escalation: int = 0  # 0 first try; 1 most-free GPU; 2 alone
+    waiting_since: float | None = None  # since when it could start (queued, requeued, deps met)
 
 
 @dataclass(frozen=True)
@@ -79,17 +80,21 @@ def plan(
             _reserve(job, placement, host, slots)
             placed.append(placement)
             continue
-        if not policy.backfill or now - job.submitted >= limits.starve_after_s:
+        since = job.submitted if job.waiting_since is None else job.waiting_since
+        if not policy.backfill or now - since >= limits.starve_after_s:
             break
     return placed
 
 
-def fits_at_all(job: Waiting, host: HostSlot, gpus: Sequence[GpuSlot]) -> str | None:
+def fits_at_all(
+    job: Waiting, host: HostSlot, gpus: Sequence[GpuSlot], limits: Limits | None = None
+) -> str | None:
     """Why ``job`` can never run on this machine (its needs exceed the capacity), or None."""
+    usable = int(host.mem_total * (1 - (limits or Limits()).host_mem_headroom))
     if job.cpus > host.cpus_total + 1e-9:
         return f"asks for {job.cpus:g} cores; the manager has {host.cpus_total:g}"
-    if job.mem > host.mem_total:
-        return f"asks for {job.mem} bytes of RAM; the manager has {host.mem_total}"
+    if job.mem > usable:
+        return f"asks for {job.mem} bytes of RAM; the manager hands out at most {usable}"
     if job.gpus > len(gpus):
         return f"asks for {job.gpus} GPU(s); the manager has {len(gpus)}"
     if job.gpus and job.gpu_mem is not None:
@@ -121,8 +126,10 @@ def _place(
     if not _host_fits(job, host, limits):
         return None
     need = _need(job)
+    if host.alone:  # a job that must run alone on the host (after a host OOM): nobody joins it
+        return None
     if job.gpus == 0:
-        if host.alone or (need.alone and host.jobs > 0):
+        if need.alone and host.all_jobs > 0:
             return None
         if not need.alone and not policy.host_admits(host, need, limits):
             return None
@@ -150,8 +157,10 @@ def _gpu_allows(gpu: GpuSlot, need: Need, policy: Policy, limits: Limits) -> boo
         # allocate for tens of seconds after they start; reading it earlier causes OOMs).
         if measured is not None and not gpu.fresh and need.gpu_mem > measured:
             return False
-    elif gpu.free_reserved() <= 0 or (gpu.free_measured() or 1) <= 0:
-        return False
+    else:
+        measured = gpu.free_measured()
+        if gpu.free_reserved() <= 0 or (measured is not None and measured <= 0):
+            return False
     return policy.gpu_admits(gpu, need, limits)
 
 
@@ -160,6 +169,7 @@ def _reserve(job: Waiting, p: Placement, host: HostSlot, gpus: list[GpuSlot]) ->
     host.mem_reserved += job.mem
     if host.mem_available is not None:
         host.mem_available -= job.mem
+    host.all_jobs += 1
     if not p.gpus:
         host.jobs += 1
         host.fresh = True

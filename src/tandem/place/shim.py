@@ -52,18 +52,25 @@ def read_json(path: Path) -> dict[str, Any] | None:
 
 
 def create_time(pid: int) -> float | None:
+    """When ``pid`` started, in clock ticks since boot (``/proc/PID/stat``): unlike a wall-clock
+    start time, it does not move when the system clock is stepped. None if it is gone."""
     try:
-        return psutil.Process(pid).create_time()
-    except psutil.Error:
-        return None
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            stat = f.read()
+        return float(stat[stat.rindex(b")") + 2 :].split()[19])  # field 22: starttime
+    except (OSError, ValueError, IndexError):
+        try:
+            return psutil.Process(pid).create_time()  # no /proc: wall clock, the best there is
+        except psutil.Error:
+            return None
 
 
 def same_process(pid: int | None, ctime: float | None) -> bool:
-    """Is ``pid`` still the process that was started at ``ctime`` (not a reused pid)?"""
+    """Is ``pid`` still the process that started at ``ctime`` (:func:`create_time`), alive and
+    not a zombie? A reused pid has another start time."""
     if not pid or ctime is None:
         return False
-    now = create_time(pid)
-    if now is None or abs(now - ctime) > 0.01:
+    if create_time(pid) != ctime:
         return False
     try:
         return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
@@ -71,15 +78,21 @@ def same_process(pid: int | None, ctime: float | None) -> bool:
         return False
 
 
-def stop_tree(root: int, pgid: int | None, grace: float, known: Iterable[int] = ()) -> None:
+def stop_tree(root: int, pgid: int | None, grace: float, known: Iterable[psutil.Process] = ()) -> None:
     """SIGTERM the group ``pgid``, ``root`` and their descendants; SIGKILL what is left after
-    ``grace`` seconds. ``known``: pids seen in the tree earlier (descendants that moved out
-    of the group are still found through it)."""
+    ``grace`` seconds. ``known``: processes seen in the tree earlier (descendants that left
+    the group are still found); psutil ties each to its start time, so a pid reused since by
+    an unrelated process is never signalled. ``root`` is not reaped here: its parent's
+    ``wait()`` must still see how it ended."""
     procs: dict[int, psutil.Process] = {}
-    for pid in {root, *known}:
+    candidates: list[psutil.Process] = [p for p in known if p.is_running()]
+    try:
+        candidates.append(psutil.Process(root))
+    except psutil.Error:
+        pass
+    for p in candidates:
+        procs[p.pid] = p
         try:
-            p = psutil.Process(pid)
-            procs[p.pid] = p
             for c in p.children(recursive=True):
                 procs[c.pid] = c
         except psutil.Error:
@@ -94,25 +107,53 @@ def stop_tree(root: int, pgid: int | None, grace: float, known: Iterable[int] = 
                 pass
         for p in procs.values():
             try:
-                p.send_signal(sig)
+                p.send_signal(sig)  # psutil refuses a process whose pid was reused
             except psutil.Error:
                 pass
 
+    def wait_gone(timeout: float) -> bool:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            alive = [p for p in procs.values() if _running(p)]
+            if not alive and not _group_alive(pgid):
+                return True
+            time.sleep(0.05)
+        return False
+
     signal_all(signal.SIGTERM)
-    _gone, alive = psutil.wait_procs(list(procs.values()), timeout=grace)
-    if alive or _group_alive(pgid):
+    if not wait_gone(grace):
         signal_all(signal.SIGKILL)
-        psutil.wait_procs(alive, timeout=5)
+        wait_gone(5.0)
+
+
+def _running(p: psutil.Process) -> bool:
+    try:
+        return p.is_running() and p.status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
 
 
 def _group_alive(pgid: int | None) -> bool:
+    """Does a live process (not a zombie: a zombie is only waiting to be reaped) remain in
+    process group ``pgid``?"""
     if pgid is None:
         return False
     try:
         os.killpg(pgid, 0)
-        return True
     except OSError:
-        return False
+        return False  # no member at all
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry.name}/stat", "rb") as f:
+                stat = f.read()
+        except OSError:
+            continue
+        fields = stat[stat.rindex(b")") + 2 :].split()
+        if int(fields[2]) == pgid and fields[0] != b"Z":
+            return True
+    return False
 
 
 class Shim:
@@ -155,12 +196,11 @@ class Shim:
         )
         sampler = ProcessTreeSampler(proc.pid, since_start=True)
         peaks = {"peak_mem": 0, "cpu_seconds": 0.0}
-        known: set[int] = set()
+        known: dict[int, psutil.Process] = {}
         next_sample = 0.0
         while proc.poll() is None:
             if self.cancelled:
-                stop_tree(proc.pid, proc.pid, self.grace, known)
-                proc.wait()
+                stop_tree(proc.pid, proc.pid, self.grace, known.values())
                 break
             now = time.monotonic()
             if now >= next_sample:
@@ -169,7 +209,7 @@ class Shim:
             time.sleep(min(0.1, self.interval))
         returncode = proc.wait()
         if _group_alive(proc.pid):  # what the job left running in its group
-            stop_tree(proc.pid, proc.pid, min(self.grace, 5.0), known)
+            stop_tree(proc.pid, proc.pid, min(self.grace, 5.0), known.values())
         oom_after = failures.oom_kill_count(os.getpid()) or 0
         kernel = failures.kernel_oom_killed(proc.pid) if returncode == -signal.SIGKILL else None
         ending = failures.classify(
@@ -181,12 +221,19 @@ class Shim:
         )
         return self._write_result(ending, started, peaks, kernel)
 
-    def _sample(self, sampler: ProcessTreeSampler, peaks: dict[str, Any], known: set[int]) -> None:
+    def _sample(
+        self, sampler: ProcessTreeSampler, peaks: dict[str, Any], known: dict[int, psutil.Process]
+    ) -> None:
         try:
             m = sampler.sample()
         except Exception:  # a process that vanished mid-read: next time
             return
-        known.update(sampler.pids)
+        for pid in sampler.pids:
+            if pid not in known or not known[pid].is_running():
+                try:
+                    known[pid] = psutil.Process(pid)
+                except psutil.Error:
+                    pass
         with open(self.dir / "metrics.jsonl", "a") as f:  # for the job's MLflow run (tracking.py)
             f.write(json.dumps({"t": time.time(), "m": m}) + "\n")
         mem = int(m.get("system/process_tree/pss_bytes", 0))

@@ -434,6 +434,7 @@ class _Sim:
             cpu_mean=busy,
             cpu_p95=busy,
             jobs=len(cpu_runs),
+            all_jobs=len(self.runs),
             fresh=fresh,
             alone=any(r.alone for r in cpu_runs),
         )

@@ -30,7 +30,8 @@ CREATE TABLE IF NOT EXISTS jobs (
     gpu_share INTEGER, priority INTEGER NOT NULL, retries INTEGER NOT NULL,
     share TEXT, grp TEXT, after TEXT NOT NULL DEFAULT '[]',
     state TEXT NOT NULL, cause TEXT, cause_line TEXT, exit_code INTEGER, signal TEXT,
-    submitted REAL NOT NULL, started REAL, ended REAL, cancel_requested INTEGER NOT NULL DEFAULT 0,
+    submitted REAL NOT NULL, queued_at REAL, started REAL, ended REAL,
+    cancel_requested INTEGER NOT NULL DEFAULT 0,
     escalation INTEGER NOT NULL DEFAULT 0,
     peak_mem INTEGER, peak_gpu_mem INTEGER, energy_joules REAL, mlflow_run_id TEXT
 );
@@ -71,7 +72,21 @@ def state_dir() -> Path:
     else:
         path = Path.home() / ".local" / "state" / "tandem"
     path = path.expanduser().resolve()
+    return private_dir(path)
+
+
+def private_dir(path: Path) -> Path:
+    """``path`` created if needed, refused if another user owns it, and made 0700: it holds
+    each job's environment (tokens, keys) and the commands the supervisor runs."""
     path.mkdir(mode=0o700, parents=True, exist_ok=True)
+    info = path.stat()
+    if info.st_uid != os.getuid():
+        raise StateError(
+            f"state directory {path} belongs to uid {info.st_uid}, not to you (uid {os.getuid()}); "
+            "set TANDEM_STATE_DIR to a directory of your own"
+        )
+    if info.st_mode & 0o077:
+        os.chmod(path, 0o700)
     return path
 
 
@@ -124,6 +139,7 @@ class Job:
     started: float | None = None
     ended: float | None = None
     cancel_requested: bool = False
+    queued_at: float | None = None  # when it last became able to start (submitted, requeued)
     escalation: int = 0
     peak_mem: int | None = None
     peak_gpu_mem: int | None = None
@@ -168,8 +184,7 @@ class State:
     :class:`StateError` with what to do."""
 
     def __init__(self, directory: Path | None = None, timeout: float = 10.0) -> None:
-        self.dir = directory or state_dir()
-        self.dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+        self.dir = private_dir(directory) if directory is not None else state_dir()
         self.path = self.dir / "place.db"
         self.jobs_dir = self.dir / "jobs"
         try:

@@ -33,6 +33,7 @@ from tandem.place.shim import read_json, write_json
 log = logging.getLogger(__name__)
 
 IDLE_EXIT_S = 60.0
+RETRY_AFTER_S = 60.0
 POLL_S = 0.5
 
 
@@ -58,6 +59,7 @@ class Tracker:
         self.uri = uri
         self.experiment = experiment
         self.proc: subprocess.Popen | None = None
+        self._next_start = 0.0
         self.why_not = (
             ""
             if importlib.util.find_spec("mlflow")
@@ -69,7 +71,16 @@ class Tracker:
             return
         q = queue_dir(self.state_dir)
         pending = q.is_dir() and any(p.suffix == ".json" for p in q.iterdir())
-        if pending and (self.proc is None or self.proc.poll() is not None):
+        if self.proc is not None and self.proc.poll() is not None:
+            if self.proc.returncode != 0:  # it failed (an unreachable store?): wait before the next try
+                self._next_start = time.monotonic() + RETRY_AFTER_S
+                log.warning(
+                    "the MLflow helper exited %s; see %s",
+                    self.proc.returncode,
+                    self.state_dir / "tracking.log",
+                )
+            self.proc = None
+        if pending and self.proc is None and time.monotonic() >= self._next_start:
             with open(self.state_dir / "tracking.log", "ab") as out:
                 self.proc = subprocess.Popen(
                     [
@@ -154,6 +165,13 @@ def main(argv: list[str]) -> int:
     except OSError:
         pass
     logging.basicConfig(level=logging.INFO, format="%(asctime)s tracking: %(message)s")
+    from filelock import FileLock, Timeout
+
+    lock = FileLock(str(queue_dir(state_dir) / "helper.lock"))
+    try:
+        lock.acquire(timeout=0)  # one helper per state directory (an old one may still be idling)
+    except Timeout:
+        return 0
     from tandem.watch.stores.mlflow_store import MlflowStore
 
     client, experiment_id = MlflowStore(uri, experiment).prepare()
