@@ -13,7 +13,7 @@ $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
 	$(BIN)/python -m pip install -q "$(TORCH_PIN)"
-	$(BIN)/python -m pip install -q -e ".[all,dev]"
+	$(BIN)/python -m pip install -q -e ".[all,ray,dev]"
 	touch $(STAMP)
 
 setup: $(STAMP)

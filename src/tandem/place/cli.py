@@ -459,6 +459,16 @@ def daemon() -> None:
     help="MLflow store for the jobs' runs [default: $MLFLOW_TRACKING_URI, else mlflow.db in the state dir].",
 )
 @click.option("--track/--no-track", default=True, show_default=True, help="Record each job as an MLflow run.")
+@click.option(
+    "--backend",
+    type=click.Choice(["local", "ray"]),
+    default="local",
+    show_default=True,
+    help="ray: run jobs as Ray tasks, GPU memory reserved per GPU (tandem[ray]).",
+)
+@click.option(
+    "--address", metavar="ADDR", help="With --backend ray: the cluster to join [default: start one]."
+)
 @click.option("--foreground", is_flag=True, help="Run here instead of in the background.")
 @click.option("--json", "as_json", is_flag=True)
 def daemon_start(
@@ -476,6 +486,8 @@ def daemon_start(
     mps: bool,
     store_uri: str | None,
     track: bool,
+    backend: str,
+    address: str | None,
     foreground: bool,
     as_json: bool,
 ) -> None:
@@ -483,6 +495,8 @@ def daemon_start(
     from tandem.place.client import DaemonError, is_running, start_daemon
     from tandem.place.state import state_dir
 
+    if address and backend != "ray":
+        raise click.UsageError("--address is for --backend ray")
     directory = state_dir()
     if not foreground:
         if is_running(directory):
@@ -510,7 +524,16 @@ def daemon_start(
         sm_p95=sm_p95,
         starve_after_s=starve_after_s,
     )
-    settings = Settings(make_policy(policy), limits, grace_s=grace_s, mps=mps, track=track, store=store_uri)
+    settings = Settings(
+        make_policy(policy),
+        limits,
+        grace_s=grace_s,
+        mps=mps,
+        track=track,
+        store=store_uri,
+        backend=backend,
+        address=address,
+    )
     click.echo(
         f"tandem daemon {os.getpid()}: {capacity.cpus:g} cores, {format_size(capacity.mem)} RAM, "
         f"{len(capacity.gpus)} GPU(s), policy {policy}, state {directory}",
@@ -518,7 +541,7 @@ def daemon_start(
     )
     try:
         Daemon(_state(), capacity, settings, nvml).serve()
-    except DaemonRunning as exc:
+    except (DaemonRunning, RuntimeError, ConnectionError) as exc:  # Ray missing or unreachable
         raise click.ClickException(str(exc)) from None
 
 

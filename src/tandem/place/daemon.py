@@ -109,6 +109,8 @@ class Settings:
     mps: bool = False
     track: bool = True
     store: str | None = None  # MLflow tracking URI (default: tracking.default_store)
+    backend: str = "local"  # or "ray": attempts become Ray tasks (tandem.place.ray_backend)
+    address: str | None = None  # the Ray cluster's address (None: start a local instance)
 
 
 class Daemon:
@@ -121,6 +123,17 @@ class Daemon:
         self.limits = settings.limits
         self.policy = settings.policy
         self.nvml = nvml
+        self.ray = None
+        if settings.backend == "ray":
+            from tandem.place.model import Capacity as _Capacity
+            from tandem.place.ray_backend import RayBackend
+
+            self.ray = RayBackend(
+                settings.address, capacity.gpus, capacity.cpus if not settings.address else None
+            )
+            cpus, mem, gpus = self.ray.cluster()
+            self.capacity = capacity = _Capacity(cpus, mem, gpus)
+            nvml = None  # GPUs are Ray's now: measured only where the daemon runs NVML (not yet)
         self.monitor = Monitor(capacity, settings.limits.window_s, nvml)
         self.active: dict[int, Active] = {}
         self.socket_path = protocol.socket_path(state.dir)
@@ -179,6 +192,8 @@ class Daemon:
                 self.mps.release_idle({u for a in self.active.values() for u in a.uuids})
             if self.nvml is not None:
                 self.nvml.close()
+            if self.ray is not None:
+                self.ray.shutdown()
             self.lock.release()
 
     def _listen(self) -> Any:
@@ -307,7 +322,10 @@ class Daemon:
                 ended.append(job_id)
             elif job_id in self.active:
                 self.state.update_job(job_id, cancel_requested=1)
-                self._signal_shim(self.active[job_id], signal.SIGTERM)
+                a = self.active[job_id]
+                if a.shim_pid is None and self.ray is not None:
+                    self.ray.cancel(job_id, a.n)  # still queued in Ray (or starting): the task is dropped
+                self._signal_shim(a, signal.SIGTERM)
                 cancelled.append(job_id)
             else:
                 self.state.update_job(
@@ -330,6 +348,7 @@ class Daemon:
             "started": self.started,
             "limits": self.limits.__dict__,
             "mps": self.settings.mps,
+            "backend": self.settings.backend,
             "tracking": None if self.tracker is None else (self.tracker.why_not or self.tracker.uri),
             "capacity": {
                 "cpus": self.capacity.cpus,
@@ -438,7 +457,12 @@ class Daemon:
                 if a.job.cancel_requested or self._cancel_requested(a.job.id):
                     result.update(kind="cancelled", state=CANCELLED, cause="cancelled")
             self._finish(a, result)
-        elif a.shim_pid is None and now - a.started > LOST_AFTER_S and not _runs_in(a.dir):
+        elif (
+            a.shim_pid is None
+            and now - a.started > LOST_AFTER_S
+            and not (self.ray is not None and self.ray.pending(a.job.id, a.n))
+            and not _runs_in(a.dir)
+        ):
             # The daemon died between recording the attempt and starting its shim: the
             # attempt never ran, so the job goes back to the queue (no attempt runs twice).
             del self.active[a.job.id]
@@ -470,6 +494,8 @@ class Daemon:
 
     def _finish(self, a: Active, result: dict[str, Any]) -> None:
         del self.active[a.job.id]
+        if self.ray is not None:
+            self.ray.forget(a.job.id, a.n)
         ended = result.get("ended") or time.time()
         peak_mem = max(a.peak_mem, result.get("peak_mem") or 0) or None
         peak_gpu = a.peak_gpu_mem or None
@@ -723,11 +749,12 @@ class Daemon:
         n = len(job.attempts) + 1
         adir = self.state.attempt_dir(job.id, n)
         adir.mkdir(parents=True, exist_ok=True)
-        uuids = tuple(g.uuid for g in self.capacity.gpus if g.index in p.gpus)
+        chosen = tuple(g for g in self.capacity.gpus if g.index in p.gpus)
+        uuids = tuple(g.uuid for g in chosen)
         env = dict(job.env)
         env.update(TANDEM_JOB_ID=str(job.id), TANDEM_JOB_ATTEMPT=str(n), PYTHONUNBUFFERED="1")
         # The job sees its GPUs only (by UUID, immune to index reordering); a CPU-only job sees none.
-        env["CUDA_VISIBLE_DEVICES"] = ",".join(uuids)
+        env["CUDA_VISIBLE_DEVICES"] = ",".join(g.visible_id for g in chosen)
         if job.share:
             env["TANDEM_SHARE"] = job.share
             self._ensure_producer(job)
@@ -760,9 +787,19 @@ class Daemon:
             },
         )
         started = time.time()
+        if self.ray is not None:
+            placement["backend"] = "ray"
         self.state.add_attempt(Attempt(job.id, n, RUNNING, placement, started))
         self.state.update_job(job.id, state=RUNNING, started=job.started or started)
         self.state.event(job.id, "started", f"attempt {n} on {placement['device']}")
+        if self.ray is not None:
+            node = self.ray.launch(
+                job.id, n, str(adir), job.cpus, job.mem, chosen, p.gpu_mem, bool(job.share)
+            )
+            self.state.update_attempt(job.id, n, placement={**placement, "node": node})
+            active = Active(job, n, p, uuids, adir, started, gpu_mem_reserved=None if p.probe else p.gpu_mem)
+            self.active[job.id] = active
+            return
         with open(adir / "shim.log", "ab") as shim_log:
             proc = subprocess.Popen(
                 [sys.executable, "-m", "tandem.place.shim", str(adir)],

@@ -78,10 +78,20 @@ class Capacity:
 
 @dataclass(frozen=True)
 class GpuInfo:
+    """One GPU the daemon hands out. ``index`` is the daemon's own numbering (all nodes);
+    under Ray, ``node`` is the Ray node it is on and ``local`` its index there."""
+
     index: int
     uuid: str
     mem_total: int
     name: str = ""
+    node: str = ""
+    local: int | None = None
+
+    @property
+    def visible_id(self) -> str:
+        """What ``CUDA_VISIBLE_DEVICES`` names it by: the UUID, else its index on its node."""
+        return self.uuid if self.local is None else str(self.local)
 
 
 def job_key(name: str | None, command: list[str]) -> str:

@@ -28,6 +28,7 @@ import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from tandem.place.model import format_size
 from tandem.place.policies import GpuSlot, HostSlot, Limits, MostFreeMemory, Need, Policy
 
 
@@ -94,13 +95,13 @@ def fits_at_all(
     if job.cpus > host.cpus_total + 1e-9:
         return f"asks for {job.cpus:g} cores; the manager has {host.cpus_total:g}"
     if job.mem > usable:
-        return f"asks for {job.mem} bytes of RAM; the manager hands out at most {usable}"
+        return f"asks for {format_size(job.mem)} of RAM; the manager hands out at most {format_size(usable)}"
     if job.gpus > len(gpus):
         return f"asks for {job.gpus} GPU(s); the manager has {len(gpus)}"
     if job.gpus and job.gpu_mem is not None:
         biggest = sorted((g.mem_total for g in gpus), reverse=True)[job.gpus - 1]
         if job.gpu_mem > biggest:
-            return f"asks for {job.gpu_mem} bytes per GPU; the largest GPU has {biggest}"
+            return f"asks for {format_size(job.gpu_mem)} per GPU; the largest GPU has {format_size(biggest)}"
     return None
 
 

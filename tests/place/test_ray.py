@@ -1,0 +1,125 @@
+"""The Ray backend against a real local Ray head with declared fake GPUs (this machine has
+none): jobs run as Ray tasks, and each GPU's memory, declared as a custom resource, is
+reserved per job, so two jobs that do not fit one GPU together never share it."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("ray")
+
+RAY = [sys.executable, "-m", "ray.scripts.scripts"]
+FAST = ["--settle", "0.3", "--window", "2", "--grace", "1", "--no-track"]
+
+
+@pytest.fixture
+def ray_head(tmp_path: Path, cli):
+    """A Ray head (2 cores, 2 fake GPUs of 16 GiB each), stopped after the test."""
+    env = dict(cli.env, RAY_AUTH_MODE="disabled")  # a throw-away local cluster
+    cli.env.update(RAY_AUTH_MODE="disabled")
+    temp = Path(f"/tmp/rt-{os.getpid()}")  # Ray's socket paths must stay short
+    port = str(20000 + os.getpid() % 20000)
+    resources = '{"tandem_gpu_mem_mib_0": 16384, "tandem_gpu_mem_mib_1": 16384}'
+    subprocess.run(
+        [
+            *RAY,
+            "start",
+            "--head",
+            "--num-cpus",
+            "2",
+            "--num-gpus",
+            "2",
+            "--resources",
+            resources,
+            "--port",
+            port,
+            "--temp-dir",
+            str(temp),
+            "--include-dashboard",
+            "false",
+            "--disable-usage-stats",
+        ],
+        env=env,
+        check=True,
+        capture_output=True,
+        timeout=120,
+    )
+    try:
+        yield f"127.0.0.1:{port}"
+    finally:
+        if cli("daemon", "status", check=False).returncode == 0:
+            cli("daemon", "stop", check=False)
+        subprocess.run([*RAY, "stop", "--force"], env=env, capture_output=True, timeout=120)
+        subprocess.run(["rm", "-rf", str(temp)], check=False)
+
+
+def test_jobs_run_as_ray_tasks_with_gpu_memory_reserved(cli, ray_head, tmp_path: Path) -> None:
+    cli(
+        "daemon",
+        "start",
+        "--backend",
+        "ray",
+        "--address",
+        ray_head,
+        "--policy",
+        "first-fit",
+        *FAST,
+        timeout=120,
+    )
+    status = cli.json("daemon", "status")
+    assert status["backend"] == "ray"
+    assert [g["mem_bytes"] for g in status["capacity"]["gpus"]] == [16 << 30, 16 << 30]
+    log = tmp_path / "spans.log"
+    # Each job logs when it ran, on which GPU, and who started its supervisor (a Ray worker).
+    script = (
+        f'echo "start $(date +%s.%N) $CUDA_VISIBLE_DEVICES" >> {log}; '
+        "w=$(awk '{print $4}' /proc/$PPID/stat); tr '\\0' ' ' < /proc/$w/cmdline; echo; "
+        f'sleep 2; echo "end $(date +%s.%N) $CUDA_VISIBLE_DEVICES" >> {log}'
+    )
+    ids = [cli.submit("--gpus", "1", "--gpu-mem", "10G", "--", "sh", "-c", script) for _ in range(3)]
+    r = cli("submit", "--gpus", "1", "--gpu-mem", "20G", "--", "true", check=False)
+    assert r.returncode == 1 and "largest GPU has 16.0G" in r.stderr
+    assert cli("wait", *map(str, ids), timeout=120).returncode == 0
+    spans: dict[str, list[tuple[float, float]]] = {}
+    starts: list[tuple[float, str]] = []
+    for line in log.read_text().splitlines():
+        kind, t, gpu = line.split()
+        if kind == "start":
+            starts.append((float(t), gpu))
+        else:
+            start = min((s for s in starts if s[1] == gpu), key=lambda s: abs(float(t) - 2 - s[0]))
+            starts.remove(start)
+            spans.setdefault(gpu, []).append((start[0], float(t)))
+    assert sorted(spans) == ["0", "1"]  # both GPUs used
+    for gpu, runs in spans.items():  # 10G + 10G > 16G: never two jobs on one GPU at once
+        runs.sort()
+        assert all(a[1] <= b[0] + 0.05 for a, b in zip(runs, runs[1:])), (gpu, runs)
+    for job_id in ids:
+        job = cli.job(job_id)
+        assert job["state"] == "succeeded"
+        assert "ray::" in cli("logs", str(job_id)).stdout  # the supervisor's parent: a Ray worker
+        attempt = job["attempts"][0]["placement"]
+        assert attempt["gpu_mem_bytes"] == 10 << 30
+
+
+def test_ray_backend_without_a_cluster_is_a_clear_error(cli) -> None:
+    r = cli(
+        "daemon",
+        "start",
+        "--foreground",
+        "--backend",
+        "ray",
+        "--address",
+        "127.0.0.1:1",
+        "--no-track",
+        check=False,
+        timeout=180,
+    )
+    assert r.returncode == 1 and "no Ray cluster answers at 127.0.0.1:1" in r.stderr
+    r = cli("daemon", "start", "--address", "127.0.0.1:1", check=False)
+    assert r.returncode == 2 and "--backend ray" in r.stderr
