@@ -123,3 +123,58 @@ def test_ray_backend_without_a_cluster_is_a_clear_error(cli) -> None:
     assert r.returncode == 1 and "no Ray cluster answers at 127.0.0.1:1" in r.stderr
     r = cli("daemon", "start", "--address", "127.0.0.1:1", check=False)
     assert r.returncode == 2 and "--backend ray" in r.stderr
+
+
+def test_two_nodes_each_gpu_memory_on_its_own_node(cli, tmp_path: Path, monkeypatch) -> None:
+    """A head with a 16 GiB GPU and a second node with an 8 GiB one (``ray.cluster_utils``):
+    10 GiB jobs can only go to the head's GPU and queue there; a 6 GiB job goes to the
+    other node. The daemon chooses, and Ray enforces it on the node it is pinned to."""
+    from ray.cluster_utils import Cluster
+
+    monkeypatch.setenv("RAY_AUTH_MODE", "disabled")
+    cli.env.update(RAY_AUTH_MODE="disabled")
+    cluster = Cluster(
+        initialize_head=True,
+        head_node_args={"num_cpus": 2, "num_gpus": 1, "resources": {"tandem_gpu_mem_mib_0": 16384}},
+    )
+    try:
+        second = cluster.add_node(num_cpus=2, num_gpus=1, resources={"tandem_gpu_mem_mib_0": 8192})
+        cluster.wait_for_nodes()
+        cli(
+            "daemon",
+            "start",
+            "--backend",
+            "ray",
+            "--address",
+            cluster.address,
+            "--policy",
+            "first-fit",
+            *FAST,
+            timeout=120,
+        )
+        gpus = {g["mem_bytes"]: g for g in cli.json("daemon", "status")["capacity"]["gpus"]}
+        assert sorted(gpus) == [8 << 30, 16 << 30]
+        log = tmp_path / "spans.log"
+        stamp = 'echo "$TANDEM_JOB_ID {} $(date +%s.%N)" >> ' + str(log)
+        job = f"{stamp.format('start')}; sleep 1.5; {stamp.format('end')}"
+        big = [
+            cli.submit("--gpus", "1", "--gpu-mem", "10G", "--cpus", "0.5", "--", "sh", "-c", job)
+            for _ in range(2)
+        ]
+        small = cli.submit("--gpus", "1", "--gpu-mem", "6G", "--cpus", "0.5", "--", "sh", "-c", job)
+        assert cli("wait", *map(str, [*big, small]), timeout=120).returncode == 0
+        nodes = {j: cli.job(j)["attempts"][0]["placement"] for j in [*big, small]}
+        big_gpu = gpus[16 << 30]["uuid"]
+        assert all(nodes[j]["gpu_uuids"] == [big_gpu] for j in big)
+        assert nodes[small]["gpu_uuids"] == [gpus[8 << 30]["uuid"]]
+        assert gpus[8 << 30]["uuid"].startswith(second.node_id[:12])  # pinned to the node that has it
+        times = {}
+        for line in log.read_text().splitlines():
+            job_id, kind, t = line.split()
+            times.setdefault(int(job_id), {})[kind] = float(t)
+        first, then = sorted(big, key=lambda j: times[j]["start"])
+        assert times[first]["end"] <= times[then]["start"] + 0.05  # 10G + 10G > 16G: one after the other
+    finally:
+        if cli("daemon", "status", check=False).returncode == 0:
+            cli("daemon", "stop", check=False)
+        cluster.shutdown()

@@ -51,7 +51,7 @@ from tandem.place.model import (
 )
 from tandem.place.policies import GpuSlot, HostSlot, Limits, Policy
 from tandem.place.scheduler import Placement, Waiting, fits_at_all, plan
-from tandem.place.shim import create_time, read_json, same_process, write_json
+from tandem.place.shim import create_time, host_id, read_json, same_process, write_json
 from tandem.place.state import Attempt, Job, State
 
 log = logging.getLogger(__name__)
@@ -95,6 +95,7 @@ class Active:
     last_growth: float = field(default_factory=time.time)
     usage_t: float = 0.0
     energy_start: dict[str, int] = field(default_factory=dict)
+    remote: bool = False  # its supervisor runs on another machine (a Ray node): no pid checks
 
     def settled(self, now: float, settle_s: float) -> bool:
         return now - self.started >= settle_s and now - self.last_growth >= settle_s
@@ -139,6 +140,7 @@ class Daemon:
         self.socket_path = protocol.socket_path(state.dir)
         self.lock = FileLock(str(state.dir / "daemon.lock"))
         self.started = time.time()
+        self.host = host_id()
         self._stop = False
         self._wake = False
         self._next_sample = 0.0
@@ -409,6 +411,7 @@ class Daemon:
             shim = read_json(a.dir / "shim.json")
             if shim is not None:
                 a.shim_pid, a.shim_ctime = shim["pid"], shim["ctime"]
+                a.remote = shim.get("host", self.host) != self.host
                 self.state.update_attempt(a.job.id, a.n, shim_pid=a.shim_pid, shim_ctime=a.shim_ctime)
                 if self._cancel_requested(a.job.id):  # cancelled before we knew whom to tell
                     self._signal_shim(a, signal.SIGTERM)
@@ -441,7 +444,7 @@ class Daemon:
         result = read_json(a.dir / "result.json")
         if result is not None:
             self._finish(a, result)
-        elif a.shim_pid is not None and not same_process(a.shim_pid, a.shim_ctime):
+        elif a.shim_pid is not None and not self._alive(a):
             result = read_json(a.dir / "result.json")  # it may have written it just before exiting
             if result is None:
                 self._stop_orphan(a)
@@ -477,6 +480,16 @@ class Daemon:
     def _placement_json(self, a: Active) -> dict[str, Any]:
         rows = self.state.query("SELECT placement FROM attempts WHERE job_id = ? AND n = ?", (a.job.id, a.n))
         return json.loads(rows[0][0]) if rows else {}
+
+    def _alive(self, a: Active) -> bool:
+        """Is the attempt's supervisor alive? On this machine: its pid and start time. On
+        another (a Ray node): its task has not returned (after a restart, when the task is
+        gone with the old daemon, only its result file can tell)."""
+        if not a.remote:
+            return same_process(a.shim_pid, a.shim_ctime)
+        if self.ray is not None and (a.job.id, a.n) in self.ray.refs:
+            return self.ray.pending(a.job.id, a.n)
+        return True
 
     def _stop_orphan(self, a: Active) -> None:
         """The shim died without a result (killed): stop the job it supervised, so that it
@@ -610,6 +623,9 @@ class Daemon:
         return total
 
     def _signal_shim(self, a: Active, sig: int) -> None:
+        if a.remote and self.ray is not None:
+            self.ray.cancel(a.job.id, a.n)  # the task passes it on to the supervisor as SIGTERM
+            return
         if same_process(a.shim_pid, a.shim_ctime):
             try:
                 os.kill(a.shim_pid or 0, sig)
@@ -899,9 +915,10 @@ class Daemon:
                 att.shim_ctime,
                 gpu_mem_reserved=pl.get("gpu_mem"),
             )
-            if a.shim_pid is None:
-                shim = read_json(adir / "shim.json")
-                if shim is not None:
+            shim = read_json(adir / "shim.json")
+            if shim is not None:
+                a.remote = shim.get("host", self.host) != self.host
+                if a.shim_pid is None:
                     a.shim_pid, a.shim_ctime = shim["pid"], shim["ctime"]
             a.peak_gpu_mem = att.peak_gpu_mem or 0
             a.peak_mem = att.peak_mem or 0

@@ -7,7 +7,7 @@ time and reads its files. Everything goes through files in the attempt's directo
 each written whole (write, then rename):
 
 - ``spec.json`` (from the daemon): command, cwd, env, the grace period for a cancel.
-- ``shim.json``: the shim's pid and start time, written first.
+- ``shim.json``: the shim's pid, start time and machine (boot id), written first.
 - ``started.json``: the job's pid, start time and process group, once it has started.
 - ``usage.json``: the job's process tree every ``interval`` s: pids, memory, CPU.
 - ``output.log``: the job's stdout and stderr.
@@ -63,6 +63,16 @@ def create_time(pid: int) -> float | None:
             return psutil.Process(pid).create_time()  # no /proc: wall clock, the best there is
         except psutil.Error:
             return None
+
+
+def host_id() -> str:
+    """This machine's boot id: pids and start times mean something only on the machine (and
+    boot) they come from. Ray nodes on other machines have another."""
+    try:
+        with open("/proc/sys/kernel/random/boot_id") as f:
+            return f.read().strip()
+    except OSError:
+        return os.uname().nodename
 
 
 def same_process(pid: int | None, ctime: float | None) -> bool:
@@ -168,7 +178,9 @@ class Shim:
         self.cancelled = True
 
     def run(self) -> int:
-        write_json(self.dir / "shim.json", {"pid": os.getpid(), "ctime": create_time(os.getpid())})
+        write_json(
+            self.dir / "shim.json", {"pid": os.getpid(), "ctime": create_time(os.getpid()), "host": host_id()}
+        )
         signal.signal(signal.SIGTERM, self._on_term)
         signal.signal(signal.SIGINT, self._on_term)
         signal.signal(signal.SIGHUP, signal.SIG_IGN)  # a closed terminal is not a cancel
