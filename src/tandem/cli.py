@@ -86,6 +86,14 @@ def main(verbose: int) -> None:
     logging.basicConfig(level=level, format="%(asctime)s %(name)s %(levelname)s: %(message)s")
 
 
+def _workers(value: str) -> int | str:
+    if value == "auto":
+        return value
+    if not value.isdigit():
+        raise click.BadParameter(f"{value!r} is not a number of workers or 'auto'")
+    return int(value)
+
+
 @main.group()
 def share() -> None:
     """Shared data loading: one producer feeds many training processes."""
@@ -110,10 +118,18 @@ def share() -> None:
 @click.option("--shuffle/--no-shuffle", default=False, help="With --dataset: shuffle each epoch.")
 @click.option(
     "--num-workers",
-    type=click.IntRange(min=0),
-    default=0,
+    callback=lambda _c, _p, v: _workers(v),
+    default="auto",
     show_default=True,
-    help="With --dataset: DataLoader worker processes.",
+    metavar="N|auto",
+    help="With --dataset: DataLoader worker processes; auto: the cores the jobs leave free, less one.",
+)
+@click.option(
+    "--worker-nice",
+    type=click.IntRange(0, 19),
+    default=10,
+    show_default=True,
+    help="With --dataset: how much lower the workers' CPU priority is than the jobs' (0: the same).",
 )
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option(
@@ -138,7 +154,7 @@ def share() -> None:
 )
 def share_serve(
     name: str, loader_ref: str | None, dataset_ref: str | None, batch_size: int, shuffle: bool,
-    num_workers: int, seed: int, epochs: int | None, window: int, policy: str,
+    num_workers: int | str, worker_nice: int, seed: int, epochs: int | None, window: int, policy: str,
 ) -> None:  # fmt: skip
     """Serve NAME to consumers on this host until stopped (Ctrl-C) or --epochs are done.
 
@@ -157,7 +173,7 @@ def share_serve(
         else:
             producer = Producer.from_dataset(
                 load_object(dataset_ref)(), name, batch_size=batch_size, shuffle=shuffle,
-                num_workers=num_workers, seed=seed, window=window, policy=policy,
+                num_workers=num_workers, worker_nice=worker_nice, seed=seed, window=window, policy=policy,
             )  # fmt: skip
     except (TypeError, ValueError) as exc:
         raise click.UsageError(str(exc)) from None

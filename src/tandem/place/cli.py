@@ -609,7 +609,12 @@ def daemon_status(as_json: bool) -> None:
 )
 @click.option("--batch-size", type=click.IntRange(min=1), default=32, show_default=True)
 @click.option("--shuffle/--no-shuffle", default=False)
-@click.option("--num-workers", type=click.IntRange(min=0), default=0, show_default=True)
+@click.option(
+    "--num-workers",
+    type=click.IntRange(min=0),
+    default=None,
+    help="Loader workers [default: the producer's reserved cores less one].",
+)
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option("--window", type=click.IntRange(min=2), default=8, show_default=True)
 @click.option("--policy", type=click.Choice(["wait", "skip"]), default="wait", show_default=True)
@@ -623,7 +628,7 @@ def share_define(
     loader_ref: str | None,
     batch_size: int,
     shuffle: bool,
-    num_workers: int,
+    num_workers: int | None,
     seed: int,
     window: int,
     policy: str,
@@ -654,9 +659,10 @@ def share_define(
         raise click.BadParameter(str(exc)) from None
     args = ["--dataset" if dataset_ref else "--loader", ref, "--window", str(window), "--policy", policy]
     if dataset_ref:
-        args += ["--batch-size", str(batch_size), "--num-workers", str(num_workers), "--seed", str(seed)]
+        args += ["--batch-size", str(batch_size), "--seed", str(seed)]
+        args += ["--num-workers", str(num_workers)] if num_workers is not None else []
         args += ["--shuffle"] if shuffle else []
-    reserved = cpus if cpus is not None else 1.0 + num_workers
+    reserved = cpus if cpus is not None else 1.0 + (num_workers if num_workers is not None else 1)
     _state().define_share(name, args, reserved, mem or 0)
     click.echo(
         f"defined {name!r}: jobs submitted with --share {name} read it from one producer "

@@ -849,7 +849,16 @@ class Daemon:
         env = dict(job.env, CUDA_VISIBLE_DEVICES="")
         with open(logs / f"{share.name}.log", "ab") as out:
             proc = subprocess.Popen(
-                [sys.executable, "-m", "tandem.cli", "share", "serve", share.name, *share.serve_args],
+                [
+                    sys.executable,
+                    "-m",
+                    "tandem.cli",
+                    "share",
+                    "serve",
+                    share.name,
+                    *share.serve_args,
+                    *self._producer_workers(share),
+                ],
                 cwd=job.cwd if os.path.isdir(job.cwd) else "/",
                 env=env,
                 stdin=subprocess.DEVNULL,
@@ -860,6 +869,15 @@ class Daemon:
         self._producers[share.name] = proc
         self.state.set_producer(share.name, proc.pid, create_time(proc.pid))
         self.state.event(job.id, "producer", f"started producer of {share.name!r} (pid {proc.pid})")
+
+    @staticmethod
+    def _producer_workers(share: Any) -> list[str]:
+        """Size the producer's loader to the cores reserved for it, unless its definition says."""
+        if "--dataset" not in share.serve_args or "--num-workers" in share.serve_args:
+            return []
+        from tandem.share._order import auto_workers
+
+        return ["--num-workers", str(auto_workers(share.cpus))]
 
     def _stop_idle_producers(self, now: float) -> None:
         waiting_shares = {j.share for j in self.state.jobs((QUEUED, RETRYING)) if j.share}

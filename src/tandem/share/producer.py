@@ -104,15 +104,23 @@ class Producer:
         *,
         batch_size: int = 32,
         shuffle: bool = False,
-        num_workers: int = 0,
+        num_workers: int | str = 0,
         collate_fn: Any = None,
         seed: int = 0,
         prefetch_factor: int | None = None,
+        worker_nice: int | None = 10,
         **kwargs: Any,
     ) -> Producer:
-        """A producer over a map-style dataset whose sample order it owns (see ``_order``)."""
+        """A producer over a map-style dataset whose sample order it owns (see ``_order``).
+
+        ``num_workers="auto"`` runs as many loader workers as the cores the jobs leave free
+        (less one, at most 8). The workers run ``worker_nice`` levels below normal CPU
+        priority (default 10; 0 for the same), so that they yield cores to the training
+        processes. Where the kernel groups processes by session (autogroup), nice only
+        orders processes within one session: it then ranks the workers below the producer's
+        own thread, not below jobs started from other terminals."""
         loader, planner = planned_loader(
-            dataset, batch_size, shuffle, num_workers, collate_fn, seed, prefetch_factor
+            dataset, batch_size, shuffle, num_workers, collate_fn, seed, prefetch_factor, worker_nice
         )
         producer = cls(loader, name, **kwargs)
         producer._planner = planner
