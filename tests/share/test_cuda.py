@@ -31,3 +31,17 @@ def test_device_consumer_gets_batches_on_the_gpu(procs):
             assert torch.equal(b["x"][:, 0].cpu(), b["i"].float().cpu())
             ids += b["i"].cpu().tolist()
     assert ids == list(range(50))
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_copies_on_a_side_stream_are_ordered_before_the_users_stream(procs):
+    """The batch is copied on the consumer's side stream; work the user queues on their own
+    (current) stream must see the copied values, with no CPU synchronisation in between."""
+    procs.start(serve_range, "gpu-stream", 64, 16, epochs=1)
+    user = torch.cuda.Stream()
+    ids = []
+    with torch.cuda.stream(user), Consumer("gpu-stream", device="cuda:0", timeout=30) as c:
+        for b in c:
+            doubled = b["x"][:, 0] * 2  # queued on `user`, after its wait on the copy event
+            ids += (doubled / 2).long().cpu().tolist()
+    assert ids == list(range(64))
