@@ -66,7 +66,10 @@ def test_consumer_exiting_mid_epoch_releases_its_slots(procs):
 
 
 def test_sigstopped_consumer_is_kept_others_wait_and_it_gets_all_its_data(procs):
-    procs.start(serve_range, "st", 120, 4, epochs=1, window=3)
+    # An epoch long enough (500 batches) that the second consumer, however slow to start on a
+    # loaded machine, attaches while the first is still reading: 120 samples once let the
+    # first finish before the second arrived, and the two were never seen attached together.
+    procs.start(serve_range, "st", 2000, 4, epochs=1, window=3)
     sleeper = procs.start(consume, "st", procs.queue, epochs=1, step_s=0.01, tag="sleeper")
     procs.start(consume, "st", procs.queue, epochs=1, step_s=0.01, tag="other")
     wait_for(lambda: len(_stats("st").consumers) == 2, what="two consumers attached")
@@ -84,8 +87,8 @@ def test_sigstopped_consumer_is_kept_others_wait_and_it_gets_all_its_data(procs)
     finally:
         os.kill(sleeper.pid, signal.SIGCONT)
     res = procs.collect(["sleeper", "other"], timeout=60)
-    assert sorted(res["sleeper"][0][0]) == list(range(120))
-    assert sorted(res["other"][0][0]) == list(range(120))
+    assert sorted(res["sleeper"][0][0]) == list(range(2000))
+    assert sorted(res["other"][0][0]) == list(range(2000))
 
 
 def test_sigkilled_producer_makes_every_consumer_raise_within_2s(procs):
