@@ -79,7 +79,7 @@ def test_jobs_run_as_ray_tasks_with_gpu_memory_reserved(cli, ray_head, tmp_path:
     script = (
         f'echo "start $(date +%s.%N) $CUDA_VISIBLE_DEVICES" >> {log}; '
         "w=$(awk '{print $4}' /proc/$PPID/stat); tr '\\0' ' ' < /proc/$w/cmdline; echo; "
-        f'sleep 2; echo "end $(date +%s.%N) $CUDA_VISIBLE_DEVICES" >> {log}'
+        f'sleep 4; echo "end $(date +%s.%N) $CUDA_VISIBLE_DEVICES" >> {log}'
     )
     ids = [cli.submit("--gpus", "1", "--gpu-mem", "10G", "--", "sh", "-c", script) for _ in range(3)]
     r = cli("submit", "--gpus", "1", "--gpu-mem", "20G", "--", "true", check=False)
@@ -92,7 +92,7 @@ def test_jobs_run_as_ray_tasks_with_gpu_memory_reserved(cli, ray_head, tmp_path:
         if kind == "start":
             starts.append((float(t), gpu))
         else:
-            start = min((s for s in starts if s[1] == gpu), key=lambda s: abs(float(t) - 2 - s[0]))
+            start = min((s for s in starts if s[1] == gpu), key=lambda s: abs(float(t) - 4 - s[0]))
             starts.remove(start)
             spans.setdefault(gpu, []).append((start[0], float(t)))
     assert sorted(spans) == ["0", "1"]  # both GPUs used
@@ -127,8 +127,9 @@ def test_ray_backend_without_a_cluster_is_a_clear_error(cli) -> None:
 
 def test_two_nodes_each_gpu_memory_on_its_own_node(cli, tmp_path: Path, monkeypatch) -> None:
     """A head with a 16 GiB GPU and a second node with an 8 GiB one (``ray.cluster_utils``):
-    10 GiB jobs can only go to the head's GPU and queue there; a 6 GiB job goes to the
-    other node. The daemon chooses, and Ray enforces it on the node it is pinned to."""
+    10 GiB jobs can only go to the head's GPU and queue there; a 7 GiB job does not fit
+    beside one (10 + 7 > 16) and, best fit, goes to the other node whatever the timing.
+    The daemon chooses, and Ray enforces it on the node it is pinned to."""
     from ray.cluster_utils import Cluster
 
     monkeypatch.setenv("RAY_AUTH_MODE", "disabled")
@@ -148,7 +149,7 @@ def test_two_nodes_each_gpu_memory_on_its_own_node(cli, tmp_path: Path, monkeypa
             "--address",
             cluster.address,
             "--policy",
-            "first-fit",
+            "best-fit",
             *FAST,
             timeout=120,
         )
@@ -161,7 +162,7 @@ def test_two_nodes_each_gpu_memory_on_its_own_node(cli, tmp_path: Path, monkeypa
             cli.submit("--gpus", "1", "--gpu-mem", "10G", "--cpus", "0.5", "--", "sh", "-c", job)
             for _ in range(2)
         ]
-        small = cli.submit("--gpus", "1", "--gpu-mem", "6G", "--cpus", "0.5", "--", "sh", "-c", job)
+        small = cli.submit("--gpus", "1", "--gpu-mem", "7G", "--cpus", "0.5", "--", "sh", "-c", job)
         assert cli("wait", *map(str, [*big, small]), timeout=120).returncode == 0
         nodes = {j: cli.job(j)["attempts"][0]["placement"] for j in [*big, small]}
         big_gpu = gpus[16 << 30]["uuid"]
