@@ -136,6 +136,10 @@ class SocketChannel:
 
     def _request(self, releases: list[int]) -> None:
         self._before_release()
+        if len(releases) > protocol.MAX_RELEASE:  # a Next carries at most MAX_RELEASE
+            for i in range(0, len(releases), 1024):
+                self._conn.send(protocol.Release(tuple(releases[i : i + 1024])))
+            releases.clear()
         stall_s, samples, batches, _ = self._progress()
         self._conn.send(
             protocol.Next(release=tuple(releases), stall_s=stall_s, samples=samples, batches=batches)
@@ -178,7 +182,10 @@ class TableChannel:
     def take(self, releases: list[int], data_timeout: float | None) -> object:
         reply = self._take_announced()
         if reply is None:
-            reply = self._socket.take(releases, data_timeout)
+            return self._socket.take(releases, data_timeout)
+        # Taking it publishes the release watermark (see _publish), which covers every seq
+        # released so far: they must not pile up for a later Next over the socket.
+        releases.clear()
         return reply
 
     def taken(self, seq: int, holding: int | None) -> None:
