@@ -46,12 +46,19 @@ def runtime_dir() -> Path:
         path = Path(os.environ["XDG_RUNTIME_DIR"]) / "tandem"
     else:
         path = Path("/tmp") / f"tandem-{os.getuid()}"
+    return private_dir(path, "runtime directory", "TANDEM_RUNTIME_DIR")
+
+
+def private_dir(path: Path, what: str, setting: str, error: type[Exception] = RuntimeDirError) -> Path:
+    """``path`` created if needed (0700), refused with ``error`` if another user owns it, and
+    made 0700 if it was not: what is in it (sockets, job environments) is this user's alone.
+    ``what`` and ``setting`` (the variable that moves it) name it in the message."""
     path.mkdir(mode=0o700, parents=True, exist_ok=True)
     info = path.stat()
     if info.st_uid != os.getuid():
-        raise RuntimeDirError(
-            f"runtime directory {path} belongs to uid {info.st_uid}, not to you "
-            f"(uid {os.getuid()}); set TANDEM_RUNTIME_DIR to a directory of your own"
+        raise error(
+            f"{what} {path} belongs to uid {info.st_uid}, not to you "
+            f"(uid {os.getuid()}); set {setting} to a directory of your own"
         )
     if stat.S_IMODE(info.st_mode) & 0o077:
         os.chmod(path, 0o700)

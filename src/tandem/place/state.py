@@ -19,6 +19,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from tandem import _ipc
+
 SCHEMA_VERSION = 1
 
 _SCHEMA = """
@@ -76,18 +78,9 @@ def state_dir() -> Path:
 
 
 def private_dir(path: Path) -> Path:
-    """``path`` created if needed, refused if another user owns it, and made 0700: it holds
-    each job's environment (tokens, keys) and the commands the supervisor runs."""
-    path.mkdir(mode=0o700, parents=True, exist_ok=True)
-    info = path.stat()
-    if info.st_uid != os.getuid():
-        raise StateError(
-            f"state directory {path} belongs to uid {info.st_uid}, not to you (uid {os.getuid()}); "
-            "set TANDEM_STATE_DIR to a directory of your own"
-        )
-    if info.st_mode & 0o077:
-        os.chmod(path, 0o700)
-    return path
+    """``path``, private to this user (:func:`tandem._ipc.private_dir`): it holds each job's
+    environment (tokens, keys) and the commands the supervisor runs."""
+    return _ipc.private_dir(path, "state directory", "TANDEM_STATE_DIR", StateError)
 
 
 @dataclass
