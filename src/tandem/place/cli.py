@@ -19,10 +19,12 @@ import click
 from tandem.place.model import (
     FINAL_STATES,
     SUCCEEDED,
+    WAITING_STATES,
     format_size,
     parse_cpus,
     parse_size,
 )
+from tandem.place.policies import DEFAULT_POLICY, POLICIES
 
 
 def _state() -> Any:
@@ -227,7 +229,7 @@ def _print_share_groups(console: Any, jobs: list[Any]) -> None:
             continue
         members = [j for j in jobs if j.share == share.name]
         running = sum(j.state == "running" for j in members)
-        waiting = sum(j.state in ("queued", "retrying") for j in members)
+        waiting = sum(j.state in WAITING_STATES for j in members)
         producer = (
             f"producer pid {share.pid}" if same_process(share.pid, share.ctime) else "no producer running"
         )
@@ -412,9 +414,9 @@ def daemon() -> None:
 )
 @click.option(
     "--policy",
-    default="packing",
+    default=DEFAULT_POLICY,
     show_default=True,
-    type=click.Choice(["exclusive", "first-fit", "best-fit", "most-free-memory", "packing"]),
+    type=click.Choice(list(POLICIES)),
 )
 @click.option("--max-per-gpu", type=click.IntRange(min=1), default=4, show_default=True)
 @click.option(
@@ -677,7 +679,7 @@ def share_define(
     "policies",
     multiple=True,
     metavar="P",
-    type=click.Choice(["exclusive", "first-fit", "best-fit", "most-free-memory", "packing"]),
+    type=click.Choice(list(POLICIES)),
     help="A policy to compare (repeatable) [default: all five].",
 )
 @click.option(
@@ -722,7 +724,7 @@ def replay(
     from rich.console import Console
 
     from tandem.place import trace as traces
-    from tandem.place.policies import POLICIES, Limits
+    from tandem.place.policies import Limits
     from tandem.place.replay import compare, run_simulations, write_report
 
     try:

@@ -46,6 +46,7 @@ from tandem.place.model import (
     RETRYING,
     RUNNING,
     SUCCEEDED,
+    WAITING_STATES,
     Capacity,
     format_size,
 )
@@ -126,14 +127,13 @@ class Daemon:
         self.nvml = nvml
         self.ray = None
         if settings.backend == "ray":
-            from tandem.place.model import Capacity as _Capacity
             from tandem.place.ray_backend import RayBackend
 
             self.ray = RayBackend(
                 settings.address, capacity.gpus, capacity.cpus if not settings.address else None
             )
             cpus, mem, gpus = self.ray.cluster()
-            self.capacity = capacity = _Capacity(cpus, mem, gpus)
+            self.capacity = capacity = Capacity(cpus, mem, gpus)
             nvml = None  # GPUs are Ray's now: measured only where the daemon runs NVML (not yet)
         self.monitor = Monitor(capacity, settings.limits.window_s, nvml)
         self.active: dict[int, Active] = {}
@@ -392,9 +392,12 @@ class Daemon:
         self._reap_children()
         if self.mps is not None:
             self.mps.release_idle({u for a in self.active.values() for u in a.uuids})
-        self._resolve_dependencies()
-        self._schedule(now)
-        self._stop_idle_producers(now)
+        # The waiting jobs and their dependencies' states, read once for the whole tick.
+        waiting = self.state.jobs(tuple(WAITING_STATES))
+        deps = self._dependency_states(waiting)
+        waiting = self._resolve_dependencies(waiting, deps)
+        self._schedule(now, waiting, deps)
+        self._stop_idle_producers(now, waiting)
         if self.tracker is not None:
             self.tracker.poke()
             for done in self.tracker.results():
@@ -642,19 +645,32 @@ class Daemon:
             if pid == 0:
                 return
 
-    def _resolve_dependencies(self) -> None:
-        for job in self.state.jobs((QUEUED,)):
-            for dep_id in job.after:
-                dep = self.state.job(dep_id, attempts=False)
-                if dep is not None and dep.state in FINAL_STATES and dep.state != SUCCEEDED:
-                    self.state.update_job(
-                        job.id,
-                        state=CANCELLED,
-                        ended=time.time(),
-                        cause=f"dependency {dep_id} ended {dep.state}",
-                    )
-                    self.state.event(job.id, "cancelled", f"dependency {dep_id} ended {dep.state}")
-                    break
+    def _dependency_states(self, waiting: list[Job]) -> dict[int, tuple[str, float | None]]:
+        """``id -> (state, ended)`` of every job a waiting job depends on (one query)."""
+        deps = {d for j in waiting for d in j.after}
+        if not deps:
+            return {}
+        marks = ", ".join("?" for _ in deps)
+        rows = self.state.query(f"SELECT id, state, ended FROM jobs WHERE id IN ({marks})", tuple(deps))
+        return {row["id"]: (row["state"], row["ended"]) for row in rows}
+
+    def _resolve_dependencies(
+        self, waiting: list[Job], deps: dict[int, tuple[str, float | None]]
+    ) -> list[Job]:
+        """Cancel the queued jobs one of whose dependencies ended other than succeeded; the
+        jobs still waiting."""
+        still = []
+        for job in waiting:
+            failed = next(
+                (d for d in job.after if deps.get(d, ("", None))[0] in FINAL_STATES - {SUCCEEDED}), None
+            )
+            if job.state != QUEUED or failed is None:
+                still.append(job)
+                continue
+            why = f"dependency {failed} ended {deps[failed][0]}"
+            self.state.update_job(job.id, state=CANCELLED, ended=time.time(), cause=why)
+            self.state.event(job.id, "cancelled", why)
+        return still
 
     # --- scheduling -------------------------------------------------------------------------
 
@@ -699,17 +715,8 @@ class Daemon:
             )
         return slots
 
-    def _waiting(self) -> list[Waiting]:
+    def _waiting(self, waiting: list[Job], ended: dict[int, tuple[str, float | None]]) -> list[Waiting]:
         out = []
-        waiting = self.state.jobs((QUEUED, RETRYING))
-        deps = {d for j in waiting for d in j.after}
-        ended = {}
-        if deps:
-            marks = ", ".join("?" for _ in deps)
-            for row in self.state.query(
-                f"SELECT id, state, ended FROM jobs WHERE id IN ({marks})", tuple(deps)
-            ):
-                ended[row["id"]] = (row["state"], row["ended"])
         shares = {s.name: s for s in self.state.shares()}
         for job in waiting:
             if job.id in self.active or job.cancel_requested:
@@ -745,8 +752,8 @@ class Daemon:
             )
         return out
 
-    def _schedule(self, now: float) -> None:
-        queue = self._waiting()
+    def _schedule(self, now: float, waiting: list[Job], deps: dict[int, tuple[str, float | None]]) -> None:
+        queue = self._waiting(waiting, deps)
         if not queue:
             return
         for placement in plan(queue, self._host_slot(), self._gpu_slots(), self.policy, self.limits, now):
@@ -879,8 +886,9 @@ class Daemon:
 
         return ["--num-workers", str(auto_workers(share.cpus))]
 
-    def _stop_idle_producers(self, now: float) -> None:
-        waiting_shares = {j.share for j in self.state.jobs((QUEUED, RETRYING)) if j.share}
+    def _stop_idle_producers(self, now: float, waiting: list[Job]) -> None:
+        # ``waiting`` was read before this tick's starts: those are in self.active now.
+        waiting_shares = {j.share for j in waiting if j.share}
         busy = waiting_shares | {a.job.share for a in self.active.values() if a.job.share}
         for share in self.state.shares():
             if share.name in busy or not same_process(share.pid, share.ctime):

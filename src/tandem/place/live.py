@@ -21,6 +21,7 @@ from typing import Any
 import psutil
 
 from tandem.place.client import job_spec, request, start_daemon
+from tandem.place.model import FINAL_STATES
 from tandem.place.state import State
 from tandem.place.trace import TraceJob
 from tandem.place.views import job_json
@@ -87,7 +88,7 @@ def replay_live(
         deadline = time.monotonic() + timeout
         while True:
             jobs = [state.job(i) for i in ids]
-            if all(j is not None and j.state in ("succeeded", "failed", "oom", "cancelled") for j in jobs):
+            if all(j is not None and j.state in FINAL_STATES for j in jobs):
                 break
             if time.monotonic() > deadline:
                 raise TimeoutError(f"{policy}: jobs still running after {timeout:g} s")

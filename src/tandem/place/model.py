@@ -13,7 +13,6 @@ QUEUED, RUNNING, RETRYING = "queued", "running", "retrying"
 SUCCEEDED, FAILED, OOM, CANCELLED = "succeeded", "failed", "oom", "cancelled"
 STATES = (QUEUED, RUNNING, RETRYING, SUCCEEDED, FAILED, OOM, CANCELLED)
 FINAL_STATES = frozenset({SUCCEEDED, FAILED, OOM, CANCELLED})
-ACTIVE_STATES = frozenset({RUNNING})
 WAITING_STATES = frozenset({QUEUED, RETRYING})
 
 _UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}

@@ -108,10 +108,6 @@ class Tracker:
                 path.unlink(missing_ok=True)
         return out
 
-    def close(self) -> None:
-        # The helper finishes what is queued on its own and exits when idle; do not wait.
-        self.proc = None
-
 
 def _samples(path: Path) -> list[Any]:
     from tandem.watch.point import Point

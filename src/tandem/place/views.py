@@ -6,7 +6,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from tandem.place.model import format_size
+from tandem.place.model import WAITING_STATES, format_size
 from tandem.place.state import Attempt, Job
 
 
@@ -54,9 +54,7 @@ def job_json(job: Job, now: float | None = None) -> dict[str, Any]:
     """A job as ``--json`` prints it. Times are seconds since the epoch."""
     now = time.time() if now is None else now
     last = job.attempts[-1] if job.attempts else None
-    wait_s = (
-        job.started or (now if job.state in ("queued", "retrying") else job.ended or now)
-    ) - job.submitted
+    wait_s = (job.started or (now if job.state in WAITING_STATES else job.ended or now)) - job.submitted
     return {
         "id": job.id,
         "name": job.name,
