@@ -53,6 +53,15 @@ class Cli:
                 raise AssertionError(f"job {job_id} is {job['state']}, not in {states}, after {timeout} s")
             time.sleep(0.2)
 
+    def stop_daemon(self) -> None:
+        """Cancel the jobs still listed and stop the daemon, if one is running."""
+        if self("daemon", "status", check=False).returncode != 0:
+            return
+        listed = [str(j["id"]) for j in self.json("ls")]
+        if listed:
+            self("cancel", *listed, check=False)
+        self("daemon", "stop", check=False)
+
     def daemon_pid(self) -> int | None:
         try:
             return json.loads((self.state / "daemon.json").read_text())["pid"]
@@ -68,11 +77,7 @@ def cli(tmp_path: Path) -> Iterator[Cli]:
     runner = Cli(env, state, tmp_path)
     yield runner
     # Cancel what is still going, stop the daemon, then make sure nothing is left behind.
-    if runner("daemon", "status", check=False).returncode == 0:
-        runner("cancel", *[str(j["id"]) for j in runner.json("ls")], check=False) if runner.json(
-            "ls"
-        ) else None
-        runner("daemon", "stop", check=False)
+    runner.stop_daemon()
     leftovers = []
     for p in psutil.process_iter(["cmdline"]):
         try:

@@ -52,8 +52,7 @@ def ray_head(tmp_path: Path, cli):
     try:
         yield f"127.0.0.1:{port}"
     finally:
-        if cli("daemon", "status", check=False).returncode == 0:
-            cli("daemon", "stop", check=False)
+        cli.stop_daemon()
         subprocess.run([*RAY, "stop", "--force"], env=env, capture_output=True, timeout=120)
         subprocess.run(["rm", "-rf", str(temp)], check=False)
 
@@ -176,6 +175,5 @@ def test_two_nodes_each_gpu_memory_on_its_own_node(cli, tmp_path: Path, monkeypa
         first, then = sorted(big, key=lambda j: times[j]["start"])
         assert times[first]["end"] <= times[then]["start"] + 0.05  # 10G + 10G > 16G: one after the other
     finally:
-        if cli("daemon", "status", check=False).returncode == 0:
-            cli("daemon", "stop", check=False)
+        cli.stop_daemon()
         cluster.shutdown()
