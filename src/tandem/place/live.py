@@ -11,10 +11,12 @@ Energy is estimated from the jobs' CPU-seconds (``watch``'s watts per core), and
 
 from __future__ import annotations
 
+import os
 import shlex
 import statistics
 import threading
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -50,13 +52,11 @@ def replay_live(
     trace: list[TraceJob],
     policy: str,
     workdir: Path,
-    daemon_options: list[str] = (),  # type: ignore[assignment]
+    daemon_options: Sequence[str] = (),
     env: dict[str, str] | None = None,
     timeout: float = 3600.0,
 ) -> dict[str, Any]:
     """Run ``trace`` under ``policy``; the aggregates plus ``jobs`` (each job's JSON)."""
-    import os
-
     from tandem.watch.samplers.energy import watts_per_core
 
     state_dir = (workdir / policy / "state").resolve()
