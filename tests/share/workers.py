@@ -28,10 +28,10 @@ class RangeDataset(torch.utils.data.Dataset):
 
 
 def serve_range(name, n, batch_size, epochs=None, shuffle=False, window=8, policy="wait",
-                width=4, seed=0):  # fmt: skip
+                width=4, seed=0, device=None):  # fmt: skip
     p = Producer.from_dataset(
         RangeDataset(n, width), name, batch_size=batch_size, shuffle=shuffle, seed=seed,
-        window=window, policy=policy,
+        window=window, policy=policy, device=device,
     )  # fmt: skip
     p.serve(epochs=epochs)
 
@@ -58,19 +58,34 @@ def serve_bad(name):
 
 
 def consume(name, queue, batch_size=None, epochs=1, step_s=0.0, drop_last=False, timeout=30.0,
-            first_step_s=0.0, tag=None, pause_after=0, gate=None):  # fmt: skip
-    """Report (tag, epoch, ids, batch sizes) per epoch, then ("done", stats)."""
+            first_step_s=0.0, tag=None, pause_after=0, gate=None, device="cpu",
+            gpu_step_cycles=0):  # fmt: skip
+    """Report (tag, epoch, ids, batch sizes) per epoch, then ("done", stats).
+
+    On a GPU (``device="cuda..."``) the batch is read by kernels queued behind a busy-wait of
+    ``gpu_step_cycles`` (a training step), without the CPU waiting for them: a slot handed
+    back before they ran would be refilled under them, and the ids would disagree."""
     tag = tag if tag is not None else os.getpid()
     try:
-        c = Consumer(name, batch_size=batch_size, drop_last=drop_last, timeout=timeout)
+        c = Consumer(name, batch_size=batch_size, drop_last=drop_last, timeout=timeout, device=device)
         queue.put((tag, "start", c.start))
+        gpu = device != "cpu"
         for e in range(epochs):
             ids, sizes = [], []
+            on_gpu, wrong = [], torch.zeros((), dtype=torch.int64, device=device)
             for b in c:
-                ids += b["i"].tolist()
                 sizes.append(len(b["i"]))
-                assert torch.equal(b["x"][:, 0], b["i"].float()), "tensor and id disagree"
-                assert b["name"] == [f"s{i}" for i in b["i"].tolist()]
+                if gpu:
+                    assert b["x"].device.type == "cuda" and b["i"].device.type == "cuda"
+                    if gpu_step_cycles:
+                        torch.cuda._sleep(gpu_step_cycles)
+                    on_gpu.append(b["i"].clone())
+                    wrong += (b["x"][:, 0] != b["i"].float()).sum()
+                    assert len(b["name"]) == len(b["i"])
+                else:
+                    ids += b["i"].tolist()
+                    assert torch.equal(b["x"][:, 0], b["i"].float()), "tensor and id disagree"
+                    assert b["name"] == [f"s{i}" for i in b["i"].tolist()]
                 if first_step_s and e == 0 and len(sizes) == 1:
                     time.sleep(first_step_s)
                 if gate is not None and e == 0 and len(sizes) == pause_after:
@@ -79,6 +94,9 @@ def consume(name, queue, batch_size=None, epochs=1, step_s=0.0, drop_last=False,
                         raise TimeoutError("gate not opened")
                 if step_s:
                     time.sleep(step_s)
+            if gpu:
+                ids = torch.cat(on_gpu).tolist() if on_gpu else []
+                assert wrong.item() == 0, f"{wrong.item()} samples' tensor and id disagree"
             queue.put((tag, e, ids, sizes))
         queue.put((tag, "done", {"missed": c.missed_batches, "stall": c.stall_s}))
         c.close()
@@ -86,10 +104,10 @@ def consume(name, queue, batch_size=None, epochs=1, step_s=0.0, drop_last=False,
         queue.put((tag, "error", f"{type(exc).__name__}: {exc}"))
 
 
-def consume_forever(name, queue, step_s=0.05):
+def consume_forever(name, queue, step_s=0.05, device="cpu"):
     """Consume until an error; report the error type and when it happened."""
     try:
-        c = Consumer(name, timeout=30)
+        c = Consumer(name, timeout=30, device=device)
         queue.put(("start", c.start))
         while True:
             for _ in c:
@@ -158,3 +176,27 @@ class SlowBatches:
 
 def serve_slow(name, delay):
     Producer(SlowBatches(delay), name, window=2).serve()
+
+
+def serve_files(name, root, batch_size, epochs=1, device="cuda", crop=32, seed=0, window=8):
+    Producer.from_files(
+        root, name, batch_size=batch_size, device=device, crop=crop, seed=seed, window=window,
+        num_workers=0,  # a test's daemonic child may not start loader workers
+    ).serve(epochs=epochs)  # fmt: skip
+
+
+def consume_images(name, queue, batch_size, device, tag, epochs=1):
+    """Report (tag, epoch, indices, images on the CPU) per epoch, then done."""
+    try:
+        with Consumer(name, batch_size=batch_size, device=device, timeout=60) as c:
+            for e in range(epochs):
+                idx, images = [], []
+                for b in c:
+                    assert b["image"].device.type == torch.device(device).type
+                    assert b["label"].shape == b["index"].shape == (b["image"].shape[0],)
+                    idx += b["index"].tolist()
+                    images.append(b["image"].cpu())
+                queue.put((tag, e, idx, torch.cat(images).float().numpy()))  # by value
+            queue.put((tag, "done", {}))
+    except BaseException as exc:
+        queue.put((tag, "error", f"{type(exc).__name__}: {exc}"))

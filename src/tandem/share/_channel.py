@@ -19,13 +19,15 @@ and :meth:`release` (hand back batches now) and never asks which channel it has:
 
 from __future__ import annotations
 
+import select
 import socket
 import time
 from collections.abc import Callable
 
 from tandem._ipc import close_fds, new_socket
 from tandem.share import _table, protocol
-from tandem.share._slab import SegmentMap
+from tandem.share._gate import ReleaseGate
+from tandem.share._slab import Segments
 from tandem.share._table import AnnouncementTable, ConsumerRecord
 from tandem.share.errors import ConsumerTimeout, ProducerGone, ProtocolError
 
@@ -37,12 +39,12 @@ Progress = Callable[[], tuple[float, int, int, tuple[int, int]]]
 class Connection:
     """The consumer's socket to its producer."""
 
-    def __init__(self, sock: socket.socket, name: str, timeout: float, segments: SegmentMap):
+    def __init__(self, sock: socket.socket, name: str, timeout: float, segments: Segments | None = None):
         self.sock = sock
         self.name = name
         self.timeout = timeout
         self.producer_pid: int | None = None
-        self._segments = segments
+        self.segments = segments  # set once Welcome has said which slab the producer has
         self._broken: str | None = None  # why this consumer can no longer be used
         self._gone = False  # a send failed: the producer closed its end
         self.welcome_fds: list[int] = []
@@ -54,6 +56,10 @@ class Connection:
             # The producer may have left a final message (End/Failed) before closing;
             # the next receive finds it, or finds the connection closed.
             self._gone = True
+
+    def ready(self) -> bool:
+        """Whether a message is waiting (receiving it would not block)."""
+        return bool(select.select([self.sock], [], [], 0)[0])
 
     def receive(self, doing: str, timeout: float | None) -> object:
         who = f"producer {self.name!r}" + (f" (pid {self.producer_pid})" if self.producer_pid else "")
@@ -73,9 +79,10 @@ class Connection:
         except (EOFError, OSError) as exc:
             raise ProducerGone(f"{who} is gone: the connection closed while {doing} ({exc})") from None
         if isinstance(message, protocol.Batch) and message.fd_attached:
-            if not fds:
-                raise ProtocolError("batch announced a segment but carried no fd")
-            self._segments.add(message.segment, fds[0])
+            if not fds or self.segments is None:
+                close_fds(fds)
+                raise ProtocolError("batch announced a segment but carried no fd (or came before Welcome)")
+            self.segments.add(message.segment, fds[0])
         elif isinstance(message, protocol.Welcome):
             self.welcome_fds = fds
         else:
@@ -103,12 +110,12 @@ class SocketChannel:
         self,
         conn: Connection,
         progress: Progress,
-        before_release: Callable[[], None],
+        gate: ReleaseGate | None,
         prefetch: bool = True,
     ):
         self._conn = conn
         self._progress = progress
-        self._before_release = before_release  # a GPU copy out of a slot must finish first
+        self._gate = gate  # a GPU consumer's releases wait for their CUDA events
         self._prefetch = prefetch
         self._inflight = False  # a Next whose reply is not read yet
         self.stall_s = 0.0
@@ -116,30 +123,40 @@ class SocketChannel:
     def take(self, releases: list[int], data_timeout: float | None) -> object:
         """The next entry; ``releases`` (seqs handed back) are sent and cleared."""
         if not self._inflight:
-            self._request(releases)
+            self._request(releases, block=True)
+        elif self._gate is not None and len(self._gate) and not self._conn.ready():
+            # About to wait for the producer, which may be waiting for the slots we still
+            # hold: wait for our GPU work on them instead, and hand them back first.
+            self._gate.collect(releases, block=True)
+            self._send_releases(releases)
         t0 = time.perf_counter()
         reply = self._conn.receive("waiting for a batch", data_timeout)
         self.stall_s += time.perf_counter() - t0
         self._inflight = False
         if self._prefetch and isinstance(reply, (protocol.Batch, protocol.EpochEnd)):
-            self._request(releases)  # prefetch: the producer prepares the reply meanwhile
+            self._request(releases, block=False)  # prefetch: the producer prepares the reply meanwhile
         return reply
 
     def taken(self, seq: int, holding: int | None) -> None:
         """The producer moved this consumer's cursor when it replied: nothing to publish."""
 
     def release(self, releases: list[int], holding: int | None) -> None:
-        if releases:
-            self._before_release()
-            self._conn.send(protocol.Release(tuple(releases)))
-            releases.clear()
+        if self._gate is not None:
+            self._gate.collect(releases, block=True)
+        self._send_releases(releases)
 
-    def _request(self, releases: list[int]) -> None:
-        self._before_release()
+    def _send_releases(self, releases: list[int]) -> None:
+        for i in range(0, len(releases), 1024):
+            self._conn.send(protocol.Release(tuple(releases[i : i + 1024])))
+        releases.clear()
+
+    def _request(self, releases: list[int], block: bool) -> None:
+        """Send ``Next``; ``block``: its reply will be waited for at once, so every held
+        batch is handed back first (waiting for the GPU if need be)."""
+        if self._gate is not None:
+            self._gate.collect(releases, block=block)
         if len(releases) > protocol.MAX_RELEASE:  # a Next carries at most MAX_RELEASE
-            for i in range(0, len(releases), 1024):
-                self._conn.send(protocol.Release(tuple(releases[i : i + 1024])))
-            releases.clear()
+            self._send_releases(releases)
         stall_s, samples, batches, _ = self._progress()
         self._conn.send(
             protocol.Next(release=tuple(releases), stall_s=stall_s, samples=samples, batches=batches)
@@ -161,18 +178,20 @@ class TableChannel:
         conn: Connection,
         table: AnnouncementTable,
         index: int,
-        segments: SegmentMap,
+        segments: Segments,
         progress: Progress,
-        before_release: Callable[[], None],
+        gate: ReleaseGate | None,
     ):
         self._table = table
         self._index = index
         self._segments = segments
         self._progress = progress
-        self._before_release = before_release
+        self._gate = gate
+        self._holding: int | None = None
         # Never prefetch here: the reply to a Next in flight could arrive after its entry
-        # was taken from the table, and answer the wrong request.
-        self._socket = SocketChannel(conn, progress, before_release, prefetch=False)
+        # was taken from the table, and answer the wrong request. The producer reads this
+        # consumer's releases from its table record only, so the socket channel needs no gate.
+        self._socket = SocketChannel(conn, progress, None, prefetch=False)
         self._taken = table.taken(index)  # this consumer's cursor: the next seq to take
 
     @property
@@ -182,6 +201,10 @@ class TableChannel:
     def take(self, releases: list[int], data_timeout: float | None) -> object:
         reply = self._take_announced()
         if reply is None:
+            if self._gate is not None and len(self._gate):
+                # About to wait for the producer: hand back every held batch first.
+                self._gate.collect(releases, block=True)
+                self._publish(self._holding)
             return self._socket.take(releases, data_timeout)
         # Taking it publishes the release watermark (see _publish), which covers every seq
         # released so far: they must not pile up for a later Next over the socket.
@@ -203,22 +226,30 @@ class TableChannel:
         return message
 
     def release(self, releases: list[int], holding: int | None) -> None:
+        if self._gate is not None:
+            self._gate.collect(releases, block=True)
         self._publish(holding)
         releases.clear()
 
     def _publish(self, holding: int | None) -> None:
         """Write cursor, releases and statistics to this consumer's table record.
 
-        Releases are in order: every seq below the batch still held (or below the cursor)
-        is released.
+        Releases are in order: every seq below the batch still held (or below the cursor),
+        and below the oldest one whose GPU work is still pending, is released.
         """
-        self._before_release()
+        self._holding = holding
+        released = holding if holding is not None else self._taken
+        if self._gate is not None:
+            self._gate.collect([], block=False)
+            pending = self._gate.oldest()
+            if pending is not None:
+                released = min(released, pending)
         stall_s, samples, batches, (epoch, offset) = self._progress()
         self._table.write_consumer(
             self._index,
             ConsumerRecord(
                 taken=self._taken,
-                released=holding if holding is not None else self._taken,
+                released=released,
                 stall_s=stall_s,
                 samples=samples,
                 batches=batches,

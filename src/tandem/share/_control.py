@@ -335,6 +335,8 @@ class ControlServer:
             consumer_id=c.cid,
             transport=link.transport,
             table_index=index,
+            slab=self.slab.kind,
+            slab_device=getattr(self.slab, "uuid", ""),
         )
         assert self.table.fd is not None
         try:

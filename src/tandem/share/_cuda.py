@@ -3,7 +3,8 @@
 A consumer on a GPU maps the producer's segments read-only and shared, and pins each segment
 once with ``cudaHostRegister`` (read-only flag), so batches go to the device in
 non-blocking copies straight from the shared pages. The slot is released only after a CUDA
-event recorded after the copies has completed: release by event, never by time.
+event recorded after the copies has completed (polled, see :mod:`tandem.share._gate`):
+release by event, never by time.
 
 Nothing here runs, or imports CUDA state, unless a CUDA device is asked for.
 """
@@ -55,7 +56,7 @@ class DeviceCopier:
     def __init__(self, device: torch.device):
         self.device = device
         self._registered: list[tuple[int, Any]] = []
-        self._pending: torch.cuda.Event | None = None
+        self.last_event: torch.cuda.Event | None = None  # after the last batch's copies
         self._stream: torch.cuda.Stream | None = None  # made on first use, on the device
 
     def pin(self, mm: mmap.mmap, u8: torch.Tensor) -> None:
@@ -78,19 +79,12 @@ class DeviceCopier:
             user_stream.wait_event(event)  # the training stream waits on the GPU, not the CPU
             for t in moved:
                 t.record_stream(user_stream)
-        self._pending = event
+        self.last_event = event
         return unflatten(spec, moved)
 
-    def wait(self) -> None:
-        """Block until the last batch's copies are done, so its slots may be released. On
-        the side stream they are not behind the training kernels: this waits for the copy
-        alone."""
-        if self._pending is not None:
-            self._pending.synchronize()
-            self._pending = None
-
     def close(self) -> None:
-        self.wait()
+        if self.last_event is not None:  # copies out of the pages finish before they go
+            self.last_event.synchronize()
         for ptr, _mm in self._registered:
             torch.cuda.cudart().cudaHostUnregister(ctypes.c_void_p(ptr).value)
         self._registered.clear()

@@ -124,10 +124,11 @@ def planned_loader(
     seed: int,
     prefetch_factor: int | None,
     worker_nice: int | None = 10,
+    pin_memory: bool = False,
 ) -> tuple[torch.utils.data.DataLoader, EpochPlanner]:
     """A ``DataLoader`` over ``dataset`` whose order an :class:`EpochPlanner` sets.
     ``num_workers="auto"``: :func:`auto_workers`. ``worker_nice``: how much lower the workers'
-    CPU priority is (None or 0: the same)."""
+    CPU priority is (None or 0: the same). ``pin_memory``: batches go to a GPU next."""
     if num_workers == "auto":
         num_workers = auto_workers()
     if not isinstance(num_workers, int) or isinstance(num_workers, bool) or num_workers < 0:
@@ -153,6 +154,7 @@ def planned_loader(
         num_workers=num_workers,
         collate_fn=collate_fn,
         drop_last=False,
+        pin_memory=pin_memory,
         **loader_kwargs,
     )
     return loader, EpochPlanner(sampler, shuffle, seed)

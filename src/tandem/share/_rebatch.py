@@ -4,7 +4,7 @@ A *piece* is samples ``[a, b)`` of one producer batch. A consumer batch that lie
 producer batch is returned as views of the shared memory (zero copies). One that spans
 producer batches is assembled into fresh tensors: each piece is copied in exactly once,
 before its producer batch is released, so a consumer never holds more than the producer
-batch it is reading plus the next.
+batch it is reading plus the next. Pieces of a CUDA slab are assembled on their GPU.
 
 Per-sample elements are tensors whose first dimension equals the producer batch's sample
 count, and lists of plain values of that length; they are sliced and joined. Anything else
@@ -85,7 +85,7 @@ class Assembler:
         self._keep = [t if first._per_sample(t) else t.clone() for t in first.leaves]
         for t in first.leaves:
             if first._per_sample(t):
-                self._out.append(torch.empty((self.size, *t.shape[1:]), dtype=t.dtype))
+                self._out.append(torch.empty((self.size, *t.shape[1:]), dtype=t.dtype, device=t.device))
             else:
                 self._out.append(None)
         lists = plain_lists(first.spec)

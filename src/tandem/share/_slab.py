@@ -69,6 +69,51 @@ def _contiguous_strides(shape: tuple[int, ...]) -> tuple[int, ...]:
     return tuple(reversed(strides))
 
 
+def layout(spec: Spec, leaves: list[torch.Tensor]) -> tuple[list[TensorDesc], int, bytes]:
+    """Where each tensor of a batch goes in a slot: descriptors, bytes they take, and the
+    pickled meta that tells a consumer (the same for the host and the CUDA slab)."""
+    descs = []
+    offset = 0
+    for t in leaves:
+        descs.append(TensorDesc(offset, t.dtype, tuple(t.shape)))
+        offset = _round_up(offset + t.numel() * t.element_size(), ALIGN)
+    return descs, offset, pickle.dumps((spec, descs), protocol=pickle.HIGHEST_PROTOCOL)
+
+
+class SlotViews:
+    """A consumer's decoded meta and typed views of its mapped slots (host or CUDA memory)."""
+
+    def __init__(self) -> None:
+        # slot -> {dtype: the whole segment viewed as that dtype}; one as_strided per tensor
+        self._typed: dict[int, dict[torch.dtype, torch.Tensor]] = {}
+        self._meta: dict[int, tuple[bytes, tuple]] = {}  # slot -> (raw meta, decoded)
+
+    def forget(self, slot: int) -> None:
+        self._typed[slot] = {}
+        self._meta.pop(slot, None)
+
+    def views(self, slot: int, raw: bytes, u8: torch.Tensor) -> tuple[Spec, list[torch.Tensor]]:
+        # Batches of tensors only have the same meta from one batch to the next: decode once.
+        cached = self._meta.get(slot)
+        if cached is not None and cached[0] == raw:
+            spec, descs = cached[1]
+        else:
+            spec, descs = pickle.loads(raw)
+            self._meta[slot] = (raw, (spec, descs))
+        typed = self._typed.setdefault(slot, {})
+        leaves = []
+        for offset, dtype, shape in descs:
+            view = typed.get(dtype)
+            if view is None:
+                view = typed[dtype] = u8[: len(u8) // dtype.itemsize * dtype.itemsize].view(dtype)
+            leaves.append(view.as_strided(shape, _contiguous_strides(shape), offset // dtype.itemsize))
+        return spec, leaves
+
+    def clear(self) -> None:
+        self._typed.clear()
+        self._meta.clear()
+
+
 class _HostSegment:
     def __init__(self, segment_id: int, slot: int, size: int, label: str):
         self.segment_id = segment_id
@@ -96,8 +141,9 @@ class Slab(Protocol):
     The window (:mod:`tandem.share._window`) decides which slot is free; a slab only holds
     them. ``write`` allocates the slot's segment (or a larger one) as needed and says where
     the batch's meta is; ``segment`` describes a slot's segment for ``Batch`` messages, and
-    ``fd`` is what travels to a consumer to map it. The host slab is the one kind today; a
-    CUDA slab (kind ``"cuda"``) would send IPC handles and release slots by CUDA events.
+    ``fd`` is what travels to a consumer to map it. Two kinds: :class:`HostSlab` here, and
+    the CUDA slab (:mod:`tandem.share._cuda_slab`), whose fd is a small host segment with the
+    meta and the IPC handles of the slot's device memory.
     """
 
     kind: str
@@ -146,12 +192,7 @@ class HostSlab:
         Any slot number may be used; the slab grows to hold it."""
         if slot >= len(self._segments):
             self._segments.extend([None] * (slot + 1 - len(self._segments)))
-        descs = []
-        offset = 0
-        for t in leaves:
-            descs.append(TensorDesc(offset, t.dtype, tuple(t.shape)))
-            offset = _round_up(offset + t.numel() * t.element_size(), ALIGN)
-        meta = pickle.dumps((spec, descs), protocol=pickle.HIGHEST_PROTOCOL)
+        descs, offset, meta = layout(spec, leaves)
         needed = offset + len(meta)
         seg = self._segments[slot]
         if seg is None or seg.size < needed:
@@ -244,15 +285,28 @@ class _Resetter:
         self._thread.join(5)
 
 
+class Segments(Protocol):
+    """A consumer's view of the producer's slab: the host :class:`SegmentMap` or the CUDA
+    slab's map (:mod:`tandem.share._cuda_slab`), as ``Welcome.slab`` says."""
+
+    def add(self, segment: protocol.Segment, fd: int) -> None: ...
+
+    def has(self, segment: protocol.Segment) -> bool: ...
+
+    def open(self, batch: protocol.Batch) -> tuple[Spec, list[torch.Tensor]]: ...
+
+    def released(self, slot: int) -> None: ...
+
+    def close(self) -> None: ...
+
+
 class SegmentMap:
-    """A consumer's mappings of the producer's segments, keyed by slot."""
+    """A consumer's mappings of the producer's host segments, keyed by slot."""
 
     def __init__(self, writable_private: bool = True):
         self._private = writable_private
         self._by_slot: dict[int, tuple[int, mmap.mmap, torch.Tensor]] = {}
-        # slot -> {dtype: the whole segment viewed as that dtype}; one as_strided per tensor
-        self._typed: dict[int, dict[torch.dtype, torch.Tensor]] = {}
-        self._meta: dict[int, tuple[bytes, tuple]] = {}  # slot -> (raw meta, decoded)
+        self._views = SlotViews()
         self._used: dict[int, int] = {}  # slot -> bytes touched by the current batch
         self._resetting: dict[int, int] = {}  # slot -> ticket of its pending copy-on-write reset
         self._resetter: _Resetter | None = None
@@ -273,8 +327,7 @@ class SegmentMap:
         if self.on_map is not None:
             self.on_map(mm, u8)
         self._by_slot[segment.slot] = (segment.segment_id, mm, u8)
-        self._typed[segment.slot] = {}
-        self._meta.pop(segment.slot, None)
+        self._views.forget(segment.slot)
 
     def has(self, segment: protocol.Segment) -> bool:
         current = self._by_slot.get(segment.slot)
@@ -289,20 +342,7 @@ class SegmentMap:
                 f"but slot {batch.segment.slot} is mapped to segment {segment_id}"
             )
         raw = mm[batch.meta_offset : batch.meta_offset + batch.meta_len]
-        # Batches of tensors only have the same meta from one batch to the next: decode once.
-        cached = self._meta.get(batch.segment.slot)
-        if cached is not None and cached[0] == raw:
-            spec, descs = cached[1]
-        else:
-            spec, descs = pickle.loads(raw)
-            self._meta[batch.segment.slot] = (raw, (spec, descs))
-        typed = self._typed[batch.segment.slot]
-        leaves = []
-        for offset, dtype, shape in descs:
-            view = typed.get(dtype)
-            if view is None:
-                view = typed[dtype] = u8[: len(u8) // dtype.itemsize * dtype.itemsize].view(dtype)
-            leaves.append(view.as_strided(shape, _contiguous_strides(shape), offset // dtype.itemsize))
+        spec, leaves = self._views.views(batch.segment.slot, raw, u8)
         self._used[batch.segment.slot] = batch.meta_offset + batch.meta_len
         return spec, leaves
 
@@ -326,8 +366,7 @@ class SegmentMap:
             self._resetter.wait(ticket)
 
     def close(self) -> None:
-        self._typed.clear()
-        self._meta.clear()
+        self._views.clear()
         for slot in list(self._resetting):
             self._wait_reset(slot)
         if self._resetter is not None:

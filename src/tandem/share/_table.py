@@ -32,7 +32,7 @@ import platform
 import struct
 from typing import NamedTuple
 
-from tandem.share.protocol import Batch, EntryKind, EpochEnd, Segment
+from tandem.share.protocol import SLAB_KINDS, Batch, EntryKind, EpochEnd, Segment
 
 # The ring's read-twice check relies on the store order of x86-64 (TSO): the producer's
 # field stores are seen before its seq store. Python issues no memory fences, so on weaker
@@ -62,6 +62,7 @@ class Announcement(NamedTuple):
     segment_size: int
     meta_offset: int
     meta_len: int
+    slab_kind: int  # index into protocol.SLAB_KINDS
 
 
 class ConsumerRecord(NamedTuple):
@@ -78,7 +79,7 @@ class ConsumerRecord(NamedTuple):
 
 # The table's records and the messages they stand for, in both directions: the producer
 # announces what it would send, the consumer rebuilds what it would have received.
-_NO_SEGMENT = {"slot": 0, "segment_id": 0, "segment_size": 0, "meta_offset": 0, "meta_len": 0}
+_NO_SEGMENT = {"slot": 0, "segment_id": 0, "segment_size": 0, "meta_offset": 0, "meta_len": 0, "slab_kind": 0}
 
 
 def announcement(kind: EntryKind, epoch: int, offset: int, message: object) -> Announcement:
@@ -96,14 +97,20 @@ def announcement(kind: EntryKind, epoch: int, offset: int, message: object) -> A
         segment_size=message.segment.size,
         meta_offset=message.meta_offset,
         meta_len=message.meta_len,
+        slab_kind=SLAB_KINDS.index(message.segment.kind),
     )
 
 
 def message(seq: int, record: Announcement) -> Batch | EpochEnd:
-    """The message ``record`` stands for (a host-slab segment: the only kind in the table)."""
+    """The message ``record`` stands for."""
     if record.kind != EntryKind.BATCH:
         return EpochEnd(seq=seq, epoch=record.epoch, samples=record.offset)
-    segment = Segment(kind="host", segment_id=record.segment_id, slot=record.slot, size=record.segment_size)
+    segment = Segment(
+        kind=SLAB_KINDS[record.slab_kind],
+        segment_id=record.segment_id,
+        slot=record.slot,
+        size=record.segment_size,
+    )
     return Batch(
         seq=seq,
         epoch=record.epoch,
@@ -116,7 +123,7 @@ def message(seq: int, record: Announcement) -> Batch | EpochEnd:
 
 
 _HEADER = struct.Struct("<8sqq")  # magic, ring capacity, consumer records
-_MAGIC = b"tandem02"
+_MAGIC = b"tandem03"
 _RECORD = struct.Struct("<q" + "q" * len(Announcement._fields))  # seq, then an Announcement
 _CONSUMER = struct.Struct("<qqdqqqq")  # a ConsumerRecord
 _SEQ = struct.Struct("<q")

@@ -23,10 +23,12 @@ import torch
 from tandem.share import _table, protocol
 from tandem.share._channel import Connection, SocketChannel, TableChannel, connect, say_bye
 from tandem.share._cuda import DeviceCopier, check_device
+from tandem.share._cuda_slab import CudaSegmentMap, local_device
+from tandem.share._gate import ReleaseGate
 from tandem.share._order import Position, epoch_bounds
 from tandem.share._rebatch import Assembler, Piece
 from tandem.share._registry import live_producers, socket_path, validate_name
-from tandem.share._slab import SegmentMap
+from tandem.share._slab import SegmentMap, Segments
 from tandem.share._tree import flatten, unflatten
 from tandem.share.errors import (
     MissedBatchesWarning,
@@ -36,6 +38,7 @@ from tandem.share.errors import (
     ProducerStopped,
     ProtocolError,
     RefusedByProducer,
+    ShareError,
 )
 
 log = logging.getLogger("tandem.share")
@@ -100,10 +103,9 @@ class Consumer:
             )
         self.data_timeout = data_timeout
         self.device = check_device(device)
-        self._copier = DeviceCopier(self.device) if self.device.type == "cuda" else None
-        self._segments = SegmentMap(writable_private=self._copier is None)
-        if self._copier is not None:
-            self._segments.on_map = self._copier.pin
+        self._copier: DeviceCopier | None = None  # host slab, GPU consumer
+        self._cuda_slab: CudaSegmentMap | None = None  # CUDA slab
+        self._gate: ReleaseGate | None = None  # GPU consumers: releases wait for CUDA events
         self.samples = 0
         self.batches = 0
         self.missed_batches = 0
@@ -113,20 +115,23 @@ class Consumer:
         self._end: protocol.End | None = None
         self._k = 0  # this consumer's epoch counter
         self._closed = False
-        self._conn = Connection(self._connect(), name, self.timeout, self._segments)
+        self._conn = Connection(self._connect(), name, self.timeout)
         # Also run when the consumer is garbage-collected or the interpreter exits.
-        self._finalizer = weakref.finalize(self, _release_resources, self._conn.sock, self._segments)
+        self._resources: list = []
+        self._finalizer = weakref.finalize(self, _release_resources, self._conn.sock, self._resources)
         welcome = self._hello()
         self.producer_pid = self._conn.producer_pid = welcome.pid
         self.policy = welcome.policy
-        wait_copies = self._copier.wait if self._copier is not None else _nothing
+        self.slab = welcome.slab
+        self._segments = self._conn.segments = self._open_slab(welcome)
+        self._resources.append(self._segments)
         if welcome.transport == "table":
             table = _table.AnnouncementTable.from_fd(self._conn.welcome_fds.pop())
             self._channel: SocketChannel | TableChannel = TableChannel(
-                self._conn, table, welcome.table_index, self._segments, self._progress, wait_copies
+                self._conn, table, welcome.table_index, self._segments, self._progress, self._gate
             )
         else:
-            self._channel = SocketChannel(self._conn, self._progress, wait_copies)
+            self._channel = SocketChannel(self._conn, self._progress, self._gate)
         self.start: Position = (welcome.start_epoch, welcome.start_offset)
         self._pos: Position = self.start
         self._samples_per_epoch = welcome.samples_per_epoch
@@ -184,6 +189,27 @@ class Consumer:
     def _live_producers() -> str:
         live = [p.name for p in live_producers()]
         return f"live producers: {', '.join(live)}" if live else "no producer is live"
+
+    def _open_slab(self, welcome: protocol.Welcome) -> Segments:
+        """The map of the producer's slab, as ``Welcome`` says which it is."""
+        if welcome.slab == "cuda":
+            try:
+                slab_device = local_device(welcome.slab_device, f"producer {self.name!r}")
+            except ShareError:
+                self.close()
+                raise
+            self._cuda_slab = CudaSegmentMap(slab_device, self.name)
+            self._gate = ReleaseGate()
+            return self._cuda_slab
+        if welcome.slab != "host":
+            self.close()
+            raise ProtocolError(f"unknown slab kind {welcome.slab!r} in Welcome")
+        segments = SegmentMap(writable_private=self.device.type == "cpu")
+        if self.device.type == "cuda":
+            self._copier = DeviceCopier(self.device)
+            self._gate = ReleaseGate()
+            segments.on_map = self._copier.pin
+        return segments
 
     def _hello(self) -> protocol.Welcome:
         hello = protocol.Hello(
@@ -276,7 +302,30 @@ class Consumer:
     def _deliver(self, batch: Any, samples: int) -> Any:
         self.samples += samples
         self.batches += 1
-        return self._copier.to_device(batch) if self._copier is not None else batch
+        if self._copier is not None:
+            return self._copier.to_device(batch)
+        if self._cuda_slab is not None and self.device != self._cuda_slab.device:
+            # Another GPU, or the CPU: a copy, queued on the slab GPU's current stream after
+            # its wait for the producer's writes (to the CPU it is waited for at once).
+            spec, leaves = flatten(batch)
+            with torch.cuda.device(self._cuda_slab.device):
+                return unflatten(spec, [t.to(self.device) for t in leaves])
+        return batch
+
+    def _done_with_current(self) -> None:
+        """Hand back the producer batch being read: at once, or, where the GPU may still be
+        reading its slot, once the CUDA event recorded now has completed."""
+        assert self._cur is not None
+        seq = self._cur.msg.seq
+        self._segments.released(self._cur.msg.segment.slot)
+        self._cur = None
+        if self._gate is None:
+            self._release.append(seq)
+        elif self._cuda_slab is not None:
+            self._gate.hold(seq, self._cuda_slab.done_event())
+        else:
+            assert self._copier is not None
+            self._gate.hold(seq, self._copier.last_event)
 
     def _readable(self) -> bool:
         cur = self._cur
@@ -303,9 +352,7 @@ class Consumer:
         released.
         """
         if self._cur is not None:
-            self._release.append(self._cur.msg.seq)
-            self._segments.released(self._cur.msg.segment.slot)
-            self._cur = None
+            self._done_with_current()
         if self._end is not None:
             return self._at_end(end, have)
         reply = self._channel.take(self._release, self.data_timeout)
@@ -369,10 +416,8 @@ class Consumer:
         The last batch's tensors must not be used afterwards (copy what you keep).
         """
         if self._cur is not None and self._pos >= self._cur.end:
-            self._release.append(self._cur.msg.seq)
-            self._segments.released(self._cur.msg.segment.slot)
-            self._cur = None
-        if self._release:
+            self._done_with_current()
+        if self._release or self._gate:
             self._channel.release(self._release, self._holding())
 
     def close(self) -> None:
@@ -382,6 +427,9 @@ class Consumer:
         self._closed = True
         if self._copier is not None:
             self._copier.close()  # copies out of shared memory finish before we let go
+        if self._cuda_slab is not None:
+            # Our last kernels may still read a slot the producer refills once we are gone.
+            torch.cuda.current_stream(self._cuda_slab.device).synchronize()
         say_bye(self._conn.sock)
         self._cur = None
         if hasattr(self, "_channel"):
@@ -400,12 +448,9 @@ class Consumer:
         return self._pos
 
 
-def _nothing() -> None:
-    pass
-
-
-def _release_resources(sock, segments: SegmentMap) -> None:
-    segments.close()
+def _release_resources(sock, resources: list) -> None:
+    for segments in resources:
+        segments.close()
     sock.close()
 
 

@@ -27,17 +27,20 @@ import os
 import signal
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
 
+import torch
 import torch.utils.data
 
 from tandem._ipc import listen
 from tandem.share import protocol
 from tandem.share._control import TICK, WARN_BLOCKED_S, ControlServer, rate
+from tandem.share._cuda import check_device
+from tandem.share._cuda_slab import CudaSlab
 from tandem.share._order import EpochPlanner, planned_loader, source_shape
 from tandem.share._registry import Registration
-from tandem.share._slab import HostSlab
+from tandem.share._slab import HostSlab, Slab
 from tandem.share._tree import flatten, sample_count
 from tandem.share._window import POLICIES, Entry, Window
 from tandem.share.errors import UnsupportedBatch
@@ -63,6 +66,8 @@ class Producer:
         window: int = 8,
         policy: str = "wait",
         drain_timeout: float | None = None,
+        device: str | None = None,
+        batch_transform: Callable[[Any], Any] | None = None,
     ):
         if not isinstance(source, Iterable):
             raise TypeError(f"source must be a re-iterable of batches, got {type(source).__name__}")
@@ -75,6 +80,9 @@ class Producer:
             raise ValueError(f"policy must be one of {POLICIES}, got {policy!r}")
         if not isinstance(window, int) or window < 2:
             raise ValueError(f"window must be an integer >= 2, got {window!r}")
+        if batch_transform is not None and not callable(batch_transform):
+            raise TypeError(f"batch_transform must be callable, got {type(batch_transform).__name__}")
+        slab_device = check_device(device) if device is not None else None
         self.name = name
         self.window = window
         self.policy = policy
@@ -83,7 +91,10 @@ class Producer:
         self._registration = Registration(name)
         self._cond = threading.Condition(threading.RLock())
         self._window = Window(policy, window)
-        self._slab = HostSlab(f"{name}:{os.getpid()}")
+        self.device = slab_device if slab_device is not None and slab_device.type == "cuda" else None
+        self._transform = batch_transform
+        label = f"{name}:{os.getpid()}"
+        self._slab: Slab = CudaSlab(label, self.device) if self.device is not None else HostSlab(label)
         self._server = ControlServer(name, self._window, self._slab, self._cond, self.stats, self.stop)
         self._stop_reason: str | None = None
         self._planner: EpochPlanner | None = None  # set by from_dataset: the producer owns the order
@@ -119,13 +130,69 @@ class Producer:
         processes. Where the kernel groups processes by session (autogroup), nice only
         orders processes within one session: it then ranks the workers below the producer's
         own thread, not below jobs started from other terminals."""
+        on_gpu = kwargs.get("device") not in (None, "cpu")
         loader, planner = planned_loader(
-            dataset, batch_size, shuffle, num_workers, collate_fn, seed, prefetch_factor, worker_nice
+            dataset, batch_size, shuffle, num_workers, collate_fn, seed, prefetch_factor, worker_nice, on_gpu
         )
         producer = cls(loader, name, **kwargs)
         producer._planner = planner
         producer._window.samples_per_epoch = planner.sampler.size
         return producer
+
+    @classmethod
+    def from_files(
+        cls,
+        files: str | os.PathLike | Sequence[str | os.PathLike],
+        name: str,
+        *,
+        labels: Sequence[int] | None = None,
+        device: str = "cuda",
+        batch_size: int = 128,
+        shuffle: bool = True,
+        seed: int = 0,
+        crop: int = 224,
+        dtype: torch.dtype = torch.float32,
+        transform: Callable[..., torch.Tensor] | None = None,
+        num_workers: int | str = 2,
+        **kwargs: Any,
+    ) -> Producer:
+        """A producer of image files that decodes and augments on the GPU, once for all jobs.
+
+        ``files``: an image folder (``root/<class>/*.jpg``, labels from the class folders)
+        or a list of files (with ``labels``). Loader workers only read each file's bytes;
+        the producer decodes them on ``device`` in batches (nvJPEG through torchvision),
+        applies ``transform`` there (default: random-resized-crop to ``crop``, flip,
+        normalise, as ``dtype``, random per sample and reproducible from ``seed``), and
+        publishes ``{"image", "label", "index"}`` batches into a slab on that GPU. With
+        ``device="cpu"`` the same runs on the CPU (PIL), into host memory."""
+        from tandem.share.images import (
+            EncodedImages,
+            ImagePipeline,
+            RandomResizedCropFlipNormalize,
+            collate_encoded,
+        )
+
+        dev = check_device(device)
+        if isinstance(files, (str, os.PathLike)):
+            if labels is not None:
+                raise ValueError("labels come from the class folders when files is a folder; pass no labels")
+            dataset = EncodedImages.from_folder(files)
+        else:
+            dataset = EncodedImages(list(files), labels)
+        if transform is None:
+            transform = RandomResizedCropFlipNormalize(size=crop, dtype=dtype, seed=seed)
+        return cls.from_dataset(
+            dataset,
+            name,
+            batch_size=batch_size,
+            shuffle=shuffle,
+            num_workers=num_workers,
+            collate_fn=collate_encoded,
+            seed=seed,
+            batch_transform=ImagePipeline(dev, transform),
+            device=str(dev) if dev.type == "cuda" else None,
+            **kwargs,
+        )
 
     def start(self) -> Producer:
         """Claim the name and start accepting consumers (``serve`` calls this if needed)."""
@@ -250,6 +317,8 @@ class Producer:
             offset = 0
             completed = True
             for batch in self._source:
+                if self._transform is not None:
+                    batch = self._transform(batch)
                 spec, leaves = flatten(batch)
                 count = self._count(spec, leaves, offset)
                 slot = self._acquire_slot()
@@ -301,6 +370,9 @@ class Producer:
         return sample_count(spec, leaves)
 
     def _begin_epoch(self, epoch: int, limit: int | None) -> None:
+        set_epoch = getattr(self._transform, "set_epoch", None)
+        if set_epoch is not None:  # per-sample randomness that is reproducible from the seed
+            set_epoch(epoch)
         with self._cond:
             self._window.epoch, self._window.offset, self._window.epoch_done = epoch, 0, False
             if self._planner is not None:

@@ -10,14 +10,22 @@ Transport
 
 Data plane
     Batches never travel over the socket. The producer writes each batch once into a slot
-    of its slab (host: anonymous ``memfd`` segments, see :mod:`tandem.share._slab`); a
-    ``Batch`` message names the slot, and the segment's file descriptor is attached to the
-    first message that refers to it. So every per-batch message has the same small size,
-    whatever the batch's bytes and however many consumers there are. The batch's structure
-    (nesting, plain values, tensor dtypes/shapes/offsets) lives in the slot too, after the
-    tensor bytes, at ``meta_offset``. ``Segment.kind`` names the slab; ``"host"`` is the
-    only kind today, and a CUDA slab (IPC handles in the meta blob, release by events)
-    adds ``"cuda"`` to ``SLAB_KINDS`` without changing any message.
+    of its slab; a ``Batch`` message names the slot, and the slot's segment file descriptor
+    is attached to the first message that refers to it. So every per-batch message has the
+    same small size, whatever the batch's bytes and however many consumers there are.
+    ``Welcome.slab`` and ``Segment.kind`` name the slab (``SLAB_KINDS``):
+
+    ``"host"``
+        Anonymous ``memfd`` segments (:mod:`tandem.share._slab`). The batch's structure
+        (nesting, plain values, tensor dtypes/shapes/offsets) lives in the slot too, after
+        the tensor bytes, at ``meta_offset``. A consumer on a GPU copies out of it on a
+        side stream and hands the slot back once that copy's CUDA event has completed.
+    ``"cuda"``
+        Device buffers on one GPU (``Welcome.slab_device``, its UUID), shared over CUDA IPC
+        (:mod:`tandem.share._cuda_slab`). The fd is a small host segment holding the slot's
+        IPC handles and, at ``meta_offset``, the batch's structure. Consumers on that GPU
+        read views of the buffer; each hands a slot back only once the CUDA event it
+        recorded after its last use has completed (:mod:`tandem.share._gate`).
 
 Conversation (request-reply, consumer-driven, like ZeroMQ's REQ/REP)::
 
@@ -69,7 +77,7 @@ from typing import NamedTuple
 from tandem._ipc import MAX_PACKET, close_fds, recv_packet, send_packet
 from tandem.share.errors import ProtocolError
 
-PROTOCOL_VERSION = 2
+PROTOCOL_VERSION = 3
 TRANSPORTS = ("table", "socket")
 
 
@@ -131,6 +139,8 @@ class Welcome:
     consumer_id: int
     transport: str  # one of TRANSPORTS; "table": the table's fd rides along
     table_index: int  # this consumer's record in the table (transport "table")
+    slab: str  # one of SLAB_KINDS: where the batches are
+    slab_device: str  # the CUDA slab's GPU UUID ("" for the host slab)
 
 
 @dataclass(frozen=True, slots=True)
@@ -222,7 +232,7 @@ ToConsumer = Welcome | Refused | Batch | EpochEnd | End | Failed | StatsReply
 # The per-batch messages (Next, Batch, EpochEnd) have a fixed binary layout: each is a few
 # dozen bytes whatever the batch, and decodes in a few microseconds. Everything else is
 # rare and pickled. The first byte says which.
-SLAB_KINDS = ("host",)
+SLAB_KINDS = ("host", "cuda")
 MAX_RELEASE = 64  # seqs one Next may release; more go in Release messages
 _PICKLED, _NEXT, _BATCH, _EPOCH_END = 0, 1, 2, 3
 _BATCH_FMT = struct.Struct("<B4qB3q2q2q?")

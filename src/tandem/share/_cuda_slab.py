@@ -1,0 +1,245 @@
+"""The CUDA slab: batches written once into GPU memory and shared with consumers over CUDA IPC.
+
+``Producer(..., device="cuda:N")`` keeps one device buffer per slot on GPU N. A consumer on
+that GPU gets tensors that are views of the buffer, opened once per slot through CUDA IPC:
+no copy per consumer, and no host memory on the way for data decoded on the GPU.
+
+A slot is two things: the device buffer, and a small host ``memfd`` segment (the ``fd``
+that travels with the first ``Batch`` naming the slot, as for the host slab). The host
+segment holds a header written once, when the slot is made (the GPU's UUID, the buffer's
+IPC handle, the IPC handle of the slot's *written* event), and then each batch's meta
+(structure and tensor descriptors) at ``meta_offset``. So the ``Batch`` messages and the
+announcement table are the host slab's, with ``Segment.kind == "cuda"``.
+
+Ordering, both ways by CUDA events, never by time:
+
+* written: the producer records the slot's interprocess event after its copies into the
+  slot; a consumer's current stream waits on it (on the GPU) before it reads the batch.
+* read: a consumer records an event on its stream when it is done with a batch, and hands
+  the slot back only once that event has completed (:mod:`tandem.share._gate`). The
+  producer refills a slot only when every consumer has handed it back.
+
+The GPU is matched by UUID, not index, so producer and consumer may see it under different
+``CUDA_VISIBLE_DEVICES``. CUDA IPC is PyTorch's (``UntypedStorage._share_cuda_``), which
+also keeps a slot's memory alive in the producer while a consumer still has it open.
+Nothing here runs unless a CUDA slab is asked for.
+"""
+
+from __future__ import annotations
+
+import mmap
+import os
+import pickle
+import struct
+from typing import Any
+
+import torch
+
+from tandem.share import protocol
+from tandem.share._slab import ALIGN, PAGE, SlotViews, _HostSegment, _round_up, layout
+from tandem.share._tree import Spec
+from tandem.share.errors import ShareError
+
+_HEADER_LEN = struct.Struct("<Q")
+_META_ROOM = 64 << 10  # bytes for a batch's meta: the spec of a batch of tensors is small
+_MIN_BUFFER = 1 << 20
+
+
+def device_uuid(device: torch.device) -> str:
+    return str(torch.cuda.get_device_properties(device).uuid)
+
+
+def local_device(uuid: str, what: str) -> torch.device:
+    """This process's index of the GPU with ``uuid``, or a clear error."""
+    if not torch.cuda.is_available():
+        raise ShareError(
+            f"{what} serves batches from GPU memory (GPU {uuid}), but CUDA is not available "
+            "in this process; run the consumer where CUDA is available, or serve from host "
+            "memory (a producer without device=)"
+        )
+    for i in range(torch.cuda.device_count()):
+        if device_uuid(torch.device("cuda", i)) == uuid:
+            return torch.device("cuda", i)
+    raise ShareError(
+        f"{what} serves batches from GPU {uuid}, which this process cannot see "
+        f"(CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES', '<unset>')!s}); "
+        "make that GPU visible to the consumer"
+    )
+
+
+class _CudaSegment:
+    """One slot: its device buffer and its host segment (header, then meta)."""
+
+    def __init__(
+        self, segment_id: int, slot: int, size: int, meta_room: int, label: str, device: torch.device
+    ):
+        self.segment_id = segment_id
+        self.slot = slot
+        self.size = size
+        with torch.cuda.device(device):
+            self.buffer = torch.empty(size, dtype=torch.uint8, device=device)
+            self.written = torch.cuda.Event(interprocess=True)
+            header = pickle.dumps(
+                {
+                    "uuid": device_uuid(device),
+                    "storage": self.buffer.untyped_storage()._share_cuda_(),
+                    "written": self.written.ipc_handle(),
+                    "size": size,
+                },
+                protocol=pickle.HIGHEST_PROTOCOL,
+            )
+        self.meta_offset = _round_up(_HEADER_LEN.size + len(header), ALIGN)
+        self.meta_room = meta_room
+        self.host = _HostSegment(segment_id, slot, _round_up(self.meta_offset + meta_room, PAGE), label)
+        _HEADER_LEN.pack_into(self.host.mm, 0, len(header))
+        self.host.mm[_HEADER_LEN.size : _HEADER_LEN.size + len(header)] = header
+
+    def describe(self) -> protocol.Segment:
+        return protocol.Segment(kind="cuda", segment_id=self.segment_id, slot=self.slot, size=self.size)
+
+    def close(self) -> None:
+        self.host.close()
+        self.buffer = None  # type: ignore[assignment]
+
+
+class CudaSlab:
+    """The producer's pool of slots in one GPU's memory."""
+
+    kind = "cuda"
+
+    def __init__(self, label: str, device: torch.device):
+        self.label = label
+        self.device = device
+        self.uuid = device_uuid(device)
+        self._segments: list[_CudaSegment | None] = []
+        self._next_id = 0
+
+    @property
+    def nbytes(self) -> int:
+        return sum(s.size for s in self._segments if s is not None)
+
+    def _segment(self, slot: int) -> _CudaSegment:
+        seg = self._segments[slot]
+        if seg is None:
+            raise KeyError(f"slot {slot} holds no segment yet")
+        return seg
+
+    def segment(self, slot: int) -> protocol.Segment:
+        return self._segment(slot).describe()
+
+    def fd(self, slot: int) -> int:
+        return self._segment(slot).host.fd
+
+    def write(self, slot: int, spec: Spec, leaves: list[torch.Tensor]) -> tuple[int, int]:
+        """Copy a flattened batch into ``slot`` on the GPU; returns ``(meta_offset, meta_len)``.
+
+        The copies go on the producer's current stream (after whatever made the batch
+        there, a GPU decode say), and the slot's written event is recorded after them: the
+        producer's CPU does not wait for them."""
+        if slot >= len(self._segments):
+            self._segments.extend([None] * (slot + 1 - len(self._segments)))
+        descs, nbytes, meta = layout(spec, leaves)
+        seg = self._segments[slot]
+        if seg is None or seg.size < nbytes or seg.meta_room < len(meta):
+            if seg is not None:
+                seg.close()
+            size = _round_up(max(nbytes + nbytes // 4, _MIN_BUFFER), PAGE)
+            seg = _CudaSegment(
+                self._next_id, slot, size, max(_META_ROOM, 2 * len(meta)), self.label, self.device
+            )
+            self._next_id += 1
+            self._segments[slot] = seg
+        with torch.cuda.device(self.device):
+            for t, d in zip(leaves, descs):
+                n = t.numel() * t.element_size()
+                if n:
+                    seg.buffer[d.offset : d.offset + n].view(t.dtype).view(t.shape).copy_(
+                        t, non_blocking=True
+                    )
+            seg.written.record()
+        seg.host.mm[seg.meta_offset : seg.meta_offset + len(meta)] = meta
+        return seg.meta_offset, len(meta)
+
+    def close(self) -> None:
+        if any(s is not None for s in self._segments):
+            torch.cuda.synchronize(self.device)  # nothing may still be writing a buffer we drop
+        for seg in self._segments:
+            if seg is not None:
+                seg.close()
+        self._segments = [None] * len(self._segments)
+
+
+class _Opened:
+    __slots__ = ("segment_id", "mm", "u8", "written")
+
+    def __init__(self, segment_id: int, mm: mmap.mmap, u8: torch.Tensor, written: Any):
+        self.segment_id = segment_id
+        self.mm = mm
+        self.u8 = u8
+        self.written = written
+
+
+class CudaSegmentMap:
+    """A consumer's opened CUDA-slab slots: device views through IPC, meta from the host."""
+
+    def __init__(self, device: torch.device, producer: str):
+        self.device = device  # the slab's GPU, as this process numbers it
+        self._producer = producer
+        self._by_slot: dict[int, _Opened] = {}
+        self._views = SlotViews()
+
+    def add(self, segment: protocol.Segment, fd: int) -> None:
+        try:
+            size = os.fstat(fd).st_size
+            mm = mmap.mmap(fd, size, mmap.MAP_SHARED, mmap.PROT_READ)
+        finally:
+            os.close(fd)
+        (length,) = _HEADER_LEN.unpack_from(mm, 0)
+        header = pickle.loads(mm[_HEADER_LEN.size : _HEADER_LEN.size + length])
+        if header["uuid"] != device_uuid(self.device):
+            raise protocol.ProtocolError(
+                f"segment {segment.segment_id} is on GPU {header['uuid']}, not the producer's slab GPU"
+            )
+        index = self.device.index
+        _, handle, size_bytes, offset_bytes, ref_handle, ref_offset, event_handle, sync = header["storage"]
+        with torch.cuda.device(self.device):
+            storage = torch.UntypedStorage._new_shared_cuda(
+                index, handle, size_bytes, offset_bytes, ref_handle, ref_offset, event_handle, sync
+            )
+            u8 = torch.empty(0, dtype=torch.uint8, device=self.device)
+            u8.set_(storage, 0, (header["size"],), (1,))
+            written = torch.cuda.Event.from_ipc_handle(self.device, header["written"])
+        self._by_slot[segment.slot] = _Opened(segment.segment_id, mm, u8, written)
+        self._views.forget(segment.slot)
+
+    def has(self, segment: protocol.Segment) -> bool:
+        opened = self._by_slot.get(segment.slot)
+        return opened is not None and opened.segment_id == segment.segment_id
+
+    def open(self, batch: protocol.Batch) -> tuple[Spec, list[torch.Tensor]]:
+        opened = self._by_slot[batch.segment.slot]
+        if opened.segment_id != batch.segment.segment_id:
+            raise protocol.ProtocolError(
+                f"batch {batch.seq} names segment {batch.segment.segment_id}, "
+                f"but slot {batch.segment.slot} is open as segment {opened.segment_id}"
+            )
+        raw = opened.mm[batch.meta_offset : batch.meta_offset + batch.meta_len]
+        spec, leaves = self._views.views(batch.segment.slot, raw, opened.u8)
+        # Whatever this process queues on its current stream from now on sees the
+        # producer's writes: a wait on the GPU, not the CPU.
+        torch.cuda.current_stream(self.device).wait_event(opened.written)
+        return spec, leaves
+
+    def released(self, slot: int) -> None:
+        pass  # read-only views: nothing of this consumer's to undo
+
+    def done_event(self) -> torch.cuda.Event:
+        """An event after everything queued so far on the current stream (the training step
+        that read the last batch): the slot goes back once it has completed."""
+        event = torch.cuda.Event()
+        event.record(torch.cuda.current_stream(self.device))
+        return event
+
+    def close(self) -> None:
+        self._views.clear()
+        self._by_slot.clear()  # the storages go with the last view of them

@@ -1,0 +1,462 @@
+"""Decode and augment images once, on the producer's GPU, for every consumer to share.
+
+A CPU-bound input pipeline decodes and augments each JPEG in DataLoader workers, once per
+training process. With a shared producer the work is done once per batch; this module moves
+the heavy part of it onto the GPU as well:
+
+* ``EncodedImages`` + ``collate_encoded``: the DataLoader's workers only read the files'
+  bytes (cheap: no decoding), and a batch is the list of encoded files plus labels and the
+  dataset indices.
+* ``decode_images``: batched nvJPEG decoding on CUDA (torchvision, imported lazily), or
+  Pillow on the CPU.
+* ``RandomResizedCropFlipNormalize``: torchvision's RandomResizedCrop + RandomHorizontalFlip
+  + Normalize, on whichever device the images are on, writing one ``[N, 3, S, S]`` tensor.
+  Its randomness is drawn per sample from ``(seed, epoch, index)`` only, so a sample gets the
+  same crop on the CPU and on a GPU and in any batch, and a run can be repeated exactly.
+* ``ImagePipeline``: the two together, as the producer's ``gpu_transform`` hook.
+
+    dataset = EncodedImages.from_folder("data/imagenet/train")
+    loader = DataLoader(dataset, batch_size=256, num_workers=4, collate_fn=collate_encoded)
+    pipeline = ImagePipeline("cuda", RandomResizedCropFlipNormalize(224, seed=0))
+    for epoch in range(epochs):
+        pipeline.set_epoch(epoch)
+        for batch in loader:
+            batch = pipeline(batch)  # {"image": [256, 3, 224, 224] on the GPU, "label", "index"}
+
+Neither torchvision nor Pillow is a dependency of tandem.share: each is imported only when
+a decode needs it, and a missing one is reported as a ``ShareError`` that says what to do.
+"""
+
+from __future__ import annotations
+
+import functools
+import io
+import math
+import os
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any, cast
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from tandem.share.errors import ShareError
+
+__all__ = [
+    "IMAGENET_MEAN",
+    "IMAGENET_STD",
+    "IMAGE_EXTENSIONS",
+    "EncodedImages",
+    "ImagePipeline",
+    "RandomResizedCropFlipNormalize",
+    "collate_encoded",
+    "crop_params",
+    "decode_images",
+    "sample_generator",
+]
+
+IMAGENET_MEAN: tuple[float, float, float] = (0.485, 0.456, 0.406)
+IMAGENET_STD: tuple[float, float, float] = (0.229, 0.224, 0.225)
+IMAGE_EXTENSIONS: tuple[str, ...] = (".jpg", ".jpeg", ".png")
+
+_JPEG_MAGIC = (0xFF, 0xD8, 0xFF)
+_MASK64 = (1 << 64) - 1
+
+
+# --------------------------------------------------------------------------------------------
+# The dataset: encoded bytes only
+# --------------------------------------------------------------------------------------------
+
+
+class EncodedImages(torch.utils.data.Dataset):
+    """Image files as their encoded bytes: ``(uint8 1-D tensor, label, index)`` per item.
+
+    Nothing is decoded here: the loader workers only read files, and the decoding happens
+    once per batch in the producer (``ImagePipeline``). ``labels`` defaults to -1 for every
+    file (unlabelled: a loss that is fed it fails loudly instead of learning class 0).
+    """
+
+    def __init__(self, files: Sequence[str | os.PathLike[str]], labels: Sequence[int] | None = None):
+        self.files: list[str] = [os.fspath(f) for f in files]
+        if not self.files:
+            raise ValueError("EncodedImages needs at least one image file; the file list is empty")
+        if labels is None:
+            self.labels: list[int] = [-1] * len(self.files)
+        else:
+            self.labels = [int(label) for label in labels]
+            if len(self.labels) != len(self.files):
+                raise ValueError(
+                    f"EncodedImages got {len(self.files)} files but {len(self.labels)} labels; "
+                    "give one label per file (or none)"
+                )
+        self.classes: list[str] = []
+
+    @classmethod
+    def from_folder(cls, root: str | os.PathLike[str]) -> EncodedImages:
+        """The torchvision ImageFolder layout: ``root/<class>/**/*.jpg|jpeg|png``.
+
+        Classes are the sub-folders in sorted order (label = position), files sorted within
+        each class, so the indices, and with them the per-sample randomness, are the same on
+        every machine that holds the same files.
+        """
+        root_path = Path(root)
+        if not root_path.is_dir():
+            raise FileNotFoundError(f"image folder {str(root_path)!r} does not exist or is not a directory")
+        classes = sorted(p.name for p in root_path.iterdir() if p.is_dir())
+        if not classes:
+            raise FileNotFoundError(
+                f"no class folders under {str(root_path)!r} (expected root/<class>/<image>.jpg)"
+            )
+        files: list[Path] = []
+        labels: list[int] = []
+        for label, name in enumerate(classes):
+            found = sorted(
+                p
+                for p in (root_path / name).rglob("*")
+                if p.suffix.lower() in IMAGE_EXTENSIONS and p.is_file()
+            )
+            files += found
+            labels += [label] * len(found)
+        if not files:
+            raise FileNotFoundError(
+                f"no images ({', '.join(IMAGE_EXTENSIONS)}) in the class folders under {str(root_path)!r}"
+            )
+        dataset = cls(files, labels)
+        dataset.classes = classes
+        return dataset
+
+    def __len__(self) -> int:
+        return len(self.files)
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, int, int]:
+        n = len(self.files)
+        if not -n <= index < n:
+            raise IndexError(f"index {index} out of range for {n} images")
+        index = index % n  # the index returned keys the sample's randomness: never negative
+        data = np.fromfile(self.files[index], dtype=np.uint8)
+        return torch.from_numpy(data), self.labels[index], index
+
+
+def collate_encoded(samples: Sequence[tuple[torch.Tensor, int, int]]) -> dict[str, Any]:
+    """The DataLoader's ``collate_fn`` for ``EncodedImages``: encoded files stay a list."""
+    return {
+        "data": [s[0] for s in samples],
+        "label": torch.tensor([s[1] for s in samples], dtype=torch.int64),
+        "index": torch.tensor([s[2] for s in samples], dtype=torch.int64),
+    }
+
+
+# --------------------------------------------------------------------------------------------
+# Decoding
+# --------------------------------------------------------------------------------------------
+
+
+def _resolve_device(device: torch.device | str) -> torch.device:
+    dev = torch.device(device)
+    if dev.type == "cuda":
+        if not torch.cuda.is_available():
+            raise ShareError(
+                f"decoding on {str(dev)!r} asked for, but CUDA is not available in this process "
+                "(CPU-only torch build or no GPU); decode on device='cpu' instead"
+            )
+        if dev.index is not None and dev.index >= torch.cuda.device_count():
+            raise ShareError(f"device {str(dev)!r}: only {torch.cuda.device_count()} CUDA device(s)")
+    return dev
+
+
+def _is_jpeg(data: torch.Tensor) -> bool:
+    return data.numel() >= 3 and tuple(data[:3].tolist()) == _JPEG_MAGIC
+
+
+def _decode_cpu(data: torch.Tensor) -> torch.Tensor:
+    """One encoded image to a uint8 CHW RGB tensor on the CPU: Pillow, else torchvision."""
+    try:
+        from PIL import Image
+    except ImportError:
+        Image = None  # noqa: N806 (the module's name)
+    if Image is not None:
+        buf = data.cpu().numpy().tobytes()
+        with Image.open(io.BytesIO(buf)) as img:
+            pixels = np.array(img.convert("RGB"))  # HWC; a copy that torch may own
+        return torch.from_numpy(pixels).permute(2, 0, 1).contiguous()
+    try:
+        from torchvision.io import ImageReadMode, decode_image
+    except ImportError:
+        raise ShareError(
+            "decoding images on the CPU needs Pillow (pip install pillow) or torchvision"
+        ) from None
+    return decode_image(data.cpu(), mode=ImageReadMode.RGB)
+
+
+def _torchvision_batched_jpeg(torchvision: Any) -> bool:
+    """torchvision >= 0.19 decodes a list of JPEGs in one batched nvJPEG call."""
+    try:
+        major, minor = (int(p) for p in torchvision.__version__.split(".")[:2])
+    except ValueError:
+        return True  # a development build: assume a current one
+    return (major, minor) >= (0, 19)
+
+
+def decode_images(data: list[torch.Tensor], device: torch.device | str) -> list[torch.Tensor]:
+    """Decode encoded JPEG/PNG files (uint8 1-D tensors) to uint8 CHW RGB tensors on ``device``.
+
+    On CUDA the JPEGs are decoded together by nvJPEG (``torchvision.io.decode_jpeg``); any
+    other format (PNG, ...) is decoded on the CPU and copied to the device, since nvJPEG reads
+    only JPEG. nvJPEG and libjpeg differ by a few levels per pixel, never in size. Elsewhere
+    Pillow decodes. EXIF orientation is not applied, on either path.
+    """
+    dev = _resolve_device(device)
+    for i, d in enumerate(data):
+        if not isinstance(d, torch.Tensor) or d.dtype != torch.uint8 or d.dim() != 1:
+            raise TypeError(f"decode_images: item {i} is not a uint8 1-D tensor of encoded bytes")
+    if dev.type != "cuda":
+        return [_decode_cpu(d).to(dev) for d in data]
+
+    try:
+        import torchvision
+        from torchvision.io import ImageReadMode, decode_jpeg
+    except ImportError:
+        raise ShareError(
+            "decoding images on the GPU needs torchvision with nvJPEG: install the torchvision "
+            f"that matches torch {torch.__version__} (pip install torchvision), or decode on "
+            "device='cpu'"
+        ) from None
+    out: list[torch.Tensor | None] = [None] * len(data)
+    jpegs = [i for i, d in enumerate(data) if _is_jpeg(d)]
+    if jpegs:
+        encoded = [data[i].cpu().contiguous() for i in jpegs]  # nvJPEG reads host memory
+        if _torchvision_batched_jpeg(torchvision):
+            decoded = decode_jpeg(encoded, device=dev, mode=ImageReadMode.RGB)
+        else:
+            decoded = [decode_jpeg(e, device=dev, mode=ImageReadMode.RGB) for e in encoded]
+        for i, img in zip(jpegs, decoded):
+            out[i] = img
+    for i, d in enumerate(data):
+        if out[i] is None:  # not a JPEG: nvJPEG cannot, the CPU can
+            out[i] = _decode_cpu(d).to(dev, non_blocking=True)
+    return cast(list[torch.Tensor], out)  # every slot was filled above
+
+
+# --------------------------------------------------------------------------------------------
+# Per-sample randomness
+# --------------------------------------------------------------------------------------------
+
+
+def _mix64(x: int) -> int:
+    """SplitMix64's finaliser: a bijection of 64-bit integers that spreads every input bit."""
+    x = (x + 0x9E3779B97F4A7C15) & _MASK64
+    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
+    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & _MASK64
+    return x ^ (x >> 31)
+
+
+def sample_generator(seed: int, epoch: int, index: int) -> torch.Generator:
+    """A CPU generator seeded from ``(seed, epoch, index)`` alone.
+
+    The seed is a 64-bit mix of the three integers (no ``hash()``, which is salted per
+    process for strings), so it is the same in every process and run, and differs for every
+    change of any one of them.
+    """
+    h = _mix64(int(seed) & _MASK64)
+    h = _mix64(h ^ (int(epoch) & _MASK64))
+    h = _mix64(h ^ (int(index) & _MASK64))
+    return torch.Generator(device="cpu").manual_seed(h)
+
+
+@functools.lru_cache(maxsize=16)
+def _log_ratio(lo: float, hi: float) -> tuple[float, float]:
+    """log of the ratio bounds in float32, as torchvision computes them (cached: ~7 us a call)."""
+    log_lo, log_hi = torch.log(torch.tensor((lo, hi))).tolist()
+    return log_lo, log_hi
+
+
+def crop_params(
+    height: int,
+    width: int,
+    generator: torch.Generator,
+    scale: tuple[float, float] = (0.08, 1.0),
+    ratio: tuple[float, float] = (3 / 4, 4 / 3),
+) -> tuple[int, int, int, int]:
+    """``(top, left, h, w)`` of a random crop: torchvision's ``RandomResizedCrop.get_params``.
+
+    The same algorithm, draw for draw (10 tries at a random area and log-uniform aspect
+    ratio, then the central crop at the nearest allowed ratio), but from ``generator``
+    instead of the global RNG: with a generator seeded ``s`` it returns what torchvision
+    returns after ``torch.manual_seed(s)``.
+    """
+    area = height * width
+    log_lo, log_hi = _log_ratio(ratio[0], ratio[1])
+    for _ in range(10):
+        # torch ops on float32, not math on doubles: the same values as torchvision, bit for bit
+        target_area = area * torch.empty(1).uniform_(scale[0], scale[1], generator=generator).item()
+        aspect = torch.empty(1).uniform_(log_lo, log_hi, generator=generator).exp_().item()
+        w = int(round(math.sqrt(target_area * aspect)))
+        h = int(round(math.sqrt(target_area / aspect)))
+        if 0 < w <= width and 0 < h <= height:
+            top = int(torch.randint(0, height - h + 1, size=(1,), generator=generator).item())
+            left = int(torch.randint(0, width - w + 1, size=(1,), generator=generator).item())
+            return top, left, h, w
+    # Fallback: the central crop, at the allowed ratio nearest the image's.
+    in_ratio = float(width) / float(height)
+    if in_ratio < min(ratio):
+        w = width
+        h = int(round(w / min(ratio)))
+    elif in_ratio > max(ratio):
+        h = height
+        w = int(round(h * max(ratio)))
+    else:
+        w, h = width, height
+    return (height - h) // 2, (width - w) // 2, h, w
+
+
+# --------------------------------------------------------------------------------------------
+# Augmentation
+# --------------------------------------------------------------------------------------------
+
+
+class RandomResizedCropFlipNormalize:
+    """RandomResizedCrop + RandomHorizontalFlip + Normalize on a list of uint8 CHW images.
+
+    Returns one ``[N, 3, size, size]`` tensor of ``dtype`` on the images' device. Each
+    sample's crop and flip come from ``sample_generator(seed, epoch, index)``: crop first,
+    then one ``torch.rand`` for the flip, as torchvision draws them. So the result depends on
+    the sample's dataset index and the epoch, not on its batch or position or the device.
+    Resizing is bilinear with antialiasing (torchvision's tensor default) on float values,
+    without rounding back to uint8 in between. Grayscale images are repeated to 3 channels.
+    """
+
+    def __init__(
+        self,
+        size: int = 224,
+        scale: tuple[float, float] = (0.08, 1.0),
+        ratio: tuple[float, float] = (3 / 4, 4 / 3),
+        flip_p: float = 0.5,
+        mean: Sequence[float] = IMAGENET_MEAN,
+        std: Sequence[float] = IMAGENET_STD,
+        dtype: torch.dtype = torch.float32,
+        seed: int = 0,
+    ):
+        if size < 1:
+            raise ValueError(f"size must be positive, got {size}")
+        if not 0 < scale[0] <= scale[1]:
+            raise ValueError(f"scale must be (lo, hi) with 0 < lo <= hi, got {scale}")
+        if not 0 < ratio[0] <= ratio[1]:
+            raise ValueError(f"ratio must be (lo, hi) with 0 < lo <= hi, got {ratio}")
+        if not 0.0 <= flip_p <= 1.0:
+            raise ValueError(f"flip_p must be in [0, 1], got {flip_p}")
+        if len(mean) != 3 or len(std) != 3 or any(s <= 0 for s in std):
+            raise ValueError(f"mean and std need 3 values each, std positive; got {mean}, {std}")
+        if not dtype.is_floating_point:
+            raise ValueError(f"dtype must be a floating-point dtype, got {dtype}")
+        self.size = int(size)
+        self.scale = (float(scale[0]), float(scale[1]))
+        self.ratio = (float(ratio[0]), float(ratio[1]))
+        self.flip_p = float(flip_p)
+        self.mean = tuple(float(m) for m in mean)
+        self.std = tuple(float(s) for s in std)
+        self.dtype = dtype
+        self.seed = int(seed)
+        self.epoch = 0
+        # (x/255 - mean)/std as one multiply-add per element: x * a - b.
+        self._mul = torch.tensor([1.0 / (255.0 * s) for s in self.std]).view(1, 3, 1, 1)
+        self._sub = torch.tensor([m / s for m, s in zip(self.mean, self.std)]).view(1, 3, 1, 1)
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = int(epoch)
+
+    def params(self, height: int, width: int, index: int) -> tuple[tuple[int, int, int, int], bool]:
+        """Sample ``index``'s ``((top, left, h, w), flip)`` for the current epoch."""
+        g = sample_generator(self.seed, self.epoch, index)
+        crop = crop_params(height, width, g, self.scale, self.ratio)
+        flip = bool(torch.rand(1, generator=g).item() < self.flip_p)
+        return crop, flip
+
+    def __call__(self, images: Sequence[torch.Tensor], indices: Sequence[int] | torch.Tensor) -> torch.Tensor:
+        if len(images) == 0:
+            raise ValueError("RandomResizedCropFlipNormalize got no images")
+        idx = indices.tolist() if isinstance(indices, torch.Tensor) else [int(i) for i in indices]
+        if len(idx) != len(images):
+            raise ValueError(f"got {len(images)} images but {len(idx)} indices; one index per image")
+        device = images[0].device
+        s = self.size
+        # Resized samples land in one float32 buffer; the normalisation runs once over it in
+        # float32 (more precise than in bf16/fp16), then one cast to the output dtype.
+        out = torch.empty((len(images), 3, s, s), dtype=torch.float32, device=device)
+        flipped: list[int] = []
+        for n, (img, index) in enumerate(zip(images, idx)):
+            if img.device != device:
+                raise ValueError(f"images are on several devices ({device} and {img.device})")
+            if img.dtype != torch.uint8 or img.dim() != 3 or img.shape[0] not in (1, 3):
+                raise ValueError(
+                    f"image {n}: expected a uint8 CHW tensor with 1 or 3 channels, "
+                    f"got {img.dtype} of shape {tuple(img.shape)}"
+                )
+            (top, left, h, w), flip = self.params(img.shape[1], img.shape[2], index)
+            crop = img[:, top : top + h, left : left + w].unsqueeze(0).float()
+            resized = F.interpolate(crop, size=(s, s), mode="bilinear", antialias=True, align_corners=False)
+            out[n].copy_(resized[0])  # broadcasts a grayscale channel to all 3
+            if flip:
+                flipped.append(n)
+        if flipped:
+            rows = torch.tensor(flipped, device=device)
+            out[rows] = out[rows].flip(-1)
+        out.mul_(self._mul.to(device)).sub_(self._sub.to(device))
+        return out if self.dtype == torch.float32 else out.to(self.dtype)
+
+    def describe(self) -> str:
+        return (
+            f"RandomResizedCrop({self.size}, scale={self.scale}, ratio=({self.ratio[0]:.3g}, "
+            f"{self.ratio[1]:.3g})) + HorizontalFlip(p={self.flip_p}) + Normalize -> "
+            f"{str(self.dtype).removeprefix('torch.')}, seed {self.seed}"
+        )
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.describe()})"
+
+
+# --------------------------------------------------------------------------------------------
+# The producer's hook
+# --------------------------------------------------------------------------------------------
+
+
+class ImagePipeline:
+    """Decode + augment a ``collate_encoded`` batch on ``device``: the producer's ``gpu_transform``.
+
+    Returns ``{"image": [N, 3, S, S], "label": int64, "index": int64}``, all on ``device``.
+    ``transform=None`` means the default ``RandomResizedCropFlipNormalize()`` (224, ImageNet's
+    statistics, float32, seed 0).
+    """
+
+    def __init__(
+        self,
+        device: torch.device | str,
+        transform: RandomResizedCropFlipNormalize | None = None,
+    ):
+        self.device = _resolve_device(device)
+        self.transform = transform if transform is not None else RandomResizedCropFlipNormalize()
+
+    def set_epoch(self, epoch: int) -> None:
+        self.transform.set_epoch(epoch)
+
+    def __call__(self, batch: dict[str, Any]) -> dict[str, torch.Tensor]:
+        index = batch["index"]
+        if not isinstance(index, torch.Tensor):
+            index = torch.as_tensor(index, dtype=torch.int64)
+        images = decode_images(batch["data"], self.device)
+        image = self.transform(images, index.cpu())  # the indices are read on the host anyway
+        label = batch["label"]
+        if not isinstance(label, torch.Tensor):
+            label = torch.as_tensor(label, dtype=torch.int64)
+        return {
+            "image": image,
+            "label": label.to(self.device, dtype=torch.int64, non_blocking=True),
+            "index": index.to(self.device, dtype=torch.int64, non_blocking=True),
+        }
+
+    def describe(self) -> str:
+        decoder = "nvJPEG" if self.device.type == "cuda" else "Pillow"
+        return f"decode on {self.device} ({decoder}), {self.transform.describe()}"
+
+    def __repr__(self) -> str:
+        return f"ImagePipeline({self.describe()})"
