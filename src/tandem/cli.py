@@ -456,6 +456,43 @@ def bench_share(jobs: str, quick: bool, out: Path) -> None:
     run([int(j) for j in jobs.split(",")], quick=quick, out=out)
 
 
+@bench.command("io")
+@click.option(
+    "--dir", "folder", type=click.Path(path_type=Path), default=Path("data/io-bench"), show_default=True
+)
+@click.option("--size-gib", type=click.FloatRange(min=0.001), default=8.0, show_default=True)
+@click.option("--seconds", type=click.FloatRange(min=0.01), default=5.0, show_default=True)
+@click.option("--threads", type=click.IntRange(min=1), default=8, show_default=True, help="= queue depth")
+@click.option("--block-sizes", default="4K,64K,1M,4M", show_default=True)
+@click.option("--device", default="auto", show_default=True, help="cuda:N, cpu, or auto.")
+@click.option("--direct/--no-direct", default=True, show_default=True, help="O_DIRECT reads.")
+@click.option("--drop-caches/--no-drop-caches", default=True, show_default=True, help="root only")
+@click.option("--quick", is_flag=True, help="A small run (64 MiB, 0.2 s per cell), for a smoke test.")
+@click.option(
+    "--out",
+    type=click.Path(path_type=Path),
+    default=Path("benchmarks/results/gpu_io.json"),
+    show_default=True,
+)
+def bench_io(folder: Path, size_gib: float, seconds: float, threads: int, block_sizes: str, device: str,
+             direct: bool, drop_caches: bool, quick: bool, out: Path) -> None:  # fmt: skip
+    """Storage-to-GPU random reads: pread + copy against cuFile."""
+    from tandem.bench.io_bench import parse_size, run  # needs only the core: no require()
+    from tandem.share import ShareError
+
+    try:
+        sizes = tuple(parse_size(s) for s in block_sizes.split(","))
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), param_hint="'--block-sizes'") from None
+    if quick:
+        size_gib, seconds = 1 / 16, 0.2
+    try:
+        run(folder=folder, size_gib=size_gib, seconds=seconds, threads=threads, block_sizes=sizes,
+            device=device, direct=direct, drop=drop_caches, out=out)  # fmt: skip
+    except (ValueError, ShareError) as exc:
+        raise click.ClickException(str(exc)) from None
+
+
 def _add_place_commands() -> None:
     from tandem.place.cli import COMMANDS, SHARE_COMMANDS
 

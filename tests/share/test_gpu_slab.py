@@ -16,6 +16,8 @@ import torch
 
 from tandem.bench.images import make_image_folder
 from tandem.share import Consumer, Producer, ShareError, _table
+from tandem.share._registry import live_producers, socket_path
+from tandem.share._stats import query
 from tandem.share._window import Entry
 from tandem.share.protocol import Batch, EntryKind, Segment
 
@@ -93,6 +95,7 @@ def test_gpu_slab_exact_epochs_for_own_batch_sizes(procs, batch_size):
 @cuda
 def test_gpu_slab_late_joiner_and_a_cpu_consumer_get_every_sample_once(procs):
     procs.start(serve_range, "gl", 2000, 50, epochs=2, shuffle=True, window=4, device="cuda:0")
+    _wait_live("gl")
     procs.start(consume, "gl", procs.queue, batch_size=64, epochs=2, device="cuda:0",
                 step_s=0.002, tag="early")  # fmt: skip
     time.sleep(1.0)  # the late ones join mid-epoch
@@ -117,6 +120,20 @@ def test_gpu_slab_sigkilled_consumer_releases_its_slots(procs):
     assert sorted(res["survivor"][0][0]) == list(range(600))
 
 
+def _wait_live(name: str) -> None:
+    """A producer on a GPU starts in seconds (CUDA's own start): wait before timing anything."""
+    started = time.monotonic()
+    wait_for(lambda: name in [p.name for p in live_producers()], timeout=90, what=f"producer {name} up")
+    print(f"producer {name} up after {time.monotonic() - started:.1f} s")
+
+
+def _consumers(name: str) -> tuple:
+    try:
+        return query(str(socket_path(name))).consumers
+    except (OSError, EOFError):
+        return ()
+
+
 def _gpu_pids() -> set[int]:
     import pynvml
 
@@ -135,9 +152,11 @@ def _torch_shm(pid: int) -> list[str]:
 @cuda
 def test_gpu_slab_sigkilled_producer_is_a_clear_error_and_leaves_nothing(procs):
     producer = procs.start(serve_range, "gp", 100_000, 16, window=4, device="cuda:0")
+    _wait_live("gp")
     for _ in range(2):
         procs.start(consume_forever, "gp", procs.queue, step_s=0.02, device="cuda:0")
-    time.sleep(3.0)
+    wait_for(lambda: len(_consumers("gp")) == 2, timeout=60, what="two consumers attached")
+    time.sleep(1.0)
     os.kill(producer.pid, signal.SIGKILL)
     killed_at = time.monotonic()
     errors = []

@@ -195,7 +195,7 @@ def consume_images(name, queue, batch_size, device, tag, epochs=1):
                     assert b["image"].device.type == torch.device(device).type
                     assert b["label"].shape == b["index"].shape == (b["image"].shape[0],)
                     idx += b["index"].tolist()
-                    images.append(b["image"].cpu())
+                    images.append(b["image"].to("cpu", copy=True))  # views are valid one step
                 queue.put((tag, e, idx, torch.cat(images).float().numpy()))  # by value
             queue.put((tag, "done", {}))
     except BaseException as exc:
