@@ -58,8 +58,12 @@ class Connection:
             self._gone = True
 
     def ready(self) -> bool:
-        """Whether a message is waiting (receiving it would not block)."""
-        return bool(select.select([self.sock], [], [], 0)[0])
+        """Whether a message is waiting or the producer has gone (receiving would not block).
+
+        ``poll``, not ``select``: a training process may hold more than 1024 descriptors."""
+        poller = select.poll()
+        poller.register(self.sock, select.POLLIN | select.POLLERR | select.POLLHUP)
+        return bool(poller.poll(0))
 
     def receive(self, doing: str, timeout: float | None) -> object:
         who = f"producer {self.name!r}" + (f" (pid {self.producer_pid})" if self.producer_pid else "")
@@ -140,6 +144,10 @@ class SocketChannel:
     def taken(self, seq: int, holding: int | None) -> None:
         """The producer moved this consumer's cursor when it replied: nothing to publish."""
 
+    def producer_gone(self) -> bool:
+        """Whether the producer has closed its end (a final message may still be waiting)."""
+        return not self._inflight and self._conn.ready()
+
     def release(self, releases: list[int], holding: int | None) -> None:
         if self._gate is not None:
             self._gate.collect(releases, block=True)
@@ -187,7 +195,6 @@ class TableChannel:
         self._segments = segments
         self._progress = progress
         self._gate = gate
-        self._holding: int | None = None
         # Never prefetch here: the reply to a Next in flight could arrive after its entry
         # was taken from the table, and answer the wrong request. The producer reads this
         # consumer's releases from its table record only, so the socket channel needs no gate.
@@ -202,9 +209,10 @@ class TableChannel:
         reply = self._take_announced()
         if reply is None:
             if self._gate is not None and len(self._gate):
-                # About to wait for the producer: hand back every held batch first.
+                # About to wait for the producer: hand back every held batch first (the
+                # consumer moved the one it read into the gate: it holds none now).
                 self._gate.collect(releases, block=True)
-                self._publish(self._holding)
+                self._publish(None)
             return self._socket.take(releases, data_timeout)
         # Taking it publishes the release watermark (see _publish), which covers every seq
         # released so far: they must not pile up for a later Next over the socket.
@@ -221,8 +229,12 @@ class TableChannel:
         if record is None:
             return None
         message = _table.message(self._taken, record)
-        if isinstance(message, protocol.Batch) and not self._segments.has(message.segment):
-            return None  # the socket path brings the segment's fd
+        if isinstance(message, protocol.Batch):
+            if not self._segments.has(message.segment):
+                return None  # the socket path brings the segment's fd
+            if message.segment.kind == "cuda" and self._socket.producer_gone():
+                # Its GPU memory went with it: read nothing more, let the socket say why.
+                return None
         return message
 
     def release(self, releases: list[int], holding: int | None) -> None:
@@ -237,7 +249,6 @@ class TableChannel:
         Releases are in order: every seq below the batch still held (or below the cursor),
         and below the oldest one whose GPU work is still pending, is released.
         """
-        self._holding = holding
         released = holding if holding is not None else self._taken
         if self._gate is not None:
             self._gate.collect([], block=False)

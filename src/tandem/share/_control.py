@@ -271,6 +271,24 @@ class ControlServer:
                 self.cond.wait(TICK)
             self.push_final()
 
+    def await_released(self, timeout: float) -> None:
+        """Wait until every consumer has handed back every batch, or left (lock not held).
+
+        A CUDA slab's memory must not go while a consumer's kernels may still read it: a
+        consumer hands a slot back only once its GPU is done with it (or when it closes)."""
+        deadline = time.monotonic() + timeout
+        with self.cond:
+            while any(c.link.released_below() < c.link.cursor() for c in self.consumers.values()):
+                if time.monotonic() >= deadline:
+                    log.warning(
+                        "producer %r: freeing GPU memory after %g s although %s still hold batches",
+                        self.name,
+                        timeout,
+                        ", ".join(f"consumer {c.cid} (pid {c.pid})" for c in self.consumers.values()),
+                    )
+                    return
+                self.cond.wait(TICK)
+
     def laggards(self) -> str:
         """The consumers that hold the oldest entry back, for "waiting for ..." messages."""
         consumers = self.consumers.values()

@@ -37,7 +37,9 @@ def check_device(device: str) -> torch.device:
             f"device {device!r} asked for, but CUDA is not available in this process "
             "(CPU-only torch build or no GPU); use device='cpu'"
         )
-    if dev.index is not None and dev.index >= torch.cuda.device_count():
+    if dev.index is None:  # "cuda": the current device, by number, so comparisons hold
+        return torch.device("cuda", torch.cuda.current_device())
+    if dev.index >= torch.cuda.device_count():
         raise ShareError(f"device {device!r}: only {torch.cuda.device_count()} CUDA device(s)")
     return dev
 

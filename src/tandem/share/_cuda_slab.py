@@ -20,8 +20,15 @@ Ordering, both ways by CUDA events, never by time:
   producer refills a slot only when every consumer has handed it back.
 
 The GPU is matched by UUID, not index, so producer and consumer may see it under different
-``CUDA_VISIBLE_DEVICES``. CUDA IPC is PyTorch's (``UntypedStorage._share_cuda_``), which
-also keeps a slot's memory alive in the producer while a consumer still has it open.
+``CUDA_VISIBLE_DEVICES``. CUDA IPC is PyTorch's (``UntypedStorage._share_cuda_``). The
+producer keeps every buffer it ever shared (a slot that grows retires its old one) until it
+closes, and closes only once every consumer has handed back what it took, or left (with a
+timeout): consumers never read freed memory while the producer lives. (PyTorch's own
+per-share reference count is not relied on: one share serves every consumer.)
+
+Views of a slot are the producer's memory itself, shared by every consumer on that GPU, so
+they are not copy-on-write like the host slab's: a consumer that writes into one is warned
+(the views' shared version counter moved), since other consumers may have read the change.
 Nothing here runs unless a CUDA slab is asked for.
 """
 
@@ -31,6 +38,7 @@ import mmap
 import os
 import pickle
 import struct
+import warnings
 from typing import Any
 
 import torch
@@ -112,11 +120,12 @@ class CudaSlab:
         self.device = device
         self.uuid = device_uuid(device)
         self._segments: list[_CudaSegment | None] = []
+        self._retired: list[_CudaSegment] = []  # replaced by larger ones; consumers may hold them
         self._next_id = 0
 
     @property
     def nbytes(self) -> int:
-        return sum(s.size for s in self._segments if s is not None)
+        return sum(s.size for s in self._segments if s is not None) + sum(s.size for s in self._retired)
 
     def _segment(self, slot: int) -> _CudaSegment:
         seg = self._segments[slot]
@@ -142,7 +151,7 @@ class CudaSlab:
         seg = self._segments[slot]
         if seg is None or seg.size < nbytes or seg.meta_room < len(meta):
             if seg is not None:
-                seg.close()
+                self._retired.append(seg)
             size = _round_up(max(nbytes + nbytes // 4, _MIN_BUFFER), PAGE)
             seg = _CudaSegment(
                 self._next_id, slot, size, max(_META_ROOM, 2 * len(meta)), self.label, self.device
@@ -163,20 +172,22 @@ class CudaSlab:
     def close(self) -> None:
         if any(s is not None for s in self._segments):
             torch.cuda.synchronize(self.device)  # nothing may still be writing a buffer we drop
-        for seg in self._segments:
+        for seg in [*self._segments, *self._retired]:
             if seg is not None:
                 seg.close()
         self._segments = [None] * len(self._segments)
+        self._retired = []
 
 
 class _Opened:
-    __slots__ = ("segment_id", "mm", "u8", "written")
+    __slots__ = ("segment_id", "mm", "u8", "written", "version")
 
     def __init__(self, segment_id: int, mm: mmap.mmap, u8: torch.Tensor, written: Any):
         self.segment_id = segment_id
         self.mm = mm
         self.u8 = u8
         self.written = written
+        self.version = u8._version  # moves when anything writes into a view of the slot
 
 
 class CudaSegmentMap:
@@ -194,23 +205,47 @@ class CudaSegmentMap:
             mm = mmap.mmap(fd, size, mmap.MAP_SHARED, mmap.PROT_READ)
         finally:
             os.close(fd)
+        try:
+            opened = self._open(segment, mm)
+        except BaseException:
+            mm.close()
+            raise
+        previous = self._by_slot.get(segment.slot)
+        if previous is not None:
+            previous.mm.close()  # only the meta lives there; views are of the device memory
+        self._by_slot[segment.slot] = opened
+        self._views.forget(segment.slot)
+
+    def _open(self, segment: protocol.Segment, mm: mmap.mmap) -> _Opened:
         (length,) = _HEADER_LEN.unpack_from(mm, 0)
         header = pickle.loads(mm[_HEADER_LEN.size : _HEADER_LEN.size + length])
         if header["uuid"] != device_uuid(self.device):
             raise protocol.ProtocolError(
                 f"segment {segment.segment_id} is on GPU {header['uuid']}, not the producer's slab GPU"
             )
-        index = self.device.index
         _, handle, size_bytes, offset_bytes, ref_handle, ref_offset, event_handle, sync = header["storage"]
-        with torch.cuda.device(self.device):
-            storage = torch.UntypedStorage._new_shared_cuda(
-                index, handle, size_bytes, offset_bytes, ref_handle, ref_offset, event_handle, sync
-            )
-            u8 = torch.empty(0, dtype=torch.uint8, device=self.device)
-            u8.set_(storage, 0, (header["size"],), (1,))
-            written = torch.cuda.Event.from_ipc_handle(self.device, header["written"])
-        self._by_slot[segment.slot] = _Opened(segment.segment_id, mm, u8, written)
-        self._views.forget(segment.slot)
+        try:
+            with torch.cuda.device(self.device):
+                storage = torch.UntypedStorage._new_shared_cuda(
+                    self.device.index,
+                    handle,
+                    size_bytes,
+                    offset_bytes,
+                    ref_handle,
+                    ref_offset,
+                    event_handle,
+                    sync,
+                )
+                u8 = torch.empty(0, dtype=torch.uint8, device=self.device)
+                u8.set_(storage, 0, (header["size"],), (1,))
+                written = torch.cuda.Event.from_ipc_handle(self.device, header["written"])
+        except RuntimeError as exc:
+            raise ShareError(
+                f"cannot open producer {self._producer!r}'s GPU memory through CUDA IPC ({exc}); "
+                "CUDA IPC needs both processes on the same host and PID namespace, and does not "
+                "work on WSL2; serve from host memory instead (a producer without device=)"
+            ) from exc
+        return _Opened(segment.segment_id, mm, u8, written)
 
     def has(self, segment: protocol.Segment) -> bool:
         opened = self._by_slot.get(segment.slot)
@@ -231,7 +266,24 @@ class CudaSegmentMap:
         return spec, leaves
 
     def released(self, slot: int) -> None:
-        pass  # read-only views: nothing of this consumer's to undo
+        pass  # nothing of this consumer's to undo (see check_unmodified)
+
+    def check_unmodified(self, slot: int, name: str) -> None:
+        """Warn once per slot if this consumer wrote into the shared GPU memory."""
+        opened = self._by_slot.get(slot)
+        if opened is not None and opened.u8._version != opened.version:
+            opened.version = opened.u8._version
+            warnings.warn(
+                f"a batch from producer {name!r} was modified in place; its GPU memory is shared "
+                "with every consumer on that GPU (not copy-on-write), so others may have seen the "
+                "change: clone a batch before writing into it",
+                RuntimeWarning,
+                stacklevel=4,
+            )
+
+    def finish(self) -> None:
+        """Wait for this process's work on the current stream (the last step's reads)."""
+        torch.cuda.current_stream(self.device).synchronize()
 
     def done_event(self) -> torch.cuda.Event:
         """An event after everything queued so far on the current stream (the training step
@@ -241,5 +293,11 @@ class CudaSegmentMap:
         return event
 
     def close(self) -> None:
+        if self._by_slot:
+            # Also when the consumer is dropped without close(): the slots go back when the
+            # socket closes, right after this, and our kernels may still read them.
+            self.finish()
         self._views.clear()
+        for opened in self._by_slot.values():
+            opened.mm.close()
         self._by_slot.clear()  # the storages go with the last view of them

@@ -3,8 +3,11 @@
 ``for batch in Consumer("imagenet"):`` is one epoch; every ``iter()`` the next one. Batches
 are views into the producer's shared memory, valid until the consumer asks for the next
 batch (or calls :meth:`Consumer.release`). To keep a batch longer, copy it:
-``tandem.share.clone_batch(batch)``. Modifying a batch in place changes only this
-consumer's copy-on-write view, never the producer's data or another consumer's.
+``tandem.share.clone_batch(batch)``. Modifying a batch from host memory in place changes only
+this consumer's copy-on-write view, never the producer's data or another consumer's. A batch
+from a CUDA slab (``Producer(..., device="cuda:N")``) is the producer's GPU memory itself,
+shared with every consumer on that GPU: never write into it (clone first); a consumer that
+does is warned, since the others may have read the changed data.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ from typing import Any
 
 import torch
 
+from tandem._ipc import close_fds
 from tandem.share import _table, protocol
 from tandem.share._channel import Connection, SocketChannel, TableChannel, connect, say_bye
 from tandem.share._cuda import DeviceCopier, check_device
@@ -196,12 +200,14 @@ class Consumer:
             try:
                 slab_device = local_device(welcome.slab_device, f"producer {self.name!r}")
             except ShareError:
+                close_fds(self._conn.welcome_fds)
                 self.close()
                 raise
             self._cuda_slab = CudaSegmentMap(slab_device, self.name)
             self._gate = ReleaseGate()
             return self._cuda_slab
         if welcome.slab != "host":
+            close_fds(self._conn.welcome_fds)
             self.close()
             raise ProtocolError(f"unknown slab kind {welcome.slab!r} in Welcome")
         segments = SegmentMap(writable_private=self.device.type == "cpu")
@@ -317,11 +323,13 @@ class Consumer:
         reading its slot, once the CUDA event recorded now has completed."""
         assert self._cur is not None
         seq = self._cur.msg.seq
-        self._segments.released(self._cur.msg.segment.slot)
+        slot = self._cur.msg.segment.slot
+        self._segments.released(slot)
         self._cur = None
         if self._gate is None:
             self._release.append(seq)
         elif self._cuda_slab is not None:
+            self._cuda_slab.check_unmodified(slot, self.name)
             self._gate.hold(seq, self._cuda_slab.done_event())
         else:
             assert self._copier is not None
@@ -425,16 +433,17 @@ class Consumer:
         if self._closed:
             return
         self._closed = True
-        if self._copier is not None:
-            self._copier.close()  # copies out of shared memory finish before we let go
-        if self._cuda_slab is not None:
-            # Our last kernels may still read a slot the producer refills once we are gone.
-            torch.cuda.current_stream(self._cuda_slab.device).synchronize()
-        say_bye(self._conn.sock)
-        self._cur = None
-        if hasattr(self, "_channel"):
-            self._channel.close()
-        self._finalizer()
+        try:
+            if self._copier is not None:
+                self._copier.close()  # copies out of shared memory finish before we let go
+            if self._cuda_slab is not None:
+                self._cuda_slab.finish()  # our last kernels may still read a slot
+        finally:
+            say_bye(self._conn.sock)
+            self._cur = None
+            if hasattr(self, "_channel"):
+                self._channel.close()
+            self._finalizer()
 
     def __enter__(self) -> Consumer:
         return self

@@ -47,6 +47,7 @@ from tandem.share.errors import UnsupportedBatch
 
 log = logging.getLogger("tandem.share")
 
+_RELEASE_GPU_MEMORY_S = 10.0  # at the end, how long consumers may keep reading a CUDA slab
 _POLL_RELEASES_S = 0.002  # table consumers release in shared memory, unannounced: poll this often
 
 
@@ -230,6 +231,8 @@ class Producer:
             with self._cond:
                 self._publish_end(self._stop_reason or "producer closed", finished=False)
                 self._server.push_final()
+            if self.device is not None:
+                self._server.await_released(_RELEASE_GPU_MEMORY_S)
             self._server.stop()
             self._registration.release()
             shutdown = getattr(getattr(self._source, "_iterator", None), "_shutdown_workers", None)
