@@ -444,16 +444,28 @@ def bench() -> None:
     """Benchmarks."""
 
 
-@bench.command("share")
+@bench.command("share", context_settings={"ignore_unknown_options": True})
 @click.option("--jobs", default="1,2,4", show_default=True, help="Comma-separated job counts.")
 @click.option("--quick", is_flag=True, help="A small run, for a smoke test.")
-@click.option("--out", type=click.Path(path_type=Path), default=Path("benchmarks/results"), show_default=True)
-def bench_share(jobs: str, quick: bool, out: Path) -> None:
+@click.option("--out", type=click.Path(path_type=Path), default=None,
+              help="Results folder (default benchmarks/results); with --gpu, the JSON file.")  # fmt: skip
+@click.option("--gpu", is_flag=True,
+              help="Real models on one GPU: limit, private, host path, GPU path (needs CUDA). "
+              "Its further options after --: tandem bench share --gpu -- --help.")  # fmt: skip
+@click.argument("gpu_args", nargs=-1, type=click.UNPROCESSED)
+def bench_share(jobs: str, quick: bool, out: Path | None, gpu: bool, gpu_args: tuple[str, ...]) -> None:
     """Shared against private data loading on a generated image folder."""
     require("bench", "PIL")
+    if gpu:
+        from tandem.bench.gpu_share import main as gpu_main
+
+        argv = ["--jobs", jobs, *(["--smoke"] if quick else []), *(["--out", str(out)] if out else [])]
+        raise SystemExit(gpu_main([*argv, *gpu_args], prog="tandem bench share --gpu"))
+    if gpu_args:
+        raise click.UsageError(f"unexpected arguments {' '.join(gpu_args)} (they are for --gpu)")
     from tandem.bench.share_bench import run
 
-    run([int(j) for j in jobs.split(",")], quick=quick, out=out)
+    run([int(j) for j in jobs.split(",")], quick=quick, out=out or Path("benchmarks/results"))
 
 
 @bench.command("io")
