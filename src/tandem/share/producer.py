@@ -22,6 +22,8 @@ Pacing (``policy``):
 from __future__ import annotations
 
 import collections
+import concurrent.futures
+import contextlib
 import logging
 import os
 import signal
@@ -69,6 +71,7 @@ class Producer:
         drain_timeout: float | None = None,
         device: str | None = None,
         batch_transform: Callable[[Any], Any] | None = None,
+        transform_threads: int = 1,
     ):
         if not isinstance(source, Iterable):
             raise TypeError(f"source must be a re-iterable of batches, got {type(source).__name__}")
@@ -83,6 +86,8 @@ class Producer:
             raise ValueError(f"window must be an integer >= 2, got {window!r}")
         if batch_transform is not None and not callable(batch_transform):
             raise TypeError(f"batch_transform must be callable, got {type(batch_transform).__name__}")
+        if type(transform_threads) is not int or transform_threads < 1:
+            raise ValueError(f"transform_threads must be a positive integer, got {transform_threads!r}")
         slab_device = check_device(device) if device is not None else None
         self.name = name
         self.window = window
@@ -94,6 +99,7 @@ class Producer:
         self._window = Window(policy, window)
         self.device = slab_device if slab_device is not None and slab_device.type == "cuda" else None
         self._transform = batch_transform
+        self._transform_threads = transform_threads
         label = f"{name}:{os.getpid()}"
         self._slab: Slab = CudaSlab(label, self.device) if self.device is not None else HostSlab(label)
         self._server = ControlServer(name, self._window, self._slab, self._cond, self.stats, self.stop)
@@ -155,6 +161,7 @@ class Producer:
         dtype: torch.dtype = torch.float32,
         transform: Callable[..., torch.Tensor] | None = None,
         num_workers: int | str = 2,
+        transform_threads: int = 2,
         **kwargs: Any,
     ) -> Producer:
         """A producer of image files that decodes and augments on the GPU, once for all jobs.
@@ -164,8 +171,10 @@ class Producer:
         the producer decodes them on ``device`` in batches (nvJPEG through torchvision),
         applies ``transform`` there (default: random-resized-crop to ``crop``, flip,
         normalise, as ``dtype``, random per sample and reproducible from ``seed``), and
-        publishes ``{"image", "label", "index"}`` batches into a slab on that GPU. With
-        ``device="cpu"`` the same runs on the CPU (PIL), into host memory."""
+        publishes ``{"image", "label", "index"}`` batches into a slab on that GPU. Decoding
+        and augmenting run on ``transform_threads`` threads of the producer, a batch each,
+        published in order. With ``device="cpu"`` the same runs on the CPU (PIL), into host
+        memory."""
         from tandem.share.images import (
             EncodedImages,
             ImagePipeline,
@@ -191,6 +200,7 @@ class Producer:
             collate_fn=collate_encoded,
             seed=seed,
             batch_transform=ImagePipeline(dev, transform),
+            transform_threads=transform_threads,
             device=str(dev) if dev.type == "cuda" else None,
             **kwargs,
         )
@@ -319,25 +329,26 @@ class Producer:
             self._begin_epoch(epoch, limit)
             offset = 0
             completed = True
-            for batch in self._source:
-                if self._transform is not None:
-                    batch = self._transform(batch)
-                spec, leaves = flatten(batch)
-                count = self._count(spec, leaves, offset)
-                slot = self._acquire_slot()
-                if slot is None:
-                    completed = False
-                    break
-                meta = self._slab.write(slot, spec, leaves)
-                del spec, leaves, batch
-                with self._cond:
-                    self._publish_batch(epoch, offset, count, slot, meta)
-                offset += count
-                if self._stop_reason is not None or (limit is not None and offset >= limit):
-                    # a stop that comes with the epoch's last batch still ends the epoch
-                    known = self._window.samples_per_epoch
-                    completed = limit is None and known is not None and offset >= known
-                    break
+            # closed at the epoch's end (a break included): a batch_transform's threads finish
+            # before the next epoch's set_epoch
+            with contextlib.closing(self._transformed()) as batches:
+                for batch in batches:
+                    spec, leaves = flatten(batch)
+                    count = self._count(spec, leaves, offset)
+                    slot = self._acquire_slot()
+                    if slot is None:
+                        completed = False
+                        break
+                    meta = self._slab.write(slot, spec, leaves)
+                    del spec, leaves, batch
+                    with self._cond:
+                        self._publish_batch(epoch, offset, count, slot, meta)
+                    offset += count
+                    if self._stop_reason is not None or (limit is not None and offset >= limit):
+                        # a stop that comes with the epoch's last batch still ends the epoch
+                        known = self._window.samples_per_epoch
+                        completed = limit is None and known is not None and offset >= known
+                        break
             if limit is not None:
                 break
             if completed and offset == 0:
@@ -357,6 +368,29 @@ class Producer:
                 self._publish_end(self._stop_reason, finished=False)
             else:
                 self._publish_end(f"served {epochs} epoch(s)", finished=True)
+
+    def _transformed(self) -> Iterator[Any]:
+        """One epoch of the source, through ``batch_transform`` if any: on
+        ``transform_threads`` threads, that many batches in flight, in the source's order."""
+        if self._transform is None:
+            yield from self._source
+            return
+        if self._transform_threads == 1:
+            for batch in self._source:
+                yield self._transform(batch)
+            return
+        pending: collections.deque[concurrent.futures.Future] = collections.deque()
+        with concurrent.futures.ThreadPoolExecutor(self._transform_threads, "tandem-transform") as pool:
+            try:
+                for batch in self._source:
+                    pending.append(pool.submit(self._transform, batch))
+                    if len(pending) >= self._transform_threads:
+                        yield pending.popleft().result()
+                while pending:
+                    yield pending.popleft().result()
+            finally:  # stopped early, or a transform failed: the rest is not wanted
+                for future in pending:
+                    future.cancel()
 
     def _wait_first_consumer(self) -> bool:
         """A run shorter than the window must not end before anyone could take it."""
