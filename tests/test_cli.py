@@ -56,6 +56,30 @@ def test_serve_ls_and_consume(runtime_dir):
             serve.wait(10)
 
 
+def test_serve_an_image_folder_decoded_once_by_the_producer(runtime_dir, tmp_path):
+    from tandem.bench.images import make_image_folder
+
+    root = make_image_folder(tmp_path / "img", images=20, classes=2, min_side=32, max_side=48)
+    serve = subprocess.Popen(
+        [sys.executable, "-m", "tandem.cli", "share", "serve", "cli-img", "--images", str(root),
+         "--device", "cpu", "--crop", "16", "--batch-size", "8", "--epochs", "1", "--shuffle"],
+        cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=os.environ.copy(),
+    )  # fmt: skip
+    try:
+        with Consumer("cli-img", batch_size=5, timeout=30) as c:
+            seen = []
+            for b in c:
+                assert b["image"].shape == (5, 3, 16, 16) and b["label"].shape == (5,)
+                seen += b["index"].tolist()
+        assert sorted(seen) == list(range(20))
+        _, err = serve.communicate(timeout=30)
+        assert serve.returncode == 0, err
+    finally:
+        if serve.poll() is None:
+            serve.kill()
+            serve.wait(10)
+
+
 def test_ls_with_no_producers(runtime_dir):
     result = _tandem("share", "ls")
     assert result.returncode == 0 and "no producers" in result.stdout
@@ -76,6 +100,10 @@ def test_ls_does_not_import_torch(runtime_dir):
 def test_serve_usage_errors_are_clear(runtime_dir):
     none = _tandem("share", "serve", "x")
     assert none.returncode == 2 and "exactly one of --loader" in none.stderr
+    two = _tandem("share", "serve", "x", "--images", ".", "--loader", "tests.share.workers:make_list_loader")
+    assert two.returncode == 2 and "--images DIR" in two.stderr
+    empty = _tandem("share", "serve", "x", "--images", "src", "--device", "cpu")
+    assert empty.returncode == 2 and ("no class folders" in empty.stderr or "no images" in empty.stderr)
     missing = _tandem("share", "serve", "x", "--loader", "no_such_module_xyz:f")
     assert missing.returncode == 2 and "cannot import 'no_such_module_xyz'" in missing.stderr
     bad_name = _tandem("share", "serve", "a/b", "--loader", "tests.share.workers:make_list_loader")

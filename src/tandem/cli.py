@@ -109,6 +109,28 @@ def share() -> None:
 )
 @click.option("--dataset", "dataset_ref", metavar="REF", help=f"{OBJECT_FORMS}: returns a map-style dataset.")
 @click.option(
+    "--images",
+    "images_dir",
+    type=click.Path(exists=True, file_okay=False, path_type=Path),
+    help="An image folder (DIR/<class>/*.jpg): decoded and augmented once by the producer, on "
+    "--device (random-resized-crop to --crop, flip, normalise).",
+)
+@click.option(
+    "--device",
+    default=None,
+    metavar="cpu|cuda:N",
+    help="Where batches are kept: cuda:N keeps them in that GPU's memory, shared over CUDA IPC "
+    "[default: host memory; with --images: cuda if there is one, else cpu].",
+)
+@click.option("--crop", type=click.IntRange(min=1), default=224, show_default=True, help="With --images.")
+@click.option(
+    "--dtype",
+    type=click.Choice(["float32", "bfloat16", "float16"]),
+    default="float32",
+    show_default=True,
+    help="With --images: the images' dtype.",
+)
+@click.option(
     "--batch-size",
     type=click.IntRange(min=1),
     default=32,
@@ -153,7 +175,8 @@ def share() -> None:
     help="wait: the slowest consumer sets the pace; skip: laggards miss batches.",
 )
 def share_serve(
-    name: str, loader_ref: str | None, dataset_ref: str | None, batch_size: int, shuffle: bool,
+    name: str, loader_ref: str | None, dataset_ref: str | None, images_dir: Path | None,
+    device: str | None, crop: int, dtype: str, batch_size: int, shuffle: bool,
     num_workers: int | str, worker_nice: int, seed: int, epochs: int | None, window: int, policy: str,
 ) -> None:  # fmt: skip
     """Serve NAME to consumers on this host until stopped (Ctrl-C) or --epochs are done.
@@ -162,21 +185,33 @@ def share_serve(
     Examples:
     tandem share serve imagenet --dataset mypkg.data:train_set --shuffle
     tandem share serve stream --loader path/to/loaders.py:make_loader --epochs 10
+    tandem share serve imagenet --images data/imagenet/train --device cuda:0 --shuffle
     """
-    if (loader_ref is None) == (dataset_ref is None):
-        raise click.UsageError(f"give exactly one of --loader or --dataset ({OBJECT_FORMS})")
+    if sum(ref is not None for ref in (loader_ref, dataset_ref, images_dir)) != 1:
+        raise click.UsageError(f"give exactly one of --loader, --dataset ({OBJECT_FORMS}) or --images DIR")
+    import torch
+
     from tandem.share import Producer, ShareError
 
     try:
         if loader_ref is not None:
-            producer = Producer(load_object(loader_ref)(), name, window=window, policy=policy)
-        else:
+            producer = Producer(load_object(loader_ref)(), name, window=window, policy=policy, device=device)
+        elif dataset_ref is not None:
             producer = Producer.from_dataset(
-                load_object(dataset_ref)(), name, batch_size=batch_size, shuffle=shuffle,
+                load_object(dataset_ref)(), name, batch_size=batch_size, shuffle=shuffle, device=device,
                 num_workers=num_workers, worker_nice=worker_nice, seed=seed, window=window, policy=policy,
             )  # fmt: skip
-    except (TypeError, ValueError) as exc:
+        else:
+            producer = Producer.from_files(
+                images_dir, name, device=device or ("cuda" if torch.cuda.is_available() else "cpu"),
+                batch_size=batch_size, shuffle=shuffle, seed=seed, crop=crop, dtype=getattr(torch, dtype),
+                num_workers=2 if num_workers == "auto" else num_workers, worker_nice=worker_nice,
+                window=window, policy=policy,
+            )  # fmt: skip
+    except (TypeError, ValueError, FileNotFoundError) as exc:
         raise click.UsageError(str(exc)) from None
+    except ShareError as exc:
+        raise click.ClickException(str(exc)) from None
     try:
         with producer:  # claims the name (ProducerExists if it is live) before saying so
             click.echo(f"serving {name!r} (pid {os.getpid()}); Ctrl-C to stop", err=True)

@@ -375,3 +375,18 @@ def test_a_killed_supervisor_does_not_leave_its_job_running(cli, tmp_path: Path)
     assert "supervisor died" in job["cause"]
     assert _gone([job_pid]), "the job of a dead supervisor is still running"
     assert shim["state"] == "running"
+
+
+def test_share_define_an_image_folder_passes_it_to_the_producer(cli, tmp_path: Path) -> None:
+    from tandem.place.state import State
+
+    (tmp_path / "imgs" / "cls").mkdir(parents=True)
+    define = ("share", "define", "pics", "--images", "imgs", "--device", "cuda:0", "--batch-size", "64")
+    out = cli(*define).stdout
+    assert "defined 'pics'" in out
+    (share,) = State(cli.state).shares()
+    args = share.serve_args
+    assert args[args.index("--images") + 1] == str((tmp_path / "imgs").resolve())  # absolute
+    assert args[args.index("--device") + 1] == "cuda:0" and args[args.index("--batch-size") + 1] == "64"
+    both = cli("share", "define", "x", "--images", "imgs", "--dataset", "m:f", check=False)
+    assert both.returncode == 2 and "exactly one of" in both.stderr

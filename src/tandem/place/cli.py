@@ -609,6 +609,18 @@ def daemon_status(as_json: bool) -> None:
 @click.option(
     "--loader", "loader_ref", metavar="REF", help="MODULE:FUNCTION returning a re-iterable of batches."
 )
+@click.option(
+    "--images",
+    "images_dir",
+    type=click.Path(exists=True, file_okay=False, path_type=Path),
+    help="An image folder, decoded and augmented once by the producer (see tandem share serve).",
+)
+@click.option(
+    "--device",
+    default=None,
+    metavar="cpu|cuda:N",
+    help="Where the producer keeps batches (cuda:N: that GPU, as the first job sees it).",
+)
 @click.option("--batch-size", type=click.IntRange(min=1), default=32, show_default=True)
 @click.option("--shuffle/--no-shuffle", default=False)
 @click.option(
@@ -628,6 +640,8 @@ def share_define(
     name: str,
     dataset_ref: str | None,
     loader_ref: str | None,
+    images_dir: Path | None,
+    device: str | None,
     batch_size: int,
     shuffle: bool,
     num_workers: int | None,
@@ -642,28 +656,34 @@ def share_define(
     tandem share serve)."""
     from tandem.share._registry import validate_name
 
-    if (loader_ref is None) == (dataset_ref is None):
+    if sum(ref is not None for ref in (loader_ref, dataset_ref, images_dir)) != 1:
         raise click.UsageError(
-            "give exactly one of --loader or --dataset (MODULE:FUNCTION or path/to/file.py:FUNCTION)"
+            "give exactly one of --loader or --dataset (MODULE:FUNCTION or path/to/file.py:FUNCTION) "
+            "or --images DIR"
         )
-    ref = dataset_ref or loader_ref or ""
-    module, sep, attr = ref.partition(":")
-    if not sep or not module or not attr:
-        raise click.BadParameter(f"{ref!r} is not MODULE:FUNCTION or path/to/file.py:FUNCTION")
-    if module.endswith(".py") or "/" in module:
-        path = Path(module).resolve()  # the producer runs in the job's directory: keep the file findable
-        if not path.is_file():
-            raise click.BadParameter(f"no such file: {module}")
-        ref = f"{path}:{attr}"
     try:
         validate_name(name)
     except ValueError as exc:
         raise click.BadParameter(str(exc)) from None
-    args = ["--dataset" if dataset_ref else "--loader", ref, "--window", str(window), "--policy", policy]
-    if dataset_ref:
+    if images_dir is not None:
+        # the producer runs in the job's directory: an absolute path
+        args = ["--images", str(images_dir.resolve()), "--window", str(window), "--policy", policy]
+    else:
+        ref = dataset_ref or loader_ref or ""
+        module, sep, attr = ref.partition(":")
+        if not sep or not module or not attr:
+            raise click.BadParameter(f"{ref!r} is not MODULE:FUNCTION or path/to/file.py:FUNCTION")
+        if module.endswith(".py") or "/" in module:
+            path = Path(module).resolve()  # the producer runs in the job's directory: keep the file findable
+            if not path.is_file():
+                raise click.BadParameter(f"no such file: {module}")
+            ref = f"{path}:{attr}"
+        args = ["--dataset" if dataset_ref else "--loader", ref, "--window", str(window), "--policy", policy]
+    if dataset_ref or images_dir:
         args += ["--batch-size", str(batch_size), "--seed", str(seed)]
         args += ["--num-workers", str(num_workers)] if num_workers is not None else []
         args += ["--shuffle"] if shuffle else []
+    args += ["--device", device] if device else []
     reserved = cpus if cpus is not None else 1.0 + (num_workers if num_workers is not None else 1)
     _state().define_share(name, args, reserved, mem or 0)
     click.echo(
