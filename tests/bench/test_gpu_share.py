@@ -171,10 +171,7 @@ def test_children_have_the_runners_environment_and_the_default_start_method(monk
         p.join(10)
 
 
-def test_the_gpu_mode_is_unavailable_without_from_files(monkeypatch):
-    from tandem.share import Producer
-
-    if hasattr(Producer, "from_files"):
-        monkeypatch.delattr(Producer, "from_files")
-    assert "from_files does not exist" in gpu_share.unavailable("gpu", Config())
+def test_modes_that_cannot_run_say_why():
     assert gpu_share.unavailable("private", Config()) is None
+    assert gpu_share.unavailable("gpu", Config()) is None
+    assert "unknown mode" in gpu_share.unavailable("nonsense", Config())
