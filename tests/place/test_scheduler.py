@@ -167,3 +167,21 @@ def test_ram_beyond_what_is_handed_out_is_refused() -> None:
     h = host(mem_total=100 * G)
     big = Waiting(1, 0, 0.0, cpus=1, mem=97 * G, gpus=0, gpu_mem=None)
     assert "at most" in fits_at_all(big, h, [])  # 5% of RAM is kept free of jobs
+
+
+def test_a_share_groups_job_prefers_the_gpu_its_batches_are_on() -> None:
+    gpus = [gpu(0), gpu(1, jobs=1, mem_reserved=10 * G), gpu(2)]
+    assert placed("most-free-memory", [job(1)], gpus) == {1: (0,)}
+    assert placed("most-free-memory", [job(1, prefer_gpus=(1,))], gpus) == {1: (1,)}
+    # a preferred GPU that cannot take the job is passed over: the policy's choice stands
+    full = [gpu(0), gpu(1, jobs=1, mem_reserved=75 * G)]
+    assert placed("most-free-memory", [job(1, prefer_gpus=(1,))], full) == {1: (0,)}
+
+
+def test_which_share_definitions_keep_batches_on_a_gpu() -> None:
+    from tandem.place.daemon import slab_on_gpu
+
+    assert slab_on_gpu(["--images", "/d", "--window", "8"])
+    assert slab_on_gpu(["--dataset", "m:f", "--device", "cuda:0"])
+    assert not slab_on_gpu(["--images", "/d", "--device", "cpu"])
+    assert not slab_on_gpu(["--dataset", "m:f", "--batch-size", "4"])

@@ -48,6 +48,7 @@ from tandem.place.model import (
     SUCCEEDED,
     WAITING_STATES,
     Capacity,
+    GpuInfo,
     format_size,
 )
 from tandem.place.policies import GpuSlot, HostSlot, Limits, Policy
@@ -70,6 +71,14 @@ def _runs_in(attempt_dir: Path) -> bool:
         if "tandem.place.shim" in cmdline and target in cmdline:
             return True
     return False
+
+
+def slab_on_gpu(serve_args: list[str]) -> bool:
+    """Whether ``tandem share serve`` with these arguments keeps its batches on a GPU."""
+    if "--device" in serve_args:
+        i = serve_args.index("--device")
+        return i + 1 < len(serve_args) and serve_args[i + 1].startswith("cuda")
+    return "--images" in serve_args  # decoded on a GPU where there is one
 
 
 class DaemonRunning(Exception):
@@ -145,6 +154,7 @@ class Daemon:
         self._wake = False
         self._next_sample = 0.0
         self._producers: dict[str, subprocess.Popen] = {}  # started by this daemon (to reap)
+        self._producer_gpus: dict[str, int] = {}  # share -> the GPU its producer keeps batches on
         self._stopping: dict[str, tuple[int, float, float]] = {}  # name -> pid, ctime, SIGKILL deadline
         self.tracker = None
         if settings.track:
@@ -748,6 +758,7 @@ class Daemon:
                     gpu_mem,
                     job.escalation,
                     waiting_since=since,
+                    prefer_gpus=self._shared_data_gpus(job),
                 )
             )
         return out
@@ -780,7 +791,7 @@ class Daemon:
         env["CUDA_VISIBLE_DEVICES"] = ",".join(g.visible_id for g in chosen)
         if job.share:
             env["TANDEM_SHARE"] = job.share
-            self._ensure_producer(job)
+            self._ensure_producer(job, chosen)
         mps_used = False
         if self.mps is not None and len(uuids) == 1 and not p.alone:
             server = self.mps.ensure(uuids[0])
@@ -842,10 +853,12 @@ class Daemon:
 
     # --- shared producers ---------------------------------------------------------------------
 
-    def _ensure_producer(self, job: Job) -> None:
+    def _ensure_producer(self, job: Job, gpus: tuple[GpuInfo, ...]) -> None:
         """Start the producer of ``job``'s share unless one runs: in the job's environment
-        (so both find the same runtime directory), on the CPU, in a session of its own (it
-        outlives a daemon crash like the jobs do)."""
+        (so both find the same runtime directory), in a session of its own (it outlives a
+        daemon crash like the jobs do). On the CPU, unless the share keeps its batches on a
+        GPU (``--device cuda``, or ``--images``): then it sees the job's first GPU, as
+        ``cuda:0``, and later jobs of the share prefer that GPU."""
         share = self.state.share(job.share or "")
         if share is None:
             raise RuntimeError(f"shared dataset {job.share!r} is not defined (tandem share define)")
@@ -853,7 +866,12 @@ class Daemon:
             return
         logs = self.state.dir / "shares"
         logs.mkdir(exist_ok=True)
-        env = dict(job.env, CUDA_VISIBLE_DEVICES="")
+        on_gpu = bool(gpus) and slab_on_gpu(share.serve_args)
+        env = dict(job.env, CUDA_VISIBLE_DEVICES=gpus[0].visible_id if on_gpu else "")
+        if on_gpu:
+            self._producer_gpus[share.name] = gpus[0].index
+        else:
+            self._producer_gpus.pop(share.name, None)
         with open(logs / f"{share.name}.log", "ab") as out:
             proc = subprocess.Popen(
                 [
@@ -877,6 +895,14 @@ class Daemon:
         self.state.set_producer(share.name, proc.pid, create_time(proc.pid))
         self.state.event(job.id, "producer", f"started producer of {share.name!r} (pid {proc.pid})")
 
+    def _shared_data_gpus(self, job: Job) -> tuple[int, ...]:
+        """The GPU a job's shared batches are on, if its producer keeps them on one and runs."""
+        index = self._producer_gpus.get(job.share or "")
+        if index is None:
+            return ()
+        share = self.state.share(job.share or "")
+        return (index,) if share is not None and same_process(share.pid, share.ctime) else ()
+
     @staticmethod
     def _producer_workers(share: Any) -> list[str]:
         """Size the producer's loader to the cores reserved for it, unless its definition says."""
@@ -887,6 +913,7 @@ class Daemon:
         return ["--num-workers", str(auto_workers(share.cpus))]
 
     def _stop_idle_producers(self, now: float, waiting: list[Job]) -> None:
+        # (a stopped producer's GPU is forgotten by _shared_data_gpus: its process is gone)
         # ``waiting`` was read before this tick's starts: those are in self.active now.
         waiting_shares = {j.share for j in waiting if j.share}
         busy = waiting_shares | {a.job.share for a in self.active.values() if a.job.share}

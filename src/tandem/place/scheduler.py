@@ -45,6 +45,7 @@ class Waiting:
     gpu_mem: int | None  # per GPU; None: unknown (a probe)
     escalation: int = 0  # 0 first try; 1 most-free GPU; 2 alone
     waiting_since: float | None = None  # since when it could start (queued, requeued, deps met)
+    prefer_gpus: tuple[int, ...] = ()  # where its shared data is (a GPU-slab producer's GPU)
 
 
 @dataclass(frozen=True)
@@ -140,7 +141,10 @@ def _place(
         return None
     probe = job.gpu_mem is None
     ranker = _MOST_FREE if probe or job.escalation >= 1 else policy
-    chosen = ranker.rank(admissible, need)[: job.gpus]
+    ranked = ranker.rank(admissible, need)
+    if job.prefer_gpus:  # the GPU its batches are on, if admissible; the policy's order otherwise
+        ranked = sorted(ranked, key=lambda g: g.index not in job.prefer_gpus)
+    chosen = ranked[: job.gpus]
     return Placement(job.id, tuple(sorted(g.index for g in chosen)), job.gpu_mem, need.alone, probe)
 
 
