@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
+import pytest
+
+from tandem.share import Consumer
 from tandem.share._gate import ReleaseGate
+
+from .workers import serve_range
 
 
 class FakeEvent:
@@ -54,3 +59,48 @@ def test_no_event_means_nothing_reads_the_slot():
     out: list[int] = []
     gate.collect(out)
     assert out == [3] and gate.oldest() == 4
+
+
+class SlowEvent:
+    """Completes after a few polls (as a GPU would, a while after the CPU moved on)."""
+
+    def __init__(self, polls: int):
+        self.left = polls
+        self.synced = 0
+
+    def query(self) -> bool:
+        self.left -= 1
+        return self.left < 0
+
+    def synchronize(self) -> None:
+        self.synced += 1
+        self.left = -1
+
+
+@pytest.mark.parametrize("table", ["1", "0"])
+def test_held_releases_never_deadlock_a_consumer_with_a_small_window(procs, monkeypatch, table):
+    """The consumer side of release-by-event, without a GPU: every finished batch is held
+    behind an event that completes only after a few polls. With a window of 2 the producer
+    soon waits for those very slots, so the consumer must hand them back (waiting for the
+    events) before it waits for the producer, on either transport, or the epoch hangs."""
+    monkeypatch.setenv("TANDEM_SHARE_TABLE", table)
+    procs.start(serve_range, "gate", 120, 4, epochs=1, window=2)
+    c = Consumer("gate", timeout=30, data_timeout=20)
+    assert c.transport == ("table" if table == "1" else "socket")
+    gate = ReleaseGate()
+    c._gate = c._channel._gate = gate  # what a GPU consumer has
+    events: list[SlowEvent] = []
+
+    def done_with_current() -> None:
+        seq = c._cur.msg.seq
+        c._segments.released(c._cur.msg.segment.slot)
+        c._cur = None
+        events.append(SlowEvent(polls=0 if seq % 2 == 0 else 3))  # some done at once
+        gate.hold(seq, events[-1])
+
+    c._done_with_current = done_with_current
+    ids = [i for b in c for i in b["i"].tolist()]
+    c.close()
+    assert ids == list(range(120))
+    assert any(e.synced for e in events), "the consumer never had to wait for its events"
+    assert any(e.left < 0 and not e.synced for e in events), "no event was ever found done by polling"

@@ -197,3 +197,37 @@ def test_image_files_decoded_on_the_gpu_once_for_all_consumers(procs, image_root
     # the same producer batches, seen by both: the same values
     by_index_gpu = torch.from_numpy(images_gpu)[torch.tensor(idx_gpu).argsort()]
     assert torch.equal(by_index_gpu, torch.from_numpy(images_cpu)[torch.tensor(idx_cpu).argsort()])
+
+
+@cuda
+def test_gpu_slab_nested_structures_and_dtypes_round_trip(procs):
+    from tandem.share import clone_batch
+    from tandem.share._tree import flatten, unflatten
+
+    from .test_data_plane import _assert_same
+    from .workers import serve_list, structured_batches
+
+    batches = structured_batches()
+    procs.start(serve_list, "gnest", batches, epochs=1, device="cuda:0")
+    with Consumer("gnest", timeout=60, device="cuda:0") as c:
+        got = []
+        for b in c:
+            spec, leaves = flatten(clone_batch(b))
+            assert all(t.device.type == "cuda" for t in leaves)
+            got.append(unflatten(spec, [t.cpu() for t in leaves]))
+    assert len(got) == len(batches)
+    for want, have in zip(batches, got):
+        _assert_same(want, have)
+
+
+@cuda
+def test_gpu_slab_skip_policy_slow_consumer_misses_batches_but_never_reads_wrong_data(procs):
+    procs.start(serve_range, "gskip", 3000, 10, epochs=1, window=3, policy="skip", device="cuda:0")
+    _wait_live("gskip")
+    procs.start(consume, "gskip", procs.queue, epochs=1, device="cuda:0", tag="fast")
+    procs.start(consume, "gskip", procs.queue, epochs=1, device="cuda:0", step_s=0.01,
+                gpu_step_cycles=GPU_STEP, tag="slow")  # fmt: skip
+    res = procs.collect(["fast", "slow"], timeout=180)  # each asserts its ids match its tensors
+    slow = res["slow"][0][0]
+    assert len(slow) == len(set(slow)) and set(slow) <= set(range(3000))
+    assert res["slow"]["stats"]["missed"] > 0 and len(slow) < 3000

@@ -36,8 +36,8 @@ def serve_range(name, n, batch_size, epochs=None, shuffle=False, window=8, polic
     p.serve(epochs=epochs)
 
 
-def serve_list(name, batches, epochs=None, window=8):
-    Producer(batches, name, window=window).serve(epochs=epochs)
+def serve_list(name, batches, epochs=None, window=8, device=None):
+    Producer(batches, name, window=window, device=device).serve(epochs=epochs)
 
 
 class BadBatches:
