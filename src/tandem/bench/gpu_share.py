@@ -108,17 +108,32 @@ class CudaNeeded(RuntimeError):
 
 
 # --------------------------------------------------------------------------- pure parts
-def union_rate(windows: Iterable[tuple[float, float, int]]) -> tuple[float, float, float, int]:
-    """All jobs' rate over the union of their timed windows ``(start, end, samples)``:
+def samples_at(timeline: Sequence[tuple[float, int]], t: float) -> float:
+    """A job's samples trained by time ``t``, from its ``(step end time, samples so far)``
+    timeline, linear between steps (0 before the first, all after the last)."""
+    if not timeline or t <= timeline[0][0]:
+        return 0.0 if not timeline or t < timeline[0][0] else float(timeline[0][1])
+    for (ta, sa), (tb, sb) in zip(timeline, timeline[1:]):
+        if t <= tb:
+            return sa + (sb - sa) * (t - ta) / (tb - ta) if tb > ta else float(sb)
+    return float(timeline[-1][1])
+
+
+def union_rate(
+    windows: Iterable[tuple[float, float]], timelines: Iterable[Sequence[tuple[float, int]]]
+) -> tuple[float, float, float, int]:
+    """All jobs' rate over the union of their timed windows ``(start, end)``:
     ``(samples/s, first start, last end, samples)``. The span runs from the earliest start
     to the latest end, so a job that starts late or ends early lowers the rate (unlike a sum
-    of per-job rates, which counts each job over its own window only)."""
+    of per-job rates, which counts each job over its own window only); every sample any job
+    trained inside the span counts, from the jobs' timelines (another job's warm-up or
+    cool-down steps inside the span included: they are work done in it)."""
     windows = [w for w in windows if w[1] > w[0]]
     if not windows:
         return 0.0, 0.0, 0.0, 0
     t0 = min(w[0] for w in windows)
     t1 = max(w[1] for w in windows)
-    samples = sum(int(w[2]) for w in windows)
+    samples = round(sum(samples_at(tl, t1) - samples_at(tl, t0) for tl in timelines))
     return samples / (t1 - t0), t0, t1, samples
 
 
@@ -257,6 +272,7 @@ class GpuJobResult(JobResult):
     indices: list = field(default_factory=list)  # per epoch: dataset indices (not in the JSON)
     labels: list = field(default_factory=list)  # per epoch: the labels trained on
     long_waits: list = field(default_factory=list)  # (step, seconds) of next() calls over 0.5 s
+    timeline: list = field(default_factory=list)  # (time, samples so far) after each step (not in the JSON)
 
 
 def _unpack(batch: Any) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
@@ -396,6 +412,10 @@ def _timed(cfg: Config, source, step, dev: torch.device, progress) -> GpuJobResu
             if res.steps == last_timed:
                 sync()
                 res.end, timed_to = time.monotonic(), res.samples
+            # When the step was queued: the GPU runs behind by at most a few steps, small
+            # against a window of hundreds; the window's own ends are synchronised.
+            at = res.start if res.steps == cfg.warmup else res.end if res.steps == last_timed else None
+            res.timeline.append((at if at is not None else time.monotonic(), res.samples))
             progress[0] = res.samples
             progress[3] = res.stall_s
     sync()
@@ -770,7 +790,9 @@ def _summarise(r: ModeRun, results: list[GpuJobResult], notes: list[str], sample
     notes += [f"job {j.job}: {j.error}" for j in results if j.error]
     if r.leaked_producers:
         notes.append(f"producer still registered after the run: {r.leaked_producers}")
-    r.samples_per_s, t0, t1, r.samples = union_rate((j.start, j.end, j.timed_samples) for j in done)
+    r.samples_per_s, t0, t1, r.samples = union_rate(
+        [(j.start, j.end) for j in done], [j.timeline for j in done]
+    )
     r.window_s = t1 - t0
     cpu, joules = sampler.between(t0, t1)
     r.cpu_s = sum(cpu.values())
@@ -788,7 +810,8 @@ def _summarise(r: ModeRun, results: list[GpuJobResult], notes: list[str], sample
         r.lost = sum(a[0] for a in accounts)
         r.duplicated = sum(a[1] for a in accounts)
         r.label_mismatches = sum(label_mismatches(j.indices, j.labels, truth) for j in done)
-    r.per_job = [{k: v for k, v in asdict(j).items() if k not in ("indices", "labels")} for j in results]
+    hidden = ("indices", "labels", "timeline")
+    r.per_job = [{k: v for k, v in asdict(j).items() if k not in hidden} for j in results]
     if notes or len(done) < r.jobs:
         r.status = "failed"
     r.note = "; ".join(notes)[:1000]

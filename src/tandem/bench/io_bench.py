@@ -229,6 +229,9 @@ def page_cache_plan(files: FileSet, want_direct: bool, want_drop: bool) -> PageC
 # ---------------------------------------------------------------------------------------
 
 
+_SETUP_TIMEOUT_S = 60.0  # a worker's setup (CUDA context, buffers, cuFile registration)
+
+
 class _Run:
     """``threads`` workers reading random blocks until a shared deadline; the clock and
     the CPU clock start when every worker has set up (barrier) and stop when all joined."""
@@ -325,7 +328,7 @@ def _cpu_worker(
         view = memoryview(host.numpy()).cast("B")
         rng, slots, lat = random.Random(seed), _offsets(file_bytes, block), []
         ops = nbytes = 0
-        run.barrier.wait()
+        run.barrier.wait(timeout=_SETUP_TIMEOUT_S)
         deadline, clock = run.deadline, time.perf_counter
         while (t := clock()) < deadline:
             fd = fds[rng.randrange(len(fds))]
@@ -372,7 +375,7 @@ def _gpu_worker(
                 pass  # cuFile then uses its internal buffers; the result notes it
         rng, slots, lat = random.Random(seed), _offsets(file_bytes, block), []
         ops = nbytes = 0
-        run.barrier.wait()
+        run.barrier.wait(timeout=_SETUP_TIMEOUT_S)
         deadline, clock = run.deadline, time.perf_counter
         while (t := clock()) < deadline:
             h = handles[rng.randrange(len(handles))]
@@ -402,11 +405,13 @@ def _measure(
     for w in workers:
         w.start()
     try:
-        run.barrier.wait()
+        run.barrier.wait(timeout=_SETUP_TIMEOUT_S)  # a worker stuck setting up breaks the barrier
     except threading.BrokenBarrierError:
         pass
     for w in workers:
-        w.join()
+        w.join(timeout=seconds + _SETUP_TIMEOUT_S)
+        if w.is_alive():
+            raise TimeoutError(f"an I/O worker did not finish within {seconds + _SETUP_TIMEOUT_S:g} s")
     wall = time.perf_counter() - run.t0
     cpu = time.process_time() - run.cpu0
     if run.errors:
@@ -536,8 +541,8 @@ def run(
                     target, args = _gpu_worker, (driver, handles, files.file_bytes, block, dev, register)
                 try:
                     cell = _measure(path, threads, seconds, block, target, args)
-                except gpu_io.GpuIOError as exc:
-                    errors[path] = f"at {human(block)}: {exc}"
+                except Exception as exc:  # noqa: BLE001 - recorded in the results; the rest go on
+                    errors[path] = f"at {human(block)}: {type(exc).__name__}: {exc}"
                     break
                 cells.append(cell)
                 log(

@@ -334,6 +334,8 @@ class _BindingsApi:
 
     def read(self, handle: int, ptr: int, size: int, file_offset: int, buf_offset: int) -> int:
         n = self._call("cuFileRead", self._m.read, handle, ptr, size, file_offset, buf_offset)
+        if n is None:  # some versions of the bindings return nothing, and raise only on -1
+            raise GpuIOError("cuFileRead through cuda.bindings returned no byte count; use the ctypes path")
         return int(n)
 
 
@@ -842,7 +844,8 @@ class GpuFileReader:
         pos, ptr = 0, out.data_ptr()
         while pos < size:
             n = api.read(entry.handle, ptr, size - pos, offset + pos, pos)
-            if n == 0:
-                raise GpuIOError(f"short read from {entry.path}: the file shrank while being read?")
+            if n <= 0:
+                why = "the file shrank while being read?" if n == 0 else f"cuFileRead returned {n}"
+                raise GpuIOError(f"short read from {entry.path}: {why}")
             pos += n
         return out

@@ -416,6 +416,7 @@ class RandomResizedCropFlipNormalize:
         # (x/255 - mean)/std as one multiply-add per element: x * a - b.
         self._mul = torch.tensor([1.0 / (255.0 * s) for s in self.std]).view(1, 3, 1, 1)
         self._sub = torch.tensor([m / s for m, s in zip(self.mean, self.std)]).view(1, 3, 1, 1)
+        self._on_device: dict[torch.device, tuple[torch.Tensor, torch.Tensor]] = {}
 
     def set_epoch(self, epoch: int) -> None:
         self.epoch = int(epoch)
@@ -437,7 +438,6 @@ class RandomResizedCropFlipNormalize:
         # Two kernels a sample (to float, resize), then one join: the per-sample Python and
         # launch overhead is what bounds a producer feeding several jobs, not the GPU.
         resized: list[torch.Tensor] = []
-        flipped: list[int] = []
         for n, (img, index) in enumerate(zip(images, idx)):
             if img.device != device:
                 raise ValueError(f"images are on several devices ({device} and {img.device})")
@@ -449,17 +449,23 @@ class RandomResizedCropFlipNormalize:
             (top, left, h, w), flip = self.params(img.shape[1], img.shape[2], index)
             crop = img[:, top : top + h, left : left + w].unsqueeze(0).float()
             one = F.interpolate(crop, size=(s, s), mode="bilinear", antialias=True, align_corners=False)
+            if flip:  # here, not by an index tensor after the join: that would be a host copy
+                one = one.flip(-1)
             resized.append(one.expand(1, 3, s, s))  # a grayscale channel to all 3
-            if flip:
-                flipped.append(n)
         # Resized samples are joined in float32 and normalised there (more precise than in
         # bf16/fp16), then cast once to the output dtype.
         out = torch.cat(resized)
-        if flipped:
-            rows = torch.tensor(flipped, device=device)
-            out[rows] = out[rows].flip(-1)
-        out.mul_(self._mul.to(device)).sub_(self._sub.to(device))
+        mul, sub = self._constants(device)
+        out.mul_(mul).sub_(sub)
         return out if self.dtype == torch.float32 else out.to(self.dtype)
+
+    def _constants(self, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+        """The normalisation's factors on ``device``, copied there once (a copy from host
+        memory waits for the device's stream, which would serialise producer threads)."""
+        cached = self._on_device.get(device)
+        if cached is None:
+            cached = self._on_device[device] = (self._mul.to(device), self._sub.to(device))
+        return cached
 
     def describe(self) -> str:
         return (
