@@ -576,10 +576,11 @@ class GpuEnergy:
 
 class TreeSampler(_Every):
     """Cumulative CPU-seconds of this process's descendants by role (``job``, ``producer``,
-    ``workers``: every other descendant) and the GPU energy counter, every 0.2 s; a process
-    that is gone keeps its last figure. :meth:`between` reads the figures over a window."""
+    ``workers``: a descendant of a job or producer, i.e. a loader worker; ``other``: the rest,
+    such as the forkserver that starts them) and the GPU energy counter, every 0.2 s; a
+    process that is gone keeps its last figure. :meth:`between` reads them over a window."""
 
-    ROLES = ("job", "producer", "workers")
+    ROLES = ("job", "producer", "workers", "other")
 
     def __init__(self, energy: GpuEnergy):
         super().__init__(SAMPLE_INTERVAL_S)
@@ -588,6 +589,7 @@ class TreeSampler(_Every):
         self._lock = threading.Lock()  # the runner ticks too, once the jobs are done
         self._me = psutil.Process()
         self._last: dict[tuple[int, float], float] = {}  # (pid, create time) -> CPU s
+        self._role_of: dict[tuple[int, float], str] = {}  # (pid, create time) -> role
         self.times: list[float] = []
         self.cpu: dict[str, list[float]] = {r: [] for r in self.ROLES}
         self.energy_mj: list[float | None] = []
@@ -604,29 +606,46 @@ class TreeSampler(_Every):
         for p in kids:
             try:
                 t = p.cpu_times()
-                self._last[(p.pid, p.create_time())] = t.user + t.system
+                key = (p.pid, p.create_time())
+                self._last[key] = t.user + t.system
+                if key not in self._role_of:
+                    self._role_of[key] = self._role(p)
             except psutil.Error:
                 pass
         now = time.monotonic()
         totals = dict.fromkeys(self.ROLES, 0.0)
-        for (pid, _), cpu in self._last.items():
-            totals[self.roles.get(pid, "workers")] += cpu
+        for key, cpu in self._last.items():
+            totals[self.roles.get(key[0]) or self._role_of.get(key, "other")] += cpu
         energy = self._energy.read_mj()
         self.times.append(now)
         for role in self.ROLES:
             self.cpu[role].append(totals[role])
         self.energy_mj.append(energy)
 
+    def _role(self, p: psutil.Process) -> str:
+        """A process the runner did not start itself: a loader worker of a job or producer
+        (by ancestry), or something else (``other``: not input)."""
+        if p.pid in self.roles:
+            return self.roles[p.pid]
+        try:
+            ancestors = p.parents()
+        except psutil.Error:
+            return "other"
+        return "workers" if any(a.pid in self.roles for a in ancestors) else "other"
+
     def between(self, t0: float, t1: float) -> tuple[dict[str, float], float | None]:
-        """CPU-seconds by role and GPU joules from ``t0`` to ``t1`` (interpolated)."""
+        """CPU-seconds by role and GPU joules from ``t0`` to ``t1`` (interpolated; energy from
+        the readings that succeeded, None unless they cover the window)."""
         if len(self.times) < 2 or t1 <= t0:
             return dict.fromkeys(self.ROLES, 0.0), None
         ts = np.asarray(self.times)
         cpu = {r: float(np.interp(t1, ts, v) - np.interp(t0, ts, v)) for r, v in self.cpu.items()}
-        if any(e is None for e in self.energy_mj):
+        read = [(t, e) for t, e in zip(self.times, self.energy_mj) if e is not None]
+        if len(read) < 2 or read[0][0] > t0 or read[-1][0] < t1:
             return cpu, None
-        e = np.asarray(self.energy_mj, dtype=np.float64)
-        return cpu, float(np.interp(t1, ts, e) - np.interp(t0, ts, e)) / 1000.0
+        et = np.asarray([t for t, _ in read])
+        e = np.asarray([v for _, v in read], dtype=np.float64)
+        return cpu, float(np.interp(t1, et, e) - np.interp(t0, et, e)) / 1000.0
 
 
 @dataclass
@@ -876,6 +895,7 @@ def targets(runs: list[ModeRun], cfg: Config, facts: dict, jobs: Sequence[int]) 
             return {"target": text, "measured": why, "met": False, "setting_matches": setting}
         measured = f"{r.pct_of_limit:.0f}% of the limit, {r.input_cores or 0:.1f} input cores"
         met = r.pct_of_limit >= pct_min and (cores_max is None or (r.input_cores or 0) <= cores_max)
+        met = met and setting  # a target counts as met only in the setting it was set for
         return {"target": text, "measured": measured, "value": r.pct_of_limit,
                 "input_cores": r.input_cores, "met": met, "setting_matches": setting}  # fmt: skip
 
