@@ -60,6 +60,7 @@ from typing import Any, Union
 
 import torch
 
+from tandem.share._cuda import check_device as _check_device
 from tandem.share.errors import ShareError
 
 PathLike = Union[str, os.PathLike]
@@ -390,7 +391,14 @@ class CuFileDriver:
         elif self.compat:
             self.mode = "compat mode: nvidia-fs not loaded"
         else:
-            self.mode = "GPUDirect Storage: nvidia-fs loaded"
+            # cuFile may still fall back to compat mode per file (an unsupported file system)
+            self.mode = "GPUDirect Storage possible: nvidia-fs loaded (not verified per file)"
+
+    @classmethod
+    def _forget_after_fork(cls) -> None:
+        # A forked child has the parent's driver state but not its CUDA context: it must
+        # open its own, not use the parent's.
+        cls._instance, cls._failure, cls._lock = None, None, threading.Lock()
 
     @classmethod
     def get(cls) -> CuFileDriver:
@@ -479,16 +487,18 @@ def open_for_read(path: PathLike, direct: bool = False) -> tuple[int, bool]:
     return os.open(path, flags), False
 
 
-def pread_into(fd: int, out: torch.Tensor, offset: int) -> int:
+def pread_into(fd: int, out: torch.Tensor, offset: int, direct: bool = False) -> int:
     """Fill the contiguous host tensor ``out`` from ``fd`` at ``offset``; returns the bytes
-    read, fewer than ``out.numel()`` only at the end of the file."""
+    read, fewer than ``out.numel()`` only at the end of the file. ``direct`` (an O_DIRECT
+    descriptor): a short read is the end of the file; reading on from an unaligned offset
+    would fail with EINVAL."""
     view = memoryview(out.numpy()).cast("B")
     total = 0
     while total < len(view):
         n = os.preadv(fd, [view[total:]], offset + total)
-        if n == 0:
-            break
         total += n
+        if n == 0 or direct:
+            break
     return total
 
 
@@ -498,23 +508,8 @@ def pread_into(fd: int, out: torch.Tensor, offset: int) -> int:
 
 
 def check_device(device: str | torch.device) -> torch.device:
-    try:
-        dev = torch.device(device)
-    except (RuntimeError, TypeError) as exc:
-        raise ValueError(f"invalid device {device!r}: {exc}") from None
-    if dev.type == "cpu":
-        return dev
-    if dev.type != "cuda":
-        raise ValueError(f"device must be 'cpu' or 'cuda[:N]', got {str(device)!r}")
-    if not torch.cuda.is_available():
-        raise ShareError(
-            f"device {str(device)!r} asked for, but CUDA is not available in this process "
-            "(CPU-only torch build or no GPU); use device='cpu'"
-        )
-    index = torch.cuda.current_device() if dev.index is None else dev.index
-    if index >= torch.cuda.device_count():
-        raise ShareError(f"device {str(device)!r}: only {torch.cuda.device_count()} CUDA device(s)")
-    return torch.device("cuda", index)
+    """The device, with an index for CUDA; the consumer's check (one wording everywhere)."""
+    return _check_device(str(device))
 
 
 def choose_backend(
@@ -772,7 +767,7 @@ class GpuFileReader:
         if entry.direct:
             start = offset - offset % ALIGN
             end = -(-(offset + size) // ALIGN) * ALIGN
-            got = pread_into(entry.fd, half[: end - start], start)
+            got = pread_into(entry.fd, half[: end - start], start, direct=True)
             view = half[offset - start : offset - start + size]
             if got < offset - start + size:
                 raise GpuIOError(f"short read from {entry.path}: the file shrank while being read?")
@@ -849,3 +844,6 @@ class GpuFileReader:
                 raise GpuIOError(f"short read from {entry.path}: {why}")
             pos += n
         return out
+
+
+os.register_at_fork(after_in_child=CuFileDriver._forget_after_fork)
