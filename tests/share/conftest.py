@@ -15,6 +15,14 @@ class Procs:
     def __init__(self):
         self.procs: list = []
         self.queue = CTX.Queue()
+        self._queues: list = []
+
+    def own_queue(self):
+        """A queue for a child the test will kill: a SIGKILL while it writes to the shared
+        queue would leave that queue's lock held, and every other child blocked on it."""
+        q = CTX.Queue()
+        self._queues.append(q)
+        return q
 
     def start(self, target, *args, **kwargs):
         p = CTX.Process(target=target, args=args, kwargs=kwargs, daemon=True)
@@ -59,7 +67,8 @@ class Procs:
             if p.is_alive():
                 p.kill()
             p.join(10)
-        self.queue.close()
+        for q in [self.queue, *self._queues]:
+            q.close()
 
 
 @pytest.fixture

@@ -40,7 +40,7 @@ def _stats(name):
 
 def test_sigkilled_consumer_is_detached_within_1s_and_others_go_on(procs):
     procs.start(serve_range, "kc", 400, 4, epochs=1, window=3)
-    victim = procs.start(consume_forever, "kc", procs.queue, step_s=0.02)
+    victim = procs.start(consume_forever, "kc", procs.own_queue(), step_s=0.02)
     procs.start(consume, "kc", procs.queue, epochs=1, step_s=0.02, tag="survivor")
     wait_for(lambda: len(_stats("kc").consumers) == 2, what="two consumers attached")
     wait_for(lambda: all(c.batches > 3 for c in _stats("kc").consumers), what="both consuming")

@@ -112,7 +112,7 @@ def test_gpu_slab_late_joiner_and_a_cpu_consumer_get_every_sample_once(procs):
 @cuda
 def test_gpu_slab_sigkilled_consumer_releases_its_slots(procs):
     procs.start(serve_range, "gk", 600, 8, epochs=1, window=2, device="cuda:0")
-    victim = procs.start(consume_forever, "gk", procs.queue, step_s=0.01, device="cuda:0")
+    victim = procs.start(consume_forever, "gk", procs.own_queue(), step_s=0.01, device="cuda:0")
     procs.start(consume, "gk", procs.queue, epochs=1, device="cuda:0", step_s=0.005, tag="survivor")
     time.sleep(2.0)
     os.kill(victim.pid, signal.SIGKILL)
