@@ -131,6 +131,7 @@ def recv_packet(sock: socket.socket, timeout: float | None = None) -> tuple[byte
     A closed or reset connection raises ``EOFError``; nothing within ``timeout`` seconds
     raises ``TimeoutError``.
     """
+    reset: ConnectionResetError | None = None
     while True:
         try:
             # recvmsg itself: socket.recv_fds ignores its flags argument on Python < 3.12
@@ -141,7 +142,13 @@ def recv_packet(sock: socket.socket, timeout: float | None = None) -> tuple[byte
         except BlockingIOError:
             _wait(sock, select.POLLIN, timeout)
         except ConnectionResetError as exc:
-            raise EOFError("connection reset by peer") from exc
+            # Linux reports a peer that closed with our packets unread (ECONNRESET, once)
+            # before the packets it had sent us: read on for those (a producer's End, say).
+            if reset is not None:
+                raise EOFError("connection reset by peer") from exc
+            reset = exc
+    if reset is not None and not data:
+        raise EOFError("connection reset by peer") from reset
     fds: list[int] = []
     for level, kind, payload in ancillary:
         if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:

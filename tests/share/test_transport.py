@@ -19,3 +19,24 @@ def test_socket_only_transport_delivers_every_batch(procs, monkeypatch, policy):
         ids, sizes = res["a"][epoch]
         assert sorted(ids) == list(range(40))
         assert sizes == [2] * 20
+
+
+def test_a_producer_that_closed_with_a_request_unread_still_delivers_its_end():
+    """Linux reports ECONNRESET (once) before the packets a peer sent before closing with
+    ours unread: the consumer must read its End, not report the producer gone."""
+    import socket
+
+    from tandem.share import protocol
+    from tandem.share._channel import Connection
+    from tandem.share.errors import ProducerGone
+
+    producer, consumer = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    end = protocol.End(seq=5, epoch=1, offset=0, reason="served 1 epoch(s)", finished=True)
+    protocol.send(producer, end)
+    protocol.send(consumer, protocol.Next())  # a prefetched request the producer never reads
+    producer.close()
+    conn = Connection(consumer, "x", 1.0)
+    assert conn.receive("waiting for a batch", 1.0) == end
+    with pytest.raises(ProducerGone, match="gone"):
+        conn.receive("waiting for a batch", 1.0)
+    consumer.close()
