@@ -39,6 +39,16 @@ class Procs:
         except queue_mod.Empty:
             raise AssertionError(f"no message from a child within {timeout} s") from None
 
+    def errors(self, n, timeout=10.0):
+        """The next ``n`` ("error", ...) reports (of consume_forever), others skipped; each
+        within ``timeout`` seconds of the one before."""
+        found = []
+        while len(found) < n:
+            msg = self.get(timeout=timeout)
+            if msg[0] == "error":
+                found.append(msg)
+        return found
+
     def collect(self, tags, timeout=60.0):
         """Gather messages until every tag said 'done'; returns {tag: {epoch: (ids, sizes)}}."""
         results: dict = {t: {} for t in tags}

@@ -99,12 +99,7 @@ def test_sigkilled_producer_makes_every_consumer_raise_within_2s(procs):
     time.sleep(0.3)
     os.kill(producer.pid, signal.SIGKILL)
     killed_at = time.monotonic()
-    errors = []
-    while len(errors) < 2:
-        msg = procs.get(timeout=5)
-        if msg[0] == "error":
-            errors.append(msg)
-    for _, kind, text, at in errors:
+    for _, kind, text, at in procs.errors(2, timeout=5):
         assert kind == "ProducerGone" and "'kp'" in text and str(producer.pid) in text
         assert at - killed_at < 2.0
     # Leftover socket and lock files of the dead producer are swept at the next start.
@@ -175,10 +170,7 @@ def test_sigterm_stops_producer_cleanly_and_consumer_is_told(procs, dev_shm_befo
     os.kill(producer.pid, signal.SIGTERM)
     producer.join(15)
     assert producer.exitcode == 0
-    while True:
-        msg = procs.get(timeout=10)
-        if msg[0] == "error":
-            break
+    (msg,) = procs.errors(1, timeout=10)
     assert msg[1] == ProducerStopped.__name__ and "SIGTERM" in msg[2]
     assert not socket_path("term").exists() and not lock_path("term").exists()
     assert set(os.listdir("/dev/shm")) - dev_shm_before == set(), "nothing left in /dev/shm"

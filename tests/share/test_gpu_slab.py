@@ -159,12 +159,7 @@ def test_gpu_slab_sigkilled_producer_is_a_clear_error_and_leaves_nothing(procs):
     time.sleep(1.0)
     os.kill(producer.pid, signal.SIGKILL)
     killed_at = time.monotonic()
-    errors = []
-    while len(errors) < 2:
-        msg = procs.get(timeout=10)
-        if msg[0] == "error":
-            errors.append(msg)
-    for _, kind, text, at in errors:
+    for _, kind, text, at in procs.errors(2, timeout=10):
         assert kind == "ProducerGone" and "'gp'" in text, text
         assert at - killed_at < 2.0
     producer.join(10)
