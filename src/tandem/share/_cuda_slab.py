@@ -44,7 +44,7 @@ from typing import Any
 import torch
 
 from tandem.share import protocol
-from tandem.share._slab import ALIGN, PAGE, SlotViews, _HostSegment, _round_up, layout
+from tandem.share._slab import ALIGN, PAGE, SlotPool, SlotViews, _HostSegment, _round_up, layout
 from tandem.share._tree import Spec
 from tandem.share.errors import ShareError
 
@@ -110,31 +110,20 @@ class _CudaSegment:
         self.buffer = None  # type: ignore[assignment]
 
 
-class CudaSlab:
+class CudaSlab(SlotPool[_CudaSegment]):
     """The producer's pool of slots in one GPU's memory."""
 
     kind = "cuda"
 
     def __init__(self, label: str, device: torch.device):
-        self.label = label
+        super().__init__(label)
         self.device = device
         self.uuid = device_uuid(device)
-        self._segments: list[_CudaSegment | None] = []
         self._retired: list[_CudaSegment] = []  # replaced by larger ones; consumers may hold them
-        self._next_id = 0
 
     @property
     def nbytes(self) -> int:
-        return sum(s.size for s in self._segments if s is not None) + sum(s.size for s in self._retired)
-
-    def _segment(self, slot: int) -> _CudaSegment:
-        seg = self._segments[slot]
-        if seg is None:
-            raise KeyError(f"slot {slot} holds no segment yet")
-        return seg
-
-    def segment(self, slot: int) -> protocol.Segment:
-        return self._segment(slot).describe()
+        return super().nbytes + sum(s.size for s in self._retired)
 
     def fd(self, slot: int) -> int:
         return self._segment(slot).host.fd
@@ -145,10 +134,8 @@ class CudaSlab:
         The copies go on the producer's current stream (after whatever made the batch
         there, a GPU decode say), and the slot's written event is recorded after them: the
         producer's CPU does not wait for them."""
-        if slot >= len(self._segments):
-            self._segments.extend([None] * (slot + 1 - len(self._segments)))
         descs, nbytes, meta = layout(spec, leaves)
-        seg = self._segments[slot]
+        seg = self._current(slot)
         if seg is None or seg.size < nbytes or seg.meta_room < len(meta):
             if seg is not None:
                 self._retired.append(seg)

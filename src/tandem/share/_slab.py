@@ -25,7 +25,7 @@ import pickle
 import threading
 import time
 import warnings
-from typing import NamedTuple, Protocol
+from typing import Generic, NamedTuple, Protocol, TypeVar
 
 import torch
 
@@ -160,21 +160,29 @@ class Slab(Protocol):
     def close(self) -> None: ...
 
 
-class HostSlab:
-    """The producer's pool of slots in host shared memory (anonymous memfd segments)."""
+class _Described(Protocol):
+    size: int
 
-    kind = "host"
+    def describe(self) -> protocol.Segment: ...
+
+
+SegmentT = TypeVar("SegmentT", bound=_Described)
+
+
+class SlotPool(Generic[SegmentT]):
+    """Slots by number, each with its current segment (None until first written): what the
+    host and the CUDA slab keep alike."""
 
     def __init__(self, label: str):
         self.label = label
-        self._segments: list[_HostSegment | None] = []
+        self._segments: list[SegmentT | None] = []
         self._next_id = 0
 
     @property
     def nbytes(self) -> int:
         return sum(s.size for s in self._segments if s is not None)
 
-    def _segment(self, slot: int) -> _HostSegment:
+    def _segment(self, slot: int) -> SegmentT:
         seg = self._segments[slot]
         if seg is None:
             raise KeyError(f"slot {slot} holds no segment yet")
@@ -183,6 +191,18 @@ class HostSlab:
     def segment(self, slot: int) -> protocol.Segment:
         return self._segment(slot).describe()
 
+    def _current(self, slot: int) -> SegmentT | None:
+        """The slot's segment, if any; any slot number may be used: the pool grows to it."""
+        if slot >= len(self._segments):
+            self._segments.extend([None] * (slot + 1 - len(self._segments)))
+        return self._segments[slot]
+
+
+class HostSlab(SlotPool[_HostSegment]):
+    """The producer's pool of slots in host shared memory (anonymous memfd segments)."""
+
+    kind = "host"
+
     def fd(self, slot: int) -> int:
         return self._segment(slot).fd
 
@@ -190,11 +210,9 @@ class HostSlab:
         """Copy a flattened batch into ``slot``; returns ``(meta_offset, meta_len)``.
 
         Any slot number may be used; the slab grows to hold it."""
-        if slot >= len(self._segments):
-            self._segments.extend([None] * (slot + 1 - len(self._segments)))
         descs, offset, meta = layout(spec, leaves)
         needed = offset + len(meta)
-        seg = self._segments[slot]
+        seg = self._current(slot)
         if seg is None or seg.size < needed:
             if seg is not None:
                 seg.close()
