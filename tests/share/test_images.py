@@ -24,6 +24,7 @@ from tandem.share.images import (
     crop_params,
     decode_images,
     sample_generator,
+    split_encoded,
 )
 
 HAS_CUDA = torch.cuda.is_available()
@@ -123,11 +124,28 @@ def test_dataset_errors(tmp_path):
 
 def test_collate_encoded(dataset):
     batch = collate_encoded([dataset[i] for i in (3, 0, 7)])
-    assert [len(d) for d in batch["data"]] == [len(dataset[i][0]) for i in (3, 0, 7)]
+    files = split_encoded(batch)
+    assert [f.tolist() for f in files] == [dataset[i][0].tolist() for i in (3, 0, 7)]
+    assert all(f.data_ptr() >= batch["data"].data_ptr() for f in files)  # views, not copies
+    assert batch["data"].numel() == sum(len(dataset[i][0]) for i in (3, 0, 7))
     assert batch["label"].dtype == torch.int64 and batch["label"].tolist() == [
         dataset.labels[i] for i in (3, 0, 7)
     ]
     assert batch["index"].dtype == torch.int64 and batch["index"].tolist() == [3, 0, 7]
+
+
+def test_split_encoded_rejects_what_does_not_split():
+    files = [torch.tensor([1, 2, 3], dtype=torch.uint8), torch.tensor([4], dtype=torch.uint8)]
+    assert all(a is b for a, b in zip(split_encoded({"data": files}), files))  # a list passes through
+    data = torch.arange(4, dtype=torch.uint8)
+    with pytest.raises(ValueError, match="do not split a buffer of 4 bytes"):
+        split_encoded({"data": data, "offsets": torch.tensor([0, 3, 2, 4])})
+    with pytest.raises(ValueError, match="end at its size"):
+        split_encoded({"data": data, "offsets": torch.tensor([0, 3])})
+    with pytest.raises(TypeError, match="what collate_encoded makes"):
+        split_encoded({"data": data})
+    with pytest.raises(ValueError, match="no samples"):
+        collate_encoded([])
 
 
 # ---------------------------------------------------------------------------- decoding
@@ -346,7 +364,7 @@ def test_pipeline_on_cpu_through_a_dataloader(dataset, images):
     for batch in loader:
         out = pipeline(batch)
         assert set(out) == {"image", "label", "index"}
-        assert out["image"].shape == (len(batch["data"]), 3, 16, 16)
+        assert out["image"].shape == (len(batch["index"]), 3, 16, 16)
         assert out["label"].dtype == torch.int64 and torch.equal(out["label"], batch["label"])
         # each sample's result is the one the transform gives it alone
         for row, index in zip(out["image"], out["index"].tolist()):
@@ -402,7 +420,7 @@ def test_gpu_decode_and_transform_match_the_cpu(dataset):
     batch = collate_encoded([dataset[i] for i in range(len(dataset))])
     # a PNG in the batch: nvJPEG cannot decode it, the CPU fallback does
     rgb = np.random.default_rng(1).integers(0, 256, size=(40, 50, 3), dtype=np.uint8)
-    batch["data"].append(encode(rgb, "PNG"))
+    batch["data"] = split_encoded(batch) + [encode(rgb, "PNG")]
     batch["label"] = torch.cat([batch["label"], torch.tensor([0])])
     batch["index"] = torch.cat([batch["index"], torch.tensor([len(dataset)])])
 

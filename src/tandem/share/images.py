@@ -5,8 +5,11 @@ training process. With a shared producer the work is done once per batch; this m
 the heavy part of it onto the GPU as well:
 
 * ``EncodedImages`` + ``collate_encoded``: the DataLoader's workers only read the files'
-  bytes (cheap: no decoding), and a batch is the list of encoded files plus labels and the
-  dataset indices.
+  bytes (cheap: no decoding), and a batch is the encoded files packed into one buffer with
+  their offsets, plus labels and the dataset indices. One buffer, not a list of tensors: a
+  worker hands each tensor of a batch over in a shared-memory segment of its own, and 128
+  of them a batch made the loader, not the GPU, the bound (2,200 against 10,000 images/s on
+  two cores).
 * ``decode_images``: batched nvJPEG decoding on CUDA (torchvision, imported lazily), or
   Pillow on the CPU.
 * ``RandomResizedCropFlipNormalize``: torchvision's RandomResizedCrop + RandomHorizontalFlip
@@ -55,6 +58,7 @@ __all__ = [
     "crop_params",
     "decode_images",
     "sample_generator",
+    "split_encoded",
 ]
 
 IMAGENET_MEAN: tuple[float, float, float] = (0.485, 0.456, 0.406)
@@ -141,12 +145,43 @@ class EncodedImages(torch.utils.data.Dataset):
 
 
 def collate_encoded(samples: Sequence[tuple[torch.Tensor, int, int]]) -> dict[str, Any]:
-    """The DataLoader's ``collate_fn`` for ``EncodedImages``: encoded files stay a list."""
+    """The DataLoader's ``collate_fn`` for ``EncodedImages``: ``{"data": uint8 [total bytes],
+    "offsets": int64 [N + 1], "label", "index"}``; file ``i`` is ``data[offsets[i]:offsets[i+1]]``
+    (:func:`split_encoded`)."""
+    if not samples:
+        raise ValueError("collate_encoded got no samples")
+    sizes = torch.tensor([s[0].numel() for s in samples], dtype=torch.int64)
+    offsets = torch.zeros(len(samples) + 1, dtype=torch.int64)
+    torch.cumsum(sizes, 0, out=offsets[1:])
     return {
-        "data": [s[0] for s in samples],
+        "data": torch.cat([s[0] for s in samples]),
+        "offsets": offsets,
         "label": torch.tensor([s[1] for s in samples], dtype=torch.int64),
         "index": torch.tensor([s[2] for s in samples], dtype=torch.int64),
     }
+
+
+def split_encoded(batch: dict[str, Any]) -> list[torch.Tensor]:
+    """The encoded files of a :func:`collate_encoded` batch, as views of its buffer (no copy).
+    A batch whose ``data`` is already a list of tensors (one per file) is passed through."""
+    data = batch["data"]
+    if isinstance(data, (list, tuple)):
+        return list(data)
+    offsets = batch.get("offsets")
+    if not isinstance(data, torch.Tensor) or data.dim() != 1 or offsets is None:
+        raise TypeError(
+            "an encoded batch needs 'data' as a list of uint8 tensors, or as one uint8 buffer "
+            "with 'offsets' (what collate_encoded makes)"
+        )
+    bounds = offsets.tolist()
+    if len(bounds) < 2 or bounds[0] != 0 or bounds[-1] != data.numel() or any(
+        b > e for b, e in zip(bounds, bounds[1:])
+    ):
+        raise ValueError(
+            f"offsets {bounds[:4]}... do not split a buffer of {data.numel()} bytes: they must "
+            "start at 0, never decrease and end at its size"
+        )
+    return [data[b:e] for b, e in zip(bounds, bounds[1:])]
 
 
 # --------------------------------------------------------------------------------------------
@@ -506,7 +541,7 @@ class ImagePipeline:
         index = batch["index"]
         if not isinstance(index, torch.Tensor):
             index = torch.as_tensor(index, dtype=torch.int64)
-        images = decode_images(batch["data"], self.device)
+        images = decode_images(split_encoded(batch), self.device)
         image = self.transform(images, index.cpu())  # the indices are read on the host anyway
         label = batch["label"]
         if not isinstance(label, torch.Tensor):
