@@ -71,8 +71,9 @@ def _threaded(work, items: list, threads: int, device: str) -> tuple[float, floa
 
 
 def _row(stage: str, setting: str, images: int, wall: float, cpu: float | None) -> dict:
+    cpu_ms = None if cpu is None else cpu / images * 1e3
     row = {"stage": stage, "setting": setting, "images": images, "seconds": wall,
-           "images_per_s": images / wall, "cpu_ms_per_image": None if cpu is None else cpu / images * 1e3}  # fmt: skip
+           "images_per_s": images / wall, "cpu_ms_per_image": cpu_ms}  # fmt: skip
     print(f"{stage:9} {setting:28} {row['images_per_s']:9.0f} img/s  "
           f"{'-' if cpu is None else f'{cpu / images * 1e3:.3f}':>7} CPU ms/img", flush=True)  # fmt: skip
     return row
@@ -169,8 +170,12 @@ def main() -> None:
     report = {
         "benchmark": "gpu_pipeline_stages",
         "command": "PYTHONPATH=src python3 benchmarks/gpu_pipeline_stages.py",
-        "machine": {"gpu": torch.cuda.get_device_name(0) if cuda else None, "cores": os.cpu_count(),
-                    "cpu": platform.processor() or platform.machine(), "torch": torch.__version__},  # fmt: skip
+        "machine": {
+            "gpu": torch.cuda.get_device_name(0) if cuda else None,
+            "cores": os.cpu_count(),
+            "cpu": platform.processor() or platform.machine(),
+            "torch": torch.__version__,
+        },
         "images": n_img,
         "batch": args.batch,
         "rows": rows,
