@@ -174,8 +174,11 @@ def split_encoded(batch: dict[str, Any]) -> list[torch.Tensor]:
             "with 'offsets' (what collate_encoded makes)"
         )
     bounds = offsets.tolist()
-    if len(bounds) < 2 or bounds[0] != 0 or bounds[-1] != data.numel() or any(
-        b > e for b, e in zip(bounds, bounds[1:])
+    if (
+        len(bounds) < 2
+        or bounds[0] != 0
+        or bounds[-1] != data.numel()
+        or any(b > e for b, e in zip(bounds, bounds[1:]))
     ):
         raise ValueError(
             f"offsets {bounds[:4]}... do not split a buffer of {data.numel()} bytes: they must "
