@@ -3,7 +3,8 @@
 The GPU path feeds N jobs from one producer, so its images/s bound every job's. This times,
 on the same generated ImageNet-sized JPEGs as ``gpu_share.py``:
 
-``read``      the loader alone (workers reading the files' bytes, collated), per worker count
+``read``      the loader alone (workers reading the files' bytes, collated), per worker count,
+              packed into one buffer a batch (``collate_encoded``) or one tensor a file
 ``decode``    ``decode_images`` on batches already in memory, on 1 and 2 threads at once
 ``augment``   ``RandomResizedCropFlipNormalize`` on decoded batches, on 1 and 2 threads
 ``pipeline``  decode + augment (``ImagePipeline``), on 1, 2 and 4 threads
@@ -79,16 +80,26 @@ def _row(stage: str, setting: str, images: int, wall: float, cpu: float | None) 
     return row
 
 
-def read_stage(dataset: EncodedImages, batch: int, workers: int, pin: bool) -> dict:
+def collate_per_file(samples: list) -> dict:
+    """The batch format before ``collate_encoded`` packed it: one tensor per file (each
+    handed from a worker in a shared-memory segment of its own), for comparison."""
+    return {"data": [s[0] for s in samples], "label": torch.tensor([s[1] for s in samples]),
+            "index": torch.tensor([s[2] for s in samples])}  # fmt: skip
+
+
+def read_stage(dataset: EncodedImages, batch: int, workers: int, pin: bool, packed: bool = True) -> dict:
+    """The loader alone; CPU is the consuming (producer's) thread's, which unpickles batches."""
     loader = torch.utils.data.DataLoader(
-        dataset, batch_size=batch, num_workers=workers, collate_fn=collate_encoded, pin_memory=pin,
-        persistent_workers=workers > 0, shuffle=True)  # fmt: skip
+        dataset, batch_size=batch, num_workers=workers, pin_memory=pin, persistent_workers=workers > 0,
+        collate_fn=collate_encoded if packed else collate_per_file, shuffle=True)  # fmt: skip
     for _ in loader:  # warm-up epoch: worker start
         pass
-    t0, n = time.perf_counter(), 0
-    for b in loader:
-        n += len(b["index"])
-    return _row("read", f"{workers} workers, pin {pin}", n, time.perf_counter() - t0, None)
+    t0, cpu, n = time.perf_counter(), time.thread_time(), 0
+    for _ in range(2):
+        for b in loader:
+            n += len(b["index"])
+    setting = f"{workers} workers, pin {pin}, {'packed' if packed else 'per file'}"
+    return _row("read", setting, n, time.perf_counter() - t0, time.thread_time() - cpu)
 
 
 def _serve(root: str, name: str, device: str, threads: int, workers: int, batch: int) -> None:
@@ -139,8 +150,9 @@ def main() -> None:
     print(f"{len(dataset)} JPEGs in {root}, device {device}, batch {args.batch}")
     rows: list[dict] = []
     if "read" in stages:
-        for workers, pin in ((2, False), (4, False), (4, True)):
-            rows.append(read_stage(dataset, args.batch, workers, pin))
+        for workers, pin, packed in ((2, False, False), (2, False, True), (4, False, False),
+                                     (4, False, True), (4, cuda, False), (4, cuda, True)):  # fmt: skip
+            rows.append(read_stage(dataset, args.batch, workers, pin, packed))
     # Batches in memory, for the stages after the loader.
     order = torch.randperm(len(dataset), generator=torch.Generator().manual_seed(0)).tolist()
     batches = [collate_encoded([dataset[i] for i in order[k : k + args.batch]])
