@@ -3,6 +3,9 @@
 The GPU path feeds N jobs from one producer, so its images/s bound every job's. This times,
 on the same generated ImageNet-sized JPEGs as ``gpu_share.py``:
 
+``overhead``  ``RandomResizedCropFlipNormalize`` on 128 tiny images on one thread, so that
+              the per-sample overhead (drawing the crop, launching kernels) is all there
+              is, and the crop drawing alone
 ``read``      the loader alone (workers reading the files' bytes, collated), per worker count,
               packed into one buffer a batch (``collate_encoded``) or one tensor a file
 ``decode``    ``decode_images`` on batches already in memory, on 1 and 2 threads at once
@@ -87,6 +90,27 @@ def collate_per_file(samples: list) -> dict:
             "index": torch.tensor([s[2] for s in samples])}  # fmt: skip
 
 
+def overhead_stage(device: str, batches: int = 20, n: int = 128) -> list[dict]:
+    gen = torch.Generator().manual_seed(0)
+    images = [torch.randint(0, 255, (3, 40 + i % 7, 48 + i % 5), dtype=torch.uint8, generator=gen).to(device)
+              for i in range(n)]  # fmt: skip
+    t = RandomResizedCropFlipNormalize(size=16)
+    threads_before = torch.get_num_threads()
+    torch.set_num_threads(1)  # the producer thread's own work, not intra-op parallelism
+    try:
+        for k in range(3):  # warm-up: allocator, kernels
+            t(images, range(k * n, k * n + n))
+        wall, cpu = _threaded(lambda k: t(images, range(k * n, k * n + n)), list(range(batches)), 1, device)
+        t0 = time.thread_time()
+        for k in range(batches * n):
+            t.params(44, 50, k)
+        draw = time.thread_time() - t0
+    finally:
+        torch.set_num_threads(threads_before)
+    return [_row("overhead", f"augment, tiny images, {device}", batches * n, wall, cpu),
+            _row("overhead", "crop drawing alone", batches * n, draw, draw)]  # fmt: skip
+
+
 def read_stage(dataset: EncodedImages, batch: int, workers: int, pin: bool, packed: bool = True) -> dict:
     """The loader alone; CPU is the consuming (producer's) thread's, which unpickles batches."""
     loader = torch.utils.data.DataLoader(
@@ -138,7 +162,7 @@ def main() -> None:
     ap.add_argument("--out", type=Path, default=Path("benchmarks/results/gpu_pipeline_stages.json"))
     ap.add_argument("--images", type=int, default=None, help="default 4096 on a GPU, 256 on a CPU")
     ap.add_argument("--batch", type=int, default=128)
-    ap.add_argument("--stages", default="read,decode,augment,pipeline,producer")
+    ap.add_argument("--stages", default="overhead,read,decode,augment,pipeline,producer")
     args = ap.parse_args()
     cuda = torch.cuda.is_available()
     device = "cuda:0" if cuda else "cpu"
@@ -149,6 +173,10 @@ def main() -> None:
     dataset = EncodedImages.from_folder(root)
     print(f"{len(dataset)} JPEGs in {root}, device {device}, batch {args.batch}")
     rows: list[dict] = []
+    if "overhead" in stages:
+        rows += overhead_stage("cpu")
+        if cuda:
+            rows += overhead_stage(device)
     if "read" in stages:
         for workers, pin, packed in ((2, False, False), (2, False, True), (4, False, False),
                                      (4, False, True), (4, cuda, False), (4, cuda, True)):  # fmt: skip
