@@ -10,7 +10,9 @@ from __future__ import annotations
 import os
 import threading
 import time
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
+from typing import Any
 
 import psutil
 import torch
@@ -82,6 +84,18 @@ def tree_cpu_s() -> float:
     return total
 
 
+def waited_batches(batches: Iterable[Any]) -> Iterator[tuple[Any, float]]:
+    """Each batch with the seconds that fetching it took (the training loop's wait for data)."""
+    it = iter(batches)
+    while True:
+        t0 = time.perf_counter()
+        try:
+            batch = next(it)
+        except StopIteration:
+            return
+        yield batch, time.perf_counter() - t0
+
+
 def _timed_epochs(batches_per_epoch, epochs: int, step, progress, unpack=lambda b: b) -> JobResult:
     """Iterate, timing the waits for data; returns samples, wall, stall and CPU time."""
     res = JobResult(job=os.getpid())
@@ -91,14 +105,8 @@ def _timed_epochs(batches_per_epoch, epochs: int, step, progress, unpack=lambda 
     progress[2] = os.getpid()
     t_start = time.perf_counter()
     for e in range(epochs):
-        it = iter(batches_per_epoch(e))
-        while True:
-            t0 = time.perf_counter()
-            try:
-                batch = next(it)
-            except StopIteration:
-                break
-            res.stall_s += time.perf_counter() - t0
+        for batch, waited in waited_batches(batches_per_epoch(e)):
+            res.stall_s += waited
             images, labels = unpack(batch)
             step(images, labels)
             res.samples += len(labels)

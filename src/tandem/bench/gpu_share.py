@@ -51,7 +51,7 @@ import psutil
 import torch
 import torch.nn.functional as F
 
-from tandem.bench._share_jobs import JobResult, tree_cpu_s
+from tandem.bench._share_jobs import JobResult, tree_cpu_s, waited_batches
 from tandem.bench.data import ImageFolder
 from tandem.bench.images import make_image_folder
 from tandem.bench.models import MODELS
@@ -387,14 +387,7 @@ def _timed(cfg: Config, source, step, dev: torch.device, progress) -> GpuJobResu
         idx_parts: list[torch.Tensor] = []
         lab_parts: list[torch.Tensor] = []
         seen.append((idx_parts, lab_parts))
-        it = iter(source(e))
-        while True:
-            t0 = time.perf_counter()
-            try:
-                batch = next(it)
-            except StopIteration:
-                break
-            waited = time.perf_counter() - t0
+        for batch, waited in waited_batches(source(e)):
             res.stall_s += waited
             if waited > 0.5 and len(res.long_waits) < 50:
                 res.long_waits.append((res.steps, round(waited, 3)))
