@@ -11,11 +11,13 @@ import signal
 import time
 from pathlib import Path
 
+import psutil
 import pytest
 import torch
 
 from tandem.bench.images import make_image_folder
 from tandem.share import Consumer, Producer, ShareError, _table
+from tandem.share._cuda_slab import remove_files_of_dead_producer
 from tandem.share._registry import live_producers, socket_path
 from tandem.share._stats import query
 from tandem.share._window import Entry
@@ -50,6 +52,30 @@ def test_host_slab_consumer_says_its_slab(procs):
     with Consumer("kind", timeout=30) as c:
         assert c.slab == "host"
         assert sum(len(b["i"]) for b in c) == 20
+
+
+def test_ipc_files_of_a_dead_producer_are_removed_and_a_live_ones_kept(tmp_path):
+    import subprocess
+    import sys
+
+    exited = subprocess.Popen([sys.executable, "-c", "pass"])
+    exited.wait()  # gone: no such process
+    zombie = subprocess.Popen([sys.executable, "-c", "pass"])
+    wait_for(lambda: psutil.Process(zombie.pid).status() == psutil.STATUS_ZOMBIE, timeout=30,
+             what="the child to exit unreaped")  # fmt: skip
+    try:
+        for pid in (exited.pid, zombie.pid, os.getpid()):
+            for k in range(2):
+                (tmp_path / f"torch_{pid}_{k}_0").write_bytes(b"")
+        (tmp_path / f"torch_{exited.pid}0_0_0").write_bytes(b"")  # another pid's prefix
+        assert sorted(remove_files_of_dead_producer(exited.pid, str(tmp_path))) == [
+            f"torch_{exited.pid}_0_0", f"torch_{exited.pid}_1_0"]  # fmt: skip
+        assert len(remove_files_of_dead_producer(zombie.pid, str(tmp_path))) == 2
+        assert remove_files_of_dead_producer(os.getpid(), str(tmp_path)) == []
+        assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
+            [f"torch_{os.getpid()}_0_0", f"torch_{os.getpid()}_1_0", f"torch_{exited.pid}0_0_0"])  # fmt: skip
+    finally:
+        zombie.wait()
 
 
 @pytest.fixture(scope="module")
@@ -90,6 +116,18 @@ def test_gpu_slab_exact_epochs_for_own_batch_sizes(procs, batch_size):
         assert sorted(ids) == list(range(1000))
         if batch_size is not None:
             assert sizes[:-1] == [batch_size] * (len(sizes) - 1)
+
+
+@cuda
+def test_gpu_slab_consumers_wait_for_the_producers_late_writes(procs):
+    """The producer's GPU writes finish ~20 ms after it publishes each batch: consumers on
+    the GPU and on the CPU read them only after the slot's written event."""
+    procs.start(serve_range, "gw", 400, 40, epochs=1, window=3, device="cuda:0", gpu_write_cycles=40_000_000)
+    procs.start(consume, "gw", procs.queue, batch_size=40, device="cuda:0", tag="gpu")
+    procs.start(consume, "gw", procs.queue, batch_size=40, device="cpu", tag="cpu")
+    res = procs.collect(["gpu", "cpu"], timeout=120)
+    assert sorted(res["gpu"][0][0]) == list(range(400))
+    assert sorted(res["cpu"][0][0]) == list(range(400))
 
 
 @cuda
@@ -139,7 +177,9 @@ def _gpu_pids() -> set[int]:
 
     pynvml.nvmlInit()
     try:
-        handle = pynvml.nvmlDeviceGetHandleByIndex(0)
+        # by UUID: NVML numbers GPUs in PCI order and ignores CUDA_VISIBLE_DEVICES
+        uuid = str(torch.cuda.get_device_properties(0).uuid)
+        handle = pynvml.nvmlDeviceGetHandleByUUID(uuid if uuid.startswith("GPU-") else f"GPU-{uuid}")
         return {p.pid for p in pynvml.nvmlDeviceGetComputeRunningProcesses(handle)}
     finally:
         pynvml.nvmlShutdown()

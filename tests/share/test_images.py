@@ -185,7 +185,7 @@ def test_decode_on_cuda_without_torchvision_is_a_clear_error(monkeypatch):
     monkeypatch.setitem(sys.modules, "torchvision", None)  # makes `import torchvision` fail
     monkeypatch.setitem(sys.modules, "torchvision.io", None)
     with pytest.raises(ShareError, match="torchvision with nvJPEG.*device='cpu'"):
-        decode_images([encode(np.zeros((8, 8, 3), np.uint8))], "cuda")
+        decode_images([encode(np.zeros((8, 8, 3), np.uint8))], "cuda:0")
 
 
 def test_decode_rejects_non_bytes():
@@ -486,3 +486,20 @@ def test_fast_crop_params_keep_torchvisions_constraints():
             fallbacks += 1
     assert fallbacks < 20  # the central-crop fallback is rare for ordinary shapes
     assert crop_params(10, 1000, SampleRandom(0, 0, 0)) == (0, 493, 10, 13)
+
+
+@needs_cuda
+@needs_torchvision
+def test_gpu_decode_does_not_overwrite_images_still_being_read():
+    """nvJPEG writes on a stream of its own: the next batch's decode must not take the
+    memory of images that kernels queued behind a busy-wait still have to read."""
+    dark = [encode(np.full((96, 128, 3), 10, np.uint8)) for _ in range(8)]
+    bright = [encode(np.full((96, 128, 3), 240, np.uint8)) for _ in range(8)]
+    for _ in range(3):
+        first = decode_images(dark, "cuda")
+        torch.cuda._sleep(50_000_000)  # ~25 ms: the reads below run after the next decode
+        sums = torch.stack([img.float().mean() for img in first])
+        del first  # its memory goes back to the allocator now, with the reads still queued
+        decode_images(bright, "cuda")
+        torch.cuda.synchronize()
+        assert (sums.cpu() - 10).abs().max() < 3, sums

@@ -27,11 +27,27 @@ class RangeDataset(torch.utils.data.Dataset):
         return {"x": torch.full((self.width,), float(i)), "i": i, "name": f"s{i}"}
 
 
+class LateOnTheGpu:
+    """A batch_transform whose results are computed on the GPU behind a busy-wait of
+    ``cycles``: the producer's copies into a slot run late, after the CPU has published the
+    batch, so a consumer that read before the slot's written event would see its previous
+    batch (duplicated ids)."""
+
+    def __init__(self, cycles: int):
+        self.cycles = cycles
+
+    def __call__(self, batch):
+        on_gpu = {k: v.to("cuda") if isinstance(v, torch.Tensor) else v for k, v in batch.items()}
+        torch.cuda._sleep(self.cycles)
+        return {k: v + 0 if isinstance(v, torch.Tensor) else v for k, v in on_gpu.items()}
+
+
 def serve_range(name, n, batch_size, epochs=None, shuffle=False, window=8, policy="wait",
-                width=4, seed=0, device=None):  # fmt: skip
+                width=4, seed=0, device=None, gpu_write_cycles=0):  # fmt: skip
     p = Producer.from_dataset(
         RangeDataset(n, width), name, batch_size=batch_size, shuffle=shuffle, seed=seed,
         window=window, policy=policy, device=device,
+        batch_transform=LateOnTheGpu(gpu_write_cycles) if gpu_write_cycles else None,
     )  # fmt: skip
     p.serve(epochs=epochs)
 

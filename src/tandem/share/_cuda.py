@@ -20,6 +20,7 @@ import torch
 from tandem.share._tree import flatten, unflatten
 from tandem.share.errors import ShareError
 
+_HOST_REGISTER_PORTABLE = 0x01  # cudaHostRegisterPortable: pinned for every device's context
 _HOST_REGISTER_READ_ONLY = 0x08  # cudaHostRegisterReadOnly
 
 
@@ -63,7 +64,12 @@ class DeviceCopier:
 
     def pin(self, mm: mmap.mmap, u8: torch.Tensor) -> None:
         ptr = u8.data_ptr()
-        err = torch.cuda.cudart().cudaHostRegister(ptr, len(mm), _HOST_REGISTER_READ_ONLY)
+        # Under the copies' device: registering checks read-only support on the current one,
+        # and a first CUDA call on device 0 would make a context there, on another job's GPU.
+        with torch.cuda.device(self.device):
+            err = torch.cuda.cudart().cudaHostRegister(
+                ptr, len(mm), _HOST_REGISTER_PORTABLE | _HOST_REGISTER_READ_ONLY
+            )
         if int(err) != 0:
             raise ShareError(f"cudaHostRegister of a {len(mm)}-byte segment failed: {err}")
         self._registered.append((ptr, mm))  # keep the mapping alive while registered

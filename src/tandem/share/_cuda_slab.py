@@ -39,8 +39,10 @@ import os
 import pickle
 import struct
 import warnings
+from pathlib import Path
 from typing import Any
 
+import psutil
 import torch
 
 from tandem.share import protocol
@@ -164,6 +166,30 @@ class CudaSlab(SlotPool[_CudaSegment]):
                 seg.close()
         self._segments = [None] * len(self._segments)
         self._retired = []
+
+
+def remove_files_of_dead_producer(pid: int, shm: str = "/dev/shm") -> list[str]:
+    """Remove PyTorch's CUDA IPC reference-count files (``torch_<pid>_*``) of a producer that
+    died. ``_share_cuda_`` makes one per shared buffer, and only a normal exit removes them,
+    so a SIGKILLed producer would leave them behind. A live process's files are not touched
+    (a zombie is dead: it runs nothing). Returns the names removed."""
+    try:
+        if psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
+            return []
+    except psutil.NoSuchProcess:
+        pass
+    except psutil.Error:
+        return []  # cannot tell: leave them
+    removed = []
+    for path in Path(shm).glob(f"torch_{pid}_*"):
+        try:
+            path.unlink()
+            removed.append(path.name)
+        except FileNotFoundError:
+            pass  # another consumer of it was first
+        except OSError:
+            pass  # not ours to remove (another user's): leave it
+    return removed
 
 
 class _Opened:

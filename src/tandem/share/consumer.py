@@ -27,7 +27,7 @@ from tandem._ipc import close_fds
 from tandem.share import _table, protocol
 from tandem.share._channel import Connection, SocketChannel, TableChannel, connect, say_bye
 from tandem.share._cuda import DeviceCopier, check_device
-from tandem.share._cuda_slab import CudaSegmentMap, local_device
+from tandem.share._cuda_slab import CudaSegmentMap, local_device, remove_files_of_dead_producer
 from tandem.share._gate import ReleaseGate
 from tandem.share._order import Position, epoch_bounds
 from tandem.share._rebatch import Assembler, Piece
@@ -38,6 +38,7 @@ from tandem.share.errors import (
     MissedBatchesWarning,
     ProducerError,
     ProducerFinished,
+    ProducerGone,
     ProducerNotFound,
     ProducerStopped,
     ProtocolError,
@@ -363,7 +364,12 @@ class Consumer:
             self._done_with_current()
         if self._end is not None:
             return self._at_end(end, have)
-        reply = self._channel.take(self._release, self.data_timeout)
+        try:
+            reply = self._channel.take(self._release, self.data_timeout)
+        except ProducerGone:
+            if self._cuda_slab is not None and self._conn.producer_pid:
+                remove_files_of_dead_producer(self._conn.producer_pid)
+            raise
         if isinstance(reply, protocol.Batch):
             self._on_batch(reply)
         elif isinstance(reply, protocol.EpochEnd):

@@ -37,6 +37,7 @@ import functools
 import io
 import math
 import os
+import threading
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, cast
@@ -200,7 +201,9 @@ def _resolve_device(device: torch.device | str) -> torch.device:
                 f"decoding on {str(dev)!r} asked for, but CUDA is not available in this process "
                 "(CPU-only torch build or no GPU); decode on device='cpu' instead"
             )
-        if dev.index is not None and dev.index >= torch.cuda.device_count():
+        if dev.index is None:
+            dev = torch.device("cuda", torch.cuda.current_device())
+        if dev.index >= torch.cuda.device_count():
             raise ShareError(f"device {str(dev)!r}: only {torch.cuda.device_count()} CUDA device(s)")
     return dev
 
@@ -264,18 +267,47 @@ def decode_images(data: list[torch.Tensor], device: torch.device | str) -> list[
         ) from None
     out: list[torch.Tensor | None] = [None] * len(data)
     jpegs = [i for i, d in enumerate(data) if _is_jpeg(d)]
-    if jpegs:
-        encoded = [data[i].cpu().contiguous() for i in jpegs]  # nvJPEG reads host memory
-        if _torchvision_batched_jpeg(torchvision):
-            decoded = decode_jpeg(encoded, device=dev, mode=ImageReadMode.RGB)
-        else:
-            decoded = [decode_jpeg(e, device=dev, mode=ImageReadMode.RGB) for e in encoded]
-        for i, img in zip(jpegs, decoded):
-            out[i] = img
-    for i, d in enumerate(data):
-        if out[i] is None:  # not a JPEG: nvJPEG cannot, the CPU can
-            out[i] = _decode_cpu(d).to(dev, non_blocking=True)
-    return cast(list[torch.Tensor], out)  # every slot was filled above
+    caller = torch.cuda.current_stream(dev)
+    # torchvision's nvJPEG writes its output on a stream of its own that waits for nothing
+    # of ours, into blocks taken from the caching allocator on the current stream. On the
+    # caller's stream those could be blocks that kernels still queued there (the previous
+    # batch's resize) are reading: decoded images would overwrite them (pytorch/vision#9606).
+    # So decode under a stream of this thread's own, whose blocks are reused only after the
+    # caller's stream is done with them (record_stream), and have the caller's wait for it.
+    side = _decode_stream(dev)
+    # (under dev as the current device too: torchvision makes the stream current where its
+    # decoder was made wait for the decode)
+    with torch.cuda.device(dev), torch.cuda.stream(side):
+        if jpegs:
+            encoded = [data[i].cpu().contiguous() for i in jpegs]  # nvJPEG reads host memory
+            if _torchvision_batched_jpeg(torchvision):
+                decoded = decode_jpeg(encoded, device=dev, mode=ImageReadMode.RGB)
+            else:
+                decoded = [decode_jpeg(e, device=dev, mode=ImageReadMode.RGB) for e in encoded]
+            for i, img in zip(jpegs, decoded):
+                out[i] = img
+        for i, d in enumerate(data):
+            if out[i] is None:  # not a JPEG: nvJPEG cannot, the CPU can
+                out[i] = _decode_cpu(d).to(dev, non_blocking=True)
+    caller.wait_stream(side)
+    images = cast(list[torch.Tensor], out)  # every slot was filled above
+    for img in images:
+        img.record_stream(caller)
+    return images
+
+
+_decode_streams = threading.local()
+
+
+def _decode_stream(device: torch.device) -> torch.cuda.Stream:
+    """This thread's side stream on ``device`` for decoding (one each: threads decode at once)."""
+    streams = getattr(_decode_streams, "by_device", None)
+    if streams is None:
+        streams = _decode_streams.by_device = {}
+    stream = streams.get(device)
+    if stream is None:
+        stream = streams[device] = torch.cuda.Stream(device)
+    return stream
 
 
 # --------------------------------------------------------------------------------------------

@@ -280,7 +280,11 @@ class Producer:
         restore = self._install_signal_handlers()
         failure: BaseException | None = None
         try:
-            self._produce(epochs)
+            # The slab's GPU as this thread's current device: the loader's pin-memory thread
+            # and the transform threads take theirs from it, and a context made on another
+            # GPU (device 0) would cost memory on a GPU that other jobs use.
+            with torch.cuda.device(self.device) if self.device is not None else contextlib.nullcontext():
+                self._produce(epochs)
         except BaseException as exc:
             failure = exc
             where = "" if isinstance(exc, UnsupportedBatch) else f"{type(exc).__name__}: "
@@ -380,7 +384,9 @@ class Producer:
                 yield self._transform(batch)
             return
         pending: collections.deque[concurrent.futures.Future] = collections.deque()
-        with concurrent.futures.ThreadPoolExecutor(self._transform_threads, "tandem-transform") as pool:
+        on = self.device
+        init = (lambda: torch.cuda.set_device(on)) if on is not None else None
+        with concurrent.futures.ThreadPoolExecutor(self._transform_threads, "tandem-transform", init) as pool:
             try:
                 for batch in self._source:
                     pending.append(pool.submit(self._transform, batch))
