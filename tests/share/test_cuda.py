@@ -34,9 +34,26 @@ def test_device_consumer_gets_batches_on_the_gpu(procs):
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-def test_copies_on_a_side_stream_are_ordered_before_the_users_stream(procs):
+@pytest.mark.parametrize("late_copies", [False, True])
+def test_copies_on_a_side_stream_are_ordered_before_the_users_stream(procs, monkeypatch, late_copies):
     """The batch is copied on the consumer's side stream; work the user queues on their own
-    (current) stream must see the copied values, with no CPU synchronisation in between."""
+    (current) stream must see the copied values, with no CPU synchronisation in between.
+    ``late_copies``: the side stream busy-waits ~10 ms before each batch's copies, so a
+    read that did not wait for them would see memory not yet written."""
+    if late_copies:
+        from tandem.share._cuda import DeviceCopier
+
+        copy = DeviceCopier.to_device
+
+        def late(self, batch):
+            with torch.cuda.device(self.device):
+                if self._stream is None:
+                    self._stream = torch.cuda.Stream(self.device)
+                with torch.cuda.stream(self._stream):
+                    torch.cuda._sleep(20_000_000)
+            return copy(self, batch)
+
+        monkeypatch.setattr(DeviceCopier, "to_device", late)
     procs.start(serve_range, "gpu-stream", 64, 16, epochs=1)
     user = torch.cuda.Stream()
     ids = []

@@ -265,4 +265,8 @@ def test_gpu_slab_skip_policy_slow_consumer_misses_batches_but_never_reads_wrong
     res = procs.collect(["fast", "slow"], timeout=180)  # each asserts its ids match its tensors
     slow = res["slow"][0][0]
     assert len(slow) == len(set(slow)) and set(slow) <= set(range(3000))
+    # in the producer's order (no shuffle): a slot refilled under a read would show a later
+    # batch's ids before earlier ones (ids and tensors change together: the check above
+    # cannot see it)
+    assert slow == sorted(slow)
     assert res["slow"]["stats"]["missed"] > 0 and len(slow) < 3000
