@@ -38,7 +38,7 @@ import random
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -306,6 +306,35 @@ def _bind_context(device: torch.device) -> None:
     torch.cuda.synchronize(device)
 
 
+def _read_until_deadline(
+    run: _Run,
+    files: Sequence[Any],
+    file_bytes: int,
+    block: int,
+    seed: int,
+    read: Callable[[Any, int], int],
+    then: Callable[[], None] | None = None,
+) -> None:
+    """A worker's timed loop, once every worker is set up: ``read(file, offset)`` of a random
+    file at a random aligned offset (one ``block``), then ``then()`` (a copy to the GPU),
+    until the run's deadline; the counts and latencies go to ``run``."""
+    rng, slots, lat = random.Random(seed), _offsets(file_bytes, block), []
+    ops = nbytes = 0
+    run.barrier.wait(timeout=_SETUP_TIMEOUT_S)
+    deadline, clock = run.deadline, time.perf_counter
+    while (t := clock()) < deadline:
+        f = files[rng.randrange(len(files))]
+        n = read(f, rng.randrange(slots) * gpu_io.ALIGN)
+        if n != block:
+            raise gpu_io.GpuIOError(f"short read: {n} of {block} bytes")
+        if then is not None:
+            then()
+        lat.append(clock() - t)
+        ops += 1
+        nbytes += n
+    run.add(ops, nbytes, lat)
+
+
 def _cpu_worker(
     run: _Run,
     fds: list[int],
@@ -326,25 +355,18 @@ def _cpu_worker(
         host = gpu_io.aligned_host_buffer(block, pin=cuda)
         src = host.data_ptr()
         view = memoryview(host.numpy()).cast("B")
-        rng, slots, lat = random.Random(seed), _offsets(file_bytes, block), []
-        ops = nbytes = 0
-        run.barrier.wait(timeout=_SETUP_TIMEOUT_S)
-        deadline, clock = run.deadline, time.perf_counter
-        while (t := clock()) < deadline:
-            fd = fds[rng.randrange(len(fds))]
-            n = os.preadv(fd, [view], rng.randrange(slots) * gpu_io.ALIGN)
-            if n != block:
-                raise gpu_io.GpuIOError(f"short read: {n} of {block} bytes")
-            if cuda and driver_copy is not None:
+
+        def to_device() -> None:
+            if driver_copy is not None:
                 driver_copy(dst, src, block, stream_handle)
-            elif cuda:
+            else:
                 with torch.cuda.stream(stream):
                     dev_buf.copy_(host, non_blocking=True)
                 stream.synchronize()
-            lat.append(clock() - t)
-            ops += 1
-            nbytes += n
-        run.add(ops, nbytes, lat)
+
+        _read_until_deadline(run, fds, file_bytes, block, seed,
+                             lambda fd, offset: os.preadv(fd, [view], offset),
+                             to_device if cuda else None)  # fmt: skip
     except BaseException as exc:  # reported by the caller; the barrier must not hang
         run.errors.append(exc)
         run.barrier.abort()
@@ -373,19 +395,8 @@ def _gpu_worker(
                     run.registered += 1
             except gpu_io.GpuIOError:
                 pass  # cuFile then uses its internal buffers; the result notes it
-        rng, slots, lat = random.Random(seed), _offsets(file_bytes, block), []
-        ops = nbytes = 0
-        run.barrier.wait(timeout=_SETUP_TIMEOUT_S)
-        deadline, clock = run.deadline, time.perf_counter
-        while (t := clock()) < deadline:
-            h = handles[rng.randrange(len(handles))]
-            n = api.read(h, ptr, block, rng.randrange(slots) * gpu_io.ALIGN, 0)
-            if n != block:
-                raise gpu_io.GpuIOError(f"short read: {n} of {block} bytes")
-            lat.append(clock() - t)
-            ops += 1
-            nbytes += n
-        run.add(ops, nbytes, lat)
+        _read_until_deadline(run, handles, file_bytes, block, seed,
+                             lambda h, offset: api.read(h, ptr, block, offset, 0))  # fmt: skip
     except BaseException as exc:
         run.errors.append(exc)
         run.barrier.abort()
