@@ -46,6 +46,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from tandem.share._cuda import check_device
 from tandem.share.errors import ShareError
 
 __all__ = [
@@ -194,18 +195,9 @@ def split_encoded(batch: dict[str, Any]) -> list[torch.Tensor]:
 
 
 def _resolve_device(device: torch.device | str) -> torch.device:
+    """``device`` as a ``torch.device``; a CUDA one checked and numbered by ``check_device``."""
     dev = torch.device(device)
-    if dev.type == "cuda":
-        if not torch.cuda.is_available():
-            raise ShareError(
-                f"decoding on {str(dev)!r} asked for, but CUDA is not available in this process "
-                "(CPU-only torch build or no GPU); decode on device='cpu' instead"
-            )
-        if dev.index is None:
-            dev = torch.device("cuda", torch.cuda.current_device())
-        if dev.index >= torch.cuda.device_count():
-            raise ShareError(f"device {str(dev)!r}: only {torch.cuda.device_count()} CUDA device(s)")
-    return dev
+    return check_device(str(dev)) if dev.type == "cuda" else dev
 
 
 def _is_jpeg(data: torch.Tensor) -> bool:
