@@ -104,6 +104,28 @@ def test_reservations_never_exceed_capacity(cli, tmp_path: Path, policy: str, li
         assert max_overlap(spans) == 2  # measures the host's CPU, which a busy test machine fills)
 
 
+def test_declared_jobs_that_fit_run_together_under_the_defaults(cli, tmp_path: Path) -> None:
+    """The default policy and settings (no tuning flags): four half-core jobs on two cores
+    start together; a fifth waits and says why, in ls, show and --json."""
+    cli("daemon", "start", "--cpus", "2", "--mem", "4G")
+    log = tmp_path / "spans.log"
+    ids = [cli.submit("--cpus", "0.5", "--mem", "256M", "--", *logged_job(log, f"j{i}", 4)) for i in range(5)]
+    fifth = cli.wait_state(ids[4], {"queued", "running"})
+    deadline = time.monotonic() + 10
+    while not (fifth := cli.job(ids[4]))["reason"].startswith("cores"):
+        assert time.monotonic() < deadline, fifth["reason"]
+        time.sleep(0.2)
+    assert fifth["state"] == "queued"
+    assert fifth["reason"] == "cores: needs 0.5, 0 of 2 free"
+    assert "cores: needs 0.5, 0 of 2 free" in cli("ls").stdout
+    assert all(j["reason"] for j in cli.json("ls") if j["state"] == "queued")
+    assert cli("wait", *map(str, ids), timeout=120).returncode == 0
+    spans = sorted(intervals(log))
+    assert max_overlap(spans[:4]) == 4  # the first four ran side by side
+    assert spans[3][0] - spans[0][0] < 3.0  # started within a pass or two, not one per settle period
+    assert cli.job(ids[4])["reason"] is None  # it ran: no reason any more
+
+
 def test_priority_then_backfill(cli, tmp_path: Path) -> None:
     cli("daemon", "start", "--cpus", "2", "--policy", "first-fit", *FAST)
     log = tmp_path / "order.log"
@@ -249,9 +271,9 @@ def test_bad_input_is_a_clear_error(cli, tmp_path: Path) -> None:
     assert r.returncode == 1 and "no job 12" in r.stderr
     cli("daemon", "start", "--cpus", "2", *FAST)
     r = cli("submit", "--cpus", "64", "--", "true", check=False)
-    assert r.returncode == 1 and "asks for 64 cores" in r.stderr
+    assert r.returncode == 2 and "asks for 64 cores" in r.stderr  # refused: can never fit
     r = cli("submit", "--gpus", "1", "--", "true", check=False)
-    assert r.returncode == 1 and "GPU" in r.stderr
+    assert r.returncode == 2 and "GPU" in r.stderr
     r = cli("submit", "--after", "77", "--", "true", check=False)
     assert r.returncode == 1 and "no such job" in r.stderr
     r = cli("daemon", "start", check=False)
@@ -317,7 +339,7 @@ def test_share_group_runs_one_producer_that_stops_after_its_last_job(cli, tmp_pa
     assert "defined 'toy'" in out
     cli("daemon", "start", "--cpus", "2", *FAST)
     r = cli("submit", "--share", "nope", "--", "true", check=False)
-    assert r.returncode == 1 and "tandem share define nope" in r.stderr
+    assert r.returncode == 2 and "tandem share define nope" in r.stderr
     results = tmp_path / "results.txt"
     ids = [
         cli.submit("--share", "toy", "--cpus", "0.5", "--", sys.executable, "reader.py", str(results))

@@ -27,7 +27,9 @@ def job(
 
 
 def placed(policy: str, queue, gpus, h=None, limits=LIMITS, now=100.0):
-    return {p.job_id: p.gpus for p in plan(queue, h or host(), gpus, make_policy(policy), limits, now)}
+    return {
+        p.job_id: p.gpus for p in plan(queue, h or host(), gpus, make_policy(policy), limits, now).placements
+    }
 
 
 def test_exclusive_one_job_per_gpu_fifo() -> None:
@@ -64,7 +66,10 @@ def test_measured_memory_counts_only_once_settled() -> None:
     assert placed("first-fit", [job(1, gpu_mem=10)], settled) == {}
     fresh = [gpu(0, jobs=1, mem_reserved=5 * G, mem_used=75 * G, fresh=True)]
     assert placed("first-fit", [job(1, gpu_mem=10)], fresh) == {1: (0,)}
-    assert placed("packing", [job(1, gpu_mem=10)], fresh) == {}  # packing waits for a measurement
+    # Every job there declared its memory: packing does not wait for a measurement either.
+    assert placed("packing", [job(1, gpu_mem=10)], fresh) == {1: (0,)}
+    # A job of unknown memory (a probe) still waits for one.
+    assert placed("packing", [job(1, gpu_mem=None)], fresh) == {}
 
 
 def test_packing_spreads_then_packs_under_the_compute_gate() -> None:
@@ -90,7 +95,7 @@ def test_a_probe_goes_to_the_most_free_gpu_and_blocks_it() -> None:
     ]
     got = plan(
         [job(1, gpu_mem=None), job(2, gpu_mem=1)], host(), gpus, make_policy("first-fit"), LIMITS, 100.0
-    )
+    ).placements
     assert [(p.job_id, p.gpus, p.probe) for p in got] == [(1, (1,), True), (2, (0,), False)]
     assert placed("first-fit", [job(3)], [gpu(0, jobs=1, probing=True)]) == {}
 
@@ -99,28 +104,35 @@ def test_escalation_most_free_then_alone() -> None:
     gpus = [gpu(0, jobs=1, mem_reserved=10 * G), gpu(1, jobs=2, mem_reserved=20 * G)]
     assert placed("best-fit", [job(1, escalation=1)], gpus) == {1: (0,)}  # most free, not best fit
     assert placed("packing", [job(1, escalation=2)], gpus) == {}  # alone: no empty GPU
-    got = plan([job(1, escalation=2), job(2)], host(), [gpu(0)], make_policy("first-fit"), LIMITS, 100.0)
+    got = plan(
+        [job(1, escalation=2), job(2)], host(), [gpu(0)], make_policy("first-fit"), LIMITS, 100.0
+    ).placements
     assert [(p.job_id, p.alone) for p in got] == [(1, True)]  # and no one joins it
 
 
 def test_priorities_backfill_and_aging() -> None:
     gpus = [gpu(0, jobs=1, mem_reserved=60 * G)]
     q = [job(1, gpu_mem=30), job(2, gpu_mem=10), job(3, gpu_mem=5, priority=1)]
-    got = plan(q, host(), gpus, make_policy("first-fit"), LIMITS, now=100.0)
+    got = plan(q, host(), gpus, make_policy("first-fit"), LIMITS, now=100.0).placements
     assert [p.job_id for p in got] == [3, 2]  # priority first; 1 does not fit and is passed over
-    got = plan(q, host(), gpus, make_policy("first-fit"), Limits(starve_after_s=50), now=100.0)
+    got = plan(q, host(), gpus, make_policy("first-fit"), Limits(starve_after_s=50), now=100.0).placements
     assert [p.job_id for p in got] == [3]  # 1 has waited 99 s > 50: nothing passes it
 
 
 def test_cpu_only_jobs_reserve_cores_and_ram() -> None:
     h = host(cpus_total=2, mem_total=8 * G, mem_available=8 * G)
     q = [Waiting(i, 0, float(i), cpus=1, mem=3 * G, gpus=0, gpu_mem=None) for i in range(4)]
-    assert len(plan(q, h, [], make_policy("first-fit"), LIMITS, 0.0)) == 2
-    assert len(plan(q, h, [], make_policy("exclusive"), LIMITS, 0.0)) == 1
+    assert len(plan(q, h, [], make_policy("first-fit"), LIMITS, 0.0).placements) == 2
+    assert len(plan(q, h, [], make_policy("exclusive"), LIMITS, 0.0).placements) == 1
     busy = host(cpus_total=2, mem_total=8 * G, jobs=1, cpus_reserved=0.5, cpu_mean=0.9, cpu_p95=0.95)
-    assert plan(q[:1], busy, [], make_policy("packing"), LIMITS, 0.0) == []  # measured busy: wait
+    outcome = plan(q[:1], busy, [], make_policy("packing"), LIMITS, 0.0)
+    assert outcome.placements == []  # measured busier than reserved (an under-declared job): wait
+    assert outcome.reasons[0].startswith("held back: host measured 90% busy")
+    # Measured busy as reserved: the reservations decide, and the job fits.
+    declared = host(cpus_total=2, mem_total=8 * G, jobs=1, cpus_reserved=1, cpu_mean=0.5, cpu_p95=0.95)
+    assert len(plan(q[:1], declared, [], make_policy("packing"), LIMITS, 0.0).placements) == 1
     idle = host(cpus_total=2, mem_total=8 * G, jobs=1, cpus_reserved=0.5, cpu_mean=0.2, cpu_p95=0.3)
-    assert len(plan(q[:1], idle, [], make_policy("packing"), LIMITS, 0.0)) == 1
+    assert len(plan(q[:1], idle, [], make_policy("packing"), LIMITS, 0.0).placements) == 1
 
 
 def test_fits_at_all() -> None:
@@ -146,7 +158,7 @@ def test_aging_counts_from_when_a_job_could_start() -> None:
         make_policy("first-fit"),
         Limits(starve_after_s=50),
         100.0,
-    )
+    ).placements
     assert [p.job_id for p in got] == [2]  # not starved yet: the small job may pass it
 
 
@@ -155,7 +167,7 @@ def test_a_job_alone_on_the_host_blocks_gpu_jobs_too() -> None:
     assert placed("first-fit", [job(1)], [gpu(0)], h=lonely) == {}
     busy = host(jobs=0, all_jobs=1)  # one GPU job runs: a CPU job that must be alone waits
     q = [Waiting(2, 0, 2.0, cpus=1, mem=0, gpus=0, gpu_mem=None, escalation=2)]
-    assert plan(q, busy, [], make_policy("first-fit"), LIMITS, 0.0) == []
+    assert plan(q, busy, [], make_policy("first-fit"), LIMITS, 0.0).placements == []
 
 
 def test_no_probe_on_a_gpu_measured_full() -> None:
@@ -185,3 +197,46 @@ def test_which_share_definitions_keep_batches_on_a_gpu() -> None:
     assert slab_on_gpu(["--dataset", "m:f", "--device", "cuda:0"])
     assert not slab_on_gpu(["--images", "/d", "--device", "cpu"])
     assert not slab_on_gpu(["--dataset", "m:f", "--batch-size", "4"])
+
+
+def test_packing_starts_every_declared_job_that_fits_in_one_pass() -> None:
+    # Four CPU jobs of half a core on a 2-core host, nothing measured yet (a fresh host):
+    # all four start at once, a fifth waits for cores and says so.
+    h = host(cpus_total=2, mem_total=4 * G)
+    q = [Waiting(i, 0, float(i), cpus=0.5, mem=256 << 20, gpus=0, gpu_mem=None) for i in range(5)]
+    outcome = plan(q, h, [], make_policy("packing"), LIMITS, 0.0)
+    assert [p.job_id for p in outcome.placements] == [0, 1, 2, 3]
+    assert outcome.reasons == {4: "cores: needs 0.5, 0 of 2 free"}
+    # ... and GPU jobs that declared their memory, onto a GPU whose jobs just started.
+    gpus = [gpu(0)]
+    outcome = plan([job(i, gpu_mem=10) for i in range(3)], host(), gpus, make_policy("packing"), LIMITS, 0.0)
+    assert [p.job_id for p in outcome.placements] == [0, 1, 2]
+
+
+def test_every_job_left_waiting_has_a_reason() -> None:
+    gpus = [gpu(0, jobs=1, probing=True, probing_job=7), gpu(1, jobs=1, mem_reserved=75 * G)]
+    outcome = plan([job(1, gpu_mem=10)], host(), gpus, make_policy("first-fit"), LIMITS, 0.0)
+    assert outcome.placements == []
+    reason = outcome.reasons[1]
+    assert "GPU 0 settling: job 7's memory still growing" in reason
+    assert "GPU 1 memory: needs 10.0G, 5.0G of 80.0G unreserved" in reason
+    # A job with its share's producer says so.
+    small = host(cpus_total=2, cpus_reserved=1)
+    w = Waiting(2, 0, 0.0, cpus=2.5, mem=0, gpus=0, gpu_mem=None, with_producer=True)
+    outcome = plan([w], small, [], make_policy("packing"), LIMITS, 0.0)
+    assert outcome.reasons[2] == "cores: needs 2.5 with its share's producer, 1 of 2 free"
+    assert "with its share's producer" in fits_at_all(w, small, [])
+    # Behind a job that may not be passed, the others name it.
+    busy = [gpu(0, jobs=1, mem_reserved=60 * G)]
+    q = [job(1, gpu_mem=30), job(2, gpu_mem=10)]
+    outcome = plan([job(1), job(2)], host(), busy, make_policy("exclusive"), LIMITS, 0.0)
+    assert outcome.reasons[1] == "GPU 0 is taken (policy exclusive: one job per GPU)"
+    assert outcome.reasons[2].startswith("priority: job 1 first")
+    outcome = plan(q, host(), busy, make_policy("first-fit"), Limits(starve_after_s=50), 100.0)
+    assert outcome.reasons[2].startswith("priority: job 1 first (it has waited 99 s")
+
+
+def test_packing_holds_back_only_on_measured_compute() -> None:
+    busy = [gpu(0, jobs=1, mem_reserved=10 * G, mem_used=10 * G, activity_mean=0.9, activity_p95=0.95)]
+    outcome = plan([job(1)], host(), busy, make_policy("packing"), LIMITS, 0.0)
+    assert outcome.reasons[1].startswith("held back: GPU 0 measured busy (SM activity mean 90%")

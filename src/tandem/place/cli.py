@@ -17,6 +17,7 @@ from typing import Any
 import click
 
 from tandem.place.model import (
+    CANCELLED,
     FINAL_STATES,
     SUCCEEDED,
     WAITING_STATES,
@@ -75,14 +76,46 @@ def _ids(values: tuple[str, ...], what: str) -> list[int]:
     return ids
 
 
-def _request(message: dict[str, Any], timeout: float = 10.0) -> dict[str, Any]:
-    from tandem.place.client import DaemonError, request
-    from tandem.place.state import state_dir
+# Exit codes of the job manager's commands (README, "Exit codes"). ``tandem wait`` of one
+# job that failed exits with the job's own code.
+EXIT_FAILED = 1  # a job failed (or several did not all succeed)
+EXIT_USAGE = 2  # bad input, or a job refused because it can never fit
+EXIT_NO_DAEMON = 3  # no daemon serves the state directory
+EXIT_CANCELLED = 4  # the job was cancelled
+EXIT_NO_ANSWER = 69  # the daemon did not answer in time (EX_UNAVAILABLE)
+EXIT_TIMEOUT = 124  # tandem wait --timeout ran out
+EXIT_INTERRUPTED = 130  # Ctrl-C
+
+
+class _Exit(click.ClickException):
+    """An error message with its own exit code."""
+
+    def __init__(self, message: str, code: int) -> None:
+        super().__init__(message)
+        self.exit_code = code
+
+
+def daemon_call(call: Any, *args: Any, **kwargs: Any) -> Any:
+    """``call(*args, **kwargs)`` with the client's errors as messages and exit codes."""
+    from tandem.place.client import DaemonError, DaemonNotRunning, DaemonRefused, DaemonTimeout
 
     try:
-        return request(state_dir(), message, timeout=timeout)
+        return call(*args, **kwargs)
+    except DaemonTimeout as exc:
+        raise _Exit(str(exc), EXIT_NO_ANSWER) from None
+    except DaemonNotRunning as exc:
+        raise _Exit(f"{exc}; start one with `tandem daemon start`", EXIT_NO_DAEMON) from None
+    except DaemonRefused as exc:
+        raise _Exit(str(exc), EXIT_USAGE) from None
     except DaemonError as exc:
         raise click.ClickException(str(exc)) from None
+
+
+def _request(message: dict[str, Any], timeout: float = 10.0) -> dict[str, Any]:
+    from tandem.place.client import request
+    from tandem.place.state import state_dir
+
+    return daemon_call(request, state_dir(), message, timeout=timeout)
 
 
 @click.command("submit", context_settings={"ignore_unknown_options": False, "allow_interspersed_args": False})
@@ -165,13 +198,10 @@ def submit(
         env=env,
         cwd=str(workdir),
     )
-    from tandem.place.client import DaemonError, ensure_daemon
+    from tandem.place.client import ensure_daemon
     from tandem.place.state import state_dir
 
-    try:
-        ensure_daemon(state_dir())
-    except DaemonError as exc:
-        raise click.ClickException(f"could not start the daemon: {exc}") from None
+    daemon_call(ensure_daemon, state_dir())
     reply = _request({"op": "submit", "job": spec})
     if as_json:
         from tandem.place.views import job_json
@@ -341,42 +371,59 @@ def cancel(ids: tuple[str, ...]) -> None:
 def wait(ids: tuple[str, ...], timeout: float | None) -> None:
     """Block until the jobs end (default: every job now waiting or running). Exit with the
     job's exit code (one job), or 1 if any of several did not succeed."""
-    from tandem.place.client import is_running
-    from tandem.place.state import state_dir
-
     state = _state()
     wanted = _ids(ids, "'IDS'") if ids else [j.id for j in state.jobs() if j.state not in FINAL_STATES]
     for i in wanted:
         if state.job(i, attempts=False) is None:
             click.echo(f"Error: no job {i} (see tandem ls --all)", err=True)
-            sys.exit(2)
+            sys.exit(EXIT_USAGE)
+    try:
+        jobs = _wait_for(state, wanted, timeout)
+    except KeyboardInterrupt:
+        click.echo("tandem wait: interrupted (the jobs go on)", err=True)
+        sys.exit(EXIT_INTERRUPTED)
+    if len(jobs) == 1:
+        j = jobs[0]
+        if j.state == SUCCEEDED:
+            sys.exit(0)
+        if j.state == CANCELLED:
+            click.echo(
+                f"job {j.id} was cancelled{f' ({j.cause})' if j.cause != 'cancelled' else ''}", err=True
+            )
+            sys.exit(EXIT_CANCELLED)
+        click.echo(f"job {j.id} {j.state}: {j.cause or ''}", err=True)
+        sys.exit(j.exit_code if j.exit_code not in (None, 0) else EXIT_FAILED)
+    bad = [j for j in jobs if j.state != SUCCEEDED]
+    for j in bad:
+        click.echo(f"job {j.id} {j.state}: {j.cause or ''}", err=True)
+    sys.exit(EXIT_FAILED if bad else 0)
+
+
+def _wait_for(state: Any, wanted: list[int], timeout: float | None) -> list[Any]:
+    """The jobs once all have ended; exits 124 after ``timeout`` s, 3 when no daemon runs."""
+    from tandem.place.client import is_running
+    from tandem.place.state import state_dir
+
     deadline = None if timeout is None else time.monotonic() + timeout
     next_check = time.monotonic() + 5.0
     while True:
         jobs = [state.job(i, attempts=False) for i in wanted]
         if all(j is not None and j.state in FINAL_STATES for j in jobs):
-            break
+            return jobs
         if deadline is not None and time.monotonic() >= deadline:
             click.echo(f"tandem wait: jobs still running after {timeout:g} s", err=True)
-            sys.exit(124)
+            sys.exit(EXIT_TIMEOUT)
         if time.monotonic() >= next_check:
             # Only a daemon moves jobs on: without one, waiting would never end.
             next_check = time.monotonic() + 5.0
-            if not is_running(state_dir()):
+            if not daemon_call(is_running, state_dir()):
                 click.echo(
                     "tandem wait: no daemon is running, so these jobs cannot end; "
                     "start one with `tandem daemon start` (it adopts running jobs)",
                     err=True,
                 )
-                sys.exit(3)
+                sys.exit(EXIT_NO_DAEMON)
         time.sleep(0.3)
-    if len(jobs) == 1:
-        j = jobs[0]
-        assert j is not None
-        if j.state == SUCCEEDED:
-            sys.exit(0)
-        sys.exit(j.exit_code if j.exit_code not in (None, 0) else 1)
-    sys.exit(0 if all(j is not None and j.state == SUCCEEDED for j in jobs) else 1)
 
 
 def _given_options(ctx: click.Context) -> list[str]:
@@ -501,7 +548,7 @@ def daemon_start(
         raise click.UsageError("--address is for --backend ray")
     directory = state_dir()
     if not foreground:
-        if is_running(directory):
+        if daemon_call(is_running, directory):
             raise click.ClickException(f"a daemon already serves {directory} (tandem daemon status)")
         try:
             reply = start_daemon(directory, _given_options(click.get_current_context()))
@@ -555,15 +602,15 @@ def daemon_stop(timeout: float) -> None:
     from tandem.place.state import state_dir
 
     directory = state_dir()
-    if not is_running(directory):
+    if not daemon_call(is_running, directory):
         click.echo(f"no daemon serves {directory}", err=True)
         return
     pid = daemon_pid(directory)
     _request({"op": "stop"})
     deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline and is_running(directory):
+    while time.monotonic() < deadline and daemon_call(is_running, directory):
         time.sleep(0.1)
-    if is_running(directory) and pid:
+    if daemon_call(is_running, directory) and pid:
         os.kill(pid, signal.SIGTERM)
     click.echo("daemon stopped", err=True)
 
@@ -575,12 +622,12 @@ def daemon_status(as_json: bool) -> None:
     from tandem.place.client import is_running
     from tandem.place.state import state_dir
 
-    if not is_running(state_dir()):
+    if not daemon_call(is_running, state_dir()):
         if as_json:
             click.echo(json.dumps({"running": False, "state_dir": str(state_dir())}))
         else:
             click.echo(f"no daemon serves {state_dir()}")
-        sys.exit(3)
+        sys.exit(EXIT_NO_DAEMON)
     reply = _request({"op": "status"})
     reply.pop("ok", None)
     reply["running"] = True

@@ -46,7 +46,8 @@ def request(state_dir: Path, message: dict[str, Any], timeout: float = 10.0) -> 
         raise DaemonError(f"lost the daemon of {state_dir} mid-request ({exc})") from None
     reply = protocol.decode(data)
     if not reply.get("ok"):
-        raise DaemonError(reply.get("error", "the daemon refused the request"))
+        error = DaemonRefused if reply.get("refused") else DaemonError
+        raise error(reply.get("error", "the daemon refused the request"))
     return reply
 
 
@@ -55,7 +56,11 @@ class DaemonNotRunning(DaemonError):
 
 
 class DaemonTimeout(DaemonError):
-    pass
+    """The daemon did not answer in time (stopped, overloaded or stuck)."""
+
+
+class DaemonRefused(DaemonError):
+    """The request was understood and refused (a job that can never fit, say)."""
 
 
 def is_running(state_dir: Path) -> bool:
@@ -164,4 +169,13 @@ def daemon_pid(state_dir: Path) -> int | None:
     return None if info is None else int(info["pid"])
 
 
-__all__ = ["DaemonError", "DaemonNotRunning", "ensure_daemon", "is_running", "request", "start_daemon"]
+__all__ = [
+    "DaemonError",
+    "DaemonNotRunning",
+    "DaemonRefused",
+    "DaemonTimeout",
+    "ensure_daemon",
+    "is_running",
+    "request",
+    "start_daemon",
+]

@@ -156,6 +156,7 @@ class Daemon:
         self._producers: dict[str, subprocess.Popen] = {}  # started by this daemon (to reap)
         self._producer_gpus: dict[str, int] = {}  # share -> the GPU its producer keeps batches on
         self._stopping: dict[str, tuple[int, float, float]] = {}  # name -> pid, ctime, SIGKILL deadline
+        self._reasons: dict[int, str] = {}  # why each waiting job waits, as last written
         self.tracker = None
         if settings.track:
             from tandem.place.tracking import Tracker, default_store
@@ -285,19 +286,30 @@ class Daemon:
         gpus = spec.get("gpus")
         if gpus is None:  # a GPU job where there are GPUs, a CPU job where there are none
             gpus = 1 if self.capacity.gpus else 0
-        waiting = Waiting(0, 0, 0.0, float(spec["cpus"]), int(spec["mem"]), int(gpus), spec.get("gpu_mem"))
-        why = fits_at_all(waiting, self._host_slot(), self._gpu_slots(), self.limits)
-        if why:
+        cpus, mem = float(spec["cpus"]), int(spec["mem"])
+        share = self.state.share(spec["share"]) if spec.get("share") else None
+        if spec.get("share") and share is None:
             return {
                 "ok": False,
-                "error": f"refused: the job {why}; ask for less, or start the daemon with more",
-            }
-        if spec.get("share") and self.state.share(spec["share"]) is None:
-            return {
-                "ok": False,
+                "refused": True,
                 "error": f"refused: --share {spec['share']}: no such shared dataset; define it first: "
                 f"tandem share define {spec['share']} --dataset MODULE:FUNCTION",
             }
+        if share is not None:
+            cpus, mem = cpus + share.cpus, mem + share.mem
+        waiting = Waiting(
+            0, 0, 0.0, cpus, mem, int(gpus), spec.get("gpu_mem"), with_producer=share is not None
+        )
+        why = fits_at_all(waiting, self._host_slot(), self._gpu_slots(), self.limits)
+        if why:
+            fix = "ask for less, or start the daemon with more"
+            if share is not None:
+                fix = (
+                    f"its share's producer reserves {share.cpus:g} cores, {format_size(share.mem or None)} "
+                    f"RAM: ask for less, redefine the share with less (tandem share define {share.name} "
+                    "... --cpus N), or start the daemon with more"
+                )
+            return {"ok": False, "refused": True, "error": f"refused: the job {why}; {fix}"}
         for dep in spec.get("after", []):
             if self.state.job(int(dep), attempts=False) is None:
                 return {"ok": False, "error": f"refused: --after {dep}: no such job"}
@@ -717,6 +729,7 @@ class Daemon:
                     mem_used=m.mem_used if m else None,
                     jobs=len(on),
                     probing=any(a.gpu_mem_reserved is None for a in on),
+                    probing_job=next((a.job.id for a in on if a.gpu_mem_reserved is None), None),
                     fresh=any(now - a.started < self.limits.settle_s for a in on),
                     alone=any(a.placement.alone for a in on),
                     activity_mean=m.activity.mean() if m else None,
@@ -725,23 +738,32 @@ class Daemon:
             )
         return slots
 
-    def _waiting(self, waiting: list[Job], ended: dict[int, tuple[str, float | None]]) -> list[Waiting]:
+    def _waiting(
+        self, waiting: list[Job], ended: dict[int, tuple[str, float | None]], reasons: dict[int, str]
+    ) -> list[Waiting]:
+        """The jobs the scheduler may consider; the reason each other waiting job waits goes
+        into ``reasons``."""
         out = []
         shares = {s.name: s for s in self.state.shares()}
         for job in waiting:
             if job.id in self.active or job.cancel_requested:
                 continue
-            if any(ended.get(d, ("", None))[0] != SUCCEEDED for d in job.after):
+            pending = [d for d in job.after if ended.get(d, ("", None))[0] != SUCCEEDED]
+            if pending:
+                reasons[job.id] = "after job " + ", ".join(str(d) for d in pending)
                 continue
             since = max([job.queued_at or job.submitted] + [ended[d][1] or 0.0 for d in job.after])
             cpus, mem = job.cpus, job.mem
             share = shares.get(job.share or "")
+            with_producer = False
             if share is not None and not same_process(share.pid, share.ctime):
                 if share.name in self._stopping:
+                    reasons[job.id] = f"share {share.name}: its previous producer is still stopping"
                     continue  # its old producer is still stopping: a new one could not take the name
                 # Whichever job of the group starts first also starts its producer: each is
                 # charged for it until then, so the producer never overbooks the host.
                 cpus, mem = cpus + share.cpus, mem + share.mem
+                with_producer = True
             gpu_mem = job.gpu_mem
             if job.gpus and gpu_mem is None:
                 known = self.state.peak(job.job_key)
@@ -759,25 +781,33 @@ class Daemon:
                     job.escalation,
                     waiting_since=since,
                     prefer_gpus=self._shared_data_gpus(job),
+                    with_producer=with_producer,
                 )
             )
         return out
 
     def _schedule(self, now: float, waiting: list[Job], deps: dict[int, tuple[str, float | None]]) -> None:
-        queue = self._waiting(waiting, deps)
-        if not queue:
-            return
-        for placement in plan(queue, self._host_slot(), self._gpu_slots(), self.policy, self.limits, now):
-            job = self.state.job(placement.job_id)
-            if job is None or job.cancel_requested:
-                continue
-            try:
-                self._launch(job, placement)
-            except Exception as exc:
-                log.exception("could not start job %d", job.id)
-                self.state.update_job(
-                    job.id, state=FAILED, ended=time.time(), cause=f"could not start: {exc}"
-                )
+        reasons: dict[int, str] = {}
+        queue = self._waiting(waiting, deps, reasons)
+        if queue:
+            outcome = plan(queue, self._host_slot(), self._gpu_slots(), self.policy, self.limits, now)
+            reasons.update(outcome.reasons)
+            for placement in outcome.placements:
+                job = self.state.job(placement.job_id)
+                if job is None or job.cancel_requested:
+                    continue
+                try:
+                    self._launch(job, placement)
+                except Exception as exc:
+                    log.exception("could not start job %d", job.id)
+                    self.state.update_job(
+                        job.id, state=FAILED, ended=time.time(), cause=f"could not start: {exc}"
+                    )
+        # Write only what changed: a queue of thousands must not cost a write per job per tick.
+        changed = {i: r for i, r in reasons.items() if self._reasons.get(i) != r}
+        if changed:
+            self.state.set_reasons(changed)
+        self._reasons = reasons
 
     def _launch(self, job: Job, p: Placement) -> None:
         n = len(job.attempts) + 1
@@ -824,7 +854,7 @@ class Daemon:
         if self.ray is not None:
             placement["backend"] = "ray"
         self.state.add_attempt(Attempt(job.id, n, RUNNING, placement, started))
-        self.state.update_job(job.id, state=RUNNING, started=job.started or started)
+        self.state.update_job(job.id, state=RUNNING, started=job.started or started, reason=None)
         self.state.event(job.id, "started", f"attempt {n} on {placement['device']}")
         if self.ray is not None:
             node = self.ray.launch(

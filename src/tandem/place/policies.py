@@ -14,8 +14,16 @@ them. The daemon and the simulator run these same classes.
 - ``most-free-memory``: the GPU with the most free memory.
 - ``packing`` (default): an empty GPU first; else collocate on the least busy GPU whose
   compute stays under the thresholds (mean and 95th percentile of SM activity over the
-  window) and whose memory fits as measured after its jobs settled. CPU-only jobs likewise
-  over cores and RAM, gated on measured CPU use.
+  window) and whose memory fits as measured after its jobs settled. CPU-only jobs are
+  admitted on their declared cores and RAM.
+
+What a job declared decides; a measurement may only hold a job back where it shows more
+than the reservations say: a host busier than its reserved cores (a job that declared too
+little, or load from outside the manager), a GPU whose compute the jobs on it already fill.
+A missing or stale measurement never holds back a job whose neighbours all declared their
+needs: four jobs that fit start in one pass, not one per settle period.
+
+Every gate returns ``None`` (admitted) or the reason, in words for ``tandem ls``.
 """
 
 from __future__ import annotations
@@ -57,6 +65,7 @@ class GpuSlot:
     mem_used: int | None = None  # measured (NVML); None when unknown
     jobs: int = 0
     probing: bool = False  # a job of unknown memory on it has not settled: nobody joins
+    probing_job: int | None = None  # which one (for the reason a job waits)
     fresh: bool = False  # a job started on it less than settle_s ago: measurements are stale
     alone: bool = False  # a job that must run alone is on it
     activity_mean: float | None = None  # SM activity (else utilisation), 0..1, over the window
@@ -106,17 +115,17 @@ class Policy:
     collocate: ClassVar[bool] = True
     compute_aware: ClassVar[bool] = False
 
-    def gpu_admits(self, gpu: GpuSlot, need: Need, limits: Limits) -> bool:
-        """May ``gpu`` take this job (beyond the scheduler's own rules)?"""
-        return True
+    def gpu_blocks(self, gpu: GpuSlot, need: Need, limits: Limits) -> str | None:
+        """Why ``gpu`` may not take this job (beyond the scheduler's own rules), or None."""
+        return None
 
     def rank(self, gpus: list[GpuSlot], need: Need) -> list[GpuSlot]:
         """The admissible GPUs, best first."""
         return sorted(gpus, key=lambda g: g.index)
 
-    def host_admits(self, host: HostSlot, need: Need, limits: Limits) -> bool:
-        """May the host start another CPU-only job now?"""
-        return True
+    def host_blocks(self, host: HostSlot, need: Need, limits: Limits) -> str | None:
+        """Why the host may not start another CPU-only job now, or None."""
+        return None
 
 
 def free_after(gpu: GpuSlot, need: Need) -> int:
@@ -131,11 +140,11 @@ class Exclusive(Policy):
     backfill = False
     collocate = False
 
-    def gpu_admits(self, gpu: GpuSlot, need: Need, limits: Limits) -> bool:
-        return gpu.jobs == 0
+    def gpu_blocks(self, gpu: GpuSlot, need: Need, limits: Limits) -> str | None:
+        return f"GPU {gpu.index} is taken (policy exclusive: one job per GPU)" if gpu.jobs else None
 
-    def host_admits(self, host: HostSlot, need: Need, limits: Limits) -> bool:
-        return host.jobs == 0
+    def host_blocks(self, host: HostSlot, need: Need, limits: Limits) -> str | None:
+        return "a CPU job runs (policy exclusive: one at a time)" if host.jobs else None
 
 
 class FirstFit(Policy):
@@ -163,25 +172,34 @@ class Packing(Policy):
     name = "packing"
     compute_aware = True
 
-    def gpu_admits(self, gpu: GpuSlot, need: Need, limits: Limits) -> bool:
-        if gpu.jobs == 0:
-            return True
-        if gpu.fresh or gpu.activity_mean is None or gpu.activity_p95 is None:
-            return False  # no trustworthy measurement of what is already there: wait for one
-        return gpu.activity_mean < limits.sm_mean and gpu.activity_p95 < limits.sm_p95
+    def gpu_blocks(self, gpu: GpuSlot, need: Need, limits: Limits) -> str | None:
+        if gpu.jobs == 0 or gpu.fresh or gpu.activity_mean is None or gpu.activity_p95 is None:
+            # No trustworthy measurement yet: the jobs there declared their memory (a probe's
+            # GPU takes nobody, the scheduler's rule), so the reservations decide.
+            return None
+        if gpu.activity_mean < limits.sm_mean and gpu.activity_p95 < limits.sm_p95:
+            return None
+        return (
+            f"held back: GPU {gpu.index} measured busy (SM activity mean {gpu.activity_mean:.0%}, "
+            f"p95 {gpu.activity_p95:.0%}; packing admits under {limits.sm_mean:.0%} and {limits.sm_p95:.0%})"
+        )
 
     def rank(self, gpus: list[GpuSlot], need: Need) -> list[GpuSlot]:
         return sorted(gpus, key=lambda g: (g.jobs > 0, g.activity_mean or 0.0, free_after(g, need), g.index))
 
-    def host_admits(self, host: HostSlot, need: Need, limits: Limits) -> bool:
-        if host.jobs == 0:
-            return True
-        if host.fresh or host.cpu_mean is None or host.cpu_p95 is None:
-            return False
-        # What is busy now plus what the newcomer declares must fit in the cores.
-        busy_after = host.cpu_mean + need.cpus / host.cpus_total
+    def host_blocks(self, host: HostSlot, need: Need, limits: Limits) -> str | None:
+        if host.jobs == 0 or host.cpu_mean is None or host.cpu_p95 is None:
+            return None
+        busy = host.cpu_mean * host.cpus_total
+        # Only use beyond the reservations counts (an under-declared job, load from outside
+        # the manager); a slack of half a core, or 5% of a big host, for start-up bursts.
+        if busy <= host.cpus_reserved + max(0.5, 0.05 * host.cpus_total):
+            return None
+        if busy + need.cpus <= limits.cpu_mean * host.cpus_total and host.cpu_p95 < limits.cpu_p95:
+            return None
         return (
-            busy_after <= max(limits.cpu_mean, need.cpus / host.cpus_total) and host.cpu_p95 < limits.cpu_p95
+            f"held back: host measured {host.cpu_mean:.0%} busy ({busy:.1f} cores), more than the "
+            f"{host.cpus_reserved:g} cores reserved"
         )
 
 

@@ -20,13 +20,17 @@ Queue order: higher priority first, then submission order. A job that cannot be 
 is passed over (backfill) unless the policy is strict FIFO or it has waited longer than
 ``starve_after_s``: then nothing behind it starts until it has (so a large job is not
 starved by a stream of small ones).
+
+Every job the pass does not start gets a reason (:attr:`Plan.reasons`), in words for
+``tandem ls``: the resource that is short with its figures, the job that goes first, the
+GPU that is settling, the measurement that holds it back.
 """
 
 from __future__ import annotations
 
 import dataclasses
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from tandem.place.model import format_size
 from tandem.place.policies import GpuSlot, HostSlot, Limits, MostFreeMemory, Need, Policy
@@ -46,6 +50,7 @@ class Waiting:
     escalation: int = 0  # 0 first try; 1 most-free GPU; 2 alone
     waiting_since: float | None = None  # since when it could start (queued, requeued, deps met)
     prefer_gpus: tuple[int, ...] = ()  # where its shared data is (a GPU-slab producer's GPU)
+    with_producer: bool = False  # cpus and mem include its share's producer (which it would start)
 
 
 @dataclass(frozen=True)
@@ -55,6 +60,14 @@ class Placement:
     gpu_mem: int | None  # reserved per GPU (None: a probe, reserved once measured)
     alone: bool
     probe: bool
+
+
+@dataclass
+class Plan:
+    """One pass's outcome: the jobs to start, in order, and why each other job waits."""
+
+    placements: list[Placement] = field(default_factory=list)
+    reasons: dict[int, str] = field(default_factory=dict)
 
 
 _MOST_FREE = MostFreeMemory()
@@ -71,21 +84,32 @@ def plan(
     policy: Policy,
     limits: Limits,
     now: float,
-) -> list[Placement]:
-    """The jobs to start now, in order. ``host`` and ``gpus`` are not changed."""
+) -> Plan:
+    """The jobs to start now, in order, and the reasons the others wait. ``host`` and
+    ``gpus`` are not changed."""
     host = dataclasses.replace(host)
     slots = [dataclasses.replace(g) for g in gpus]
-    placed: list[Placement] = []
+    out = Plan()
+    blocker: str | None = None
     for job in order(queue):
-        placement = _place(job, host, slots, policy, limits)
-        if placement is not None:
-            _reserve(job, placement, host, slots)
-            placed.append(placement)
+        if blocker is not None:
+            out.reasons[job.id] = blocker
             continue
+        placement = _place(job, host, slots, policy, limits)
+        if isinstance(placement, Placement):
+            _reserve(job, placement, host, slots)
+            out.placements.append(placement)
+            continue
+        out.reasons[job.id] = placement
         since = job.submitted if job.waiting_since is None else job.waiting_since
-        if not policy.backfill or now - since >= limits.starve_after_s:
-            break
-    return placed
+        if not policy.backfill:
+            blocker = f"priority: job {job.id} first (policy {policy.name}: first in, first out)"
+        elif now - since >= limits.starve_after_s:
+            blocker = (
+                f"priority: job {job.id} first (it has waited {now - since:.0f} s, over "
+                f"--starve-after {limits.starve_after_s:g}: nothing starts past it)"
+            )
+    return out
 
 
 def fits_at_all(
@@ -93,10 +117,14 @@ def fits_at_all(
 ) -> str | None:
     """Why ``job`` can never run on this machine (its needs exceed the capacity), or None."""
     usable = int(host.mem_total * (1 - (limits or Limits()).host_mem_headroom))
+    producer = " with its share's producer" if job.with_producer else ""
     if job.cpus > host.cpus_total + 1e-9:
-        return f"asks for {job.cpus:g} cores; the manager has {host.cpus_total:g}"
+        return f"asks for {job.cpus:g} cores{producer}; the manager has {host.cpus_total:g}"
     if job.mem > usable:
-        return f"asks for {format_size(job.mem)} of RAM; the manager hands out at most {format_size(usable)}"
+        return (
+            f"asks for {format_size(job.mem)} of RAM{producer}; the manager hands out at most "
+            f"{format_size(usable)}"
+        )
     if job.gpus > len(gpus):
         return f"asks for {job.gpus} GPU(s); the manager has {len(gpus)}"
     if job.gpus and job.gpu_mem is not None:
@@ -110,35 +138,59 @@ def _need(job: Waiting) -> Need:
     return Need(job.cpus, job.mem, job.gpus, job.gpu_mem, alone=job.escalation >= 2)
 
 
-def _host_fits(job: Waiting, host: HostSlot, limits: Limits) -> bool:
-    if host.cpus_reserved + job.cpus > host.cpus_total + 1e-9:
-        return False
-    if host.mem_reserved + job.mem > host.mem_total:
-        return False
+def _host_short(job: Waiting, host: HostSlot, limits: Limits) -> str | None:
+    """Which of the host's cores or RAM is short for ``job``, with the figures, or None."""
+    producer = " with its share's producer" if job.with_producer else ""
+    free_cpus = max(0.0, host.cpus_total - host.cpus_reserved)
+    if job.cpus > free_cpus + 1e-9:
+        return f"cores: needs {job.cpus:g}{producer}, {free_cpus:g} of {host.cpus_total:g} free"
+    free_mem = max(0, host.mem_total - host.mem_reserved)
+    if job.mem > free_mem:
+        return (
+            f"RAM: needs {format_size(job.mem)}{producer}, {format_size(free_mem)} of "
+            f"{format_size(host.mem_total)} unreserved"
+        )
     if host.mem_available is not None:
         headroom = int(limits.host_mem_headroom * host.mem_total)
         if job.mem + headroom > host.mem_available:
-            return False
-    return True
+            return (
+                f"RAM: needs {format_size(job.mem)}{producer} plus {format_size(headroom)} kept free; "
+                f"{format_size(host.mem_available)} measured available"
+            )
+    return None
 
 
 def _place(
     job: Waiting, host: HostSlot, gpus: list[GpuSlot], policy: Policy, limits: Limits
-) -> Placement | None:
-    if not _host_fits(job, host, limits):
-        return None
+) -> Placement | str:
+    """Where ``job`` goes, or why it cannot start now."""
+    short = _host_short(job, host, limits)
+    if short:
+        return short
     need = _need(job)
-    if host.alone:  # a job that must run alone on the host (after a host OOM): nobody joins it
-        return None
+    if host.alone:
+        return "host: a job that must run alone (after running out of host memory) is running"
     if job.gpus == 0:
         if need.alone and host.all_jobs > 0:
-            return None
-        if not need.alone and not policy.host_admits(host, need, limits):
-            return None
+            return f"alone: this retry runs alone on the host; {host.all_jobs} job(s) still run"
+        blocked = None if need.alone else policy.host_blocks(host, need, limits)
+        if blocked:
+            return blocked
         return Placement(job.id, (), None, need.alone, probe=False)
-    admissible = [g for g in gpus if _gpu_allows(g, need, policy, limits)]
+    admissible, refused = [], []
+    for g in gpus:
+        why = _gpu_blocks(g, need, policy, limits)
+        if why is None:
+            admissible.append(g)
+        else:
+            refused.append(why)
     if len(admissible) < job.gpus:
-        return None
+        need_more = f"needs {job.gpus} GPUs, {len(admissible)} can take it: " if job.gpus > 1 else ""
+        return (
+            need_more
+            + "; ".join(refused[:3])
+            + (f"; and {len(refused) - 3} more" if len(refused) > 3 else "")
+        )
     probe = job.gpu_mem is None
     ranker = _MOST_FREE if probe or job.escalation >= 1 else policy
     ranked = ranker.rank(admissible, need)
@@ -148,25 +200,34 @@ def _place(
     return Placement(job.id, tuple(sorted(g.index for g in chosen)), job.gpu_mem, need.alone, probe)
 
 
-def _gpu_allows(gpu: GpuSlot, need: Need, policy: Policy, limits: Limits) -> bool:
-    if gpu.alone or gpu.probing or gpu.jobs >= limits.max_per_gpu:
-        return False
-    # Alone needs an empty GPU; a probe needs a GPU whose use is known: empty, or settled.
-    if gpu.jobs > 0 and (need.alone or (need.gpu_mem is None and gpu.fresh)):
-        return False
+def _gpu_blocks(gpu: GpuSlot, need: Need, policy: Policy, limits: Limits) -> str | None:
+    """Why ``gpu`` cannot take the job now, or None."""
+    i = gpu.index
+    if gpu.alone:
+        return f"GPU {i}: a job that must run alone is on it"
+    if gpu.probing:
+        who = f"job {gpu.probing_job}'s" if gpu.probing_job is not None else "a new job's"
+        return f"GPU {i} settling: {who} memory still growing"
+    if gpu.jobs >= limits.max_per_gpu:
+        return f"GPU {i}: {gpu.jobs} jobs, the most per GPU (--max-per-gpu {limits.max_per_gpu})"
+    if gpu.jobs > 0 and need.alone:
+        return f"GPU {i}: {gpu.jobs} job(s) on it; this retry runs alone"
+    if gpu.jobs > 0 and need.gpu_mem is None and gpu.fresh:
+        return f"GPU {i} settling: its new jobs' memory not yet measured (this job's is unknown: --gpu-mem)"
+    measured = gpu.free_measured()
     if need.gpu_mem is not None:
         if gpu.mem_reserved + need.gpu_mem > gpu.mem_total:
-            return False
-        measured = gpu.free_measured()
+            return (
+                f"GPU {i} memory: needs {format_size(need.gpu_mem)}, {format_size(gpu.free_reserved())} of "
+                f"{format_size(gpu.mem_total)} unreserved"
+            )
         # Measured free memory counts only once the jobs on the GPU have settled (jobs
         # allocate for tens of seconds after they start; reading it earlier causes OOMs).
         if measured is not None and not gpu.fresh and need.gpu_mem > measured:
-            return False
-    else:
-        measured = gpu.free_measured()
-        if gpu.free_reserved() <= 0 or (measured is not None and measured <= 0):
-            return False
-    return policy.gpu_admits(gpu, need, limits)
+            return f"GPU {i} memory: needs {format_size(need.gpu_mem)}, {format_size(measured)} measured free"
+    elif gpu.free_reserved() <= 0 or (measured is not None and measured <= 0):
+        return f"GPU {i} memory: none free for a job of unknown size"
+    return policy.gpu_blocks(gpu, need, limits)
 
 
 def _reserve(job: Waiting, p: Placement, host: HostSlot, gpus: list[GpuSlot]) -> None:
@@ -187,5 +248,6 @@ def _reserve(job: Waiting, p: Placement, host: HostSlot, gpus: list[GpuSlot]) ->
             g.alone = g.alone or p.alone
             if p.probe:
                 g.probing = True
+                g.probing_job = job.id
             else:
                 g.mem_reserved += p.gpu_mem or 0

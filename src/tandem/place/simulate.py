@@ -358,7 +358,9 @@ class _Sim:
             return
         queue = [self._waiting_of(j) for j in self.waiting.values()]
         wanted = {w.id: w for w in queue}
-        for p in plan(queue, self._host_slot(), self._gpu_slots(), self.policy, self.limits, self.now):
+        for p in plan(
+            queue, self._host_slot(), self._gpu_slots(), self.policy, self.limits, self.now
+        ).placements:
             job = self.waiting.pop(p.job_id)
             w = wanted[p.job_id]
             job.attempts += 1

@@ -21,7 +21,7 @@ from typing import Any
 
 from tandem import _ipc
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (k TEXT PRIMARY KEY, v TEXT NOT NULL);
@@ -35,7 +35,8 @@ CREATE TABLE IF NOT EXISTS jobs (
     submitted REAL NOT NULL, queued_at REAL, started REAL, ended REAL,
     cancel_requested INTEGER NOT NULL DEFAULT 0,
     escalation INTEGER NOT NULL DEFAULT 0,
-    peak_mem INTEGER, peak_gpu_mem INTEGER, energy_joules REAL, mlflow_run_id TEXT
+    peak_mem INTEGER, peak_gpu_mem INTEGER, energy_joules REAL, mlflow_run_id TEXT,
+    reason TEXT
 );
 CREATE INDEX IF NOT EXISTS jobs_state ON jobs(state);
 CREATE TABLE IF NOT EXISTS attempts (
@@ -58,6 +59,13 @@ CREATE TABLE IF NOT EXISTS events (
     detail TEXT NOT NULL DEFAULT ''
 );
 """
+
+
+# _MIGRATIONS[n]: the statements that take schema n to n + 1 (CREATE TABLE IF NOT EXISTS
+# above only makes what is missing, not what an old table lacks).
+_MIGRATIONS: dict[int, list[str]] = {
+    1: ["ALTER TABLE jobs ADD COLUMN reason TEXT"],
+}
 
 
 class StateError(Exception):
@@ -138,6 +146,7 @@ class Job:
     peak_gpu_mem: int | None = None
     energy_joules: float | None = None
     mlflow_run_id: str | None = None
+    reason: str | None = None  # why it waits, as the daemon's last pass saw it
     attempts: list[Attempt] = field(default_factory=list)
 
 
@@ -209,11 +218,24 @@ class State:
         row = self.db.execute("SELECT v FROM meta WHERE k='schema'").fetchone()
         if row is None:
             self.db.execute("INSERT OR IGNORE INTO meta VALUES ('schema', ?)", (str(SCHEMA_VERSION),))
-        elif int(row[0]) > SCHEMA_VERSION:
+            return
+        version = int(row[0])
+        if version > SCHEMA_VERSION:
             raise StateError(
                 f"state file {self.path} is from a newer tandem (schema {row[0]}, this one "
                 f"reads {SCHEMA_VERSION}); upgrade tandem or set TANDEM_STATE_DIR elsewhere"
             )
+        if version < SCHEMA_VERSION:
+            self._migrate(version)
+
+    def _migrate(self, version: int) -> None:
+        """Bring a state file written by an older tandem up to this schema, step by step, in
+        one transaction (a reader of the old schema never sees half a migration)."""
+        with self.transaction() as db:
+            for step in range(version, SCHEMA_VERSION):
+                for sql in _MIGRATIONS[step]:
+                    db.execute(sql)
+            db.execute("UPDATE meta SET v = ? WHERE k = 'schema'", (str(SCHEMA_VERSION),))
 
     def close(self) -> None:
         self.db.close()
@@ -257,6 +279,11 @@ class State:
         sets = ", ".join(f"{k} = ?" for k in values)
         with self.transaction() as db:
             db.execute(f"UPDATE jobs SET {sets} WHERE id = ?", (*values.values(), job_id))
+
+    def set_reasons(self, reasons: dict[int, str]) -> None:
+        """Why each waiting job waits (the daemon's pass), one transaction for all."""
+        with self.transaction() as db:
+            db.executemany("UPDATE jobs SET reason = ? WHERE id = ?", [(r, i) for i, r in reasons.items()])
 
     def job(self, job_id: int, attempts: bool = True) -> Job | None:
         rows = self.query("SELECT * FROM jobs WHERE id = ?", (job_id,))

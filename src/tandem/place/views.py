@@ -50,6 +50,13 @@ def run_seconds(job: Job, now: float | None = None) -> float | None:
     return sum((a.ended or now) - a.started for a in job.attempts if a.state != "lost")
 
 
+def waiting_reason(job: Job) -> str | None:
+    """Why a waiting job waits: the daemon's last word on it, else that no pass has seen it."""
+    if job.state not in WAITING_STATES:
+        return None
+    return job.reason or "not yet looked at by the daemon (it looks each half second while it runs)"
+
+
 def job_json(job: Job, now: float | None = None) -> dict[str, Any]:
     """A job as ``--json`` prints it. Times are seconds since the epoch."""
     now = time.time() if now is None else now
@@ -63,6 +70,7 @@ def job_json(job: Job, now: float | None = None) -> dict[str, Any]:
         "signal": job.signal,
         "cause": job.cause,
         "cause_line": job.cause_line,
+        "reason": waiting_reason(job),
         "attempts": [attempt_json(a) for a in job.attempts],
         "placement": _placement(last),
         "submitted": job.submitted,
@@ -107,9 +115,11 @@ def ls_row(job: Job, now: float | None = None) -> list[str]:
     where = j["placement"]["device"] if j["placement"] else "-"
     if j["placement"] and j["placement"]["mps"]:
         where += " mps"
-    cause = "" if job.state in ("queued", "running", "succeeded") else (job.cause or "")
+    cause = "" if job.state in ("running", "succeeded") else (job.cause or "")
+    if job.state in WAITING_STATES:
+        cause = waiting_reason(job) or ""
     if job.state == "retrying" and job.attempts:
-        cause = f"{job.attempts[-1].cause} (retry {len(job.attempts)}/{job.retries})"
+        cause = f"{job.attempts[-1].cause} (retry {len(job.attempts)}/{job.retries}); {cause}"
     return [
         str(job.id),
         job.name or "-",
