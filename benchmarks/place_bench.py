@@ -38,6 +38,7 @@ from pathlib import Path
 
 import psutil
 
+from tandem.place.config import DaemonConfig
 from tandem.place.live import replay_live
 from tandem.place.replay import compare, run_simulations, write_report
 from tandem.place.trace import TraceJob, read_trace
@@ -111,16 +112,15 @@ def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--quick", action="store_true", help="shorter jobs (a smoke run)")
     ap.add_argument("--out", type=Path, default=ROOT / "results")
-    ap.add_argument("--settle", default="2")
     args = ap.parse_args()
     work = Path(tempfile.mkdtemp(prefix="place-bench-"))
     os.environ.setdefault("TANDEM_RUNTIME_DIR", tempfile.mkdtemp(prefix="tpb-"))
     jobs = build_trace(args.quick, work)
-    options = ["--settle", args.settle, "--window", "5", "--grace", "2"]
+    # The daemon's defaults, as a user gets them (only the policy differs).
     live = {}
     for policy in ("exclusive", "packing"):
         print(f"replaying {len(jobs)} jobs under {policy} ...", file=sys.stderr)
-        live[policy] = replay_live(with_policy(jobs, policy), policy, work, options)
+        live[policy] = replay_live(with_policy(jobs, policy), work, DaemonConfig(policy=policy))
     from rich.console import Console
 
     console = Console(width=200)
@@ -128,7 +128,7 @@ def main() -> int:
     # The same trace, simulated on a model of this machine (2 cores, no GPU), same scheduler.
     from tandem.place.policies import Limits
 
-    limits = Limits(settle_s=float(args.settle), window_s=5)
+    limits = Limits()
     sim = run_simulations(
         jobs,
         ["exclusive", "packing"],

@@ -8,12 +8,11 @@ import subprocess
 import sys
 from pathlib import Path
 
-import click
 import pytest
 
 import tandem
-from tandem.cli import load_object
 from tandem.share import Consumer
+from tandem.share.spec import SpecError, load_object
 
 from .share.conftest import wait_for
 
@@ -152,7 +151,7 @@ def test_load_object_module_and_file_forms(tmp_path):
         (f"{tmp_path}/missing.py:f", "no such file"),
         (f"{loaders}:nope", "has no attribute 'nope'"),
     ]:
-        with pytest.raises(click.BadParameter, match=why):
+        with pytest.raises(SpecError, match=why):
             load_object(ref)
 
 

@@ -50,18 +50,32 @@ def runtime_dir() -> Path:
 
 
 def private_dir(path: Path, what: str, setting: str, error: type[Exception] = RuntimeDirError) -> Path:
-    """``path`` created if needed (0700), refused with ``error`` if another user owns it, and
-    made 0700 if it was not: what is in it (sockets, job environments) is this user's alone.
+    """``path``, private to this user: created here with mode 0700, or, if it exists, a real
+    directory (not a symbolic link) of this user's that no one else may enter. What is in it
+    (sockets, job environments) is this user's alone. An existing directory is never
+    changed: one that is shared (``/tmp``, mode 1777), another user's, or a link (which
+    another user could have planted in a shared directory) is refused with ``error``.
     ``what`` and ``setting`` (the variable that moves it) name it in the message."""
-    path.mkdir(mode=0o700, parents=True, exist_ok=True)
-    info = path.stat()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        os.mkdir(path, 0o700)
+    except FileExistsError:
+        pass
+    info = os.lstat(path)
+    fix = f"set {setting} to a directory of your own"
+    if stat.S_ISLNK(info.st_mode):
+        raise error(f"{what} {path} is a symbolic link; tandem uses no link there (another user could "
+                    f"have made it): {fix}")  # fmt: skip
+    if not stat.S_ISDIR(info.st_mode):
+        raise error(f"{what} {path} is not a directory; {fix}")
     if info.st_uid != os.getuid():
-        raise error(
-            f"{what} {path} belongs to uid {info.st_uid}, not to you "
-            f"(uid {os.getuid()}); set {setting} to a directory of your own"
-        )
+        raise error(f"{what} {path} belongs to uid {info.st_uid}, not to you (uid {os.getuid()}); {fix}")
     if stat.S_IMODE(info.st_mode) & 0o077:
-        os.chmod(path, 0o700)
+        raise error(
+            f"{what} {path} is open to other users (mode {stat.S_IMODE(info.st_mode):04o}); tandem keeps "
+            f"sockets and job environments there, so it must be private: {fix}, or make this one "
+            f"yours alone (chmod 700 {path})"
+        )
     return path
 
 

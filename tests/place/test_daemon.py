@@ -275,13 +275,19 @@ def test_bad_input_is_a_clear_error(cli, tmp_path: Path) -> None:
     r = cli("submit", "--gpus", "1", "--", "true", check=False)
     assert r.returncode == 2 and "GPU" in r.stderr
     r = cli("submit", "--after", "77", "--", "true", check=False)
-    assert r.returncode == 1 and "no such job" in r.stderr
+    assert r.returncode == 2 and "no such job" in r.stderr
+    r = cli("submit", "--priority", str(10**30), "--", "true", check=False)
+    assert r.returncode == 2 and "--priority" in r.stderr and "Traceback" not in r.stderr
+    r = cli("submit", "--mem", "1" * 400, "--", "true", check=False)
+    assert r.returncode == 2 and "is not a size" in r.stderr and "Traceback" not in r.stderr
+    r = cli("submit", "--name", "evil\x1b[2Jname", "--", "true", check=False)
+    assert r.returncode == 2 and "printable" in r.stderr
     r = cli("daemon", "start", check=False)
     assert r.returncode == 1 and "already" in r.stderr
 
 
 def test_corrupt_state_file_is_a_clear_error(cli) -> None:
-    cli.state.mkdir(parents=True)
+    cli.state.mkdir(mode=0o700, parents=True)
     (cli.state / "place.db").write_bytes(b"this is not a database" * 100)
     r = cli("ls", check=False)
     assert r.returncode == 1 and "corrupt" in r.stderr and "mv " in r.stderr
@@ -359,28 +365,44 @@ def test_share_group_runs_one_producer_that_stops_after_its_last_job(cli, tmp_pa
     assert all(cli.job(i)["share"] == "toy" for i in ids)
 
 
-def test_each_job_is_an_mlflow_run(cli, tmp_path: Path) -> None:
+def test_each_job_is_an_mlflow_run_written_while_it_runs(cli, tmp_path: Path) -> None:
+    """The defaults (no --settle): a submitted job's run has the samples `tandem run` takes
+    (host, process tree, energy) in MLflow while the job still runs, then its end."""
     from mlflow.tracking import MlflowClient
 
-    cli("daemon", "start", "--cpus", "2", *FAST)
+    cli("daemon", "start", "--cpus", "2")
     uri = cli.json("daemon", "status")["tracking"]
     assert uri == f"sqlite:///{cli.state / 'mlflow.db'}"
+    stop = tmp_path / "stop"
     job_id = cli.submit(
-        "--name", "tracked", "--group", "sweep1", "--", "sh", "-c", "echo to the log; sleep 2.5"
-    )
-    cli("wait", str(job_id), timeout=60)
+        "--name", "tracked", "--group", "sweep1", "--", "sh", "-c",
+        f"echo to the log; while [ ! -e {stop} ]; do sleep 0.2; done",
+    )  # fmt: skip
+    client = MlflowClient(tracking_uri=uri)
     deadline = time.monotonic() + 120  # the helper imports MLflow once (seconds on this machine)
-    while (run_id := cli.job(job_id)["mlflow_run_id"]) is None:
+    wanted = ("system/host/cpu_percent", "system/process_tree/pss_bytes", "system/energy/cpu_joules")
+    while True:
+        job = cli.job(job_id)
+        assert job["state"] == "running", job
+        run_id = job["mlflow_run_id"]
+        metrics = client.get_run(run_id).data.metrics if run_id else {}
+        if all(any(k.startswith(w.rsplit("/", 1)[0]) for k in metrics) for w in wanted):
+            break
+        assert time.monotonic() < deadline, (sorted(metrics), (cli.state / "tracking.log").read_text())
+        time.sleep(0.5)
+    assert client.get_run(run_id).info.status == "RUNNING"  # live: the job has not ended
+    stop.touch()
+    cli("wait", str(job_id), timeout=60)
+    deadline = time.monotonic() + 60
+    while (run := client.get_run(run_id)).info.status == "RUNNING":
         assert time.monotonic() < deadline, (cli.state / "tracking.log").read_text()
         time.sleep(0.5)
-    run = MlflowClient(tracking_uri=uri).get_run(run_id)
     assert run.info.status == "FINISHED" and run.info.run_name == "tracked"
     assert run.data.tags["tandem.job_id"] == str(job_id) and run.data.tags["group"] == "sweep1"
-    assert run.data.tags["tandem.placement"] == "cpu"
-    assert "system/process_tree/pss_bytes" in run.data.metrics  # the samples
-    assert run.data.metrics["summary/run_s"] >= 2.0
-    artifacts = [a.path for a in MlflowClient(tracking_uri=uri).list_artifacts(run_id)]
-    assert "output.log" in artifacts
+    assert run.data.tags["tandem.placement"] == "cpu" and run.data.tags["tandem.state"] == "succeeded"
+    assert run.data.metrics["summary/run_s"] >= 1.0
+    artifacts = [a.path for a in client.list_artifacts(run_id)]
+    assert "output.log" in artifacts and "summary.json" in artifacts
 
 
 def test_a_killed_supervisor_does_not_leave_its_job_running(cli, tmp_path: Path) -> None:
@@ -399,16 +421,93 @@ def test_a_killed_supervisor_does_not_leave_its_job_running(cli, tmp_path: Path)
     assert shim["state"] == "running"
 
 
-def test_share_define_an_image_folder_passes_it_to_the_producer(cli, tmp_path: Path) -> None:
+def test_share_define_checks_and_stores_a_spec(cli, tmp_path: Path) -> None:
     from tandem.place.state import State
 
     (tmp_path / "imgs" / "cls").mkdir(parents=True)
     define = ("share", "define", "pics", "--images", "imgs", "--device", "cuda:0", "--batch-size", "64")
-    out = cli(*define).stdout
+    out = cli(*define, "--crop", "96", "--dtype", "bfloat16", "--worker-nice", "5").stdout
     assert "defined 'pics'" in out
     (share,) = State(cli.state).shares()
-    args = share.serve_args
-    assert args[args.index("--images") + 1] == str((tmp_path / "imgs").resolve())  # absolute
-    assert args[args.index("--device") + 1] == "cuda:0" and args[args.index("--batch-size") + 1] == "64"
+    spec = share.spec
+    assert spec.source == "images" and spec.ref == str((tmp_path / "imgs").resolve())  # absolute
+    assert (spec.device, spec.batch_size, spec.crop, spec.dtype, spec.worker_nice) == (
+        "cuda:0",
+        64,
+        96,
+        "bfloat16",
+        5,
+    )
     both = cli("share", "define", "x", "--images", "imgs", "--dataset", "m:f", check=False)
     assert both.returncode == 2 and "exactly one of" in both.stderr
+    # A typo is refused where it is typed, with the import's own error; nothing is defined.
+    (tmp_path / "data.py").write_text(
+        "def train_set():\n    return list(range(8))\n\ndef needs(n):\n    return n\n"
+    )
+    typo = cli("share", "define", "typo", "--dataset", "data:trian_set", check=False)
+    assert typo.returncode == 2 and "has no attribute 'trian_set'" in typo.stderr
+    args = cli("share", "define", "args", "--dataset", "data.py:needs", check=False)
+    assert args.returncode == 2 and "cannot be called with no arguments" in args.stderr
+    assert [s.name for s in State(cli.state).shares()] == ["pics"]
+    cli("share", "define", "ok", "--dataset", "data:train_set")
+    # rm: refused while a job waits on it, then removed.
+    cli("daemon", "start", "--cpus", "2", *FAST)
+    blocker = cli.submit("--cpus", "2", "--", "sleep", "30")
+    waiting = cli.submit("--share", "ok", "--cpus", "0.5", "--", "true")
+    r = cli("share", "rm", "ok", check=False)
+    assert r.returncode == 2 and f"job(s) {waiting}" in r.stderr
+    cli("cancel", str(waiting), str(blocker))
+    cli("share", "rm", "ok", "pics")
+    assert State(cli.state).shares() == []
+    r = cli("share", "rm", "ok", check=False)
+    assert r.returncode == 2 and "no shared dataset" in r.stderr
+
+
+def test_a_state_file_of_schema_1_opens(tmp_path: Path) -> None:
+    """A state directory written by the previous tandem (schema 1: shares as command-line
+    arguments, no reasons or tokens) opens, migrated, with its jobs and shares."""
+    from tandem.place.state import State
+
+    d = tmp_path / "old"
+    d.mkdir(mode=0o700)
+    db = sqlite3.connect(d / "place.db")
+    db.executescript(OLD_SCHEMA)
+    db.execute("INSERT INTO meta VALUES ('schema', '1')")
+    db.execute(
+        "INSERT INTO jobs (name, job_key, command, cwd, env, cpus, mem, gpus, priority, retries, grp, state, "
+        "submitted) VALUES ('a', 'name:a', '[\"true\"]', '/', '{}', 1, 0, 0, 0, 2, 'g1', 'queued', 1.0)"
+    )
+    args = ["--dataset", "/x/data.py:make", "--window", "8", "--policy", "wait", "--batch-size", "50",
+            "--seed", "0", "--shuffle"]  # fmt: skip
+    db.execute("INSERT INTO shares VALUES ('hx', ?, 2.0, 0, 1.0, NULL, NULL, NULL)", (json.dumps(args),))
+    db.commit()
+    db.close()
+    state = State(d)
+    (job,) = state.jobs()
+    assert (job.name, job.group, job.reason, job.token) == ("a", "g1", None, None)
+    (share,) = state.shares()
+    assert (share.spec.source, share.spec.ref, share.spec.batch_size) == ("dataset", "/x/data.py:make", 50)
+    assert share.spec.shuffle and share.spec.cpus == 2.0
+    assert state.setting("schema") == "2"
+
+
+OLD_SCHEMA = """
+CREATE TABLE meta (k TEXT PRIMARY KEY, v TEXT NOT NULL);
+CREATE TABLE jobs (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    name TEXT, job_key TEXT NOT NULL, command TEXT NOT NULL, cwd TEXT NOT NULL, env TEXT NOT NULL,
+    cpus REAL NOT NULL, mem INTEGER NOT NULL, gpus INTEGER NOT NULL, gpu_mem INTEGER,
+    gpu_share INTEGER, priority INTEGER NOT NULL, retries INTEGER NOT NULL,
+    share TEXT, grp TEXT, after TEXT NOT NULL DEFAULT '[]',
+    state TEXT NOT NULL, cause TEXT, cause_line TEXT, exit_code INTEGER, signal TEXT,
+    submitted REAL NOT NULL, queued_at REAL, started REAL, ended REAL,
+    cancel_requested INTEGER NOT NULL DEFAULT 0,
+    escalation INTEGER NOT NULL DEFAULT 0,
+    peak_mem INTEGER, peak_gpu_mem INTEGER, energy_joules REAL, mlflow_run_id TEXT
+);
+CREATE INDEX jobs_state ON jobs(state);
+CREATE TABLE shares (
+    name TEXT PRIMARY KEY, serve_args TEXT NOT NULL, cpus REAL NOT NULL, mem INTEGER NOT NULL,
+    defined REAL NOT NULL, pid INTEGER, ctime REAL, started REAL
+);
+"""

@@ -82,7 +82,7 @@ def test_jobs_run_as_ray_tasks_with_gpu_memory_reserved(cli, ray_head, tmp_path:
     )
     ids = [cli.submit("--gpus", "1", "--gpu-mem", "10G", "--", "sh", "-c", script) for _ in range(3)]
     r = cli("submit", "--gpus", "1", "--gpu-mem", "20G", "--", "true", check=False)
-    assert r.returncode == 1 and "largest GPU has 16.0G" in r.stderr
+    assert r.returncode == 2 and "largest GPU has 16.0G" in r.stderr
     assert cli("wait", *map(str, ids), timeout=120).returncode == 0
     spans: dict[str, list[tuple[float, float]]] = {}
     starts: list[tuple[float, str]] = []

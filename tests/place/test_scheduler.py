@@ -191,52 +191,24 @@ def test_a_share_groups_job_prefers_the_gpu_its_batches_are_on() -> None:
 
 
 def test_which_share_definitions_keep_batches_on_a_gpu() -> None:
-    from tandem.place.daemon import slab_on_gpu
+    from tandem.share.spec import ShareSpec
 
-    assert slab_on_gpu(["--images", "/d", "--window", "8"])
-    assert slab_on_gpu(["--dataset", "m:f", "--device", "cuda:0"])
-    assert not slab_on_gpu(["--images", "/d", "--device", "cpu"])
-    assert not slab_on_gpu(["--dataset", "m:f", "--batch-size", "4"])
-
-
-def test_packing_starts_every_declared_job_that_fits_in_one_pass() -> None:
-    # Four CPU jobs of half a core on a 2-core host, nothing measured yet (a fresh host):
-    # all four start at once, a fifth waits for cores and says so.
-    h = host(cpus_total=2, mem_total=4 * G)
-    q = [Waiting(i, 0, float(i), cpus=0.5, mem=256 << 20, gpus=0, gpu_mem=None) for i in range(5)]
-    outcome = plan(q, h, [], make_policy("packing"), LIMITS, 0.0)
-    assert [p.job_id for p in outcome.placements] == [0, 1, 2, 3]
-    assert outcome.reasons == {4: "cores: needs 0.5, 0 of 2 free"}
-    # ... and GPU jobs that declared their memory, onto a GPU whose jobs just started.
-    gpus = [gpu(0)]
-    outcome = plan([job(i, gpu_mem=10) for i in range(3)], host(), gpus, make_policy("packing"), LIMITS, 0.0)
-    assert [p.job_id for p in outcome.placements] == [0, 1, 2]
+    assert ShareSpec("a", "images", "/d").slab_on_gpu
+    assert ShareSpec("a", "dataset", "m:f", device="cuda:0").slab_on_gpu
+    assert not ShareSpec("a", "images", "/d", device="cpu").slab_on_gpu
+    assert not ShareSpec("a", "dataset", "m:f", batch_size=4).slab_on_gpu
 
 
-def test_every_job_left_waiting_has_a_reason() -> None:
-    gpus = [gpu(0, jobs=1, probing=True, probing_job=7), gpu(1, jobs=1, mem_reserved=75 * G)]
-    outcome = plan([job(1, gpu_mem=10)], host(), gpus, make_policy("first-fit"), LIMITS, 0.0)
-    assert outcome.placements == []
-    reason = outcome.reasons[1]
-    assert "GPU 0 settling: job 7's memory still growing" in reason
-    assert "GPU 1 memory: needs 10.0G, 5.0G of 80.0G unreserved" in reason
-    # A job with its share's producer says so.
-    small = host(cpus_total=2, cpus_reserved=1)
-    w = Waiting(2, 0, 0.0, cpus=2.5, mem=0, gpus=0, gpu_mem=None, with_producer=True)
-    outcome = plan([w], small, [], make_policy("packing"), LIMITS, 0.0)
-    assert outcome.reasons[2] == "cores: needs 2.5 with its share's producer, 1 of 2 free"
-    assert "with its share's producer" in fits_at_all(w, small, [])
-    # Behind a job that may not be passed, the others name it.
-    busy = [gpu(0, jobs=1, mem_reserved=60 * G)]
-    q = [job(1, gpu_mem=30), job(2, gpu_mem=10)]
-    outcome = plan([job(1), job(2)], host(), busy, make_policy("exclusive"), LIMITS, 0.0)
-    assert outcome.reasons[1] == "GPU 0 is taken (policy exclusive: one job per GPU)"
-    assert outcome.reasons[2].startswith("priority: job 1 first")
-    outcome = plan(q, host(), busy, make_policy("first-fit"), Limits(starve_after_s=50), 100.0)
-    assert outcome.reasons[2].startswith("priority: job 1 first (it has waited 99 s")
+def test_a_share_producers_default_reservation_leaves_room_for_a_job() -> None:
+    from tandem.share.spec import ShareSpec
 
-
-def test_packing_holds_back_only_on_measured_compute() -> None:
-    busy = [gpu(0, jobs=1, mem_reserved=10 * G, mem_used=10 * G, activity_mean=0.9, activity_p95=0.95)]
-    outcome = plan([job(1)], host(), busy, make_policy("packing"), LIMITS, 0.0)
-    assert outcome.reasons[1].startswith("held back: GPU 0 measured busy (SM activity mean 90%")
+    auto = ShareSpec("a", "dataset", "m:f")
+    assert auto.producer_cpus(2) == 1  # a 2-core laptop: one core, one left for jobs
+    assert auto.producer_cpus(1) == 0.5
+    assert auto.producer_cpus(16) == 4  # a quarter of a server
+    assert auto.producer_cpus(128) == 8  # at most 8
+    assert ShareSpec("a", "dataset", "m:f", num_workers=3).producer_cpus(16) == 4  # its workers + 1
+    assert ShareSpec("a", "dataset", "m:f", num_workers=3).producer_cpus(2) == 1  # ... but room kept
+    assert ShareSpec("a", "dataset", "m:f", cpus=1.5).producer_cpus(2) == 1.5  # as defined
+    assert auto.loader_workers(1) == 0 and auto.loader_workers(4) == 3
+    assert ShareSpec("a", "images", "/d").loader_workers(1) == 1

@@ -19,7 +19,7 @@ from tandem.share import (
     ProducerStopped,
 )
 from tandem.share._registry import live_producers, lock_path, socket_path
-from tandem.share._stats import query
+from tandem.share.stats import query
 
 from .conftest import wait_for
 from .workers import consume, consume_forever, serve_bad, serve_range

@@ -19,9 +19,9 @@ from tandem.bench.images import make_image_folder
 from tandem.share import Consumer, Producer, ShareError, _table
 from tandem.share._cuda_slab import remove_files_of_dead_producer
 from tandem.share._registry import live_producers, socket_path
-from tandem.share._stats import query
 from tandem.share._window import Entry
 from tandem.share.protocol import Batch, EntryKind, Segment
+from tandem.share.stats import query
 
 from .conftest import wait_for
 from .workers import consume, consume_forever, consume_images, serve_files, serve_range

@@ -499,7 +499,7 @@ def tensorsocket_producer(queue, cfg: Config, root: str, ports: tuple[int, ...],
     try:
         from tensorsocket import TensorProducer
 
-        from tandem.share._order import auto_workers
+        from tandem.share import auto_workers
 
         workers = auto_workers() if cfg.producer_workers == "auto" else int(cfg.producer_workers)
         loader = torch.utils.data.DataLoader(

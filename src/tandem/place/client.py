@@ -7,15 +7,18 @@ own with its output in ``daemon.log`` in the state directory.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import subprocess
 import sys
 import time
+import uuid
 from pathlib import Path
 from typing import Any
 
 from tandem import _ipc
 from tandem.place import protocol
+from tandem.place.model import JobSpec
 
 START_TIMEOUT_S = 30.0
 
@@ -24,15 +27,27 @@ class DaemonError(Exception):
     """The daemon is not there, did not answer, or refused the request."""
 
 
+def daemon_socket(state_dir: Path) -> Path:
+    """Where the daemon of ``state_dir`` listens: as it wrote it in ``daemon.json`` (so a shell
+    with another runtime directory, cron's, finds the same daemon), else where it would."""
+    from tandem.place.files import read_json
+
+    info = read_json(state_dir / "daemon.json") or {}
+    if info.get("socket") and Path(info["socket"]).exists():
+        return Path(info["socket"])
+    return protocol.socket_path(state_dir)
+
+
 def request(state_dir: Path, message: dict[str, Any], timeout: float = 10.0) -> dict[str, Any]:
     """Send ``message``; return the reply, or raise :class:`DaemonError` (with its message)."""
-    path = protocol.socket_path(state_dir)
+    path = daemon_socket(state_dir)
+    data, body = protocol.pack(message)
     try:
         with _ipc.new_socket() as sock:
             sock.settimeout(timeout)
             sock.connect(str(path))
             sock.settimeout(None)
-            _ipc.send_packet(sock, protocol.encode(message), timeout=timeout)
+            _ipc.send_packet(sock, data, body, timeout=timeout)
             data, fds = _ipc.recv_packet(sock, timeout=timeout)
             _ipc.close_fds(fds)
     except (FileNotFoundError, ConnectionRefusedError):
@@ -43,7 +58,9 @@ def request(state_dir: Path, message: dict[str, Any], timeout: float = 10.0) -> 
             "it has received may still be carried out: check `tandem ls` before repeating it)"
         ) from None
     except (EOFError, OSError) as exc:
-        raise DaemonError(f"lost the daemon of {state_dir} mid-request ({exc})") from None
+        raise DaemonLost(f"lost the daemon of {state_dir} mid-request ({exc})") from None
+    finally:
+        _ipc.close_fds(list(body))
     reply = protocol.decode(data)
     if not reply.get("ok"):
         error = DaemonRefused if reply.get("refused") else DaemonError
@@ -57,6 +74,10 @@ class DaemonNotRunning(DaemonError):
 
 class DaemonTimeout(DaemonError):
     """The daemon did not answer in time (stopped, overloaded or stuck)."""
+
+
+class DaemonLost(DaemonError):
+    """The connection broke before the answer came."""
 
 
 class DaemonRefused(DaemonError):
@@ -75,55 +96,32 @@ def is_running(state_dir: Path) -> bool:
         return False
 
 
-def job_spec(
-    command: list[str],
-    *,
-    name: str | None = None,
-    cpus: float = 1.0,
-    mem: int = 0,
-    gpus: int | None = None,
-    gpu_mem: int | None = None,
-    gpu_share: int | None = None,
-    priority: int = 0,
-    retries: int = 2,
-    share: str | None = None,
-    group: str | None = None,
-    after: list[int] | None = None,
-    env: dict[str, str] | None = None,
-    cwd: str | None = None,
-) -> dict[str, Any]:
-    """The ``submit`` request's job: what ``tandem submit`` sends (the environment defaults
-    to this process's, the directory to the current one)."""
-    from tandem.place.model import job_key
-
-    return {
-        "name": name,
-        "job_key": job_key(name, command),
-        "command": command,
-        "cwd": cwd or os.getcwd(),
-        "env": dict(os.environ) if env is None else env,
-        "cpus": cpus,
-        "mem": mem,
-        "gpus": gpus,
-        "gpu_mem": gpu_mem,
-        "gpu_share": gpu_share,
-        "priority": priority,
-        "retries": retries,
-        "share": share,
-        "group": group,
-        "after": after or [],
-    }
+def submit(state_dir: Path, spec: JobSpec, timeout: float = 10.0, tries: int = 3) -> dict[str, Any]:
+    """Submit ``spec``; the reply (``id``). A submit whose answer is lost (a timeout, a
+    dropped connection) is sent again with the same token: the daemon then answers with the
+    job the first one made, so a retry never makes two jobs."""
+    if spec.token is None:
+        spec = dataclasses.replace(spec, token=uuid.uuid4().hex)
+    for attempt in range(tries):
+        try:
+            return request(state_dir, {"op": "submit", "job": spec.to_dict()}, timeout=timeout)
+        except (DaemonTimeout, DaemonLost):
+            if attempt == tries - 1:
+                raise
+            time.sleep(1.0)
+    raise AssertionError("unreachable")
 
 
 def start_daemon(
-    state_dir: Path, options: list[str], timeout: float = START_TIMEOUT_S, env: dict[str, str] | None = None
+    state_dir: Path, timeout: float = START_TIMEOUT_S, env: dict[str, str] | None = None
 ) -> dict[str, Any]:
-    """Start a daemon for ``state_dir`` in the background and wait until it answers."""
+    """Start a daemon for ``state_dir`` in the background (with the configuration kept there,
+    :class:`~tandem.place.config.DaemonConfig`) and wait until it answers."""
     log_path = state_dir / "daemon.log"
     env = dict(os.environ if env is None else env, TANDEM_STATE_DIR=str(state_dir))
     with open(log_path, "ab") as log:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "tandem.cli", "daemon", "start", "--foreground", *options],
+            [sys.executable, "-m", "tandem.place.daemon", str(state_dir)],
             stdin=subprocess.DEVNULL,
             stdout=log,
             stderr=subprocess.STDOUT,
@@ -158,12 +156,12 @@ def _tail(path: Path, lines: int = 15) -> str:
 
 def ensure_daemon(state_dir: Path) -> None:
     if not is_running(state_dir):
-        start_daemon(state_dir, [])
+        start_daemon(state_dir)
 
 
 def daemon_pid(state_dir: Path) -> int | None:
     """The pid the last daemon of ``state_dir`` wrote in ``daemon.json`` (None if unknown)."""
-    from tandem.place.shim import read_json
+    from tandem.place.files import read_json
 
     info = read_json(state_dir / "daemon.json")
     return None if info is None else int(info["pid"])
@@ -178,4 +176,5 @@ __all__ = [
     "is_running",
     "request",
     "start_daemon",
+    "submit",
 ]

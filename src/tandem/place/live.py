@@ -16,15 +16,15 @@ import shlex
 import statistics
 import threading
 import time
-from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import psutil
 
-from tandem.place.client import job_spec, request, start_daemon
-from tandem.place.model import FINAL_STATES
-from tandem.place.state import State
+from tandem.place.client import request, start_daemon, submit
+from tandem.place.config import DaemonConfig
+from tandem.place.model import FINAL_STATES, JobSpec
+from tandem.place.state import State, private_dir
 from tandem.place.trace import TraceJob
 from tandem.place.views import job_json
 
@@ -50,19 +50,20 @@ class _CpuSampler(threading.Thread):
 
 def replay_live(
     trace: list[TraceJob],
-    policy: str,
     workdir: Path,
-    daemon_options: Sequence[str] = (),
+    config: DaemonConfig,
     env: dict[str, str] | None = None,
     timeout: float = 3600.0,
 ) -> dict[str, Any]:
-    """Run ``trace`` under ``policy``; the aggregates plus ``jobs`` (each job's JSON)."""
+    """Run ``trace`` through a daemon with ``config`` (in ``workdir/<policy>``); the
+    aggregates plus ``jobs`` (each job's JSON)."""
     from tandem.watch.samplers.energy import watts_per_core
 
-    state_dir = (workdir / policy / "state").resolve()
-    state_dir.mkdir(parents=True, exist_ok=True)
+    policy = config.policy
+    state_dir = private_dir((workdir / policy / "state").resolve())
     env = dict(os.environ if env is None else env, TANDEM_STATE_DIR=str(state_dir))
-    start_daemon(state_dir, ["--policy", policy, "--no-track", *daemon_options], env=env)
+    config.save(state_dir)
+    start_daemon(state_dir, env=env)
     cpu = _CpuSampler()
     cpu.start()
     t0 = time.time()
@@ -72,7 +73,7 @@ def replay_live(
             delay = t0 + job.offset_s - time.time()
             if delay > 0:
                 time.sleep(delay)
-            spec = job_spec(
+            spec = JobSpec(
                 shlex.split(job.command),
                 name=job.name,
                 cpus=job.cpus,
@@ -83,7 +84,7 @@ def replay_live(
                 env=env,
                 cwd=str(workdir),
             )
-            ids[request(state_dir, {"op": "submit", "job": spec})["id"]] = job
+            ids[submit(state_dir, spec)["id"]] = job
         state = State(state_dir)
         deadline = time.monotonic() + timeout
         while True:

@@ -7,7 +7,8 @@ from __future__ import annotations
 
 import math
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field, fields
+from typing import Any
 
 QUEUED, RUNNING, RETRYING = "queued", "running", "retrying"
 SUCCEEDED, FAILED, OOM, CANCELLED = "succeeded", "failed", "oom", "cancelled"
@@ -22,12 +23,14 @@ _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMGT]?)(?:i?B)?\s*$", re.IGNORECASE
 def parse_size(text: str) -> int:
     """Bytes in ``512M``, ``10G``, ``1.5GiB``, ``4096`` (binary units, as Slurm and Docker
     read them); ValueError naming the accepted forms otherwise."""
-    m = _SIZE.match(str(text))
+    m = _SIZE.match(str(text)) if len(str(text)) <= 40 else None
     if not m:
         raise ValueError(
-            f"{text!r} is not a size: use a number with an optional unit K, M, G or T (512M, 10G)"
+            f"{str(text)[:40]!r} is not a size: use a number with an optional unit K, M, G or T (512M, 10G)"
         )
     value = float(m.group(1)) * _UNITS[m.group(2).upper()]
+    if not math.isfinite(value) or value > MAX_BYTES:
+        raise ValueError(f"{str(text)[:40]!r} is not a size any machine has")
     return int(math.ceil(value))
 
 
@@ -53,17 +56,71 @@ def parse_cpus(text: str | float) -> float:
     return value
 
 
-@dataclass(frozen=True)
-class Request:
-    """What a job reserves while it runs. ``gpu_mem`` is per GPU; None means ``auto``: the
-    peak measured for the same job key before, or, for a job never seen, a probe (the GPU
-    with most free memory, which nobody joins until the job's memory has settled)."""
+MAX_PRIORITY = 1_000_000
+MAX_BYTES = 1 << 62  # sizes beyond this are typos, not machines
+MAX_NAME = 200
 
+
+@dataclass
+class JobSpec:
+    """A job as submitted: what to run and what it reserves. One record from ``tandem submit``
+    through the wire (:meth:`to_dict`) and the daemon to the state file, where a stored job
+    (:class:`tandem.place.state.Job`) is this plus what happened to it.
+
+    ``gpus`` None: one where the manager has GPUs, else none. ``gpu_mem`` is per GPU; None
+    means ``auto``: the peak measured for the same job key before, or, for a job never seen,
+    a probe (the GPU with most free memory, which nobody joins until its memory settled).
+    ``token``: the client's; a submit retried with it returns the job it made."""
+
+    command: list[str] = field(default_factory=list)
+    cwd: str = "/"
+    env: dict[str, str] = field(default_factory=dict)
+    name: str | None = None
     cpus: float = 1.0
     mem: int = 0  # host RAM reserved, bytes (0: not reserved, only checked against what is free)
-    gpus: int = 0
+    gpus: int | None = None
     gpu_mem: int | None = None
     gpu_share: int | None = None  # MPS active thread percentage
+    priority: int = 0
+    retries: int = 2
+    share: str | None = None
+    group: str | None = None
+    after: list[int] = field(default_factory=list)
+    token: str | None = None
+
+    @property
+    def job_key(self) -> str:
+        return job_key(self.name, self.command)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {f.name: getattr(self, f.name) for f in fields(JobSpec)}
+
+    @classmethod
+    def from_dict(cls, values: dict[str, Any]) -> JobSpec:
+        known = {f.name for f in fields(JobSpec)}
+        unknown = set(values) - known
+        if unknown:
+            raise ValueError(f"unknown job field(s) {', '.join(sorted(unknown))}")
+        return cls(**values)
+
+    def problem(self) -> str | None:
+        """What is wrong with this request, or None: values the manager cannot keep."""
+        if not self.command or not all(isinstance(a, str) for a in self.command):
+            return "no command given"
+        if not (isinstance(self.cpus, (int, float)) and math.isfinite(self.cpus) and 0 < self.cpus <= 1e6):
+            return f"--cpus {self.cpus!r}: the number of cores must be above 0"
+        for what, value in (("--mem", self.mem), ("--gpu-mem", self.gpu_mem)):
+            if value is not None and not (0 <= value <= MAX_BYTES):
+                return f"{what} {value}: not a size any machine has"
+        if not -MAX_PRIORITY <= self.priority <= MAX_PRIORITY:
+            return f"--priority {self.priority}: use a number from -{MAX_PRIORITY} to {MAX_PRIORITY}"
+        if not 0 <= self.retries <= 100:
+            return f"--retries {self.retries}: use 0 to 100"
+        if self.name is not None and (len(self.name) > MAX_NAME or not self.name.isprintable()):
+            return f"--name: use up to {MAX_NAME} printable characters (no control characters)"
+        if self.group is not None and (len(self.group) > MAX_NAME or not self.group.isprintable()):
+            return f"--group: use up to {MAX_NAME} printable characters (no control characters)"
+        return None
 
 
 @dataclass(frozen=True)

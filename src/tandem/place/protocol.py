@@ -15,12 +15,16 @@ status     -                                               ``pid``, ``policy``, 
 stop       -                                               - (the daemon exits; jobs go on)
 wake       -                                               (no reply: a shim's result is ready)
 =========  ==============================================  =================================
+
+A request over the packet limit (a job with a large environment or command) travels in an
+anonymous memory file whose descriptor the packet carries (:func:`pack`, :func:`unpack`).
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import os
 from pathlib import Path
 from typing import Any
 
@@ -42,6 +46,39 @@ def encode(message: dict[str, Any]) -> bytes:
             "(a very large environment? pass fewer variables)"
         )
     return data
+
+
+MAX_BODY = 64 << 20  # a request passed in a memory file: a job's environment, at most this
+
+
+def pack(message: dict[str, Any]) -> tuple[bytes, tuple[int, ...]]:
+    """The packet for ``message`` and the descriptors it carries (close them after sending)."""
+    data = json.dumps(message).encode()
+    if len(data) <= _ipc.MAX_PACKET:
+        return data, ()
+    if len(data) > MAX_BODY:
+        raise ValueError(
+            f"request of {len(data)} bytes is over the {MAX_BODY}-byte limit (pass fewer variables)"
+        )
+    fd = os.memfd_create("tandem-request", os.MFD_CLOEXEC)
+    os.write(fd, data)
+    return json.dumps({"op": message.get("op"), "body": "fd"}).encode(), (fd,)
+
+
+def unpack(data: bytes, fds: list[int]) -> dict[str, Any]:
+    """The request a packet carries (its body read from the memory file it names)."""
+    try:
+        message = decode(data)
+        if message.get("body") == "fd":
+            if len(fds) != 1:
+                raise ValueError("a request body without its file")
+            size = os.fstat(fds[0]).st_size
+            if size > MAX_BODY:
+                raise ValueError(f"request body of {size} bytes")
+            message = decode(os.pread(fds[0], size, 0))
+        return message
+    finally:
+        _ipc.close_fds(fds)
 
 
 def decode(data: bytes) -> dict[str, Any]:

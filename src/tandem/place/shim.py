@@ -1,228 +1,178 @@
 """The per-job supervisor: ``python -m tandem.place.shim ATTEMPT_DIR``.
 
-The daemon starts one shim per attempt in a session of its own, so the shim does not
-share the daemon's fate: if the daemon dies (SIGKILL included) the job keeps running and
-the shim still records how it ended; a restarted daemon finds the shim by pid and start
-time and reads its files. Everything goes through files in the attempt's directory,
-each written whole (write, then rename):
+The daemon starts one supervisor per attempt in a session of its own, so it does not share
+the daemon's fate: if the daemon dies (SIGKILL included) the job keeps running and the
+supervisor still records how it ended; a restarted daemon finds it by pid and start time
+and reads its files (:mod:`tandem.place.files`, the one definition of them).
 
-- ``spec.json`` (from the daemon): command, cwd, env, the grace period for a cancel.
-- ``shim.json``: the shim's pid, start time and machine (boot id), written first.
-- ``started.json``: the job's pid, start time and process group, once it has started.
-- ``usage.json``: the job's process tree every ``interval`` s: pids, memory, CPU.
-- ``output.log``: the job's stdout and stderr.
-- ``result.json``: how it ended (:class:`tandem.place.failures.Ending`) and its peaks.
+What it does for its job:
 
-The job runs in a process group of its own. SIGTERM to the shim (a cancel) stops the
-whole tree: SIGTERM to the group and every descendant, SIGKILL after the grace period.
-When the job's main process ends, what it left behind in its group is stopped the same
-way, so no stray worker keeps a GPU.
+- **tracks it as ``tandem run`` does**: watch's :class:`~tandem.watch.Run` with the same
+  samplers (process tree, host, the job's GPUs through NVML, energy measured or estimated,
+  tandem share), into a spool file that the job manager's MLflow helper forwards while the
+  job runs (no MLflow import in here); and ``usage.json`` for the daemon, each sample;
+- **keeps its output**, capped: the job writes into a pipe, read here into ``output.log``,
+  which rotates to ``output.log.1`` at half of ``log_max``; a disk that refuses it loses
+  output, never the job;
+- **owns every process of it** (:mod:`tandem.place.proctrack`: a cgroup of its own where
+  one can be made, and a marker every descendant inherits): a cancel (SIGTERM here) or the
+  end of the main process stops all of them, those that left the session too;
+- **outlives a full disk**: what cannot be written is said once and written when it can;
+  the result is written as soon as the disk takes it.
 """
 
 from __future__ import annotations
 
-import json
 import os
+import secrets
 import signal
 import subprocess
 import sys
+import threading
 import time
-from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-import psutil
-
 from tandem.place import failures
-from tandem.watch.samplers.process_tree import ProcessTreeSampler
+from tandem.place.files import AttemptSpec, Result, ShimInfo, Started, Usage, load, save
+from tandem.place.proctrack import JobProcesses, create_time, host_id, join, leave, make_cgroup
+
+RESULT_RETRY_S = 3600.0  # how long a result waits for a disk that refuses it
 
 
-def write_json(path: Path, data: dict[str, Any]) -> None:
-    """Write ``path`` whole: a reader sees the old file or the new one, never a part."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(data))
-    os.replace(tmp, path)
+class LogPump(threading.Thread):
+    """Copies the job's output from a pipe into ``output.log``, rotating at ``max_bytes / 2``
+    (one older part kept). A write that fails drops that output (counted, said once)."""
 
+    def __init__(self, fd: int, path: Path, max_bytes: int, note: Any) -> None:
+        super().__init__(name="tandem-log", daemon=True)
+        self.fd, self.path, self.part = fd, path, max(1 << 16, max_bytes // 2)
+        self.note = note
+        self.dropped = 0
+        self._failing = False
 
-def read_json(path: Path) -> dict[str, Any] | None:
-    try:
-        return json.loads(path.read_text())
-    except (OSError, ValueError):
-        return None
-
-
-def create_time(pid: int) -> float | None:
-    """When ``pid`` started, in clock ticks since boot (``/proc/PID/stat``): unlike a wall-clock
-    start time, it does not move when the system clock is stepped. None if it is gone."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            stat = f.read()
-        return float(stat[stat.rindex(b")") + 2 :].split()[19])  # field 22: starttime
-    except (OSError, ValueError, IndexError):
-        try:
-            return psutil.Process(pid).create_time()  # no /proc: wall clock, the best there is
-        except psutil.Error:
-            return None
-
-
-def host_id() -> str:
-    """This machine's boot id: pids and start times mean something only on the machine (and
-    boot) they come from. Ray nodes on other machines have another."""
-    try:
-        with open("/proc/sys/kernel/random/boot_id") as f:
-            return f.read().strip()
-    except OSError:
-        return os.uname().nodename
-
-
-def same_process(pid: int | None, ctime: float | None) -> bool:
-    """Is ``pid`` still the process that started at ``ctime`` (:func:`create_time`), alive and
-    not a zombie? A reused pid has another start time."""
-    if not pid or ctime is None:
-        return False
-    if create_time(pid) != ctime:
-        return False
-    try:
-        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
-    except psutil.Error:
-        return False
-
-
-def stop_tree(root: int, pgid: int | None, grace: float, known: Iterable[psutil.Process] = ()) -> None:
-    """SIGTERM the group ``pgid``, ``root`` and their descendants; SIGKILL what is left after
-    ``grace`` seconds. ``known``: processes seen in the tree earlier (descendants that left
-    the group are still found); psutil ties each to its start time, so a pid reused since by
-    an unrelated process is never signalled. ``root`` is not reaped here: its parent's
-    ``wait()`` must still see how it ended."""
-    procs: dict[int, psutil.Process] = {}
-    candidates: list[psutil.Process] = [p for p in known if p.is_running()]
-    try:
-        candidates.append(psutil.Process(root))
-    except psutil.Error:
-        pass
-    for p in candidates:
-        procs[p.pid] = p
-        try:
-            for c in p.children(recursive=True):
-                procs[c.pid] = c
-        except psutil.Error:
-            pass
-    procs.pop(os.getpid(), None)
-
-    def signal_all(sig: int) -> None:
-        if pgid is not None:
+    def run(self) -> None:
+        out = self._open()
+        size = out.tell() if out else 0
+        while True:
             try:
-                os.killpg(pgid, sig)
+                data = os.read(self.fd, 1 << 16)
             except OSError:
-                pass
-        for p in procs.values():
+                break
+            if not data:
+                break
+            if out is not None and size + len(data) > self.part and size > 0:
+                out.close()
+                try:
+                    os.replace(self.path, self.path.with_name(self.path.name + ".1"))
+                except OSError:
+                    pass
+                out, size = self._open(), 0
+            if out is None:
+                out = self._open()
             try:
-                p.send_signal(sig)  # psutil refuses a process whose pid was reused
-            except psutil.Error:
-                pass
+                assert out is not None
+                out.write(data)
+                out.flush()
+                size += len(data)
+                self._failing = False
+            except (OSError, AssertionError) as exc:
+                self.dropped += len(data)
+                if not self._failing:
+                    self._failing = True
+                    self.note(f"output not kept while {self.path} cannot be written ({exc})")
+        os.close(self.fd)
+        if out is not None:
+            out.close()
 
-    def wait_gone(timeout: float) -> bool:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            alive = [p for p in procs.values() if _running(p)]
-            if not alive and not _group_alive(pgid):
-                return True
-            time.sleep(0.05)
-        return False
-
-    signal_all(signal.SIGTERM)
-    if not wait_gone(grace):
-        signal_all(signal.SIGKILL)
-        wait_gone(5.0)
-
-
-def _running(p: psutil.Process) -> bool:
-    try:
-        return p.is_running() and p.status() != psutil.STATUS_ZOMBIE
-    except psutil.Error:
-        return False
-
-
-def _group_alive(pgid: int | None) -> bool:
-    """Does a live process (not a zombie: a zombie is only waiting to be reaped) remain in
-    process group ``pgid``?"""
-    if pgid is None:
-        return False
-    try:
-        os.killpg(pgid, 0)
-    except OSError:
-        return False  # no member at all
-    for entry in os.scandir("/proc"):
-        if not entry.name.isdigit():
-            continue
+    def _open(self) -> Any:
         try:
-            with open(f"/proc/{entry.name}/stat", "rb") as f:
-                stat = f.read()
+            return open(self.path, "ab")  # noqa: SIM115 (kept open across reads, closed in run)
         except OSError:
-            continue
-        fields = stat[stat.rindex(b")") + 2 :].split()
-        if int(fields[2]) == pgid and fields[0] != b"Z":
-            return True
-    return False
+            return None
 
 
 class Shim:
     def __init__(self, attempt_dir: Path) -> None:
         self.dir = attempt_dir
-        self.spec = json.loads((attempt_dir / "spec.json").read_text())
+        spec = load(attempt_dir, AttemptSpec)
+        if spec is None:
+            raise SystemExit(f"tandem shim: no readable {AttemptSpec.FILE} in {attempt_dir}")
+        self.spec = spec
         self.cancelled = False
-        self.interval = float(self.spec.get("interval", 1.0))
-        self.grace = float(self.spec.get("grace_s", 10.0))
+        self.notes: list[str] = []
+        self.peak_mem = 0
+
+    def note(self, text: str) -> None:
+        """Say once what could not be done (a full disk): in the shim's log and the result."""
+        self.notes.append(text)
+        _say(text)
 
     def _on_term(self, _signum: int, _frame: Any) -> None:
         self.cancelled = True
 
     def run(self) -> int:
-        write_json(
-            self.dir / "shim.json", {"pid": os.getpid(), "ctime": create_time(os.getpid()), "host": host_id()}
-        )
+        me = os.getpid()
+        save(self.dir, ShimInfo(me, create_time(me), host_id()))
         signal.signal(signal.SIGTERM, self._on_term)
         signal.signal(signal.SIGINT, self._on_term)
         signal.signal(signal.SIGHUP, signal.SIG_IGN)  # a closed terminal is not a cancel
-        log_path = self.dir / "output.log"
-        oom_before = failures.oom_kill_count(os.getpid()) or 0
+        spec = self.spec
+        cgroup = make_cgroup(f"tandem-{os.getuid()}-{spec.job_id}-{spec.attempt}-{me}")
+        if cgroup is not None and not join(cgroup):
+            cgroup = None
+        procs = JobProcesses(f"{spec.job_id}.{spec.attempt}.{secrets.token_hex(6)}", cgroup)
+        oom_before = failures.oom_kill_count(me) or 0
         started = time.time()
+        log_path = self.dir / "output.log"
+        read_fd, write_fd = os.pipe()
         try:
-            with open(log_path, "ab") as log:
-                proc = subprocess.Popen(
-                    self.spec["command"],
-                    cwd=self.spec["cwd"],
-                    env=self.spec["env"],
-                    stdin=subprocess.DEVNULL,
-                    stdout=log,
-                    stderr=subprocess.STDOUT,
-                    start_new_session=True,
-                )
-        except (FileNotFoundError, NotADirectoryError) as exc:
-            return self._finish(127, f"{self.spec['command'][0]}: {exc.strerror}", started, {})
+            proc = subprocess.Popen(
+                spec.command,
+                cwd=spec.cwd,
+                env={**spec.env, **procs.env()},
+                stdin=subprocess.DEVNULL,
+                stdout=write_fd,
+                stderr=write_fd,
+                start_new_session=True,
+            )
         except OSError as exc:
-            return self._finish(126, f"{self.spec['command'][0]}: {exc.strerror}", started, {})
-        write_json(
-            self.dir / "started.json",
-            {"pid": proc.pid, "ctime": create_time(proc.pid), "pgid": proc.pid, "started": started},
+            os.close(read_fd)
+            os.close(write_fd)
+            if cgroup is not None:
+                leave(cgroup)
+            procs.close()
+            code = 127 if isinstance(exc, (FileNotFoundError, NotADirectoryError)) else 126
+            return self._finish(code, f"{spec.command[0]}: {exc.strerror}", started)
+        os.close(write_fd)
+        pump = LogPump(read_fd, log_path, spec.log_max, self.note)
+        pump.start()
+        self._try_save(
+            Started(
+                proc.pid,
+                create_time(proc.pid),
+                proc.pid,
+                started,
+                procs.marker,
+                str(cgroup) if cgroup else None,
+            )
         )
-        sampler = ProcessTreeSampler(proc.pid, since_start=True)
-        peaks = {"peak_mem": 0, "cpu_seconds": 0.0}
-        known: dict[int, psutil.Process] = {}
-        next_sample = 0.0
+        run = self._track(proc.pid)
         while proc.poll() is None:
             if self.cancelled:
-                stop_tree(proc.pid, proc.pid, self.grace, known.values())
                 break
-            now = time.monotonic()
-            if now >= next_sample:
-                next_sample = now + self.interval
-                self._sample(sampler, peaks, known)
-            time.sleep(min(0.1, self.interval))
+            time.sleep(0.1)
+        if cgroup is not None:
+            leave(cgroup)  # before any kill of the cgroup
+        if self.cancelled:  # every process of the job; the main one is reaped below
+            procs.stop(spec.grace_s)
         returncode = proc.wait()
-        if _group_alive(proc.pid):  # what the job left running in its group
-            stop_tree(proc.pid, proc.pid, min(self.grace, 5.0), known.values())
-        oom_after = failures.oom_kill_count(os.getpid()) or 0
+        rusage = _child_cpu()
+        if procs.pids():  # what the job left running, in its session or outside it
+            procs.stop(min(spec.grace_s, 5.0))
+        pump.join(10.0)
+        procs.close()
+        oom_after = failures.oom_kill_count(me) or 0
         kernel = failures.kernel_oom_killed(proc.pid) if returncode == -signal.SIGKILL else None
         ending = failures.classify(
             returncode,
@@ -231,62 +181,183 @@ class Shim:
             oom_kills=oom_after - oom_before,
             kernel_oom=kernel is not None,
         )
-        return self._write_result(ending, started, peaks, kernel)
+        cpu_seconds = None
+        if run is not None:
+            status = {"succeeded": "FINISHED", "cancelled": "KILLED"}.get(ending.state, "FAILED")
+            run.stop(status, final_cpu=rusage)
+            cpu_seconds = run.tree.cpu_seconds if run.tree is not None else None
+        if pump.dropped:
+            self.note(f"{pump.dropped} bytes of output were lost: the disk refused them")
+        return self._write_result(
+            Result(
+                ending.kind,
+                ending.state,
+                ending.exit_code,
+                ending.signal,
+                ending.cause,
+                ending.line or kernel,
+                started,
+                time.time(),
+                self.peak_mem or None,
+                cpu_seconds,
+                self.notes,
+            )
+        )
 
-    def _sample(
-        self, sampler: ProcessTreeSampler, peaks: dict[str, Any], known: dict[int, psutil.Process]
-    ) -> None:
+    def _track(self, pid: int) -> Any:
+        """watch's Run over the job, into the spool; None if it cannot start (the job runs on)."""
+        from tandem.watch.stores.spool import SpoolStore
+        from tandem.watch.tracker import Run, default_samplers
+
+        spec = self.spec
+        store = SpoolStore(self.dir / "metrics.jsonl", warn=self.note)
+        tags = {"tandem.job_id": str(spec.job_id), "tandem.attempt": str(spec.attempt)} if spec.job_id else {}
+        tree = _TreeOf()
+        samplers = [_UsageWriter(self, tree), *default_samplers(tree, spec.env)]  # type: ignore[arg-type]
         try:
-            m = sampler.sample()
-        except Exception:  # a process that vanished mid-read: next time
-            return
-        for pid in sampler.pids:
-            if pid not in known or not known[pid].is_running():
-                try:
-                    known[pid] = psutil.Process(pid)
-                except psutil.Error:
-                    pass
-        with open(self.dir / "metrics.jsonl", "a") as f:  # for the job's MLflow run (tracking.py)
-            f.write(json.dumps({"t": time.time(), "m": m}) + "\n")
-        mem = int(m.get("system/process_tree/pss_bytes", 0))
-        peaks["peak_mem"] = max(peaks["peak_mem"], mem)
-        peaks["cpu_seconds"] = sampler.cpu_seconds
-        write_json(
-            self.dir / "usage.json",
-            {
-                "t": time.time(),
-                "pids": sorted(sampler.pids),
-                "mem": mem,
-                "peak_mem": peaks["peak_mem"],
-                "cpu_seconds": sampler.cpu_seconds,
-                "cpu_percent": m.get("system/process_tree/cpu_percent"),
-            },
-        )
+            run = Run(
+                pid=pid,
+                name=spec.name or Path(spec.command[0]).name,
+                tags=tags,
+                interval=spec.interval_s,
+                store=store,
+                env=spec.env,
+                quiet=True,
+                flush_s=2.0,
+                cpu_since_start=True,
+                writer="thread",
+                samplers=samplers,
+            )
+            tree.run = run
+            return run.start()
+        except Exception as exc:  # tracking never stops the job
+            self.note(f"the job is not tracked: {type(exc).__name__}: {exc}")
+            return None
 
-    def _finish(self, code: int, message: str, started: float, peaks: dict[str, Any]) -> int:
-        with open(self.dir / "output.log", "ab") as log:
-            log.write(f"tandem: {message}\n".encode())
+    def _try_save(self, record: Any) -> None:
+        try:
+            save(self.dir, record)
+        except OSError as exc:
+            self.note(f"cannot write {record.FILE} ({exc.strerror})")
+
+    def _finish(self, code: int, message: str, started: float) -> int:
+        try:
+            with open(self.dir / "output.log", "ab") as log:
+                log.write(f"tandem: {message}\n".encode())
+        except OSError:
+            pass
         ending = failures.classify(code, message)
-        return self._write_result(ending, started, peaks, None)
-
-    def _write_result(self, ending: Any, started: float, peaks: dict[str, Any], kernel: str | None) -> int:
-        write_json(
-            self.dir / "result.json",
-            {
-                "kind": ending.kind,
-                "state": ending.state,
-                "exit_code": ending.exit_code,
-                "signal": ending.signal,
-                "cause": ending.cause,
-                "line": ending.line or kernel,
-                "started": started,
-                "ended": time.time(),
-                "peak_mem": peaks.get("peak_mem"),
-                "cpu_seconds": peaks.get("cpu_seconds"),
-            },
+        return self._write_result(
+            Result(
+                ending.kind,
+                ending.state,
+                ending.exit_code,
+                ending.signal,
+                ending.cause,
+                ending.line,
+                started,
+                time.time(),
+                None,
+                None,
+                self.notes,
+            )
         )
-        _wake_daemon(self.spec.get("socket"))
+
+    def _write_result(self, result: Result) -> int:
+        """Write the result, waiting for a disk that refuses it (the job has ended; only its
+        record waits), then wake the daemon."""
+        deadline = time.monotonic() + RESULT_RETRY_S
+        said = False
+        while True:
+            try:
+                save(self.dir, result)
+                break
+            except OSError as exc:
+                if not said:
+                    said = True
+                    _say(f"cannot write the result yet ({exc.strerror}); retrying")
+                if time.monotonic() > deadline:
+                    return 1
+                time.sleep(1.0)
+        _wake_daemon(self.spec.socket)
         return 0
+
+
+class _TreeOf:
+    """The run's process tree, for the samplers that read it (the run makes it when it
+    starts, after the samplers are made)."""
+
+    run: Any = None
+
+    @property
+    def tree(self) -> Any:
+        return self.run.tree if self.run is not None else None
+
+    @property
+    def pids(self) -> frozenset[int]:
+        return self.tree.pids if self.tree is not None else frozenset()
+
+    @property
+    def cpu_seconds(self) -> float:
+        return self.tree.cpu_seconds if self.tree is not None else 0.0
+
+
+class _UsageWriter:
+    """A sampler that samples nothing: after the process tree's sample it writes
+    ``usage.json`` for the daemon (pids, memory, CPU)."""
+
+    name = "usage"
+
+    def __init__(self, shim: Shim, tree: _TreeOf) -> None:
+        self.shim, self.of = shim, tree
+
+    def available(self) -> tuple[bool, str]:
+        return True, ""
+
+    def tags(self) -> dict[str, str]:
+        return {}
+
+    def sample(self) -> dict[str, float]:
+        tree = self.of.tree
+        if tree is None:
+            return {}
+        mem = int(tree.last.get("system/process_tree/pss_bytes", 0))
+        self.shim.peak_mem = max(self.shim.peak_mem, mem)
+        usage = Usage(
+            time.time(),
+            sorted(tree.pids),
+            mem,
+            self.shim.peak_mem,
+            tree.cpu_seconds,
+            tree.last.get("system/process_tree/cpu_percent"),
+        )
+        try:
+            save(self.shim.dir, usage)
+        except OSError:
+            pass  # the next sample tries again; the spool says the disk is full
+        return {}
+
+    def close(self) -> None:
+        pass
+
+
+def _say(text: str) -> None:
+    """A line in the supervisor's own log, if the disk takes it (a full one must not end us)."""
+    try:
+        print(f"tandem: {text}", file=sys.stderr, flush=True)
+    except (OSError, ValueError):
+        pass
+
+
+def _child_cpu() -> tuple[float, float] | None:
+    """The reaped children's (user, system) CPU time: the kernel's exact total of the job."""
+    try:
+        import resource
+
+        r = resource.getrusage(resource.RUSAGE_CHILDREN)
+        return r.ru_utime, r.ru_stime
+    except (ImportError, OSError):
+        return None
 
 
 def _wake_daemon(socket_path: str | None) -> None:

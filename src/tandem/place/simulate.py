@@ -39,6 +39,7 @@ import numpy as np
 
 from tandem.place.model import OOM, QUEUED, RETRYING, RUNNING, SUCCEEDED, job_key
 from tandem.place.policies import GpuSlot, HostSlot, Limits, make_policy
+from tandem.place.retry import retry
 from tandem.place.scheduler import Waiting, fits_at_all, plan
 from tandem.place.trace import GiB, TraceJob, command_args
 
@@ -475,10 +476,10 @@ class _Sim:
             job.state, job.end = SUCCEEDED, self.now
             return
         self.crashes += 1
-        if job.attempts <= RETRIES:
-            # As the daemon: first the GPU with most free memory, then alone; reserve the peak.
-            job.escalation = min(2, job.escalation + 1)
-            job.gpu_mem = max(job.gpu_mem or 0, int(r.peak * (1 + self.limits.gpu_mem_margin)))
+        again = retry("gpu_oom", job.attempts, RETRIES, job.escalation, job.gpu_mem, job.trace.mem, r.peak,
+                      None, self.limits.gpu_mem_margin)  # fmt: skip
+        if again is not None:  # as the daemon: the GPU with most free memory, then alone
+            job.escalation, job.gpu_mem = again.escalation, again.gpu_mem
             job.waiting = None
             if fits_at_all(self._waiting_of(job), self._host_slot(), self._gpu_slots()) is None:
                 job.state = RETRYING

@@ -15,11 +15,16 @@ import sqlite3
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
 from tandem import _ipc
+from tandem.place.model import QUEUED, JobSpec
+from tandem.place.records import Attempt, Job, Share
+from tandem.share.spec import ShareSpec
+
+_NOT_ENDED = ("queued", "running", "retrying")
 
 SCHEMA_VERSION = 2
 
@@ -30,7 +35,7 @@ CREATE TABLE IF NOT EXISTS jobs (
     name TEXT, job_key TEXT NOT NULL, command TEXT NOT NULL, cwd TEXT NOT NULL, env TEXT NOT NULL,
     cpus REAL NOT NULL, mem INTEGER NOT NULL, gpus INTEGER NOT NULL, gpu_mem INTEGER,
     gpu_share INTEGER, priority INTEGER NOT NULL, retries INTEGER NOT NULL,
-    share TEXT, grp TEXT, after TEXT NOT NULL DEFAULT '[]',
+    share TEXT, "group" TEXT, after TEXT NOT NULL DEFAULT '[]', token TEXT,
     state TEXT NOT NULL, cause TEXT, cause_line TEXT, exit_code INTEGER, signal TEXT,
     submitted REAL NOT NULL, queued_at REAL, started REAL, ended REAL,
     cancel_requested INTEGER NOT NULL DEFAULT 0,
@@ -51,8 +56,8 @@ CREATE TABLE IF NOT EXISTS peaks (
     job_key TEXT PRIMARY KEY, peak_mem INTEGER, peak_gpu_mem INTEGER, run_s REAL, updated REAL
 );
 CREATE TABLE IF NOT EXISTS shares (
-    name TEXT PRIMARY KEY, serve_args TEXT NOT NULL, cpus REAL NOT NULL, mem INTEGER NOT NULL,
-    defined REAL NOT NULL, pid INTEGER, ctime REAL, started REAL
+    name TEXT PRIMARY KEY, spec TEXT NOT NULL, defined REAL NOT NULL,
+    pid INTEGER, ctime REAL, started REAL, cpus REAL, error TEXT
 );
 CREATE TABLE IF NOT EXISTS events (
     id INTEGER PRIMARY KEY AUTOINCREMENT, t REAL NOT NULL, job_id INTEGER, kind TEXT NOT NULL,
@@ -61,10 +66,46 @@ CREATE TABLE IF NOT EXISTS events (
 """
 
 
-# _MIGRATIONS[n]: the statements that take schema n to n + 1 (CREATE TABLE IF NOT EXISTS
-# above only makes what is missing, not what an old table lacks).
-_MIGRATIONS: dict[int, list[str]] = {
-    1: ["ALTER TABLE jobs ADD COLUMN reason TEXT"],
+def _shares_as_specs(db: sqlite3.Connection) -> None:
+    """Schema 1 kept a share as ``tandem share serve`` arguments: rebuild it as a spec."""
+    from tandem.share.spec import ShareSpec
+
+    old = db.execute("SELECT name, serve_args, cpus, mem, defined FROM shares").fetchall()
+    db.execute("DROP TABLE shares")
+    db.execute(_SCHEMA[_SCHEMA.index("CREATE TABLE IF NOT EXISTS shares") :].split(";")[0])
+    for name, serve_args, cpus, mem, defined in old:
+        args, values = json.loads(serve_args), {}
+        flags = {
+            "--window": "window",
+            "--policy": "policy",
+            "--batch-size": "batch_size",
+            "--seed": "seed",
+            "--num-workers": "num_workers",
+            "--device": "device",
+        }
+        for i, arg in enumerate(args):
+            if arg in ("--dataset", "--loader", "--images"):
+                values["source"], values["ref"] = arg[2:], args[i + 1]
+            elif arg in flags:
+                values[flags[arg]] = args[i + 1] if arg in ("--policy", "--device") else int(args[i + 1])
+            elif arg == "--shuffle":
+                values["shuffle"] = True
+        spec = ShareSpec(name=name, cpus=cpus, mem=mem, **values)
+        db.execute(
+            "INSERT INTO shares (name, spec, defined) VALUES (?, ?, ?)", (name, spec.to_json(), defined)
+        )
+
+
+# _MIGRATIONS[n]: what takes schema n to n + 1 (CREATE TABLE IF NOT EXISTS above only makes
+# what is missing, not what an old table lacks): SQL statements, or functions of the database.
+_MIGRATIONS: dict[int, list[Any]] = {
+    1: [
+        "ALTER TABLE jobs ADD COLUMN reason TEXT",
+        "ALTER TABLE jobs ADD COLUMN token TEXT",
+        'ALTER TABLE jobs RENAME COLUMN grp TO "group"',
+        "CREATE UNIQUE INDEX IF NOT EXISTS jobs_token ON jobs(token)",
+        _shares_as_specs,
+    ],
 }
 
 
@@ -72,8 +113,8 @@ class StateError(Exception):
     """The state file cannot be used (corrupt, locked, from a newer version)."""
 
 
-def state_dir() -> Path:
-    """The private directory of the job manager's state, created if needed."""
+def state_dir_path() -> Path:
+    """Where the job manager's state is (not created here)."""
     explicit = os.environ.get("TANDEM_STATE_DIR")
     if explicit:
         path = Path(explicit)
@@ -81,8 +122,12 @@ def state_dir() -> Path:
         path = Path(os.environ["XDG_STATE_HOME"]) / "tandem"
     else:
         path = Path.home() / ".local" / "state" / "tandem"
-    path = path.expanduser().resolve()
-    return private_dir(path)
+    return path.expanduser().resolve()
+
+
+def state_dir() -> Path:
+    """The private directory of the job manager's state, created if needed."""
+    return private_dir(state_dir_path())
 
 
 def private_dir(path: Path) -> Path:
@@ -91,87 +136,16 @@ def private_dir(path: Path) -> Path:
     return _ipc.private_dir(path, "state directory", "TANDEM_STATE_DIR", StateError)
 
 
-@dataclass
-class Attempt:
-    job_id: int
-    n: int
-    state: str
-    placement: dict[str, Any]
-    started: float
-    ended: float | None = None
-    exit_code: int | None = None
-    signal: str | None = None
-    cause: str | None = None
-    cause_line: str | None = None
-    shim_pid: int | None = None
-    shim_ctime: float | None = None
-    pid: int | None = None
-    pid_ctime: float | None = None
-    peak_mem: int | None = None
-    peak_gpu_mem: int | None = None
-    cpu_seconds: float | None = None
-    mlflow_run_id: str | None = None
-
-
-@dataclass
-class Job:
-    id: int
-    name: str | None
-    job_key: str
-    command: list[str]
-    cwd: str
-    env: dict[str, str]
-    cpus: float
-    mem: int
-    gpus: int
-    gpu_mem: int | None
-    gpu_share: int | None
-    priority: int
-    retries: int
-    share: str | None
-    grp: str | None
-    after: list[int]
-    state: str
-    submitted: float
-    cause: str | None = None
-    cause_line: str | None = None
-    exit_code: int | None = None
-    signal: str | None = None
-    started: float | None = None
-    ended: float | None = None
-    cancel_requested: bool = False
-    queued_at: float | None = None  # when it last became able to start (submitted, requeued)
-    escalation: int = 0
-    peak_mem: int | None = None
-    peak_gpu_mem: int | None = None
-    energy_joules: float | None = None
-    mlflow_run_id: str | None = None
-    reason: str | None = None  # why it waits, as the daemon's last pass saw it
-    attempts: list[Attempt] = field(default_factory=list)
-
-
-@dataclass
-class Share:
-    """A dataset defined with ``tandem share define``: how to serve it, what its producer
-    reserves, and the producer now running for it (pid and start time), if any."""
-
-    name: str
-    serve_args: list[str]
-    cpus: float
-    mem: int
-    defined: float
-    pid: int | None = None
-    ctime: float | None = None
-    started: float | None = None
-
-
 def _decode_share(row: sqlite3.Row) -> Share:
     values = dict(zip(row.keys(), tuple(row)))
-    values["serve_args"] = json.loads(values["serve_args"])
+    values["spec"] = ShareSpec.from_json(values["spec"])
     return Share(**values)
 
 
 _JSON_FIELDS = {"command", "env", "after", "placement"}
+# Every column of jobs but the environment: what listing needs (the environment is most of
+# a row, and secrets; only a launch reads it).
+_LIST_COLUMNS = ", ".join(f'"{f.name}"' for f in fields(Job) if f.name not in ("env", "attempts"))
 
 
 def _decode(cls: type, row: sqlite3.Row) -> Any:
@@ -199,6 +173,8 @@ class State:
             self.db.execute("PRAGMA synchronous=NORMAL")
             self.db.executescript(_SCHEMA)
             self._check_version()
+            # After any migration: an old file's jobs table has no token column before it.
+            self.db.execute("CREATE UNIQUE INDEX IF NOT EXISTS jobs_token ON jobs(token)")
         except sqlite3.DatabaseError as exc:
             raise self._error(exc) from None
 
@@ -233,8 +209,8 @@ class State:
         one transaction (a reader of the old schema never sees half a migration)."""
         with self.transaction() as db:
             for step in range(version, SCHEMA_VERSION):
-                for sql in _MIGRATIONS[step]:
-                    db.execute(sql)
+                for change in _MIGRATIONS[step]:
+                    db.execute(change) if isinstance(change, str) else change(db)
             db.execute("UPDATE meta SET v = ? WHERE k = 'schema'", (str(SCHEMA_VERSION),))
 
     def close(self) -> None:
@@ -262,21 +238,33 @@ class State:
 
     # --- jobs -----------------------------------------------------------------------------
 
-    def add_job(self, **values: Any) -> int:
+    def add_job(self, spec: JobSpec, gpus: int, now: float) -> tuple[int, bool]:
+        """Queue a submitted job; its id, and whether it is new (a submit retried with the
+        same token gets the job the first one made)."""
+        values = {
+            **spec.to_dict(),
+            "gpus": gpus,
+            "job_key": spec.job_key,
+            "state": QUEUED,
+            "submitted": now,
+            "queued_at": now,
+        }
         values = {k: (json.dumps(v) if k in _JSON_FIELDS else v) for k, v in values.items()}
-        cols = ", ".join(values)
+        cols = ", ".join(f'"{k}"' for k in values)
         marks = ", ".join("?" for _ in values)
         with self.transaction() as db:
+            if spec.token:
+                known = db.execute("SELECT id FROM jobs WHERE token = ?", (spec.token,)).fetchone()
+                if known is not None:
+                    return int(known[0]), False
             cur = db.execute(f"INSERT INTO jobs ({cols}) VALUES ({marks})", tuple(values.values()))
             job_id = int(cur.lastrowid or 0)
-            db.execute(
-                "INSERT INTO events (t, job_id, kind) VALUES (?, ?, 'submitted')", (time.time(), job_id)
-            )
-        return job_id
+            db.execute("INSERT INTO events (t, job_id, kind) VALUES (?, ?, 'submitted')", (now, job_id))
+        return job_id, True
 
     def update_job(self, job_id: int, **values: Any) -> None:
         values = {k: (json.dumps(v) if k in _JSON_FIELDS else v) for k, v in values.items()}
-        sets = ", ".join(f"{k} = ?" for k in values)
+        sets = ", ".join(f'"{k}" = ?' for k in values)
         with self.transaction() as db:
             db.execute(f"UPDATE jobs SET {sets} WHERE id = ?", (*values.values(), job_id))
 
@@ -294,20 +282,41 @@ class State:
             job.attempts = self.attempts(job_id)
         return job
 
-    def jobs(self, states: tuple[str, ...] | None = None, attempts: bool = False) -> list[Job]:
+    def jobs(
+        self,
+        states: tuple[str, ...] | None = None,
+        attempts: bool = False,
+        env: bool = False,
+        last: int | None = None,
+        before: int | None = None,
+    ) -> list[Job]:
+        """Jobs in these ``states`` (all: None), by id. ``env``: with their stored environment
+        (only a launch needs it; it is most of a row). ``last``: only the newest N (before
+        job id ``before``, for paging)."""
+        where, args = [], []
         if states:
-            marks = ", ".join("?" for _ in states)
-            rows = self.query(f"SELECT * FROM jobs WHERE state IN ({marks}) ORDER BY id", tuple(states))
-        else:
-            rows = self.query("SELECT * FROM jobs ORDER BY id")
+            where.append(f"state IN ({', '.join('?' for _ in states)})")
+            args += list(states)
+        if before is not None:
+            where.append("id < ?")
+            args.append(before)
+        sql = f"SELECT {'*' if env else _LIST_COLUMNS} FROM jobs"
+        sql += f" WHERE {' AND '.join(where)}" if where else ""
+        if last is not None:
+            sql = f"SELECT * FROM ({sql} ORDER BY id DESC LIMIT {int(last)})"
+        rows = self.query(sql + " ORDER BY id", tuple(args))
         jobs = [_decode(Job, r) for r in rows]
-        if attempts:
+        if attempts and jobs:
             by_job: dict[int, list[Attempt]] = {}
-            for a in self.all_attempts():
+            for a in self.attempts_of([j.id for j in jobs]):
                 by_job.setdefault(a.job_id, []).append(a)
             for j in jobs:
                 j.attempts = by_job.get(j.id, [])
         return jobs
+
+    def count(self, states: tuple[str, ...]) -> int:
+        marks = ", ".join("?" for _ in states)
+        return int(self.query(f"SELECT count(*) FROM jobs WHERE state IN ({marks})", states)[0][0])
 
     # --- attempts -------------------------------------------------------------------------
 
@@ -315,8 +324,14 @@ class State:
         rows = self.query("SELECT * FROM attempts WHERE job_id = ? ORDER BY n", (job_id,))
         return [_decode(Attempt, r) for r in rows]
 
-    def all_attempts(self) -> list[Attempt]:
-        return [_decode(Attempt, r) for r in self.query("SELECT * FROM attempts ORDER BY job_id, n")]
+    def attempts_of(self, job_ids: list[int]) -> list[Attempt]:
+        out: list[Attempt] = []
+        for i in range(0, len(job_ids), 500):  # SQLite's limit on bound values
+            chunk = job_ids[i : i + 500]
+            marks = ", ".join("?" for _ in chunk)
+            sql = f"SELECT * FROM attempts WHERE job_id IN ({marks}) ORDER BY job_id, n"
+            out += [_decode(Attempt, r) for r in self.query(sql, tuple(chunk))]
+        return out
 
     def add_attempt(self, attempt: Attempt) -> None:
         values = {k: (json.dumps(v) if k in _JSON_FIELDS else v) for k, v in attempt.__dict__.items()}
@@ -371,13 +386,13 @@ class State:
 
     # --- shared datasets (tandem share define) ------------------------------------------------
 
-    def define_share(self, name: str, serve_args: list[str], cpus: float, mem: int) -> None:
+    def define_share(self, spec: ShareSpec) -> None:
         with self.transaction() as db:
             db.execute(
-                "INSERT INTO shares (name, serve_args, cpus, mem, defined) VALUES (?, ?, ?, ?, ?) "
-                "ON CONFLICT(name) DO UPDATE SET serve_args = excluded.serve_args, cpus = excluded.cpus, "
-                "mem = excluded.mem, defined = excluded.defined",
-                (name, json.dumps(serve_args), cpus, mem, time.time()),
+                "INSERT INTO shares (name, spec, defined) VALUES (?, ?, ?) "
+                "ON CONFLICT(name) DO UPDATE SET spec = excluded.spec, defined = excluded.defined, "
+                "error = NULL",
+                (spec.name, spec.to_json(), time.time()),
             )
 
     def share(self, name: str) -> Share | None:
@@ -387,11 +402,28 @@ class State:
     def shares(self) -> list[Share]:
         return [_decode_share(r) for r in self.query("SELECT * FROM shares ORDER BY name")]
 
-    def set_producer(self, name: str, pid: int | None, ctime: float | None) -> None:
+    def share_users(self, name: str) -> list[int]:
+        """The jobs not yet ended that read ``name``."""
+        marks = ", ".join("?" for _ in _NOT_ENDED)
+        rows = self.query(f"SELECT id FROM jobs WHERE share = ? AND state IN ({marks})", (name, *_NOT_ENDED))
+        return [r[0] for r in rows]
+
+    def remove_share(self, name: str) -> None:
+        with self.transaction() as db:
+            db.execute("DELETE FROM shares WHERE name = ?", (name,))
+
+    def set_producer(
+        self,
+        name: str,
+        pid: int | None,
+        ctime: float | None,
+        cpus: float | None = None,
+        error: str | None = None,
+    ) -> None:
         with self.transaction() as db:
             db.execute(
-                "UPDATE shares SET pid = ?, ctime = ?, started = ? WHERE name = ?",
-                (pid, ctime, time.time() if pid else None, name),
+                "UPDATE shares SET pid = ?, ctime = ?, started = ?, cpus = ?, error = ? WHERE name = ?",
+                (pid, ctime, time.time() if pid else None, cpus, error, name),
             )
 
     def attempt_dir(self, job_id: int, n: int) -> Path:

@@ -1,25 +1,28 @@
-"""Every job attempt as an MLflow run, written by one helper process for all jobs.
+"""Every job attempt as an MLflow run, live: one helper process writes them all.
 
-Importing MLflow costs seconds of CPU: paid once per ``tandem run``, it visibly slows small
-jobs on a small machine. So jobs import nothing: each job's shim samples its process tree
-into ``metrics.jsonl`` in the attempt's directory, and when the attempt ends the daemon
-drops a request file in ``<state dir>/track/``. One helper (``python -m
-tandem.place.tracking``, at nice 10, in the daemon's session so that the kernel's
-autogroup does not undo the nice) imports MLflow once, turns each request into a run
-(tags: job id, attempt, group, share, placement, command, how it ended; the samples as
-system metrics with their real times; a summary; ``output.log`` as an artifact), writes
-``track/done/<job>-<attempt>.json`` with the run id, and exits after a minute with
-nothing to do. Requests are files, so none is lost if the daemon or the helper dies: the
-next helper takes them up.
+Each job's supervisor tracks it with watch's own :class:`~tandem.watch.Run` (the samplers
+and summary of ``tandem run``: process tree, host, the job's GPUs, energy, share) into a
+spool file (:class:`~tandem.watch.stores.spool.SpoolStore`), which imports nothing. One
+helper per state directory (``python -m tandem.place.tracking``, at nice 10, started by
+the daemon) imports MLflow once, opens a run when an attempt starts and forwards its spool
+through watch's :class:`~tandem.watch.stores.MlflowStore` every ``POLL_S`` seconds: a metric
+sampled now is in MLflow within seconds, while the job runs. When the attempt ends, the
+daemon's record (status, how it ended, the manager's own figures) closes the run, with the
+job's output (capped: its newest part) as an artifact.
 
-The store: ``--store URI`` on the daemon, else ``$MLFLOW_TRACKING_URI``, else an embedded
-SQLite store in the state directory (``tandem ui --store sqlite:///<state dir>/mlflow.db``).
+The queue is files in ``<state dir>/track/``, so nothing is lost if the daemon or the
+helper dies: ``<job>-<n>.start.json`` (from the daemon; kept while the run is open),
+``<job>-<n>.end.json`` (from the daemon), ``<job>-<n>.open.json`` (the helper's progress:
+run id and spool offset, so that a new helper resumes the same run) and
+``done/<job>-<n>.json`` (run id or error, for the daemon).
+
+The store: the daemon's ``--store URI``, else ``$MLFLOW_TRACKING_URI``, else an embedded
+SQLite store in the state directory.
 """
 
 from __future__ import annotations
 
 import importlib.util
-import json
 import logging
 import os
 import subprocess
@@ -28,13 +31,13 @@ import time
 from pathlib import Path
 from typing import Any
 
-from tandem.place.shim import read_json, write_json
+from tandem.place.files import read_json, write_json
 
 log = logging.getLogger(__name__)
 
 IDLE_EXIT_S = 60.0
-RETRY_AFTER_S = 60.0
-POLL_S = 0.5
+RETRY_AFTER_S = 30.0
+POLL_S = 2.0
 
 
 def default_store(state_dir: Path) -> str:
@@ -45,14 +48,58 @@ def queue_dir(state_dir: Path) -> Path:
     return state_dir / "track"
 
 
-def enqueue(state_dir: Path, request: dict[str, Any]) -> None:
+def _put(state_dir: Path, name: str, record: dict[str, Any]) -> None:
     q = queue_dir(state_dir)
     (q / "done").mkdir(parents=True, exist_ok=True)
-    write_json(q / f"{request['job_id']}-{request['attempt']}.json", request)
+    write_json(q / name, record)
+
+
+def run_key(job_id: int, attempt: int) -> str:
+    return f"{job_id}-{attempt}"
+
+
+def run_started(
+    state_dir: Path,
+    key: str,
+    name: str,
+    tags: dict[str, Any],
+    spool: Path,
+    started: float,
+    job_id: int | None = None,
+    attempt: int | None = None,
+) -> None:
+    """The daemon: an attempt (or a share's producer: no job) started; open its run."""
+    record = {
+        "job_id": job_id,
+        "attempt": attempt,
+        "name": name,
+        "spool": str(spool),
+        "started": started,
+        "tags": {k: str(v) for k, v in tags.items()},
+    }
+    _put(state_dir, f"{key}.start.json", record)
+
+
+def run_ended(
+    state_dir: Path,
+    key: str,
+    status: str,
+    tags: dict[str, Any],
+    summary: dict[str, float | None],
+    log_file: Path,
+) -> None:
+    """The daemon: the attempt ended; close its run once its spool is forwarded."""
+    record = {
+        "status": status,
+        "tags": {k: str(v) for k, v in tags.items()},
+        "log_file": str(log_file),
+        "summary": {k: v for k, v in summary.items() if v is not None},
+    }
+    _put(state_dir, f"{key}.end.json", record)
 
 
 class Tracker:
-    """The daemon's side: start the helper when requests wait, collect the run ids."""
+    """The daemon's side: keep the helper running while runs are open, collect run ids."""
 
     def __init__(self, state_dir: Path, uri: str, experiment: str = "tandem") -> None:
         self.state_dir = state_dir
@@ -70,7 +117,7 @@ class Tracker:
         if self.why_not:
             return
         q = queue_dir(self.state_dir)
-        pending = q.is_dir() and any(p.suffix == ".json" for p in q.iterdir())
+        pending = q.is_dir() and any(p.name.endswith((".start.json", ".end.json")) for p in q.iterdir())
         if self.proc is not None and self.proc.poll() is not None:
             if self.proc.returncode != 0:  # it failed (an unreachable store?): wait before the next try
                 self._next_start = time.monotonic() + RETRY_AFTER_S
@@ -82,23 +129,14 @@ class Tracker:
             self.proc = None
         if pending and self.proc is None and time.monotonic() >= self._next_start:
             with open(self.state_dir / "tracking.log", "ab") as out:
+                argv = [sys.executable, "-m", "tandem.place.tracking", str(self.state_dir), self.uri]
                 self.proc = subprocess.Popen(
-                    [
-                        sys.executable,
-                        "-m",
-                        "tandem.place.tracking",
-                        str(self.state_dir),
-                        self.uri,
-                        self.experiment,
-                    ],
-                    stdin=subprocess.DEVNULL,
-                    stdout=out,
-                    stderr=subprocess.STDOUT,
+                    [*argv, self.experiment], stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT
                 )
 
     def results(self) -> list[dict[str, Any]]:
         done = queue_dir(self.state_dir) / "done"
-        out = []
+        out: list[dict[str, Any]] = []
         if not done.is_dir():
             return out
         for path in sorted(done.glob("*.json")):
@@ -109,49 +147,72 @@ class Tracker:
         return out
 
 
-def _samples(path: Path) -> list[Any]:
-    from tandem.watch.point import Point
+class _OpenRun:
+    """One attempt's MLflow run as the helper forwards it."""
 
-    points = []
-    try:
-        with open(path) as f:
-            for step, line in enumerate(f):
-                try:
-                    sample = json.loads(line)
-                except ValueError:
-                    continue  # a line cut short when the shim was killed
-                ms = int(sample["t"] * 1000)
-                points += [Point(k, float(v), ms, step) for k, v in sample["m"].items() if v is not None]
-    except OSError:
-        pass
-    return points
+    def __init__(self, q: Path, key: str, start: dict[str, Any], uri: str, experiment: str) -> None:
+        from tandem.watch.stores.mlflow_store import MlflowStore
 
+        self.q, self.key, self.start = q, key, start
+        self.spool = Path(start["spool"])
+        self.store = MlflowStore(uri, experiment)
+        progress = read_json(q / f"{key}.open.json")
+        if progress and progress.get("run_id"):
+            self.store.resume(progress["run_id"])
+            self.offset = int(progress.get("offset", 0))
+        else:
+            self.store.open(start["name"], start["tags"], int(start["started"] * 1000))
+            self.offset = 0
+            self._done(final=False)  # the daemon learns the run id at once
+        self._save()
 
-def record(client: Any, experiment_id: str, request: dict[str, Any]) -> str:
-    """One attempt as one MLflow run; its id."""
-    from mlflow.entities import Metric, RunTag
+    def _save(self) -> None:
+        write_json(self.q / f"{self.key}.open.json", {"run_id": self.store.run_id, "offset": self.offset})
 
-    run = client.create_run(
-        experiment_id,
-        start_time=int(request["started"] * 1000),
-        run_name=request["name"],
-        tags={k: str(v) for k, v in request["tags"].items()},
-    )
-    run_id = run.info.run_id
-    points = _samples(Path(request["metrics_file"]))
-    end_ms = int(request["ended"] * 1000)
-    points_summary = [
-        Metric(f"summary/{k}", float(v), end_ms, 0) for k, v in request["summary"].items() if v is not None
-    ]
-    metrics = [Metric(p.key, p.value, p.timestamp_ms, p.step) for p in points] + points_summary
-    for i in range(0, len(metrics), 1000):
-        client.log_batch(run_id, metrics=metrics[i : i + 1000])
-    client.log_batch(run_id, tags=[RunTag("tandem.mlflow_written", str(time.time()))])
-    log_file = Path(request["log_file"])
-    if log_file.is_file():
-        client.log_artifact(run_id, str(log_file))
-    client.set_terminated(run_id, status=request["status"], end_time=end_ms)
-    return run_id
+    def _done(self, final: bool, error: str | None = None) -> None:
+        record = {
+            "job_id": self.start["job_id"],
+            "attempt": self.start["attempt"],
+            "final": final,
+            "run_id": self.store.run_id or None,
+            "error": error,
+        }
+        write_json(self.q / "done" / f"{self.key}.json", record)
+
+    def forward(self) -> None:
+        """What the spool gained since the last call."""
+        from tandem.watch.stores.spool import points_of, read_spool
+
+        entries, offset = read_spool(self.spool, self.offset)
+        points = []
+        for entry in entries:
+            points += points_of(entry)
+            if "open" in entry:  # the supervisor's tags (host, pid, samplers' notes)
+                self.store.set_tags(entry["open"].get("tags") or {})
+            if "tags" in entry:
+                self.store.set_tags(entry["tags"])
+            if "artifact" in entry and Path(entry["artifact"]).is_file():
+                self.store.log_artifact(Path(entry["artifact"]))
+        if points:
+            self.store.log(points)
+        if offset != self.offset:
+            self.offset = offset
+            self._save()
+
+    def finish(self, end: dict[str, Any]) -> None:
+        from tandem.watch.point import Point
+
+        self.forward()
+        ms = int(time.time() * 1000)
+        self.store.log([Point(f"summary/{k}", float(v), ms, 0) for k, v in end["summary"].items()])
+        self.store.set_tags({**end["tags"], "tandem.mlflow_written": str(time.time())})
+        log_file = Path(end["log_file"])
+        if log_file.is_file():  # its newest part: the supervisor rotates it at half of --log-max
+            self.store.log_artifact(log_file)
+        self.store.close(end["status"])
+        self._done(final=True)
+        for suffix in ("start", "end", "open"):
+            (self.q / f"{self.key}.{suffix}.json").unlink(missing_ok=True)
 
 
 def main(argv: list[str]) -> int:
@@ -163,43 +224,51 @@ def main(argv: list[str]) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s tracking: %(message)s")
     from filelock import FileLock, Timeout
 
-    lock = FileLock(str(queue_dir(state_dir) / "helper.lock"))
+    q = queue_dir(state_dir)
+    lock = FileLock(str(q / "helper.lock"))
     try:
         lock.acquire(timeout=0)  # one helper per state directory (an old one may still be idling)
     except Timeout:
         return 0
     from tandem.watch.stores.mlflow_store import MlflowStore
 
-    client, experiment_id = MlflowStore(uri, experiment).prepare()
-    q = queue_dir(state_dir)
+    MlflowStore(uri, experiment).prepare()  # the import and the tables, once
+    runs: dict[str, _OpenRun] = {}
+    failed: set[str] = set()
     idle_since = time.monotonic()
-    while time.monotonic() - idle_since < IDLE_EXIT_S:
-        requests = sorted(q.glob("*.json"))
-        for path in requests:
-            request = read_json(path)
-            if request is None:
+    while runs or time.monotonic() - idle_since < IDLE_EXIT_S:
+        for path in sorted(q.glob("*.start.json")):
+            key = path.name.removesuffix(".start.json")
+            start = read_json(path)
+            if key in runs or key in failed or start is None:
                 continue
             try:
-                run_id = record(client, experiment_id, request)
-            except Exception as exc:  # one bad record must not block the others
-                logging.exception(
-                    "job %s attempt %s: not recorded", request.get("job_id"), request.get("attempt")
-                )
-                run_id, error = None, f"{type(exc).__name__}: {exc}"
-            else:
-                error = None
-            write_json(
-                q / "done" / path.name,
-                {
-                    "job_id": request["job_id"],
-                    "attempt": request["attempt"],
-                    "run_id": run_id,
+                runs[key] = _OpenRun(q, key, start, uri, experiment)
+            except Exception as exc:  # one bad run must not block the others
+                logging.exception("job %s: no MLflow run", key)
+                failed.add(key)
+                error = f"{type(exc).__name__}: {exc}"
+                record = {
+                    "job_id": start["job_id"],
+                    "attempt": start["attempt"],
+                    "final": True,
+                    "run_id": None,
                     "error": error,
-                    "uri": uri,
-                },
-            )
-            path.unlink(missing_ok=True)
-        if requests:
+                }
+                write_json(q / "done" / f"{key}.json", record)
+                for suffix in ("start", "end", "open"):
+                    (q / f"{key}.{suffix}.json").unlink(missing_ok=True)
+        for key, run in list(runs.items()):
+            end = read_json(q / f"{key}.end.json")
+            try:
+                if end is not None:
+                    run.finish(end)
+                    del runs[key]
+                else:
+                    run.forward()
+            except Exception:
+                logging.exception("job %s: forwarding to MLflow failed; trying again", key)
+        if runs:
             idle_since = time.monotonic()
         time.sleep(POLL_S)
     return 0

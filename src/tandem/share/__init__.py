@@ -48,7 +48,12 @@ if TYPE_CHECKING:  # for type checkers and IDEs; at run time they load on first 
 
 # Producer and Consumer import torch (seconds); loaded on first use (PEP 562), so that
 # `tandem share ls` and the registry need only the standard library.
-_LAZY = {"Consumer": "consumer", "clone_batch": "consumer", "Producer": "producer"}
+_LAZY = {
+    "Consumer": "consumer",
+    "clone_batch": "consumer",
+    "Producer": "producer",
+    "auto_workers": "_order",
+}
 
 
 def __getattr__(name: str) -> object:
@@ -80,6 +85,7 @@ __all__ = [
     "RefusedByProducer",
     "ShareError",
     "UnsupportedBatch",
+    "auto_workers",
     "clone_batch",
     "live_producers",
 ]

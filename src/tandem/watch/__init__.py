@@ -17,7 +17,7 @@ The layers, from what a user calls down to where a run is kept:
 - ``report``: draws stored runs; ``_summary``: folds a run into its summary;
   ``_checks``: input checks, cheap to import.
 
-``Run`` and ``track`` are imported on first use, so that ``tandem.watch._checks`` (the
+``Run`` and ``track`` are imported on first use, so that ``tandem.watch.checks`` (the
 command line's input checks) costs no heavy import.
 """
 

@@ -18,6 +18,8 @@ from tandem.watch.stores.csv_file import read_points
 from tandem.watch.stores.mlflow_store import sqlite_path
 
 GROUP_TAG = "group"
+SHARE_TAG = "tandem.share"  # a job manager run's shared dataset
+ROLE_TAG = "tandem.role"  # "producer": the run of a share's producer
 _RUN_ID = re.compile(r"^[0-9a-f]{32}$")
 
 
@@ -47,8 +49,9 @@ def _client(uri: str | None):  # type: ignore[no-untyped-def]
     db = sqlite_path(uri)
     if db is not None and not db.is_file():
         raise RunNotFound(
-            f"no MLflow store found: looked for {db}; give --store URI or set MLFLOW_TRACKING_URI, "
-            "or run this where the runs' mlflow.db is"
+            f"no MLflow store found: looked for {db} (and the job manager's store in its state "
+            "directory); give --store URI or set MLFLOW_TRACKING_URI, or run this where the runs' "
+            "mlflow.db is"
         )
     try:
         from mlflow.tracking import MlflowClient
@@ -128,6 +131,29 @@ def _quote(value: str) -> str:
     return value.replace("'", "\\'")  # inside an MLflow filter string's quotes
 
 
+def _producers_of(client, runs: list, group: str) -> list:  # type: ignore[no-untyped-def,type-arg]
+    """The runs of the shared producers that fed ``runs`` (job manager runs tagged
+    ``tandem.share``): the group's work includes its loading, so its figures count them.
+    Those that ran within the group's span, shown in its column."""
+    shares = {r.data.tags.get(SHARE_TAG) for r in runs} - {None, ""}
+    if not shares or not runs:
+        return []
+    start = min(r.info.start_time or 0 for r in runs)
+    end = max(r.info.end_time or r.info.start_time or 0 for r in runs)
+    have = {r.info.run_id for r in runs}
+    out = []
+    for share in sorted(shares):  # type: ignore[type-var]
+        for r in client.search_runs(
+            _all_experiments(client),
+            filter_string=f"tags.`{ROLE_TAG}` = 'producer' and tags.`{SHARE_TAG}` = '{_quote(share)}'",  # type: ignore[arg-type]
+        ):
+            ends = r.info.end_time or end
+            if r.info.run_id not in have and (r.info.start_time or 0) <= end and ends >= start:
+                r.data.tags[GROUP_TAG] = group  # counted in the group it fed
+                out.append(r)
+    return out
+
+
 def load_runs(
     refs: Sequence[str], uri: str | None = None, keys: Sequence[str] | None = None
 ) -> list[RunData]:
@@ -151,6 +177,7 @@ def load_runs(
                 filter_string=f"tags.{GROUP_TAG} = '{group}'",
                 order_by=["attributes.start_time ASC"],
             )
+            found += _producers_of(client, found, ref.removeprefix("group:"))
         elif _RUN_ID.match(ref):
             try:
                 found = [client.get_run(ref)]

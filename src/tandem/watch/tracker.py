@@ -26,10 +26,10 @@ from typing import Any
 
 from rich.console import Console
 
-from tandem.watch._checks import check_interval, check_tags, valid_key
 from tandem.watch._recording.helper import HelperRecorder
 from tandem.watch._recording.recorder import Recorder
 from tandem.watch._summary import SummaryBuilder, summary_table
+from tandem.watch.checks import check_interval, check_tags, valid_key
 from tandem.watch.point import Point
 from tandem.watch.samplers import (
     CpuEnergySampler,

@@ -95,6 +95,8 @@ class ProcessTreeSampler(Sampler):
         self.final_cpu: tuple[float, float] | None = None  # the kernel's total at the end, if known
         self._total_cpu = 0.0
         self._exited = (0.0, 0.0)  # CPU-seconds of the tree's processes that have ended
+        self.last: dict[str, float] = {}  # the last sample's metrics
+        self._cores = psutil.cpu_count() or 1
 
     @property
     def cpu_seconds(self) -> float:
@@ -210,7 +212,8 @@ class ProcessTreeSampler(Sampler):
         if self._base is None:
             self._base = (user, system)
         user, system = user - self._base[0], system - self._base[1]
-        if self.final_cpu is not None:  # wait4's total includes children that lived between samples
+        final = self.final_cpu is not None
+        if final:  # wait4's total includes children that lived between samples
             user, system = max(user, self.final_cpu[0]), max(system, self.final_cpu[1])
         self._total_cpu = user + system
         metrics = {
@@ -225,12 +228,14 @@ class ProcessTreeSampler(Sampler):
             "system/process_tree/write_bytes": float(written),
         }
         # Over less than 50 ms the kernel's 10 ms CPU-time ticks would make the percentage noise.
-        if self._last is not None and now - self._last[0] >= 0.05:
-            # percent of one core, like top: 200 means two cores busy
-            metrics["system/process_tree/cpu_percent"] = (
-                100.0 * (user + system - self._last[1]) / (now - self._last[0])
-            )
+        # Not from the kernel's end-of-run total either: it holds CPU of children that lived
+        # any time in the run, which put in the last interval made a rate above the cores.
+        if self._last is not None and now - self._last[0] >= 0.05 and not final:
+            # percent of one core, like top: 200 means two cores busy; never above the cores
+            rate = 100.0 * (user + system - self._last[1]) / (now - self._last[0])
+            metrics["system/process_tree/cpu_percent"] = min(rate, 100.0 * self._cores)
         if self._last is None or now - self._last[0] >= 0.05:
             self._last = (now, user + system)
         self.pids = frozenset(pids)
+        self.last = metrics
         return metrics

@@ -12,7 +12,7 @@ from __future__ import annotations
 import re
 from collections.abc import Callable, Iterable
 
-from tandem.share._stats import query_all
+from tandem.share.stats import query_all
 from tandem.watch.samplers.base import Sampler
 
 _UNSAFE = re.compile(r"[^A-Za-z0-9_.\- ]")

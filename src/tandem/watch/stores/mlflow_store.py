@@ -82,6 +82,12 @@ class MlflowStore:
         self._client, self.run_id = client, run.info.run_id
         self.where = f"{self.uri} (experiment {self.experiment!r}, run {self.run_id})"
 
+    def resume(self, run_id: str) -> None:
+        """Go on writing the run ``run_id`` (opened before, by another process)."""
+        client, _ = self.prepare()
+        self._client, self.run_id = client, run_id
+        self.where = f"{self.uri} (experiment {self.experiment!r}, run {self.run_id})"
+
     def _artifact_location(self) -> str | None:
         """For a SQLite store, artifacts (output.log, summary.json) go beside the database
         (``mlruns/<experiment>/`` next to ``mlflow.db``), not into whatever directory the

@@ -1,0 +1,66 @@
+"""The ``tandem`` command line, one module per family of commands:
+
+- ``share``: ``tandem share serve|ls|define|rm`` (:mod:`tandem.share`);
+- ``watch``: ``tandem run|ui|report`` (:mod:`tandem.watch`);
+- ``jobs``: ``tandem submit|ls|show|logs|cancel|wait`` (:mod:`tandem.place`);
+- ``daemon``: ``tandem daemon start|stop|status`` and ``tandem replay``;
+- ``bench``: ``tandem demo`` and ``tandem bench share|io``.
+
+``_common`` holds what they share: exit codes, the extras check, the daemon's errors as
+messages, the parsers of sizes and core counts. A family's module is imported only when
+one of its commands runs (click's lazy group), and each command imports what it needs when
+it runs, so that ``tandem run`` starts at once and ``tandem share ls`` needs no extra.
+"""
+
+from __future__ import annotations
+
+import importlib
+import logging
+
+import click
+
+from tandem import __version__
+
+# command name -> the module of its family
+_FAMILIES = {
+    "share": "share",
+    "run": "watch",
+    "ui": "watch",
+    "report": "watch",
+    "submit": "jobs",
+    "ls": "jobs",
+    "show": "jobs",
+    "logs": "jobs",
+    "cancel": "jobs",
+    "wait": "jobs",
+    "daemon": "daemon",
+    "replay": "daemon",
+    "demo": "bench",
+    "bench": "bench",
+}
+
+
+class _LazyGroup(click.Group):
+    """Imports a command's family module only when the command is used."""
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return list(_FAMILIES)
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        family = _FAMILIES.get(cmd_name)
+        if family is None:
+            return None
+        module = importlib.import_module(f"tandem.cli.{family}")
+        return next(c for c in module.COMMANDS if c.name == cmd_name)
+
+
+@click.group(cls=_LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, "-V", "--version", prog_name="tandem")
+@click.option("-v", "--verbose", count=True, help="More log output (-v info, -vv debug).")
+def main(verbose: int) -> None:
+    """tandem: train more models on fewer resources on one server."""
+    level = logging.WARNING - 10 * min(verbose, 2)
+    logging.basicConfig(level=level, format="%(asctime)s %(name)s %(levelname)s: %(message)s")
+
+
+__all__ = ["main"]

@@ -1,0 +1,133 @@
+"""What the command families share: the extras check, exit codes, errors that carry their
+own exit code, the daemon's errors as messages, and the value parsers of shared options."""
+
+from __future__ import annotations
+
+import importlib.util
+from typing import Any
+
+import click
+
+# Exit codes (README, "Exit codes"). `tandem wait` of one job that failed exits with the
+# job's own code; these are the manager's own answers.
+EXIT_FAILED = 1  # a job failed (or several did not all succeed); any other error
+EXIT_USAGE = 2  # bad input, or a job refused because it can never fit
+EXIT_NO_DAEMON = 3  # no daemon serves the state directory
+EXIT_CANCELLED = 4  # the job was cancelled
+EXIT_NO_ANSWER = 69  # the daemon did not answer in time (EX_UNAVAILABLE)
+EXIT_TIMEOUT = 124  # tandem wait --timeout ran out
+EXIT_INTERRUPTED = 130  # Ctrl-C
+
+# The extra each command needs ([bench] includes [watch]); pyproject.toml lists what each brings.
+_EXTRA_OF_COMMAND = {"run": "watch", "ui": "watch", "report": "watch", "demo": "bench", "bench": "bench"}
+
+
+def require(command: str, *modules: str) -> None:
+    """Fail at once, naming the extra to install, if a module ``command`` needs is missing
+    (before any work, and before a lookup could fail for another reason)."""
+    for module in modules:
+        if importlib.util.find_spec(module) is None:
+            extra = _EXTRA_OF_COMMAND[command]
+            raise click.ClickException(
+                f"`tandem {command}` needs {module!r}, which is not installed; it comes with the "
+                f"{extra!r} extra: pip install 'tandem[{extra}]'"
+            )
+
+
+class Exit(click.ClickException):
+    """An error message with its own exit code."""
+
+    def __init__(self, message: str, code: int) -> None:
+        super().__init__(message)
+        self.exit_code = code
+
+
+def daemon_call(call: Any, *args: Any, **kwargs: Any) -> Any:
+    """``call(*args, **kwargs)`` with the job manager client's errors as messages and exit codes."""
+    from tandem.place.client import DaemonError, DaemonNotRunning, DaemonRefused, DaemonTimeout
+
+    try:
+        return call(*args, **kwargs)
+    except DaemonTimeout as exc:
+        raise Exit(str(exc), EXIT_NO_ANSWER) from None
+    except DaemonNotRunning as exc:
+        raise Exit(f"{exc}; start one with `tandem daemon start`", EXIT_NO_DAEMON) from None
+    except DaemonRefused as exc:
+        raise Exit(str(exc), EXIT_USAGE) from None
+    except DaemonError as exc:
+        raise click.ClickException(str(exc)) from None
+
+
+def open_state() -> Any:
+    """The job manager's state (:class:`tandem.place.state.State`), or a clear error."""
+    from tandem.place.state import State, StateError
+
+    try:
+        return State()
+    except StateError as exc:
+        raise click.ClickException(str(exc)) from None
+
+
+def request(message: dict[str, Any], timeout: float = 10.0) -> dict[str, Any]:
+    """One request to the daemon of this state directory."""
+    from tandem.place.client import request as send
+    from tandem.place.state import state_dir
+
+    return daemon_call(send, state_dir(), message, timeout=timeout)
+
+
+# --- value parsers (click callbacks) ------------------------------------------------------
+
+
+def to_size(_ctx: click.Context, _param: click.Parameter, value: str | None) -> int | None:
+    from tandem.place.model import parse_size
+
+    if value is None:
+        return None
+    try:
+        return parse_size(value)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc)) from None
+
+
+def to_gpu_mem(_ctx: click.Context, _param: click.Parameter, value: str) -> int | None:
+    from tandem.place.model import parse_size
+
+    if value.strip().lower() == "auto":
+        return None
+    try:
+        return parse_size(value)
+    except ValueError as exc:
+        raise click.BadParameter(f"{exc}, or auto") from None
+
+
+def to_cpus(_ctx: click.Context, _param: click.Parameter, value: str | None) -> float | None:
+    from tandem.place.model import parse_cpus
+
+    if value is None:
+        return None
+    try:
+        return parse_cpus(value)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc)) from None
+
+
+def job_ids(values: tuple[str, ...], what: str) -> list[int]:
+    """``3 4,5`` -> [3, 4, 5]; a usage error naming the bad one otherwise."""
+    ids = []
+    for raw in values:
+        for part in raw.split(","):
+            if not part.strip().isdigit() or len(part.strip()) > 18:
+                raise click.BadParameter(
+                    f"{part!r} is not a job id (a number, as `tandem ls` shows)", param_hint=what
+                )
+            ids.append(int(part))
+    return ids
+
+
+def printable(text: str | None) -> str:
+    """``text`` with control characters (escape sequences in a job's name, say) shown, not
+    sent to the terminal."""
+    if text is None:
+        return "-"
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)

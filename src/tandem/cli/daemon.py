@@ -1,0 +1,287 @@
+"""The job manager's daemon commands: ``tandem daemon start|stop|status`` and ``tandem replay``.
+
+``daemon start`` keeps its configuration in the state directory
+(:class:`tandem.place.config.DaemonConfig`), so that any later daemon of that directory,
+one that ``tandem submit`` starts after a crash included, runs with it. The limits'
+defaults come from :class:`tandem.place.policies.Limits`, named there once.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import signal
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import click
+
+from tandem.cli._common import EXIT_NO_DAEMON, daemon_call, request, to_cpus, to_size
+from tandem.place.config import DaemonConfig
+from tandem.place.model import format_size
+from tandem.place.policies import POLICIES, Limits
+
+_DEFAULT = DaemonConfig()
+_LIMITS = Limits()
+
+
+@click.group("daemon")
+def daemon() -> None:
+    """The job manager's daemon (one per state directory; `tandem submit` starts one)."""
+
+
+@daemon.command("start")
+@click.option("--cpus", callback=to_cpus, help="Cores to hand out [default: all this process may use].")
+@click.option("--mem", callback=to_size, metavar="SIZE", help="RAM to hand out [default: all].")
+@click.option("--gpus", metavar="LIST", help="GPUs to use: indices or UUIDs, or none [default: all].")
+@click.option("--policy", default=_DEFAULT.policy, show_default=True, type=click.Choice(list(POLICIES)))
+@click.option("--max-per-gpu", type=click.IntRange(min=1), default=_LIMITS.max_per_gpu, show_default=True)
+@click.option(
+    "--settle",
+    "settle_s",
+    type=click.FloatRange(min=0),
+    default=_LIMITS.settle_s,
+    show_default=True,
+    help="Seconds a job of unknown GPU memory must stop growing before its GPU takes another.",
+)
+@click.option(
+    "--window",
+    "window_s",
+    type=click.FloatRange(min=1),
+    default=_LIMITS.window_s,
+    show_default=True,
+    help="Seconds of SM activity / CPU use the compute gate looks at.",
+)
+@click.option("--sm-mean", type=click.FloatRange(0, 1), default=_LIMITS.sm_mean, show_default=True)
+@click.option("--sm-p95", type=click.FloatRange(0, 1), default=_LIMITS.sm_p95, show_default=True)
+@click.option(
+    "--starve-after",
+    "starve_after_s",
+    type=click.FloatRange(min=0),
+    default=_LIMITS.starve_after_s,
+    show_default=True,
+    help="Seconds a job may wait before no job behind it is started past it.",
+)
+@click.option(
+    "--grace",
+    "grace_s",
+    type=click.FloatRange(min=0),
+    default=_DEFAULT.grace_s,
+    show_default=True,
+    help="Seconds between SIGTERM and SIGKILL when a job is cancelled.",
+)
+@click.option(
+    "--log-max",
+    callback=to_size,
+    default=str(_DEFAULT.log_max),
+    metavar="SIZE",
+    help="A job's output kept on disk; beyond it the log rotates (the newest half kept) [default: 64M].",
+)
+@click.option("--mps", is_flag=True, help="Collocate GPU jobs under NVIDIA MPS (one server per GPU).")
+@click.option(
+    "--store",
+    metavar="URI",
+    help="MLflow store for the jobs' runs [default: $MLFLOW_TRACKING_URI, else mlflow.db in the state dir].",
+)
+@click.option("--track/--no-track", default=True, show_default=True, help="Record each job as an MLflow run.")
+@click.option(
+    "--backend",
+    type=click.Choice(["local", "ray"]),
+    default=_DEFAULT.backend,
+    show_default=True,
+    help="ray: run jobs as Ray tasks, GPU memory reserved per GPU (tandem[ray]).",
+)
+@click.option(
+    "--address", metavar="ADDR", help="With --backend ray: the cluster to join [default: start one]."
+)
+@click.option("--foreground", is_flag=True, help="Run here instead of in the background.")
+@click.option("--json", "as_json", is_flag=True)
+def daemon_start(foreground: bool, as_json: bool, **options: Any) -> None:
+    """Start the daemon (capacity defaults to what the machine has). Its configuration is
+    kept in the state directory for every later daemon there."""
+    from tandem.place.client import DaemonError, is_running, start_daemon
+    from tandem.place.daemon import DaemonRunning, run_daemon
+    from tandem.place.state import state_dir
+
+    config = _config(options)
+    directory = state_dir()
+    if daemon_call(is_running, directory):
+        raise click.ClickException(f"a daemon already serves {directory} (tandem daemon status)")
+    config.save(directory)
+    if not foreground:
+        try:
+            reply = start_daemon(directory)
+        except DaemonError as exc:
+            raise click.ClickException(str(exc)) from None
+        click.echo(json.dumps(reply, indent=2) if as_json else f"daemon {reply['pid']} serves {directory}")
+        return
+    try:
+        run_daemon(directory, config)
+    except ValueError as exc:
+        raise click.UsageError(str(exc)) from None
+    except (DaemonRunning, RuntimeError, ConnectionError) as exc:  # Ray missing or unreachable
+        raise click.ClickException(str(exc)) from None
+
+
+def _config(options: dict[str, Any]) -> DaemonConfig:
+    if options["address"] and options["backend"] != "ray":
+        raise click.UsageError("--address is for --backend ray")
+    limits = dataclasses.replace(
+        _LIMITS, **{k: options.pop(k) for k in ("max_per_gpu", "settle_s", "window_s", "sm_mean", "sm_p95",
+                                                  "starve_after_s")}
+    )  # fmt: skip
+    return DaemonConfig(limits=limits, **options)
+
+
+@daemon.command("stop")
+@click.option("--timeout", type=float, default=30.0, show_default=True)
+def daemon_stop(timeout: float) -> None:
+    """Stop the daemon. Running jobs go on; the next daemon adopts them."""
+    from tandem.place.client import daemon_pid, is_running
+    from tandem.place.state import state_dir
+
+    directory = state_dir()
+    if not daemon_call(is_running, directory):
+        click.echo(f"no daemon serves {directory}", err=True)
+        return
+    pid = daemon_pid(directory)
+    request({"op": "stop"})
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and daemon_call(is_running, directory):
+        time.sleep(0.1)
+    if daemon_call(is_running, directory) and pid:
+        os.kill(pid, signal.SIGTERM)
+    click.echo("daemon stopped", err=True)
+
+
+@daemon.command("status")
+@click.option("--json", "as_json", is_flag=True)
+def daemon_status(as_json: bool) -> None:
+    """The daemon's pid, policy, capacity and what is in use."""
+    from tandem.place.client import is_running
+    from tandem.place.state import state_dir
+
+    if not daemon_call(is_running, state_dir()):
+        if as_json:
+            click.echo(json.dumps({"running": False, "state_dir": str(state_dir())}))
+        else:
+            click.echo(f"no daemon serves {state_dir()}")
+        sys.exit(EXIT_NO_DAEMON)
+    reply = request({"op": "status"})
+    reply.pop("ok", None)
+    reply["running"] = True
+    if as_json:
+        click.echo(json.dumps(reply, indent=2))
+        return
+    cap, used = reply["capacity"], reply["used"]
+    click.echo(f"daemon {reply['pid']}  policy {reply['policy']}  state {reply['state_dir']}")
+    click.echo(
+        f"  cores {used['cpus']:g}/{cap['cpus']:g} reserved   RAM {format_size(used['mem_bytes'])}/"
+        f"{format_size(cap['mem_bytes'])} reserved   jobs running {used['jobs']}"
+    )
+    for g, u in zip(cap["gpus"], used["gpus"]):
+        click.echo(
+            f"  GPU {g['index']} {g['uuid']}: {u['jobs']} job(s), {format_size(u['mem_reserved_bytes'])}/"
+            f"{format_size(g['mem_bytes'])} reserved"
+        )
+    click.echo("  jobs: " + ", ".join(f"{k} {v}" for k, v in sorted(reply["jobs"].items())))
+
+
+@click.command("replay")
+@click.argument("trace_path", metavar="TRACE", type=click.Path(exists=True, dir_okay=False, path_type=Path))
+@click.option(
+    "--policy",
+    "policies",
+    multiple=True,
+    metavar="P",
+    type=click.Choice(list(POLICIES)),
+    help="A policy to compare (repeatable) [default: all five].",
+)
+@click.option(
+    "--simulate", is_flag=True, help="Simulate instead of running the commands (seconds, any scale)."
+)
+@click.option(
+    "--format",
+    "fmt",
+    type=click.Choice(["tandem", "philly", "alibaba"]),
+    default="tandem",
+    show_default=True,
+    help="The trace's format (Philly: cluster_job_log JSON; Alibaba 2023: pod CSV).",
+)
+@click.option("--limit", type=click.IntRange(min=1), help="Only the first N jobs of the trace.")
+@click.option("--gpus", type=click.IntRange(min=0), default=1, show_default=True, help="Simulated GPUs.")
+@click.option(
+    "--gpu-mem", callback=to_size, default="80G", show_default=True, help="Simulated memory per GPU."
+)
+@click.option("--cpus", callback=to_cpus, help="Cores (simulated; or the live daemon's --cpus).")
+@click.option(
+    "--settle", "settle_s", type=click.FloatRange(min=0), default=_LIMITS.settle_s, show_default=True
+)
+@click.option(
+    "--window", "window_s", type=click.FloatRange(min=1), default=_LIMITS.window_s, show_default=True
+)
+@click.option(
+    "--out",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=Path("replay-out"),
+    show_default=True,
+    help="Where the JSON, the plot and (live) each policy's state go.",
+)
+def replay(
+    trace_path: Path,
+    policies: tuple[str, ...],
+    simulate: bool,
+    fmt: str,
+    limit: int | None,
+    gpus: int,
+    gpu_mem: int,
+    cpus: float | None,
+    settle_s: float,
+    window_s: float,
+    out: Path,
+) -> None:
+    """Replay TRACE under each policy and compare makespan, job completion time, queue wait,
+    slowdown against running alone, utilisation, energy and OOM crashes."""
+    from rich.console import Console
+
+    from tandem.place import trace as traces
+    from tandem.place.replay import compare, run_simulations, write_report
+
+    try:
+        if fmt == "philly":
+            jobs = traces.read_philly(trace_path, limit=limit)
+        elif fmt == "alibaba":
+            jobs = traces.read_alibaba(trace_path, limit=limit)
+        else:
+            jobs = traces.read_trace(trace_path)[:limit]
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), param_hint="'TRACE'") from None
+    chosen = list(policies) or list(POLICIES)
+    limits = dataclasses.replace(_LIMITS, settle_s=settle_s, window_s=window_s)
+    if simulate:
+        results: dict[str, Any] = run_simulations(
+            jobs, chosen, gpus=gpus, gpu_mem=gpu_mem or 0, cpus=cpus or 64, limits=limits
+        )
+        kind = "simulated"
+    else:
+        if any(not j.command for j in jobs):
+            raise click.UsageError(f"{trace_path} has jobs without a command: add --simulate to simulate it")
+        from tandem.place.live import replay_live
+
+        results = {}
+        for policy in chosen:
+            click.echo(f"replaying {len(jobs)} jobs under {policy} ...", err=True)
+            config = DaemonConfig(cpus=cpus, policy=policy, limits=limits, track=False)
+            results[policy] = replay_live(jobs, out.resolve(), config)
+        kind = "measured"
+    Console(width=None if sys.stdout.isatty() else 200).print(
+        compare(results, title=f"{trace_path.name} ({kind})")
+    )
+    json_path, png_path = write_report(results, out, f"replay-{trace_path.stem}")
+    click.echo(f"wrote {json_path} and {png_path}", err=True)
+
+
+COMMANDS = [daemon, replay]

@@ -1,0 +1,376 @@
+"""The job manager's job commands: ``tandem submit|ls|show|logs|cancel|wait``.
+
+Reads (``ls``, ``show``, ``logs``, ``wait``) go to the state file and work with no daemon
+running; ``submit`` starts one if needed (with the configuration the last ``tandem daemon
+start`` kept); ``cancel`` talks to it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import click
+
+from tandem.cli._common import (
+    EXIT_CANCELLED,
+    EXIT_FAILED,
+    EXIT_INTERRUPTED,
+    EXIT_NO_DAEMON,
+    EXIT_TIMEOUT,
+    EXIT_USAGE,
+    daemon_call,
+    job_ids,
+    open_state,
+    printable,
+    request,
+    to_cpus,
+    to_gpu_mem,
+    to_size,
+)
+from tandem.place.model import (
+    CANCELLED,
+    FINAL_STATES,
+    MAX_PRIORITY,
+    STATES,
+    SUCCEEDED,
+    WAITING_STATES,
+    JobSpec,
+    format_size,
+)
+
+
+@click.command("submit", context_settings={"ignore_unknown_options": False, "allow_interspersed_args": False})
+@click.option("--name", help="Job name (measured peaks are remembered per name).")
+@click.option(
+    "--cpus", callback=to_cpus, default="1", show_default=True, help="Cores to reserve (0.5 allowed)."
+)
+@click.option("--mem", callback=to_size, metavar="SIZE", help="RAM to reserve (512M, 10G) [default: none].")
+@click.option("--gpus", type=click.IntRange(min=0), help="GPUs [default: 1 if the manager has GPUs, else 0].")
+@click.option(
+    "--gpu-mem",
+    callback=to_gpu_mem,
+    default="auto",
+    show_default=True,
+    metavar="SIZE|auto",
+    help="GPU memory per GPU; auto: the peak measured for this name before, else probe.",
+)
+@click.option("--gpu-share", type=click.IntRange(1, 100), metavar="PCT", help="MPS: share of the GPU's SMs.")
+@click.option(
+    "--priority",
+    type=click.IntRange(-MAX_PRIORITY, MAX_PRIORITY),
+    default=0,
+    show_default=True,
+    help="Higher runs first.",
+)
+@click.option(
+    "--retries",
+    type=click.IntRange(0, 100),
+    default=2,
+    show_default=True,
+    help="Retries after an out-of-memory ending (other failures are never retried).",
+)
+@click.option("--share", metavar="NAME", help="Read the shared dataset NAME (sets TANDEM_SHARE).")
+@click.option("--group", metavar="G", help="Group name (shown in ls; tags the run).")
+@click.option("--after", "after", multiple=True, metavar="ID,...", help="Start after these jobs succeeded.")
+@click.option("--env", "env_pairs", multiple=True, metavar="K=V", help="Set a variable (repeatable).")
+@click.option(
+    "--cwd", type=click.Path(file_okay=False, path_type=Path), help="Working directory [default: .]."
+)
+@click.option("--json", "as_json", is_flag=True, help="Print the job as JSON.")
+@click.argument("command", nargs=-1, type=click.UNPROCESSED)
+def submit(
+    mem: int | None,
+    after: tuple[str, ...],
+    env_pairs: tuple[str, ...],
+    cwd: Path | None,
+    as_json: bool,
+    command: tuple[str, ...],
+    **request: Any,
+) -> None:
+    """Queue COMMAND: tandem submit [OPTIONS] -- COMMAND...  Prints the job's id.
+
+    The job runs in this directory with this environment (plus --env); a job that can never
+    fit the daemon's cores, RAM or GPUs (with its share's producer) is refused (exit 2)."""
+    if not command:
+        raise click.UsageError("no command given: tandem submit [OPTIONS] -- COMMAND [ARGS]...")
+    env = dict(os.environ)
+    for pair in env_pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key:
+            raise click.BadParameter(f"{pair!r} is not K=V", param_hint="'--env'")
+        env[key] = value
+    workdir = (cwd or Path.cwd()).resolve()
+    if not workdir.is_dir():
+        raise click.BadParameter(f"{workdir}: no such directory", param_hint="'--cwd'")
+    # The options are JobSpec's fields, named alike: the request is named once.
+    spec = JobSpec(
+        list(command), str(workdir), env, mem=mem or 0, after=job_ids(after, "'--after'"), **request
+    )
+    problem = spec.problem()
+    if problem:
+        raise click.UsageError(problem)
+    from tandem.place.client import ensure_daemon
+    from tandem.place.client import submit as send
+    from tandem.place.state import state_dir
+
+    daemon_call(ensure_daemon, state_dir())
+    reply = daemon_call(send, state_dir(), spec)
+    if as_json:
+        from tandem.place.views import job_json
+
+        click.echo(json.dumps(job_json(open_state().job(reply["id"])), indent=2))
+    else:
+        click.echo(reply["id"])
+
+
+@click.command("ls")
+@click.option("-a", "--all", "show_all", is_flag=True, help="Ended jobs too (default: the last 10 ended).")
+@click.option(
+    "--limit", type=click.IntRange(min=1), default=1000, show_default=True, help="With --all: jobs a page."
+)
+@click.option(
+    "--before", type=click.IntRange(min=1), metavar="ID", help="With --all: the page before job ID."
+)
+@click.option("--json", "as_json", is_flag=True, help="A JSON list of jobs.")
+def ls(show_all: bool, limit: int, before: int | None, as_json: bool) -> None:
+    """The queue: waiting and running jobs (each waiting one with the reason), and the last
+    ended ones. Reads only these rows, so it stays fast over a long history."""
+    from tandem.place.views import LS_COLUMNS, job_json, ls_row
+
+    st = open_state()
+    if show_all:
+        jobs = st.jobs(attempts=True, last=limit, before=before)
+        more = bool(jobs) and st.query("SELECT 1 FROM jobs WHERE id < ? LIMIT 1", (jobs[0].id,))
+    else:
+        active = st.jobs(tuple(s for s in STATES if s not in FINAL_STATES), attempts=True)
+        ended = st.jobs(tuple(FINAL_STATES), attempts=True, last=10)
+        jobs, more = sorted(ended + active, key=lambda j: j.id), False
+    if as_json:
+        click.echo(json.dumps([job_json(j) for j in jobs], indent=2))
+        return
+    from rich import box
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console(width=None if sys.stdout.isatty() else 200)
+    if not jobs:
+        console.print("no jobs")
+        return
+    table = Table(box=box.SIMPLE_HEAD, pad_edge=False, show_edge=False)
+    for col in LS_COLUMNS:
+        table.add_column(
+            col,
+            justify="right" if col in ("id", "tries", "wait", "run", "mem", "gpu mem") else "left",
+            overflow="fold",
+        )
+    now = time.time()
+    for j in jobs:
+        table.add_row(*(printable(v) for v in ls_row(j, now)))
+    console.print(table, markup=False)
+    if more:
+        console.print(f"older jobs: tandem ls --all --before {jobs[0].id}")
+    _print_share_groups(console, st, jobs)
+
+
+def _print_share_groups(console: Any, st: Any, jobs: list[Any]) -> None:
+    """One line per shared dataset that jobs here use: its producer and its jobs."""
+    from tandem.place.proctrack import same_process
+
+    used = {j.share for j in jobs if j.share}
+    for share in st.shares():
+        if share.name not in used:
+            continue
+        members = [j for j in jobs if j.share == share.name]
+        running = sum(j.state == "running" for j in members)
+        waiting = sum(j.state in WAITING_STATES for j in members)
+        producer = (
+            f"producer pid {share.pid}" if same_process(share.pid, share.ctime) else "no producer running"
+        )
+        if share.error:
+            producer += f" (last one: {share.error})"
+        console.print(
+            f"share {share.name}: {producer}; jobs {', '.join(str(j.id) for j in members)} "
+            f"({running} running, {waiting} waiting)",
+            markup=False,
+        )
+
+
+@click.command("show")
+@click.argument("job_id", type=int)
+@click.option("--json", "as_json", is_flag=True)
+def show(job_id: int, as_json: bool) -> None:
+    """One job: its request, attempts, placement, how it ended (with the log line), peaks."""
+    from tandem.place.views import job_json
+
+    st = open_state()
+    job = st.job(job_id)
+    if job is None:
+        raise click.ClickException(f"no job {job_id} (see tandem ls --all)")
+    data = job_json(job)
+    if as_json:
+        click.echo(json.dumps(data, indent=2))
+        return
+    req = data["request"]
+    lines = [
+        f"job {job.id}  {job.name or ''}  [{job.state}]",
+        f"  command   {' '.join(job.command)}",
+        f"  cwd       {job.cwd}",
+        f"  request   {req['cpus']:g} cores, RAM {format_size(req['mem_bytes'] or None)}, "
+        f"{job.gpus} GPU(s), GPU memory {format_size(job.gpu_mem) if job.gpu_mem else 'auto'}",
+        f"  priority  {job.priority}   retries {job.retries}   group {job.group or '-'}   "
+        f"share {job.share or '-'}",
+        f"  waited    {data['wait_s']:.1f} s   ran {data['run_s'] or 0:.1f} s   "
+        f"peak RAM {format_size(job.peak_mem)}   peak GPU memory {format_size(job.peak_gpu_mem)}",
+    ]
+    if data["reason"]:
+        lines.append(f"  waiting   {data['reason']}")
+    if job.cause and job.cause != job.state:
+        code = f" (exit {job.exit_code})" if job.exit_code is not None and "exit" not in job.cause else ""
+        lines.append(f"  ended     {job.cause}{code}")
+    if job.cause_line:
+        lines.append(f"  log       {job.cause_line}")
+    for a in data["attempts"]:
+        p = a["placement"]
+        cause = a["cause"] if a["cause"] and a["cause"] != a["state"] else ""
+        lines.append(
+            f"  attempt {a['n']}: {a['state']} on {p['device']}{' mps' if p['mps'] else ''}"
+            f"{' alone' if p['alone'] else ''}  {cause}".rstrip()
+        )
+    for e in st.events(job_id):
+        lines.append(f"  {time.strftime('%H:%M:%S', time.localtime(e['t']))} {e['kind']} {e['detail']}")
+    click.echo("\n".join(printable(line) for line in lines))
+
+
+@click.command("logs")
+@click.argument("job_id", type=int)
+@click.option("-f", "--follow", is_flag=True, help="Keep printing as the job writes, until it ends.")
+def logs(job_id: int, follow: bool) -> None:
+    """A job's output (every attempt, in order)."""
+    st = open_state()
+    job = st.job(job_id)
+    if job is None:
+        raise click.ClickException(f"no job {job_id} (see tandem ls --all)")
+    out = sys.stdout.buffer
+    shown: dict[int, tuple[int, int]] = {}  # attempt -> (inode, offset) of output.log shown
+
+    def dump() -> None:
+        attempts = st.attempts(job_id)
+        for a in attempts:
+            path = st.attempt_dir(job_id, a.n) / "output.log"
+            if a.n not in shown:
+                if len(attempts) > 1:
+                    out.write(f"== attempt {a.n} ==\n".encode())
+                older = path.with_name("output.log.1")  # the part rotated away (--log-max)
+                if older.is_file():
+                    out.write(b"[older output rotated away; its newest part:]\n" + older.read_bytes())
+            try:
+                with open(path, "rb") as f:
+                    inode = os.fstat(f.fileno()).st_ino
+                    known, offset = shown.get(a.n, (inode, 0))
+                    if known != inode:  # rotated since: the new file from its start
+                        out.write(b"[log rotated]\n")
+                        offset = 0
+                    f.seek(offset)
+                    data = f.read()
+            except OSError:
+                inode, offset, data = 0, 0, b""
+            shown[a.n] = (inode, offset + len(data))
+            out.write(data)
+        out.flush()
+
+    try:
+        dump()
+        while follow:
+            job = st.job(job_id, attempts=False)
+            if job is None or job.state in FINAL_STATES:
+                dump()
+                break
+            time.sleep(0.5)
+            dump()
+    except KeyboardInterrupt:
+        sys.exit(EXIT_INTERRUPTED)
+
+
+@click.command("cancel")
+@click.argument("ids", nargs=-1, required=True)
+def cancel(ids: tuple[str, ...]) -> None:
+    """Cancel jobs: a waiting job leaves the queue; a running job's whole process tree gets
+    SIGTERM, then SIGKILL after a grace period."""
+    reply = request({"op": "cancel", "ids": job_ids(ids, "'IDS'")})
+    for i in reply["cancelled"]:
+        click.echo(f"cancelled {i}")
+    for i in reply["ended"]:
+        click.echo(f"job {i} had already ended", err=True)
+    for i in reply["unknown"]:
+        click.echo(f"no job {i}", err=True)
+    if reply["unknown"]:
+        sys.exit(1)
+
+
+@click.command("wait")
+@click.argument("ids", nargs=-1)
+@click.option("--timeout", type=float, help="Give up after this many seconds (exit 124).")
+def wait(ids: tuple[str, ...], timeout: float | None) -> None:
+    """Block until the jobs end (default: every job now waiting or running). Exit with the
+    job's exit code (one job), or 1 if any of several did not succeed."""
+    st = open_state()
+    wanted = job_ids(ids, "'IDS'") if ids else [j.id for j in st.jobs() if j.state not in FINAL_STATES]
+    for i in wanted:
+        if st.job(i, attempts=False) is None:
+            click.echo(f"Error: no job {i} (see tandem ls --all)", err=True)
+            sys.exit(EXIT_USAGE)
+    try:
+        jobs = _wait_for(st, wanted, timeout)
+    except KeyboardInterrupt:
+        click.echo("tandem wait: interrupted (the jobs go on)", err=True)
+        sys.exit(EXIT_INTERRUPTED)
+    if len(jobs) == 1:
+        j = jobs[0]
+        if j.state == SUCCEEDED:
+            sys.exit(0)
+        if j.state == CANCELLED:
+            click.echo(
+                f"job {j.id} was cancelled{f' ({j.cause})' if j.cause != 'cancelled' else ''}", err=True
+            )
+            sys.exit(EXIT_CANCELLED)
+        click.echo(f"job {j.id} {j.state}: {j.cause or ''}", err=True)
+        sys.exit(j.exit_code if j.exit_code not in (None, 0) else EXIT_FAILED)
+    bad = [j for j in jobs if j.state != SUCCEEDED]
+    for j in bad:
+        click.echo(f"job {j.id} {j.state}: {j.cause or ''}", err=True)
+    sys.exit(EXIT_FAILED if bad else 0)
+
+
+def _wait_for(state: Any, wanted: list[int], timeout: float | None) -> list[Any]:
+    """The jobs once all have ended; exits 124 after ``timeout`` s, 3 when no daemon runs."""
+    from tandem.place.client import is_running
+    from tandem.place.state import state_dir
+
+    deadline = None if timeout is None else time.monotonic() + timeout
+    next_check = time.monotonic() + 5.0
+    while True:
+        jobs = [state.job(i, attempts=False) for i in wanted]
+        if all(j is not None and j.state in FINAL_STATES for j in jobs):
+            return jobs
+        if deadline is not None and time.monotonic() >= deadline:
+            click.echo(f"tandem wait: jobs still running after {timeout:g} s", err=True)
+            sys.exit(EXIT_TIMEOUT)
+        if time.monotonic() >= next_check:
+            # Only a daemon moves jobs on: without one, waiting would never end.
+            next_check = time.monotonic() + 5.0
+            if not daemon_call(is_running, state_dir()):
+                click.echo(
+                    "tandem wait: no daemon is running, so these jobs cannot end; "
+                    "start one with `tandem daemon start` (it adopts running jobs)",
+                    err=True,
+                )
+                sys.exit(EXIT_NO_DAEMON)
+        time.sleep(0.3)
+
+
+COMMANDS = [submit, ls, show, logs, cancel, wait]

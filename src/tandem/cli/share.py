@@ -1,0 +1,211 @@
+"""Shared data loading from the command line: ``tandem share serve|ls|define|rm``.
+
+``serve`` and ``define`` take one option set (:func:`share_options`), which fills one
+:class:`tandem.share.spec.ShareSpec`: ``serve`` runs its producer here, ``define`` checks it
+(the dataset or loader reference must import and be callable) and stores it for the job
+manager, which starts the producer with the first job that reads it.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import click
+
+from tandem.cli._common import EXIT_USAGE, Exit, open_state, to_cpus, to_size
+from tandem.place.model import format_size
+from tandem.share.spec import DTYPES, OBJECT_FORMS, ShareSpec, SpecError
+
+
+def _workers(_ctx: click.Context, _param: click.Parameter, value: str) -> int | None:
+    if value == "auto":
+        return None
+    if not value.isdigit() or int(value) > 256:
+        raise click.BadParameter(f"{value!r} is not a number of workers (0 to 256) or 'auto'")
+    return int(value)
+
+
+_SHARE_OPTIONS = [
+    click.argument("name"),
+    click.option("--loader", "loader_ref", metavar="REF",
+                 help=f"{OBJECT_FORMS}: returns a re-iterable of batches (a DataLoader, say)."),
+    click.option("--dataset", "dataset_ref", metavar="REF",
+                 help=f"{OBJECT_FORMS}: returns a map-style dataset."),
+    click.option("--images", "images_dir", type=click.Path(exists=True, file_okay=False, path_type=Path),
+                 help="An image folder (DIR/<class>/*.jpg): decoded and augmented once by the producer, on "
+                 "--device (random-resized-crop to --crop, flip, normalise)."),
+    click.option("--device", default=None, metavar="cpu|cuda:N",
+                 help="Where batches are kept: cuda:N keeps them in that GPU's memory, shared over CUDA IPC "
+                 "[default: host memory; with --images: cuda if there is one, else cpu]."),
+    click.option("--crop", type=click.IntRange(min=1), default=224, show_default=True, help="With --images."),
+    click.option("--dtype", type=click.Choice(DTYPES), default="float32", show_default=True,
+                 help="With --images: the images' dtype."),
+    click.option("--batch-size", type=click.IntRange(min=1), default=32, show_default=True,
+                 help="With --dataset or --images: the producer's batch size."),
+    click.option("--shuffle/--no-shuffle", default=False,
+                 help="With --dataset or --images: shuffle each epoch."),
+    click.option("--num-workers", callback=_workers, default="auto", show_default=True, metavar="N|auto",
+                 help="Loader worker processes; auto: the cores the jobs leave free, less one (under the "
+                 "job manager: its reserved cores less one)."),
+    click.option("--worker-nice", type=click.IntRange(0, 19), default=10, show_default=True,
+                 help="How much lower the workers' CPU priority is than the jobs' (0: the same)."),
+    click.option("--seed", type=int, default=0, show_default=True),
+    click.option("--epochs", type=click.IntRange(min=1), default=None,
+                 help="Stop after this many epochs (default: serve until stopped)."),
+    click.option("--window", type=click.IntRange(min=2, max=1024), default=8, show_default=True,
+                 help="Batches in flight (shared-memory slots)."),
+    click.option("--policy", type=click.Choice(["wait", "skip"]), default="wait", show_default=True,
+                 help="wait: the slowest consumer sets the pace; skip: laggards miss batches."),
+]  # fmt: skip
+
+
+def share_options(f: Callable[..., Any]) -> Callable[..., Any]:
+    """The options of a shared dataset, for every command that describes one."""
+    for option in reversed(_SHARE_OPTIONS):
+        f = option(f)
+    return f
+
+
+def spec_from(
+    name: str, loader_ref: str | None, dataset_ref: str | None, images_dir: Path | None, **rest: Any
+) -> ShareSpec:
+    """The :class:`ShareSpec` the options describe, or a usage error saying what is wrong."""
+    refs = {"loader": loader_ref, "dataset": dataset_ref, "images": images_dir}
+    given = [(k, v) for k, v in refs.items() if v is not None]
+    if len(given) != 1:
+        raise click.UsageError(f"give exactly one of --loader, --dataset ({OBJECT_FORMS}) or --images DIR")
+    source, ref = given[0]
+    try:
+        return ShareSpec(name=name, source=source, ref=str(ref), **rest)
+    except SpecError as exc:
+        raise click.UsageError(str(exc)) from None
+
+
+@click.group("share")
+def share() -> None:
+    """Shared data loading: one producer feeds many training processes."""
+
+
+@share.command("serve")
+@share_options
+def share_serve(**options: Any) -> None:
+    """Serve NAME to consumers on this host until stopped (Ctrl-C) or --epochs are done.
+
+    \b
+    Examples:
+    tandem share serve imagenet --dataset mypkg.data:train_set --shuffle
+    tandem share serve stream --loader path/to/loaders.py:make_loader --epochs 10
+    tandem share serve imagenet --images data/imagenet/train --device cuda:0 --shuffle
+    """
+    from tandem.share import ShareError
+    from tandem.share.spec import serve
+
+    spec = spec_from(**options)
+    try:
+        serve(spec, say=lambda m: click.echo(m, err=True))
+    except (TypeError, ValueError, FileNotFoundError) as exc:  # SpecError among them
+        raise click.UsageError(str(exc)) from None
+    except ShareError as exc:
+        raise click.ClickException(str(exc)) from None
+
+
+@share.command("define")
+@share_options
+@click.option("--cpus", callback=to_cpus, default=None,
+              help="Cores the producer reserves [default: its workers plus one, else sized to the daemon's "
+              "cores, leaving room for a job].")  # fmt: skip
+@click.option("--mem", callback=to_size, metavar="SIZE", help="RAM the producer reserves [default: none].")
+def share_define(cpus: float | None, mem: int | None, **options: Any) -> None:
+    """Register NAME for the job manager: jobs submitted with --share NAME read it from one
+    producer, started with the first such job and stopped after the last. Takes every
+    option of tandem share serve; the reference is checked now."""
+    spec = spec_from(**options, cpus=cpus, mem=mem or 0).resolved()
+    try:
+        spec.check()
+    except SpecError as exc:
+        raise Exit(f"{spec.name}: {exc}; nothing was defined", EXIT_USAGE) from None
+    open_state().define_share(spec)
+    reserve = f"{spec.cpus:g} cores" if spec.cpus is not None else "cores sized to the daemon's"
+    click.echo(
+        f"defined {spec.name!r}: jobs submitted with --share {spec.name} read it from one producer "
+        f"(reserving {reserve}, RAM {format_size(spec.mem or None)})"
+    )
+
+
+@share.command("rm")
+@click.argument("names", nargs=-1, required=True)
+def share_rm(names: tuple[str, ...]) -> None:
+    """Remove the definitions NAMES (not while a waiting or running job reads one)."""
+    st = open_state()
+    for name in names:
+        users = st.share_users(name)
+        if st.share(name) is None:
+            raise Exit(f"no shared dataset {name!r} is defined (tandem share ls --defined)", EXIT_USAGE)
+        if users:
+            ids = ", ".join(str(i) for i in users)
+            raise Exit(f"{name!r} is read by job(s) {ids}, not yet ended: cancel them first", EXIT_USAGE)
+        st.remove_share(name)
+        click.echo(f"removed {name!r}")
+
+
+@share.command("ls")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
+@click.option(
+    "--timeout",
+    type=float,
+    default=2.0,
+    show_default=True,
+    help="Seconds to wait for each producer's answer.",
+)
+def share_ls(as_json: bool, timeout: float) -> None:
+    """List the producers on this host with their consumers, positions, lag and stalls."""
+    from dataclasses import asdict
+
+    from tandem.share.stats import query_all
+
+    rows = query_all(timeout)
+    if as_json:
+        click.echo(json.dumps([asdict(r) if not isinstance(r, dict) else r for r in rows], indent=2))
+        return
+    from rich import box
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console()
+    if not rows:
+        console.print("no producers on this host")
+        return
+    for r in rows:
+        if isinstance(r, dict):  # a producer that did not answer
+            console.print(f"[bold]{r['name']}[/] (pid {r['pid']}): {r['error']}")
+            continue
+        # Two short lines and only the columns that say something, so that it reads in 80 columns.
+        console.print(
+            f"[bold]{r.name}[/]  pid {r.pid}  policy {r.policy}  window {r.window}  "
+            f"slab {r.slab_bytes / 2**20:.1f} MiB\n"
+            f"  epoch {r.epoch}  published {r.published}  {r.batches_per_s:.1f} batches/s  "
+            f"blocked {r.blocked_s:.1f} s"
+        )
+        if not r.consumers:
+            console.print("  no consumers")
+            continue
+        columns = ["id", "pid", "batch", "position", "lag", "batch/s", "samples", "stall s", "attached s"]
+        show_device = any(c.device != "cpu" for c in r.consumers)
+        show_missed = r.policy == "skip" or any(c.missed_batches for c in r.consumers)
+        table = Table(box=box.SIMPLE_HEAD, pad_edge=False, show_edge=False)
+        for name in columns[:3] + ["device"] * show_device + columns[3:] + ["missed"] * show_missed:
+            table.add_column(name, justify="left" if name == "device" else "right", no_wrap=True)
+        for c in r.consumers:
+            values = [str(c.consumer_id), str(c.pid), str(c.batch_size or "-")]
+            values += [c.device] * show_device
+            values += [f"{c.epoch}:{c.offset}", str(c.lag), f"{c.batches_per_s:.1f}", str(c.samples)]
+            values += [f"{c.stall_s:.2f}", f"{c.attached_s:.0f}"]
+            values += [str(c.missed_batches)] * show_missed
+            table.add_row(*values)
+        console.print(table)
+
+
+COMMANDS = [share]

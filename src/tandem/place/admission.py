@@ -1,0 +1,158 @@
+"""What one scheduling pass of the daemon sees, and what it says about the jobs it leaves
+waiting.
+
+From the running attempts, the live producers and the measurements it builds the host and
+GPU slots (:class:`~tandem.place.policies.HostSlot`, ``GpuSlot``); from the waiting jobs
+the scheduler's :class:`~tandem.place.scheduler.Waiting` (a job of a share group whose
+producer is not running is charged for it: whichever job starts first starts the
+producer); it resolves dependencies (a job after one that failed is cancelled); and it
+keeps why each waiting job waits, writing only what changed.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable
+
+from tandem.place.attempts import Active
+from tandem.place.devices import Monitor
+from tandem.place.model import CANCELLED, FINAL_STATES, QUEUED, SUCCEEDED, Capacity
+from tandem.place.policies import GpuSlot, HostSlot, Limits
+from tandem.place.producers import Producers
+from tandem.place.scheduler import Waiting
+from tandem.place.state import Job, State
+
+Ended = dict[int, tuple[str, float | None]]  # job id -> (state, ended) of dependencies
+
+
+class Admission:
+    def __init__(
+        self, state: State, capacity: Capacity, limits: Limits, monitor: Monitor, producers: Producers
+    ) -> None:
+        self.state, self.capacity, self.limits = state, capacity, limits
+        self.monitor, self.producers = monitor, producers
+        self._reasons: dict[int, str] = {}  # as last written
+
+    def host_slot(self, active: Iterable[Active]) -> HostSlot:
+        now = time.time()
+        active = list(active)
+        cpu_jobs = [a for a in active if not a.placement.gpus]
+        live = [self.producers.reservation(s) for s in self.state.shares() if self.producers.running(s)]
+        return HostSlot(
+            cpus_total=self.capacity.cpus,
+            mem_total=self.capacity.mem,
+            cpus_reserved=sum(a.job.cpus for a in active) + sum(c for c, _ in live),
+            mem_reserved=sum(a.job.mem for a in active) + sum(m for _, m in live),
+            mem_available=self.monitor.mem_available,
+            cpu_mean=self.monitor.cpu.mean(),
+            cpu_p95=self.monitor.cpu.p95(),
+            jobs=len(cpu_jobs),
+            all_jobs=len(active),
+            fresh=any(now - a.started < self.limits.settle_s for a in cpu_jobs),
+            alone=any(a.placement.alone for a in cpu_jobs),
+        )
+
+    def gpu_slots(self, active: Iterable[Active]) -> list[GpuSlot]:
+        now = time.time()
+        active = list(active)
+        slots = []
+        for g in self.capacity.gpus:
+            on = [a for a in active if g.uuid in a.uuids]
+            m = self.monitor.gpus.get(g.uuid)
+            probing = [a.job.id for a in on if a.gpu_mem_reserved is None]
+            slots.append(
+                GpuSlot(
+                    index=g.index,
+                    uuid=g.uuid,
+                    mem_total=g.mem_total,
+                    mem_reserved=sum(a.gpu_mem_reserved or 0 for a in on),
+                    mem_used=m.mem_used if m else None,
+                    jobs=len(on),
+                    probing=bool(probing),
+                    probing_job=probing[0] if probing else None,
+                    fresh=any(now - a.started < self.limits.settle_s for a in on),
+                    alone=any(a.placement.alone for a in on),
+                    activity_mean=m.activity.mean() if m else None,
+                    activity_p95=m.activity.p95() if m else None,
+                )
+            )
+        return slots
+
+    def waiting(
+        self, jobs: list[Job], ended: Ended, active: dict[int, Active], reasons: dict[int, str]
+    ) -> list[Waiting]:
+        """The jobs the scheduler may consider; why each other one waits goes into ``reasons``."""
+        out = []
+        shares = {s.name: s for s in self.state.shares()}
+        for job in jobs:
+            if job.id in active or job.cancel_requested:
+                continue
+            pending = [d for d in job.after if ended.get(d, ("", None))[0] != SUCCEEDED]
+            if pending:
+                reasons[job.id] = "after job " + ", ".join(str(d) for d in pending)
+                continue
+            since = max([job.queued_at or job.submitted] + [ended[d][1] or 0.0 for d in job.after])
+            cpus, mem = job.cpus, job.mem
+            share = shares.get(job.share or "")
+            with_producer = False
+            if share is not None and not self.producers.running(share):
+                if self.producers.stopping(share.name):
+                    reasons[job.id] = f"share {share.name}: its previous producer is still stopping"
+                    continue  # a new producer could not take the name yet
+                # Whichever job of the group starts first also starts its producer: each is
+                # charged for it until then, so the producer never overbooks the host.
+                p_cpus, p_mem = self.producers.reservation(share)
+                cpus, mem, with_producer = cpus + p_cpus, mem + p_mem, True
+            gpu_mem = job.gpu_mem
+            if job.gpus and gpu_mem is None:
+                known = self.state.peak(job.job_key)
+                if known is not None and known["peak_gpu_mem"]:
+                    gpu_mem = int(known["peak_gpu_mem"] * (1 + self.limits.gpu_mem_margin))
+            out.append(
+                Waiting(
+                    job.id,
+                    job.priority,
+                    job.submitted,
+                    cpus,
+                    mem,
+                    job.gpus,
+                    gpu_mem,
+                    job.escalation,
+                    waiting_since=since,
+                    prefer_gpus=self.producers.prefer_gpus(job, share),
+                    with_producer=with_producer,
+                )
+            )
+        return out
+
+    def write_reasons(self, reasons: dict[int, str]) -> None:
+        """Store why each job waits: only what changed (a long queue costs no write per tick)."""
+        changed = {i: r for i, r in reasons.items() if self._reasons.get(i) != r}
+        if changed:
+            self.state.set_reasons(changed)
+        self._reasons = reasons
+
+    def dependencies(self, waiting: list[Job]) -> Ended:
+        """``id -> (state, ended)`` of every job a waiting job depends on (one query)."""
+        deps = {d for j in waiting for d in j.after}
+        if not deps:
+            return {}
+        marks = ", ".join("?" for _ in deps)
+        rows = self.state.query(f"SELECT id, state, ended FROM jobs WHERE id IN ({marks})", tuple(deps))
+        return {row["id"]: (row["state"], row["ended"]) for row in rows}
+
+    def resolve(self, waiting: list[Job], deps: Ended) -> list[Job]:
+        """Cancel the queued jobs one of whose dependencies ended other than succeeded; the
+        jobs still waiting."""
+        still = []
+        for job in waiting:
+            failed = next(
+                (d for d in job.after if deps.get(d, ("", None))[0] in FINAL_STATES - {SUCCEEDED}), None
+            )
+            if job.state != QUEUED or failed is None:
+                still.append(job)
+                continue
+            why = f"dependency {failed} ended {deps[failed][0]}"
+            self.state.update_job(job.id, state=CANCELLED, ended=time.time(), cause=why, reason=None)
+            self.state.event(job.id, "cancelled", why)
+        return still

@@ -1,0 +1,404 @@
+"""The running attempts as the daemon follows them: start, follow, finish, adopt.
+
+- **start**: the attempt is recorded before its supervisor starts (so no attempt runs
+  twice), its spec written (:class:`~tandem.place.files.AttemptSpec`), its MLflow run opened
+  (:mod:`tandem.place.tracking`), and the launcher starts the supervisor;
+- **follow** (each tick): the supervisor's ``usage.json`` (memory, pids), the job's GPU
+  memory from NVML, when a probe has settled, and how it ended (``result.json``, or a
+  supervisor that died without one);
+- **finish**: the job's state written first, then the attempt leaves the active set (a
+  write that fails, a full disk say, is tried again next tick: a job never stays
+  ``running`` after it ended); an out-of-memory ending is retried (:mod:`tandem.place.retry`);
+- **adopt**: after a restart, the attempts a previous daemon left running.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+from tandem.place import tracking
+from tandem.place.config import DaemonConfig
+from tandem.place.devices import Monitor
+from tandem.place.files import AttemptSpec, Result, ShimInfo, Started, Usage, load, save
+from tandem.place.launch import Launcher
+from tandem.place.model import CANCELLED, FAILED, QUEUED, RETRYING, RUNNING, Capacity, GpuInfo, format_size
+from tandem.place.proctrack import JobProcesses, host_id
+from tandem.place.retry import retry
+from tandem.place.scheduler import Placement
+from tandem.place.state import Attempt, Job, State
+
+log = logging.getLogger(__name__)
+
+LOST_AFTER_S = 10.0  # an attempt whose supervisor never showed itself within this is abandoned
+
+
+@dataclass
+class Active:
+    """A running attempt as the daemon follows it."""
+
+    job: Job
+    n: int
+    placement: Placement
+    uuids: tuple[str, ...]
+    dir: Path
+    started: float  # wall clock
+    shim_pid: int | None = None
+    shim_ctime: float | None = None
+    gpu_mem_reserved: int | None = None  # per GPU; None while a probe has not settled
+    pids: tuple[int, ...] = ()
+    peak_mem: int = 0
+    peak_gpu_mem: int = 0
+    last_growth: float = field(default_factory=time.time)
+    usage_t: float = 0.0
+    energy_start: dict[str, int] = field(default_factory=dict)
+    remote: bool = False  # its supervisor runs on another machine (a Ray node): no pid checks
+    fail_cause: str | None = None  # the daemon stopped it for this (its share's producer died)
+
+    @property
+    def job_id(self) -> int:
+        return self.job.id
+
+    def settled(self, now: float, settle_s: float) -> bool:
+        return now - self.started >= settle_s and now - self.last_growth >= settle_s
+
+
+class Attempts:
+    def __init__(
+        self,
+        state: State,
+        capacity: Capacity,
+        config: DaemonConfig,
+        monitor: Monitor,
+        launcher: Launcher,
+        tracked: bool,
+        socket: str,
+    ) -> None:
+        self.state, self.capacity, self.config = state, capacity, config
+        self.monitor, self.launcher, self.tracked, self.socket = monitor, launcher, tracked, socket
+        self.active: dict[int, Active] = {}
+        self.host = host_id()
+
+    # --- start ------------------------------------------------------------------------------
+
+    def start(
+        self, job: Job, p: Placement, chosen: tuple[GpuInfo, ...], env: dict[str, str], extra: dict[str, Any]
+    ) -> None:
+        n = len(job.attempts) + 1
+        adir = self.state.attempt_dir(job.id, n)
+        adir.mkdir(parents=True, exist_ok=True)
+        uuids = tuple(g.uuid for g in chosen)
+        placement = {
+            "gpus": list(p.gpus),
+            "uuids": list(uuids),
+            "gpu_mem": p.gpu_mem,
+            "alone": p.alone,
+            "probe": p.probe,
+            "device": ",".join(f"cuda:{i}" for i in p.gpus) or "cpu",
+            **extra,
+        }
+        name = job.name or Path(job.command[0]).name
+        save(
+            adir,
+            AttemptSpec(
+                job.command,
+                job.cwd,
+                env,
+                job.id,
+                n,
+                name,
+                self.config.grace_s,
+                self.config.interval_s,
+                self.config.log_max,
+                self.socket,
+                self.tracked,
+            ),
+        )
+        started = time.time()
+        self.state.add_attempt(Attempt(job.id, n, RUNNING, placement, started))
+        self.state.update_job(job.id, state=RUNNING, started=job.started or started, reason=None)
+        self.state.event(job.id, "started", f"attempt {n} on {placement['device']}")
+        a = Active(job, n, p, uuids, adir, started, gpu_mem_reserved=None if p.probe else p.gpu_mem)
+        a.energy_start = {u: e for u in uuids if (e := self.monitor.gpus[u].energy_mj) is not None}
+        if self.tracked:
+            tags = {
+                "tandem.job_id": job.id,
+                "tandem.attempt": n,
+                "group": job.group or "",
+                "tandem.share": job.share or "",
+                "tandem.placement": placement["device"],
+                "tandem.mps": bool(extra.get("mps")),
+                "tandem.command": " ".join(job.command)[:5000],
+            }
+            key = tracking.run_key(job.id, n)
+            tracking.run_started(self.state.dir, key, name, tags, adir / "metrics.jsonl", started, job.id, n)
+        self.active[job.id] = a
+        node = self.launcher.start(a, adir, job.cwd, job.cpus, job.mem, chosen, p.gpu_mem, bool(job.share))
+        if node:
+            self.state.update_attempt(job.id, n, placement={**placement, "node": node})
+        if a.shim_pid is not None:
+            self.state.update_attempt(job.id, n, shim_pid=a.shim_pid, shim_ctime=a.shim_ctime)
+
+    # --- follow -----------------------------------------------------------------------------
+
+    def follow_all(self, now: float) -> None:
+        for a in list(self.active.values()):
+            try:
+                self.follow(a, now)
+            except Exception:  # one attempt's trouble (a full disk) must not stop the others
+                log.exception("following job %d attempt %d; trying again next tick", a.job.id, a.n)
+
+    def follow(self, a: Active, now: float) -> None:
+        if a.shim_pid is None:
+            shim = load(a.dir, ShimInfo)
+            if shim is not None:
+                a.shim_pid, a.shim_ctime, a.remote = shim.pid, shim.ctime, shim.host != self.host
+                self.state.update_attempt(a.job.id, a.n, shim_pid=a.shim_pid, shim_ctime=a.shim_ctime)
+                if self._cancel_requested(a.job.id):  # cancelled before we knew whom to tell
+                    self.launcher.cancel(a)
+        self._measure(a, now)
+        result = load(a.dir, Result)
+        if result is not None:
+            self.finish(a, result)
+        elif a.shim_pid is not None and not self.launcher.alive(a):
+            result = load(a.dir, Result)  # it may have written it just before exiting
+            if result is None:
+                self._stop_orphan(a)
+                cancelled = a.job.cancel_requested or self._cancel_requested(a.job.id)
+                kind, state, cause = (
+                    ("cancelled", CANCELLED, "cancelled")
+                    if cancelled
+                    else ("lost", FAILED, "lost: the job's supervisor died without a result")
+                )
+                result = Result(kind, state, None, None, cause, None, a.started, now)
+            self.finish(a, result)
+        elif a.shim_pid is None and now - a.started > LOST_AFTER_S and not self.launcher.pending(a):
+            if _runs_in(a.dir):
+                return
+            # The daemon died between recording the attempt and starting its supervisor: the
+            # attempt never ran, so the job goes back to the queue (no attempt runs twice).
+            self.state.update_attempt(a.job.id, a.n, state="lost", ended=now, cause="never started")
+            if self._cancel_requested(a.job.id):
+                self.state.update_job(a.job.id, state=CANCELLED, cause="cancelled", ended=now)
+                self.state.event(a.job.id, "cancelled", "before its attempt started")
+            else:
+                self.state.update_job(a.job.id, state=RETRYING if a.n > 1 else QUEUED, queued_at=now)
+                self.state.event(a.job.id, "requeued", f"attempt {a.n} never started")
+            del self.active[a.job.id]
+
+    def _measure(self, a: Active, now: float) -> None:
+        usage = load(a.dir, Usage)
+        if usage is not None and usage.t != a.usage_t:
+            a.usage_t = usage.t
+            a.pids = tuple(usage.pids)
+            grown = usage.peak_mem > a.peak_mem * 1.02 + (1 << 20)
+            a.peak_mem = max(a.peak_mem, usage.peak_mem)
+            gpu_mem = max((self.monitor.job_gpu_mem(u, a.pids) for u in a.uuids), default=0)
+            if gpu_mem > a.peak_gpu_mem * 1.02 + (1 << 20):
+                grown = True
+            a.peak_gpu_mem = max(a.peak_gpu_mem, gpu_mem)
+            if grown:
+                a.last_growth = now
+        # A probe has settled once its GPU memory stopped growing; one that has not touched
+        # the GPU yet (still loading data, say) is not settled at 0 unless that goes on long.
+        limits = self.config.limits
+        long_s = max(300.0, 10 * limits.settle_s)
+        if (
+            a.gpu_mem_reserved is None
+            and a.placement.gpus
+            and a.settled(now, limits.settle_s)
+            and (a.peak_gpu_mem > 0 or now - a.started > long_s)
+        ):
+            a.gpu_mem_reserved = int(a.peak_gpu_mem * (1 + limits.gpu_mem_margin))
+            placement = {**self._placement_json(a), "gpu_mem": a.gpu_mem_reserved, "settled": True}
+            self.state.update_attempt(a.job.id, a.n, placement=placement, peak_gpu_mem=a.peak_gpu_mem)
+            self.state.event(a.job.id, "settled", f"GPU memory {format_size(a.peak_gpu_mem)}")
+
+    def _placement_json(self, a: Active) -> dict[str, Any]:
+        attempt = next((x for x in self.state.attempts(a.job.id) if x.n == a.n), None)
+        return dict(attempt.placement) if attempt is not None else {}
+
+    def _stop_orphan(self, a: Active) -> None:
+        """The supervisor died without a result (killed): stop the job it supervised, so that
+        it does not run on unaccounted for, holding memory the scheduler has given away."""
+        started = load(a.dir, Started)
+        if started is None:
+            return
+        procs = JobProcesses(started.marker, Path(started.cgroup) if started.cgroup else None)
+        if procs.pids():
+            procs.stop(self.config.grace_s)
+            self.state.event(a.job.id, "stopped", "its supervisor died; the job was stopped")
+
+    def _cancel_requested(self, job_id: int) -> bool:
+        job = self.state.job(job_id, attempts=False)
+        return bool(job and job.cancel_requested)
+
+    # --- cancel, fail ------------------------------------------------------------------------
+
+    def stop(self, job_id: int, cause: str | None = None) -> None:
+        """Stop a running attempt (a cancel; with ``cause``, a failure the daemon decided)."""
+        a = self.active[job_id]
+        if cause is not None:
+            a.fail_cause = cause
+        self.launcher.cancel(a)
+
+    # --- finish -----------------------------------------------------------------------------
+
+    def finish(self, a: Active, result: Result) -> None:
+        ended = result.ended or time.time()
+        peak_mem = max(a.peak_mem, result.peak_mem or 0) or None
+        peak_gpu = a.peak_gpu_mem or None
+        state, cause = result.state, result.cause
+        if a.fail_cause is not None and state == CANCELLED:
+            state, cause = FAILED, a.fail_cause
+        self.state.update_attempt(
+            a.job.id,
+            a.n,
+            state=state,
+            ended=ended,
+            exit_code=result.exit_code,
+            signal=result.signal,
+            cause=cause,
+            cause_line=result.line,
+            peak_mem=peak_mem,
+            peak_gpu_mem=peak_gpu,
+            cpu_seconds=result.cpu_seconds,
+        )
+        job = self.state.job(a.job.id, attempts=False)
+        assert job is not None
+        energy = self._energy(a)
+        common = {
+            "exit_code": result.exit_code,
+            "signal": result.signal,
+            "cause": cause,
+            "cause_line": result.line,
+            "peak_mem": max(job.peak_mem or 0, peak_mem or 0) or None,
+            "peak_gpu_mem": max(job.peak_gpu_mem or 0, peak_gpu or 0) or None,
+            "energy_joules": (job.energy_joules or 0.0) + energy if energy is not None else job.energy_joules,
+        }
+        largest = max((g.mem_total for g in self.capacity.gpus), default=0) or None
+        usable = int(self.capacity.mem * (1 - self.config.limits.host_mem_headroom))
+        again = (
+            None
+            if job.cancel_requested
+            else retry(
+                result.kind,
+                a.n,
+                job.retries,
+                job.escalation,
+                job.gpu_mem,
+                job.mem,
+                peak_gpu,
+                peak_mem,
+                self.config.limits.gpu_mem_margin,
+                largest,
+                usable,
+            )
+        )
+        if again is not None:
+            changes = {
+                "state": RETRYING,
+                "escalation": again.escalation,
+                "gpu_mem": again.gpu_mem,
+                "mem": again.mem,
+                "queued_at": time.time(),
+            }
+            self.state.update_job(job.id, **common, **changes)
+            self.state.event(job.id, "retry", f"attempt {a.n} ended {cause}; retrying")
+        else:
+            self.state.update_job(job.id, state=state, ended=ended, **common)
+            self.state.event(job.id, state, "" if cause == state else cause or "")
+        for note in result.notes:
+            self.state.event(job.id, "note", note)
+        if peak_mem or peak_gpu:
+            self.state.record_peak(job.job_key, peak_mem, peak_gpu, ended - a.started)
+        if self.tracked:
+            status = {"succeeded": "FINISHED", "cancelled": "KILLED"}.get(state, "FAILED")
+            tags = {
+                "tandem.state": "retrying" if again else state,
+                "tandem.cause": cause or "",
+                "tandem.exit_code": result.exit_code,
+            }
+            summary = {
+                "run_s": ended - a.started,
+                "wait_s": (job.started or a.started) - job.submitted,
+                "peak_mem_bytes": peak_mem,
+                "peak_gpu_mem_bytes": peak_gpu,
+                "cpu_seconds": result.cpu_seconds,
+                "gpu_energy_joules": energy,
+            }
+            key = tracking.run_key(job.id, a.n)
+            tracking.run_ended(self.state.dir, key, status, tags, summary, a.dir / "output.log")
+        # Only once everything is written: a write that failed leaves it here for the next tick.
+        del self.active[a.job.id]
+        self.launcher.forget(a)
+
+    def _energy(self, a: Active) -> float | None:
+        """Joules of the job's GPUs over the attempt (shared among collocated jobs: the
+        whole device's counter, split by how many jobs were on it at the end)."""
+        if not a.energy_start:
+            return None
+        total = 0.0
+        for uuid, start in a.energy_start.items():
+            end = self.monitor.gpus[uuid].energy_mj
+            if end is None:
+                return None
+            sharers = sum(1 for o in self.active.values() if uuid in o.uuids)
+            total += (end - start) / 1000.0 / max(1, sharers)
+        return total
+
+    # --- after a restart ----------------------------------------------------------------------
+
+    def adopt(self) -> None:
+        """Take up the attempts a previous daemon left running."""
+        for job in self.state.jobs((RUNNING,), attempts=True):
+            if not job.attempts:
+                self.state.update_job(job.id, state=QUEUED)
+                continue
+            att = job.attempts[-1]
+            pl = att.placement
+            placement = Placement(
+                job.id,
+                tuple(pl.get("gpus", ())),
+                pl.get("gpu_mem"),
+                bool(pl.get("alone")),
+                bool(pl.get("probe")),
+            )
+            a = Active(
+                job,
+                att.n,
+                placement,
+                tuple(pl.get("uuids", ())),
+                self.state.attempt_dir(job.id, att.n),
+                att.started,
+                att.shim_pid,
+                att.shim_ctime,
+                gpu_mem_reserved=pl.get("gpu_mem"),
+            )
+            shim = load(a.dir, ShimInfo)
+            if shim is not None:
+                a.remote = shim.host != self.host
+                if a.shim_pid is None:
+                    a.shim_pid, a.shim_ctime = shim.pid, shim.ctime
+            a.peak_gpu_mem = att.peak_gpu_mem or 0
+            a.peak_mem = att.peak_mem or 0
+            if placement.probe and not pl.get("settled"):
+                a.gpu_mem_reserved = None
+            self.active[job.id] = a
+            self.state.event(job.id, "adopted", f"attempt {att.n} (shim pid {a.shim_pid})")
+        self.follow_all(time.time())
+
+
+def _runs_in(attempt_dir: Path) -> bool:
+    """Is a supervisor for ``attempt_dir`` running (found by its command line)?"""
+    target = str(attempt_dir)
+    for p in psutil.process_iter(["cmdline"]):
+        cmdline = p.info.get("cmdline") or []
+        if "tandem.place.shim" in cmdline and target in cmdline:
+            return True
+    return False

@@ -1,0 +1,63 @@
+"""The daemon's configuration: one typed record, kept in the state directory.
+
+``tandem daemon start`` writes it (``daemon-config.json``) before it starts the daemon, and
+every daemon of that state directory reads it: one restarted by ``tandem submit`` after a
+crash runs with the cores, RAM, policy and limits it was given, not with the defaults.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from tandem.place.policies import DEFAULT_POLICY, Limits
+
+CONFIG_FILE = "daemon-config.json"
+DEFAULT_LOG_MAX = 64 << 20  # bytes of a job's output kept on disk (the last part kept on rotation)
+
+
+@dataclass(frozen=True)
+class DaemonConfig:
+    cpus: float | None = None  # cores to hand out (None: all this process may use)
+    mem: int | None = None  # RAM to hand out (None: all)
+    gpus: str | None = None  # "0,2", UUIDs, "none" (None: all)
+    policy: str = DEFAULT_POLICY
+    limits: Limits = field(default_factory=Limits)
+    grace_s: float = 10.0  # between SIGTERM and SIGKILL
+    interval_s: float = 1.0  # between a job's samples
+    mps: bool = False
+    track: bool = True
+    store: str | None = None  # MLflow tracking URI (None: $MLFLOW_TRACKING_URI, else the state dir's)
+    backend: str = "local"  # or "ray"
+    address: str | None = None  # the Ray cluster (None: start one)
+    log_max: int = DEFAULT_LOG_MAX
+
+    def to_json(self) -> str:
+        return json.dumps(dataclasses.asdict(self), indent=1, sort_keys=True)
+
+    @classmethod
+    def from_dict(cls, values: dict[str, Any]) -> DaemonConfig:
+        known = {f.name for f in dataclasses.fields(cls)}
+        values = {k: v for k, v in values.items() if k in known}
+        if isinstance(values.get("limits"), dict):
+            lim = {f.name for f in dataclasses.fields(Limits)}
+            values["limits"] = Limits(**{k: v for k, v in values["limits"].items() if k in lim})
+        return cls(**values)
+
+    def save(self, state_dir: Path) -> None:
+        path = state_dir / CONFIG_FILE
+        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+        tmp.write_text(self.to_json())
+        os.replace(tmp, path)
+
+    @classmethod
+    def load(cls, state_dir: Path) -> DaemonConfig:
+        """The kept configuration; the defaults where none was kept (or it cannot be read)."""
+        try:
+            return cls.from_dict(json.loads((state_dir / CONFIG_FILE).read_text()))
+        except (OSError, ValueError, TypeError):
+            return cls()

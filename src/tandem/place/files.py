@@ -1,0 +1,129 @@
+"""The files of one attempt, as typed records: the one definition of what the daemon, the
+supervisor (:mod:`tandem.place.shim`) and the Ray task pass each other.
+
+Everything goes through the attempt's directory (``<state dir>/jobs/<job>/<attempt>/``),
+each record written whole (write, then rename), so a reader sees the old file or the new
+one, never a part:
+
+=================  ===========  =================================================
+file               written by   record
+=================  ===========  =================================================
+``spec.json``      daemon       :class:`AttemptSpec`: what to run and how
+``shim.json``      supervisor   :class:`ShimInfo`: its pid, start time, machine (first)
+``started.json``   supervisor   :class:`Started`: the job's pid, group, cgroup, marker
+``usage.json``     supervisor   :class:`Usage`: the job's processes and memory, each sample
+``result.json``    supervisor   :class:`Result`: how it ended, peaks
+``output.log``     supervisor   the job's stdout and stderr (capped and rotated)
+``metrics.jsonl``  supervisor   the run's points, tags and artifacts, for MLflow
+=================  ===========  =================================================
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, ClassVar, TypeVar
+
+R = TypeVar("R")
+
+
+def write_json(path: Path, data: dict[str, Any]) -> None:
+    """Write ``path`` whole: a reader sees the old file or the new one, never a part."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        tmp.write_text(json.dumps(data))
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)  # a full disk must not also leave half a file behind
+        raise
+
+
+def read_json(path: Path) -> dict[str, Any] | None:
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def save(directory: Path, record: Any) -> None:
+    """Write ``record`` to its file in ``directory`` (OSError if it cannot be written)."""
+    write_json(directory / record.FILE, dataclasses.asdict(record))
+
+
+def load(directory: Path, cls: type[R]) -> R | None:
+    """The record of type ``cls`` in ``directory``; None if absent, partial or not of this
+    version's shape."""
+    data = read_json(directory / cls.FILE)  # type: ignore[attr-defined]
+    if data is None:
+        return None
+    known = {f.name for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
+    try:
+        return cls(**{k: v for k, v in data.items() if k in known})
+    except TypeError:
+        return None
+
+
+@dataclass(frozen=True)
+class AttemptSpec:
+    FILE: ClassVar[str] = "spec.json"
+    command: list[str]
+    cwd: str
+    env: dict[str, str]
+    job_id: int = 0
+    attempt: int = 1
+    name: str = ""
+    grace_s: float = 10.0  # between SIGTERM and SIGKILL
+    interval_s: float = 1.0  # between samples
+    log_max: int = 64 << 20  # bytes of output kept on disk
+    socket: str | None = None  # the daemon's, to wake it when the result is there
+    track: bool = True  # write the run's points to metrics.jsonl for MLflow
+
+
+@dataclass(frozen=True)
+class ShimInfo:
+    FILE: ClassVar[str] = "shim.json"
+    pid: int
+    ctime: float | None
+    host: str
+
+
+@dataclass(frozen=True)
+class Started:
+    FILE: ClassVar[str] = "started.json"
+    pid: int
+    ctime: float | None
+    pgid: int
+    started: float
+    marker: str  # TANDEM_JOB_MARKER: every descendant inherits it
+    cgroup: str | None = None  # the job's own cgroup v2, where one could be made
+
+
+@dataclass(frozen=True)
+class Usage:
+    FILE: ClassVar[str] = "usage.json"
+    t: float
+    pids: list[int]
+    mem: int
+    peak_mem: int
+    cpu_seconds: float
+    cpu_percent: float | None = None
+
+
+@dataclass(frozen=True)
+class Result:
+    FILE: ClassVar[str] = "result.json"
+    kind: str  # tandem.place.failures kinds: ok, exit, signal, gpu_oom, host_oom, cancelled, lost, ...
+    state: str
+    exit_code: int | None
+    signal: str | None
+    cause: str | None
+    line: str | None
+    started: float
+    ended: float
+    peak_mem: int | None = None
+    cpu_seconds: float | None = None
+    notes: list[str] = field(default_factory=list)  # what the supervisor could not do (a full disk)

@@ -1,0 +1,143 @@
+"""How an attempt's supervisor is started and reached: on this machine, or as a Ray task.
+
+Both launchers run the same supervisor (:mod:`tandem.place.shim`) over the same attempt
+directory; they differ in how it starts, how its life is checked and how a cancel reaches
+it. The daemon talks to one of them through :class:`Launcher`.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any, Protocol
+
+from tandem.place.model import GpuInfo
+from tandem.place.proctrack import create_time, same_process
+
+
+class Launched(Protocol):
+    """What a launcher needs of a followed attempt."""
+
+    job_id: int
+    n: int
+    shim_pid: int | None
+    shim_ctime: float | None
+    remote: bool
+
+
+class Launcher(Protocol):
+    def start(
+        self,
+        a: Launched,
+        adir: Path,
+        cwd: str,
+        cpus: float,
+        mem: int,
+        gpus: tuple[GpuInfo, ...],
+        gpu_mem: int | None,
+        pin_to_head: bool,
+    ) -> str: ...
+    def alive(self, a: Launched) -> bool: ...
+    def pending(self, a: Launched) -> bool: ...
+    def cancel(self, a: Launched) -> None: ...
+    def forget(self, a: Launched) -> None: ...
+    def shutdown(self) -> None: ...
+
+
+def signal_shim(a: Launched, sig: int) -> None:
+    if same_process(a.shim_pid, a.shim_ctime):
+        try:
+            os.kill(a.shim_pid or 0, sig)
+        except ProcessLookupError:
+            pass
+
+
+class LocalLauncher:
+    """The supervisor as a process of this machine, in a session of its own (it outlives
+    the daemon); its pid and start time identify it."""
+
+    def start(
+        self,
+        a: Launched,
+        adir: Path,
+        cwd: str,
+        cpus: float,
+        mem: int,
+        gpus: tuple[GpuInfo, ...],
+        gpu_mem: int | None,
+        pin_to_head: bool,
+    ) -> str:
+        with open(adir / "shim.log", "ab") as shim_log:
+            proc = subprocess.Popen(
+                [sys.executable, "-m", "tandem.place.shim", str(adir)],
+                cwd=cwd if os.path.isdir(cwd) else "/",
+                stdin=subprocess.DEVNULL,
+                stdout=shim_log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+        a.shim_pid, a.shim_ctime = proc.pid, create_time(proc.pid)
+        return ""
+
+    def alive(self, a: Launched) -> bool:
+        return same_process(a.shim_pid, a.shim_ctime)
+
+    def pending(self, a: Launched) -> bool:
+        return False  # started directly: its pid is known at once
+
+    def cancel(self, a: Launched) -> None:
+        signal_shim(a, signal.SIGTERM)
+
+    def forget(self, a: Launched) -> None:
+        pass
+
+    def shutdown(self) -> None:
+        pass
+
+
+class RayLauncher:
+    """The supervisor as a Ray task (:mod:`tandem.place.ray_backend`)."""
+
+    def __init__(self, backend: Any) -> None:
+        self.backend = backend
+
+    def start(
+        self,
+        a: Launched,
+        adir: Path,
+        cwd: str,
+        cpus: float,
+        mem: int,
+        gpus: tuple[GpuInfo, ...],
+        gpu_mem: int | None,
+        pin_to_head: bool,
+    ) -> str:
+        return self.backend.launch(a.job_id, a.n, str(adir), cpus, mem, gpus, gpu_mem, pin_to_head)
+
+    def alive(self, a: Launched) -> bool:
+        """On this machine: its pid and start time. On another (a Ray node): its task has
+        not returned (after a restart, when the task is gone with the old daemon, only its
+        result file can tell)."""
+        if not a.remote:
+            return same_process(a.shim_pid, a.shim_ctime)
+        if (a.job_id, a.n) in self.backend.refs:
+            return self.backend.pending(a.job_id, a.n)
+        return True
+
+    def pending(self, a: Launched) -> bool:
+        return self.backend.pending(a.job_id, a.n)
+
+    def cancel(self, a: Launched) -> None:
+        # Still queued in Ray: the task is dropped; running: the task passes SIGTERM on.
+        self.backend.cancel(a.job_id, a.n)
+        if not a.remote:
+            signal_shim(a, signal.SIGTERM)
+
+    def forget(self, a: Launched) -> None:
+        self.backend.forget(a.job_id, a.n)
+
+    def shutdown(self) -> None:
+        self.backend.shutdown()

@@ -1,0 +1,237 @@
+"""Which processes are a job's, and stopping all of them, including those that left its
+session (``setsid``, a double fork): Slurm's process tracking, in two ways.
+
+- A **cgroup v2 of its own** per attempt, where one can be made (the cgroup2 mount is
+  writable for this user, as for root or under a delegated systemd scope): the supervisor
+  moves itself into it before it starts the job, so every descendant is born inside and
+  cannot leave it; the end is ``cgroup.kill``. The supervisor moves itself back out first.
+- Always, a **marker** in the job's environment (``TANDEM_JOB_MARKER``), which every
+  descendant inherits: :func:`marked` finds them in ``/proc``. A process that clears its
+  own environment escapes only this second net.
+
+A process group or session alone is escapable; both of these are not, short of a process
+that both clears its environment and leaves a cgroup it cannot leave.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import time
+from pathlib import Path
+
+import psutil
+
+log = logging.getLogger(__name__)
+
+MARKER_VAR = "TANDEM_JOB_MARKER"
+
+
+def create_time(pid: int) -> float | None:
+    """When ``pid`` started, in clock ticks since boot (``/proc/PID/stat``): unlike a wall-clock
+    start time, it does not move when the system clock is stepped. None if it is gone."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            stat = f.read()
+        return float(stat[stat.rindex(b")") + 2 :].split()[19])  # field 22: starttime
+    except (OSError, ValueError, IndexError):
+        try:
+            return psutil.Process(pid).create_time()  # no /proc: wall clock, the best there is
+        except psutil.Error:
+            return None
+
+
+def host_id() -> str:
+    """This machine's boot id: pids and start times mean something only on the machine (and
+    boot) they come from. Ray nodes on other machines have another."""
+    try:
+        with open("/proc/sys/kernel/random/boot_id") as f:
+            return f.read().strip()
+    except OSError:
+        return os.uname().nodename
+
+
+def same_process(pid: int | None, ctime: float | None) -> bool:
+    """Is ``pid`` still the process that started at ``ctime`` (:func:`create_time`), alive and
+    not a zombie? A reused pid has another start time."""
+    if not pid or ctime is None:
+        return False
+    if create_time(pid) != ctime:
+        return False
+    return _alive(pid)
+
+
+def _cgroup2_root() -> Path | None:
+    """Where the cgroup2 hierarchy is mounted, if it is."""
+    try:
+        with open("/proc/self/mountinfo") as f:
+            for line in f:
+                parts = line.split()
+                sep = parts.index("-")
+                if parts[sep + 1] == "cgroup2":
+                    return Path(parts[4])
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
+def _own_cgroup() -> str | None:
+    """This process's cgroup v2 path (``0::/path`` in /proc/self/cgroup)."""
+    try:
+        with open("/proc/self/cgroup") as f:
+            for line in f:
+                if line.startswith("0::"):
+                    return line[3:].strip()
+    except OSError:
+        pass
+    return None
+
+
+def make_cgroup(name: str) -> Path | None:
+    """A new cgroup ``name`` beside this process's own, or None where none can be made."""
+    root, own = _cgroup2_root(), _own_cgroup()
+    if root is None or own is None:
+        return None
+    path = root / own.lstrip("/") / name
+    try:
+        path.mkdir()
+        if not (path / "cgroup.procs").exists():
+            raise OSError("no cgroup.procs")
+        return path
+    except OSError as exc:
+        log.debug("no cgroup for the job (%s): the marker alone tracks it", exc)
+        try:
+            path.rmdir()
+        except OSError:
+            pass
+        return None
+
+
+def join(cgroup: Path, pid: int = 0) -> bool:
+    """Move ``pid`` (0: this process) into ``cgroup``."""
+    try:
+        (cgroup / "cgroup.procs").write_text(str(pid or os.getpid()))
+        return True
+    except OSError as exc:
+        log.debug("could not join %s: %s", cgroup, exc)
+        return False
+
+
+def leave(cgroup: Path) -> None:
+    """Move this process back to ``cgroup``'s parent (so that a kill of it spares us)."""
+    join(cgroup.parent)
+
+
+def cgroup_pids(cgroup: Path | None) -> set[int]:
+    if cgroup is None:
+        return set()
+    pids: set[int] = set()
+    try:
+        for procs in cgroup.rglob("cgroup.procs"):
+            pids.update(int(x) for x in procs.read_text().split())
+    except (OSError, ValueError):
+        pass
+    return pids
+
+
+def marked(marker: str) -> set[int]:
+    """The processes of this user whose environment carries ``marker``."""
+    needle = f"{MARKER_VAR}={marker}".encode() + b"\0"
+    uid = os.getuid()
+    found = set()
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        try:
+            if entry.stat().st_uid != uid and uid != 0:
+                continue
+            with open(f"/proc/{entry.name}/environ", "rb") as f:
+                env = f.read()
+        except OSError:
+            continue
+        if needle in env or env.endswith(needle[:-1]):
+            found.add(int(entry.name))
+    return found
+
+
+class JobProcesses:
+    """Every process of one job: its cgroup's (where there is one) and those with its marker."""
+
+    def __init__(self, marker: str, cgroup: Path | None = None) -> None:
+        self.marker = marker
+        self.cgroup = cgroup
+
+    def env(self) -> dict[str, str]:
+        return {MARKER_VAR: self.marker}
+
+    def pids(self) -> set[int]:
+        pids = cgroup_pids(self.cgroup) | marked(self.marker)
+        pids.discard(os.getpid())
+        return {p for p in pids if _alive(p)}
+
+    def stop(self, grace: float, exclude: set[int] = frozenset()) -> None:  # type: ignore[assignment]
+        """SIGTERM every process of the job, SIGKILL (``cgroup.kill``) what is left after
+        ``grace`` seconds. ``exclude``: pids not to touch (the job's main process before it
+        has been reaped, whose parent must still see how it ended)."""
+        procs = self._procs(exclude)
+        self._signal(procs, signal.SIGTERM)
+        deadline = time.monotonic() + grace
+        while time.monotonic() < deadline:
+            procs = [p for p in procs if _running(p)] + self._procs(exclude, known=procs)
+            if not procs:
+                break
+            time.sleep(0.05)
+        else:
+            if self.cgroup is not None:
+                try:
+                    (self.cgroup / "cgroup.kill").write_text("1")
+                except OSError:
+                    pass
+            self._signal(self._procs(exclude), signal.SIGKILL)
+            deadline = time.monotonic() + 5.0
+            while time.monotonic() < deadline and self._procs(exclude):
+                time.sleep(0.05)
+
+    def _procs(self, exclude: set[int], known: list[psutil.Process] = ()) -> list[psutil.Process]:  # type: ignore[assignment]
+        seen = {p.pid for p in known}
+        out = []
+        for pid in self.pids() - set(exclude) - seen:
+            try:
+                out.append(psutil.Process(pid))
+            except psutil.Error:
+                pass
+        return out
+
+    @staticmethod
+    def _signal(procs: list[psutil.Process], sig: int) -> None:
+        for p in procs:
+            try:
+                p.send_signal(sig)  # psutil refuses a process whose pid was reused
+            except psutil.Error:
+                pass
+
+    def close(self) -> None:
+        """Remove the cgroup (once empty)."""
+        if self.cgroup is None:
+            return
+        for _ in range(50):
+            try:
+                self.cgroup.rmdir()
+                return
+            except OSError:
+                time.sleep(0.05)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
+
+
+def _running(p: psutil.Process) -> bool:
+    try:
+        return p.is_running() and p.status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False

@@ -1,0 +1,189 @@
+"""The share groups' producers: started with a group's first job, stopped after its last,
+and a producer that dies fails its group's jobs at once with its own error.
+
+A share is defined once (``tandem share define``: a :class:`~tandem.share.spec.ShareSpec`
+in the state file). Its producer is started from that spec with its own entry point
+(``python -m tandem.share.spec SPEC.json RESERVED``), in the first job's environment (so
+both find the same runtime directory), under the same supervisor as a job
+(:mod:`tandem.place.shim`, in ``shares/<name>/<n>/``): it outlives a daemon crash, its
+loader workers end with it, and it is tracked as an MLflow run of its own (tags
+``tandem.role=producer`` and ``tandem.share``), which ``tandem report`` counts with the
+group it fed. Its reservation (cores, RAM) and loader workers come from the spec, sized to
+the daemon's cores (:meth:`ShareSpec.producer_cpus`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import signal
+import sys
+import time
+from pathlib import Path
+
+from tandem.place import tracking
+from tandem.place.config import DaemonConfig
+from tandem.place.files import AttemptSpec, Result, load, save, write_json
+from tandem.place.launch import LocalLauncher
+from tandem.place.model import GpuInfo
+from tandem.place.proctrack import same_process
+from tandem.place.state import Job, Share, State
+
+
+class Producers:
+    def __init__(self, state: State, capacity_cpus: float, config: DaemonConfig, tracked: bool) -> None:
+        self.state = state
+        self.capacity_cpus = capacity_cpus
+        self.config = config
+        self.tracked = tracked
+        self._launcher = LocalLauncher()
+        self._runs: dict[str, tuple[Path, str]] = {}  # share -> its producer's directory, run key
+        self._gpus: dict[str, int] = {}  # share -> the GPU its producer keeps batches on
+        self._stopping: dict[str, tuple[int, float, float]] = {}  # name -> pid, ctime, SIGKILL deadline
+
+    def _dir(self, name: str) -> Path | None:
+        """The directory of the share's newest producer (``shares/<name>/<n>``)."""
+        runs = self._runs.get(name)
+        if runs is not None:
+            return runs[0]
+        folder = self.state.dir / "shares" / name
+        numbered = [int(p.name) for p in folder.glob("*") if p.name.isdigit()] if folder.is_dir() else []
+        return folder / str(max(numbered)) if numbered else None
+
+    def log_path(self, name: str) -> Path:
+        folder = self._dir(name)
+        return folder / "output.log" if folder is not None else self.state.dir / "shares" / name
+
+    def reservation(self, share: Share) -> tuple[float, int]:
+        """Cores and RAM a producer of ``share`` reserves (the running one's, else a new one's)."""
+        if share.cpus is not None and self.running(share):
+            return share.cpus, share.spec.mem
+        return share.spec.producer_cpus(self.capacity_cpus), share.spec.mem
+
+    @staticmethod
+    def running(share: Share) -> bool:
+        return same_process(share.pid, share.ctime)
+
+    def stopping(self, name: str) -> bool:
+        return name in self._stopping
+
+    def ensure(self, job: Job, gpus: tuple[GpuInfo, ...]) -> None:
+        """Start the producer of ``job``'s share unless one runs. On the CPU, unless the share
+        keeps its batches on a GPU: then it sees the job's first GPU, as ``cuda:0``, and later
+        jobs of the share prefer that GPU."""
+        share = self.state.share(job.share or "")
+        if share is None:
+            raise RuntimeError(f"shared dataset {job.share!r} is not defined (tandem share define)")
+        if self.running(share):
+            return
+        spec = share.spec
+        on_gpu = bool(gpus) and spec.slab_on_gpu
+        env = dict(job.env, CUDA_VISIBLE_DEVICES=gpus[0].visible_id if on_gpu else "")
+        if on_gpu:
+            self._gpus[share.name] = gpus[0].index
+        else:
+            self._gpus.pop(share.name, None)
+        cpus, _mem = self.reservation(share)
+        last = self._dir(share.name)
+        n = int(last.name) + 1 if last is not None else 1
+        folder = self.state.dir / "shares" / share.name / str(n)
+        folder.mkdir(parents=True, exist_ok=True)
+        write_json(folder / "share.json", dataclasses.asdict(spec))
+        command = [sys.executable, "-m", "tandem.share.spec", str(folder / "share.json"), f"{cpus:g}"]
+        cwd = job.cwd if os.path.isdir(job.cwd) else "/"
+        c = self.config
+        save(
+            folder,
+            AttemptSpec(
+                command,
+                cwd,
+                env,
+                0,
+                n,
+                f"producer {share.name}",
+                c.grace_s,
+                c.interval_s,
+                c.log_max,
+                None,
+                self.tracked,
+            ),
+        )
+        handle = _Handle(0, n)
+        self._launcher.start(handle, folder, cwd, cpus, 0, (), None, False)
+        key = f"share-{share.name}-{n}"
+        self._runs[share.name] = (folder, key)
+        self.state.set_producer(share.name, handle.shim_pid, handle.shim_ctime, cpus=cpus)
+        self.state.event(job.id, "producer", f"started producer of {share.name!r} (pid {handle.shim_pid})")
+        if self.tracked:
+            tags = {"tandem.role": "producer", "tandem.share": share.name, "group": job.group or ""}
+            tracking.run_started(
+                self.state.dir, key, f"producer {share.name}", tags, folder / "metrics.jsonl", time.time()
+            )
+
+    def prefer_gpus(self, job: Job, share: Share | None) -> tuple[int, ...]:
+        """The GPU a job's shared batches are on, if its producer keeps them on one and runs."""
+        index = self._gpus.get(job.share or "")
+        if index is None or share is None or not self.running(share):
+            return ()
+        return (index,)
+
+    def _end_run(self, name: str, status: str) -> None:
+        folder_key = self._runs.pop(name, None)
+        if folder_key is not None and self.tracked:
+            folder, key = folder_key
+            tracking.run_ended(self.state.dir, key, status, {}, {}, folder / "output.log")
+
+    def dead(self) -> list[tuple[Share, str]]:
+        """Producers that died on their own (not stopped by us): each share with the error
+        it ended with. Their record is cleared and the error kept with the share."""
+        out = []
+        for share in self.state.shares():
+            if share.pid is None or share.name in self._stopping or self.running(share):
+                continue
+            folder = self._dir(share.name)
+            result = load(folder, Result) if folder is not None else None
+            if result is not None:
+                error = f"the producer of share {share.name!r} ended ({result.cause})"
+                error += f": {result.line}" if result.line and result.line not in (result.cause or "") else ""
+            else:
+                error = f"the producer of share {share.name!r} died (its supervisor was killed)"
+            self.state.set_producer(share.name, None, None, error=error)
+            self._end_run(share.name, "FAILED")
+            out.append((share, f"{error}; its log: {self.log_path(share.name)}"))
+        return out
+
+    def stop_idle(self, now: float, busy: set[str]) -> None:
+        """Stop the producers whose shares no waiting or running job reads."""
+        for share in self.state.shares():
+            if share.name in busy or not self.running(share):
+                continue
+            try:
+                os.kill(share.pid or 0, signal.SIGTERM)  # its supervisor stops it and its workers
+            except ProcessLookupError:
+                pass
+            self._stopping[share.name] = (
+                share.pid or 0,
+                share.ctime or 0.0,
+                now + 2 * self.config.grace_s + 5,
+            )
+            self.state.set_producer(share.name, None, None)
+            self.state.event(None, "producer", f"stopped producer of {share.name!r}: its last job ended")
+        for name, (pid, ctime, deadline) in list(self._stopping.items()):
+            if not same_process(pid, ctime):
+                del self._stopping[name]
+                self._end_run(name, "FINISHED")
+            elif now >= deadline:
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+
+
+class _Handle:
+    """What the launcher fills in for a producer's supervisor."""
+
+    def __init__(self, job_id: int, n: int) -> None:
+        self.job_id, self.n = job_id, n
+        self.shim_pid: int | None = None
+        self.shim_ctime: float | None = None
+        self.remote = False

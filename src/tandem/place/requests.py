@@ -1,0 +1,130 @@
+"""The daemon's requests, one handler each (pueue's design): ``submit``, ``cancel``,
+``status``, ``stop``. Each takes the daemon and the request (:mod:`tandem.place.protocol`)
+and returns the reply; a refusal says what to change (``refused``: the client's exit 2).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from typing import TYPE_CHECKING, Any
+
+from tandem.place.model import CANCELLED, FINAL_STATES, JobSpec, format_size
+from tandem.place.scheduler import Waiting, fits_at_all
+
+if TYPE_CHECKING:
+    from tandem.place.daemon import Daemon
+
+
+def _refused(error: str) -> dict[str, Any]:
+    return {"ok": False, "refused": True, "error": f"refused: {error}"}
+
+
+def stop(d: Daemon, _request: dict[str, Any]) -> dict[str, Any]:
+    d.stop_requested = True
+    return {"ok": True}
+
+
+def submit(d: Daemon, request: dict[str, Any]) -> dict[str, Any]:
+    try:
+        spec = JobSpec.from_dict(request["job"])
+    except (KeyError, TypeError, ValueError) as exc:
+        return _refused(f"not a job: {exc}")
+    problem = spec.problem()
+    if problem:
+        return _refused(problem)
+    gpus = spec.gpus if spec.gpus is not None else (1 if d.capacity.gpus else 0)
+    cpus, mem = float(spec.cpus), int(spec.mem)
+    share = d.state.share(spec.share) if spec.share else None
+    if spec.share and share is None:
+        return _refused(
+            f"--share {spec.share}: no such shared dataset; define it first: "
+            f"tandem share define {spec.share} --dataset MODULE:FUNCTION"
+        )
+    fix = "ask for less, or start the daemon with more"
+    if share is not None:
+        p_cpus, p_mem = d.producers.reservation(share)
+        cpus, mem = cpus + p_cpus, mem + p_mem
+        fix = (
+            f"its share's producer reserves {p_cpus:g} cores and {format_size(p_mem or None)} RAM: "
+            f"ask for less, redefine the share with less (tandem share define {share.name} ... "
+            "--cpus N), or start the daemon with more"
+        )
+    waiting = Waiting(0, 0, 0.0, cpus, mem, gpus, spec.gpu_mem, with_producer=share is not None)
+    why = fits_at_all(waiting, d.admission.host_slot(()), d.admission.gpu_slots(()), d.limits)
+    if why:
+        return _refused(f"the job {why}; {fix}")
+    for dep in spec.after:
+        if d.state.job(int(dep), attempts=False) is None:
+            return _refused(f"--after {dep}: no such job")
+    job_id, new = d.state.add_job(spec, gpus, time.time())
+    d.wake = True
+    return {"ok": True, "id": job_id, "new": new}
+
+
+def cancel(d: Daemon, request: dict[str, Any]) -> dict[str, Any]:
+    cancelled, unknown, ended = [], [], []
+    for job_id in (int(i) for i in request.get("ids", [])):
+        job = d.state.job(job_id, attempts=False)
+        if job is None:
+            unknown.append(job_id)
+        elif job.state in FINAL_STATES:
+            ended.append(job_id)
+        elif job_id in d.attempts.active:
+            d.state.update_job(job_id, cancel_requested=1)
+            d.attempts.stop(job_id)
+            cancelled.append(job_id)
+        else:
+            d.state.update_job(
+                job_id,
+                state=CANCELLED,
+                cause="cancelled",
+                ended=time.time(),
+                cancel_requested=1,
+                reason=None,
+            )
+            d.state.event(job_id, "cancelled", "while waiting")
+            cancelled.append(job_id)
+    return {"ok": True, "cancelled": cancelled, "unknown": unknown, "ended": ended}
+
+
+def status(d: Daemon, _request: dict[str, Any]) -> dict[str, Any]:
+    active = d.attempts.active.values()
+    host = d.admission.host_slot(active)
+    counts = {row[0]: row[1] for row in d.state.query("SELECT state, count(*) FROM jobs GROUP BY state")}
+    gpus = [{"index": g.index, "uuid": g.uuid, "mem_bytes": g.mem_total} for g in d.capacity.gpus]
+    used_gpus = [
+        {
+            "index": g.index,
+            "jobs": g.jobs,
+            "mem_reserved_bytes": g.mem_reserved,
+            "mem_used_bytes": g.mem_used,
+            "activity_mean": g.activity_mean,
+            "probing": g.probing,
+        }
+        for g in d.admission.gpu_slots(active)
+    ]
+    return {
+        "ok": True,
+        "pid": os.getpid(),
+        "policy": d.policy.name,
+        "state_dir": str(d.state.dir),
+        "started": d.started,
+        "limits": d.limits.__dict__,
+        "mps": d.config.mps,
+        "backend": d.config.backend,
+        "tracking": None if d.tracker is None else (d.tracker.why_not or d.tracker.uri),
+        "capacity": {"cpus": d.capacity.cpus, "mem_bytes": d.capacity.mem, "gpus": gpus},
+        "used": {
+            "cpus": host.cpus_reserved,
+            "mem_bytes": host.mem_reserved,
+            "cpu_busy_mean": host.cpu_mean,
+            "mem_available_bytes": host.mem_available,
+            "jobs": len(d.attempts.active),
+            "gpus": used_gpus,
+        },
+        "jobs": counts,
+    }
+
+
+HANDLERS = {"submit": submit, "cancel": cancel, "status": status, "stop": stop}

@@ -1,0 +1,254 @@
+"""A shared dataset as one typed record: what ``tandem share serve`` serves, what ``tandem
+share define`` stores for the job manager, and how either builds and runs its producer.
+
+:class:`ShareSpec` names every option once. The command line fills it (one option set for
+``serve`` and ``define``), the job manager stores it as JSON and starts the producer with
+``python -m tandem.share.spec SPEC.json`` (no command line rebuilt, no flags looked for),
+and :meth:`ShareSpec.check` resolves the dataset or loader reference (import, and a call
+with no arguments must be possible) so that a typo is refused where it is typed, not when
+a producer dies in the background.
+
+The producer's reservation under the job manager comes from here too
+(:meth:`ShareSpec.producer_cpus`, :meth:`ShareSpec.loader_workers`): scaled to the cores
+the manager hands out, always leaving room for a job beside it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib.util
+import inspect
+import json
+import math
+import os
+import pkgutil
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+OBJECT_FORMS = "MODULE:FUNCTION or path/to/file.py:FUNCTION"
+SOURCES = ("dataset", "loader", "images")
+DTYPES = ("float32", "bfloat16", "float16")
+MAX_AUTO_PRODUCER_CPUS = 8.0
+
+
+class SpecError(ValueError):
+    """A share's definition that cannot work, with what to change."""
+
+
+def _load_file(path: Path, attr: str) -> Any:
+    """``path/to/file.py:ATTR``: run the file as a module named after it."""
+    if not path.is_file():
+        raise SpecError(f"no such file: {path}")
+    spec = importlib.util.spec_from_file_location(path.stem, path)
+    if spec is None or spec.loader is None:
+        raise SpecError(f"{path} is not a Python file")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[path.stem] = module  # so that pickle and dataclasses find its classes
+    try:
+        spec.loader.exec_module(module)
+    except Exception as exc:  # the user's module: any error in it is theirs to see
+        raise SpecError(f"cannot import {str(path)!r}: {type(exc).__name__}: {exc}") from None
+    try:
+        return getattr(module, attr)
+    except AttributeError:
+        raise SpecError(f"{path} has no attribute {attr!r}") from None
+
+
+def load_object(ref: str) -> Any:
+    """Resolve ``MODULE:ATTR`` (``pkgutil.resolve_name``; ATTR may be dotted) or
+    ``path/to/file.py:ATTR``; :class:`SpecError` saying what is wrong otherwise."""
+    module_name, sep, attr = ref.partition(":")
+    if not sep or not module_name or not attr:
+        raise SpecError(f"{ref!r} is not of the form {OBJECT_FORMS}")
+    if module_name.endswith(".py") or "/" in module_name:
+        return _load_file(Path(module_name), attr)
+    # A console script's sys.path starts at its bin/ directory, not at the current one (as
+    # ``python -m`` does): add it, as uvicorn and gunicorn do, so that a module of the
+    # project one is in can be named.
+    if "" not in sys.path and os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())
+    try:
+        return pkgutil.resolve_name(ref)
+    except ImportError as exc:
+        raise SpecError(f"cannot import {module_name!r}: {exc}") from None
+    except AttributeError:
+        raise SpecError(f"module {module_name!r} has no attribute {attr!r}") from None
+    except ValueError as exc:
+        raise SpecError(f"{ref!r}: {exc}") from None
+    except Exception as exc:  # an error while importing the user's module
+        raise SpecError(f"cannot import {module_name!r}: {type(exc).__name__}: {exc}") from None
+
+
+@dataclass(frozen=True)
+class ShareSpec:
+    """One shared dataset. ``source`` says what ``ref`` is: a ``dataset`` or ``loader``
+    function (:data:`OBJECT_FORMS`), or an ``images`` folder. ``cpus``/``mem`` are what its
+    producer reserves under the job manager (``cpus`` None: sized from the manager's cores)."""
+
+    name: str
+    source: str
+    ref: str
+    device: str | None = None  # where batches are kept; None: host memory (images: a GPU if any)
+    crop: int = 224  # images: random-resized-crop size
+    dtype: str = "float32"  # images: the images' dtype
+    batch_size: int = 32
+    shuffle: bool = False
+    num_workers: int | None = None  # loader worker processes; None: auto
+    worker_nice: int = 10
+    seed: int = 0
+    epochs: int | None = None  # None: serve until stopped
+    window: int = 8
+    policy: str = "wait"
+    cpus: float | None = None
+    mem: int = 0
+
+    def __post_init__(self) -> None:
+        from tandem.share._registry import validate_name
+
+        try:
+            validate_name(self.name)
+        except ValueError as exc:
+            raise SpecError(str(exc)) from None
+        if self.source not in SOURCES:
+            raise SpecError(f"unknown source {self.source!r}: one of {', '.join(SOURCES)}")
+        if self.dtype not in DTYPES:
+            raise SpecError(f"unknown dtype {self.dtype!r}: one of {', '.join(DTYPES)}")
+        if self.policy not in ("wait", "skip"):
+            raise SpecError(f"unknown policy {self.policy!r}: wait or skip")
+        if self.device is not None and not (self.device == "cpu" or self.device.startswith("cuda")):
+            raise SpecError(f"device {self.device!r}: use cpu, cuda or cuda:N")
+        if self.cpus is not None and not (math.isfinite(self.cpus) and self.cpus > 0):
+            raise SpecError(f"cpus {self.cpus!r}: the producer's cores must be above 0")
+
+    # --- as stored ------------------------------------------------------------------------
+
+    def to_json(self) -> str:
+        return json.dumps(dataclasses.asdict(self), sort_keys=True)
+
+    @classmethod
+    def from_json(cls, text: str) -> ShareSpec:
+        values = json.loads(text)
+        known = {f.name for f in dataclasses.fields(cls)}
+        return cls(**{k: v for k, v in values.items() if k in known})
+
+    def resolved(self) -> ShareSpec:
+        """The same, with file paths absolute: the producer runs in another directory."""
+        if self.source == "images":
+            return dataclasses.replace(self, ref=str(Path(self.ref).resolve()))
+        module, sep, attr = self.ref.partition(":")
+        if sep and (module.endswith(".py") or "/" in module):
+            return dataclasses.replace(self, ref=f"{Path(module).resolve()}:{attr}")
+        return self
+
+    # --- checks ---------------------------------------------------------------------------
+
+    def check(self) -> None:
+        """Resolve the reference as the producer will: the folder exists, or the function
+        imports and can be called with no arguments. :class:`SpecError` otherwise."""
+        if self.source == "images":
+            if not Path(self.ref).is_dir():
+                raise SpecError(f"--images {self.ref}: no such directory")
+            return
+        fn = load_object(self.ref)
+        if not callable(fn):
+            raise SpecError(
+                f"{self.ref} is a {type(fn).__name__}, not a function that returns the {self.source}"
+            )
+        try:
+            inspect.signature(fn).bind()
+        except TypeError as exc:
+            raise SpecError(f"{self.ref} cannot be called with no arguments ({exc})") from None
+        except ValueError:
+            pass  # a builtin without a signature: it will be tried when served
+
+    @property
+    def slab_on_gpu(self) -> bool:
+        """Whether its batches are kept in GPU memory (the producer then needs a GPU)."""
+        if self.device is not None:
+            return self.device.startswith("cuda")
+        return self.source == "images"  # decoded on a GPU where there is one
+
+    # --- what its producer reserves under the job manager ------------------------------------
+
+    def producer_cpus(self, capacity_cpus: float) -> float:
+        """Cores the producer reserves on a manager with ``capacity_cpus``: as defined, else
+        its workers plus one, else a quarter of the cores (at least 1, at most 8), never so
+        many that no job fits beside it (at least one core, or half a small machine, stays)."""
+        if self.cpus is not None:
+            return self.cpus
+        if self.num_workers is not None:
+            wanted = 1.0 + self.num_workers
+        else:
+            wanted = min(MAX_AUTO_PRODUCER_CPUS, max(1.0, capacity_cpus / 4))
+        room = min(1.0, capacity_cpus / 2)
+        return max(min(0.5, capacity_cpus / 2), min(wanted, capacity_cpus - room))
+
+    def loader_workers(self, reserved_cpus: float | None) -> int:
+        """Loader worker processes: as defined, else the reserved cores less one for the
+        producer itself (images: at least one, to read files beside the decode)."""
+        if self.num_workers is not None:
+            return self.num_workers
+        from tandem.share._order import auto_workers
+
+        workers = auto_workers(reserved_cpus)
+        return max(1, workers) if self.source == "images" else workers
+
+    # --- the producer -----------------------------------------------------------------------
+
+    def build_producer(self, reserved_cpus: float | None = None) -> Any:
+        """The :class:`~tandem.share.Producer` this spec describes (not yet serving)."""
+        import torch
+
+        from tandem.share.producer import Producer
+
+        common = {"window": self.window, "policy": self.policy}
+        if self.source == "loader":
+            return Producer(load_object(self.ref)(), self.name, device=self.device, **common)
+        workers = self.num_workers
+        if workers is None and reserved_cpus is not None:  # under the job manager: from its cores
+            workers = self.loader_workers(reserved_cpus)
+        if self.source == "dataset":
+            return Producer.from_dataset(
+                load_object(self.ref)(), self.name, batch_size=self.batch_size, shuffle=self.shuffle,
+                device=self.device, num_workers="auto" if workers is None else workers,
+                worker_nice=self.worker_nice, seed=self.seed, **common,
+            )  # fmt: skip
+        return Producer.from_files(
+            self.ref, self.name, device=self.device or ("cuda" if torch.cuda.is_available() else "cpu"),
+            batch_size=self.batch_size, shuffle=self.shuffle, seed=self.seed, crop=self.crop,
+            dtype=getattr(torch, self.dtype), num_workers=2 if workers is None else workers,
+            worker_nice=self.worker_nice, **common,
+        )  # fmt: skip
+
+
+def serve(spec: ShareSpec, reserved_cpus: float | None = None, say: Any = print) -> int:
+    """Build the producer and serve until stopped or ``spec.epochs`` are done; the epochs served."""
+    producer = spec.build_producer(reserved_cpus)
+    with producer:  # claims the name (ProducerExists if it is live) before saying so
+        say(f"serving {spec.name!r} (pid {os.getpid()}); Ctrl-C to stop")
+        producer.serve(epochs=spec.epochs)
+    say(f"{spec.name!r}: served {producer.epochs_served} epoch(s)")
+    return producer.epochs_served
+
+
+def main(argv: list[str]) -> int:
+    """``python -m tandem.share.spec SPEC.json [RESERVED_CPUS]``: the job manager's producer."""
+    if len(argv) not in (1, 2):
+        print("usage: python -m tandem.share.spec SPEC.json [RESERVED_CPUS]", file=sys.stderr)
+        return 2
+    import logging
+
+    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s %(levelname)s: %(message)s")
+    spec = ShareSpec.from_json(Path(argv[0]).read_text())
+    reserved = float(argv[1]) if len(argv) == 2 else None
+    try:
+        serve(spec, reserved, say=lambda m: print(m, file=sys.stderr, flush=True))
+    except KeyboardInterrupt:
+        return 130
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

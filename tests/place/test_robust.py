@@ -1,0 +1,255 @@
+"""The job manager under faults and misuse, each with real processes: escaped processes,
+restarts that keep the configuration, another runtime directory, unsafe directories, a
+stopped daemon, idle connections, large requests, retried submits, a dead producer, a
+share group on two cores with the defaults, capped logs and a full disk."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+from tests.place.test_daemon import DATASET, READER, _gone
+
+FAST = ["--settle", "0.3", "--window", "2", "--grace", "1"]
+
+
+def _with_arg(arg: str) -> list[psutil.Process]:
+    found = []
+    for p in psutil.process_iter(["cmdline"]):
+        if arg in (p.info.get("cmdline") or []):
+            found.append(p)
+    return found
+
+
+def test_processes_that_left_the_session_end_with_the_job_and_with_a_cancel(cli) -> None:
+    cli("daemon", "start", "--cpus", "2", *FAST)
+    done = cli.submit("--", "bash", "-c", "( setsid sleep 601.25 & ); sleep 1")
+    cancelled = cli.submit("--", "bash", "-c", "( setsid sleep 602.25 & ); sleep 300")
+    assert cli("wait", str(done), timeout=60).returncode == 0
+    assert _gone([p.pid for p in _with_arg("601.25")]), "a process that left the session outlived its job"
+    deadline = time.monotonic() + 20
+    while not _with_arg("602.25"):
+        assert time.monotonic() < deadline
+        time.sleep(0.1)
+    cli("cancel", str(cancelled))
+    assert cli("wait", str(cancelled), timeout=60, check=False).returncode == 4  # cancelled
+    assert _gone([p.pid for p in _with_arg("602.25")]), "a process that left the session outlived a cancel"
+
+
+def test_a_restarted_daemon_keeps_its_configuration_and_any_runtime_dir_finds_it(cli, tmp_path: Path) -> None:
+    cli("daemon", "start", "--cpus", "1", "--mem", "2G", "--policy", "first-fit", *FAST)
+    os.kill(cli.daemon_pid(), signal.SIGKILL)
+    time.sleep(0.5)
+    job = cli.submit("--cpus", "0.5", "--", "true")  # starts a new daemon
+    status = cli.json("daemon", "status")
+    assert status["policy"] == "first-fit" and status["capacity"]["cpus"] == 1
+    assert status["capacity"]["mem_bytes"] == 2 << 30
+    assert cli("wait", str(job), timeout=60).returncode == 0
+    # A shell with another runtime directory (cron: no XDG_RUNTIME_DIR) reaches the same daemon.
+    other = dict(cli.env, TANDEM_RUNTIME_DIR=f"/tmp/tt-other-{os.getpid()}")
+    try:
+        run = subprocess.run(
+            [sys.executable, "-m", "tandem.cli", "submit", "--cpus", "0.5", "--", "true"],
+            env=other,
+            cwd=tmp_path,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert run.returncode == 0, run.stderr
+        status = subprocess.run(
+            [sys.executable, "-m", "tandem.cli", "daemon", "status", "--json"],
+            env=other,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert status.returncode == 0 and '"first-fit"' in status.stdout
+    finally:
+        shutil.rmtree(other["TANDEM_RUNTIME_DIR"], ignore_errors=True)
+
+
+def test_shared_or_linked_directories_are_refused_and_left_as_they_are(cli, tmp_path: Path) -> None:
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    os.chmod(shared, 0o1777)
+    r = subprocess.run(
+        [sys.executable, "-m", "tandem.cli", "ls"],
+        env=dict(cli.env, TANDEM_STATE_DIR=str(shared)),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert r.returncode == 1 and "open to other users" in r.stderr and "Traceback" not in r.stderr
+    assert (shared.stat().st_mode & 0o7777) == 0o1777  # not chmodded
+    target = tmp_path / "mine"
+    target.mkdir(mode=0o700)
+    link = tmp_path / "planted"
+    link.symlink_to(target)
+    r = subprocess.run(
+        [sys.executable, "-m", "tandem.cli", "submit", "--", "true"],
+        env=dict(cli.env, TANDEM_RUNTIME_DIR=str(link)),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert r.returncode != 0 and "symbolic link" in r.stderr
+    assert list(target.iterdir()) == []  # nothing put there
+
+
+def test_a_stopped_daemon_is_a_clear_message_and_its_own_exit_code(cli) -> None:
+    cli("daemon", "start", "--cpus", "2", *FAST)
+    job = cli.submit("--", "sleep", "30")
+    pid = cli.daemon_pid()
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        for args in (("wait", str(job)), ("daemon", "status"), ("cancel", str(job))):
+            r = cli(*args, check=False, timeout=60)
+            assert r.returncode == 69, (args, r.returncode, r.stderr)
+            assert "did not answer" in r.stderr and "Traceback" not in r.stderr
+    finally:
+        os.kill(pid, signal.SIGCONT)
+
+
+def test_idle_connections_do_not_block_the_daemon(cli) -> None:
+    from tandem import _ipc
+    from tandem.place.client import daemon_socket
+
+    cli("daemon", "start", "--cpus", "2", *FAST)
+    idle = []
+    for _ in range(30):
+        s = _ipc.new_socket()
+        s.connect(str(daemon_socket(cli.state)))
+        idle.append(s)
+    try:
+        t0 = time.monotonic()
+        cli("daemon", "status")
+        assert time.monotonic() - t0 < 10  # it was 30 x 2 s
+    finally:
+        for s in idle:
+            s.close()
+
+
+def test_a_large_environment_and_a_retried_submit(cli, tmp_path: Path) -> None:
+    from tandem.place.client import submit
+    from tandem.place.model import JobSpec
+
+    cli("daemon", "start", "--cpus", "2", *FAST)
+    big = "x" * 100_000  # 8 of these: 800 KB, over the 64 KB packet (one variable may hold 128 KB)
+    out = tmp_path / "len.txt"
+    env = dict(cli.env, BIG=big, **{f"BIG{i}": big for i in range(7)})
+    r = subprocess.run(
+        [sys.executable, "-m", "tandem.cli", "submit", "--", "sh", "-c", f'printf %s "$BIG" | wc -c > {out}'],
+        env=env,
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert r.returncode == 0, r.stderr
+    assert cli("wait", r.stdout.strip(), timeout=60).returncode == 0
+    assert int(out.read_text()) == len(big)
+    spec = JobSpec(["true"], str(tmp_path), {}, token="retry-me")
+    first = submit(cli.state, spec)
+    again = submit(cli.state, spec)  # as after a lost answer: the same token
+    assert again["id"] == first["id"] and first["new"] and not again["new"]
+    assert [j["id"] for j in cli.json("ls", "--all")].count(first["id"]) == 1
+
+
+def test_a_share_group_with_the_defaults_runs_on_two_cores(cli, tmp_path: Path) -> None:
+    """`share define` with its defaults, then two `submit --share` of half a core on a 2-core
+    daemon: the producer's reservation leaves room, both run to the end."""
+    (tmp_path / "hx_data.py").write_text(DATASET)
+    (tmp_path / "reader.py").write_text(READER)
+    cli("share", "define", "hxds", "--dataset", "hx_data:make", "--batch-size", "50", "--shuffle")
+    cli("daemon", "start", "--cpus", "2")
+    results = tmp_path / "results.txt"
+    ids = [
+        cli.submit("--cpus", "0.5", "--share", "hxds", "--", sys.executable, "reader.py", str(results))
+        for _ in range(2)
+    ]
+    assert cli("wait", *map(str, ids), timeout=120).returncode == 0, cli("logs", str(ids[0])).stdout
+    rows = [line.split() for line in results.read_text().splitlines()]
+    assert len(rows) == 2 and all(int(r[2]) == 64 for r in rows)
+
+
+def test_a_producer_that_dies_fails_its_jobs_at_once_with_its_error(cli, tmp_path: Path) -> None:
+    (tmp_path / "bad_data.py").write_text("def make():\n    raise ValueError('no such bucket: s3://typo')\n")
+    cli("share", "define", "bad", "--dataset", "bad_data:make")  # imports and is callable: accepted
+    cli("daemon", "start", "--cpus", "2", *FAST)
+    t0 = time.monotonic()
+    job = cli.submit(
+        "--cpus", "0.5", "--share", "bad", "--", sys.executable, "-c", "import time; time.sleep(60)"
+    )
+    assert cli("wait", str(job), timeout=60, check=False).returncode != 0
+    assert time.monotonic() - t0 < 40  # not the consumer's 60 s timeout
+    shown = cli.job(job)
+    assert shown["state"] == "failed"
+    assert "no such bucket: s3://typo" in shown["cause"] and "its log:" in shown["cause"]
+    assert "no such bucket" in cli("ls").stdout  # the share line says how its producer ended
+
+
+def test_a_chatty_job_s_log_is_capped(cli, tmp_path: Path) -> None:
+    cli("daemon", "start", "--cpus", "2", "--log-max", "1M", *FAST)
+    job = cli.submit("--", sys.executable, "-c", "import sys\nfor i in range(200000): print('x' * 100)")
+    assert cli("wait", str(job), timeout=120).returncode == 0
+    adir = cli.state / "jobs" / str(job) / "1"
+    on_disk = sum(p.stat().st_size for p in adir.glob("output.log*"))
+    assert on_disk <= (1 << 20) + (1 << 16), on_disk  # 20 MB printed
+    assert cli("logs", str(job)).stdout.rstrip().endswith("x" * 100)  # the newest output is kept
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="mounting a small filesystem needs root")
+def test_a_full_state_filesystem_kills_no_job_and_leaves_none_running(cli, tmp_path: Path) -> None:
+    small = tmp_path / "small"
+    small.mkdir(mode=0o700)
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=6m,mode=0700", "tmpfs", str(small)]).returncode:
+        pytest.skip("cannot mount a tmpfs here")
+    try:
+        state = small / "state"
+        env = dict(cli.env, TANDEM_STATE_DIR=str(state))
+
+        def tandem(*args: str) -> subprocess.CompletedProcess:
+            return subprocess.run(
+                [sys.executable, "-m", "tandem.cli", *args],
+                env=env,
+                cwd=tmp_path,
+                capture_output=True,
+                text=True,
+                timeout=60,
+            )
+
+        assert tandem("daemon", "start", "--cpus", "2", "--no-track", *FAST).returncode == 0
+        stop = tmp_path / "stop"
+        script = (
+            f"import os, time\nwhile not os.path.exists({str(stop)!r}):\n"
+            "    print('working', flush=True); time.sleep(0.05)"
+        )
+        ids = [
+            tandem("submit", "--cpus", "0.5", "--", sys.executable, "-c", script).stdout.strip()
+            for _ in range(2)
+        ]
+        time.sleep(2)
+        filler = small / "filler"
+        subprocess.run(["dd", "if=/dev/zero", f"of={filler}", "bs=64k"], capture_output=True)  # until full
+        time.sleep(4)  # jobs, supervisors and the daemon all meet ENOSPC meanwhile
+        pids = [json.loads(p.read_text())["pid"] for p in (state / "jobs").glob("*/1/started.json")]
+        assert len(pids) == 2 and all(psutil.pid_exists(p) for p in pids), "a job died of the full disk"
+        stop.touch()  # the jobs end while the disk is still full
+        time.sleep(3)
+        filler.unlink()
+        r = tandem("wait", *ids)
+        assert r.returncode == 0, (r.stderr, tandem("ls").stdout)
+        assert all(j["state"] == "succeeded" for j in json.loads(tandem("ls", "--json").stdout))
+        tandem("daemon", "stop")
+    finally:
+        subprocess.run(["umount", "-l", str(small)])
