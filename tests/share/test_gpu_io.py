@@ -132,9 +132,13 @@ def test_cufile_discovery_without_cuda_is_clean():
 
 
 def test_cufile_structs_match_cufile_h():
-    assert gpu_io.ctypes.sizeof(gpu_io._CUfileError) == 8
-    assert gpu_io.ctypes.sizeof(gpu_io._CUfileDescr) == 24
-    assert gpu_io._CUfileDescr.handle.offset == 8 and gpu_io._CUfileDescr.fs_ops.offset == 16
+    import ctypes
+
+    from tandem.share.gpu_io import _cufile
+
+    assert ctypes.sizeof(_cufile._CUfileError) == 8
+    assert ctypes.sizeof(_cufile._CUfileDescr) == 24
+    assert _cufile._CUfileDescr.handle.offset == 8 and _cufile._CUfileDescr.fs_ops.offset == 16
 
 
 def test_io_bench_quick_on_this_machine(tmp_path):

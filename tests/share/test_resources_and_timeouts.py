@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gc
 import os
+import warnings
 
 import pytest
 import torch
@@ -63,3 +64,22 @@ def test_unstarted_or_refused_producers_free_their_resources(procs):
             Producer([{"x": torch.zeros(1)}], "taken").start()
     gc.collect()
     assert _open_fds() == before
+
+
+@pytest.mark.parametrize("kwargs", [{"timeout": float("nan")}, {"timeout": float("inf")},
+                                    {"data_timeout": float("nan")}, {"timeout": -1}])  # fmt: skip
+def test_timeouts_that_could_never_end_are_refused(kwargs):
+    with pytest.raises(ValueError, match="finite number of seconds"):
+        Consumer("never-started", **kwargs)
+
+
+def test_a_slab_that_would_take_much_of_the_ram_is_warned_about():
+    from tandem.share._slab import HostSlab
+
+    slab = HostSlab("big", window=10**6)  # a million slots of 1 MiB: more RAM than any machine here
+    with pytest.warns(RuntimeWarning, match="smaller window"):
+        slab._check_size(1 << 20)
+    small = HostSlab("small", window=8)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        small._check_size(1 << 20)  # 8 MiB: nothing said

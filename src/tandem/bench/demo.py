@@ -61,8 +61,10 @@ def _caption(cfg: Config) -> str:
         "ran at the same time; both share one time axis, whose 0 (the dotted line) is where the "
         "printed table's clock starts. Before it is start-up (importing torch, building models and "
         "loaders, attaching to the producer), which the table does not time; the lines end when "
-        "the jobs' processes have exited. Dashed: the group's "
-        "total, the load the server carried. Waiting for data: each job's running total of time "
+        "the jobs' processes have exited. Dashed: the sum over the group's own runs (its jobs and, on "
+        "the right, the producer), not the whole machine's load; it is summed from each run's 1-s "
+        "samples, so its peaks can differ from the table's, which the runner reads every 0.2 s over "
+        "all the group's processes at once. Waiting for data: each job's running total of time "
         "blocked waiting for its next batch, counted as each wait ends. CPU energy is RAPL's where "
         "readable, else estimated from CPU time."
     )

@@ -198,10 +198,37 @@ class SlotPool(Generic[SegmentT]):
         return self._segments[slot]
 
 
+LARGE_SLAB_FRACTION = 0.25  # of the machine's RAM: a slab projected past this is warned about
+
+
 class HostSlab(SlotPool[_HostSegment]):
     """The producer's pool of slots in host shared memory (anonymous memfd segments)."""
 
     kind = "host"
+
+    def __init__(self, label: str, window: int = 8):
+        super().__init__(label)
+        self.window = window
+        self._warned = False
+
+    def _check_size(self, size: int) -> None:
+        """Say once when ``window`` slots of this size would take much of the RAM."""
+        if self._warned:
+            return
+        import psutil
+
+        total = psutil.virtual_memory().total
+        projected = size * self.window
+        if projected > LARGE_SLAB_FRACTION * total:
+            self._warned = True
+            warnings.warn(
+                f"producer {self.label}: batches of {size / 2**20:.0f} MiB with window {self.window} make "
+                f"a slab of about {projected / 2**30:.1f} GiB, {100 * projected / total:.0f}% of this "
+                "machine's RAM; a smaller window (window=2 keeps two batches) or batch size keeps less "
+                "in memory",
+                RuntimeWarning,
+                stacklevel=2,
+            )
 
     def fd(self, slot: int) -> int:
         return self._segment(slot).fd
@@ -217,6 +244,7 @@ class HostSlab(SlotPool[_HostSegment]):
             if seg is not None:
                 seg.close()
             size = _round_up(max(needed + needed // 4, MIN_SEGMENT), PAGE)
+            self._check_size(size)
             seg = _HostSegment(self._next_id, slot, size, self.label)
             self._next_id += 1
             self._segments[slot] = seg

@@ -96,15 +96,18 @@ class Consumer:
                 "drop_last=True needs a batch_size: with batch_size=None the producer's batches "
                 "are passed on as they are"
             )
-        if not isinstance(timeout, (int, float)) or timeout <= 0:
-            raise ValueError(f"timeout must be a positive number of seconds, got {timeout!r}")
+        if not isinstance(timeout, (int, float)) or not math.isfinite(timeout) or timeout <= 0:
+            raise ValueError(f"timeout must be a positive, finite number of seconds, got {timeout!r}")
         self.name = name
         self.batch_size = batch_size
         self.drop_last = drop_last
         self.timeout = float(timeout)
-        if data_timeout is not None and (not isinstance(data_timeout, (int, float)) or data_timeout <= 0):
+        if data_timeout is not None and (
+            not isinstance(data_timeout, (int, float)) or not math.isfinite(data_timeout) or data_timeout <= 0
+        ):
             raise ValueError(
-                f"data_timeout must be a positive number of seconds or None, got {data_timeout!r}"
+                f"data_timeout must be a positive, finite number of seconds or None (wait as long as the "
+                f"producer lives), got {data_timeout!r}"
             )
         self.data_timeout = data_timeout
         self.device = check_device(device)

@@ -3,11 +3,12 @@
 Runs are named by MLflow run id, by run name, by ``group:NAME`` (every run with that group
 tag) or by the directory of a file-store run. Each group of collocated runs is one column
 of panels on a time axis relative to the group's first start, so runs that ran together
-line up; where a group has several runs a dashed line shows their total (the load the
-server carried). One row per metric, the same scale across a row, and one time axis for
-all columns, so columns compare. A run's colour follows its name, so the same job has the
-same colour in every column. A tag ``tandem.mark.NAME`` holding a Unix time in ms draws a
-dotted line at that time in the run's column (the demo marks where its clock starts).
+line up; where a group has several runs a dashed line shows their total (the sum over the
+group's own runs, not the whole machine's load). One row per metric, the same scale across
+a row, and one time axis for all columns, so columns compare. A run's colour follows its
+name, so the same job has the same colour in every column. A tag ``tandem.mark.NAME``
+holding a Unix time in ms draws a dotted line at that time in the run's column (the demo
+marks where its clock starts).
 
 Data stall ("waiting for data") is the cumulative time a job was blocked waiting for a
 batch: tandem consumers' as their producer reports it, or a run's own
