@@ -194,3 +194,20 @@ def test_a_missing_extra_is_named(tmp_path):
     assert report.returncode == 1, report.stderr
     assert "`tandem report` needs 'matplotlib'" in report.stderr
     assert "pip install 'tandem[watch]'" in report.stderr and "Traceback" not in report.stderr
+    for argv in (("ui",), ("run", "--", "true")):
+        r = _without(("mlflow",), *argv)
+        assert r.returncode == 1 and f"`tandem {argv[0]}` needs 'mlflow'" in r.stderr, r.stderr
+        assert "pip install 'tandem[watch]'" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_an_unknown_option_before_the_command_is_a_usage_error(tmp_path):
+    r = subprocess.run([sys.executable, "-m", "tandem.cli", "run", "--nmae", "foo", "--", "true"],
+                       cwd=tmp_path, capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert r.returncode == 2 and "No such option: --nmae" in r.stderr
+    # ... while the command's own options after it are the command's
+    argv = ["run", "--sink", "csv", "--out", str(tmp_path), "-q", sys.executable, "-c",
+            "import sys; assert sys.argv[1] == '--lr'", "--lr"]  # fmt: skip
+    r = subprocess.run(
+        [sys.executable, "-m", "tandem.cli", *argv], cwd=tmp_path, capture_output=True, text=True, timeout=120
+    )
+    assert r.returncode == 0, r.stderr

@@ -66,10 +66,14 @@ def test_measured_memory_counts_only_once_settled() -> None:
     assert placed("first-fit", [job(1, gpu_mem=10)], settled) == {}
     fresh = [gpu(0, jobs=1, mem_reserved=5 * G, mem_used=75 * G, fresh=True)]
     assert placed("first-fit", [job(1, gpu_mem=10)], fresh) == {1: (0,)}
-    # Every job there declared its memory: packing does not wait for a measurement either.
-    assert placed("packing", [job(1, gpu_mem=10)], fresh) == {1: (0,)}
-    # A job of unknown memory (a probe) still waits for one.
-    assert placed("packing", [job(1, gpu_mem=None)], fresh) == {}
+    # Packing waits for a measurement of the compute its jobs did not declare ...
+    assert placed("packing", [job(1, gpu_mem=10)], fresh) == {}
+    # ... but not where every job there declared its share of the GPU (--gpu-share).
+    declared = [gpu(0, jobs=1, mem_reserved=5 * G, mem_used=75 * G, fresh=True, compute_declared=40)]
+    assert placed("packing", [job(1, gpu_mem=10, gpu_share=40)], declared) == {1: (0,)}
+    assert placed("packing", [job(1, gpu_mem=10, gpu_share=70)], declared) == {}  # 110% of the GPU
+    # A job of unknown memory (a probe) waits for a measurement either way.
+    assert placed("packing", [job(1, gpu_mem=None, gpu_share=10)], declared) == {}
 
 
 def test_packing_spreads_then_packs_under_the_compute_gate() -> None:

@@ -69,10 +69,14 @@ def test_two_light_jobs_packing_co_run():
     assert r.slowdown_max == approx(s)
     # Energy over the makespan only (not up to the starvation limits still pending).
     assert r.energy_kwh_estimated == approx(105 * (GPU_IDLE_W + (GPU_MAX_W - GPU_IDLE_W) * 0.6) / 3.6e6)
-    # settle_s=10 changes nothing when both declared their GPU memory: the reservations
-    # decide, and no measurement is waited for (both start at 0).
+    # settle_s=10: b waits for a to settle (10 s alone: its compute was not declared and
+    # is not measured yet), then both at 1/s; a ends, b alone.
     r = simulate([job("a"), job("b")], "packing", gpus=1, limits=Limits(settle_s=10))
-    assert times(r) == [(0.0, approx(100 * s)), (0.0, approx(100 * s))]
+    a_end = 10 + (100 - 10) * s
+    b_end = a_end + (100 - (a_end - 10) / s)
+    assert times(r) == [(0.0, approx(a_end)), (10.0, approx(b_end))]
+    assert (a_end, b_end) == (approx(104.5), approx(114.5))
+    assert r.makespan_s == approx(114.5)
 
 
 def test_first_fit_does_not_wait_for_settling():

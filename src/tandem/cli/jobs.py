@@ -59,7 +59,13 @@ from tandem.place.model import (
     metavar="SIZE|auto",
     help="GPU memory per GPU; auto: the peak measured for this name before, else probe.",
 )
-@click.option("--gpu-share", type=click.IntRange(1, 100), metavar="PCT", help="MPS: share of the GPU's SMs.")
+@click.option(
+    "--gpu-share",
+    type=click.IntRange(1, 100),
+    metavar="PCT",
+    help="The share of a GPU's compute it needs: packing admits declared shares up to 100% at once "
+    "(else it waits for a new job's measured activity); under MPS, its SM limit.",
+)
 @click.option(
     "--priority",
     type=click.IntRange(-MAX_PRIORITY, MAX_PRIORITY),

@@ -60,6 +60,7 @@ class Admission:
             on = [a for a in active if g.uuid in a.uuids]
             m = self.monitor.gpus.get(g.uuid)
             probing = [a.job.id for a in on if a.gpu_mem_reserved is None]
+            shares = [a.job.gpu_share for a in on]
             slots.append(
                 GpuSlot(
                     index=g.index,
@@ -70,6 +71,7 @@ class Admission:
                     jobs=len(on),
                     probing=bool(probing),
                     probing_job=probing[0] if probing else None,
+                    compute_declared=None if None in shares else sum(shares),  # type: ignore[arg-type]
                     fresh=any(now - a.started < self.limits.settle_s for a in on),
                     alone=any(a.placement.alone for a in on),
                     activity_mean=m.activity.mean() if m else None,

@@ -233,6 +233,7 @@ class Attempts:
         if procs.pids():
             procs.stop(self.config.grace_s)
             self.state.event(a.job.id, "stopped", "its supervisor died; the job was stopped")
+        procs.close()  # its cgroup, which the supervisor could not remove
 
     def _cancel_requested(self, job_id: int) -> bool:
         job = self.state.job(job_id, attempts=False)

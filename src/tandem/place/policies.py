@@ -21,7 +21,10 @@ What a job declared decides; a measurement may only hold a job back where it sho
 than the reservations say: a host busier than its reserved cores (a job that declared too
 little, or load from outside the manager), a GPU whose compute the jobs on it already fill.
 A missing or stale measurement never holds back a job whose neighbours all declared their
-needs: four jobs that fit start in one pass, not one per settle period.
+needs: four jobs that fit start in one pass, not one per settle period. On a GPU, compute is
+a need too: jobs that declare their share of it (``--gpu-share``, percent) are admitted
+while their shares add up to 100 at most; a GPU with a job of undeclared compute, too new
+to be measured, waits for its measurement (a job of unknown size, as a probe is for memory).
 
 Every gate returns ``None`` (admitted) or the reason, in words for ``tandem ls``.
 """
@@ -66,6 +69,7 @@ class GpuSlot:
     jobs: int = 0
     probing: bool = False  # a job of unknown memory on it has not settled: nobody joins
     probing_job: int | None = None  # which one (for the reason a job waits)
+    compute_declared: int | None = 0  # sum of its jobs' --gpu-share; None: one declared none
     fresh: bool = False  # a job started on it less than settle_s ago: measurements are stale
     alone: bool = False  # a job that must run alone is on it
     activity_mean: float | None = None  # SM activity (else utilisation), 0..1, over the window
@@ -105,6 +109,7 @@ class Need:
     gpus: int
     gpu_mem: int | None
     alone: bool = False
+    gpu_share: int | None = None  # percent of a GPU's compute, where declared
 
 
 class Policy:
@@ -173,10 +178,21 @@ class Packing(Policy):
     compute_aware = True
 
     def gpu_blocks(self, gpu: GpuSlot, need: Need, limits: Limits) -> str | None:
-        if gpu.jobs == 0 or gpu.fresh or gpu.activity_mean is None or gpu.activity_p95 is None:
-            # No trustworthy measurement yet: the jobs there declared their memory (a probe's
-            # GPU takes nobody, the scheduler's rule), so the reservations decide.
+        if gpu.jobs == 0:
             return None
+        if gpu.fresh or gpu.activity_mean is None or gpu.activity_p95 is None:
+            # Too new to be measured: declared compute shares decide; undeclared ones wait.
+            if gpu.compute_declared is not None and need.gpu_share is not None:
+                if gpu.compute_declared + need.gpu_share <= 100:
+                    return None
+                left = 100 - gpu.compute_declared
+                return (
+                    f"GPU {gpu.index} compute: needs {need.gpu_share}%, {left}% not yet declared by its jobs"
+                )
+            return (
+                f"GPU {gpu.index} settling: its jobs' compute not yet measured (jobs that declare "
+                "--gpu-share start without waiting)"
+            )
         if gpu.activity_mean < limits.sm_mean and gpu.activity_p95 < limits.sm_p95:
             return None
         return (

@@ -128,9 +128,11 @@ class Producers:
         return (index,)
 
     def _end_run(self, name: str, status: str) -> None:
-        folder_key = self._runs.pop(name, None)
-        if folder_key is not None and self.tracked:
-            folder, key = folder_key
+        """Close the MLflow run of the share's newest producer (one a previous daemon started too)."""
+        folder = self._dir(name)
+        self._runs.pop(name, None)
+        if folder is not None and self.tracked:
+            key = f"share-{name}-{folder.name}"
             tracking.run_ended(self.state.dir, key, status, {}, {}, folder / "output.log")
 
     def dead(self) -> list[tuple[Share, str]]:

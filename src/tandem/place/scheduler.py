@@ -51,6 +51,7 @@ class Waiting:
     waiting_since: float | None = None  # since when it could start (queued, requeued, deps met)
     prefer_gpus: tuple[int, ...] = ()  # where its shared data is (a GPU-slab producer's GPU)
     with_producer: bool = False  # cpus and mem include its share's producer (which it would start)
+    gpu_share: int | None = None  # its declared share of a GPU's compute (percent)
 
 
 @dataclass(frozen=True)
@@ -135,7 +136,7 @@ def fits_at_all(
 
 
 def _need(job: Waiting) -> Need:
-    return Need(job.cpus, job.mem, job.gpus, job.gpu_mem, alone=job.escalation >= 2)
+    return Need(job.cpus, job.mem, job.gpus, job.gpu_mem, alone=job.escalation >= 2, gpu_share=job.gpu_share)
 
 
 def _host_short(job: Waiting, host: HostSlot, limits: Limits) -> str | None:
@@ -251,3 +252,7 @@ def _reserve(job: Waiting, p: Placement, host: HostSlot, gpus: list[GpuSlot]) ->
                 g.probing_job = job.id
             else:
                 g.mem_reserved += p.gpu_mem or 0
+            declared = g.compute_declared
+            g.compute_declared = (
+                None if declared is None or job.gpu_share is None else declared + job.gpu_share
+            )

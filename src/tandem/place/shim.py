@@ -188,21 +188,7 @@ class Shim:
             cpu_seconds = run.tree.cpu_seconds if run.tree is not None else None
         if pump.dropped:
             self.note(f"{pump.dropped} bytes of output were lost: the disk refused them")
-        return self._write_result(
-            Result(
-                ending.kind,
-                ending.state,
-                ending.exit_code,
-                ending.signal,
-                ending.cause,
-                ending.line or kernel,
-                started,
-                time.time(),
-                self.peak_mem or None,
-                cpu_seconds,
-                self.notes,
-            )
-        )
+        return self._write_result(ending, started, self.peak_mem or None, cpu_seconds, kernel)
 
     def _track(self, pid: int) -> Any:
         """watch's Run over the job, into the spool; None if it cannot start (the job runs on)."""
@@ -246,26 +232,31 @@ class Shim:
                 log.write(f"tandem: {message}\n".encode())
         except OSError:
             pass
-        ending = failures.classify(code, message)
-        return self._write_result(
-            Result(
-                ending.kind,
-                ending.state,
-                ending.exit_code,
-                ending.signal,
-                ending.cause,
-                ending.line,
-                started,
-                time.time(),
-                None,
-                None,
-                self.notes,
-            )
-        )
+        return self._write_result(failures.classify(code, message), started)
 
-    def _write_result(self, result: Result) -> int:
-        """Write the result, waiting for a disk that refuses it (the job has ended; only its
-        record waits), then wake the daemon."""
+    def _write_result(
+        self,
+        ending: failures.Ending,
+        started: float,
+        peak_mem: int | None = None,
+        cpu_seconds: float | None = None,
+        kernel_line: str | None = None,
+    ) -> int:
+        """Write how the job ended, waiting for a disk that refuses it (the job has ended;
+        only its record waits), then wake the daemon."""
+        result = Result(
+            ending.kind,
+            ending.state,
+            ending.exit_code,
+            ending.signal,
+            ending.cause,
+            ending.line or kernel_line,
+            started,
+            time.time(),
+            peak_mem,
+            cpu_seconds,
+            self.notes,
+        )
         deadline = time.monotonic() + RESULT_RETRY_S
         said = False
         while True:

@@ -288,6 +288,7 @@ class _Sim:
             mem_used=min(self.gpu_mem, sum(r.peak for r in runs)),
             jobs=len(runs),
             probing=any(r.reserved is None for r in runs),
+            compute_declared=None if runs else 0,  # traces declare no --gpu-share
             fresh=fresh,
             alone=any(r.alone for r in runs),
             activity_mean=activity,

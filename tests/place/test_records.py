@@ -1,0 +1,68 @@
+"""The typed records and the wire: JobSpec's checks, the daemon's kept configuration, a
+request over the packet limit through a memory file, the supervisor's files."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from tandem import _ipc
+from tandem.place import protocol
+from tandem.place.config import DaemonConfig
+from tandem.place.files import Result, Usage, load, save
+from tandem.place.model import JobSpec
+from tandem.place.policies import Limits
+
+
+def test_jobspec_round_trip_and_problems() -> None:
+    spec = JobSpec(["python", "train.py"], "/w", {"A": "1"}, name="r18", cpus=0.5, group="g", after=[3])
+    assert JobSpec.from_dict(json.loads(json.dumps(spec.to_dict()))) == spec
+    assert spec.job_key == "name:r18" and spec.problem() is None
+    with pytest.raises(ValueError, match="unknown job field"):
+        JobSpec.from_dict({**spec.to_dict(), "grp": "old"})
+    bad = {
+        "no command given": JobSpec([]),
+        "--priority": JobSpec(["x"], priority=10**30),
+        "--cpus": JobSpec(["x"], cpus=float("nan")),
+        "--mem": JobSpec(["x"], mem=10**40),
+        "printable": JobSpec(["x"], name="a\x1b[2Jb"),
+        "--retries": JobSpec(["x"], retries=1000),
+    }
+    for words, job in bad.items():
+        assert words in (job.problem() or ""), (words, job.problem())
+
+
+def test_daemon_config_is_kept_and_read_back(tmp_path: Path) -> None:
+    assert DaemonConfig.load(tmp_path) == DaemonConfig()  # nothing kept: the defaults
+    config = DaemonConfig(cpus=1.5, mem=2 << 30, policy="first-fit", limits=Limits(settle_s=3.0), mps=True)
+    config.save(tmp_path)
+    assert DaemonConfig.load(tmp_path) == config
+    (tmp_path / "daemon-config.json").write_text("{not json")
+    assert DaemonConfig.load(tmp_path) == DaemonConfig()  # unreadable: the defaults, not a crash
+
+
+def test_a_request_over_the_packet_limit_travels_in_a_memory_file() -> None:
+    message = {"op": "submit", "job": {"env": {"BIG": "x" * (3 * _ipc.MAX_PACKET)}}}
+    data, fds = protocol.pack(message)
+    assert len(data) < _ipc.MAX_PACKET and len(fds) == 1
+    assert protocol.unpack(data, list(fds)) == message
+    with pytest.raises(OSError):
+        os.fstat(fds[0])  # unpack closed it
+    small, none = protocol.pack({"op": "status"})
+    assert none == () and protocol.unpack(small, []) == {"op": "status"}
+    with pytest.raises(ValueError, match="without its file"):
+        protocol.unpack(json.dumps({"op": "submit", "body": "fd"}).encode(), [])
+
+
+def test_the_supervisor_files_are_typed_and_a_partial_one_is_none(tmp_path: Path) -> None:
+    usage = Usage(1.0, [1, 2], 10, 20, 0.5, None)
+    save(tmp_path, usage)
+    assert load(tmp_path, Usage) == usage
+    assert load(tmp_path, Result) is None  # absent
+    (tmp_path / Result.FILE).write_text('{"kind": "ok"')  # cut short
+    assert load(tmp_path, Result) is None
+    (tmp_path / Result.FILE).write_text('{"kind": "ok"}')  # another version's shape
+    assert load(tmp_path, Result) is None
