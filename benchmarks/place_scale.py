@@ -54,7 +54,8 @@ def fill_history(state_dir: Path, n: int) -> None:
     env = {f"VAR_{i}": "x" * 200 for i in range(100)}  # 20 KB, as a real shell's environment
     now = time.time()
     for i in range(n):
-        job_id, _ = state.add_job(JobSpec(["python", "train.py", f"--seed={i}"], "/tmp", env, name=f"h{i}"), 0, now)
+        spec = JobSpec(["python", "train.py", f"--seed={i}"], "/tmp", env, name=f"h{i}")
+        job_id, _ = state.add_job(spec, 0, now)
         state.update_job(job_id, state=SUCCEEDED, started=now, ended=now + 1, cause=SUCCEEDED, exit_code=0)
     state.close()
 
@@ -68,7 +69,8 @@ def main() -> int:
     work = Path(tempfile.mkdtemp(prefix="place-scale-"))
     state_dir = work / "state"
     state_dir.mkdir(mode=0o700)
-    env = dict(os.environ, TANDEM_STATE_DIR=str(state_dir), TANDEM_RUNTIME_DIR=tempfile.mkdtemp(prefix="tps-"))
+    runtime = tempfile.mkdtemp(prefix="tps-")
+    env = dict(os.environ, TANDEM_STATE_DIR=str(state_dir), TANDEM_RUNTIME_DIR=runtime)
     results: dict[str, float] = {}
     t0 = time.perf_counter()
     fill_history(state_dir, args.history)

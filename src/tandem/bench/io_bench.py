@@ -47,9 +47,10 @@ import numpy as np
 import psutil
 import torch
 
+from tandem import units
 from tandem.share import gpu_io
+from tandem.units import GiB, KiB, MiB
 
-KiB, MiB, GiB = 1 << 10, 1 << 20, 1 << 30
 BLOCK_SIZES = (4 * KiB, 64 * KiB, 1 * MiB, 4 * MiB)
 MANIFEST = "io-bench.json"
 _WRITE_CHUNK = 64 * MiB
@@ -98,24 +99,14 @@ class PageCache:
 
 
 def parse_size(text: str) -> int:
-    """``4K``, ``64KiB``, ``1M``, ``4MiB``, ``4096`` -> bytes."""
-    t = text.strip().upper().removesuffix("IB").removesuffix("B")
-    mult = {"K": KiB, "M": MiB, "G": GiB}.get(t[-1:], 1)
-    number = t[:-1] if t[-1:] in "KMG" else t
-    try:
-        value = int(float(number) * mult)
-    except ValueError:
-        raise ValueError(f"not a size: {text!r} (use e.g. 4K, 64K, 1M, 4M)") from None
+    """A block size (``4K``, ``64KiB``, ``1M``): :func:`tandem.units.parse_size`, above 0."""
+    value = units.parse_size(text)
     if value <= 0:
         raise ValueError(f"size must be positive: {text!r}")
     return value
 
 
-def human(n: int) -> str:
-    for unit, size in (("GiB", GiB), ("MiB", MiB), ("KiB", KiB)):
-        if n >= size and n % size == 0:
-            return f"{n // size} {unit}"
-    return f"{n} B"
+human = units.exact_size
 
 
 # ---------------------------------------------------------------------------------------

@@ -136,12 +136,7 @@ class Admission:
 
     def dependencies(self, waiting: list[Job]) -> Ended:
         """``id -> (state, ended)`` of every job a waiting job depends on (one query)."""
-        deps = {d for j in waiting for d in j.after}
-        if not deps:
-            return {}
-        marks = ", ".join("?" for _ in deps)
-        rows = self.state.query(f"SELECT id, state, ended FROM jobs WHERE id IN ({marks})", tuple(deps))
-        return {row["id"]: (row["state"], row["ended"]) for row in rows}
+        return self.state.ended_of({d for j in waiting for d in j.after})
 
     def resolve(self, waiting: list[Job], deps: Ended) -> list[Job]:
         """Cancel the queued jobs one of whose dependencies ended other than succeeded; the

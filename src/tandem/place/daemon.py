@@ -55,6 +55,11 @@ log = logging.getLogger(__name__)
 
 TICK_S = 0.5
 SAMPLE_S = 1.0
+# A scheduling pass runs when something changed (a submit, a cancel, a job that started or
+# ended, a producer that died), at most every PLAN_MIN_S (a storm of submits costs one pass
+# per interval, not one per submit), and every PLAN_EVERY_S anyway (measurements move).
+PLAN_MIN_S = 0.2
+PLAN_EVERY_S = 2.0
 IDLE_CONNECTION_S = 2.0  # a client that connected and sent nothing is dropped after this
 
 
@@ -84,6 +89,8 @@ class Daemon:
         self.started = time.time()
         self.stop_requested = False
         self.wake = False
+        self.dirty = True  # something changed since the last scheduling pass
+        self._last_plan = 0.0
         self._next_sample = 0.0
         self.tracker = None
         if config.track:
@@ -118,7 +125,7 @@ class Daemon:
             self.attempts.adopt()
             log.info("serving %s with policy %s", self.state.dir, self.policy.name)
             while not self.stop_requested:
-                for key, _ in sel.select(timeout=0 if self.wake else TICK_S):
+                for key, _ in sel.select(timeout=0 if self.wake else PLAN_MIN_S if self.dirty else TICK_S):
                     if key.fileobj is listener:
                         self._accept(sel, listener)
                     else:
@@ -234,20 +241,26 @@ class Daemon:
         if time.monotonic() >= self._next_sample:
             self._next_sample = time.monotonic() + SAMPLE_S
             self.monitor.sample()
+        before = set(self.attempts.active)
         self.attempts.follow_all(now)
         _reap_children()
         if self.mps is not None:
             self.mps.release_idle({u for a in self.attempts.active.values() for u in a.uuids})
         self._fail_dead_producers()
-        # The waiting jobs (without their environments) and their dependencies, read once.
-        waiting = self.state.jobs(tuple(WAITING_STATES))
-        deps = self.admission.dependencies(waiting)
-        waiting = self.admission.resolve(waiting, deps)
-        self._schedule(now, waiting, deps)
-        busy = {j.share for j in waiting if j.share} | {
-            a.job.share for a in self.attempts.active.values() if a.job.share
-        }
-        self.producers.stop_idle(now, busy)  # type: ignore[arg-type]
+        self.dirty |= set(self.attempts.active) != before
+        since = time.monotonic() - self._last_plan
+        if (self.dirty and since >= PLAN_MIN_S) or since >= PLAN_EVERY_S:
+            self.dirty = False
+            self._last_plan = time.monotonic()
+            # The waiting jobs (what a pass needs of them) and their dependencies, read once.
+            waiting = self.state.queue(tuple(WAITING_STATES))
+            deps = self.admission.dependencies(waiting)
+            waiting = self.admission.resolve(waiting, deps)
+            self._schedule(now, waiting, deps)
+            busy = {j.share for j in waiting if j.share} | {
+                a.job.share for a in self.attempts.active.values() if a.job.share
+            }
+            self.producers.stop_idle(now, busy)  # type: ignore[arg-type]
         if self.tracker is not None:
             self.tracker.poke()
             for done in self.tracker.results():
@@ -266,6 +279,7 @@ class Daemon:
         stopped, each with the producer's own error and log (not a timeout a minute later)."""
         for share, error in self.producers.dead():
             log.warning("%s", error)
+            self.dirty = True
             for job in self.state.jobs(("queued", "retrying", RUNNING)):
                 if job.share != share.name:
                     continue

@@ -6,43 +6,16 @@ Pure data, no I/O: the daemon, the command line, the simulator and the tests sha
 from __future__ import annotations
 
 import math
-import re
 from dataclasses import dataclass, field, fields
 from typing import Any
+
+from tandem.units import MAX_BYTES, format_size, parse_size  # noqa: F401 (re-exported: place's words)
 
 QUEUED, RUNNING, RETRYING = "queued", "running", "retrying"
 SUCCEEDED, FAILED, OOM, CANCELLED = "succeeded", "failed", "oom", "cancelled"
 STATES = (QUEUED, RUNNING, RETRYING, SUCCEEDED, FAILED, OOM, CANCELLED)
 FINAL_STATES = frozenset({SUCCEEDED, FAILED, OOM, CANCELLED})
 WAITING_STATES = frozenset({QUEUED, RETRYING})
-
-_UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
-_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMGT]?)(?:i?B)?\s*$", re.IGNORECASE)
-
-
-def parse_size(text: str) -> int:
-    """Bytes in ``512M``, ``10G``, ``1.5GiB``, ``4096`` (binary units, as Slurm and Docker
-    read them); ValueError naming the accepted forms otherwise."""
-    m = _SIZE.match(str(text)) if len(str(text)) <= 40 else None
-    if not m:
-        raise ValueError(
-            f"{str(text)[:40]!r} is not a size: use a number with an optional unit K, M, G or T (512M, 10G)"
-        )
-    value = float(m.group(1)) * _UNITS[m.group(2).upper()]
-    if not math.isfinite(value) or value > MAX_BYTES:
-        raise ValueError(f"{str(text)[:40]!r} is not a size any machine has")
-    return int(math.ceil(value))
-
-
-def format_size(n: int | float | None) -> str:
-    """``1.5G``-style text for a byte count (``-`` for None)."""
-    if n is None:
-        return "-"
-    for unit in ("T", "G", "M", "K"):
-        if abs(n) >= _UNITS[unit]:
-            value = n / _UNITS[unit]
-            return f"{value:.1f}{unit}" if value < 100 else f"{value:.0f}{unit}"
-    return f"{int(n)}B"
 
 
 def parse_cpus(text: str | float) -> float:
@@ -57,7 +30,6 @@ def parse_cpus(text: str | float) -> float:
 
 
 MAX_PRIORITY = 1_000_000
-MAX_BYTES = 1 << 62  # sizes beyond this are typos, not machines
 MAX_NAME = 200
 
 

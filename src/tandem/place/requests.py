@@ -58,7 +58,7 @@ def submit(d: Daemon, request: dict[str, Any]) -> dict[str, Any]:
         if d.state.job(int(dep), attempts=False) is None:
             return _refused(f"--after {dep}: no such job")
     job_id, new = d.state.add_job(spec, gpus, time.time())
-    d.wake = True
+    d.wake = d.dirty = True
     return {"ok": True, "id": job_id, "new": new}
 
 
@@ -85,13 +85,14 @@ def cancel(d: Daemon, request: dict[str, Any]) -> dict[str, Any]:
             )
             d.state.event(job_id, "cancelled", "while waiting")
             cancelled.append(job_id)
+    d.dirty = True
     return {"ok": True, "cancelled": cancelled, "unknown": unknown, "ended": ended}
 
 
 def status(d: Daemon, _request: dict[str, Any]) -> dict[str, Any]:
     active = d.attempts.active.values()
     host = d.admission.host_slot(active)
-    counts = {row[0]: row[1] for row in d.state.query("SELECT state, count(*) FROM jobs GROUP BY state")}
+    counts = d.state.counts()
     gpus = [{"index": g.index, "uuid": g.uuid, "mem_bytes": g.mem_total} for g in d.capacity.gpus]
     used_gpus = [
         {

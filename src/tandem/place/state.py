@@ -148,8 +148,38 @@ _JSON_FIELDS = {"command", "env", "after", "placement"}
 _LIST_COLUMNS = ", ".join(f'"{f.name}"' for f in fields(Job) if f.name not in ("env", "attempts"))
 
 
+# What a scheduling pass reads of each waiting job: not its command, directory or
+# environment (a queue of thousands is read every pass).
+_QUEUE_COLUMNS = ", ".join(
+    f'"{c}"'
+    for c in (
+        "id",
+        "job_key",
+        "state",
+        "submitted",
+        "queued_at",
+        "priority",
+        "cpus",
+        "mem",
+        "gpus",
+        "gpu_mem",
+        "gpu_share",
+        "share",
+        "after",
+        "escalation",
+        "cancel_requested",
+        "retries",
+        "started",
+    )
+)
+_EMPTY = {"[]": [], "{}": {}}
+
+
 def _decode(cls: type, row: sqlite3.Row) -> Any:
-    values = {k: (json.loads(row[k]) if k in _JSON_FIELDS else row[k]) for k in row.keys()}  # noqa: SIM118
+    values = dict(zip(row.keys(), row))
+    for k in _JSON_FIELDS.intersection(values):
+        text = values[k]
+        values[k] = type(_EMPTY[text])() if text in _EMPTY else json.loads(text)
     if "cancel_requested" in values:
         values["cancel_requested"] = bool(values["cancel_requested"])
     return cls(**values)
@@ -314,9 +344,27 @@ class State:
                 j.attempts = by_job.get(j.id, [])
         return jobs
 
-    def count(self, states: tuple[str, ...]) -> int:
+    def queue(self, states: tuple[str, ...]) -> list[Job]:
+        """The jobs in these states with what a scheduling pass needs of them (by id)."""
         marks = ", ".join("?" for _ in states)
-        return int(self.query(f"SELECT count(*) FROM jobs WHERE state IN ({marks})", states)[0][0])
+        sql = f"SELECT {_QUEUE_COLUMNS} FROM jobs WHERE state IN ({marks}) ORDER BY id"
+        return [_decode(Job, r) for r in self.query(sql, states)]
+
+    def counts(self) -> dict[str, int]:
+        """How many jobs are in each state."""
+        return {row[0]: row[1] for row in self.query("SELECT state, count(*) FROM jobs GROUP BY state")}
+
+    def ended_of(self, job_ids: set[int]) -> dict[int, tuple[str, float | None]]:
+        """``id -> (state, ended)`` of these jobs (one query)."""
+        if not job_ids:
+            return {}
+        marks = ", ".join("?" for _ in job_ids)
+        rows = self.query(f"SELECT id, state, ended FROM jobs WHERE id IN ({marks})", tuple(job_ids))
+        return {row["id"]: (row["state"], row["ended"]) for row in rows}
+
+    def any_before(self, job_id: int) -> bool:
+        """Is there a job older than ``job_id`` (another page for ``ls --all``)?"""
+        return bool(self.query("SELECT 1 FROM jobs WHERE id < ? LIMIT 1", (job_id,)))
 
     # --- attempts -------------------------------------------------------------------------
 

@@ -36,9 +36,7 @@ from typing import Any
 import numpy as np
 
 from tandem.place.model import parse_size
-
-GiB = 1 << 30
-MiB = 1 << 20
+from tandem.units import GiB, MiB, exact_size
 
 COLUMNS = ("offset_s", "name", "command", "cpus", "mem", "gpus", "gpu_mem", "duration_s", "compute", "kind")
 OPTIONAL_COLUMNS = ("priority", "peak_gpu_mem")
@@ -195,14 +193,14 @@ def write_trace(jobs: Iterable[TraceJob], path: str | Path) -> None:
                     j.name,
                     j.command,
                     _num(j.cpus),
-                    _size_text(j.mem),
+                    exact_size(j.mem),
                     j.gpus,
-                    "auto" if j.gpu_mem is None else _size_text(j.gpu_mem),
+                    "auto" if j.gpu_mem is None else exact_size(j.gpu_mem),
                     _num(j.duration_s),
                     _num(j.compute),
                     j.kind,
                     j.priority,
-                    "" if j.peak_gpu_mem is None else _size_text(j.peak_gpu_mem),
+                    "" if j.peak_gpu_mem is None else exact_size(j.peak_gpu_mem),
                 ]
             )
 
@@ -210,14 +208,6 @@ def write_trace(jobs: Iterable[TraceJob], path: str | Path) -> None:
 def _num(x: float) -> str:
     # Shortest text that reads back as the same float (``:g`` would round to 6 digits).
     return str(int(x)) if float(x).is_integer() else repr(float(x))
-
-
-def _size_text(n: int) -> str:
-    # Whole GiB/MiB as such (readable); anything else in bytes, so that it reads back exactly.
-    for unit, factor in (("G", GiB), ("M", MiB)):
-        if n and n % factor == 0:
-            return f"{n // factor}{unit}"
-    return str(n)
 
 
 # --- the modelled mix -----------------------------------------------------------------------------

@@ -54,7 +54,7 @@ def waiting_reason(job: Job) -> str | None:
     """Why a waiting job waits: the daemon's last word on it, else that no pass has seen it."""
     if job.state not in WAITING_STATES:
         return None
-    return job.reason or "not yet looked at by the daemon (it looks each half second while it runs)"
+    return job.reason or "not yet looked at by the daemon (a running daemon looks within a second)"
 
 
 def job_json(job: Job, now: float | None = None) -> dict[str, Any]:
