@@ -203,7 +203,7 @@ def test_a_missing_extra_is_named(tmp_path):
 def test_an_unknown_option_before_the_command_is_a_usage_error(tmp_path):
     r = subprocess.run([sys.executable, "-m", "tandem.cli", "run", "--nmae", "foo", "--", "true"],
                        cwd=tmp_path, capture_output=True, text=True, timeout=60)  # fmt: skip
-    assert r.returncode == 2 and "No such option: --nmae" in r.stderr
+    assert r.returncode == 2 and "No such option '--nmae'. Did you mean '--name'?" in r.stderr
     # ... while the command's own options after it are the command's
     argv = ["run", "--sink", "csv", "--out", str(tmp_path), "-q", sys.executable, "-c",
             "import sys; assert sys.argv[1] == '--lr'", "--lr"]  # fmt: skip

@@ -110,6 +110,17 @@ def daemon_start(foreground: bool, as_json: bool, **options: Any) -> None:
     directory = state_dir()
     if daemon_call(is_running, directory):
         raise click.ClickException(f"a daemon already serves {directory} (tandem daemon status)")
+    if config.backend == "local":  # what this machine can give, checked before it is kept
+        from tandem.place.devices import Nvml, detect_capacity
+
+        nvml = Nvml() if config.gpus != "none" else None
+        try:
+            detect_capacity(config.cpus, config.mem, config.gpus, nvml)
+        except ValueError as exc:
+            raise click.UsageError(str(exc)) from None
+        finally:
+            if nvml is not None:
+                nvml.close()
     config.save(directory)
     if not foreground:
         try:
