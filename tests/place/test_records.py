@@ -66,3 +66,37 @@ def test_the_supervisor_files_are_typed_and_a_partial_one_is_none(tmp_path: Path
     assert load(tmp_path, Result) is None
     (tmp_path / Result.FILE).write_text('{"kind": "ok"}')  # another version's shape
     assert load(tmp_path, Result) is None
+
+
+def test_a_pass_sees_what_each_waiting_job_s_program_used_at_start(tmp_path: Path) -> None:
+    """The admission's view of the queue, from the state file: a job of a program measured
+    before carries that start-up into the scheduler (the queue's columns include its command)."""
+    import time
+
+    from tandem.place.admission import Admission
+    from tandem.place.attempts import Startup
+    from tandem.place.devices import Monitor
+    from tandem.place.model import Capacity
+    from tandem.place.producers import Producers
+    from tandem.place.state import State
+
+    d = tmp_path / "state"
+    d.mkdir(mode=0o700)
+    state = State(d)
+    capacity = Capacity(2.0, 8 << 30)
+    startup = Startup()
+    startup.seen(["python", "-m", "train"], 1.0)
+    admission = Admission(
+        state,
+        capacity,
+        Limits(),
+        Monitor(capacity, 30.0, None),
+        Producers(state, 2.0, DaemonConfig(), False),
+        startup,
+    )
+    for command in (["python", "-m", "train", "--lr", "1"], ["sleep", "3"]):
+        state.add_job(JobSpec(command, "/", {}, cpus=0.25, gpu_share=30), 0, time.time())
+    reasons: dict[int, str] = {}
+    waiting = admission.waiting(state.queue(("queued",)), {}, {}, reasons)
+    assert [w.startup_cpus for w in waiting] == [1.0, None] and reasons == {}
+    assert [w.gpu_share for w in waiting] == [30, 30]  # declared compute reaches the scheduler

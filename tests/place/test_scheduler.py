@@ -216,3 +216,48 @@ def test_a_share_producers_default_reservation_leaves_room_for_a_job() -> None:
     assert ShareSpec("a", "dataset", "m:f", cpus=1.5).producer_cpus(2) == 1.5  # as defined
     assert auto.loader_workers(1) == 0 and auto.loader_workers(4) == 3
     assert ShareSpec("a", "images", "/d").loader_workers(1) == 1
+
+
+def test_packing_counts_what_jobs_use_beyond_their_declaration() -> None:
+    # Two jobs that declared a quarter core each use a whole one (a start-up burst): a
+    # 1-core job waits, a quarter-core one still fits; first-fit goes by reservations.
+    h = host(cpus_total=2, jobs=2, cpus_reserved=0.5, cpus_over=(1.0, 7))
+    one = Waiting(1, 0, 1.0, cpus=1, mem=0, gpus=0, gpu_mem=None)
+    quarter = Waiting(2, 0, 2.0, cpus=0.25, mem=0, gpus=0, gpu_mem=None)
+    outcome = plan([one, quarter], h, [], make_policy("packing"), LIMITS, 0.0)
+    assert [p.job_id for p in outcome.placements] == [2]
+    assert outcome.reasons[1] == (
+        "held back: jobs use 1.0 cores more than they declared (job 7 most; a starting job as its program "
+        "did at start), 0.5 of 2 cores left"
+    )
+    assert len(plan([one], h, [], make_policy("first-fit"), LIMITS, 0.0).placements) == 1
+
+
+def test_the_host_is_judged_over_its_last_seconds() -> None:
+    from tandem.place.devices import Window
+
+    w = Window(30.0)
+    for t in range(20):
+        w.add(float(t), 1.0 if t < 3 else 0.1)  # a start-up burst, then quiet
+    assert w.mean() == pytest.approx((3 * 1.0 + 17 * 0.1) / 20)
+    assert w.mean(5.0) == pytest.approx(0.1) and w.p95(5.0) == pytest.approx(0.1)
+    assert w.p95() == pytest.approx(1.0)  # the whole window still holds the burst
+
+
+def test_jobs_starting_together_count_what_their_program_used_at_start() -> None:
+    from tandem.place.attempts import Startup
+
+    startup = Startup()
+    startup.seen(["python", "-m", "train", "--lr", "1"], 1.0)  # an import took a core
+    assert startup.cores(["python", "-m", "train", "--lr", "2"]) == 1.0  # the same program
+    assert startup.cores(["sleep", "3"]) is None  # never seen: its declaration stands
+    # Four quarter-core jobs of that program on two cores: one, then the others as the
+    # first one's start-up is over (not all four imports at once).
+    q = [Waiting(i, 0, float(i), cpus=0.25, mem=0, gpus=0, gpu_mem=None, startup_cpus=1.0) for i in range(4)]
+    h = host(cpus_total=2)
+    outcome = plan(q, h, [], make_policy("packing"), LIMITS, 0.0)
+    assert [p.job_id for p in outcome.placements] == [0, 1]  # 0.5 reserved + 1.5 starting
+    assert outcome.reasons[2].startswith("held back: jobs use 1.5 cores more than they declared")
+    # Jobs of a program never measured start together, as declared.
+    fresh = [Waiting(i, 0, float(i), cpus=0.5, mem=0, gpus=0, gpu_mem=None) for i in range(4)]
+    assert len(plan(fresh, h, [], make_policy("packing"), LIMITS, 0.0).placements) == 4

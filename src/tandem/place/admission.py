@@ -14,7 +14,7 @@ from __future__ import annotations
 import time
 from collections.abc import Iterable
 
-from tandem.place.attempts import Active
+from tandem.place.attempts import STARTUP_SAMPLES, Active, Startup
 from tandem.place.devices import Monitor
 from tandem.place.model import CANCELLED, FINAL_STATES, QUEUED, SUCCEEDED, Capacity
 from tandem.place.policies import GpuSlot, HostSlot, Limits
@@ -23,14 +23,39 @@ from tandem.place.scheduler import Waiting
 from tandem.place.state import Job, State
 
 Ended = dict[int, tuple[str, float | None]]  # job id -> (state, ended) of dependencies
+# The host's load from outside the reservations is judged over the last few seconds, not the
+# GPU's 30-s window: a start-up burst (an import) is over in seconds, and a long window held
+# jobs back for its length and then let them all in at once. Jobs over their declaration
+# are counted at once from their own last sample (HostSlot.cpus_over).
+HOST_WINDOW_S = 5.0
+
+
+def _over_declared(active: list[Active], startup: Startup) -> tuple[float, int | None]:
+    """Cores the running jobs use beyond what they declared (a job that declared too little,
+    a start-up burst), and the job most over its share: as last measured, and for a job
+    still starting, at least what its program used at start before."""
+    over = []
+    for a in active:
+        used = a.cpus_used or 0.0
+        if a.samples < STARTUP_SAMPLES:
+            used = max(used, startup.cores(a.job.command) or 0.0)
+        if used > a.job.cpus:
+            over.append((used - a.job.cpus, a.job.id))
+    return (sum(o for o, _ in over), max(over)[1]) if over else (0.0, None)
 
 
 class Admission:
     def __init__(
-        self, state: State, capacity: Capacity, limits: Limits, monitor: Monitor, producers: Producers
+        self,
+        state: State,
+        capacity: Capacity,
+        limits: Limits,
+        monitor: Monitor,
+        producers: Producers,
+        startup: Startup,
     ) -> None:
         self.state, self.capacity, self.limits = state, capacity, limits
-        self.monitor, self.producers = monitor, producers
+        self.monitor, self.producers, self.startup = monitor, producers, startup
         self._reasons: dict[int, str] = {}  # as last written
 
     def host_slot(self, active: Iterable[Active]) -> HostSlot:
@@ -44,8 +69,9 @@ class Admission:
             cpus_reserved=sum(a.job.cpus for a in active) + sum(c for c, _ in live),
             mem_reserved=sum(a.job.mem for a in active) + sum(m for _, m in live),
             mem_available=self.monitor.mem_available,
-            cpu_mean=self.monitor.cpu.mean(),
-            cpu_p95=self.monitor.cpu.p95(),
+            cpu_mean=self.monitor.cpu.mean(HOST_WINDOW_S),
+            cpu_p95=self.monitor.cpu.p95(HOST_WINDOW_S),
+            cpus_over=_over_declared(active, self.startup),
             jobs=len(cpu_jobs),
             all_jobs=len(active),
             fresh=any(now - a.started < self.limits.settle_s for a in cpu_jobs),
@@ -123,6 +149,8 @@ class Admission:
                     waiting_since=since,
                     prefer_gpus=self.producers.prefer_gpus(job, share),
                     with_producer=with_producer,
+                    gpu_share=job.gpu_share,
+                    startup_cpus=None if job.gpus else self.startup.cores(job.command),
                 )
             )
         return out

@@ -36,6 +36,30 @@ from tandem.place.state import Attempt, Job, State
 log = logging.getLogger(__name__)
 
 LOST_AFTER_S = 10.0  # an attempt whose supervisor never showed itself within this is abandoned
+STARTUP_SAMPLES = 3  # a job's first samples (one a second; the first has no rate yet) are its start-up
+
+
+class Startup:
+    """What programs use at start, as measured: the cores of a job's first samples, per
+    program (its command's first three words: ``python -m pkg.train``, ``python train.py
+    --lr``), the newest weighing most. A job of a program seen before is counted at that
+    until its own first samples are in: an import of torch takes a whole core for seconds
+    whatever the job declared, and jobs that start together would otherwise all take it."""
+
+    def __init__(self) -> None:
+        self._cores: dict[tuple[str, ...], float] = {}
+
+    @staticmethod
+    def program(command: list[str]) -> tuple[str, ...]:
+        return tuple(command[:3])
+
+    def seen(self, command: list[str], cores: float) -> None:
+        key = self.program(command)
+        old = self._cores.get(key)
+        self._cores[key] = cores if old is None else max(cores, 0.5 * old + 0.5 * cores)
+
+    def cores(self, command: list[str]) -> float | None:
+        return self._cores.get(self.program(command))
 
 
 @dataclass
@@ -58,6 +82,8 @@ class Active:
     usage_t: float = 0.0
     energy_start: dict[str, int] = field(default_factory=dict)
     remote: bool = False  # its supervisor runs on another machine (a Ray node): no pid checks
+    cpus_used: float | None = None  # cores its processes used over the last sample
+    samples: int = 0  # usage samples seen (a job is "starting" until STARTUP_SAMPLES)
     fail_cause: str | None = None  # the daemon stopped it for this (its share's producer died)
 
     @property
@@ -83,6 +109,7 @@ class Attempts:
         self.monitor, self.launcher, self.tracked, self.socket = monitor, launcher, tracked, socket
         self.active: dict[int, Active] = {}
         self.host = host_id()
+        self.startup = Startup()
 
     # --- start ------------------------------------------------------------------------------
 
@@ -196,6 +223,10 @@ class Attempts:
         if usage is not None and usage.t != a.usage_t:
             a.usage_t = usage.t
             a.pids = tuple(usage.pids)
+            a.cpus_used = None if usage.cpu_percent is None else usage.cpu_percent / 100.0
+            a.samples += 1
+            if a.samples <= STARTUP_SAMPLES and a.cpus_used is not None:
+                self.startup.seen(a.job.command, a.cpus_used)
             grown = usage.peak_mem > a.peak_mem * 1.02 + (1 << 20)
             a.peak_mem = max(a.peak_mem, usage.peak_mem)
             gpu_mem = max((self.monitor.job_gpu_mem(u, a.pids) for u in a.uuids), default=0)

@@ -104,7 +104,9 @@ class Daemon:
             state, capacity, config, self.monitor, self.launcher, tracked, str(self.socket_path)
         )
         self.producers = Producers(state, capacity.cpus, config, tracked)
-        self.admission = Admission(state, capacity, self.limits, self.monitor, self.producers)
+        self.admission = Admission(
+            state, capacity, self.limits, self.monitor, self.producers, self.attempts.startup
+        )
         self.mps = None
         if config.mps:
             from tandem.place.mps import MpsManager

@@ -103,14 +103,22 @@ class Window:
         while self.values and self.values[0][0] < t - self.span:
             self.values.popleft()
 
-    def mean(self) -> float | None:
-        return sum(v for _, v in self.values) / len(self.values) if self.values else None
+    def _last(self, seconds: float | None) -> list[float]:
+        if seconds is None or not self.values:
+            return [v for _, v in self.values]
+        since = self.values[-1][0] - seconds
+        return [v for t, v in self.values if t >= since]
 
-    def p95(self) -> float | None:
-        if not self.values:
+    def mean(self, seconds: float | None = None) -> float | None:
+        """Over the whole window, or its last ``seconds``."""
+        values = self._last(seconds)
+        return sum(values) / len(values) if values else None
+
+    def p95(self, seconds: float | None = None) -> float | None:
+        values = sorted(self._last(seconds))
+        if not values:
             return None
-        ordered = sorted(v for _, v in self.values)
-        return ordered[min(len(ordered) - 1, int(round(0.95 * (len(ordered) - 1))))]
+        return values[min(len(values) - 1, int(round(0.95 * (len(values) - 1))))]
 
 
 @dataclass

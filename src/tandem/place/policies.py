@@ -93,6 +93,7 @@ class HostSlot:
     mem_available: int | None = None  # measured
     cpu_mean: float | None = None  # fraction of all cores busy, over the window
     cpu_p95: float | None = None
+    cpus_over: tuple[float, int | None] = (0.0, None)  # cores used beyond declared, and the job most over
     jobs: int = 0  # CPU-only jobs running
     all_jobs: int = 0  # every job running (GPU jobs use the host's cores and RAM too)
     fresh: bool = False  # a CPU-only job started less than settle_s ago
@@ -204,6 +205,16 @@ class Packing(Policy):
         return sorted(gpus, key=lambda g: (g.jobs > 0, g.activity_mean or 0.0, free_after(g, need), g.index))
 
     def host_blocks(self, host: HostSlot, need: Need, limits: Limits) -> str | None:
+        # Jobs measured using more cores than they declared (a start-up burst, a job that
+        # declared too little) hold back a newcomer that the cores they use would not leave room for.
+        over, who = host.cpus_over
+        if over > 0 and host.cpus_reserved + over + need.cpus > host.cpus_total + 1e-9:
+            left = max(0.0, host.cpus_total - host.cpus_reserved - over)
+            return (
+                f"held back: jobs use {over:.1f} cores more than they declared (job {who} most; a starting "
+                "job as its program did at start), "
+                f"{left:.1f} of {host.cpus_total:g} cores left"
+            )
         if host.jobs == 0 or host.cpu_mean is None or host.cpu_p95 is None:
             return None
         busy = host.cpu_mean * host.cpus_total

@@ -52,6 +52,7 @@ class Waiting:
     prefer_gpus: tuple[int, ...] = ()  # where its shared data is (a GPU-slab producer's GPU)
     with_producer: bool = False  # cpus and mem include its share's producer (which it would start)
     gpu_share: int | None = None  # its declared share of a GPU's compute (percent)
+    startup_cpus: float | None = None  # what its program used at start before (measured)
 
 
 @dataclass(frozen=True)
@@ -241,6 +242,11 @@ def _reserve(job: Waiting, p: Placement, host: HostSlot, gpus: list[GpuSlot]) ->
         host.jobs += 1
         host.fresh = True
         host.alone = host.alone or p.alone
+        if (
+            job.startup_cpus is not None and job.startup_cpus > job.cpus
+        ):  # its start-up, for the rest of the pass
+            over, who = host.cpus_over
+            host.cpus_over = (over + job.startup_cpus - job.cpus, who if who is not None else job.id)
         return
     for g in gpus:
         if g.index in p.gpus:

@@ -148,13 +148,14 @@ _JSON_FIELDS = {"command", "env", "after", "placement"}
 _LIST_COLUMNS = ", ".join(f'"{f.name}"' for f in fields(Job) if f.name not in ("env", "attempts"))
 
 
-# What a scheduling pass reads of each waiting job: not its command, directory or
-# environment (a queue of thousands is read every pass).
+# What a scheduling pass reads of each waiting job: not its directory or environment (a
+# queue of thousands is read every pass); its command names its program (its start-up).
 _QUEUE_COLUMNS = ", ".join(
     f'"{c}"'
     for c in (
         "id",
         "job_key",
+        "command",
         "state",
         "submitted",
         "queued_at",
