@@ -26,7 +26,7 @@ from tandem.place import tracking
 from tandem.place.config import DaemonConfig
 from tandem.place.devices import Monitor
 from tandem.place.files import AttemptSpec, Result, ShimInfo, Started, Usage, load, save
-from tandem.place.launch import Launcher
+from tandem.place.launch import Launch, Launcher
 from tandem.place.model import CANCELLED, FAILED, QUEUED, RETRYING, RUNNING, Capacity, GpuInfo, format_size
 from tandem.place.proctrack import JobProcesses, host_id
 from tandem.place.retry import retry
@@ -165,7 +165,9 @@ class Attempts:
             key = tracking.run_key(job.id, n)
             tracking.run_started(self.state.dir, key, name, tags, adir / "metrics.jsonl", started, job.id, n)
         self.active[job.id] = a
-        node = self.launcher.start(a, adir, job.cwd, job.cpus, job.mem, chosen, p.gpu_mem, bool(job.share))
+        node = self.launcher.start(
+            a, Launch(adir, job.cwd, job.cpus, job.mem, chosen, p.gpu_mem, bool(job.share))
+        )
         if node:
             self.state.update_attempt(job.id, n, placement={**placement, "node": node})
         if a.shim_pid is not None:

@@ -11,11 +11,26 @@ import os
 import signal
 import subprocess
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
 from tandem.place.model import GpuInfo
 from tandem.place.proctrack import create_time, same_process
+
+
+@dataclass(frozen=True)
+class Launch:
+    """What a launcher starts: the attempt's directory and working directory, and what it
+    reserves (Ray enforces it on its node; locally it is the daemon's bookkeeping)."""
+
+    dir: Path
+    cwd: str
+    cpus: float = 1.0
+    mem: int = 0
+    gpus: tuple[GpuInfo, ...] = ()
+    gpu_mem: int | None = None
+    pin_to_head: bool = False  # a share group's job: on the node its producer runs on
 
 
 class Launched(Protocol):
@@ -29,17 +44,7 @@ class Launched(Protocol):
 
 
 class Launcher(Protocol):
-    def start(
-        self,
-        a: Launched,
-        adir: Path,
-        cwd: str,
-        cpus: float,
-        mem: int,
-        gpus: tuple[GpuInfo, ...],
-        gpu_mem: int | None,
-        pin_to_head: bool,
-    ) -> str: ...
+    def start(self, a: Launched, what: Launch) -> str: ...
     def alive(self, a: Launched) -> bool: ...
     def pending(self, a: Launched) -> bool: ...
     def cancel(self, a: Launched) -> None: ...
@@ -59,21 +64,11 @@ class LocalLauncher:
     """The supervisor as a process of this machine, in a session of its own (it outlives
     the daemon); its pid and start time identify it."""
 
-    def start(
-        self,
-        a: Launched,
-        adir: Path,
-        cwd: str,
-        cpus: float,
-        mem: int,
-        gpus: tuple[GpuInfo, ...],
-        gpu_mem: int | None,
-        pin_to_head: bool,
-    ) -> str:
-        with open(adir / "shim.log", "ab") as shim_log:
+    def start(self, a: Launched, what: Launch) -> str:
+        with open(what.dir / "shim.log", "ab") as shim_log:
             proc = subprocess.Popen(
-                [sys.executable, "-m", "tandem.place.shim", str(adir)],
-                cwd=cwd if os.path.isdir(cwd) else "/",
+                [sys.executable, "-m", "tandem.place.shim", str(what.dir)],
+                cwd=what.cwd if os.path.isdir(what.cwd) else "/",
                 stdin=subprocess.DEVNULL,
                 stdout=shim_log,
                 stderr=subprocess.STDOUT,
@@ -104,18 +99,9 @@ class RayLauncher:
     def __init__(self, backend: Any) -> None:
         self.backend = backend
 
-    def start(
-        self,
-        a: Launched,
-        adir: Path,
-        cwd: str,
-        cpus: float,
-        mem: int,
-        gpus: tuple[GpuInfo, ...],
-        gpu_mem: int | None,
-        pin_to_head: bool,
-    ) -> str:
-        return self.backend.launch(a.job_id, a.n, str(adir), cpus, mem, gpus, gpu_mem, pin_to_head)
+    def start(self, a: Launched, what: Launch) -> str:
+        w = what
+        return self.backend.launch(a.job_id, a.n, str(w.dir), w.cpus, w.mem, w.gpus, w.gpu_mem, w.pin_to_head)
 
     def alive(self, a: Launched) -> bool:
         """On this machine: its pid and start time. On another (a Ray node): its task has

@@ -24,7 +24,7 @@ from pathlib import Path
 from tandem.place import tracking
 from tandem.place.config import DaemonConfig
 from tandem.place.files import AttemptSpec, Result, load, save, write_json
-from tandem.place.launch import LocalLauncher
+from tandem.place.launch import Launch, LocalLauncher
 from tandem.place.model import GpuInfo
 from tandem.place.proctrack import same_process
 from tandem.place.state import Job, Share, State
@@ -109,7 +109,7 @@ class Producers:
             ),
         )
         handle = _Handle(0, n)
-        self._launcher.start(handle, folder, cwd, cpus, 0, (), None, False)
+        self._launcher.start(handle, Launch(folder, cwd, cpus))
         key = f"share-{share.name}-{n}"
         self._runs[share.name] = (folder, key)
         self.state.set_producer(share.name, handle.shim_pid, handle.shim_ctime, cpus=cpus)
