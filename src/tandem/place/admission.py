@@ -59,10 +59,9 @@ class Admission:
         self._reasons: dict[int, str] = {}  # as last written
 
     def host_slot(self, active: Iterable[Active]) -> HostSlot:
-        now = time.time()
         active = list(active)
         cpu_jobs = [a for a in active if not a.placement.gpus]
-        live = [self.producers.reservation(s) for s in self.state.shares() if self.producers.running(s)]
+        live = [self.producers.reservation(s, True) for s in self.state.shares() if self.producers.running(s)]
         return HostSlot(
             cpus_total=self.capacity.cpus,
             mem_total=self.capacity.mem,
@@ -74,7 +73,6 @@ class Admission:
             cpus_over=_over_declared(active, self.startup),
             jobs=len(cpu_jobs),
             all_jobs=len(active),
-            fresh=any(now - a.started < self.limits.settle_s for a in cpu_jobs),
             alone=any(a.placement.alone for a in cpu_jobs),
         )
 
@@ -112,6 +110,7 @@ class Admission:
         """The jobs the scheduler may consider; why each other one waits goes into ``reasons``."""
         out = []
         shares = {s.name: s for s in self.state.shares()}
+        running = {name: self.producers.running(s) for name, s in shares.items()}  # once a pass, not a job
         for job in jobs:
             if job.id in active or job.cancel_requested:
                 continue
@@ -123,19 +122,23 @@ class Admission:
             cpus, mem = job.cpus, job.mem
             share = shares.get(job.share or "")
             with_producer = False
-            if share is not None and not self.producers.running(share):
+            if share is not None and not running[share.name]:
                 if self.producers.stopping(share.name):
                     reasons[job.id] = f"share {share.name}: its previous producer is still stopping"
                     continue  # a new producer could not take the name yet
                 # Whichever job of the group starts first also starts its producer: each is
                 # charged for it until then, so the producer never overbooks the host.
-                p_cpus, p_mem = self.producers.reservation(share)
+                p_cpus, p_mem = self.producers.reservation(share, running=False)
                 cpus, mem, with_producer = cpus + p_cpus, mem + p_mem, True
             gpu_mem = job.gpu_mem
             if job.gpus and gpu_mem is None:
                 known = self.state.peak(job.job_key)
                 if known is not None and known["peak_gpu_mem"]:
                     gpu_mem = int(known["peak_gpu_mem"] * (1 + self.limits.gpu_mem_margin))
+            # Where its shared batches are: a running producer's GPU, if it keeps them on one.
+            prefer = (
+                self.producers.prefer_gpus(share.name) if share is not None and running[share.name] else ()
+            )
             out.append(
                 Waiting(
                     job.id,
@@ -147,7 +150,7 @@ class Admission:
                     gpu_mem,
                     job.escalation,
                     waiting_since=since,
-                    prefer_gpus=self.producers.prefer_gpus(job, share),
+                    prefer_gpus=prefer,
                     with_producer=with_producer,
                     gpu_share=job.gpu_share,
                     startup_cpus=None if job.gpus else self.startup.cores(job.command),

@@ -136,15 +136,15 @@ class Attempts:
                 job.command,
                 job.cwd,
                 env,
-                job.id,
-                n,
-                name,
-                self.config.grace_s,
-                self.config.interval_s,
-                self.config.log_max,
-                self.socket,
-                self.tracked,
-            ),
+                job_id=job.id,
+                attempt=n,
+                name=name,
+                grace_s=self.config.grace_s,
+                interval_s=self.config.interval_s,
+                log_max=self.config.log_max,
+                socket=self.socket,
+                track=self.tracked,
+            ),  # fmt: skip
         )
         started = time.time()
         self.state.add_attempt(Attempt(job.id, n, RUNNING, placement, started))

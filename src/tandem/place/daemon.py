@@ -282,7 +282,7 @@ class Daemon:
         for share, error in self.producers.dead():
             log.warning("%s", error)
             self.dirty = True
-            for job in self.state.jobs(("queued", "retrying", RUNNING)):
+            for job in self.state.jobs((*WAITING_STATES, RUNNING)):
                 if job.share != share.name:
                     continue
                 if job.id in self.attempts.active:

@@ -96,7 +96,6 @@ class HostSlot:
     cpus_over: tuple[float, int | None] = (0.0, None)  # cores used beyond declared, and the job most over
     jobs: int = 0  # CPU-only jobs running
     all_jobs: int = 0  # every job running (GPU jobs use the host's cores and RAM too)
-    fresh: bool = False  # a CPU-only job started less than settle_s ago
     alone: bool = False  # a job that must run alone on the host is running
 
 

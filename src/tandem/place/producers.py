@@ -37,15 +37,15 @@ class Producers:
         self.config = config
         self.tracked = tracked
         self._launcher = LocalLauncher()
-        self._runs: dict[str, tuple[Path, str]] = {}  # share -> its producer's directory, run key
+        self._runs: dict[str, Path] = {}  # share -> the directory of the producer this daemon started
         self._gpus: dict[str, int] = {}  # share -> the GPU its producer keeps batches on
         self._stopping: dict[str, tuple[int, float, float]] = {}  # name -> pid, ctime, SIGKILL deadline
 
     def _dir(self, name: str) -> Path | None:
         """The directory of the share's newest producer (``shares/<name>/<n>``)."""
-        runs = self._runs.get(name)
-        if runs is not None:
-            return runs[0]
+        known = self._runs.get(name)
+        if known is not None:
+            return known
         folder = self.state.dir / "shares" / name
         numbered = [int(p.name) for p in folder.glob("*") if p.name.isdigit()] if folder.is_dir() else []
         return folder / str(max(numbered)) if numbered else None
@@ -54,9 +54,12 @@ class Producers:
         folder = self._dir(name)
         return folder / "output.log" if folder is not None else self.state.dir / "shares" / name
 
-    def reservation(self, share: Share) -> tuple[float, int]:
-        """Cores and RAM a producer of ``share`` reserves (the running one's, else a new one's)."""
-        if share.cpus is not None and self.running(share):
+    def reservation(self, share: Share, running: bool | None = None) -> tuple[float, int]:
+        """Cores and RAM a producer of ``share`` reserves (the running one's, else a new one's).
+        ``running``: whether its producer runs, where the caller has just looked."""
+        if running is None:
+            running = self.running(share)
+        if share.cpus is not None and running:
             return share.cpus, share.spec.mem
         return share.spec.producer_cpus(self.capacity_cpus), share.spec.mem
 
@@ -83,7 +86,7 @@ class Producers:
             self._gpus[share.name] = gpus[0].index
         else:
             self._gpus.pop(share.name, None)
-        cpus, _mem = self.reservation(share)
+        cpus, _mem = self.reservation(share, running=False)
         last = self._dir(share.name)
         n = int(last.name) + 1 if last is not None else 1
         folder = self.state.dir / "shares" / share.name / str(n)
@@ -98,42 +101,38 @@ class Producers:
                 command,
                 cwd,
                 env,
-                0,
-                n,
-                f"producer {share.name}",
-                c.grace_s,
-                c.interval_s,
-                c.log_max,
-                None,
-                self.tracked,
-            ),
+                job_id=0,
+                attempt=n,
+                name=f"producer {share.name}",
+                grace_s=c.grace_s,
+                interval_s=c.interval_s,
+                log_max=c.log_max,
+                socket=None,
+                track=self.tracked,
+            ),  # fmt: skip
         )
         handle = _Handle(0, n)
         self._launcher.start(handle, Launch(folder, cwd, cpus))
-        key = f"share-{share.name}-{n}"
-        self._runs[share.name] = (folder, key)
+        self._runs[share.name] = folder
         self.state.set_producer(share.name, handle.shim_pid, handle.shim_ctime, cpus=cpus)
         self.state.event(job.id, "producer", f"started producer of {share.name!r} (pid {handle.shim_pid})")
         if self.tracked:
             tags = {"tandem.role": "producer", "tandem.share": share.name, "group": job.group or ""}
-            tracking.run_started(
-                self.state.dir, key, f"producer {share.name}", tags, folder / "metrics.jsonl", time.time()
-            )
+            spool = folder / "metrics.jsonl"
+            tracking.run_started(self.state.dir, _run_key(share.name, folder), f"producer {share.name}", tags,
+                                 spool, time.time())  # fmt: skip
 
-    def prefer_gpus(self, job: Job, share: Share | None) -> tuple[int, ...]:
-        """The GPU a job's shared batches are on, if its producer keeps them on one and runs."""
-        index = self._gpus.get(job.share or "")
-        if index is None or share is None or not self.running(share):
-            return ()
-        return (index,)
+    def prefer_gpus(self, name: str) -> tuple[int, ...]:
+        """The GPU a running producer of share ``name`` keeps its batches on, if any."""
+        index = self._gpus.get(name)
+        return () if index is None else (index,)
 
     def _end_run(self, name: str, status: str) -> None:
         """Close the MLflow run of the share's newest producer (one a previous daemon started too)."""
         folder = self._dir(name)
         self._runs.pop(name, None)
         if folder is not None and self.tracked:
-            key = f"share-{name}-{folder.name}"
-            tracking.run_ended(self.state.dir, key, status, {}, {}, folder / "output.log")
+            tracking.run_ended(self.state.dir, _run_key(name, folder), status, {}, {}, folder / "output.log")
 
     def dead(self) -> list[tuple[Share, str]]:
         """Producers that died on their own (not stopped by us): each share with the error
@@ -179,6 +178,11 @@ class Producers:
                     os.kill(pid, signal.SIGKILL)
                 except ProcessLookupError:
                     pass
+
+
+def _run_key(name: str, folder: Path) -> str:
+    """The tracking queue's key of the producer of ``name`` started in ``folder``."""
+    return f"share-{name}-{folder.name}"
 
 
 class _Handle:

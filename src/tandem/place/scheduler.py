@@ -240,7 +240,6 @@ def _reserve(job: Waiting, p: Placement, host: HostSlot, gpus: list[GpuSlot]) ->
     host.all_jobs += 1
     if not p.gpus:
         host.jobs += 1
-        host.fresh = True
         host.alone = host.alone or p.alone
         if (
             job.startup_cpus is not None and job.startup_cpus > job.cpus

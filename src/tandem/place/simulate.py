@@ -310,7 +310,6 @@ class _Sim:
             cpu_p95=busy,
             jobs=len(cpu_runs),
             all_jobs=len(self.runs),
-            fresh=fresh,
             alone=any(r.alone for r in cpu_runs),
         )
 

@@ -173,14 +173,14 @@ _QUEUE_COLUMNS = ", ".join(
         "started",
     )
 )
-_EMPTY = {"[]": [], "{}": {}}
+_EMPTY = {"[]": list, "{}": dict}  # most jobs' after and such: no JSON parse for them
 
 
 def _decode(cls: type, row: sqlite3.Row) -> Any:
     values = dict(zip(row.keys(), row))
     for k in _JSON_FIELDS.intersection(values):
         text = values[k]
-        values[k] = type(_EMPTY[text])() if text in _EMPTY else json.loads(text)
+        values[k] = _EMPTY[text]() if text in _EMPTY else json.loads(text)
     if "cancel_requested" in values:
         values["cancel_requested"] = bool(values["cancel_requested"])
     return cls(**values)
