@@ -57,6 +57,37 @@ def test_a_request_over_the_packet_limit_travels_in_a_memory_file() -> None:
         protocol.unpack(json.dumps({"op": "submit", "body": "fd"}).encode(), [])
 
 
+def test_every_request_and_reply_is_a_record_that_survives_the_wire() -> None:
+    """What the client sends is what the daemon reads, and back, nested records included."""
+    job = JobSpec(["python", "train.py"], "/tmp", {"A": "1"}, cpus=0.5, after=[3], token="t")
+    for message in (protocol.Submit(job), protocol.Cancel([1, 2]), protocol.Status(), protocol.Stop()):
+        wire = json.loads(protocol.encode(protocol.to_wire(message)))
+        assert wire["op"] == message.OP and protocol.read_request(wire) == message
+    status = protocol.DaemonStatus(
+        pid=1, policy="packing", state_dir="/s", started=2.0, limits={"settle_s": 30.0}, mps=False,
+        backend="local", tracking=None, jobs={"queued": 1},
+        capacity=protocol.Capacity(2.0, 1 << 30, [protocol.GpuCapacity(0, "GPU-x", 80 << 30)]),
+        used=protocol.Use(0.5, 0, None, None, 1, [protocol.GpuUse(0, 1, 1 << 30, None, None, True)]),
+    )  # fmt: skip
+    replies = {"status": status, "submit": protocol.Submitted(7, False), "stop": protocol.Stopping(),
+               "cancel": protocol.Cancelled([1], [9], [])}  # fmt: skip
+    for op, reply in replies.items():
+        wire = json.loads(protocol.encode(protocol.to_wire(reply)))
+        assert wire["ok"] is True and protocol.read_reply(op, wire) == reply
+    assert isinstance(protocol.read_reply("status", status_wire := protocol.to_wire(status)).used.gpus[0],
+                      protocol.GpuUse) and status_wire["used"]["gpus"][0]["probing"] is True  # fmt: skip
+    refused = protocol.read_reply("submit", protocol.to_wire(protocol.Failure("refused: too big", True)))
+    assert refused == protocol.Failure("refused: too big", refused=True)
+    with pytest.raises(
+        protocol.ProtocolError, match="unknown request 'frobnicate'; this daemon knows submit"
+    ):
+        protocol.read_request({"op": "frobnicate"})
+    with pytest.raises(protocol.ProtocolError, match="not a job: unknown job field"):
+        protocol.read_request({"op": "submit", "job": {"comand": ["x"]}})
+    with pytest.raises(protocol.ProtocolError, match="Submitted"):
+        protocol.read_reply("submit", {"ok": True})  # no id
+
+
 def test_the_supervisor_files_are_typed_and_a_partial_one_is_none(tmp_path: Path) -> None:
     usage = Usage(1.0, [1, 2], 10, 20, 0.5, None)
     save(tmp_path, usage)

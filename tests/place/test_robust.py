@@ -161,8 +161,8 @@ def test_a_large_environment_and_a_retried_submit(cli, tmp_path: Path) -> None:
     spec = JobSpec(["true"], str(tmp_path), {}, token="retry-me")
     first = submit(cli.state, spec)
     again = submit(cli.state, spec)  # as after a lost answer: the same token
-    assert again["id"] == first["id"] and first["new"] and not again["new"]
-    assert [j["id"] for j in cli.json("ls", "--all")].count(first["id"]) == 1
+    assert again.id == first.id and first.new and not again.new
+    assert [j["id"] for j in cli.json("ls", "--all")].count(first.id) == 1
 
 
 def test_a_share_group_with_the_defaults_runs_on_two_cores(cli, tmp_path: Path) -> None:

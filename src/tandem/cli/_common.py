@@ -68,8 +68,9 @@ def open_state() -> Any:
         raise click.ClickException(str(exc)) from None
 
 
-def request(message: dict[str, Any], timeout: float = 10.0) -> dict[str, Any]:
-    """One request to the daemon of this state directory."""
+def request(message: Any, timeout: float = 10.0) -> Any:
+    """One request to the daemon of this state directory: its reply record
+    (:mod:`tandem.place.protocol`)."""
     from tandem.place.client import request as send
     from tandem.place.state import state_dir
 

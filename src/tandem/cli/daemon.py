@@ -127,7 +127,8 @@ def daemon_start(foreground: bool, as_json: bool, **options: Any) -> None:
             reply = start_daemon(directory)
         except DaemonError as exc:
             raise click.ClickException(str(exc)) from None
-        click.echo(json.dumps(reply, indent=2) if as_json else f"daemon {reply['pid']} serves {directory}")
+        as_dict = {**dataclasses.asdict(reply), "running": True}
+        click.echo(json.dumps(as_dict, indent=2) if as_json else f"daemon {reply.pid} serves {directory}")
         return
     try:
         run_daemon(directory, config)
@@ -159,7 +160,9 @@ def daemon_stop(timeout: float) -> None:
         click.echo(f"no daemon serves {directory}", err=True)
         return
     pid = daemon_pid(directory)
-    request({"op": "stop"})
+    from tandem.place.protocol import Stop
+
+    request(Stop())
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline and daemon_call(is_running, directory):
         time.sleep(0.1)
@@ -181,24 +184,24 @@ def daemon_status(as_json: bool) -> None:
         else:
             click.echo(f"no daemon serves {state_dir()}")
         sys.exit(EXIT_NO_DAEMON)
-    reply = request({"op": "status"})
-    reply.pop("ok", None)
-    reply["running"] = True
+    from tandem.place.protocol import Status
+
+    reply = request(Status())
     if as_json:
-        click.echo(json.dumps(reply, indent=2))
+        click.echo(json.dumps({**dataclasses.asdict(reply), "running": True}, indent=2))
         return
-    cap, used = reply["capacity"], reply["used"]
-    click.echo(f"daemon {reply['pid']}  policy {reply['policy']}  state {reply['state_dir']}")
+    cap, used = reply.capacity, reply.used
+    click.echo(f"daemon {reply.pid}  policy {reply.policy}  state {reply.state_dir}")
     click.echo(
-        f"  cores {used['cpus']:g}/{cap['cpus']:g} reserved   RAM {format_size(used['mem_bytes'])}/"
-        f"{format_size(cap['mem_bytes'])} reserved   jobs running {used['jobs']}"
+        f"  cores {used.cpus:g}/{cap.cpus:g} reserved   RAM {format_size(used.mem_bytes)}/"
+        f"{format_size(cap.mem_bytes)} reserved   jobs running {used.jobs}"
     )
-    for g, u in zip(cap["gpus"], used["gpus"]):
+    for g, u in zip(cap.gpus, used.gpus):
         click.echo(
-            f"  GPU {g['index']} {g['uuid']}: {u['jobs']} job(s), {format_size(u['mem_reserved_bytes'])}/"
-            f"{format_size(g['mem_bytes'])} reserved"
+            f"  GPU {g.index} {g.uuid}: {u.jobs} job(s), {format_size(u.mem_reserved_bytes)}/"
+            f"{format_size(g.mem_bytes)} reserved"
         )
-    click.echo("  jobs: " + ", ".join(f"{k} {v}" for k, v in sorted(reply["jobs"].items())))
+    click.echo("  jobs: " + ", ".join(f"{k} {v}" for k, v in sorted(reply.jobs.items())))
 
 
 @click.command("replay")

@@ -129,9 +129,9 @@ def submit(
     if as_json:
         from tandem.place.views import job_json
 
-        click.echo(json.dumps(job_json(open_state().job(reply["id"])), indent=2))
+        click.echo(json.dumps(job_json(open_state().job(reply.id)), indent=2))
     else:
-        click.echo(reply["id"])
+        click.echo(reply.id)
 
 
 @click.command("ls")
@@ -309,14 +309,16 @@ def logs(job_id: int, follow: bool) -> None:
 def cancel(ids: tuple[str, ...]) -> None:
     """Cancel jobs: a waiting job leaves the queue; a running job's whole process tree gets
     SIGTERM, then SIGKILL after a grace period."""
-    reply = request({"op": "cancel", "ids": job_ids(ids, "'IDS'")})
-    for i in reply["cancelled"]:
+    from tandem.place.protocol import Cancel
+
+    reply = request(Cancel(job_ids(ids, "'IDS'")))
+    for i in reply.cancelled:
         click.echo(f"cancelled {i}")
-    for i in reply["ended"]:
+    for i in reply.ended:
         click.echo(f"job {i} had already ended", err=True)
-    for i in reply["unknown"]:
+    for i in reply.unknown:
         click.echo(f"no job {i}", err=True)
-    if reply["unknown"]:
+    if reply.unknown:
         sys.exit(1)
 
 

@@ -38,10 +38,11 @@ def daemon_socket(state_dir: Path) -> Path:
     return protocol.socket_path(state_dir)
 
 
-def request(state_dir: Path, message: dict[str, Any], timeout: float = 10.0) -> dict[str, Any]:
-    """Send ``message``; return the reply, or raise :class:`DaemonError` (with its message)."""
+def request(state_dir: Path, message: protocol.Request, timeout: float = 10.0) -> Any:
+    """Send ``message``; return its reply record (:mod:`tandem.place.protocol`), or raise
+    :class:`DaemonError` (with the daemon's message)."""
     path = daemon_socket(state_dir)
-    data, body = protocol.pack(message)
+    data, body = protocol.pack(protocol.to_wire(message))
     try:
         with _ipc.new_socket() as sock:
             sock.settimeout(timeout)
@@ -61,10 +62,14 @@ def request(state_dir: Path, message: dict[str, Any], timeout: float = 10.0) -> 
         raise DaemonLost(f"lost the daemon of {state_dir} mid-request ({exc})") from None
     finally:
         _ipc.close_fds(list(body))
-    reply = protocol.decode(data)
-    if not reply.get("ok"):
-        error = DaemonRefused if reply.get("refused") else DaemonError
-        raise error(reply.get("error", "the daemon refused the request"))
+    try:
+        reply = protocol.read_reply(message.OP, protocol.decode(data))
+    except ValueError as exc:
+        raise DaemonError(
+            f"the daemon of {state_dir} answered what this tandem cannot read ({exc})"
+        ) from None
+    if isinstance(reply, protocol.Failure):
+        raise (DaemonRefused if reply.refused else DaemonError)(reply.error)
     return reply
 
 
@@ -88,7 +93,7 @@ def is_running(state_dir: Path) -> bool:
     """Does a daemon answer for ``state_dir``? (One that is stopping counts as gone; one
     that does not answer at all is an error, not a reason to start a second.)"""
     try:
-        request(state_dir, {"op": "status"}, timeout=5.0)
+        request(state_dir, protocol.Status(), timeout=5.0)
         return True
     except DaemonTimeout:
         raise
@@ -96,15 +101,15 @@ def is_running(state_dir: Path) -> bool:
         return False
 
 
-def submit(state_dir: Path, spec: JobSpec, timeout: float = 10.0, tries: int = 3) -> dict[str, Any]:
-    """Submit ``spec``; the reply (``id``). A submit whose answer is lost (a timeout, a
+def submit(state_dir: Path, spec: JobSpec, timeout: float = 10.0, tries: int = 3) -> protocol.Submitted:
+    """Submit ``spec``; the reply (its ``id``). A submit whose answer is lost (a timeout, a
     dropped connection) is sent again with the same token: the daemon then answers with the
     job the first one made, so a retry never makes two jobs."""
     if spec.token is None:
         spec = dataclasses.replace(spec, token=uuid.uuid4().hex)
     for attempt in range(tries):
         try:
-            return request(state_dir, {"op": "submit", "job": spec.to_dict()}, timeout=timeout)
+            return request(state_dir, protocol.Submit(spec), timeout=timeout)
         except (DaemonTimeout, DaemonLost):
             if attempt == tries - 1:
                 raise
@@ -114,7 +119,7 @@ def submit(state_dir: Path, spec: JobSpec, timeout: float = 10.0, tries: int = 3
 
 def start_daemon(
     state_dir: Path, timeout: float = START_TIMEOUT_S, env: dict[str, str] | None = None
-) -> dict[str, Any]:
+) -> protocol.DaemonStatus:
     """Start a daemon for ``state_dir`` in the background (with the configuration kept there,
     :class:`~tandem.place.config.DaemonConfig`) and wait until it answers."""
     log_path = state_dir / "daemon.log"
@@ -135,11 +140,11 @@ def start_daemon(
         if code is not None:
             # Another daemon won a race to start? Then it answers; else report why ours died.
             try:
-                return request(state_dir, {"op": "status"}, timeout=5.0)
+                return request(state_dir, protocol.Status(), timeout=5.0)
             except DaemonError:
                 raise DaemonError(f"the daemon exited at start (exit {code}):\n{_tail(log_path)}") from None
         try:
-            return request(state_dir, {"op": "status"}, timeout=2.0)
+            return request(state_dir, protocol.Status(), timeout=2.0)
         except DaemonNotRunning:
             time.sleep(0.1)
     proc.kill()

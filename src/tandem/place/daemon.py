@@ -213,28 +213,28 @@ class Daemon:
                 request = protocol.unpack(data, fds)
             except (EOFError, TimeoutError, ValueError, OSError):
                 return
-            op = request.get("op")
-            if op == "wake":
-                self.wake = True
+            try:
+                reply = self.handle(protocol.read_request(request))
+            except protocol.ProtocolError as exc:
+                reply = protocol.Failure(f"refused: {exc}", refused=True)
+            except Exception as exc:  # a bad request must not take the daemon down
+                log.exception("request %r failed", request.get("op"))
+                reply = protocol.Failure(f"{type(exc).__name__}: {exc}")
+            if reply is None:
                 return
             try:
-                reply = self.handle(request)
-            except Exception as exc:  # a bad request must not take the daemon down
-                log.exception("request %r failed", op)
-                reply = {"ok": False, "error": f"{type(exc).__name__}: {exc}"}
-            try:
-                _ipc.send_packet(conn, protocol.encode(reply), timeout=2.0)
+                _ipc.send_packet(conn, protocol.encode(protocol.to_wire(reply)), timeout=2.0)
             except (OSError, TimeoutError, ValueError):
                 pass
 
-    def handle(self, request: dict[str, Any]) -> dict[str, Any]:
+    def handle(self, request: protocol.Request) -> protocol.Reply | None:
+        """The reply to ``request`` (None: a wake, which has none)."""
         from tandem.place.requests import HANDLERS
 
-        handler = HANDLERS.get(request.get("op", ""))
-        if handler is None:
-            known = ", ".join(protocol.OPS)
-            return {"ok": False, "error": f"unknown request {request.get('op')!r}; this daemon knows {known}"}
-        return handler(self, request)
+        if isinstance(request, protocol.Wake):
+            self.wake = True
+            return None
+        return HANDLERS[type(request)](self, request)
 
     # --- the tick ---------------------------------------------------------------------------
 

@@ -21,6 +21,7 @@ from typing import Any
 
 import psutil
 
+from tandem.place import protocol
 from tandem.place.client import request, start_daemon, submit
 from tandem.place.config import DaemonConfig
 from tandem.place.model import FINAL_STATES, JobSpec
@@ -84,7 +85,7 @@ def replay_live(
                 env=env,
                 cwd=str(workdir),
             )
-            ids[submit(state_dir, spec)["id"]] = job
+            ids[submit(state_dir, spec).id] = job
         state = State(state_dir)
         deadline = time.monotonic() + timeout
         while True:
@@ -97,7 +98,7 @@ def replay_live(
     finally:
         cpu.stop.set()
         try:
-            request(state_dir, {"op": "stop"})
+            request(state_dir, protocol.Stop())
         except Exception:
             pass
     rows = [job_json(j) for j in jobs if j is not None]

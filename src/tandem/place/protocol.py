@@ -1,20 +1,25 @@
-"""The job manager's wire protocol: JSON requests and replies over the daemon's socket.
+"""The job manager's wire protocol: typed requests and replies over the daemon's socket.
 
 One ``SOCK_SEQPACKET`` Unix socket per state directory, in tandem's private runtime
 directory (:mod:`tandem._ipc`): ``place/<hash of the state directory>.sock``. A client
-connects, sends one request packet, reads one reply packet, closes. Every request is an
-object with ``op``; every reply has ``ok`` and, when ``ok`` is false, ``error`` (a message
-for the user). Reads (``ls``, ``show``, ``logs``, ``wait``) go to the state file, not here.
+connects, sends one request packet, reads one reply packet, closes. Reads (``ls``,
+``show``, ``logs``, ``wait``) go to the state file, not here.
 
-=========  ==============================================  =================================
-op         request fields                                  reply fields
-=========  ==============================================  =================================
-submit     ``job``: the fields of ``tandem submit``        ``id``
-cancel     ``ids``                                         ``cancelled``, ``unknown``, ``ended``
-status     -                                               ``pid``, ``policy``, ``capacity``, ``used``, ...
-stop       -                                               - (the daemon exits; jobs go on)
-wake       -                                               (no reply: a shim's result is ready)
-=========  ==============================================  =================================
+Every message is one record below, named once: the client builds a request record, the
+daemon reads it back with :func:`read_request` and answers with a reply record, which the
+client reads with :func:`read_reply`. On the wire a record is a JSON object of its fields,
+with ``op`` on a request and ``ok`` on a reply; a reply that is not ``ok`` is a
+:class:`Failure` (``refused``: the request was understood and refused, the client's exit 2).
+
+==============  ===========================  ==============================================
+request         fields                       reply
+==============  ===========================  ==============================================
+:class:`Submit` ``job``: a :class:`JobSpec`  :class:`Submitted`: ``id``, ``new``
+:class:`Cancel` ``ids``                      :class:`Cancelled`: ``cancelled``, ``unknown``, ``ended``
+:class:`Status` -                            :class:`DaemonStatus`: pid, policy, capacity, use, ...
+:class:`Stop`   -                            :class:`Stopping` (the daemon exits; jobs go on)
+:class:`Wake`   -                            none (a supervisor's result is ready: look now)
+==============  ===========================  ==============================================
 
 A request over the packet limit (a job with a large environment or command) travels in an
 anonymous memory file whose descriptor the packet carries (:func:`pack`, :func:`unpack`).
@@ -22,15 +27,223 @@ anonymous memory file whose descriptor the packet carries (:func:`pack`, :func:`
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import os
+import types
+import typing
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar, TypeVar, Union
 
 from tandem import _ipc
+from tandem.place.model import JobSpec
 
-OPS = ("submit", "cancel", "status", "stop", "wake")
+T = TypeVar("T")
+
+
+# --- requests -------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Submit:
+    """Queue ``job`` (``job.token`` makes a retried submit return the job it made)."""
+
+    OP: ClassVar[str] = "submit"
+    job: JobSpec
+
+
+@dataclass(frozen=True)
+class Cancel:
+    """Cancel these jobs: a waiting one ends at once, a running one is stopped."""
+
+    OP: ClassVar[str] = "cancel"
+    ids: list[int] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class Status:
+    OP: ClassVar[str] = "status"
+
+
+@dataclass(frozen=True)
+class Stop:
+    OP: ClassVar[str] = "stop"
+
+
+@dataclass(frozen=True)
+class Wake:
+    OP: ClassVar[str] = "wake"
+
+
+Request = Union[Submit, Cancel, Status, Stop, Wake]
+REQUESTS: dict[str, type] = {cls.OP: cls for cls in (Submit, Cancel, Status, Stop, Wake)}
+OPS = tuple(REQUESTS)
+
+
+# --- replies --------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Failure:
+    """The daemon did not do it: ``error`` says why; ``refused`` if it understood the
+    request and will not (a job that can never fit), else it failed (a bad request)."""
+
+    error: str
+    refused: bool = False
+
+
+@dataclass(frozen=True)
+class Submitted:
+    id: int
+    new: bool = True  # False: the token's earlier submit made this job
+
+
+@dataclass(frozen=True)
+class Cancelled:
+    cancelled: list[int] = field(default_factory=list)
+    unknown: list[int] = field(default_factory=list)
+    ended: list[int] = field(default_factory=list)  # had ended already: nothing to cancel
+
+
+@dataclass(frozen=True)
+class Stopping:
+    pass
+
+
+@dataclass(frozen=True)
+class GpuCapacity:
+    index: int
+    uuid: str
+    mem_bytes: int
+
+
+@dataclass(frozen=True)
+class Capacity:
+    cpus: float
+    mem_bytes: int
+    gpus: list[GpuCapacity] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class GpuUse:
+    index: int
+    jobs: int
+    mem_reserved_bytes: int
+    mem_used_bytes: int | None
+    activity_mean: float | None
+    probing: bool
+
+
+@dataclass(frozen=True)
+class Use:
+    """What is reserved and measured now (``cpu_busy_mean``: the host's busy cores)."""
+
+    cpus: float
+    mem_bytes: int
+    cpu_busy_mean: float | None
+    mem_available_bytes: int | None
+    jobs: int
+    gpus: list[GpuUse] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class DaemonStatus:
+    pid: int
+    policy: str
+    state_dir: str
+    started: float
+    limits: dict[str, Any]
+    mps: bool
+    backend: str
+    tracking: str | None  # the MLflow store, or why there is none
+    capacity: Capacity
+    used: Use
+    jobs: dict[str, int]  # jobs by state
+
+
+Reply = Union[Failure, Submitted, Cancelled, Stopping, DaemonStatus]
+REPLIES: dict[str, type] = {
+    "submit": Submitted,
+    "cancel": Cancelled,
+    "status": DaemonStatus,
+    "stop": Stopping,
+}
+
+
+class ProtocolError(ValueError):
+    """A message that is not one of this protocol's records."""
+
+
+# --- records <-> JSON objects ---------------------------------------------------------------
+
+
+def to_wire(message: Request | Reply) -> dict[str, Any]:
+    """The JSON object of a request (with ``op``) or a reply (with ``ok``)."""
+    data = dataclasses.asdict(message)
+    if isinstance(message, Submit):
+        data["job"] = message.job.to_dict()
+    if isinstance(message, tuple(REQUESTS.values())):
+        return {"op": message.OP, **data}  # type: ignore[union-attr]
+    return {"ok": not isinstance(message, Failure), **data}
+
+
+def read_request(data: dict[str, Any]) -> Request:
+    """The request record of a JSON object (:class:`ProtocolError` if it is none)."""
+    op = data.get("op")
+    cls = REQUESTS.get(op) if isinstance(op, str) else None
+    if cls is None:
+        raise ProtocolError(f"unknown request {op!r}; this daemon knows {', '.join(OPS)}")
+    fields = {k: v for k, v in data.items() if k != "op"}
+    if cls is Submit:
+        if not isinstance(fields.get("job"), dict):
+            raise ProtocolError("not a job: a submit carries a job object")
+        try:
+            return Submit(JobSpec.from_dict(fields["job"]))
+        except (TypeError, ValueError) as exc:
+            raise ProtocolError(f"not a job: {exc}") from None
+    return _build(cls, fields)
+
+
+def read_reply(op: str, data: dict[str, Any]) -> Reply:
+    """The reply record to request ``op`` of a JSON object."""
+    if not data.get("ok"):
+        return Failure(str(data.get("error") or "the daemon refused the request"), bool(data.get("refused")))
+    return _build(REPLIES[op], {k: v for k, v in data.items() if k != "ok"})
+
+
+def _build(cls: type[T], data: Any) -> T:
+    """``cls`` from a JSON object: nested records and lists of them built too; fields this
+    version does not know are left out (a newer daemon may say more)."""
+    if not isinstance(data, dict):
+        raise ProtocolError(f"{cls.__name__}: not an object")
+    hints = typing.get_type_hints(cls)
+    values = {}
+    for f in dataclasses.fields(cls):  # type: ignore[arg-type]
+        if f.name in data:
+            values[f.name] = _value(hints[f.name], data[f.name])
+    try:
+        return cls(**values)
+    except TypeError as exc:
+        raise ProtocolError(f"{cls.__name__}: {exc}") from None
+
+
+def _value(hint: Any, value: Any) -> Any:
+    if dataclasses.is_dataclass(hint):
+        return _build(hint, value)
+    origin = typing.get_origin(hint)
+    if origin is list and isinstance(value, list):
+        (item,) = typing.get_args(hint)
+        return [_value(item, v) for v in value]
+    if origin in (Union, types.UnionType):
+        records = [a for a in typing.get_args(hint) if dataclasses.is_dataclass(a)]
+        if records and isinstance(value, dict):
+            return _build(records[0], value)
+    return value
+
+
+# --- packets --------------------------------------------------------------------------------
 
 
 def socket_path(state_dir: Path) -> Path:

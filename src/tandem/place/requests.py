@@ -1,35 +1,35 @@
 """The daemon's requests, one handler each (pueue's design): ``submit``, ``cancel``,
-``status``, ``stop``. Each takes the daemon and the request (:mod:`tandem.place.protocol`)
-and returns the reply; a refusal says what to change (``refused``: the client's exit 2).
+``status``, ``stop``. Each takes the daemon and its request record
+(:mod:`tandem.place.protocol`) and returns the reply record; a refusal says what to change
+(``refused``: the client's exit 2).
 """
 
 from __future__ import annotations
 
 import os
 import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from tandem.place.model import CANCELLED, FINAL_STATES, JobSpec, format_size
+from tandem.place import protocol as p
+from tandem.place.model import CANCELLED, FINAL_STATES, format_size
 from tandem.place.scheduler import Waiting, fits_at_all
 
 if TYPE_CHECKING:
     from tandem.place.daemon import Daemon
 
 
-def _refused(error: str) -> dict[str, Any]:
-    return {"ok": False, "refused": True, "error": f"refused: {error}"}
+def _refused(error: str) -> p.Failure:
+    return p.Failure(f"refused: {error}", refused=True)
 
 
-def stop(d: Daemon, _request: dict[str, Any]) -> dict[str, Any]:
+def stop(d: Daemon, _request: p.Stop) -> p.Stopping:
     d.stop_requested = True
-    return {"ok": True}
+    return p.Stopping()
 
 
-def submit(d: Daemon, request: dict[str, Any]) -> dict[str, Any]:
-    try:
-        spec = JobSpec.from_dict(request["job"])
-    except (KeyError, TypeError, ValueError) as exc:
-        return _refused(f"not a job: {exc}")
+def submit(d: Daemon, request: p.Submit) -> p.Submitted | p.Failure:
+    spec = request.job
     problem = spec.problem()
     if problem:
         return _refused(problem)
@@ -59,12 +59,12 @@ def submit(d: Daemon, request: dict[str, Any]) -> dict[str, Any]:
             return _refused(f"--after {dep}: no such job")
     job_id, new = d.state.add_job(spec, gpus, time.time())
     d.wake = d.dirty = True
-    return {"ok": True, "id": job_id, "new": new}
+    return p.Submitted(job_id, new)
 
 
-def cancel(d: Daemon, request: dict[str, Any]) -> dict[str, Any]:
+def cancel(d: Daemon, request: p.Cancel) -> p.Cancelled:
     cancelled, unknown, ended = [], [], []
-    for job_id in (int(i) for i in request.get("ids", [])):
+    for job_id in (int(i) for i in request.ids):
         job = d.state.job(job_id, attempts=False)
         if job is None:
             unknown.append(job_id)
@@ -86,46 +86,42 @@ def cancel(d: Daemon, request: dict[str, Any]) -> dict[str, Any]:
             d.state.event(job_id, "cancelled", "while waiting")
             cancelled.append(job_id)
     d.dirty = True
-    return {"ok": True, "cancelled": cancelled, "unknown": unknown, "ended": ended}
+    return p.Cancelled(cancelled, unknown, ended)
 
 
-def status(d: Daemon, _request: dict[str, Any]) -> dict[str, Any]:
+def status(d: Daemon, _request: p.Status) -> p.DaemonStatus:
     active = d.attempts.active.values()
     host = d.admission.host_slot(active)
-    counts = d.state.counts()
-    gpus = [{"index": g.index, "uuid": g.uuid, "mem_bytes": g.mem_total} for g in d.capacity.gpus]
+    gpus = [p.GpuCapacity(g.index, g.uuid, g.mem_total) for g in d.capacity.gpus]
     used_gpus = [
-        {
-            "index": g.index,
-            "jobs": g.jobs,
-            "mem_reserved_bytes": g.mem_reserved,
-            "mem_used_bytes": g.mem_used,
-            "activity_mean": g.activity_mean,
-            "probing": g.probing,
-        }
+        p.GpuUse(g.index, g.jobs, g.mem_reserved, g.mem_used, g.activity_mean, g.probing)
         for g in d.admission.gpu_slots(active)
     ]
-    return {
-        "ok": True,
-        "pid": os.getpid(),
-        "policy": d.policy.name,
-        "state_dir": str(d.state.dir),
-        "started": d.started,
-        "limits": d.limits.__dict__,
-        "mps": d.config.mps,
-        "backend": d.config.backend,
-        "tracking": None if d.tracker is None else (d.tracker.why_not or d.tracker.uri),
-        "capacity": {"cpus": d.capacity.cpus, "mem_bytes": d.capacity.mem, "gpus": gpus},
-        "used": {
-            "cpus": host.cpus_reserved,
-            "mem_bytes": host.mem_reserved,
-            "cpu_busy_mean": host.cpu_mean,
-            "mem_available_bytes": host.mem_available,
-            "jobs": len(d.attempts.active),
-            "gpus": used_gpus,
-        },
-        "jobs": counts,
-    }
+    return p.DaemonStatus(
+        pid=os.getpid(),
+        policy=d.policy.name,
+        state_dir=str(d.state.dir),
+        started=d.started,
+        limits=dict(d.limits.__dict__),
+        mps=d.config.mps,
+        backend=d.config.backend,
+        tracking=None if d.tracker is None else (d.tracker.why_not or d.tracker.uri),
+        capacity=p.Capacity(d.capacity.cpus, d.capacity.mem, gpus),
+        used=p.Use(
+            cpus=host.cpus_reserved,
+            mem_bytes=host.mem_reserved,
+            cpu_busy_mean=host.cpu_mean,
+            mem_available_bytes=host.mem_available,
+            jobs=len(d.attempts.active),
+            gpus=used_gpus,
+        ),
+        jobs=d.state.counts(),
+    )
 
 
-HANDLERS = {"submit": submit, "cancel": cancel, "status": status, "stop": stop}
+HANDLERS: dict[type, Callable[[Daemon, Any], p.Reply]] = {
+    p.Submit: submit,
+    p.Cancel: cancel,
+    p.Status: status,
+    p.Stop: stop,
+}

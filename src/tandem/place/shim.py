@@ -356,12 +356,13 @@ def _wake_daemon(socket_path: str | None) -> None:
     if not socket_path:
         return
     from tandem import _ipc
+    from tandem.place import protocol
 
     try:
         with _ipc.new_socket() as sock:
             sock.settimeout(1.0)
             sock.connect(socket_path)
-            _ipc.send_packet(sock, b'{"op": "wake"}', timeout=1.0)
+            _ipc.send_packet(sock, protocol.encode(protocol.to_wire(protocol.Wake())), timeout=1.0)
     except OSError:
         pass
 
