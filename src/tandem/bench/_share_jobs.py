@@ -1,23 +1,21 @@
 """The job processes of the share benchmark (:mod:`tandem.bench.share_bench`): one private
 DataLoader job, one tandem producer and consumer job, one TensorSocket producer and job.
 
-Each runs in a spawned process, builds its loader, says so, waits for the common start and
-then reports its :class:`JobResult` (samples, stall, CPU of its own tree) on a queue.
+Each runs in a spawned process and follows the harness's steps (:mod:`tandem.bench.harness`):
+builds its loader, says so, waits for the common start, then reports its
+:class:`~tandem.bench.harness.JobResult` (samples, stall, CPU of its own tree).
 """
 
 from __future__ import annotations
 
 import os
-import threading
 import time
-from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
-from typing import Any
 
-import psutil
 import torch
 
 from tandem.bench.data import ImageFolder
+from tandem.bench.harness import JobResult, cpu_from, tree_cpu_s, waited_batches
 from tandem.bench.models import MODELS
 
 
@@ -32,21 +30,6 @@ class Config:
     model: str = "tiny_cnn"
     run_timeout_s: float = 90.0
     data_dir: str = "data/bench-images"
-
-
-@dataclass
-class JobResult:
-    job: int
-    label: str = ""
-    samples: int = 0
-    wall_s: float = 0.0
-    stall_s: float = 0.0
-    samples_per_s: float = 0.0
-    cpu_s: float = 0.0  # the job's process tree, from the common start to its end
-    start: float = 0.0  # time.monotonic(), shared by all processes on the host
-    end: float = 0.0
-    partial: bool = False  # killed before it finished: figures up to the kill
-    error: str | None = None
 
 
 # --------------------------------------------------------------------------- job processes
@@ -69,31 +52,6 @@ def _step_fn(step: str, cfg: Config, model_name: str | None = None):
         opt.step()
 
     return train_step
-
-
-def tree_cpu_s() -> float:
-    """CPU-seconds (user + system) of this process and its live descendants."""
-    me = psutil.Process()
-    total = 0.0
-    for p in [me, *me.children(recursive=True)]:
-        try:
-            t = p.cpu_times()
-            total += t.user + t.system
-        except psutil.NoSuchProcess:
-            pass
-    return total
-
-
-def waited_batches(batches: Iterable[Any]) -> Iterator[tuple[Any, float]]:
-    """Each batch with the seconds that fetching it took (the training loop's wait for data)."""
-    it = iter(batches)
-    while True:
-        t0 = time.perf_counter()
-        try:
-            batch = next(it)
-        except StopIteration:
-            return
-        yield batch, time.perf_counter() - t0
 
 
 def _timed_epochs(batches_per_epoch, epochs: int, step, progress, unpack=lambda b: b) -> JobResult:
@@ -158,23 +116,11 @@ def private_job(queue, cfg, job, root, built, ready, progress):
     _report(queue, _private_job, cfg, job, root, built, ready, progress)
 
 
-def _cpu_from_ready(ready) -> dict:
-    """CPU of this process tree from when ``ready`` is set (measured by a helper thread)."""
-    mark: dict = {}
-
-    def wait() -> None:
-        ready.wait(300)
-        mark["cpu0"] = tree_cpu_s()
-
-    threading.Thread(target=wait, daemon=True).start()
-    return mark
-
-
 def tandem_producer(queue, cfg: Config, root: str, name: str, ready) -> None:
     from tandem.share import Producer
 
     torch.set_num_threads(1)
-    mark = _cpu_from_ready(ready)
+    mark = cpu_from(ready)
     p = Producer.from_dataset(
         ImageFolder(root, crop=cfg.crop), name, batch_size=cfg.batch_size, shuffle=True,
         num_workers=cfg.workers, window=8,
@@ -208,7 +154,7 @@ def tensorsocket_producer(queue, cfg: Config, root: str, ports: tuple[int, int, 
     from tensorsocket import TensorProducer
 
     torch.set_num_threads(1)
-    mark = _cpu_from_ready(ready)
+    mark = cpu_from(ready)
     loader = torch.utils.data.DataLoader(
         ImageFolder(root, crop=cfg.crop), batch_size=cfg.batch_size, shuffle=True,
         num_workers=cfg.workers,

@@ -25,9 +25,7 @@ import json
 import multiprocessing as mp
 import os
 import platform
-import queue as queue_mod
 import statistics
-import threading
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -38,7 +36,6 @@ import torch
 
 from tandem.bench._share_jobs import (
     Config,
-    JobResult,
     JobSpec,
     private_job,
     tandem_job,
@@ -48,6 +45,13 @@ from tandem.bench._share_jobs import (
 )
 from tandem.bench.handoff import SHAPES as HANDOFF_SHAPES
 from tandem.bench.handoff import measure as measure_handoff
+from tandem.bench.harness import (
+    Every,
+    JobProcesses,
+    JobResult,
+    free_ports,
+    tensorsocket_available,
+)
 from tandem.bench.images import make_image_folder
 from tandem.watch.samplers.process_tree import pss_bytes
 
@@ -70,33 +74,7 @@ class RunResult:
 
 
 # --------------------------------------------------------------------------- measurement
-class _Every:
-    """Calls ``tick()`` from a thread every ``interval`` s while in its ``with`` block, and
-    once more at the block's end."""
-
-    def __init__(self, interval: float) -> None:
-        self._interval = interval
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._loop, name=type(self).__name__, daemon=True)
-
-    def tick(self) -> None:
-        raise NotImplementedError
-
-    def _loop(self) -> None:
-        while not self._stop.wait(self._interval):
-            self.tick()
-
-    def __enter__(self) -> _Every:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        self._thread.join()
-        self.tick()
-
-
-class PssSampler(_Every):
+class PssSampler(Every):
     """Peak of the summed PSS of this process's descendants, sampled every 0.2 s."""
 
     def __init__(self) -> None:
@@ -107,39 +85,6 @@ class PssSampler(_Every):
     def tick(self) -> None:
         total = sum(pss_bytes(p.pid) or 0 for p in self._me.children(recursive=True))
         self.peak = max(self.peak, total)
-
-
-def _reap(procs: list, grace_s: float) -> None:
-    """Join the run's processes; kill whatever is left of their trees (loader workers too)."""
-    tree = []
-    for p in procs:
-        try:
-            tree += psutil.Process(p.pid).children(recursive=True)
-        except psutil.NoSuchProcess:
-            pass
-    for p in procs:
-        p.join(grace_s)
-        if p.is_alive():
-            p.kill()
-            p.join(5)
-    for child in tree:
-        try:
-            child.kill()
-        except psutil.NoSuchProcess:
-            pass
-    psutil.wait_procs(tree, timeout=5)
-
-
-def _free_ports(n: int) -> tuple[int, ...]:
-    import socket
-
-    socks = [socket.socket() for _ in range(n)]
-    for s in socks:
-        s.bind(("127.0.0.1", 0))
-    ports = tuple(s.getsockname()[1] for s in socks)
-    for s in socks:
-        s.close()
-    return ports
 
 
 def _track(pid: int, name: str, group: str, mode: str) -> Any:
@@ -154,7 +99,7 @@ CLOCK = "clock_start"
 CLOCK_MARK = f"tandem.mark.{CLOCK}"  # `tandem report` draws a dotted line there
 
 
-class StallLogger(_Every):
+class StallLogger(Every):
     """Logs each job's data stall (its time blocked in ``next()``, counted by the job
     itself) to its tracked run every ``interval`` s and at the end, as a running total.
     Tandem consumers' stall is logged by ``tandem.watch`` from their producer's statistics;
@@ -180,96 +125,83 @@ def run_one(
     own run with that group tag, from this process (so the tracking is in no job's tree)."""
     specs = [JobSpec(step)] * jobs if isinstance(jobs, int) else list(jobs)
     jobs = len(specs)
-    q = CTX.Queue()
-    built = CTX.Queue()
-    ready = CTX.Event()
+    run = JobProcesses(CTX)
+    q, built, ready = run.results, run.built, run.ready
     progress = [CTX.Array("d", 4, lock=False) for _ in specs]  # (samples, start, pid, stall s) per job
-    procs: list[mp.Process] = []
     result = RunResult(mode, jobs, step)
     producer_cpu = 0.0
-    with PssSampler() as pss:
-        if mode == "private":
-            targets = [(private_job, (q, cfg, job, root, built, ready, pr))
-                       for job, pr in zip(specs, progress)]  # fmt: skip
-        elif mode == "tandem":
-            name = f"bench-{os.getpid()}-{time.monotonic_ns()}"
-            procs.append(CTX.Process(target=tandem_producer, args=(q, cfg, root, name, ready)))
-            targets = [(tandem_job, (q, cfg, job, name, built, ready, pr))
-                       for job, pr in zip(specs, progress)]  # fmt: skip
-        else:
-            ports = _free_ports(4)
-            procs.append(CTX.Process(target=tensorsocket_producer,
-                                     args=(q, cfg, root, ports, built, ready)))  # fmt: skip
-            targets = [(tensorsocket_job, (q, cfg, job, ports, built, ready, pr))
-                       for job, pr in zip(specs, progress)]  # fmt: skip
-        tracked: list[tuple[Any, int | None]] = []  # (run, job index or None for the producer)
-        for p in procs:  # the producer, if any
-            p.start()
-            if track_group:
-                tracked.append((_track(p.pid, "producer", track_group, mode), None))
-        if mode == "tensorsocket":
-            # its consumers must connect to a live producer (ZeroMQ subscribers that come
-            # first miss its messages and it never sees them)
-            built.get(timeout=120)
-        jobs_procs = [CTX.Process(target=t, args=a) for t, a in targets]
-        for i, p in enumerate(jobs_procs):
-            p.start()
-            if track_group:
-                tracked.append((_track(p.pid, specs[i].label(cfg), track_group, mode), i))
-        procs += jobs_procs
-        # Start the clock when every job has built its loader or attached its consumer.
-        deadline = time.monotonic() + cfg.run_timeout_s
-        waiting = jobs
-        while waiting and time.monotonic() < deadline:
-            try:
-                built.get(timeout=1.0)
-                waiting -= 1
-            except queue_mod.Empty:
-                if not any(p.is_alive() for p in procs[-jobs:]):
-                    break
-        ready.set()
-        clock_ms = time.time() * 1000  # where the figures' clock starts (start-up is before it)
-        expected = jobs + (mode != "private")
-        got = 0
-        # Private and TensorSocket jobs' stall is logged here (tandem's comes from its producer).
-        with StallLogger(tracked if mode != "tandem" else [], progress):
-            while got < expected and time.monotonic() < deadline:
-                try:
-                    item = q.get(timeout=1.0)
-                except queue_mod.Empty:
-                    if not any(p.is_alive() for p in procs):
-                        break
-                    continue
-                got += 1
-                if isinstance(item, tuple) and item[0] == "producer":
-                    producer_cpu = item[1]
-                else:
-                    result.per_job.append(item)
-        if len(result.per_job) < jobs:
-            killed_at = time.monotonic()
-            result.note = (f"{jobs - len(result.per_job)} job(s) did not finish within "
-                           f"{cfg.run_timeout_s:g} s (hung or too slow): killed; figures up "
-                           "to the kill")  # fmt: skip
-            finished = {j.job for j in result.per_job}
-            for job, pr in zip(specs, progress):
-                label = job.label(cfg)
-                if pr[2] and int(pr[2]) in finished:
-                    continue
-                start = pr[1] or killed_at
-                wall = killed_at - start
-                result.per_job.append(JobResult(
-                    job=int(pr[2]), label=label, samples=int(pr[0]), wall_s=wall, start=start,
-                    end=killed_at, partial=True, samples_per_s=pr[0] / wall if wall > 0 else 0.0,
-                ))  # fmt: skip
+    got = 0
 
-        _reap(procs, grace_s=15 if not result.note else 0.5)
+    def on_result(item: Any) -> None:
+        nonlocal producer_cpu, got
+        got += 1
+        if isinstance(item, tuple) and item[0] == "producer":
+            producer_cpu = item[1]
+        else:
+            result.per_job.append(item)
+
+    tracked: list[tuple[Any, int | None]] = []  # (run, job index or None for the producer)
+    clock_ms = time.time() * 1000  # where the figures' clock starts (start-up is before it)
+    with PssSampler() as pss:
+        try:
+            if mode == "private":
+                targets = [(private_job, (q, cfg, job, root, built, ready, pr))
+                           for job, pr in zip(specs, progress)]  # fmt: skip
+            elif mode == "tandem":
+                name = f"bench-{os.getpid()}-{time.monotonic_ns()}"
+                producer = run.start(tandem_producer, q, cfg, root, name, ready)
+                targets = [(tandem_job, (q, cfg, job, name, built, ready, pr))
+                           for job, pr in zip(specs, progress)]  # fmt: skip
+            else:
+                ports = free_ports(4)
+                producer = run.start(tensorsocket_producer, q, cfg, root, ports, built, ready)
+                targets = [(tensorsocket_job, (q, cfg, job, ports, built, ready, pr))
+                           for job, pr in zip(specs, progress)]  # fmt: skip
+            if mode != "private" and track_group:
+                tracked.append((_track(producer.pid, "producer", track_group, mode), None))
+            if mode == "tensorsocket":
+                # its consumers must connect to a live producer (ZeroMQ subscribers that come
+                # first miss its messages and it never sees them)
+                run.wait_built(1, 120, on_result)
+            for i, (target, args) in enumerate(targets):
+                p = run.start(target, *args)
+                if track_group:
+                    tracked.append((_track(p.pid, specs[i].label(cfg), track_group, mode), i))
+            # Start the clock when every job has built its loader or attached its consumer.
+            deadline = time.monotonic() + cfg.run_timeout_s
+            run.wait_built(jobs, cfg.run_timeout_s, on_result)
+            ready.set()
+            clock_ms = time.time() * 1000
+            expected = jobs + (mode != "private")
+            # Private and TensorSocket jobs' stall is logged here (tandem's comes from its producer).
+            with StallLogger(tracked if mode != "tandem" else [], progress):
+                run.gather(deadline - time.monotonic(), on_result, lambda: got >= expected)
+            if len(result.per_job) < jobs:
+                killed_at = time.monotonic()
+                result.note = (f"{jobs - len(result.per_job)} job(s) did not finish within "
+                               f"{cfg.run_timeout_s:g} s (hung or too slow): killed; figures up "
+                               "to the kill")  # fmt: skip
+                finished = {j.job for j in result.per_job}
+                for job, pr in zip(specs, progress):
+                    label = job.label(cfg)
+                    if pr[2] and int(pr[2]) in finished:
+                        continue
+                    start = pr[1] or killed_at
+                    wall = killed_at - start
+                    result.per_job.append(JobResult(
+                        job=int(pr[2]), label=label, samples=int(pr[0]), wall_s=wall, start=start,
+                        end=killed_at, partial=True, samples_per_s=pr[0] / wall if wall > 0 else 0.0,
+                    ))  # fmt: skip
+            run.reap(grace_s=15 if not result.note else 0.5)
+        finally:
+            run.close()
         by_label = {j.label: j for j in result.per_job}
-        for run, i in tracked:
+        for tracked_run, i in tracked:
             job = by_label.get(specs[i].label(cfg)) if i is not None else None
             if job is not None and job.samples:
-                run.log_step(samples=job.samples)
+                tracked_run.log_step(samples=job.samples)
             status = "FINISHED" if job is None or not job.error else "FAILED"
-            run.stop(status, tags={CLOCK_MARK: f"{clock_ms:.0f}"})
+            tracked_run.stop(status, tags={CLOCK_MARK: f"{clock_ms:.0f}"})
     result.peak_pss_mib = pss.peak / 2**20
     errors = [j.error for j in result.per_job if j.error]
     if errors:
@@ -286,14 +218,6 @@ def run_one(
 
 
 # --------------------------------------------------------------------------- driver
-def tensorsocket_available() -> bool:
-    try:
-        import tensorsocket  # noqa: F401
-    except Exception:  # noqa: BLE001
-        return False
-    return True
-
-
 def run(jobs: list[int], quick: bool = False, out: Path = Path("benchmarks/results"),
         steps: tuple[str, ...] = ("sleep", "cnn"), modes: tuple[str, ...] | None = None) -> dict:  # fmt: skip
     from rich.console import Console

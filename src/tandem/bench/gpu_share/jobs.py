@@ -17,10 +17,10 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from tandem.bench._share_jobs import JobResult, tree_cpu_s, waited_batches
 from tandem.bench.data import ImageFolder
 from tandem.bench.gpu_share.accounting import _cores, private_workers
 from tandem.bench.gpu_share.config import CTX, DTYPES, Config
+from tandem.bench.harness import JobResult, tree_cpu_s, waited_batches
 from tandem.bench.images import make_image_folder
 from tandem.bench.models import MODELS
 

@@ -4,10 +4,8 @@ energy, and the run of its jobs and producer."""
 from __future__ import annotations
 
 import os
-import queue as queue_mod
 import threading
 import time
-from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -15,7 +13,6 @@ import numpy as np
 import psutil
 import torch
 
-from tandem.bench._share_jobs import JobResult
 from tandem.bench.gpu_share.accounting import (
     _cores,
     epoch_accounting,
@@ -25,7 +22,7 @@ from tandem.bench.gpu_share.accounting import (
 )
 from tandem.bench.gpu_share.config import CTX, MODES, SAMPLE_INTERVAL_S, SHARED_MODES, Config
 from tandem.bench.gpu_share.jobs import PRODUCERS, GpuJobResult, _start, job_main
-from tandem.bench.share_bench import _Every, _free_ports, _reap, tensorsocket_available
+from tandem.bench.harness import Every, JobProcesses, JobResult, free_ports, tensorsocket_available
 
 
 # --------------------------------------------------------------------------- measurement
@@ -72,7 +69,7 @@ class GpuEnergy:
             self._sampler = None
 
 
-class TreeSampler(_Every):
+class TreeSampler(Every):
     """Cumulative CPU-seconds of this process's descendants by role (``job``, ``producer``,
     ``workers``: a descendant of a job or producer, i.e. a loader worker; ``other``: the rest,
     such as the forkserver that starts them) and the GPU energy counter, every 0.2 s; a
@@ -186,18 +183,6 @@ def unavailable(mode: str, cfg: Config) -> str | None:
     return None
 
 
-def _get(q, timeout: float, alive: Callable[[], bool]) -> Any:
-    """The next item of ``q`` within ``timeout`` s (0: only one already there), or None; also
-    None as soon as the queue is empty and none of the run's processes is alive."""
-    deadline = time.monotonic() + timeout
-    while True:
-        try:
-            return q.get(timeout=max(0.0, min(1.0, deadline - time.monotonic())))
-        except queue_mod.Empty:
-            if time.monotonic() >= deadline or not alive():
-                return None
-
-
 def run_one(mode: str, n: int, cfg: Config, root: str, truth: np.ndarray) -> ModeRun:
     """Run ``n`` jobs of ``mode`` to the end (or the timeouts) and measure them."""
     r = ModeRun(mode, n)
@@ -206,12 +191,11 @@ def run_one(mode: str, n: int, cfg: Config, root: str, truth: np.ndarray) -> Mod
         r.status, r.note = "unavailable", f"unavailable: {why}"
         return r
     began = time.monotonic()
-    q, built, ready, finish = CTX.Queue(), CTX.Queue(), CTX.Event(), CTX.Event()
+    run = JobProcesses(CTX, launch=_start)
+    q, built, ready, finish = run.results, run.built, run.ready, CTX.Event()
     progress = [CTX.Array("d", 4, lock=False) for _ in range(n)]
     name = f"gpubench-{os.getpid()}-{mode}-{n}-{time.monotonic_ns() % 10**6}"
-    endpoint: Any = _free_ports(4) if mode == "tensorsocket" else name
-    procs: list = []
-    jobs: list = []
+    endpoint: Any = free_ports(4) if mode == "tensorsocket" else name
     results: list[GpuJobResult] = []
     notes: list[str] = []
     serving = mode not in SHARED_MODES
@@ -229,69 +213,48 @@ def run_one(mode: str, n: int, cfg: Config, root: str, truth: np.ndarray) -> Mod
         elif item[0] == "producer-error":
             notes.append(f"producer: {item[2]}")
 
-    def alive() -> bool:
-        return any(p.is_alive() for p in procs)
-
     energy = GpuEnergy(cfg.device)
     sampler = TreeSampler(energy)
     try:
         with sampler:
             if mode in SHARED_MODES:
-                producer = _start(PRODUCERS[mode], q, cfg, root, endpoint, ready, finish)
-                procs.append(producer)
+                producer = run.start(PRODUCERS[mode], q, cfg, root, endpoint, ready, finish)
                 sampler.roles[producer.pid] = "producer"
                 # TensorSocket's consumers need a live producer, and "auto" workers count the
                 # cores that are free: then the jobs start once the producer serves.
                 if mode == "tensorsocket" or cfg.producer_workers == "auto" and mode == "host":
-                    item = _get(q, cfg.start_timeout_s, alive)
+                    item = run.next(q, cfg.start_timeout_s)
                     if item is None:
                         notes.append("producer: not serving within the start timeout")
                     else:
                         handle(item)
+            jobs = []
             if not notes:
                 shared = (q, cfg, mode, root, endpoint, n, built, ready, finish)
-                jobs = [_start(job_main, *shared, pr) for pr in progress]
+                jobs = [run.start(job_main, *shared, pr) for pr in progress]
                 for p in jobs:
                     sampler.roles[p.pid] = "job"
-                procs += jobs
             # Until every job is built (model, loader or consumer) and the producer serves; a
             # failure on the way ends the run.
-            waiting = len(jobs)
-            deadline = time.monotonic() + cfg.start_timeout_s
-            while (waiting or not serving) and not notes and not results and time.monotonic() < deadline:
-                while (item := _get(q, 0.0, alive)) is not None:
-                    handle(item)
-                if waiting and _get(built, 0.2, alive) is not None:
-                    waiting -= 1
-                elif not waiting:
-                    time.sleep(0.05)
-                if not alive():
-                    break
+            waiting = run.wait_built(
+                len(jobs), cfg.start_timeout_s, handle, until=lambda: serving,
+                stop=lambda: bool(notes or results),
+            )  # fmt: skip
             if waiting or not serving:
                 notes.append(f"{waiting} job(s) not built, producer serving: {serving}, after "
                              f"{time.monotonic() - began:.0f} s")  # fmt: skip
             if not notes and not results:
                 ready.set()  # the common start
                 sampler.tick()  # a sample before any window starts (np.interp clamps outside them)
-                deadline = time.monotonic() + cfg.run_timeout_s
-                while len(results) < n and time.monotonic() < deadline:
-                    item = _get(q, deadline - time.monotonic(), alive)
-                    if item is None:
-                        break
-                    handle(item)
-                if len(results) < n:
+                if not run.gather(cfg.run_timeout_s, handle, lambda: len(results) >= n):
                     missing = n - len(results)
                     notes.append(f"{missing} job(s) gave no result within {cfg.run_timeout_s:g} s: killed")
             sampler.tick()  # while every process is still there: the window's CPU is all seen
             finish.set()
-            _reap(procs, grace_s=15.0 if len(results) == n else 0.5)
-            procs = []
+            run.reap(grace_s=15.0 if len(results) == n else 0.5)
     finally:
-        _reap(procs, grace_s=0.5)
+        run.close()
         energy.close()
-        for qq in (q, built):
-            qq.close()
-            qq.cancel_join_thread()
     if mode in ("host", "gpu"):
         from tandem.share import live_producers
 
