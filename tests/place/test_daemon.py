@@ -484,11 +484,11 @@ def test_a_state_file_of_schema_1_opens(tmp_path: Path) -> None:
     db.close()
     state = State(d)
     (job,) = state.jobs()
-    assert (job.name, job.group, job.reason, job.token) == ("a", "g1", None, None)
+    assert (job.name, job.group, job.reason, job.token, job.updated) == ("a", "g1", None, None, 1.0)
     (share,) = state.shares()
     assert (share.spec.source, share.spec.ref, share.spec.batch_size) == ("dataset", "/x/data.py:make", 50)
     assert share.spec.shuffle and share.spec.cpus == 2.0
-    assert state.setting("schema") == "2"
+    assert state.setting("schema") == "3"
 
 
 OLD_SCHEMA = """

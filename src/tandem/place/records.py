@@ -56,6 +56,7 @@ class Job(JobSpec):
     energy_joules: float | None = None
     mlflow_run_id: str | None = None
     reason: str | None = None  # why it waits, as the daemon's last pass saw it
+    updated: float | None = None  # when its row last changed (what a live view asks for)
     attempts: list[Attempt] = field(default_factory=list)
 
 

@@ -19,14 +19,14 @@ from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
-from tandem import _ipc
 from tandem.place.model import QUEUED, JobSpec
+from tandem.place.paths import StateError, private_dir, state_dir, state_dir_path  # noqa: F401 (re-exported)
 from tandem.place.records import Attempt, Job, Share
 from tandem.share.spec import ShareSpec
 
 _NOT_ENDED = ("queued", "running", "retrying")
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (k TEXT PRIMARY KEY, v TEXT NOT NULL);
@@ -41,7 +41,7 @@ CREATE TABLE IF NOT EXISTS jobs (
     cancel_requested INTEGER NOT NULL DEFAULT 0,
     escalation INTEGER NOT NULL DEFAULT 0,
     peak_mem INTEGER, peak_gpu_mem INTEGER, energy_joules REAL, mlflow_run_id TEXT,
-    reason TEXT
+    reason TEXT, updated REAL
 );
 CREATE INDEX IF NOT EXISTS jobs_state ON jobs(state);
 CREATE TABLE IF NOT EXISTS attempts (
@@ -75,14 +75,8 @@ def _shares_as_specs(db: sqlite3.Connection) -> None:
     db.execute(_SCHEMA[_SCHEMA.index("CREATE TABLE IF NOT EXISTS shares") :].split(";")[0])
     for name, serve_args, cpus, mem, defined in old:
         args, values = json.loads(serve_args), {}
-        flags = {
-            "--window": "window",
-            "--policy": "policy",
-            "--batch-size": "batch_size",
-            "--seed": "seed",
-            "--num-workers": "num_workers",
-            "--device": "device",
-        }
+        flags = {"--window": "window", "--policy": "policy", "--batch-size": "batch_size", "--seed": "seed"}
+        flags |= {"--num-workers": "num_workers", "--device": "device"}
         for i, arg in enumerate(args):
             if arg in ("--dataset", "--loader", "--images"):
                 values["source"], values["ref"] = arg[2:], args[i + 1]
@@ -106,34 +100,11 @@ _MIGRATIONS: dict[int, list[Any]] = {
         "CREATE UNIQUE INDEX IF NOT EXISTS jobs_token ON jobs(token)",
         _shares_as_specs,
     ],
+    2: [
+        "ALTER TABLE jobs ADD COLUMN updated REAL",
+        "UPDATE jobs SET updated = coalesce(ended, started, submitted)",
+    ],
 }
-
-
-class StateError(Exception):
-    """The state file cannot be used (corrupt, locked, from a newer version)."""
-
-
-def state_dir_path() -> Path:
-    """Where the job manager's state is (not created here)."""
-    explicit = os.environ.get("TANDEM_STATE_DIR")
-    if explicit:
-        path = Path(explicit)
-    elif os.environ.get("XDG_STATE_HOME"):
-        path = Path(os.environ["XDG_STATE_HOME"]) / "tandem"
-    else:
-        path = Path.home() / ".local" / "state" / "tandem"
-    return path.expanduser().resolve()
-
-
-def state_dir() -> Path:
-    """The private directory of the job manager's state, created if needed."""
-    return private_dir(state_dir_path())
-
-
-def private_dir(path: Path) -> Path:
-    """``path``, private to this user (:func:`tandem._ipc.private_dir`): it holds each job's
-    environment (tokens, keys) and the commands the supervisor runs."""
-    return _ipc.private_dir(path, "state directory", "TANDEM_STATE_DIR", StateError)
 
 
 def _decode_share(row: sqlite3.Row) -> Share:
@@ -150,29 +121,10 @@ _LIST_COLUMNS = ", ".join(f'"{f.name}"' for f in fields(Job) if f.name not in ("
 
 # What a scheduling pass reads of each waiting job: not its directory or environment (a
 # queue of thousands is read every pass); its command names its program (its start-up).
-_QUEUE_COLUMNS = ", ".join(
-    f'"{c}"'
-    for c in (
-        "id",
-        "job_key",
-        "command",
-        "state",
-        "submitted",
-        "queued_at",
-        "priority",
-        "cpus",
-        "mem",
-        "gpus",
-        "gpu_mem",
-        "gpu_share",
-        "share",
-        "after",
-        "escalation",
-        "cancel_requested",
-        "retries",
-        "started",
-    )
-)
+_QUEUE_COLUMNS = ", ".join(f'"{c}"' for c in (
+    "id", "job_key", "command", "state", "submitted", "queued_at", "priority", "cpus", "mem", "gpus",
+    "gpu_mem", "gpu_share", "share", "after", "escalation", "cancel_requested", "retries", "started",
+))  # fmt: skip
 _EMPTY = {"[]": list, "{}": dict}  # most jobs' after and such: no JSON parse for them
 
 
@@ -204,8 +156,9 @@ class State:
             self.db.execute("PRAGMA synchronous=NORMAL")
             self.db.executescript(_SCHEMA)
             self._check_version()
-            # After any migration: an old file's jobs table has no token column before it.
+            # After any migration: an old file's jobs table has neither column before it.
             self.db.execute("CREATE UNIQUE INDEX IF NOT EXISTS jobs_token ON jobs(token)")
+            self.db.execute("CREATE INDEX IF NOT EXISTS jobs_updated ON jobs(updated)")
         except sqlite3.DatabaseError as exc:
             raise self._error(exc) from None
 
@@ -261,6 +214,11 @@ class State:
         else:
             self.db.execute("COMMIT")
 
+    def _write(self, sql: str, args: tuple = ()) -> None:
+        """One statement in a transaction of its own."""
+        with self.transaction() as db:
+            db.execute(sql, args)
+
     def query(self, sql: str, args: tuple = ()) -> list[sqlite3.Row]:
         try:
             return self.db.execute(sql, args).fetchall()
@@ -279,6 +237,7 @@ class State:
             "state": QUEUED,
             "submitted": now,
             "queued_at": now,
+            "updated": now,
         }
         values = {k: (json.dumps(v) if k in _JSON_FIELDS else v) for k, v in values.items()}
         cols = ", ".join(f'"{k}"' for k in values)
@@ -295,14 +254,18 @@ class State:
 
     def update_job(self, job_id: int, **values: Any) -> None:
         values = {k: (json.dumps(v) if k in _JSON_FIELDS else v) for k, v in values.items()}
+        values["updated"] = time.time()
         sets = ", ".join(f'"{k}" = ?' for k in values)
-        with self.transaction() as db:
-            db.execute(f"UPDATE jobs SET {sets} WHERE id = ?", (*values.values(), job_id))
+        self._write(f"UPDATE jobs SET {sets} WHERE id = ?", (*values.values(), job_id))
 
     def set_reasons(self, reasons: dict[int, str]) -> None:
         """Why each waiting job waits (the daemon's pass), one transaction for all."""
+        now = time.time()  # only the rows whose reason changed: a live view is sent what changed
         with self.transaction() as db:
-            db.executemany("UPDATE jobs SET reason = ? WHERE id = ?", [(r, i) for i, r in reasons.items()])
+            db.executemany(
+                "UPDATE jobs SET reason = ?, updated = ? WHERE id = ? AND reason IS NOT ?",
+                [(r, now, i, r) for i, r in reasons.items()],
+            )
 
     def job(self, job_id: int, attempts: bool = True) -> Job | None:
         rows = self.query("SELECT * FROM jobs WHERE id = ?", (job_id,))
@@ -320,14 +283,23 @@ class State:
         env: bool = False,
         last: int | None = None,
         before: int | None = None,
+        group: str | None = None,
+        changed_since: float | None = None,
     ) -> list[Job]:
         """Jobs in these ``states`` (all: None), by id. ``env``: with their stored environment
         (only a launch needs it; it is most of a row). ``last``: only the newest N (before
-        job id ``before``, for paging)."""
+        job id ``before``, for paging). ``group``: of that group only. ``changed_since``:
+        only those whose row changed at or after that time (a live view's update)."""
         where, args = [], []
         if states:
             where.append(f"state IN ({', '.join('?' for _ in states)})")
             args += list(states)
+        if group is not None:
+            where.append('"group" = ?')
+            args.append(group)
+        if changed_since is not None:
+            where.append("updated >= ?")
+            args.append(changed_since)
         if before is not None:
             where.append("id < ?")
             args.append(before)
@@ -350,6 +322,17 @@ class State:
         marks = ", ".join("?" for _ in states)
         sql = f"SELECT {_QUEUE_COLUMNS} FROM jobs WHERE state IN ({marks}) ORDER BY id"
         return [_decode(Job, r) for r in self.query(sql, states)]
+
+    def data_version(self) -> int:
+        """A number that changes whenever another connection commits (SQLite's
+        ``data_version``): a live view polls it, and reads only when it moved."""
+        return int(self.query("PRAGMA data_version")[0][0])
+
+    def attempts_since(self, t: float, limit: int = 2000) -> list[Attempt]:
+        """Attempts running at or after ``t`` (a timeline's window), newest first, at most
+        ``limit``."""
+        sql = "SELECT * FROM attempts WHERE ended IS NULL OR ended >= ? ORDER BY started DESC LIMIT ?"
+        return [_decode(Attempt, r) for r in self.query(sql, (t, limit))]
 
     def counts(self) -> dict[str, int]:
         """How many jobs are in each state."""
@@ -386,16 +369,12 @@ class State:
         values = {k: (json.dumps(v) if k in _JSON_FIELDS else v) for k, v in attempt.__dict__.items()}
         cols = ", ".join(values)
         marks = ", ".join("?" for _ in values)
-        with self.transaction() as db:
-            db.execute(f"INSERT INTO attempts ({cols}) VALUES ({marks})", tuple(values.values()))
+        self._write(f"INSERT INTO attempts ({cols}) VALUES ({marks})", tuple(values.values()))
 
     def update_attempt(self, job_id: int, n: int, **values: Any) -> None:
         values = {k: (json.dumps(v) if k in _JSON_FIELDS else v) for k, v in values.items()}
         sets = ", ".join(f"{k} = ?" for k in values)
-        with self.transaction() as db:
-            db.execute(
-                f"UPDATE attempts SET {sets} WHERE job_id = ? AND n = ?", (*values.values(), job_id, n)
-            )
+        self._write(f"UPDATE attempts SET {sets} WHERE job_id = ? AND n = ?", (*values.values(), job_id, n))
 
     # --- measured peaks, events, settings -------------------------------------------------
 
@@ -404,21 +383,19 @@ class State:
         return rows[0] if rows else None
 
     def record_peak(self, job_key: str, peak_mem: int | None, peak_gpu_mem: int | None, run_s: float) -> None:
-        with self.transaction() as db:
-            db.execute(
-                "INSERT INTO peaks VALUES (?, ?, ?, ?, ?) ON CONFLICT(job_key) DO UPDATE SET "
-                "peak_mem = max(coalesce(excluded.peak_mem, 0), coalesce(peak_mem, 0)), "
-                "peak_gpu_mem = max(coalesce(excluded.peak_gpu_mem, 0), coalesce(peak_gpu_mem, 0)), "
-                "run_s = excluded.run_s, updated = excluded.updated",
-                (job_key, peak_mem, peak_gpu_mem, run_s, time.time()),
-            )
+        self._write(
+            "INSERT INTO peaks VALUES (?, ?, ?, ?, ?) ON CONFLICT(job_key) DO UPDATE SET "
+            "peak_mem = max(coalesce(excluded.peak_mem, 0), coalesce(peak_mem, 0)), "
+            "peak_gpu_mem = max(coalesce(excluded.peak_gpu_mem, 0), coalesce(peak_gpu_mem, 0)), "
+            "run_s = excluded.run_s, updated = excluded.updated",
+            (job_key, peak_mem, peak_gpu_mem, run_s, time.time()),
+        )
 
     def event(self, job_id: int | None, kind: str, detail: str = "") -> None:
-        with self.transaction() as db:
-            db.execute(
-                "INSERT INTO events (t, job_id, kind, detail) VALUES (?, ?, ?, ?)",
-                (time.time(), job_id, kind, detail),
-            )
+        self._write(
+            "INSERT INTO events (t, job_id, kind, detail) VALUES (?, ?, ?, ?)",
+            (time.time(), job_id, kind, detail),
+        )
 
     def events(self, job_id: int) -> list[sqlite3.Row]:
         return self.query("SELECT t, kind, detail FROM events WHERE job_id = ? ORDER BY id", (job_id,))
@@ -428,21 +405,19 @@ class State:
         return rows[0][0] if rows else None
 
     def set_setting(self, key: str, value: str) -> None:
-        with self.transaction() as db:
-            db.execute(
-                "INSERT INTO meta VALUES (?, ?) ON CONFLICT(k) DO UPDATE SET v = excluded.v", (key, value)
-            )
+        self._write(
+            "INSERT INTO meta VALUES (?, ?) ON CONFLICT(k) DO UPDATE SET v = excluded.v", (key, value)
+        )
 
     # --- shared datasets (tandem share define) ------------------------------------------------
 
     def define_share(self, spec: ShareSpec) -> None:
-        with self.transaction() as db:
-            db.execute(
-                "INSERT INTO shares (name, spec, defined) VALUES (?, ?, ?) "
-                "ON CONFLICT(name) DO UPDATE SET spec = excluded.spec, defined = excluded.defined, "
-                "error = NULL",
-                (spec.name, spec.to_json(), time.time()),
-            )
+        self._write(
+            "INSERT INTO shares (name, spec, defined) VALUES (?, ?, ?) "
+            "ON CONFLICT(name) DO UPDATE SET spec = excluded.spec, defined = excluded.defined, "
+            "error = NULL",
+            (spec.name, spec.to_json(), time.time()),
+        )
 
     def share(self, name: str) -> Share | None:
         rows = self.query("SELECT * FROM shares WHERE name = ?", (name,))
@@ -458,8 +433,7 @@ class State:
         return [r[0] for r in rows]
 
     def remove_share(self, name: str) -> None:
-        with self.transaction() as db:
-            db.execute("DELETE FROM shares WHERE name = ?", (name,))
+        self._write("DELETE FROM shares WHERE name = ?", (name,))
 
     def set_producer(
         self,
@@ -469,11 +443,10 @@ class State:
         cpus: float | None = None,
         error: str | None = None,
     ) -> None:
-        with self.transaction() as db:
-            db.execute(
-                "UPDATE shares SET pid = ?, ctime = ?, started = ?, cpus = ?, error = ? WHERE name = ?",
-                (pid, ctime, time.time() if pid else None, cpus, error, name),
-            )
+        self._write(
+            "UPDATE shares SET pid = ?, ctime = ?, started = ?, cpus = ?, error = ? WHERE name = ?",
+            (pid, ctime, time.time() if pid else None, cpus, error, name),
+        )
 
     def attempt_dir(self, job_id: int, n: int) -> Path:
         return self.jobs_dir / str(job_id) / str(n)

@@ -76,6 +76,7 @@ def job_json(job: Job, now: float | None = None) -> dict[str, Any]:
         "submitted": job.submitted,
         "started": job.started,
         "ended": job.ended,
+        "updated": job.updated,
         "wait_s": max(0.0, wait_s),
         "run_s": run_seconds(job, now),
         "peak_mem_bytes": job.peak_mem,
