@@ -4,7 +4,8 @@
 - ``watch``: ``tandem run|ui|report`` (:mod:`tandem.watch`);
 - ``jobs``: ``tandem submit|ls|show|logs|cancel|wait`` (:mod:`tandem.place`);
 - ``daemon``: ``tandem daemon start|stop|status`` and ``tandem replay``;
-- ``bench``: ``tandem demo`` and ``tandem bench share|io``.
+- ``bench``: ``tandem demo`` and ``tandem bench share|io``;
+- ``dashboard``: ``tandem dashboard`` (:mod:`tandem.web`).
 
 ``_common`` holds what they share: exit codes, the extras check, the daemon's errors as
 messages, the parsers of sizes and core counts. A family's module is imported only when
@@ -37,6 +38,7 @@ _FAMILIES = {
     "replay": "daemon",
     "demo": "bench",
     "bench": "bench",
+    "dashboard": "dashboard",
 }
 
 

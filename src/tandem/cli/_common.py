@@ -20,6 +20,7 @@ EXIT_INTERRUPTED = 130  # Ctrl-C
 
 # The extra each command needs ([bench] includes [watch]); pyproject.toml lists what each brings.
 _EXTRA_OF_COMMAND = {"run": "watch", "ui": "watch", "report": "watch", "demo": "bench", "bench": "bench"}
+_EXTRA_OF_COMMAND["dashboard"] = "web"
 
 
 def require(command: str, *modules: str) -> None:

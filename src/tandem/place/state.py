@@ -323,11 +323,6 @@ class State:
         sql = f"SELECT {_QUEUE_COLUMNS} FROM jobs WHERE state IN ({marks}) ORDER BY id"
         return [_decode(Job, r) for r in self.query(sql, states)]
 
-    def data_version(self) -> int:
-        """A number that changes whenever another connection commits (SQLite's
-        ``data_version``): a live view polls it, and reads only when it moved."""
-        return int(self.query("PRAGMA data_version")[0][0])
-
     def attempts_since(self, t: float, limit: int = 2000) -> list[Attempt]:
         """Attempts running at or after ``t`` (a timeline's window), newest first, at most
         ``limit``."""

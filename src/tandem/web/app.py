@@ -1,0 +1,213 @@
+"""The dashboard's web application: the page, its JSON API and its live stream.
+
+=========================================  =====================================================
+``GET /``                                  the page (``#/``, ``#/job/ID``, ``#/group/NAME``)
+``GET /api/jobs?state=&before=&limit=``    a page of jobs, newest first (``tandem ls --json``'s fields)
+``GET /api/jobs/ID``                       one job (``tandem show --json``'s fields, with its events)
+``GET /api/jobs/ID/log?offset=``           its output from a byte offset
+``GET /api/jobs/ID/metrics?key=&points=``  its run's metrics, at most 2,000 points a series
+``POST /api/jobs/ID/cancel``               cancel it (through the daemon)
+``GET /api/queue``                         the waiting jobs, each with its reason
+``GET /api/gpus``                          the daemon's capacity and use (GPUs, host), or why none
+``GET /api/timeline?window=``              the attempts of the last ``window`` s, where and when
+``GET /api/shares``                        the share groups: producer, jobs, live statistics
+``GET /api/groups/NAME``                   a sweep: its jobs, energy per job and in all
+``GET /api/events``                        server-sent events (:mod:`tandem.web.live`)
+=========================================  =====================================================
+
+Every route is behind :class:`tandem.web.access.Access`. A job's environment is never sent.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from pathlib import Path
+from typing import Any
+
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import FileResponse, JSONResponse
+from starlette.routing import Mount, Route
+from starlette.staticfiles import StaticFiles
+
+from tandem.place.model import STATES
+from tandem.web.access import Access
+from tandem.web.data import NotFound, Reader, energy_of
+
+STATIC = Path(__file__).parent / "static"
+
+
+class Daemon:
+    """The daemon's status, asked at most once a second (None: no daemon answers)."""
+
+    def __init__(self, state_dir: Path) -> None:
+        self.state_dir = state_dir
+        self._at = 0.0
+        self._status: dict[str, Any] | None = None
+        self.why_not = ""
+
+    def status(self) -> dict[str, Any] | None:
+        from tandem.place import protocol
+        from tandem.place.client import DaemonError, request
+
+        if time.monotonic() - self._at >= 1.0:
+            self._at = time.monotonic()
+            try:
+                self._status, self.why_not = (
+                    dataclasses.asdict(request(self.state_dir, protocol.Status(), 1.0)),
+                    "",
+                )
+            except DaemonError as exc:
+                self._status, self.why_not = None, str(exc)
+        return self._status
+
+    def cancel(self, job_id: int) -> dict[str, Any]:
+        from tandem.place import protocol
+        from tandem.place.client import request
+
+        return dataclasses.asdict(request(self.state_dir, protocol.Cancel([job_id]), 5.0))
+
+
+def _int(request: Request, name: str, default: int | None = None) -> int | None:
+    value = request.query_params.get(name)
+    if value is None or value == "":
+        return default
+    try:
+        return int(value)
+    except ValueError:
+        raise ValueError(f"{name}={value!r}: not a whole number") from None
+
+
+def _bad(why: str, status: int = 400) -> JSONResponse:
+    return JSONResponse({"error": why}, status)
+
+
+def build(state_dir: Path, mlflow_db: Path | None, token: str, hosts: frozenset[str] | None = None) -> Any:
+    """The ASGI application for ``state_dir`` (``hosts``: the Host names to accept)."""
+    from tandem.web.live import events
+
+    reader = Reader(state_dir, mlflow_db)
+    daemon = Daemon(state_dir)
+
+    def index(request: Request) -> FileResponse:
+        return FileResponse(STATIC / "index.html", headers={"Cache-Control": "no-store"})
+
+    def jobs(request: Request) -> JSONResponse:
+        states = tuple(s for s in request.query_params.get("state", "").split(",") if s)
+        unknown = set(states) - set(STATES)
+        if unknown:
+            return _bad(f"unknown state {sorted(unknown)}; one of {', '.join(STATES)}")
+        try:
+            before, limit = _int(request, "before"), _int(request, "limit", 100)
+        except ValueError as exc:
+            return _bad(str(exc))
+        group = request.query_params.get("group") or None
+        return JSONResponse(reader.jobs(states or None, before, limit or 100, group))
+
+    def job(request: Request) -> JSONResponse:
+        try:
+            return JSONResponse(reader.job(request.path_params["id"]))
+        except NotFound as exc:
+            return _bad(str(exc), 404)
+
+    def log(request: Request) -> JSONResponse:
+        try:
+            offset = _int(request, "offset", 0) or 0
+            return JSONResponse(reader.log(request.path_params["id"], offset, _int(request, "attempt")))
+        except NotFound as exc:
+            return _bad(str(exc), 404)
+        except ValueError as exc:
+            return _bad(str(exc))
+
+    def metrics(request: Request) -> JSONResponse:
+        try:
+            data = reader.job(request.path_params["id"])
+            points = _int(request, "points", 2000) or 2000
+            after = _int(request, "after", 0) or 0
+        except NotFound as exc:
+            return _bad(str(exc), 404)
+        except ValueError as exc:
+            return _bad(str(exc))
+        run = data["mlflow_run_id"]
+        keys = request.query_params.getlist("key")
+        if not run:
+            return JSONResponse({"job": data["id"], "run_id": None, "keys": [], "series": {}, "energy": {}})
+        series = reader.metrics(run, keys or None, points, after)
+        energy = energy_of(reader.latest(run))
+        return JSONResponse(
+            {
+                "job": data["id"],
+                "run_id": run,
+                "keys": reader.metric_keys(run),
+                "series": series,
+                "energy": energy,
+            }
+        )
+
+    def cancel(request: Request) -> JSONResponse:
+        from tandem.place.client import DaemonError, DaemonNotRunning
+
+        try:
+            return JSONResponse(daemon.cancel(request.path_params["id"]))
+        except DaemonNotRunning as exc:
+            return _bad(f"{exc}: start it (tandem daemon start) to cancel a job", 503)
+        except DaemonError as exc:
+            return _bad(str(exc), 502)
+
+    def queue(request: Request) -> JSONResponse:
+        return JSONResponse(reader.waiting())
+
+    def gpus(request: Request) -> JSONResponse:
+        status = daemon.status()
+        return JSONResponse({"daemon": status, "why_not": daemon.why_not, "counts": reader.counts()})
+
+    def timeline(request: Request) -> JSONResponse:
+        try:
+            window = _int(request, "window", 3600) or 3600
+        except ValueError as exc:
+            return _bad(str(exc))
+        return JSONResponse({"now": time.time(), "attempts": reader.timeline(window)})
+
+    def shares(request: Request) -> JSONResponse:
+        from tandem.share.stats import query_all
+
+        live: dict[str, Any] = {}
+        for s in query_all(timeout=0.5):
+            entry = dataclasses.asdict(s) if dataclasses.is_dataclass(s) else dict(s)
+            live[entry["name"]] = entry
+        out = reader.shares()
+        for share in out:
+            share["live"] = live.get(share["name"])
+        return JSONResponse({"shares": out})
+
+    def group(request: Request) -> JSONResponse:
+        name = request.path_params["name"]
+        page = reader.jobs(group=name, limit=1000)
+        total: dict[str, float] = {}  # a kind no job has stays out: "-", not 0 J
+        for j in page["jobs"]:
+            j["energy"] = energy_of(reader.latest(j["mlflow_run_id"])) if j["mlflow_run_id"] else {}
+            for k, v in j["energy"].items():
+                total[k] = total.get(k, 0.0) + v
+        return JSONResponse({"group": name, "jobs": page["jobs"], "energy": total})
+
+    async def live(request: Request) -> Any:
+        return await events(request, reader, daemon)
+
+    routes = [
+        Route("/", index),
+        Route("/api/jobs", jobs),
+        Route("/api/jobs/{id:int}", job),
+        Route("/api/jobs/{id:int}/log", log),
+        Route("/api/jobs/{id:int}/metrics", metrics),
+        Route("/api/jobs/{id:int}/cancel", cancel, methods=["POST"]),
+        Route("/api/queue", queue),
+        Route("/api/gpus", gpus),
+        Route("/api/timeline", timeline),
+        Route("/api/shares", shares),
+        Route("/api/groups/{name}", group),
+        Route("/api/events", live),
+        Mount("/static", StaticFiles(directory=STATIC), name="static"),
+    ]
+    app = Starlette(routes=routes)
+    return Access(app, token, hosts) if hosts is not None else Access(app, token)

@@ -1,0 +1,221 @@
+"""What the dashboard shows, read from the job manager's state and the runs' MLflow store.
+
+Every read asks for what one page or one update shows: a page of jobs, one job, the jobs
+changed since a time, a log from an offset. A job is the object of ``tandem ls --json`` /
+``show --json`` (:func:`tandem.place.views.job_json`), which never holds its environment.
+MLflow's SQLite file is read directly, read-only (importing MLflow costs seconds of CPU).
+Each thread has its own connections (SQLite's rule); the server's threads reuse theirs.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import sqlite3
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from tandem.place.model import WAITING_STATES
+from tandem.place.state import State
+from tandem.place.views import job_json
+
+MAX_POINTS = 2000  # a metric series is downsampled to at most this many points
+LOG_CHUNK = 64 << 10  # a log read returns at most this many bytes
+PAGE = 100
+_GPU_ENERGY = re.compile(r"^system/gpu_\d+/energy_(measured|estimated)_joules$")
+
+
+class NotFound(LookupError):
+    pass
+
+
+class Reader:
+    """Reads of one state directory (and its MLflow store, where it is a SQLite file)."""
+
+    def __init__(self, state_dir: Path, mlflow_db: Path | None) -> None:
+        self.state_dir = state_dir
+        self.mlflow_db = mlflow_db
+        self._local = threading.local()
+
+    # --- connections --------------------------------------------------------------------------
+
+    @property
+    def state(self) -> State:
+        st = getattr(self._local, "state", None)
+        if st is None:
+            st = self._local.state = State(self.state_dir)
+        return st
+
+    def _runs(self) -> sqlite3.Connection | None:
+        db = getattr(self._local, "runs", None)
+        if db is None and self.mlflow_db is not None and self.mlflow_db.exists():
+            db = self._local.runs = sqlite3.connect(f"file:{self.mlflow_db}?mode=ro", uri=True)
+        return db
+
+    # --- jobs -----------------------------------------------------------------------------------
+
+    def jobs(
+        self, states: tuple[str, ...] | None = None, before: int | None = None, limit: int = PAGE,
+        group: str | None = None,
+    ) -> dict[str, Any]:  # fmt: skip
+        """A page of jobs, newest first, and the id to ask for the next (older) page."""
+        limit = max(1, min(int(limit), 1000))
+        page = self.state.jobs(states, attempts=True, last=limit, before=before, group=group)
+        page.reverse()
+        now = time.time()
+        older = page[-1].id if page and self.state.any_before(page[-1].id) else None
+        return {"jobs": [job_json(j, now) for j in page], "next_before": older}
+
+    def job(self, job_id: int) -> dict[str, Any]:
+        job = self.state.job(job_id)
+        if job is None:
+            raise NotFound(f"no job {job_id}")
+        data = job_json(job)
+        data["events"] = [dict(r) for r in self.state.events(job_id)]
+        return data
+
+    def changed(self, since: float) -> list[dict[str, Any]]:
+        """Every job whose row changed at or after ``since`` (a live update)."""
+        now = time.time()
+        return [job_json(j, now) for j in self.state.jobs(attempts=True, changed_since=since)]
+
+    def waiting(self, limit: int = PAGE) -> dict[str, Any]:
+        """The queue: how many wait, and the newest ``limit`` of them with why each waits."""
+        now = time.time()
+        jobs = self.state.jobs(tuple(WAITING_STATES), attempts=True, last=limit)
+        counts = self.state.counts()
+        return {
+            "waiting": sum(counts.get(s, 0) for s in WAITING_STATES),
+            "jobs": [job_json(j, now) for j in jobs],
+        }
+
+    def counts(self) -> dict[str, int]:
+        return self.state.counts()
+
+    def version(self) -> tuple[int, ...]:
+        """What changes when the state file does: its and its write-ahead log's size and
+        time (the same in every thread, unlike a connection's ``data_version``)."""
+        out: list[int] = []
+        for suffix in ("", "-wal"):
+            try:
+                st = os.stat(f"{self.state.path}{suffix}")
+                out += [st.st_mtime_ns, st.st_size]
+            except FileNotFoundError:
+                out += [0, 0]
+        return tuple(out)
+
+    def timeline(self, window_s: float = 3600.0) -> list[dict[str, Any]]:
+        """The attempts that ran in the last ``window_s`` s: where (GPUs) and when."""
+        out = []
+        for a in self.state.attempts_since(time.time() - window_s):
+            p = a.placement
+            out.append({
+                "job_id": a.job_id, "n": a.n, "state": a.state, "started": a.started, "ended": a.ended,
+                "gpus": p.get("gpus", []), "gpu_mem_bytes": p.get("gpu_mem"), "cause": a.cause,
+                "peak_gpu_mem_bytes": a.peak_gpu_mem, "peak_mem_bytes": a.peak_mem,
+            })  # fmt: skip
+        return out
+
+    def shares(self) -> list[dict[str, Any]]:
+        out = []
+        for share in self.state.shares():
+            out.append({
+                "name": share.name, "source": share.spec.source, "ref": share.spec.ref,
+                "batch_size": share.spec.batch_size, "producer_pid": share.pid, "cpus": share.cpus,
+                "started": share.started, "error": share.error, "jobs": self.state.share_users(share.name),
+            })  # fmt: skip
+        return out
+
+    # --- a job's output -----------------------------------------------------------------------
+
+    def log(self, job_id: int, offset: int = 0, attempt: int | None = None) -> dict[str, Any]:
+        """The job's output from byte ``offset`` of its (last) attempt's log, at most
+        :data:`LOG_CHUNK` bytes; ``offset`` is where to go on. A log rotated since (shorter
+        than the offset) is read again from its start."""
+        job = self.state.job(job_id)
+        if job is None:
+            raise NotFound(f"no job {job_id}")
+        if not job.attempts:
+            return {"job": job_id, "attempt": None, "offset": 0, "text": "", "more": False}
+        n = attempt if attempt is not None else job.attempts[-1].n
+        path = self.state.attempt_dir(job_id, n) / "output.log"
+        try:
+            with open(path, "rb") as f:
+                size = f.seek(0, 2)
+                if offset > size:
+                    offset = 0
+                f.seek(offset)
+                data = f.read(LOG_CHUNK)
+        except FileNotFoundError:
+            size, data = 0, b""
+        end = offset + len(data)
+        return {"job": job_id, "attempt": n, "offset": end, "text": data.decode(errors="replace"),
+                "more": end < size}  # fmt: skip
+
+    # --- a run's metrics (MLflow's tables) ------------------------------------------------------
+
+    def metric_keys(self, run_id: str) -> list[str]:
+        db = self._runs()
+        if db is None:
+            return []
+        rows = db.execute("SELECT key FROM latest_metrics WHERE run_uuid = ? ORDER BY key", (run_id,))
+        return [r[0] for r in rows]
+
+    def latest(self, run_id: str) -> dict[str, float]:
+        db = self._runs()
+        if db is None:
+            return {}
+        rows = db.execute("SELECT key, value FROM latest_metrics WHERE run_uuid = ?", (run_id,))
+        return {k: v for k, v in rows}
+
+    def metrics(
+        self, run_id: str, keys: list[str] | None = None, max_points: int = MAX_POINTS, after_ms: int = 0
+    ) -> dict[str, list[list[float]]]:
+        """``key -> [[time s, value], ...]`` of a run, each series averaged into at most
+        ``max_points`` time buckets; only points after ``after_ms`` (a live update)."""
+        db = self._runs()
+        if db is None:
+            return {}
+        max_points = max(1, min(int(max_points), MAX_POINTS))
+        where, args = "run_uuid = ? AND timestamp > ? AND is_nan = 0", [run_id, after_ms]
+        if keys:
+            where += f" AND key IN ({', '.join('?' for _ in keys)})"
+            args += keys
+        spans = db.execute(
+            f"SELECT key, min(timestamp), max(timestamp) FROM metrics WHERE {where} GROUP BY key", args
+        ).fetchall()
+        out: dict[str, list[list[float]]] = {}
+        for key, t0, t1 in spans:
+            width = max(1, -(-(t1 - t0 + 1) // max_points))
+            rows = db.execute(
+                "SELECT avg(timestamp), avg(value) FROM metrics WHERE run_uuid = ? AND key = ? "
+                "AND timestamp > ? AND is_nan = 0 GROUP BY (timestamp - ?) / ? ORDER BY 1",
+                (run_id, key, after_ms, t0, width),
+            ).fetchall()
+            out[key] = [[round(t / 1000.0, 3), v] for t, v in rows]
+        return out
+
+
+def energy_of(latest: dict[str, float]) -> dict[str, float]:
+    """A run's energy in joules, measured kept apart from estimated (watch's metric names:
+    ``system/energy/cpu_*_joules``, ``system/gpu_N/energy_*_joules``)."""
+    measured = estimated = 0.0
+    seen = {"measured": False, "estimated": False}
+    for key, value in latest.items():
+        run_energy = key.startswith("system/energy/cpu_") or _GPU_ENERGY.match(key)
+        if not run_energy or "package" in key:  # the whole host's CPU package: not the run's
+            continue
+        if "measured" in key:
+            measured += value
+            seen["measured"] = True
+        elif "estimated" in key:
+            estimated += value
+            seen["estimated"] = True
+    out = {}
+    if seen["measured"]:
+        out["measured_joules"] = measured
+    if seen["estimated"]:
+        out["estimated_joules"] = estimated
+    return out

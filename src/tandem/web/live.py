@@ -1,0 +1,122 @@
+"""The dashboard's live stream: server-sent events (``GET /api/events``).
+
+The server looks four times a second whether the state file changed (the size and time
+of it and its write-ahead log: two ``stat`` calls) and, only then, reads the jobs whose
+row changed since its last look. Events, each a JSON object:
+
+============  =====================================================================
+``jobs``      ``{"jobs": [...], "counts": {...}}``: jobs that changed (``ls --json``'s fields)
+``status``    ``{"daemon": ..., "why_not": ...}``: the daemon's capacity and use, every 2 s
+``log``       ``{"job", "attempt", "offset", "text"}``: new output of the job followed (``?job=ID``)
+``metrics``   ``{"job", "series": {key: [[t, v], ...]}}``: its new metric points, every second
+============  =====================================================================
+
+Each event's id is the stream's cursor (``since``, log offset, last metric time), so a
+browser that reconnects (``EventSource`` sends ``Last-Event-ID``) goes on where it was.
+A page starts a stream with ``?since=`` set to the ``now`` of the snapshot it loaded.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+from starlette.concurrency import run_in_threadpool
+from starlette.requests import Request
+from starlette.responses import StreamingResponse
+
+POLL_S = 0.25
+STATUS_EVERY_S = 2.0
+METRICS_EVERY_S = 1.0
+KEEPALIVE_S = 15.0
+
+
+def _cursor(request: Request) -> dict[str, float]:
+    """Where the stream starts: the Last-Event-ID of a reconnect, else the query."""
+    cursor = {"since": time.time(), "log": 0.0, "metrics": 0.0}
+    for name in ("since", "log_offset", "metrics_after"):
+        value = request.query_params.get(name)
+        if value:
+            try:
+                cursor[{"log_offset": "log", "metrics_after": "metrics"}.get(name, name)] = float(value)
+            except ValueError:
+                pass
+    last = request.headers.get("last-event-id", "")
+    try:
+        cursor.update({k: float(v) for k, v in json.loads(last).items() if k in cursor})
+    except (ValueError, AttributeError):
+        pass
+    return cursor
+
+
+def _event(kind: str, data: Any, cursor: dict[str, float]) -> str:
+    return f"id: {json.dumps(cursor, separators=(',', ':'))}\nevent: {kind}\ndata: {json.dumps(data)}\n\n"
+
+
+async def events(request: Request, reader: Any, daemon: Any) -> StreamingResponse:
+    job_id = request.query_params.get("job")
+    follow = int(job_id) if job_id and job_id.isdigit() else None
+    cursor = _cursor(request)
+
+    async def stream() -> AsyncIterator[str]:
+        version = None
+        next_status = next_metrics = 0.0
+        last_sent = time.monotonic()
+        yield "retry: 1000\n\n"
+        while not await request.is_disconnected():
+            now = time.monotonic()
+            out: list[str] = []
+            seen = await run_in_threadpool(reader.version)
+            if seen != version:
+                version = seen
+                looked = time.time()
+                changed = await run_in_threadpool(reader.changed, cursor["since"] - 0.5)
+                if changed:
+                    # 0.5 s of overlap: a row written as we looked is sent again rather than lost.
+                    counts = await run_in_threadpool(reader.counts)
+                    cursor["since"] = looked
+                    out.append(_event("jobs", {"jobs": changed, "counts": counts}, cursor))
+            if follow is not None:
+                log = await run_in_threadpool(reader.log, follow, int(cursor["log"]))
+                if log["text"] or log["offset"] < cursor["log"]:
+                    cursor["log"] = log["offset"]
+                    out.append(_event("log", log, cursor))
+                if now >= next_metrics:
+                    next_metrics = now + METRICS_EVERY_S
+                    update = await run_in_threadpool(_new_points, reader, follow, int(cursor["metrics"]))
+                    if update:
+                        cursor["metrics"] = update["after_ms"]
+                        out.append(_event("metrics", update, cursor))
+            if now >= next_status:
+                next_status = now + STATUS_EVERY_S
+                status = await run_in_threadpool(daemon.status)
+                out.append(_event("status", {"daemon": status, "why_not": daemon.why_not}, cursor))
+            if out:
+                last_sent = now
+                yield "".join(out)
+            elif now - last_sent > KEEPALIVE_S:
+                last_sent = now
+                yield ": keep-alive\n\n"
+            await asyncio.sleep(POLL_S)
+
+    headers = {"Cache-Control": "no-store", "X-Accel-Buffering": "no"}
+    return StreamingResponse(stream(), media_type="text/event-stream", headers=headers)
+
+
+def _new_points(reader: Any, job_id: int, after_ms: int) -> dict[str, Any] | None:
+    """The followed job's metric points after ``after_ms``, or None if there are none."""
+    try:
+        job = reader.job(job_id)
+    except LookupError:
+        return None
+    run = job.get("mlflow_run_id")
+    if not run:
+        return None
+    series = reader.metrics(run, None, 2000, after_ms)
+    if not series:
+        return None
+    last = max(points[-1][0] for points in series.values() if points)
+    return {"job": job_id, "series": series, "after_ms": int(last * 1000)}

@@ -1,0 +1,305 @@
+// tandem dashboard: one page, three views (#/ overview, #/job/ID, #/group/NAME), kept live
+// by server-sent events (/api/events). Every job row carries data-job-id and data-state.
+"use strict";
+
+const view = document.getElementById("view");
+const liveBadge = document.getElementById("live");
+const WAITING = new Set(["queued", "retrying"]);
+const STATES = ["queued", "running", "retrying", "succeeded", "failed", "oom", "cancelled"];
+const DEFAULT_KEYS = ["system/process_tree/cpu_percent", "system/process_tree/pss_bytes",
+  "system/gpu_0/utilization_percent", "system/gpu_0/run_memory_bytes", "system/host/cpu_percent"];
+
+// --- small helpers ------------------------------------------------------------------------
+function el(tag, attrs, ...kids) {
+  const node = document.createElement(tag);
+  for (const [k, v] of Object.entries(attrs || {})) {
+    if (v === null || v === undefined || v === false) continue;
+    if (k.startsWith("on")) node.addEventListener(k.slice(2), v);
+    else if (k === "class") node.className = v;
+    else node.setAttribute(k, v === true ? "" : String(v));
+  }
+  for (const kid of kids.flat()) {
+    if (kid === null || kid === undefined) continue;
+    node.append(kid instanceof Node ? kid : document.createTextNode(String(kid)));
+  }
+  return node;
+}
+async function api(path, options) {
+  const response = await fetch(path, Object.assign({ credentials: "same-origin" }, options || {}));
+  const body = await response.json().catch(() => ({ error: response.statusText }));
+  if (!response.ok) throw new Error(body.error || response.statusText);
+  return body;
+}
+function size(bytes) {
+  if (bytes === null || bytes === undefined) return "-";
+  const units = ["B", "KiB", "MiB", "GiB", "TiB"];
+  let i = 0; let v = bytes;
+  while (v >= 1024 && i < units.length - 1) { v /= 1024; i++; }
+  return `${v.toFixed(v < 10 && i ? 1 : 0)} ${units[i]}`;
+}
+function dur(s) {
+  if (s === null || s === undefined) return "-";
+  s = Math.round(s);
+  if (s < 60) return `${s}s`;
+  if (s < 3600) return `${Math.floor(s / 60)}m${String(s % 60).padStart(2, "0")}s`;
+  return `${Math.floor(s / 3600)}h${String(Math.floor(s % 3600 / 60)).padStart(2, "0")}m`;
+}
+function when(t) { return t ? new Date(t * 1000).toLocaleTimeString() : "-"; }
+function joules(j) { return j === undefined || j === null ? "-" : j >= 3600 ? `${(j / 3600).toFixed(2)} Wh` : `${j.toFixed(1)} J`; }
+function stateCell(state) { return el("span", { class: `state state-${state}` }, state); }
+function jobLink(job) { return el("a", { href: `#/job/${job.id}` }, job.name ? `${job.id} ${job.name}` : String(job.id)); }
+
+// --- the live stream ----------------------------------------------------------------------
+let stream = null;
+const handlers = {};
+function connect(params) {
+  if (stream) stream.close();
+  stream = new EventSource(`/api/events?${new URLSearchParams(params)}`);
+  liveBadge.dataset.live = "connecting"; liveBadge.textContent = "connecting";
+  stream.onopen = () => { liveBadge.dataset.live = "live"; liveBadge.textContent = "live"; };
+  stream.onerror = () => { liveBadge.dataset.live = "reconnecting"; liveBadge.textContent = "reconnecting"; };
+  for (const kind of ["jobs", "status", "log", "metrics"]) {
+    stream.addEventListener(kind, (e) => { if (handlers[kind]) handlers[kind](JSON.parse(e.data)); });
+  }
+}
+function setHandlers(h) { for (const k of Object.keys(handlers)) delete handlers[k]; Object.assign(handlers, h); }
+
+// --- overview -----------------------------------------------------------------------------
+function countsBox(counts) {
+  return el("div", { class: "counts", id: "counts" },
+    STATES.map((s) => el("div", { class: "count", "data-count": s }, el("b", { class: `state-${s}` }, counts[s] || 0), s)));
+}
+function cards(status, whyNot) {
+  if (!status) return el("div", { class: "cards", id: "cards" }, el("div", { class: "card dim" }, `no daemon: ${whyNot || "none answers"}`));
+  const cap = status.capacity; const used = status.used;
+  const host = el("div", { class: "card", "data-card": "host" }, el("h3", {}, "host"),
+    `cores ${used.cpus.toFixed(1)} / ${cap.cpus} reserved`, el("div", { class: "bar" }, el("i", { style: `width:${100 * used.cpus / cap.cpus}%` })),
+    `RAM ${size(used.mem_bytes)} / ${size(cap.mem_bytes)} reserved`, el("div", { class: "bar" }, el("i", { style: `width:${100 * used.mem_bytes / cap.mem_bytes}%` })),
+    el("div", { class: "dim" }, `busy ${used.cpu_busy_mean === null ? "-" : used.cpu_busy_mean.toFixed(1)} cores · ${used.jobs} running · ${status.policy}`));
+  const gpus = cap.gpus.map((g, i) => {
+    const u = used.gpus[i] || {};
+    return el("div", { class: "card", "data-card": `gpu-${g.index}` }, el("h3", {}, `GPU ${g.index}`),
+      `memory ${size(u.mem_reserved_bytes)} reserved, ${size(u.mem_used_bytes)} used / ${size(g.mem_bytes)}`,
+      el("div", { class: "bar" }, el("i", { style: `width:${100 * (u.mem_reserved_bytes || 0) / g.mem_bytes}%` }),
+        el("i", { class: "m", style: `width:${100 * (u.mem_used_bytes || 0) / g.mem_bytes}%` })),
+      el("div", { class: "dim" }, `activity ${u.activity_mean === null || u.activity_mean === undefined ? "-" : Math.round(100 * u.activity_mean) + "%"} · ${u.jobs || 0} job(s)${u.probing ? " · probing" : ""}`));
+  });
+  return el("div", { class: "cards", id: "cards" }, host, gpus);
+}
+function timelineSvg(data, gpuCount) {
+  const now = data.now; const attempts = data.attempts;
+  const first = Math.min(now, ...attempts.map((a) => a.started));
+  const t0 = Math.max(now - 3600, Math.min(now - 120, first - 0.05 * (now - first)));
+  const lanes = ["host"].concat(Array.from({ length: gpuCount }, (_, i) => `GPU ${i}`));
+  const W = 1000; const lane = 22; const left = 60; const H = lane * lanes.length + 20;
+  const x = (t) => left + (W - left - 10) * (t - t0) / Math.max(1, now - t0);
+  const svg = document.createElementNS("http://www.w3.org/2000/svg", "svg");
+  svg.setAttribute("viewBox", `0 0 ${W} ${H}`); svg.setAttribute("class", "timeline"); svg.setAttribute("id", "timeline");
+  const add = (tag, attrs, text) => {
+    const n = document.createElementNS("http://www.w3.org/2000/svg", tag);
+    for (const [k, v] of Object.entries(attrs)) n.setAttribute(k, v);
+    if (text !== undefined) n.textContent = text;
+    svg.append(n); return n;
+  };
+  lanes.forEach((name, i) => add("text", { x: 4, y: lane * i + 15 }, name));
+  add("text", { x: left, y: H - 4 }, when(t0)); add("text", { x: W - 70, y: H - 4 }, when(now));
+  for (const a of attempts) {
+    const rows = a.gpus.length ? a.gpus.map((g) => g + 1) : [0];
+    for (const row of rows) {
+      const r = add("rect", { x: x(a.started), y: lane * row + 3, width: Math.max(2, x(a.ended || now) - x(a.started)), height: lane - 6,
+        rx: 2, fill: `var(--${a.state === "lost" ? "cancelled" : a.state})`, opacity: 0.8,
+        "data-job-id": a.job_id });
+      const title = document.createElementNS("http://www.w3.org/2000/svg", "title");
+      title.textContent = `job ${a.job_id} attempt ${a.n}: ${when(a.started)}-${a.ended ? when(a.ended) : "now"}, GPU memory ${size(a.gpu_mem_bytes)} reserved, peak ${size(a.peak_gpu_mem_bytes)}`;
+      r.append(title);
+    }
+  }
+  return svg;
+}
+function jobsTable(jobs, columns, id) {
+  const head = el("tr", {}, columns.map((c) => el("th", {}, c[0])));
+  const rows = jobs.map((j) => el("tr", { "data-job-id": j.id, "data-state": j.state }, columns.map((c) => el("td", { class: c[2] || null }, c[1](j)))));
+  return el("table", { id }, el("thead", {}, head), el("tbody", {}, rows));
+}
+const JOB_COLUMNS = [
+  ["job", jobLink], ["state", (j) => stateCell(j.state)],
+  ["where", (j) => j.placement ? (j.placement.gpus.length ? `GPU ${j.placement.gpus.join(",")}` : "cpu") : "-"],
+  ["wait", (j) => dur(j.wait_s)], ["run", (j) => dur(j.run_s)],
+  ["group", (j) => j.group ? el("a", { href: `#/group/${encodeURIComponent(j.group)}` }, j.group) : ""],
+  ["why / how it ended", (j) => j.reason || j.cause_line || j.cause || ""],
+  ["command", (j) => j.command.join(" "), "cmd"],
+];
+const QUEUE_COLUMNS = [["job", jobLink], ["state", (j) => stateCell(j.state)], ["waits for", (j) => j.reason || "-"],
+  ["cores", (j) => j.request.cpus], ["RAM", (j) => size(j.request.mem_bytes || null)], ["command", (j) => j.command.join(" "), "cmd"]];
+
+async function overview() {
+  const filter = new URLSearchParams(location.hash.split("?")[1] || "").get("state") || "";
+  const since = Date.now() / 1000 - 1;
+  const [page, queue, gpus, timeline, shares] = await Promise.all([
+    api(`/api/jobs?limit=100${filter ? `&state=${filter}` : ""}`), api("/api/queue"), api("/api/gpus"), api("/api/timeline"), api("/api/shares")]);
+  const jobs = new Map(page.jobs.map((j) => [j.id, j]));
+  const waiting = new Map(queue.jobs.map((j) => [j.id, j]));
+  let counts = gpus.counts; let status = gpus.daemon; let older = page.next_before;
+  const sections = {};
+  const render = () => {
+    const sorted = [...jobs.values()].sort((a, b) => b.id - a.id);
+    const q = [...waiting.values()].sort((a, b) => a.id - b.id);
+    sections.counts.replaceWith(sections.counts = countsBox(counts));
+    sections.queueHead.textContent = `queue (${counts.queued || 0} queued, ${counts.retrying || 0} retrying)`;
+    sections.queue.replaceWith(sections.queue = q.length ? jobsTable(q, QUEUE_COLUMNS, "queue") : el("p", { id: "queue", class: "dim" }, "nobody waits"));
+    sections.jobs.replaceWith(sections.jobs = jobsTable(sorted, JOB_COLUMNS, "jobs"));
+  };
+  const select = el("select", { id: "state-filter", onchange: (e) => { location.hash = e.target.value ? `#/?state=${e.target.value}` : "#/"; } },
+    el("option", { value: "" }, "all states"), STATES.map((s) => el("option", { value: s, selected: s === filter }, s)));
+  const more = el("button", { id: "older", onclick: async () => {
+    if (!older) return;
+    const next = await api(`/api/jobs?limit=100&before=${older}${filter ? `&state=${filter}` : ""}`);
+    next.jobs.forEach((j) => jobs.set(j.id, j)); older = next.next_before; more.disabled = !older; render();
+  } }, "older jobs");
+  more.disabled = !older;
+  sections.counts = el("div"); sections.queue = el("div"); sections.jobs = el("div"); sections.queueHead = el("h2", { id: "queue-head" });
+  sections.cards = cards(status, gpus.why_not);
+  sections.timeline = timelineSvg(timeline, status ? status.capacity.gpus.length : 0);
+  const shareRows = shares.shares.map((s) => el("tr", { "data-share": s.name }, el("td", {}, s.name), el("td", {}, `${s.source} ${s.ref}`),
+    el("td", {}, s.producer_pid ? `pid ${s.producer_pid}, ${s.cpus} cores` : s.error ? el("span", { class: "error" }, s.error) : "not running"),
+    el("td", {}, s.jobs.length), el("td", {}, s.live ? `${s.live.batches_per_s.toFixed(1)} batches/s, blocked ${s.live.blocked_s.toFixed(1)} s, ${s.live.consumers.length} consumer(s)` : "-")));
+  view.replaceChildren(
+    sections.counts, el("h2", {}, "machine"), sections.cards,
+    el("h2", {}, "timeline (up to the last hour)"), sections.timeline,
+    sections.queueHead, sections.queue,
+    el("h2", {}, "jobs"), el("div", { class: "toolbar" }, select, more), sections.jobs,
+    el("h2", {}, "share groups"), shares.shares.length ? el("table", { id: "shares" }, el("tr", {}, ["name", "data", "producer", "jobs", "now"].map((c) => el("th", {}, c))), shareRows) : el("p", { class: "dim" }, "none defined"));
+  render();
+  let refresh = null;
+  setHandlers({
+    jobs: (d) => {
+      counts = d.counts;
+      for (const j of d.jobs) {
+        if (!filter || j.state === filter) jobs.set(j.id, j); else jobs.delete(j.id);
+        if (WAITING.has(j.state)) waiting.set(j.id, j); else waiting.delete(j.id);
+      }
+      render();
+      if (!refresh) refresh = setTimeout(async () => { refresh = null; const t = await api("/api/timeline"); sections.timeline.replaceWith(sections.timeline = timelineSvg(t, status ? status.capacity.gpus.length : 0)); }, 1000);
+    },
+    status: (d) => { status = d.daemon; sections.cards.replaceWith(sections.cards = cards(status, d.why_not)); },
+  });
+  connect({ since });
+}
+
+// A time axis of at least a minute: one point alone would otherwise span years.
+const SPAN = (u, min, max) => (max - min < 60 ? [min - 5, Math.max(max, min) + 55] : [min, max]);
+
+// --- one job --------------------------------------------------------------------------------
+function chart(key, points, width) {
+  const box = el("div", { class: "chart", "data-key": key });
+  const data = [points.map((p) => p[0]), points.map((p) => p[1])];
+  const plot = new uPlot({ title: key.replace("system/", ""), width, height: 180, scales: { x: { time: true, range: SPAN } },
+    series: [{}, { label: key.split("/").pop(), stroke: "#0a84ff" }],
+    axes: [{}, { size: 70, values: (u, vals) => vals.map((v) => key.endsWith("bytes") ? size(v) : v) }] }, data, box);
+  return { box, plot, data };
+}
+async function jobPage(id) {
+  const since = Date.now() / 1000 - 1;
+  const [job, log, metrics] = await Promise.all([api(`/api/jobs/${id}`), api(`/api/jobs/${id}/log`), api(`/api/jobs/${id}/metrics?points=600`)]);
+  const header = el("div");
+  const logBox = el("pre", { class: "log", id: "log" }, log.text);
+  const charts = el("div", { class: "charts", id: "charts" });
+  const energy = el("dl", { id: "energy" });
+  const shown = {};
+  const renderMetrics = (m) => {
+    energy.replaceChildren(el("dt", {}, "measured"), el("dd", {}, joules(m.energy.measured_joules)), el("dt", {}, "estimated"), el("dd", {}, joules(m.energy.estimated_joules)));
+    for (const [key, points] of Object.entries(m.series)) {
+      if (!DEFAULT_KEYS.includes(key) && !key.includes("energy")) continue;
+      if (!shown[key]) {
+        if (!Object.keys(shown).length) charts.replaceChildren();  // the "no metrics yet" line
+        shown[key] = chart(key, points, 440); charts.append(shown[key].box); continue;
+      }
+      const c = shown[key]; points.forEach((p) => { c.data[0].push(p[0]); c.data[1].push(p[1]); });
+      c.plot.setData(c.data);
+    }
+    if (!Object.keys(shown).length) charts.replaceChildren(el("p", { class: "dim" }, job.mlflow_run_id ? "no metrics yet" : "no MLflow run (yet)"));
+  };
+  const renderJob = (j) => {
+    const cancel = el("button", { class: "danger", id: "cancel", disabled: !(WAITING.has(j.state) || j.state === "running"), onclick: async () => {
+      cancel.disabled = true;
+      try { await api(`/api/jobs/${id}/cancel`, { method: "POST" }); } catch (e) { cancel.after(el("span", { class: "error" }, ` ${e.message}`)); }
+    } }, "Cancel");
+    const r = j.request;
+    header.replaceChildren(
+      el("h2", { "data-job-id": j.id, "data-state": j.state, id: "job-head" }, `job ${j.id}${j.name ? ` ${j.name}` : ""} `, stateCell(j.state), " ", cancel),
+      el("dl", {}, el("dt", {}, "command"), el("dd", { class: "cmd" }, j.command.join(" ")),
+        el("dt", {}, "request"), el("dd", {}, `${r.cpus} cores, RAM ${size(r.mem_bytes || null)}, GPUs ${r.gpus === null ? "auto" : r.gpus}, GPU memory ${r.gpu_mem_bytes === null ? "auto" : size(r.gpu_mem_bytes)}`),
+        el("dt", {}, "placement"), el("dd", {}, j.placement ? `${j.placement.device}${j.placement.gpus.length ? ` GPU ${j.placement.gpus.join(",")}` : ""}` : "-"),
+        el("dt", {}, "why it waits"), el("dd", {}, j.reason || "-"),
+        el("dt", {}, "how it ended"), el("dd", {}, j.cause ? `${j.cause}${j.cause_line ? `: ${j.cause_line}` : ""}` : "-"),
+        el("dt", {}, "group"), el("dd", {}, j.group ? el("a", { href: `#/group/${encodeURIComponent(j.group)}` }, j.group) : "-"),
+        el("dt", {}, "times"), el("dd", {}, `submitted ${when(j.submitted)}, waited ${dur(j.wait_s)}, ran ${dur(j.run_s)}`),
+        el("dt", {}, "peaks"), el("dd", {}, `RAM ${size(j.peak_mem_bytes)}, GPU memory ${size(j.peak_gpu_mem_bytes)}`)),
+      el("h2", {}, "attempts"),
+      j.attempts.length ? el("table", { id: "attempts" }, el("tr", {}, ["#", "state", "where", "started", "ended", "exit", "cause"].map((c) => el("th", {}, c))),
+        j.attempts.map((a) => el("tr", {}, el("td", {}, a.n), el("td", {}, stateCell(a.state)), el("td", {}, a.placement.device + (a.placement.gpus.length ? ` GPU ${a.placement.gpus}` : "")),
+          el("td", {}, when(a.started)), el("td", {}, when(a.ended)), el("td", {}, a.exit_code === null ? (a.signal || "-") : a.exit_code),
+          el("td", {}, a.cause_line || a.cause || "")))) : el("p", { class: "dim" }, "not started yet"));
+  };
+  renderJob(job);
+  view.replaceChildren(header, el("h2", {}, "energy"), energy, el("h2", {}, "metrics"), charts, el("h2", {}, "log"), logBox);
+  renderMetrics(metrics);
+  logBox.scrollTop = logBox.scrollHeight;
+  let lastMs = 0;
+  for (const points of Object.values(metrics.series)) if (points.length) lastMs = Math.max(lastMs, Math.round(points[points.length - 1][0] * 1000));
+  setHandlers({
+    jobs: (d) => { const j = d.jobs.find((x) => x.id === id); if (j) renderJob(j); },
+    log: (d) => { const atEnd = logBox.scrollTop + logBox.clientHeight >= logBox.scrollHeight - 4; logBox.append(d.text); if (atEnd) logBox.scrollTop = logBox.scrollHeight; },
+    metrics: async (d) => { const m = await api(`/api/jobs/${id}/metrics?points=1`); renderMetrics({ series: d.series, energy: m.energy }); },
+  });
+  connect({ since, job: id, log_offset: log.offset, metrics_after: lastMs });
+}
+
+// --- a group (a sweep) ----------------------------------------------------------------------
+async function groupPage(name) {
+  const since = Date.now() / 1000 - 1;
+  const data = await api(`/api/groups/${encodeURIComponent(name)}`);
+  const runs = data.jobs.filter((j) => j.mlflow_run_id);
+  let keys = [];
+  if (runs.length) keys = (await api(`/api/jobs/${runs[0].id}/metrics?points=1`)).keys;
+  const pick = el("select", { id: "metric" }, keys.map((k) => el("option", { value: k, selected: k === "system/process_tree/cpu_percent" }, k)));
+  const plotBox = el("div", { id: "group-chart" });
+  const draw = async () => {
+    const key = pick.value; if (!key) return;
+    const per = Math.max(50, Math.floor(2000 / Math.max(1, runs.length)));
+    const all = await Promise.all(runs.map((j) => api(`/api/jobs/${j.id}/metrics?key=${encodeURIComponent(key)}&points=${per}`)));
+    const xs = [...new Set(all.flatMap((m) => (m.series[key] || []).map((p) => p[0])))].sort((a, b) => a - b);
+    const index = new Map(xs.map((x, i) => [x, i]));
+    const ys = all.map((m) => { const y = new Array(xs.length).fill(null); (m.series[key] || []).forEach((p) => { y[index.get(p[0])] = p[1]; }); return y; });
+    const series = [{}].concat(runs.map((j, i) => ({ label: `job ${j.id}`, stroke: `hsl(${(i * 137) % 360} 70% 45%)`, spanGaps: true })));
+    plotBox.replaceChildren();
+    new uPlot({ title: key, width: 900, height: 260, scales: { x: { time: true, range: SPAN } }, series }, [xs, ...ys], plotBox);
+  };
+  pick.addEventListener("change", draw);
+  const cols = JOB_COLUMNS.slice(0, 5).concat([["energy measured", (j) => joules(j.energy.measured_joules)], ["energy estimated", (j) => joules(j.energy.estimated_joules)]]);
+  view.replaceChildren(el("h2", {}, `group ${name}: ${data.jobs.length} job(s)`),
+    el("dl", { id: "group-energy" }, el("dt", {}, "energy, measured"), el("dd", {}, joules(data.energy.measured_joules)),
+      el("dt", {}, "energy, estimated"), el("dd", {}, joules(data.energy.estimated_joules))),
+    jobsTable(data.jobs, cols, "jobs"), el("h2", {}, "metrics over time"), el("div", { class: "toolbar" }, pick), plotBox);
+  await draw();
+  let pending = null;
+  setHandlers({ jobs: (d) => { if (d.jobs.some((j) => j.group === name) && !pending) pending = setTimeout(() => { pending = null; route(); }, 1000); } });
+  connect({ since });
+}
+
+// --- routing --------------------------------------------------------------------------------
+async function route() {
+  const hash = location.hash.replace(/^#/, "") || "/";
+  const path = hash.split("?")[0];
+  try {
+    let m;
+    if ((m = path.match(/^\/job\/(\d+)$/))) await jobPage(Number(m[1]));
+    else if ((m = path.match(/^\/group\/(.+)$/))) await groupPage(decodeURIComponent(m[1]));
+    else await overview();
+    document.body.dataset.ready = path;
+  } catch (e) {
+    view.replaceChildren(el("p", { class: "error", id: "error" }, e.message));
+  }
+}
+window.addEventListener("hashchange", route);
+route();

@@ -1,0 +1,93 @@
+"""The dashboard over a real socket, against a real daemon: who may use it, and its JSON API
+(the field names of ``tandem ls --json`` / ``show --json``, paging, logs, no environment)."""
+
+from __future__ import annotations
+
+import http.client
+import json
+import os
+import stat
+from urllib.parse import urlsplit
+
+from tandem.web.access import COOKIE
+from tests.web.conftest import Dashboard, wait_for
+
+
+def _call(d: Dashboard, path: str, method: str = "GET", headers: dict | None = None, auth: bool = True):
+    parts = urlsplit(d.base)
+    conn = http.client.HTTPConnection(parts.hostname, parts.port, timeout=10)
+    sent = {
+        "Host": parts.netloc,
+        **({"Authorization": f"Bearer {d.token}"} if auth else {}),
+        **(headers or {}),
+    }
+    conn.request(method, path, headers=sent)
+    response = conn.getresponse()
+    body = response.read()
+    conn.close()
+    return response.status, dict(response.getheaders()), body
+
+
+def _json(d: Dashboard, path: str) -> dict:
+    status, _, body = _call(d, path)
+    assert status == 200, body
+    return json.loads(body)
+
+
+def test_access_needs_the_token_a_loopback_host_and_same_origin_writes(dashboard: Dashboard) -> None:
+    d = dashboard
+    held = d.cli.submit("--after", str(d.cli.submit("--", "sleep", "30")), "--", "true")
+    assert _call(d, "/api/jobs", auth=False)[0] == 401
+    assert _call(d, "/", auth=False)[0] == 401
+    status, headers, _ = _call(d, f"/?token={d.token}", auth=False)
+    cookie = headers.get("set-cookie", "")
+    assert status == 303 and headers["location"] == "/" and f"{COOKIE}={d.token}" in cookie
+    assert "httponly" in cookie.lower() and "samesite=strict" in cookie.lower()
+    assert _call(d, "/api/jobs", auth=False, headers={"Cookie": f"{COOKIE}={d.token}"})[0] == 200
+    assert _call(d, "/?token=wrong", auth=False)[0] == 401
+    assert _call(d, "/api/jobs", headers={"Host": "attacker.example:80"})[0] == 403  # DNS rebinding
+    cross = _call(d, f"/api/jobs/{held}/cancel", "POST", headers={"Origin": "http://attacker.example"})
+    assert cross[0] == 403 and d.cli.job(held)["state"] == "queued"
+    assert _call(d, f"/api/jobs/{held}/cancel", "POST")[0] == 403  # no Origin at all: refused too
+    same = _call(d, f"/api/jobs/{held}/cancel", "POST", headers={"Origin": d.base.rstrip("/")})
+    assert same[0] == 200 and json.loads(same[2])["cancelled"] == [held]
+    assert d.cli.job(held)["state"] == "cancelled"
+    token_file = d.cli.env["TANDEM_RUNTIME_DIR"] + "/dashboard/token"
+    assert stat.S_IMODE(os.stat(token_file).st_mode) == 0o600
+
+
+def test_the_api_speaks_ls_json_and_never_sends_an_environment(dashboard: Dashboard) -> None:
+    d = dashboard
+    secret = "s3cr3t-value-not-to-serve"
+    d.cli.env["MY_API_KEY"] = secret
+    printer = d.cli.submit(
+        "--name", "printer", "--group", "g", "--", "sh", "-c", "for i in 1 2 3; do echo line $i; done"
+    )
+    other = d.cli.submit("--group", "g", "--", "true")
+    d.cli("wait", str(printer), str(other), timeout=60)
+    listed = {j["id"]: j for j in d.cli.json("ls", "--all")}
+    page = _json(d, "/api/jobs?limit=1")
+    (newest,) = page["jobs"]
+    assert newest["id"] == other and page["next_before"] == other
+    assert set(newest) == set(listed[other])
+    older = _json(d, f"/api/jobs?limit=1&before={page['next_before']}")
+    assert [j["id"] for j in older["jobs"]] == [printer] and older["next_before"] is None
+    one = _json(d, f"/api/jobs/{printer}")
+    shown = d.cli.json("show", str(printer))
+    assert {k: one[k] for k in shown if k not in ("wait_s", "run_s")} == {
+        k: v for k, v in shown.items() if k not in ("wait_s", "run_s")
+    }
+    assert _json(d, "/api/jobs?state=succeeded")["jobs"] and not _json(d, "/api/jobs?state=queued")["jobs"]
+    assert _call(d, "/api/jobs?state=nonsense")[0] == 400
+    assert _call(d, "/api/jobs/999999")[0] == 404
+    log = _json(d, f"/api/jobs/{printer}/log")
+    assert log["text"] == "line 1\nline 2\nline 3\n" and log["offset"] == len(log["text"])
+    assert _json(d, f"/api/jobs/{printer}/log?offset=7")["text"] == "line 2\nline 3\n"
+    group = _json(d, "/api/groups/g")
+    assert sorted(j["id"] for j in group["jobs"]) == [printer, other]
+    wait_for(lambda: _json(d, f"/api/jobs/{printer}")["mlflow_run_id"], 30, "the job's MLflow run")
+    metrics = _json(d, f"/api/jobs/{printer}/metrics?points=3")
+    assert metrics["keys"] and all(len(points) <= 3 for points in metrics["series"].values())
+    for path in ("/api/jobs", f"/api/jobs/{printer}", "/api/queue", "/api/groups/g", "/api/timeline"):
+        assert secret not in _call(d, path)[2].decode(), path
+    assert "env" not in one
