@@ -91,3 +91,44 @@ def test_the_api_speaks_ls_json_and_never_sends_an_environment(dashboard: Dashbo
     for path in ("/api/jobs", f"/api/jobs/{printer}", "/api/queue", "/api/groups/g", "/api/timeline"):
         assert secret not in _call(d, path)[2].decode(), path
     assert "env" not in one
+
+
+def _events(d: Dashboard, path: str, headers: dict | None, until: str, timeout: float = 15.0) -> str:
+    """The event stream's text until ``until`` is in it."""
+    parts = urlsplit(d.base)
+    conn = http.client.HTTPConnection(parts.hostname, parts.port, timeout=timeout)
+    conn.request(
+        "GET", path, headers={"Host": parts.netloc, "Authorization": f"Bearer {d.token}", **(headers or {})}
+    )
+    response = conn.getresponse()
+    assert response.status == 200 and response.getheader("content-type").startswith("text/event-stream")
+    text = ""
+    try:
+        while until not in text:
+            line = response.fp.readline()
+            if not line:
+                break
+            text += line.decode()
+    finally:
+        conn.close()
+    return text
+
+
+def test_the_event_stream_sends_changes_and_resumes_where_a_reconnect_left_off(dashboard: Dashboard) -> None:
+    d = dashboard
+    first = d.cli.submit("--", "true")
+    d.cli("wait", str(first), timeout=60)
+    text = _events(d, "/api/events?since=0", None, '"state": "succeeded"')
+    ids = [line[4:] for line in text.splitlines() if line.startswith("id: ")]
+    assert "event: jobs" in text and f'"id": {first}' in text and ids
+    cursor = json.loads(ids[-1])
+    # A job that ends while the browser is away: a reconnect with the last id it saw gets it.
+    second = d.cli.submit("--", "sh", "-c", "echo from-the-second")
+    d.cli("wait", str(second), timeout=60)
+    again = _events(d, "/api/events", {"Last-Event-ID": json.dumps(cursor)}, f'"id": {second}')
+    assert (
+        f'"id": {second}' in again
+        and json.loads(again.split("id: ")[1].split("\n")[0])["since"] > cursor["since"]
+    )
+    followed = _events(d, f"/api/events?job={second}", None, '"text": "from-the-second')
+    assert "event: log" in followed  # the job's output, from offset 0

@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from starlette.applications import Starlette
+from starlette.middleware.gzip import GZipMiddleware
 from starlette.requests import Request
 from starlette.responses import FileResponse, JSONResponse
 from starlette.routing import Mount, Route
@@ -210,4 +211,11 @@ def build(state_dir: Path, mlflow_db: Path | None, token: str, hosts: frozenset[
         Mount("/static", StaticFiles(directory=STATIC), name="static"),
     ]
     app = Starlette(routes=routes)
-    return Access(app, token, hosts) if hosts is not None else Access(app, token)
+    packed = GZipMiddleware(app, minimum_size=1024)
+
+    async def compressed(scope: Any, receive: Any, send: Any) -> None:
+        # JSON and the page compress ~10x; the event stream is sent as it comes, unbuffered.
+        live = scope["type"] == "http" and scope["path"] == "/api/events"
+        await (app if live else packed)(scope, receive, send)
+
+    return Access(compressed, token, hosts) if hosts is not None else Access(compressed, token)
