@@ -105,7 +105,9 @@ def test_a_user_follows_jobs_cancels_one_and_reads_a_log_tail_without_a_reload(b
     page.screenshot(path=str(shots / "dashboard-job.png"), full_page=True)
 
     page.goto(f"{d.base}#/group/sweep")
+    page.wait_for_selector("body[data-ready='/group/sweep']")
     page.wait_for_selector(f"#jobs tr[data-job-id='{job}'][data-state='succeeded']")
+    page.wait_for_selector("#group-chart .uplot")  # the sweep's jobs on one axis
     page.screenshot(path=str(shots / "dashboard-group.png"), full_page=True)
 
     for name in ("dashboard-overview.png", "dashboard-job.png", "dashboard-group.png"):

@@ -90,6 +90,8 @@ function timelineSvg(data, gpuCount) {
   const now = data.now; const attempts = data.attempts;
   const first = Math.min(now, ...attempts.map((a) => a.started));
   const t0 = Math.max(now - 3600, Math.min(now - 120, first - 0.05 * (now - first)));
+  // GPUs: the daemon's, or (with no daemon) as many as the attempts name.
+  gpuCount = Math.max(gpuCount, ...attempts.flatMap((a) => a.gpus.map((g) => g + 1)), 0);
   const lanes = ["host"].concat(Array.from({ length: gpuCount }, (_, i) => `GPU ${i}`));
   const W = 1000; const lane = 22; const left = 60; const H = lane * lanes.length + 20;
   const x = (t) => left + (W - left - 10) * (t - t0) / Math.max(1, now - t0);
@@ -189,6 +191,11 @@ async function overview() {
 // A time axis of at least a minute: one point alone would otherwise span years.
 const SPAN = (u, min, max) => (max - min < 60 ? [min - 5, Math.max(max, min) + 55] : [min, max]);
 
+// uPlot gives a lone point a day-wide axis (SPAN is not asked then): a minute instead.
+function oneMinute(plot, data) {
+  if (data[0].length === 1) plot.setScale("x", { min: data[0][0] - 5, max: data[0][0] + 55 });
+}
+
 // --- one job --------------------------------------------------------------------------------
 function chart(key, points, width) {
   const box = el("div", { class: "chart", "data-key": key });
@@ -196,6 +203,7 @@ function chart(key, points, width) {
   const plot = new uPlot({ title: key.replace("system/", ""), width, height: 180, scales: { x: { time: true, range: SPAN } },
     series: [{}, { label: key.split("/").pop(), stroke: "#0a84ff" }],
     axes: [{}, { size: 70, values: (u, vals) => vals.map((v) => key.endsWith("bytes") ? size(v) : v) }] }, data, box);
+  oneMinute(plot, data);
   return { box, plot, data };
 }
 async function jobPage(id) {
@@ -215,7 +223,7 @@ async function jobPage(id) {
         shown[key] = chart(key, points, 440); charts.append(shown[key].box); continue;
       }
       const c = shown[key]; points.forEach((p) => { c.data[0].push(p[0]); c.data[1].push(p[1]); });
-      c.plot.setData(c.data);
+      c.plot.setData(c.data); oneMinute(c.plot, c.data);
     }
     if (!Object.keys(shown).length) charts.replaceChildren(el("p", { class: "dim" }, job.mlflow_run_id ? "no metrics yet" : "no MLflow run (yet)"));
   };
