@@ -16,6 +16,7 @@ def _without_mlflow(tmp_path) -> dict[str, str]:
     return {
         **os.environ,
         "PYTHONPATH": os.pathsep.join(filter(None, [str(shim), os.environ.get("PYTHONPATH")])),
+        "TANDEM_STATE_DIR": str(tmp_path / "no-manager"),  # not the user's: it may hold a store
     }
 
 
@@ -47,6 +48,7 @@ def test_file_store_runs_are_tracked_and_reported_without_mlflow(tmp_path):
 
 def test_a_lookup_in_a_directory_without_a_store_creates_none(tmp_path):
     env = {k: v for k, v in os.environ.items() if k != "MLFLOW_TRACKING_URI"}
+    env["TANDEM_STATE_DIR"] = str(tmp_path.parent / f"{tmp_path.name}-no-manager")  # not the user's
     r = tandem("report", "resnet-lr0.1", "-o", "x.png", cwd=tmp_path, env=env)
     assert r.returncode == 2
     assert "no MLflow store found" in r.stderr and str(tmp_path / "mlflow.db") in r.stderr, r.stderr
