@@ -3,26 +3,16 @@
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 from tandem import _ipc
+from tandem.dirs import state_dir_path
+
+__all__ = ["StateError", "private_dir", "state_dir", "state_dir_path"]
 
 
 class StateError(Exception):
     """The state file cannot be used (corrupt, locked, from a newer version)."""
-
-
-def state_dir_path() -> Path:
-    """Where the job manager's state is (not created here)."""
-    explicit = os.environ.get("TANDEM_STATE_DIR")
-    if explicit:
-        path = Path(explicit)
-    elif os.environ.get("XDG_STATE_HOME"):
-        path = Path(os.environ["XDG_STATE_HOME"]) / "tandem"
-    else:
-        path = Path.home() / ".local" / "state" / "tandem"
-    return path.expanduser().resolve()
 
 
 def state_dir() -> Path:

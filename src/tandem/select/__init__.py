@@ -1,0 +1,22 @@
+"""tandem.select: compute a data selection once, store it with its cost, share it.
+
+    from tandem.select import select, load
+    sel = select(train_set, "small-loss", 0.3, model=make_mlp, seed=0)
+    sel.id, sel.indices, sel.meta["cost"]     # content-addressed, stored once
+    subset = load(sel.id).subset(train_set)   # in any process: the same items
+
+A selection's id hashes what it is made of (the dataset's fingerprint, the method and its
+version and settings, the budget, the model's initial weights, the seed), so the same
+inputs give the same id on any machine and a second ``select`` returns the stored copy.
+The methods and their directions: :mod:`tandem.select.methods`; the store:
+:mod:`tandem.select.store`; the cost (an MLflow run): :mod:`tandem.select.cost`.
+"""
+
+from __future__ import annotations
+
+from tandem.select.core import load, select
+from tandem.select.errors import SelectError
+from tandem.select.methods import METHODS
+from tandem.select.store import Selection, ids, remove, uses
+
+__all__ = ["METHODS", "SelectError", "Selection", "ids", "load", "remove", "select", "uses"]

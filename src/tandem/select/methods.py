@@ -1,0 +1,141 @@
+"""The selection methods: each scores every item, and states which end it keeps.
+
+==============  =====  =========================================================  ==========
+method          keeps  score                                                      needs
+==============  =====  =========================================================  ==========
+``random``      low    a seeded random number                                     -
+``small-loss``  low    the loss after a warm-up: noisy labels are learnt last,    labels, model
+                       so the small-loss end is the clean one
+``el2n``        high   ``||softmax(logits) - onehot(label)||`` after a warm-up:   labels, model
+                       the hardest examples (for clean data: noisy labels rank first)
+``grand``       high   the norm of the example's loss gradient over all the       labels, model
+                       proxy's parameters, after a warm-up: the same, by gradients
+``kcenter``     low    the order greedy k-center picks it in, in the warm-up      - (model
+                       model's embedding (the inputs without a model): coverage      optional)
+``less``        high   LESS: the cosine of its Adam-aware gradient, randomly      labels, model,
+                       projected, to the target set's mean gradient                ``target``
+==============  =====  =========================================================  ==========
+
+A method's ``version`` is part of every selection id: a change to what it computes gets a
+new version, so stored selections of the old one are not taken for the new.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from tandem.select import proxy
+from tandem.select.data import Items
+
+
+@dataclass
+class Context:
+    model_fn: Any
+    seed: int
+    target: Items | None = None
+    params: dict[str, Any] = field(default_factory=dict)
+
+    def param(self, name: str, default: Any) -> Any:
+        return self.params.get(name, default)
+
+
+@dataclass(frozen=True)
+class Method:
+    name: str
+    keep: str  # "low" or "high": the end of the scores that is selected
+    score: Callable[[Items, Context], np.ndarray]
+    needs_labels: bool
+    needs_model: bool
+    defaults: dict[str, Any]
+    version: int = 1
+
+
+def _warm(items: Items, ctx: Context) -> tuple[torch.nn.Module, torch.optim.Adam]:
+    model = proxy.make_model(ctx.model_fn, ctx.seed)
+    opt = proxy.warm_up(
+        model, items, int(ctx.param("warmup_epochs", 3)), ctx.seed, float(ctx.param("lr", 1e-3))
+    )
+    return model, opt
+
+
+def random_scores(items: Items, ctx: Context) -> np.ndarray:
+    return np.random.default_rng(ctx.seed).random(len(items))
+
+
+def small_loss(items: Items, ctx: Context) -> np.ndarray:
+    model, _ = _warm(items, ctx)
+    return proxy.losses(model, items).numpy().astype(np.float64)
+
+
+def el2n(items: Items, ctx: Context) -> np.ndarray:
+    model, _ = _warm(items, ctx)
+    assert items.labels is not None
+    probs = proxy.logits(model, items.inputs).softmax(dim=1)
+    onehot = F.one_hot(items.labels, probs.shape[1]).float()
+    return (probs - onehot).norm(dim=1).numpy().astype(np.float64)
+
+
+def grand(items: Items, ctx: Context) -> np.ndarray:
+    model, _ = _warm(items, ctx)
+    assert items.labels is not None
+    grads = proxy.per_example_grads(model, items.inputs, items.labels)
+    return grads.norm(dim=1).numpy().astype(np.float64)
+
+
+def kcenter(items: Items, ctx: Context) -> np.ndarray:
+    """Greedy k-center: the score is the step at which an item is picked (the first is the
+    item nearest the mean; each next the farthest from those picked), for as many steps as
+    the budget keeps; the rest follow, farthest from the picked first."""
+    if ctx.model_fn is not None and items.labels is not None:
+        model, _ = _warm(items, ctx)
+        points = proxy.embeddings(model, items.inputs)
+    else:
+        points = items.inputs.flatten(1)
+    points = points.double()
+    n = len(points)
+    steps = min(n, int(ctx.param("count", n)))
+    rank = np.full(n, np.inf)
+    taken = torch.zeros(n, dtype=torch.bool)
+    pick = int(torch.cdist(points.mean(0, keepdim=True), points).argmin())
+    nearest = torch.full((n,), np.inf, dtype=torch.float64)
+    for step in range(steps):
+        rank[pick] = step
+        taken[pick] = True
+        nearest = torch.minimum(nearest, torch.cdist(points[pick : pick + 1], points)[0])
+        nearest[taken] = -1.0
+        pick = int(nearest.argmax())
+    rest = np.flatnonzero(~taken.numpy())
+    rank[rest] = steps + np.argsort(np.argsort(-nearest.numpy()[rest], kind="stable"), kind="stable")
+    return rank
+
+
+def less(items: Items, ctx: Context) -> np.ndarray:
+    from tandem.select.less import less_scores
+
+    return less_scores(items, ctx)
+
+
+METHODS: dict[str, Method] = {
+    m.name: m
+    for m in (
+        Method("random", "low", random_scores, needs_labels=False, needs_model=False, defaults={}),
+        Method("small-loss", "low", small_loss, True, True, {"warmup_epochs": 3, "lr": 1e-3}),
+        Method("el2n", "high", el2n, True, True, {"warmup_epochs": 3, "lr": 1e-3}),
+        Method("grand", "high", grand, True, True, {"warmup_epochs": 3, "lr": 1e-3}),
+        Method(
+            "kcenter",
+            "low",
+            kcenter,
+            needs_labels=False,
+            needs_model=False,
+            defaults={"warmup_epochs": 3, "lr": 1e-3},
+        ),  # fmt: skip
+        Method("less", "high", less, True, True, {"warmup_epochs": 3, "lr": 1e-3, "proj_dim": 512}),
+    )
+}

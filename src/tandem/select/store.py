@@ -1,0 +1,156 @@
+"""Stored selections: content-addressed, written once, verified when read.
+
+``<state dir>/selections/<id>/`` holds ``indices.npy`` (sorted int64), ``scores.npy``,
+``meta.json`` (what it was made of and what it cost) and ``checksums.json`` (SHA-256 of
+the three). A selection is written whole into a temporary directory beside it, then
+renamed into place under a lock: of two processes that make the same selection at once,
+one renames and the other finds it there and removes its own copy, so exactly one stays.
+``uses.jsonl`` beside them grows by a line whenever a job or producer loads it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from filelock import FileLock
+
+from tandem.dirs import state_dir_path
+from tandem.select.errors import SelectError
+
+FILES = ("indices.npy", "scores.npy", "meta.json")
+
+
+def root() -> Path:
+    return state_dir_path() / "selections"
+
+
+@dataclass
+class Selection:
+    """A stored selection: ``indices`` into its dataset (sorted), every item's ``scores``,
+    and ``meta`` (inputs, fingerprints, cost, lineage); ``cached``: found, not computed."""
+
+    id: str
+    indices: np.ndarray
+    scores: np.ndarray
+    meta: dict[str, Any]
+    cached: bool = False
+    path: Path = field(default_factory=Path)
+
+    def __len__(self) -> int:
+        return int(self.indices.size)
+
+    def check(self, dataset: Any) -> None:
+        """Refuse a dataset that is not the one this selection was made of."""
+        from tandem.select.data import fingerprint
+
+        want = self.meta["dataset"]
+        got = fingerprint(dataset, want.get("version"))
+        if got != want["fingerprint"]:
+            raise SelectError(
+                f"selection {self.id} was made of another dataset (fingerprint {want['fingerprint']}, "
+                f"this one {got}: {len(dataset)} items against {want['length']}); make a new selection for it"
+            )
+
+    def subset(self, dataset: Any) -> Any:
+        """``dataset`` restricted to the selected items (checked to be its dataset)."""
+        import torch
+
+        self.check(dataset)
+        return torch.utils.data.Subset(dataset, self.indices.tolist())
+
+
+def selection_id(key: dict[str, Any]) -> str:
+    return hashlib.sha256(json.dumps(key, sort_keys=True, separators=(",", ":")).encode()).hexdigest()[:16]
+
+
+def _sha256(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def save(sel_id: str, indices: np.ndarray, scores: np.ndarray, meta: dict[str, Any]) -> Selection:
+    """Store a selection once; if another process stored it first, that copy is returned."""
+    base = root()
+    base.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".tmp-{sel_id}-", dir=base))
+    try:
+        np.save(tmp / "indices.npy", indices.astype(np.int64))
+        np.save(tmp / "scores.npy", scores.astype(np.float64))
+        (tmp / "meta.json").write_text(json.dumps(meta, indent=2, sort_keys=True))
+        (tmp / "checksums.json").write_text(json.dumps({f: _sha256(tmp / f) for f in FILES}, indent=2))
+        with FileLock(str(base / f".{sel_id}.lock"), timeout=60):
+            final = base / sel_id
+            if final.exists():
+                shutil.rmtree(tmp)
+                return load(sel_id, cached=True)
+            os.rename(tmp, final)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return load(sel_id, cached=False)
+
+
+def exists(sel_id: str) -> bool:
+    return (root() / sel_id / "checksums.json").exists()
+
+
+def load(sel_id: str, cached: bool = True) -> Selection:
+    """The stored selection ``sel_id``, its files verified."""
+    if not sel_id or "/" in sel_id or sel_id.startswith("."):
+        raise SelectError(f"{sel_id!r} is not a selection id (tandem select ls lists them)")
+    path = root() / sel_id
+    if not path.is_dir():
+        raise SelectError(f"no selection {sel_id} in {root()} (tandem select ls lists them)")
+    try:
+        sums = json.loads((path / "checksums.json").read_text())
+        bad = [f for f in FILES if _sha256(path / f) != sums.get(f)]
+        if bad:
+            raise ValueError(f"{', '.join(bad)} changed since it was written")
+        meta = json.loads((path / "meta.json").read_text())
+        indices = np.load(path / "indices.npy", allow_pickle=False)
+        scores = np.load(path / "scores.npy", allow_pickle=False)
+    except (OSError, ValueError) as exc:
+        raise SelectError(
+            f"selection {sel_id} in {path} is damaged ({exc}): remove it (tandem select rm {sel_id}) "
+            "and make it again"
+        ) from None
+    return Selection(sel_id, indices, scores, meta, cached, path)
+
+
+def record_use(sel: Selection, who: dict[str, Any]) -> None:
+    """Note that a job or producer used the selection (best effort: a read-only store is fine)."""
+    try:
+        with open(sel.path / "uses.jsonl", "a") as f:
+            f.write(json.dumps({"time": time.time(), **who}) + "\n")
+    except OSError:
+        pass
+
+
+def uses(sel_id: str) -> list[dict[str, Any]]:
+    try:
+        lines = (root() / sel_id / "uses.jsonl").read_text().splitlines()
+    except OSError:
+        return []
+    return [json.loads(line) for line in lines if line.strip()]
+
+
+def ids() -> list[str]:
+    base = root()
+    if not base.is_dir():
+        return []
+    return sorted(p.name for p in base.iterdir() if p.is_dir() and not p.name.startswith("."))
+
+
+def remove(sel_id: str) -> None:
+    path = root() / sel_id
+    if not sel_id or "/" in sel_id or sel_id.startswith(".") or not path.is_dir():
+        raise SelectError(f"no selection {sel_id} in {root()}")
+    shutil.rmtree(path)

@@ -1,0 +1,145 @@
+"""tandem.select on datasets with a planted truth: ids and indices reproducible across
+processes, one stored copy under a race, each method's direction, class balance, the cost
+as an MLflow run, and bad input refused with nothing half-written."""
+
+from __future__ import annotations
+
+import json
+import os
+import sqlite3
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from tandem.select import SelectError, load, select
+from tandem.select.store import root
+from tests.select.datasets import Blobs, Mixture, mlp, noisy, target_a
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(autouse=True)
+def state(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    monkeypatch.setenv("TANDEM_STATE_DIR", str(tmp_path / "state"))
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    return tmp_path / "state"
+
+
+def _in_a_new_process(state: Path, code: str) -> dict:
+    env = dict(os.environ, TANDEM_STATE_DIR=str(state), PYTHONPATH=str(ROOT))
+    out = subprocess.run([sys.executable, "-c", code], env=env, cwd=ROOT, capture_output=True, text=True,
+                         timeout=120)  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+SELECT_IN_A_PROCESS = """
+import json, sys
+from tandem.select import select
+from tests.select.datasets import noisy, mlp
+s = select(noisy(), "small-loss", {budget}, model=mlp, seed={seed}, track=False)
+print(json.dumps({{"id": s.id, "indices": s.indices.tolist(), "cached": s.cached}}))
+"""
+
+
+def test_the_same_inputs_give_the_same_id_and_indices_in_fresh_processes(state: Path, tmp_path: Path) -> None:
+    first = _in_a_new_process(state, SELECT_IN_A_PROCESS.format(budget=0.3, seed=0))
+    other = tmp_path / "other-state"  # a second store: computed again, not read back
+    second = _in_a_new_process(other, SELECT_IN_A_PROCESS.format(budget=0.3, seed=0))
+    assert first["id"] == second["id"] and first["indices"] == second["indices"]
+    assert not first["cached"] and not second["cached"]
+    again = _in_a_new_process(state, SELECT_IN_A_PROCESS.format(budget=0.3, seed=0))
+    assert again["cached"] and again["indices"] == first["indices"]
+    assert _in_a_new_process(state, SELECT_IN_A_PROCESS.format(budget=0.3, seed=1))["id"] != first["id"]
+    assert _in_a_new_process(state, SELECT_IN_A_PROCESS.format(budget=0.2, seed=0))["id"] != first["id"]
+
+
+def test_racing_processes_leave_exactly_one_stored_copy(state: Path) -> None:
+    env = dict(os.environ, TANDEM_STATE_DIR=str(state), PYTHONPATH=str(ROOT))
+    code = SELECT_IN_A_PROCESS.format(budget=0.25, seed=3)
+    argv = [sys.executable, "-c", code]
+    procs = [subprocess.Popen(argv, env=env, cwd=ROOT, stdout=subprocess.PIPE, text=True) for _ in range(3)]
+    results = [json.loads(p.communicate(timeout=120)[0].strip().splitlines()[-1]) for p in procs]
+    assert len({r["id"] for r in results}) == 1
+    assert len({tuple(r["indices"]) for r in results}) == 1
+    assert sorted(p.name for p in root().iterdir() if not p.name.endswith(".lock")) == [results[0]["id"]]
+
+
+def test_small_loss_keeps_far_less_noise_than_random_and_the_hard_end_keeps_it() -> None:
+    ds = noisy()  # half the labels flipped
+    kept = {}
+    for method in ("random", "small-loss", "el2n", "grand"):
+        sel = select(ds, method, 0.3, model=mlp, seed=0, track=False)
+        assert len(sel) == 450 and np.all(np.diff(sel.indices) > 0) and sel.indices.dtype == np.int64
+        kept[method] = ds.flipped[sel.indices].mean()
+    assert 0.4 < kept["random"] < 0.6
+    assert kept["small-loss"] < 0.15  # low loss after a warm-up: the clean end
+    assert kept["el2n"] > 0.8 and kept["grand"] > 0.8  # keep-hardest: on noisy data, the noise
+
+
+def test_kcenter_covers_every_cluster_and_less_selects_for_its_target() -> None:
+    tight = Blobs(600, 0.0, seed=2, spread=0.05)  # 10 tight clusters
+    sel = select(tight, "kcenter", 10, seed=0, balance=False, track=False)
+    assert sorted(set(tight.true[sel.indices])) == list(range(10))  # one per cluster
+    mix = Mixture()
+    random = select(mix, "random", 0.3, seed=0, track=False)
+    less = select(mix, "less", 0.3, model=mlp, target=target_a(), seed=0, track=False)
+    assert mix.domain_b[random.indices].mean() > 0.35
+    assert mix.domain_b[less.indices].mean() < 0.25  # the target is the first domain
+
+
+def test_class_balance_keeps_each_class_share() -> None:
+    ds = Blobs(1000, 0.0, seed=4)
+    sel = select(ds, "small-loss", 0.2, model=mlp, seed=0, track=False)
+    counts = np.bincount(ds.y[sel.indices], minlength=10)
+    expected = np.bincount(ds.y, minlength=10) * 0.2
+    assert np.all(np.abs(counts - expected) <= 1)
+
+
+def test_the_cost_is_an_mlflow_run_and_the_stored_copy_is_verified(state: Path) -> None:
+    sel = select(noisy(), "small-loss", 0.3, model=mlp, seed=5)
+    cost = sel.meta["cost"]
+    assert cost["wall_s"] > 0 and cost["cpu_s"] > 0 and cost["mlflow_run_id"]
+    assert "energy_measured_joules" in cost or "energy_estimated_joules" in cost
+    db = sqlite3.connect(state / "mlflow.db")
+    (status,) = db.execute("SELECT status FROM runs WHERE run_uuid = ?", (cost["mlflow_run_id"],)).fetchone()
+    assert status == "FINISHED"
+    again = load(sel.id)
+    assert again.cached and np.array_equal(again.indices, sel.indices)
+    np.save(sel.path / "indices.npy", sel.indices[:-1])  # tampered with
+    with pytest.raises(SelectError, match=f"damaged.*tandem select rm {sel.id}"):
+        load(sel.id)
+
+
+def test_bad_input_is_refused_and_nothing_is_left_half_written() -> None:
+    ds = noisy()
+    bad = [(0, "keep 1 to 1500"), (0.0, "above 0"), (len(ds) + 1, "keep 1 to"), (-3, "keep 1 to"),
+           (True, "a fraction"), ("10%", "a fraction")]  # fmt: skip
+    for budget, words in bad:
+        with pytest.raises(SelectError, match=words):
+            select(ds, "random", budget, track=False)
+    with pytest.raises(SelectError, match="unknown method 'lesss'; one of random, small-loss"):
+        select(ds, "lesss", 0.3)
+    with pytest.raises(SelectError, match="pass model="):
+        select(ds, "small-loss", 0.3)
+    with pytest.raises(SelectError, match="pass target="):
+        select(ds, "less", 0.3, model=mlp)
+    unlabelled = [x for x, _ in (ds[i] for i in range(100))]
+    with pytest.raises(SelectError, match="needs labels"):
+        select(unlabelled, "small-loss", 0.3, model=mlp, track=False)
+    import torch
+
+    with pytest.raises(SelectError, match=r"logits of shape \[batch, classes\].*returned \(2, 3\)"):
+        select(ds, "small-loss", 0.3, model=lambda: torch.nn.Linear(20, 3), track=False)
+    with pytest.raises(SelectError, match="takes no epochs"):
+        select(ds, "small-loss", 0.3, model=mlp, params={"epochs": 2}, track=False)
+    assert not root().exists() or [p.name for p in root().iterdir() if not p.name.endswith(".lock")] == []
+    sel = select(ds, "random", 0.1, track=False)
+    with pytest.raises(SelectError, match="made of another dataset"):
+        sel.subset(Blobs(1500, 0.5, seed=99))
+    assert len(sel.subset(ds)) == 150
+    with pytest.raises(SelectError, match="no selection nope"):
+        load("nope")
