@@ -52,6 +52,14 @@ def serve_range(name, n, batch_size, epochs=None, shuffle=False, window=8, polic
     p.serve(epochs=epochs)
 
 
+def serve_selected(name, n, selection, batch_size, epochs, shuffle=True):
+    """A producer of ``RangeDataset(n)`` restricted to a stored selection."""
+    p = Producer.from_dataset(
+        RangeDataset(n), name, batch_size=batch_size, shuffle=shuffle, selection=selection
+    )
+    p.serve(epochs=epochs)
+
+
 def serve_list(name, batches, epochs=None, window=8, device=None):
     Producer(batches, name, window=window, device=device).serve(epochs=epochs)
 

@@ -5,7 +5,8 @@
 - ``jobs``: ``tandem submit|ls|show|logs|cancel|wait`` (:mod:`tandem.place`);
 - ``daemon``: ``tandem daemon start|stop|status`` and ``tandem replay``;
 - ``bench``: ``tandem demo`` and ``tandem bench share|io``;
-- ``dashboard``: ``tandem dashboard`` (:mod:`tandem.web`).
+- ``dashboard``: ``tandem dashboard`` (:mod:`tandem.web`);
+- ``select``: ``tandem select run|ls|show|rm|report`` (:mod:`tandem.select`).
 
 ``_common`` holds what they share: exit codes, the extras check, the daemon's errors as
 messages, the parsers of sizes and core counts. A family's module is imported only when
@@ -39,6 +40,7 @@ _FAMILIES = {
     "demo": "bench",
     "bench": "bench",
     "dashboard": "dashboard",
+    "select": "select",
 }
 
 

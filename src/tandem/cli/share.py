@@ -59,6 +59,9 @@ _SHARE_OPTIONS = [
                  help="Batches in flight (shared-memory slots)."),
     click.option("--policy", type=click.Choice(["wait", "skip"]), default="wait", show_default=True,
                  help="wait: the slowest consumer sets the pace; skip: laggards miss batches."),
+    click.option("--selection", metavar="ID", default=None,
+                 help="With --dataset or --images: serve only the items of this stored selection "
+                 "(tandem select run; tandem select ls)."),
 ]  # fmt: skip
 
 

@@ -30,6 +30,8 @@ from typing import Any
 import numpy as np
 import torch.utils.data
 
+from tandem.share.errors import ShareError
+
 
 def plan_epoch(
     previous: np.ndarray | None,
@@ -177,3 +179,19 @@ def epoch_bounds(start: Position, k: int) -> tuple[Position, Position]:
     """The producer positions ``[begin, end)`` of a consumer's ``k``-th epoch."""
     epoch, offset = start
     return (epoch + k, offset), (epoch + k + 1, offset)
+
+
+def selected(dataset: torch.utils.data.Dataset, selection: str, name: str) -> torch.utils.data.Dataset:
+    """``dataset`` restricted to a stored selection's items (refused if it was made of
+    another dataset); the use is noted beside the selection (``tandem select show``)."""
+    from tandem.select.errors import SelectError
+    from tandem.select.store import load, record_use
+
+    try:
+        chosen = load(selection)
+        subset = chosen.subset(dataset)
+    except SelectError as exc:
+        raise ShareError(str(exc)) from None
+    record_use(chosen, {"role": "producer", "share": name, "pid": os.getpid(),
+                        "job": os.environ.get("TANDEM_JOB_ID")})  # fmt: skip
+    return subset

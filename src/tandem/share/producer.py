@@ -40,7 +40,7 @@ from tandem.share import protocol
 from tandem.share._control import TICK, WARN_BLOCKED_S, ControlServer, rate
 from tandem.share._cuda import check_device
 from tandem.share._cuda_slab import CudaSlab
-from tandem.share._order import EpochPlanner, planned_loader, source_shape
+from tandem.share._order import EpochPlanner, planned_loader, selected, source_shape
 from tandem.share._registry import Registration
 from tandem.share._slab import HostSlab, Slab
 from tandem.share._tree import flatten, sample_count
@@ -128,9 +128,13 @@ class Producer:
         seed: int = 0,
         prefetch_factor: int | None = None,
         worker_nice: int | None = 10,
+        selection: str | None = None,
         **kwargs: Any,
     ) -> Producer:
         """A producer over a map-style dataset whose sample order it owns (see ``_order``).
+
+        ``selection``: the id of a stored data selection (:mod:`tandem.select`) of this
+        dataset: only its items are served, each once an epoch, with every guarantee above.
 
         ``num_workers="auto"`` runs as many loader workers as the cores the jobs leave free
         (less one, at most 8). The workers run ``worker_nice`` levels below normal CPU
@@ -138,6 +142,8 @@ class Producer:
         processes. Where the kernel groups processes by session (autogroup), nice only
         orders processes within one session: it then ranks the workers below the producer's
         own thread, not below jobs started from other terminals."""
+        if selection is not None:
+            dataset = selected(dataset, selection, name)
         on_gpu = kwargs.get("device") not in (None, "cpu")
         loader, planner = planned_loader(
             dataset, batch_size, shuffle, num_workers, collate_fn, seed, prefetch_factor, worker_nice, on_gpu

@@ -103,6 +103,7 @@ class ShareSpec:
     policy: str = "wait"
     cpus: float | None = None
     mem: int = 0
+    selection: str | None = None  # dataset or images: serve only this stored selection's items
 
     def __post_init__(self) -> None:
         from tandem.share._registry import validate_name
@@ -119,6 +120,8 @@ class ShareSpec:
             raise SpecError(f"unknown policy {self.policy!r}: wait or skip")
         if self.device is not None and not (self.device == "cpu" or self.device.startswith("cuda")):
             raise SpecError(f"device {self.device!r}: use cpu, cuda or cuda:N")
+        if self.selection is not None and self.source == "loader":
+            raise SpecError("a selection picks items of a dataset: give --dataset or --images, not --loader")
         if self.cpus is not None and not (math.isfinite(self.cpus) and self.cpus > 0):
             raise SpecError(f"cpus {self.cpus!r}: the producer's cores must be above 0")
 
@@ -150,7 +153,9 @@ class ShareSpec:
         if self.source == "images":
             if not Path(self.ref).is_dir():
                 raise SpecError(f"--images {self.ref}: no such directory")
+            self._check_selection()
             return
+        self._check_selection()
         fn = load_object(self.ref)
         if not callable(fn):
             raise SpecError(
@@ -162,6 +167,16 @@ class ShareSpec:
             raise SpecError(f"{self.ref} cannot be called with no arguments ({exc})") from None
         except ValueError:
             pass  # a builtin without a signature: it will be tried when served
+
+    def _check_selection(self) -> None:
+        if self.selection is not None:
+            from tandem.select.errors import SelectError
+            from tandem.select.store import load
+
+            try:
+                load(self.selection)
+            except SelectError as exc:
+                raise SpecError(f"--selection: {exc}") from None
 
     @property
     def slab_on_gpu(self) -> bool:
@@ -213,13 +228,13 @@ class ShareSpec:
             return Producer.from_dataset(
                 load_object(self.ref)(), self.name, batch_size=self.batch_size, shuffle=self.shuffle,
                 device=self.device, num_workers="auto" if workers is None else workers,
-                worker_nice=self.worker_nice, seed=self.seed, **common,
+                worker_nice=self.worker_nice, seed=self.seed, selection=self.selection, **common,
             )  # fmt: skip
         return Producer.from_files(
             self.ref, self.name, device=self.device or ("cuda" if torch.cuda.is_available() else "cpu"),
             batch_size=self.batch_size, shuffle=self.shuffle, seed=self.seed, crop=self.crop,
             dtype=getattr(torch, self.dtype), num_workers=2 if workers is None else workers,
-            worker_nice=self.worker_nice, **common,
+            worker_nice=self.worker_nice, selection=self.selection, **common,
         )  # fmt: skip
 
 

@@ -1,0 +1,220 @@
+"""``tandem select run|ls|show|rm|report``: data selections, computed once and stored
+(:mod:`tandem.select`)."""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Callable
+from typing import Any
+
+import click
+
+from tandem.cli._common import Exit
+
+EXIT_BAD_INPUT = 2
+
+json_option = click.option("--json", "as_json", is_flag=True, help="Print JSON instead of text.")
+
+
+def _load_ref(ref: str, what: str, call: bool) -> Any:
+    from tandem.share.spec import SpecError, load_object
+
+    try:
+        obj = load_object(ref)
+    except SpecError as exc:
+        raise click.BadParameter(str(exc), param_hint=what) from None
+    if not call:
+        return obj
+    try:
+        return obj()
+    except Exception as exc:  # noqa: BLE001 - the user's function: say what it raised
+        raise click.BadParameter(f"{ref}() raised {type(exc).__name__}: {exc}", param_hint=what) from None
+
+
+def _budget(_ctx: click.Context, _param: click.Parameter, value: str) -> float | int:
+    try:
+        number = float(value)
+    except ValueError:
+        raise click.BadParameter(f"{value!r}: a fraction (0.3) or a count of items (300)") from None
+    return int(number) if number.is_integer() and number >= 1 and "." not in value else number
+
+
+def _selection(sel_id: str) -> Any:
+    from tandem.select import SelectError, load
+
+    try:
+        return load(sel_id)
+    except SelectError as exc:
+        raise Exit(str(exc), EXIT_BAD_INPUT) from None
+
+
+def _cost_line(cost: dict[str, Any]) -> str:
+    parts = [f"{cost.get('wall_s', 0):.1f} s", f"{cost.get('cpu_s', 0):.1f} CPU-s"]
+    if "energy_measured_joules" in cost:
+        parts.append(f"{cost['energy_measured_joules']:.0f} J measured")
+    if "energy_estimated_joules" in cost:
+        parts.append(f"{cost['energy_estimated_joules']:.0f} J estimated")
+    return ", ".join(parts) + (f" (MLflow run {cost['mlflow_run_id']})" if cost.get("mlflow_run_id") else "")
+
+
+@click.group("select")
+def select_group() -> None:
+    """Data selections: computed once, stored with their cost, shared by every job."""
+
+
+@select_group.command("run")
+@click.option(
+    "--dataset", "dataset_ref", required=True, metavar="MOD:FN", help="Returns a map-style dataset."
+)
+@click.option(
+    "--method", required=True, metavar="M", help="random, small-loss, el2n, grand, kcenter or less."
+)
+@click.option(
+    "--budget", required=True, callback=_budget, metavar="B", help="A fraction (0.3) or a count (300)."
+)
+@click.option(
+    "--model", "model_ref", metavar="MOD:FN", help="Returns a fresh torch.nn.Module (inputs -> logits)."
+)
+@click.option("--target", "target_ref", metavar="MOD:FN", help="less: returns the labelled target dataset.")
+@click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--balance/--no-balance", default=True, show_default=True, help="Each class its share.")
+@click.option(
+    "--version", "data_version", metavar="V", help="Names the dataset's content (else 64 items are hashed)."
+)
+@json_option
+def select_run(dataset_ref: str, method: str, budget: float | int, model_ref: str | None,
+               target_ref: str | None, seed: int, balance: bool, data_version: str | None,
+               as_json: bool) -> None:  # fmt: skip
+    """Compute a selection (or find it stored) and print its id."""
+    from tandem.select import SelectError, select
+
+    dataset = _load_ref(dataset_ref, "--dataset", call=True)
+    model = _load_ref(model_ref, "--model", call=False) if model_ref else None
+    target = _load_ref(target_ref, "--target", call=True) if target_ref else None
+    try:
+        sel = select(dataset, method, budget, model=model, target=target, seed=seed, balance=balance,
+                     version=data_version)  # fmt: skip
+    except SelectError as exc:
+        raise Exit(str(exc), EXIT_BAD_INPUT) from None
+    if as_json:
+        out = {"id": sel.id, "size": len(sel), "cached": sel.cached, "cost": sel.meta["cost"]}
+        click.echo(json.dumps(out, indent=2))
+        return
+    click.echo(sel.id)
+    how = "stored before: not scored again" if sel.cached else f"cost {_cost_line(sel.meta['cost'])}"
+    click.echo(f"{method}: {len(sel)} of {sel.meta['dataset']['length']} items; {how}", err=True)
+
+
+@select_group.command("ls")
+@json_option
+def select_ls(as_json: bool) -> None:
+    """The stored selections."""
+    from tandem.select import ids
+
+    rows = [_selection(i) for i in ids()]
+    if as_json:
+        click.echo(json.dumps([_summary(s) for s in rows], indent=2))
+        return
+    if not rows:
+        click.echo("no stored selections (tandem select run ... makes one)")
+    for s in rows:
+        m = s.meta
+        click.echo(f"{s.id}  {m['method']:<10} {len(s):>7} of {m['dataset']['length']:<7} seed {m['seed']}  "
+                   f"{_cost_line(m['cost'])}")  # fmt: skip
+
+
+def _summary(sel: Any) -> dict[str, Any]:
+    m = sel.meta
+    return {"id": sel.id, "method": m["method"], "size": len(sel), "dataset": m["dataset"], "seed": m["seed"],
+            "balance": m["balance"], "cost": m["cost"], "created": m["created"]}  # fmt: skip
+
+
+@select_group.command("show")
+@click.argument("sel_id", metavar="ID")
+@json_option
+def select_show(sel_id: str, as_json: bool) -> None:
+    """A selection: what it was made of, its cost, and the jobs that used it."""
+    from tandem.select import uses
+
+    sel = _selection(sel_id)
+    used = uses(sel_id)
+    if as_json:
+        click.echo(json.dumps({**sel.meta, "uses": used}, indent=2))
+        return
+    m = sel.meta
+    click.echo(f"selection {sel.id}: {m['method']} keeps the {m['keep']} end, {len(sel)} of "
+               f"{m['dataset']['length']} items (budget {m['budget']}, seed {m['seed']}, "
+               f"balance {m['balance']})")  # fmt: skip
+    click.echo(f"  dataset {m['dataset']['fingerprint']}  model {m['model'] or '-'}  params {m['params']}")
+    click.echo(f"  cost    {_cost_line(m['cost'])}")
+    click.echo(f"  used    {len(used)} time(s)" + "".join(f"\n    {u}" for u in used[-10:]))
+
+
+@select_group.command("rm")
+@click.argument("sel_ids", metavar="ID...", nargs=-1, required=True)
+def select_rm(sel_ids: tuple[str, ...]) -> None:
+    """Remove stored selections."""
+    from tandem.select import SelectError, remove
+
+    for sel_id in sel_ids:
+        try:
+            remove(sel_id)
+        except SelectError as exc:
+            raise Exit(str(exc), EXIT_BAD_INPUT) from None
+        click.echo(f"removed {sel_id}", err=True)
+
+
+@select_group.command("report")
+@click.argument("sel_id", metavar="ID")
+@click.option(
+    "--baseline", "baseline_run", metavar="RUN_ID", help="A measured full-data run of the same job."
+)
+@json_option
+def select_report(sel_id: str, baseline_run: str | None, as_json: bool) -> None:
+    """When it pays: the selection's cost against what its jobs saved, and the break-even
+    count of jobs in time and in energy."""
+    from tandem.select.report import report
+
+    sel = _selection(sel_id)
+    data = report(sel, _job_runs(sel_id), baseline_run)
+    if as_json:
+        click.echo(json.dumps(data, indent=2, default=_finite))
+        return
+    click.echo(f"selection {sel.id} ({data['method']}, {data['size']} items, {data['ratio']:.0%} of the "
+               f"data); {len(data['jobs'])} job(s) used it; baseline {data['baseline']}")  # fmt: skip
+    fmt: dict[str, Callable[[float], str]] = {
+        "wall_s": lambda v: f"{v:.1f} s", "cpu_s": lambda v: f"{v:.1f} CPU-s",
+        "energy_measured_joules": lambda v: f"{v:.0f} J", "energy_estimated_joules": lambda v: f"{v:.0f} J",
+    }  # fmt: skip
+    for what, row in data["break_even"].items():
+        show = {k: ("-" if v is None else fmt[what](v)) for k, v in row.items() if k != "break_even_jobs"}
+        even = row["break_even_jobs"]
+        even_text = "-" if even is None else ("never" if math.isinf(even) else f"{even:.1f} jobs")
+        click.echo(f"  {what:<24} selection {show['selection']:>12}  a job {show['job_mean']:>12}  "
+                   f"full data {show['full_data']:>12}  pays after {even_text}")  # fmt: skip
+
+
+def _finite(value: Any) -> Any:
+    return str(value)
+
+
+def _job_runs(sel_id: str) -> list[str]:
+    """The MLflow runs of the job manager's jobs that trained on the selection (through a
+    share group whose spec names it)."""
+    from tandem.place.paths import StateError
+    from tandem.place.state import State, state_dir_path
+
+    if not (state_dir_path() / "place.db").exists():
+        return []
+    try:
+        state = State(state_dir_path())
+    except StateError:
+        return []
+    names = [s.name for s in state.shares() if s.spec.selection == sel_id]
+    runs = [j.mlflow_run_id for j in state.jobs(attempts=False) if j.share in names and j.mlflow_run_id]
+    state.close()
+    return runs
+
+
+COMMANDS = [select_group]

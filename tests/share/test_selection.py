@@ -1,0 +1,44 @@
+"""A producer that serves a stored data selection (tandem.select): its consumers see
+exactly the selected items, once an epoch, reshuffled; a selection of another dataset or
+one that does not exist is refused with what to do."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tandem.select import select
+from tandem.select.store import uses
+from tandem.share import Producer, ShareError
+
+from .workers import RangeDataset, consume, serve_selected
+
+N = 103
+
+
+def test_three_consumers_each_see_exactly_the_selected_items_once_per_epoch(
+    procs, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("TANDEM_STATE_DIR", str(tmp_path / "state"))  # the children's too
+    sel = select(RangeDataset(N), "random", 40, input_key="x", label_key="i", balance=False, track=False)
+    procs.start(serve_selected, "picked", N, sel.id, 8, None)  # until stopped: each joins when it can
+    for tag in ("a", "b", "c"):
+        procs.start(consume, "picked", procs.queue, epochs=2, tag=tag)
+    res = procs.collect(["a", "b", "c"])
+    chosen = sel.indices.tolist()
+    for tag in ("a", "b", "c"):
+        for epoch in (0, 1):
+            ids, _ = res[tag][epoch]
+            assert sorted(ids) == chosen, "every selected item exactly once, and nothing else"
+    assert res["a"][0][0] != res["a"][1][0], "reshuffled between epochs"
+    assert [u["role"] for u in uses(sel.id)] == ["producer"] and uses(sel.id)[0]["share"] == "picked"
+
+
+def test_a_selection_of_another_dataset_or_none_at_all_is_refused(tmp_path: Path, monkeypatch) -> None:
+    monkeypatch.setenv("TANDEM_STATE_DIR", str(tmp_path / "state"))
+    sel = select(RangeDataset(N), "random", 10, input_key="x", label_key="i", balance=False, track=False)
+    with pytest.raises(ShareError, match="made of another dataset"):
+        Producer.from_dataset(RangeDataset(N + 1), "other", selection=sel.id)
+    with pytest.raises(ShareError, match="no selection 0123456789abcdef"):
+        Producer.from_dataset(RangeDataset(N), "none", selection="0123456789abcdef")
