@@ -211,7 +211,10 @@ def _job_runs(sel_id: str) -> list[str]:
         state = State(state_dir_path())
     except StateError:
         return []
-    names = [s.name for s in state.shares() if s.spec.selection == sel_id]
+    from tandem.select import uses
+
+    fed = {u.get("share") for u in uses(sel_id) if u.get("role") == "producer"}  # --select shares too
+    names = [s.name for s in state.shares() if s.spec.selection == sel_id or s.name in fed]
     runs = [j.mlflow_run_id for j in state.jobs(attempts=False) if j.share in names and j.mlflow_run_id]
     state.close()
     return runs

@@ -8,14 +8,16 @@ manager, which starts the producer with the first job that reads it.
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import os
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import click
 
-from tandem.cli._common import EXIT_USAGE, Exit, open_state, to_cpus, to_size
+from tandem.cli._common import EXIT_USAGE, Exit, daemon_call, open_state, to_cpus, to_size
 from tandem.place.model import format_size
 from tandem.share.spec import DTYPES, OBJECT_FORMS, ShareSpec, SpecError
 
@@ -62,6 +64,11 @@ _SHARE_OPTIONS = [
     click.option("--selection", metavar="ID", default=None,
                  help="With --dataset or --images: serve only the items of this stored selection "
                  "(tandem select run; tandem select ls)."),
+    click.option("--select", metavar="METHOD:BUDGET", default=None,
+                 help="With --dataset: serve a selection made once for this share (share define: by a job "
+                 "of the manager's, which the group's jobs wait for), e.g. small-loss:0.3."),
+    click.option("--select-model", metavar="REF", default=None,
+                 help=f"With --select: {OBJECT_FORMS} returning a fresh torch.nn.Module (the proxy)."),
 ]  # fmt: skip
 
 
@@ -130,12 +137,29 @@ def share_define(cpus: float | None, mem: int | None, **options: Any) -> None:
         spec.check()
     except SpecError as exc:
         raise Exit(f"{spec.name}: {exc}; nothing was defined", EXIT_USAGE) from None
+    if spec.select is not None:
+        spec = dataclasses.replace(spec, select_job=_submit_selection(spec))
     open_state().define_share(spec)
     reserve = f"{spec.cpus:g} cores" if spec.cpus is not None else "cores sized to the daemon's"
     click.echo(
         f"defined {spec.name!r}: jobs submitted with --share {spec.name} read it from one producer "
         f"(reserving {reserve}, RAM {format_size(spec.mem or None)})"
     )
+
+
+def _submit_selection(spec: ShareSpec) -> int:
+    """Queue the job that makes the share's selection once; its id (the group's jobs wait
+    for it: the daemon adds it to their --after)."""
+    from tandem.place.client import ensure_daemon, submit
+    from tandem.place.model import JobSpec
+    from tandem.place.state import state_dir
+
+    job = JobSpec(spec.select_command(), os.getcwd(), dict(os.environ), name=f"select-{spec.name}",
+                  group=spec.name, cpus=1.0)  # fmt: skip
+    daemon_call(ensure_daemon, state_dir())
+    job_id = daemon_call(submit, state_dir(), job).id
+    click.echo(f"{spec.name}: its selection ({spec.select}) is made once by job {job_id}", err=True)
+    return job_id
 
 
 @share.command("rm")

@@ -6,6 +6,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import time
 from collections.abc import Callable
@@ -54,6 +55,9 @@ def submit(d: Daemon, request: p.Submit) -> p.Submitted | p.Failure:
     why = fits_at_all(waiting, d.admission.host_slot(()), d.admission.gpu_slots(()), d.limits)
     if why:
         return _refused(f"the job {why}; {fix}")
+    if share is not None and share.spec.select_job is not None and share.spec.select_job not in spec.after:
+        # The group's selection is made once, by its own job: every job of the group waits for it.
+        spec = dataclasses.replace(spec, after=[*spec.after, share.spec.select_job])
     for dep in spec.after:
         if d.state.job(int(dep), attempts=False) is None:
             return _refused(f"--after {dep}: no such job")

@@ -104,6 +104,9 @@ class ShareSpec:
     cpus: float | None = None
     mem: int = 0
     selection: str | None = None  # dataset or images: serve only this stored selection's items
+    select: str | None = None  # dataset: "METHOD:BUDGET", a selection made (once) for this share
+    select_model: str | None = None  # MODULE:FUNCTION returning the selection's proxy model
+    select_job: int | None = None  # the job manager's job that makes it (the group's jobs wait for it)
 
     def __post_init__(self) -> None:
         from tandem.share._registry import validate_name
@@ -120,6 +123,12 @@ class ShareSpec:
             raise SpecError(f"unknown policy {self.policy!r}: wait or skip")
         if self.device is not None and not (self.device == "cpu" or self.device.startswith("cuda")):
             raise SpecError(f"device {self.device!r}: use cpu, cuda or cuda:N")
+        if self.select is not None:
+            self._select_method_budget()
+            if self.source != "dataset" or self.selection is not None:
+                raise SpecError(
+                    "--select makes a selection of a --dataset; give --dataset, and not --selection"
+                )
         if self.selection is not None and self.source == "loader":
             raise SpecError("a selection picks items of a dataset: give --dataset or --images, not --loader")
         if self.cpus is not None and not (math.isfinite(self.cpus) and self.cpus > 0):
@@ -167,6 +176,38 @@ class ShareSpec:
             raise SpecError(f"{self.ref} cannot be called with no arguments ({exc})") from None
         except ValueError:
             pass  # a builtin without a signature: it will be tried when served
+
+    def _select_method_budget(self) -> tuple[str, float | int]:
+        from tandem.select.methods import METHODS
+
+        method, _, budget = (self.select or "").partition(":")
+        if method not in METHODS or not budget:
+            raise SpecError(f"--select {self.select!r}: METHOD:BUDGET, METHOD one of {', '.join(METHODS)}")
+        try:
+            number = float(budget)
+        except ValueError:
+            raise SpecError(
+                f"--select {self.select!r}: the budget is a fraction (0.3) or a count (300)"
+            ) from None
+        return method, int(number) if number.is_integer() and number >= 1 else number
+
+    def selection_for(self, dataset: Any) -> str | None:
+        """The stored selection this share serves: ``selection``, or the one ``select``
+        describes (made by its selection job before; made here if it is not stored)."""
+        if self.select is None:
+            return self.selection
+        from tandem.select import select
+
+        method, budget = self._select_method_budget()
+        model = load_object(self.select_model) if self.select_model else None
+        return select(dataset, method, budget, model=model, seed=self.seed).id
+
+    def select_command(self) -> list[str]:
+        """The command of the job that makes this share's selection."""
+        method, budget = self._select_method_budget()
+        argv = [sys.executable, "-m", "tandem.cli", "select", "run", "--dataset", self.ref,
+                "--method", method, "--budget", str(budget), "--seed", str(self.seed)]  # fmt: skip
+        return argv + (["--model", self.select_model] if self.select_model else [])
 
     def _check_selection(self) -> None:
         if self.selection is not None:
@@ -225,10 +266,11 @@ class ShareSpec:
         if workers is None and reserved_cpus is not None:  # under the job manager: from its cores
             workers = self.loader_workers(reserved_cpus)
         if self.source == "dataset":
+            dataset = load_object(self.ref)()
             return Producer.from_dataset(
-                load_object(self.ref)(), self.name, batch_size=self.batch_size, shuffle=self.shuffle,
+                dataset, self.name, batch_size=self.batch_size, shuffle=self.shuffle,
                 device=self.device, num_workers="auto" if workers is None else workers,
-                worker_nice=self.worker_nice, seed=self.seed, selection=self.selection, **common,
+                worker_nice=self.worker_nice, seed=self.seed, selection=self.selection_for(dataset), **common,
             )  # fmt: skip
         return Producer.from_files(
             self.ref, self.name, device=self.device or ("cuda" if torch.cuda.is_available() else "cpu"),

@@ -1,0 +1,44 @@
+"""A share group whose selection the job manager makes once: ``share define --select``
+queues the selection as a job of its own, the group's jobs wait for it, and its producer
+serves only the selected items to each of them."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+from tests.place.conftest import cli  # noqa: F401 (the fixture)
+
+ROOT = Path(__file__).resolve().parents[2]
+READER = (
+    "import os, sys\n"
+    "from tandem.share import Consumer\n"
+    "c = Consumer.from_env(batch_size=50)\n"
+    "n = sum(len(b[1]) for b in c)\n"
+    "with open(sys.argv[1], 'a') as f:\n"
+    "    f.write(f\"{os.environ['TANDEM_JOB_ID']} {n}\\n\")\n"
+    "c.close()\n"
+)
+
+
+def test_share_define_select_makes_the_selection_once_and_the_group_trains_on_it(cli, tmp_path: Path) -> None:  # noqa: F811
+    cli.env["PYTHONPATH"] = str(ROOT)
+    (tmp_path / "reader.py").write_text(READER)
+    cli("daemon", "start", "--cpus", "2")
+    data, model = "tests.select.datasets:noisy", "tests.select.datasets:mlp"
+    out = cli("share", "define", "picked", "--dataset", data, "--select", "small-loss:0.3",
+              "--select-model", model, "--batch-size", "50", "--shuffle")  # fmt: skip
+    select_job = int(out.stderr.split("made once by job ")[1].split()[0])
+    results = tmp_path / "seen.txt"
+    jobs = [cli.submit("--cpus", "0.5", "--share", "picked", "--", sys.executable, "reader.py", str(results))
+            for _ in range(2)]  # fmt: skip
+    for job in jobs:
+        assert select_job in cli.job(job)["after"]  # the group waits for its selection
+    assert cli("wait", *map(str, jobs), timeout=240).returncode == 0, cli("logs", str(jobs[0])).stdout
+    assert cli.job(select_job)["state"] == "succeeded"
+    seen = [line.split() for line in results.read_text().splitlines()]
+    assert sorted(int(j) for j, _ in seen) == sorted(jobs) and all(int(n) == 450 for _, n in seen)
+    (stored,) = json.loads(cli("select", "ls", "--json").stdout)  # made once, by the job
+    shown = json.loads(cli("select", "show", stored["id"], "--json").stdout)
+    assert shown["method"] == "small-loss" and any(u.get("share") == "picked" for u in shown["uses"])
