@@ -5,10 +5,12 @@ serves only the selected items to each of them."""
 from __future__ import annotations
 
 import json
+import sqlite3
 import sys
 from pathlib import Path
 
 from tests.place.conftest import cli  # noqa: F401 (the fixture)
+from tests.web.conftest import wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
 READER = (
@@ -42,3 +44,13 @@ def test_share_define_select_makes_the_selection_once_and_the_group_trains_on_it
     (stored,) = json.loads(cli("select", "ls", "--json").stdout)  # made once, by the job
     shown = json.loads(cli("select", "show", stored["id"], "--json").stdout)
     assert shown["method"] == "small-loss" and any(u.get("share") == "picked" for u in shown["uses"])
+    assert [u["job"] for u in shown["uses"] if u.get("role") == "made-by-job"] == [select_job]
+    assert sorted(j["id"] for j in shown["jobs"]) == sorted(jobs)  # the jobs that reused it
+    for job in jobs:  # each job says what it trained on, in show and as a tag of its MLflow run
+        assert cli.job(job)["selection"] == stored["id"]
+    db = sqlite3.connect(cli.state / "mlflow.db")
+    tagged = "SELECT count(*) FROM tags WHERE key = 'tandem.selection' AND value = ?"
+    wait_for(lambda: db.execute(tagged, (stored["id"],)).fetchone()[0] == 2, 30, "the runs' selection tags")
+    report = json.loads(cli("select", "report", stored["id"], "--json").stdout)
+    wall = report["break_even"]["wall_s"]
+    assert len(report["jobs"]) == 2 and wall["selection"] > 0 and report["baseline"].startswith("estimated")

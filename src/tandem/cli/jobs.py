@@ -220,6 +220,8 @@ def show(job_id: int, as_json: bool) -> None:
     if job is None:
         raise click.ClickException(f"no job {job_id} (see tandem ls --all)")
     data = job_json(job)
+    share = st.share(job.share) if job.share else None
+    data["selection"] = share.spec.selection_known() if share is not None else None
     if as_json:
         click.echo(json.dumps(data, indent=2))
         return
@@ -235,6 +237,8 @@ def show(job_id: int, as_json: bool) -> None:
         f"  waited    {data['wait_s']:.1f} s   ran {data['run_s'] or 0:.1f} s   "
         f"peak RAM {format_size(job.peak_mem)}   peak GPU memory {format_size(job.peak_gpu_mem)}",
     ]
+    if data["selection"]:
+        lines.append(f"  selection {data['selection']} (tandem select show {data['selection']})")
     if data["reason"]:
         lines.append(f"  waiting   {data['reason']}")
     if job.cause and job.cause != job.state:

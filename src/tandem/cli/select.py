@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 from collections.abc import Callable
 from typing import Any
 
@@ -97,6 +98,10 @@ def select_run(dataset_ref: str, method: str, budget: float | int, model_ref: st
                      version=data_version)  # fmt: skip
     except SelectError as exc:
         raise Exit(str(exc), EXIT_BAD_INPUT) from None
+    if os.environ.get("TANDEM_JOB_ID", "").isdigit():  # a job of the manager's: say which made it
+        from tandem.select.store import record_use
+
+        record_use(sel, {"role": "made-by-job", "job": int(os.environ["TANDEM_JOB_ID"])})
     if as_json:
         out = {"id": sel.id, "size": len(sel), "cached": sel.cached, "cost": sel.meta["cost"]}
         click.echo(json.dumps(out, indent=2))
@@ -139,8 +144,12 @@ def select_show(sel_id: str, as_json: bool) -> None:
 
     sel = _selection(sel_id)
     used = uses(sel_id)
+    jobs = [
+        {"id": j.id, "state": j.state, "share": j.share, "mlflow_run_id": j.mlflow_run_id}
+        for j in _jobs(sel_id)
+    ]
     if as_json:
-        click.echo(json.dumps({**sel.meta, "uses": used}, indent=2))
+        click.echo(json.dumps({**sel.meta, "uses": used, "jobs": jobs}, indent=2))
         return
     m = sel.meta
     click.echo(f"selection {sel.id}: {m['method']} keeps the {m['keep']} end, {len(sel)} of "
@@ -149,6 +158,8 @@ def select_show(sel_id: str, as_json: bool) -> None:
     click.echo(f"  dataset {m['dataset']['fingerprint']}  model {m['model'] or '-'}  params {m['params']}")
     click.echo(f"  cost    {_cost_line(m['cost'])}")
     click.echo(f"  used    {len(used)} time(s)" + "".join(f"\n    {u}" for u in used[-10:]))
+    listed = ", ".join(f"{j['id']} ({j['state']})" for j in jobs)
+    click.echo(f"  jobs    {listed or '-'}")
 
 
 @select_group.command("rm")
@@ -177,7 +188,7 @@ def select_report(sel_id: str, baseline_run: str | None, as_json: bool) -> None:
     from tandem.select.report import report
 
     sel = _selection(sel_id)
-    data = report(sel, _job_runs(sel_id), baseline_run)
+    data = report(sel, [j.mlflow_run_id for j in _jobs(sel_id) if j.mlflow_run_id], baseline_run)
     if as_json:
         click.echo(json.dumps(data, indent=2, default=_finite))
         return
@@ -199,11 +210,12 @@ def _finite(value: Any) -> Any:
     return str(value)
 
 
-def _job_runs(sel_id: str) -> list[str]:
-    """The MLflow runs of the job manager's jobs that trained on the selection (through a
-    share group whose spec names it)."""
+def _jobs(sel_id: str) -> list[Any]:
+    """The job manager's jobs that trained on the selection: those of the share groups that
+    name it (``--selection``) or that it fed (``--select``: its producer noted the use)."""
     from tandem.place.paths import StateError
     from tandem.place.state import State, state_dir_path
+    from tandem.select import uses
 
     if not (state_dir_path() / "place.db").exists():
         return []
@@ -211,13 +223,11 @@ def _job_runs(sel_id: str) -> list[str]:
         state = State(state_dir_path())
     except StateError:
         return []
-    from tandem.select import uses
-
-    fed = {u.get("share") for u in uses(sel_id) if u.get("role") == "producer"}  # --select shares too
+    fed = {u.get("share") for u in uses(sel_id) if u.get("role") == "producer"}
     names = [s.name for s in state.shares() if s.spec.selection == sel_id or s.name in fed]
-    runs = [j.mlflow_run_id for j in state.jobs(attempts=False) if j.share in names and j.mlflow_run_id]
+    jobs = [j for j in state.jobs(attempts=False) if j.share in names]
     state.close()
-    return runs
+    return jobs
 
 
 COMMANDS = [select_group]

@@ -162,6 +162,10 @@ class Attempts:
                 "tandem.mps": bool(extra.get("mps")),
                 "tandem.command": " ".join(job.command)[:5000],
             }
+            share = self.state.share(job.share) if job.share else None
+            selection = share.spec.selection_known() if share is not None else None
+            if selection:  # the data selection it trains on (tandem select show ID)
+                tags["tandem.selection"] = selection
             key = tracking.run_key(job.id, n)
             tracking.run_started(self.state.dir, key, name, tags, adir / "metrics.jsonl", started, job.id, n)
         self.active[job.id] = a

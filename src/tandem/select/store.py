@@ -142,6 +142,15 @@ def uses(sel_id: str) -> list[dict[str, Any]]:
     return [json.loads(line) for line in lines if line.strip()]
 
 
+def made_by(job_id: int) -> str | None:
+    """The selection that the job manager's job ``job_id`` made (``tandem select run`` notes
+    it), or None."""
+    for sel_id in ids():
+        if any(u.get("role") == "made-by-job" and u.get("job") == job_id for u in uses(sel_id)):
+            return sel_id
+    return None
+
+
 def ids() -> list[str]:
     base = root()
     if not base.is_dir():

@@ -202,6 +202,15 @@ class ShareSpec:
         model = load_object(self.select_model) if self.select_model else None
         return select(dataset, method, budget, model=model, seed=self.seed).id
 
+    def selection_known(self) -> str | None:
+        """The id of the selection this share serves, if it is known without computing it:
+        ``selection``, or the one its selection job made (None before that)."""
+        if self.selection is not None or self.select_job is None:
+            return self.selection
+        from tandem.select.store import made_by
+
+        return made_by(self.select_job)
+
     def select_command(self) -> list[str]:
         """The command of the job that makes this share's selection."""
         method, budget = self._select_method_budget()
