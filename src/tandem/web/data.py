@@ -73,6 +73,8 @@ class Reader:
         if job is None:
             raise NotFound(f"no job {job_id}")
         data = job_json(job)
+        share = self.state.share(job.share) if job.share else None
+        data["selection"] = share.spec.selection_known() if share is not None else None  # as show --json
         data["events"] = [dict(r) for r in self.state.events(job_id)]
         return data
 
