@@ -10,7 +10,8 @@ import sys
 from pathlib import Path
 
 from tests.place.conftest import cli  # noqa: F401 (the fixture)
-from tests.web.conftest import wait_for
+from tests.web.conftest import Dashboard, dashboard, wait_for  # noqa: F401 (the fixture)
+from tests.web.test_api import _json
 
 ROOT = Path(__file__).resolve().parents[2]
 READER = (
@@ -24,17 +25,31 @@ READER = (
 )
 
 
-def test_share_define_select_makes_the_selection_once_and_the_group_trains_on_it(cli, tmp_path: Path) -> None:  # noqa: F811
+def test_share_define_select_makes_the_selection_once_and_the_group_trains_on_it(
+    dashboard: Dashboard,  # noqa: F811 (a daemon, and the dashboard of its state)
+) -> None:
+    cli = dashboard.cli  # noqa: F811
+    tmp_path = cli.tmp
     cli.env["PYTHONPATH"] = str(ROOT)
     (tmp_path / "reader.py").write_text(READER)
-    cli("daemon", "start", "--cpus", "2")
     data, model = "tests.select.datasets:noisy", "tests.select.datasets:mlp"
     out = cli("share", "define", "picked", "--dataset", data, "--select", "small-loss:0.3",
               "--select-model", model, "--batch-size", "50", "--shuffle")  # fmt: skip
     select_job = int(out.stderr.split("made once by job ")[1].split()[0])
     results = tmp_path / "seen.txt"
-    jobs = [cli.submit("--cpus", "0.5", "--share", "picked", "--", sys.executable, "reader.py", str(results))
-            for _ in range(2)]  # fmt: skip
+    args = [
+        "--cpus",
+        "0.5",
+        "--share",
+        "picked",
+        "--group",
+        "sweep",
+        "--",
+        sys.executable,
+        "reader.py",
+        str(results),
+    ]
+    jobs = [cli.submit(*args) for _ in range(2)]
     for job in jobs:
         assert select_job in cli.job(job)["after"]  # the group waits for its selection
     assert cli("wait", *map(str, jobs), timeout=240).returncode == 0, cli("logs", str(jobs[0])).stdout
@@ -54,3 +69,7 @@ def test_share_define_select_makes_the_selection_once_and_the_group_trains_on_it
     report = json.loads(cli("select", "report", stored["id"], "--json").stdout)
     wall = report["break_even"]["wall_s"]
     assert len(report["jobs"]) == 2 and wall["selection"] > 0 and report["baseline"].startswith("estimated")
+    group = _json(dashboard, "/api/groups/sweep")  # the dashboard's group page shows when it pays
+    (shown_there,) = group["selections"]
+    assert shown_there["id"] == stored["id"] and shown_there["share"] == "picked"
+    assert len(shown_there["jobs"]) == 2 and shown_there["break_even"]["wall_s"]["selection"] > 0

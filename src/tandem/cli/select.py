@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import json
-import math
 import os
 from collections.abc import Callable
 from typing import Any
@@ -190,7 +189,7 @@ def select_report(sel_id: str, baseline_run: str | None, as_json: bool) -> None:
     sel = _selection(sel_id)
     data = report(sel, [j.mlflow_run_id for j in _jobs(sel_id) if j.mlflow_run_id], baseline_run)
     if as_json:
-        click.echo(json.dumps(data, indent=2, default=_finite))
+        click.echo(json.dumps(data, indent=2))
         return
     click.echo(f"selection {sel.id} ({data['method']}, {data['size']} items, {data['ratio']:.0%} of the "
                f"data); {len(data['jobs'])} job(s) used it; baseline {data['baseline']}")  # fmt: skip
@@ -201,13 +200,9 @@ def select_report(sel_id: str, baseline_run: str | None, as_json: bool) -> None:
     for what, row in data["break_even"].items():
         show = {k: ("-" if v is None else fmt[what](v)) for k, v in row.items() if k != "break_even_jobs"}
         even = row["break_even_jobs"]
-        even_text = "-" if even is None else ("never" if math.isinf(even) else f"{even:.1f} jobs")
+        even_text = "-" if even is None else (even if isinstance(even, str) else f"{even:.1f} jobs")
         click.echo(f"  {what:<24} selection {show['selection']:>12}  a job {show['job_mean']:>12}  "
                    f"full data {show['full_data']:>12}  pays after {even_text}")  # fmt: skip
-
-
-def _finite(value: Any) -> Any:
-    return str(value)
 
 
 def _jobs(sel_id: str) -> list[Any]:

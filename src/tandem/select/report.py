@@ -10,7 +10,6 @@ was measured (energy measured and estimated are never added together).
 
 from __future__ import annotations
 
-import math
 import sqlite3
 from typing import Any
 
@@ -49,10 +48,12 @@ def run_costs(run_ids: list[str]) -> dict[str, dict[str, float]]:
     return out
 
 
-def _break_even(cost: float | None, saving: float | None) -> float | None:
+def _break_even(cost: float | None, saving: float | None) -> float | str | None:
+    """Jobs until the selection has paid for itself; ``"never"`` where a job saves nothing
+    (JSON has no infinity); None where it is not known."""
     if cost is None or saving is None:
         return None
-    return math.inf if saving <= 0 else cost / saving
+    return "never" if saving <= 0 else cost / saving
 
 
 def report(

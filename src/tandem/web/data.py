@@ -130,6 +130,27 @@ class Reader:
             })  # fmt: skip
         return out
 
+    def selections_of(self, jobs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """The data selections these jobs trained on (through their share groups), each with
+        its cost, the jobs' measured costs and the break-even (:mod:`tandem.select.report`)."""
+        from tandem.select import SelectError, load
+        from tandem.select.report import report
+
+        out = []
+        for name in sorted({j["share"] for j in jobs if j["share"]}):
+            share = self.state.share(name)
+            sel_id = share.spec.selection_known() if share is not None else None
+            if not sel_id:
+                continue
+            try:
+                sel = load(sel_id)
+            except SelectError as exc:
+                out.append({"id": sel_id, "share": name, "error": str(exc)})
+                continue
+            runs = [j["mlflow_run_id"] for j in jobs if j["share"] == name and j["mlflow_run_id"]]
+            out.append({"share": name, **report(sel, runs)})
+        return out
+
     # --- a job's output -----------------------------------------------------------------------
 
     def log(self, job_id: int, offset: int = 0, attempt: int | None = None) -> dict[str, Any]:

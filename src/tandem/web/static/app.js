@@ -288,11 +288,25 @@ async function groupPage(name) {
   view.replaceChildren(el("h2", {}, `group ${name}: ${data.jobs.length} job(s)`),
     el("dl", { id: "group-energy" }, el("dt", {}, "energy, measured"), el("dd", {}, joules(data.energy.measured_joules)),
       el("dt", {}, "energy, estimated"), el("dd", {}, joules(data.energy.estimated_joules))),
-    jobsTable(data.jobs, cols, "jobs"), el("h2", {}, "metrics over time"), el("div", { class: "toolbar" }, pick), plotBox);
+    jobsTable(data.jobs, cols, "jobs"), selectionsTable(data.selections),
+    el("h2", {}, "metrics over time"), el("div", { class: "toolbar" }, pick), plotBox);
   await draw();
   let pending = null;
   setHandlers({ jobs: (d) => { if (d.jobs.some((j) => j.group === name) && !pending) pending = setTimeout(() => { pending = null; route(); }, 1000); } });
   connect({ since });
+}
+
+// A group's data selections: what each cost, and after how many jobs it pays for itself.
+function selectionsTable(selections) {
+  if (!selections || !selections.length) return null;
+  const even = (row) => row.break_even_jobs === null ? "-" : (typeof row.break_even_jobs === "string" ? row.break_even_jobs : `${row.break_even_jobs.toFixed(1)} jobs`);
+  const rows = selections.map((s) => s.error ? el("tr", {}, el("td", {}, s.id), el("td", { colspan: 5, class: "error" }, s.error)) :
+    el("tr", { "data-selection": s.id }, el("td", {}, `${s.id} (${s.method}, ${Math.round(100 * s.ratio)}%)`),
+      el("td", {}, `${dur(s.selection_cost.wall_s)}, ${(s.selection_cost.cpu_s || 0).toFixed(1)} CPU-s`),
+      el("td", {}, s.jobs.length), el("td", {}, s.baseline),
+      el("td", {}, even(s.break_even.wall_s)), el("td", {}, even(s.break_even.energy_measured_joules.break_even_jobs === null ? s.break_even.energy_estimated_joules : s.break_even.energy_measured_joules))));
+  return el("div", { id: "selections" }, el("h2", {}, "data selection"),
+    el("table", {}, el("tr", {}, ["selection", "cost", "jobs", "baseline", "pays after (time)", "pays after (energy)"].map((c) => el("th", {}, c))), rows));
 }
 
 // --- routing --------------------------------------------------------------------------------
