@@ -35,7 +35,8 @@ def test_run_ls_show_report_rm(tmp_path: Path) -> None:
     assert shown["method"] == "small-loss" and shown["keep"] == "low" and shown["uses"] == []
     report = json.loads(tandem(state, "select", "report", made["id"], "--json").stdout)
     assert report["jobs"] == [] and report["break_even"]["wall_s"]["selection"] == made["cost"]["wall_s"]
-    assert tandem(state, "select", "rm", made["id"]).returncode == 0
+    assert tandem(state, "select", "rm", made["id"], "nope").returncode == 2  # one unknown: nothing removed
+    assert json.loads(tandem(state, "select", "rm", made["id"], "--json").stdout) == {"removed": [made["id"]]}
     assert json.loads(tandem(state, "select", "ls", "--json").stdout) == []
 
 

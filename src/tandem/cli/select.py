@@ -163,16 +163,23 @@ def select_show(sel_id: str, as_json: bool) -> None:
 
 @select_group.command("rm")
 @click.argument("sel_ids", metavar="ID...", nargs=-1, required=True)
-def select_rm(sel_ids: tuple[str, ...]) -> None:
-    """Remove stored selections."""
-    from tandem.select import SelectError, remove
+@json_option
+def select_rm(sel_ids: tuple[str, ...], as_json: bool) -> None:
+    """Remove stored selections (all named must exist: none is removed otherwise)."""
+    from tandem.select import SelectError, ids, remove
 
+    missing = [i for i in sel_ids if i not in ids()]
+    if missing:
+        raise Exit(f"no selection {', '.join(missing)} (tandem select ls lists them); nothing removed", 2)
     for sel_id in sel_ids:
         try:
             remove(sel_id)
         except SelectError as exc:
             raise Exit(str(exc), EXIT_BAD_INPUT) from None
-        click.echo(f"removed {sel_id}", err=True)
+    if as_json:
+        click.echo(json.dumps({"removed": list(sel_ids)}))
+    else:
+        click.echo(f"removed {' '.join(sel_ids)}", err=True)
 
 
 @select_group.command("report")
