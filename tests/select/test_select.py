@@ -143,3 +143,40 @@ def test_bad_input_is_refused_and_nothing_is_left_half_written() -> None:
     assert len(sel.subset(ds)) == 150
     with pytest.raises(SelectError, match="no selection nope"):
         load("nope")
+
+
+def test_what_a_review_found_stays_fixed(tmp_path: Path) -> None:
+    """Items whose repr changes on every read are refused (not a new id each time); another
+    label field is another selection; a numpy budget is stored; a torn use line is skipped."""
+    import torch
+
+    class Opaque:
+        pass
+
+    with pytest.raises(SelectError, match="cannot fingerprint dataset items holding a Opaque: pass version="):
+        select([(Opaque(), 0)] * 10, "random", 5, track=False)
+    rows = [{"input": torch.tensor([float(i), 0.0]), "fine": i % 4, "coarse": i % 2} for i in range(40)]
+    fine = select(rows, "random", 10, label_key="fine", track=False)
+    coarse = select(rows, "random", 10, label_key="coarse", track=False)
+    assert fine.id != coarse.id
+    assert select(noisy(), "random", np.int64(30), track=False).meta["budget"] == 30
+    with pytest.raises(SelectError, match="warmup_epochs 0"):
+        select(noisy(), "small-loss", 0.3, model=mlp, params={"warmup_epochs": 0}, track=False)
+    with open(fine.path / "uses.jsonl", "a") as f:
+        f.write('{"role": "producer", "share": "a"}\n{"role": "prod')  # cut short
+    from tandem.select import uses
+
+    assert uses(fine.id) == [{"role": "producer", "share": "a"}]
+
+
+def test_a_share_spec_refuses_a_select_that_could_never_run() -> None:
+    from tandem.share.spec import ShareSpec, SpecError
+
+    with pytest.raises(SpecError, match="needs a target set"):
+        ShareSpec("s", "dataset", "m:f", select="less:0.3", select_model="m:g")
+    with pytest.raises(SpecError, match="give --select-model"):
+        ShareSpec("s", "dataset", "m:f", select="small-loss:0.3")
+    with pytest.raises(SpecError, match="METHOD:BUDGET"):
+        ShareSpec("s", "dataset", "m:f", select="nope:0.3")
+    spec = ShareSpec("s", "dataset", "m:f", select="small-loss:0.3", select_model="models.py:mlp").resolved()
+    assert spec.select_model is not None and spec.select_model.startswith("/")  # the producer runs elsewhere

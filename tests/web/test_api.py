@@ -132,3 +132,15 @@ def test_the_event_stream_sends_changes_and_resumes_where_a_reconnect_left_off(d
     )
     followed = _events(d, f"/api/events?job={second}", None, '"text": "from-the-second')
     assert "event: log" in followed  # the job's output, from offset 0
+
+
+def test_forged_offsets_and_unknown_jobs_do_not_break_the_log_or_the_stream(dashboard: Dashboard) -> None:
+    d = dashboard
+    job = d.cli.submit("--", "sh", "-c", "echo hello")
+    d.cli("wait", str(job), timeout=60)
+    assert _json(d, f"/api/jobs/{job}/log?offset=-5")["text"] == "hello\n"  # from the start, not a 500
+    forged = {"Last-Event-ID": '{"log": -1, "metrics": 1e300}'}
+    text = _events(d, f"/api/events?job={job}", forged, '"text": "hello')
+    assert "event: log" in text  # read from the start
+    alive = _events(d, "/api/events?job=999999", None, "event: status")  # no such job: the stream goes on
+    assert "event: status" in alive

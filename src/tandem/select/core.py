@@ -57,6 +57,12 @@ def select(
             f"{method} takes no {', '.join(sorted(unknown))}; it takes {sorted(chosen.defaults) or 'none'}"
         )
     settings = {**chosen.defaults, **(params or {})}
+    if "warmup_epochs" in settings and not (
+        isinstance(settings["warmup_epochs"], int) and settings["warmup_epochs"] >= 1
+    ):
+        raise SelectError(
+            f"warmup_epochs {settings['warmup_epochs']!r}: a whole number of epochs, at least 1"
+        )
     if chosen.needs_model and model is None:
         raise SelectError(
             f"{method} trains a proxy: pass model= (a function returning a fresh torch.nn.Module)"
@@ -76,6 +82,7 @@ def select(
         "params": settings,
         "model": model_fingerprint(model, seed) if uses_model else None,
         "target": fingerprint(target) if method == "less" else None,
+        "keys": [input_key, label_key],  # another label field is another selection
     }
     sel_id = store.selection_id(key)
     if store.exists(sel_id):
@@ -97,7 +104,7 @@ def select(
         "id": sel_id,
         **key,
         "keep": chosen.keep,
-        "budget": budget,
+        "budget": float(budget) if isinstance(budget, float) else int(budget),  # numpy's too: JSON
         "size": int(indices.size),
         "dataset": {"fingerprint": key["dataset"], "length": n, "version": version},
         "cost": cost,

@@ -98,8 +98,16 @@ def _hash_value(h: Any, value: Any) -> None:
         h.update(f"seq{len(value)}".encode())
         for v in value:
             _hash_value(h, v)
-    else:
+    elif value is None or isinstance(value, (bool, int, float, complex, str, bytes, np.generic)):
         h.update(repr(value).encode())
+    elif hasattr(value, "__array_interface__") or hasattr(value, "__array__"):  # a PIL image, say
+        _hash_value(h, np.asarray(value))
+    else:
+        # Its repr may hold a memory address (a new fingerprint on every read): refuse.
+        raise SelectError(
+            f"cannot fingerprint dataset items holding a {type(value).__name__}: pass version= (a name "
+            "for the dataset's content), or return tensors, arrays, numbers or strings"
+        )
 
 
 def fingerprint(dataset: Any, version: str | None = None) -> str:

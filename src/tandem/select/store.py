@@ -139,7 +139,13 @@ def uses(sel_id: str) -> list[dict[str, Any]]:
         lines = (root() / sel_id / "uses.jsonl").read_text().splitlines()
     except OSError:
         return []
-    return [json.loads(line) for line in lines if line.strip()]
+    out = []
+    for line in lines:
+        try:
+            out.append(json.loads(line))
+        except ValueError:  # a line cut short (a crash or a full disk mid-append): skipped
+            continue
+    return [u for u in out if isinstance(u, dict)]
 
 
 def made_by(job_id: int) -> str | None:

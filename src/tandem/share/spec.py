@@ -81,6 +81,16 @@ def load_object(ref: str) -> Any:
         raise SpecError(f"cannot import {module_name!r}: {type(exc).__name__}: {exc}") from None
 
 
+def _absolute(ref: str | None) -> str | None:
+    """A ``path/to/file.py:ATTR`` reference with its path made absolute (others as they are)."""
+    if ref is None:
+        return None
+    module, sep, attr = ref.partition(":")
+    if sep and (module.endswith(".py") or "/" in module):
+        return f"{Path(module).resolve()}:{attr}"
+    return ref
+
+
 @dataclass(frozen=True)
 class ShareSpec:
     """One shared dataset. ``source`` says what ``ref`` is: a ``dataset`` or ``loader``
@@ -124,7 +134,16 @@ class ShareSpec:
         if self.device is not None and not (self.device == "cpu" or self.device.startswith("cuda")):
             raise SpecError(f"device {self.device!r}: use cpu, cuda or cuda:N")
         if self.select is not None:
-            self._select_method_budget()
+            from tandem.select.methods import METHODS
+
+            method, _ = self._select_method_budget()
+            if method == "less":
+                raise SpecError("--select less needs a target set: make it with tandem select run --target, "
+                                "then define the share with --selection ID")  # fmt: skip
+            if METHODS[method].needs_model and self.select_model is None:
+                raise SpecError(
+                    f"--select {self.select}: {method} trains a proxy: give --select-model MOD:FN"
+                )
             if self.source != "dataset" or self.selection is not None:
                 raise SpecError(
                     "--select makes a selection of a --dataset; give --dataset, and not --selection"
@@ -149,10 +168,7 @@ class ShareSpec:
         """The same, with file paths absolute: the producer runs in another directory."""
         if self.source == "images":
             return dataclasses.replace(self, ref=str(Path(self.ref).resolve()))
-        module, sep, attr = self.ref.partition(":")
-        if sep and (module.endswith(".py") or "/" in module):
-            return dataclasses.replace(self, ref=f"{Path(module).resolve()}:{attr}")
-        return self
+        return dataclasses.replace(self, ref=_absolute(self.ref), select_model=_absolute(self.select_model))
 
     # --- checks ---------------------------------------------------------------------------
 
@@ -196,6 +212,9 @@ class ShareSpec:
         describes (made by its selection job before; made here if it is not stored)."""
         if self.select is None:
             return self.selection
+        known = self.selection_known()  # what its selection job made: never scored twice
+        if known is not None:
+            return known
         from tandem.select import select
 
         method, budget = self._select_method_budget()

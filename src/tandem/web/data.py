@@ -167,7 +167,7 @@ class Reader:
         try:
             with open(path, "rb") as f:
                 size = f.seek(0, 2)
-                if offset > size:
+                if not 0 <= offset <= size:  # rotated since (shorter), or nonsense: from the start
                     offset = 0
                 f.seek(offset)
                 data = f.read(LOG_CHUNK)

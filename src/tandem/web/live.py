@@ -52,6 +52,11 @@ def _cursor(request: Request) -> dict[str, float]:
     return cursor
 
 
+def _offset(value: float) -> int:
+    """A cursor's number as a byte offset or a time: whole, from 0 (a forged one is clamped)."""
+    return int(value) if value == value and 0 <= value < 2**62 else 0
+
+
 def _event(kind: str, data: Any, cursor: dict[str, float]) -> str:
     return f"id: {json.dumps(cursor, separators=(',', ':'))}\nevent: {kind}\ndata: {json.dumps(data)}\n\n"
 
@@ -62,6 +67,7 @@ async def events(request: Request, reader: Any, daemon: Any) -> StreamingRespons
     cursor = _cursor(request)
 
     async def stream() -> AsyncIterator[str]:
+        followed = follow
         version = None
         next_status = next_metrics = 0.0
         last_sent = time.monotonic()
@@ -79,14 +85,21 @@ async def events(request: Request, reader: Any, daemon: Any) -> StreamingRespons
                     counts = await run_in_threadpool(reader.counts)
                     cursor["since"] = looked
                     out.append(_event("jobs", {"jobs": changed, "counts": counts}, cursor))
-            if follow is not None:
-                log = await run_in_threadpool(reader.log, follow, int(cursor["log"]))
+            log = None
+            if followed is not None:
+                try:
+                    log = await run_in_threadpool(reader.log, followed, _offset(cursor["log"]))
+                except LookupError:  # no such job: nothing to follow (the page says so)
+                    followed = None
+            if followed is not None and log is not None:
                 if log["text"] or log["offset"] < cursor["log"]:
                     cursor["log"] = log["offset"]
                     out.append(_event("log", log, cursor))
                 if now >= next_metrics:
                     next_metrics = now + METRICS_EVERY_S
-                    update = await run_in_threadpool(_new_points, reader, follow, int(cursor["metrics"]))
+                    update = await run_in_threadpool(
+                        _new_points, reader, followed, _offset(cursor["metrics"])
+                    )
                     if update:
                         cursor["metrics"] = update["after_ms"]
                         out.append(_event("metrics", update, cursor))
