@@ -94,9 +94,10 @@ class Daemon:
         self._next_sample = 0.0
         self.tracker = None
         if config.track:
-            from tandem.place.tracking import Tracker, default_store
+            from tandem.dirs import mlflow_store_uri
+            from tandem.place.tracking import Tracker
 
-            self.tracker = Tracker(state.dir, config.store or default_store(state.dir))
+            self.tracker = Tracker(state.dir, config.store or mlflow_store_uri(state.dir))
             if self.tracker.why_not:
                 log.warning("jobs are not tracked in MLflow: %s", self.tracker.why_not)
         tracked = self.tracker is not None and not self.tracker.why_not

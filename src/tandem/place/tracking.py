@@ -40,10 +40,6 @@ RETRY_AFTER_S = 30.0
 POLL_S = 2.0
 
 
-def default_store(state_dir: Path) -> str:
-    return os.environ.get("MLFLOW_TRACKING_URI") or f"sqlite:///{state_dir / 'mlflow.db'}"
-
-
 def queue_dir(state_dir: Path) -> Path:
     return state_dir / "track"
 

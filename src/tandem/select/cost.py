@@ -10,7 +10,6 @@ The store is the state directory's ``mlflow.db`` (the job manager's), unless
 from __future__ import annotations
 
 import importlib.util
-import os
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -18,11 +17,7 @@ from typing import Any
 
 import psutil
 
-from tandem.dirs import state_dir_path
-
-
-def store_uri() -> str:
-    return os.environ.get("MLFLOW_TRACKING_URI") or f"sqlite:///{state_dir_path() / 'mlflow.db'}"
+from tandem.dirs import mlflow_store_uri, state_dir_path
 
 
 def _cpu_s() -> float:
@@ -45,8 +40,8 @@ def measure(name: str, tags: dict[str, str], track: bool = True) -> Iterator[dic
             from tandem.watch.tracker import Run
 
             state_dir_path().mkdir(parents=True, exist_ok=True)
-            run = Run(name=name, tags=tags, store=MlflowStore(store_uri(), "tandem-select"), quiet=True,
-                      interval=0.5).start()  # fmt: skip
+            store = MlflowStore(mlflow_store_uri(), "tandem-select")
+            run = Run(name=name, tags=tags, store=store, quiet=True, interval=0.5).start()
         except Exception as exc:  # noqa: BLE001 - the selection goes on without a run
             cost["tracking"] = f"not tracked: {type(exc).__name__}: {exc}"
     t0, cpu0 = time.monotonic(), _cpu_s()
@@ -61,7 +56,7 @@ def measure(name: str, tags: dict[str, str], track: bool = True) -> Iterator[dic
     if run is not None:
         summary = run.stop("FINISHED")
         cost["mlflow_run_id"] = run.run_id
-        cost["mlflow_store"] = store_uri()
+        cost["mlflow_store"] = mlflow_store_uri()
         for key in ("energy_measured_joules", "energy_estimated_joules"):
             if key in summary:
                 cost[key] = summary[key]

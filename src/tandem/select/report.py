@@ -13,8 +13,9 @@ from __future__ import annotations
 import sqlite3
 from typing import Any
 
-from tandem.select.cost import store_uri
+from tandem.dirs import mlflow_store_uri
 from tandem.select.store import Selection, uses
+from tandem.watch.stores.mlflow_store import sqlite_path
 
 SUMMARY = {"wall_s": "summary/duration_s", "cpu_s": "summary/cpu_seconds",
            "energy_measured_joules": "summary/energy_measured_joules",
@@ -23,11 +24,11 @@ SUMMARY = {"wall_s": "summary/duration_s", "cpu_s": "summary/cpu_seconds",
 
 def run_costs(run_ids: list[str]) -> dict[str, dict[str, float]]:
     """``run id -> {wall_s, cpu_s, energy_*}`` from the runs' summaries in the SQLite store."""
-    uri = store_uri()
-    if not run_ids or not uri.startswith("sqlite:///"):
+    path = sqlite_path(mlflow_store_uri())
+    if not run_ids or path is None:
         return {}
     try:
-        db = sqlite3.connect(f"file:{uri[len('sqlite:///') :]}?mode=ro", uri=True)
+        db = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
     except sqlite3.Error:
         return {}
     out: dict[str, dict[str, float]] = {}

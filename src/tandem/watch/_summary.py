@@ -9,6 +9,7 @@ from __future__ import annotations
 import re
 import threading
 from collections import defaultdict
+from collections.abc import Mapping
 
 from rich.table import Table
 
@@ -30,6 +31,26 @@ ENERGY_SOURCES = {
     ),
     "system/energy/cpu_estimated_joules": ("energy_cpu_estimated_joules", "CPU, estimated from CPU-seconds"),
 }
+
+
+def energy_totals(last: Mapping[str, float]) -> dict[str, float]:
+    """A run's energy from its latest (cumulative) metrics: by source (``energy_cpu_*``,
+    ``energy_gpu_*``) and in all, measured and estimated apart, never added together; the
+    whole host's CPU package is its own line, not the run's."""
+    s: dict[str, float] = {}
+    for key in sorted(last):
+        m = _GPU.match(key)
+        if m and m.group(2) in ("energy_measured_joules", "energy_estimated_joules"):
+            name = f"energy_gpu_{m.group(2).split('_')[1]}_joules"
+            s[name] = s.get(name, 0.0) + last[key]
+    for metric, (key, _) in ENERGY_SOURCES.items():
+        if metric in last:
+            s[key] = last[metric]
+    for kind in ("measured", "estimated"):
+        parts = [f"energy_cpu_{kind}_joules", f"energy_gpu_{kind}_joules"]
+        if any(p in s for p in parts):
+            s[f"energy_{kind}_joules"] = sum(s.get(p, 0.0) for p in parts)
+    return s
 
 
 class SummaryBuilder:
@@ -74,7 +95,6 @@ class SummaryBuilder:
         for name in ("read", "write"):
             if pt + f"{name}_bytes" in self.last:
                 s[f"{name}_bytes"] = self.last[pt + f"{name}_bytes"]
-        gpu_measured = gpu_estimated = 0.0
         for key in sorted(self.last):
             m = _GPU.match(key)
             if not m:
@@ -87,21 +107,7 @@ class SummaryBuilder:
                 s[f"gpu_{i}_run_memory_peak_bytes"] = self.peak[key]
             elif what == "power_watts":
                 s[f"gpu_{i}_power_mean_watts"] = self._mean(key)
-            elif what == "energy_measured_joules":
-                gpu_measured += self.last[key]
-                s["energy_gpu_measured_joules"] = gpu_measured
-            elif what == "energy_estimated_joules":
-                gpu_estimated += self.last[key]
-                s["energy_gpu_estimated_joules"] = gpu_estimated
-        for metric, (key, _) in ENERGY_SOURCES.items():
-            if metric in self.last:
-                s[key] = self.last[metric]
-        measured = s.get("energy_cpu_measured_joules", 0.0) + s.get("energy_gpu_measured_joules", 0.0)
-        estimated = s.get("energy_cpu_estimated_joules", 0.0) + s.get("energy_gpu_estimated_joules", 0.0)
-        if "energy_cpu_measured_joules" in s or "energy_gpu_measured_joules" in s:
-            s["energy_measured_joules"] = measured
-        if "energy_cpu_estimated_joules" in s or "energy_gpu_estimated_joules" in s:
-            s["energy_estimated_joules"] = estimated
+        s.update(energy_totals(self.last))
         stalls = [v for k, v in self.last.items() if _STALL.match(k)]
         if stalls:
             s["data_stall_seconds"] = sum(stalls)

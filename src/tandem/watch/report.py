@@ -30,11 +30,11 @@ import numpy as np
 from rich.table import Table
 
 from tandem.watch._runs import GROUP_TAG, RunData, RunNotFound, load_runs, recent_runs
-from tandem.watch._summary import summary_rows
+from tandem.watch._summary import energy_totals, summary_rows
 
 # Finding and loading runs is tandem.watch._runs; callers import it from here.
 __all__ = ["DEFAULT_PANELS", "GROUP_TAG", "Panel", "RunData", "RunNotFound", "load_runs", "panels_for"]
-__all__ += ["plot", "recent_runs", "summary_grid", "summary_rich", "write_html"]
+__all__ += ["energy_totals", "plot", "recent_runs", "summary_grid", "summary_rich", "write_html"]
 
 
 @dataclass(frozen=True)

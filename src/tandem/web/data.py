@@ -10,7 +10,6 @@ Each thread has its own connections (SQLite's rule); the server's threads reuse 
 from __future__ import annotations
 
 import os
-import re
 import sqlite3
 import threading
 import time
@@ -24,7 +23,6 @@ from tandem.place.views import job_json
 MAX_POINTS = 2000  # a metric series is downsampled to at most this many points
 LOG_CHUNK = 64 << 10  # a log read returns at most this many bytes
 PAGE = 100
-_GPU_ENERGY = re.compile(r"^system/gpu_\d+/energy_(measured|estimated)_joules$")
 
 
 class NotFound(LookupError):
@@ -222,23 +220,10 @@ class Reader:
 
 
 def energy_of(latest: dict[str, float]) -> dict[str, float]:
-    """A run's energy in joules, measured kept apart from estimated (watch's metric names:
-    ``system/energy/cpu_*_joules``, ``system/gpu_N/energy_*_joules``)."""
-    measured = estimated = 0.0
-    seen = {"measured": False, "estimated": False}
-    for key, value in latest.items():
-        run_energy = key.startswith("system/energy/cpu_") or _GPU_ENERGY.match(key)
-        if not run_energy or "package" in key:  # the whole host's CPU package: not the run's
-            continue
-        if "measured" in key:
-            measured += value
-            seen["measured"] = True
-        elif "estimated" in key:
-            estimated += value
-            seen["estimated"] = True
-    out = {}
-    if seen["measured"]:
-        out["measured_joules"] = measured
-    if seen["estimated"]:
-        out["estimated_joules"] = estimated
-    return out
+    """A run's energy in joules, measured kept apart from estimated, as watch sums it for
+    the run's summary (:func:`tandem.watch.report.energy_totals`), from its latest metrics."""
+    from tandem.watch.report import energy_totals
+
+    totals = energy_totals(latest)
+    return {f"{kind}_joules": totals[f"energy_{kind}_joules"] for kind in ("measured", "estimated")
+            if f"energy_{kind}_joules" in totals}  # fmt: skip

@@ -25,11 +25,13 @@ def is_loopback(host: str) -> bool:
 
 
 def mlflow_db(state_dir: Path) -> Path | None:
-    """The SQLite file of the manager's MLflow store (None: the store is not a SQLite file)."""
-    from tandem.place.tracking import default_store
+    """The SQLite file of the manager's MLflow store, as its daemon is configured (None: the
+    store is not a SQLite file)."""
+    from tandem.dirs import mlflow_store_uri
+    from tandem.place.config import DaemonConfig
+    from tandem.watch.stores.mlflow_store import sqlite_path
 
-    uri = default_store(state_dir)
-    return Path(uri[len("sqlite:///") :]) if uri.startswith("sqlite:///") else None
+    return sqlite_path(DaemonConfig.load(state_dir).store or mlflow_store_uri(state_dir))
 
 
 def bind(host: str, port: int) -> socket.socket:
