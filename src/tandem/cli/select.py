@@ -33,11 +33,13 @@ def _load_ref(ref: str, what: str, call: bool) -> Any:
 
 
 def _budget(_ctx: click.Context, _param: click.Parameter, value: str) -> float | int:
+    from tandem.select import SelectError
+    from tandem.select.pick import parse_budget
+
     try:
-        number = float(value)
-    except ValueError:
-        raise click.BadParameter(f"{value!r}: a fraction (0.3) or a count of items (300)") from None
-    return int(number) if number.is_integer() and number >= 1 and "." not in value else number
+        return parse_budget(value)
+    except SelectError as exc:
+        raise click.BadParameter(str(exc)) from None
 
 
 def _selection(sel_id: str) -> Any:
@@ -227,7 +229,7 @@ def _jobs(sel_id: str) -> list[Any]:
         return []
     fed = {u.get("share") for u in uses(sel_id) if u.get("role") == "producer"}
     names = [s.name for s in state.shares() if s.spec.selection == sel_id or s.name in fed]
-    jobs = [j for j in state.jobs(attempts=False) if j.share in names]
+    jobs = state.jobs(shares=tuple(names))
     state.close()
     return jobs
 

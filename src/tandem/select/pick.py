@@ -15,6 +15,16 @@ import numpy as np
 from tandem.select.errors import SelectError
 
 
+def parse_budget(text: str) -> float | int:
+    """A budget as written (``0.3``, ``300``): a count where it is a whole number of at
+    least 1 written without a point, else a fraction (``1.0`` is all of it)."""
+    try:
+        number = float(text)
+    except ValueError:
+        raise SelectError(f"budget {text!r}: a fraction (0.3) or a count of items (300)") from None
+    return int(number) if number.is_integer() and number >= 1 and "." not in text else number
+
+
 def budget_count(budget: float | int, n: int) -> int:
     """How many of ``n`` items a budget keeps: a fraction in (0, 1] or a count in [1, n]."""
     if isinstance(budget, bool) or not isinstance(budget, numbers.Real):

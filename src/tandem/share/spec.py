@@ -194,18 +194,17 @@ class ShareSpec:
             pass  # a builtin without a signature: it will be tried when served
 
     def _select_method_budget(self) -> tuple[str, float | int]:
+        from tandem.select.errors import SelectError
         from tandem.select.methods import METHODS
+        from tandem.select.pick import parse_budget
 
         method, _, budget = (self.select or "").partition(":")
         if method not in METHODS or not budget:
             raise SpecError(f"--select {self.select!r}: METHOD:BUDGET, METHOD one of {', '.join(METHODS)}")
         try:
-            number = float(budget)
-        except ValueError:
-            raise SpecError(
-                f"--select {self.select!r}: the budget is a fraction (0.3) or a count (300)"
-            ) from None
-        return method, int(number) if number.is_integer() and number >= 1 else number
+            return method, parse_budget(budget)
+        except SelectError as exc:
+            raise SpecError(f"--select {self.select!r}: {exc}") from None
 
     def selection_for(self, dataset: Any) -> str | None:
         """The stored selection this share serves: ``selection``, or the one ``select``
