@@ -33,13 +33,8 @@ def daemon() -> None:
     """The job manager's daemon (one per state directory; `tandem submit` starts one)."""
 
 
-@daemon.command("start")
-@click.option("--cpus", callback=to_cpus, help="Cores to hand out [default: all this process may use].")
-@click.option("--mem", callback=to_size, metavar="SIZE", help="RAM to hand out [default: all].")
-@click.option("--gpus", metavar="LIST", help="GPUs to use: indices or UUIDs, or none [default: all].")
-@click.option("--policy", default=_DEFAULT.policy, show_default=True, type=click.Choice(list(POLICIES)))
-@click.option("--max-per-gpu", type=click.IntRange(min=1), default=_LIMITS.max_per_gpu, show_default=True)
-@click.option(
+# Options the daemon and replay (which runs daemons, or simulates them) both take: defined once.
+settle_option = click.option(
     "--settle",
     "settle_s",
     type=click.FloatRange(min=0),
@@ -47,7 +42,7 @@ def daemon() -> None:
     show_default=True,
     help="Seconds a job of unknown GPU memory must stop growing before its GPU takes another.",
 )
-@click.option(
+window_option = click.option(
     "--window",
     "window_s",
     type=click.FloatRange(min=1),
@@ -55,6 +50,16 @@ def daemon() -> None:
     show_default=True,
     help="Seconds of SM activity / CPU use the compute gate looks at.",
 )
+
+
+@daemon.command("start")
+@click.option("--cpus", callback=to_cpus, help="Cores to hand out [default: all this process may use].")
+@click.option("--mem", callback=to_size, metavar="SIZE", help="RAM to hand out [default: all].")
+@click.option("--gpus", metavar="LIST", help="GPUs to use: indices or UUIDs, or none [default: all].")
+@click.option("--policy", default=_DEFAULT.policy, show_default=True, type=click.Choice(list(POLICIES)))
+@click.option("--max-per-gpu", type=click.IntRange(min=1), default=_LIMITS.max_per_gpu, show_default=True)
+@settle_option
+@window_option
 @click.option("--sm-mean", type=click.FloatRange(0, 1), default=_LIMITS.sm_mean, show_default=True)
 @click.option("--sm-p95", type=click.FloatRange(0, 1), default=_LIMITS.sm_p95, show_default=True)
 @click.option(
@@ -231,12 +236,8 @@ def daemon_status(as_json: bool) -> None:
     "--gpu-mem", callback=to_size, default="80G", show_default=True, help="Simulated memory per GPU."
 )
 @click.option("--cpus", callback=to_cpus, help="Cores (simulated; or the live daemon's --cpus).")
-@click.option(
-    "--settle", "settle_s", type=click.FloatRange(min=0), default=_LIMITS.settle_s, show_default=True
-)
-@click.option(
-    "--window", "window_s", type=click.FloatRange(min=1), default=_LIMITS.window_s, show_default=True
-)
+@settle_option
+@window_option
 @click.option(
     "--out",
     type=click.Path(file_okay=False, path_type=Path),

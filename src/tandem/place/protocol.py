@@ -181,9 +181,7 @@ class ProtocolError(ValueError):
 
 def to_wire(message: Request | Reply) -> dict[str, Any]:
     """The JSON object of a request (with ``op``) or a reply (with ``ok``)."""
-    data = dataclasses.asdict(message)
-    if isinstance(message, Submit):
-        data["job"] = message.job.to_dict()
+    data = dataclasses.asdict(message)  # a Submit's JobSpec too: its fields, as JobSpec.to_dict
     if isinstance(message, tuple(REQUESTS.values())):
         return {"op": message.OP, **data}  # type: ignore[union-attr]
     return {"ok": not isinstance(message, Failure), **data}

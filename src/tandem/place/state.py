@@ -284,11 +284,12 @@ class State:
         last: int | None = None,
         before: int | None = None,
         group: str | None = None,
+        shares: tuple[str, ...] | None = None,
         changed_since: float | None = None,
     ) -> list[Job]:
         """Jobs in these ``states`` (all: None), by id. ``env``: with their stored environment
         (only a launch needs it; it is most of a row). ``last``: only the newest N (before
-        job id ``before``, for paging). ``group``: of that group only. ``changed_since``:
+        job id ``before``, for paging). ``group``, ``shares``: of those only. ``changed_since``:
         only those whose row changed at or after that time (a live view's update)."""
         where, args = [], []
         if states:
@@ -297,6 +298,9 @@ class State:
         if group is not None:
             where.append('"group" = ?')
             args.append(group)
+        if shares is not None:
+            where.append(f"share IN ({', '.join('?' for _ in shares) or 'NULL'})")
+            args += list(shares)
         if changed_since is not None:
             where.append("updated >= ?")
             args.append(changed_since)

@@ -102,13 +102,17 @@ def exists(sel_id: str) -> bool:
     return (root() / sel_id / "checksums.json").exists()
 
 
+def _dir(sel_id: str) -> Path:
+    """The directory of stored selection ``sel_id`` (:class:`SelectError` if there is none)."""
+    path = root() / sel_id
+    if not sel_id or "/" in sel_id or sel_id.startswith(".") or not path.is_dir():
+        raise SelectError(f"no selection {sel_id} in {root()} (tandem select ls lists them)")
+    return path
+
+
 def load(sel_id: str, cached: bool = True) -> Selection:
     """The stored selection ``sel_id``, its files verified."""
-    if not sel_id or "/" in sel_id or sel_id.startswith("."):
-        raise SelectError(f"{sel_id!r} is not a selection id (tandem select ls lists them)")
-    path = root() / sel_id
-    if not path.is_dir():
-        raise SelectError(f"no selection {sel_id} in {root()} (tandem select ls lists them)")
+    path = _dir(sel_id)
     try:
         sums = json.loads((path / "checksums.json").read_text())
         bad = [f for f in FILES if _sha256(path / f) != sums.get(f)]
@@ -165,7 +169,4 @@ def ids() -> list[str]:
 
 
 def remove(sel_id: str) -> None:
-    path = root() / sel_id
-    if not sel_id or "/" in sel_id or sel_id.startswith(".") or not path.is_dir():
-        raise SelectError(f"no selection {sel_id} in {root()}")
-    shutil.rmtree(path)
+    shutil.rmtree(_dir(sel_id))

@@ -121,11 +121,8 @@ async def events(request: Request, reader: Any, daemon: Any) -> StreamingRespons
 
 def _new_points(reader: Any, job_id: int, after_ms: int) -> dict[str, Any] | None:
     """The followed job's metric points after ``after_ms``, or None if there are none."""
-    try:
-        job = reader.job(job_id)
-    except LookupError:
-        return None
-    run = job.get("mlflow_run_id")
+    job = reader.state.job(job_id, attempts=False)  # its run id only: not events, not its share
+    run = job.mlflow_run_id if job is not None else None
     if not run:
         return None
     series = reader.metrics(run, None, 2000, after_ms)
