@@ -72,8 +72,11 @@ def test_the_api_speaks_ls_json_and_never_sends_an_environment(dashboard: Dashbo
     assert set(newest) == set(listed[other])
     older = _json(d, f"/api/jobs?limit=1&before={page['next_before']}")
     assert [j["id"] for j in older["jobs"]] == [printer] and older["next_before"] is None
-    one = _json(d, f"/api/jobs/{printer}")
-    shown = d.cli.json("show", str(printer))
+    for _ in range(10):  # read both again if the daemon wrote the job (its MLflow run id) in between
+        one = _json(d, f"/api/jobs/{printer}")
+        shown = d.cli.json("show", str(printer))
+        if one["updated"] == shown["updated"] == _json(d, f"/api/jobs/{printer}")["updated"]:
+            break
     assert {k: one[k] for k in shown if k not in ("wait_s", "run_s")} == {
         k: v for k, v in shown.items() if k not in ("wait_s", "run_s")
     }
