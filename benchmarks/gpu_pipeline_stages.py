@@ -33,7 +33,7 @@ from pathlib import Path
 
 import torch
 
-from tandem.bench.gpu_share import Config, prepare_images
+from tandem.bench.gpu_share import GpuShareConfig, prepare_images
 from tandem.share.images import (
     EncodedImages,
     ImagePipeline,
@@ -168,7 +168,7 @@ def main() -> None:
     device = "cuda:0" if cuda else "cpu"
     images = args.images or (4096 if cuda else 256)
     stages = set(args.stages.split(","))
-    cfg = Config(images=images, data_dir="data/bench-images")
+    cfg = GpuShareConfig(images=images, data_dir="data/bench-images")
     root = str(prepare_images(cfg))
     dataset = EncodedImages.from_folder(root)
     print(f"{len(dataset)} JPEGs in {root}, device {device}, batch {args.batch}")

@@ -10,7 +10,7 @@ A trace of 16 real small trainings (``tandem.bench.place_job``) arriving one a s
 
 Each kind's time alone is measured first, in the same run, so slowdowns are ratios taken
 on the same machine at the same time. Then the trace is replayed through a real daemon
-under each policy (``tandem.place.live``), and simulated (``tandem.place.simulate``, the
+under each policy (``tandem.place.sim.live_replay``), and simulated (``tandem.place.sim.simulate``, the
 same scheduler code) on a 2-core model of this machine with the measured durations, to
 check that the simulator orders the policies as the real replay does. Last, the shipped
 60-job sample trace is simulated on 3 GPUs under all five policies.
@@ -39,9 +39,9 @@ from pathlib import Path
 import psutil
 
 from tandem.place.config import DaemonConfig
-from tandem.place.live import replay_live
-from tandem.place.replay import compare, run_simulations, write_report
-from tandem.place.trace import TraceJob, read_trace
+from tandem.place.sim.live_replay import replay_live
+from tandem.place.sim.replay import compare, run_simulations, write_report
+from tandem.place.sim.trace import TraceJob, read_trace
 
 ROOT = Path(__file__).resolve().parent
 JOB = [sys.executable, "-m", "tandem.bench.place_job"]

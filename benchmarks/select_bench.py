@@ -32,10 +32,9 @@ import psutil
 import torch
 import torch.nn.functional as F
 
-ROOT = Path(__file__).resolve().parent
-sys.path.insert(0, str(ROOT.parent))  # the tests' planted-noise datasets
+from tandem.bench.select_data import Blobs, mlp
 
-from tests.select.datasets import Blobs, mlp  # noqa: E402
+ROOT = Path(__file__).resolve().parent
 
 CTX = mp.get_context("spawn")
 EPOCHS, BATCH = 60, 64

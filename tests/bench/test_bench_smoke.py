@@ -8,7 +8,7 @@ import torch
 from tandem.bench.data import ImageFolder
 from tandem.bench.images import make_image_folder
 from tandem.bench.models import MODELS
-from tandem.bench.share_bench import CLOCK_MARK, STALL_KEY, Config, JobSpec, run_one
+from tandem.bench.share_bench import CLOCK_MARK, STALL_KEY, JobSpec, ShareBenchConfig, run_one
 
 
 def test_image_folder_is_generated_once_and_decodes(tmp_path):
@@ -34,7 +34,7 @@ def test_models_train_on_a_batch():
 
 
 def test_private_and_shared_runs_deliver_every_sample(tmp_path):
-    cfg = Config(images=24, epochs=1, batch_size=8, crop=48, workers=1, run_timeout_s=120,
+    cfg = ShareBenchConfig(images=24, epochs=1, batch_size=8, crop=48, workers=1, run_timeout_s=120,
                  data_dir=str(tmp_path))  # fmt: skip
     root = str(make_image_folder(tmp_path / "img", images=24, classes=3, min_side=64, max_side=80))
     jobs = [JobSpec("cnn", "tiny_cnn", 8), JobSpec("sleep", None, 5)]
@@ -52,7 +52,7 @@ def test_demo_jobs_are_tracked_as_runs_of_a_group(tmp_path, monkeypatch):
 
     store = f"sqlite:///{tmp_path}/mlflow.db"
     monkeypatch.setenv("MLFLOW_TRACKING_URI", store)
-    cfg = Config(images=16, epochs=1, batch_size=8, crop=48, workers=1, run_timeout_s=120,
+    cfg = ShareBenchConfig(images=16, epochs=1, batch_size=8, crop=48, workers=1, run_timeout_s=120,
                  data_dir=str(tmp_path))  # fmt: skip
     root = str(make_image_folder(tmp_path / "img", images=16, classes=2, min_side=64, max_side=80))
     result = run_one("tandem", [JobSpec("cnn", "tiny_cnn", 8)], "cnn", cfg, root, track_group="smoke-g")
@@ -77,7 +77,7 @@ def test_private_jobs_data_stall_is_logged_as_the_job_measured_it(tmp_path, monk
 
     store = f"sqlite:///{tmp_path}/mlflow.db"
     monkeypatch.setenv("MLFLOW_TRACKING_URI", store)
-    cfg = Config(images=16, epochs=1, batch_size=8, crop=48, workers=1, run_timeout_s=120,
+    cfg = ShareBenchConfig(images=16, epochs=1, batch_size=8, crop=48, workers=1, run_timeout_s=120,
                  data_dir=str(tmp_path))  # fmt: skip
     root = str(make_image_folder(tmp_path / "img", images=16, classes=2, min_side=64, max_side=80))
     spec = JobSpec("cnn", "tiny_cnn", 4)

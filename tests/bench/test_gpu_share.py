@@ -10,7 +10,7 @@ import torch
 
 from tandem.bench import gpu_share
 from tandem.bench.gpu_share import (
-    Config,
+    GpuShareConfig,
     ModeRun,
     epoch_accounting,
     label_mismatches,
@@ -93,14 +93,14 @@ def test_targets_pass_and_fail_on_made_up_runs():
     runs = [mode("limit", 1000, 0, None, None), mode("private", 300, 12), mode("host", 750, 8),
             mode("gpu", 920, 3.5)]  # fmt: skip
     met = {t["target"].split(" ")[1] if t["target"].startswith("N=") else "integrity": t["met"]
-           for t in gpu_share.targets(runs, Config(), facts, [1, 2, 4])}  # fmt: skip
+           for t in gpu_share.targets(runs, GpuShareConfig(), facts, [1, 2, 4])}  # fmt: skip
     assert met == {"gpu": True, "host": True, "integrity": True}
     runs[3] = mode("gpu", 920, 4.5)  # too many input cores
     runs[2] = mode("host", 690, 8, lost=1)  # too slow, and one sample lost
-    met = [t["met"] for t in gpu_share.targets(runs, Config(), facts, [1, 2, 4])]
+    met = [t["met"] for t in gpu_share.targets(runs, GpuShareConfig(), facts, [1, 2, 4])]
     assert met == [False, False, False]
-    assert all(t["setting_matches"] for t in gpu_share.targets(runs, Config(), facts, [4])[:2])
-    assert not gpu_share.targets(runs, Config(model="resnet50"), facts, [4])[0]["setting_matches"]
+    assert all(t["setting_matches"] for t in gpu_share.targets(runs, GpuShareConfig(), facts, [4])[:2])
+    assert not gpu_share.targets(runs, GpuShareConfig(model="resnet50"), facts, [4])[0]["setting_matches"]
 
 
 def test_without_cuda_the_runner_says_so(tmp_path, capsys):
@@ -182,6 +182,6 @@ def test_children_have_the_runners_environment_and_the_default_start_method(monk
 
 
 def test_modes_that_cannot_run_say_why():
-    assert gpu_share.unavailable("private", Config()) is None
-    assert gpu_share.unavailable("gpu", Config()) is None
-    assert "unknown mode" in gpu_share.unavailable("nonsense", Config())
+    assert gpu_share.unavailable("private", GpuShareConfig()) is None
+    assert gpu_share.unavailable("gpu", GpuShareConfig()) is None
+    assert "unknown mode" in gpu_share.unavailable("nonsense", GpuShareConfig())

@@ -12,9 +12,9 @@ import pytest
 from tandem import _ipc
 from tandem.place import protocol
 from tandem.place.config import DaemonConfig
-from tandem.place.files import Result, Usage, load, save
 from tandem.place.model import JobSpec
 from tandem.place.policies import Limits
+from tandem.place.run.files import Result, Usage, load, save
 
 
 def test_jobspec_round_trip_and_problems() -> None:
@@ -66,7 +66,7 @@ def test_every_request_and_reply_is_a_record_that_survives_the_wire() -> None:
     status = protocol.DaemonStatus(
         pid=1, policy="packing", state_dir="/s", started=2.0, limits={"settle_s": 30.0}, mps=False,
         backend="local", tracking=None, jobs={"queued": 1},
-        capacity=protocol.Capacity(2.0, 1 << 30, [protocol.GpuCapacity(0, "GPU-x", 80 << 30)]),
+        capacity=protocol.CapacityReport(2.0, 1 << 30, [protocol.GpuCapacity(0, "GPU-x", 80 << 30)]),
         used=protocol.Use(0.5, 0, None, None, 1, [protocol.GpuUse(0, 1, 1 << 30, None, None, True)]),
     )  # fmt: skip
     replies = {"status": status, "submit": protocol.Submitted(7, False), "stop": protocol.Stopping(),

@@ -6,7 +6,7 @@ import json
 import sys
 from pathlib import Path
 
-from tandem.place.trace import TraceJob, write_trace
+from tandem.place.sim.trace import TraceJob, write_trace
 
 
 def test_replay_live_and_simulated(cli, tmp_path: Path) -> None:

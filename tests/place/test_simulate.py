@@ -11,9 +11,9 @@ from dataclasses import replace
 import pytest
 
 from tandem.place.policies import POLICIES, Limits
-from tandem.place.replay import compare, run_simulations, write_report
-from tandem.place.simulate import AGGREGATE_KEYS, GPU_IDLE_W, GPU_MAX_W, SlowdownModel, simulate
-from tandem.place.trace import GiB, TraceJob, sample_trace
+from tandem.place.sim.replay import compare, run_simulations, write_report
+from tandem.place.sim.simulate import AGGREGATE_KEYS, GPU_IDLE_W, GPU_MAX_W, SlowdownModel, simulate
+from tandem.place.sim.trace import GiB, TraceJob, sample_trace
 
 MODEL = SlowdownModel()
 NO_SETTLE = Limits(settle_s=0)

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from tandem.place.trace import (
+from tandem.place.sim.trace import (
     ALIBABA_COLUMNS,
     ALIBABA_GPU_MEM,
     COLUMNS,

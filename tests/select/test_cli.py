@@ -21,8 +21,8 @@ def tandem(state: Path, *args: str) -> subprocess.CompletedProcess:
 
 def test_run_ls_show_report_rm(tmp_path: Path) -> None:
     state = tmp_path / "state"
-    args = ["select", "run", "--dataset", "tests.select.datasets:noisy", "--method", "small-loss",
-            "--budget", "0.3", "--model", "tests.select.datasets:mlp"]  # fmt: skip
+    args = ["select", "run", "--dataset", "tandem.bench.select_data:noisy", "--method", "small-loss",
+            "--budget", "0.3", "--model", "tandem.bench.select_data:mlp"]  # fmt: skip
     first = tandem(state, *args, "--json")
     assert first.returncode == 0, first.stderr
     made = json.loads(first.stdout)
@@ -42,7 +42,7 @@ def test_run_ls_show_report_rm(tmp_path: Path) -> None:
 
 def test_bad_input_exits_2_saying_what_was_wrong(tmp_path: Path) -> None:
     state = tmp_path / "state"
-    base = ["select", "run", "--dataset", "tests.select.datasets:noisy", "--budget", "0.3"]
+    base = ["select", "run", "--dataset", "tandem.bench.select_data:noisy", "--budget", "0.3"]
     r = tandem(state, *base, "--method", "lesss")
     assert r.returncode == 2 and "unknown method 'lesss'" in r.stderr
     r = tandem(
@@ -50,7 +50,7 @@ def test_bad_input_exits_2_saying_what_was_wrong(tmp_path: Path) -> None:
         "select",
         "run",
         "--dataset",
-        "tests.select.datasets:nope",
+        "tandem.bench.select_data:nope",
         "--method",
         "random",
         "--budget",
@@ -62,6 +62,6 @@ def test_bad_input_exits_2_saying_what_was_wrong(tmp_path: Path) -> None:
     r = tandem(state, "select", "show", "0123456789abcdef")
     assert r.returncode == 2 and "no selection 0123456789abcdef" in r.stderr
     r = tandem(
-        state, "share", "define", "picked", "--dataset", "tests.select.datasets:noisy", "--selection", "feed"
+        state, "share", "define", "picked", "--dataset", "tandem.bench.select_data:noisy", "--selection", "feed"
     )
     assert r.returncode == 2 and "--selection: no selection feed" in r.stderr

@@ -32,7 +32,7 @@ def test_share_define_select_makes_the_selection_once_and_the_group_trains_on_it
     tmp_path = cli.tmp
     cli.env["PYTHONPATH"] = str(ROOT)
     (tmp_path / "reader.py").write_text(READER)
-    data, model = "tests.select.datasets:noisy", "tests.select.datasets:mlp"
+    data, model = "tandem.bench.select_data:noisy", "tandem.bench.select_data:mlp"
     out = cli("share", "define", "picked", "--dataset", data, "--select", "small-loss:0.3",
               "--select-model", model, "--batch-size", "50", "--shuffle")  # fmt: skip
     select_job = int(out.stderr.split("made once by job ")[1].split()[0])

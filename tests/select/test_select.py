@@ -16,7 +16,7 @@ import pytest
 
 from tandem.select import SelectError, load, select
 from tandem.select.store import root
-from tests.select.datasets import Blobs, Mixture, mlp, noisy, target_a
+from tandem.bench.select_data import Blobs, Mixture, mlp, noisy, target_a
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -39,7 +39,7 @@ def _in_a_new_process(state: Path, code: str) -> dict:
 SELECT_IN_A_PROCESS = """
 import json, sys
 from tandem.select import select
-from tests.select.datasets import noisy, mlp
+from tandem.bench.select_data import noisy, mlp
 s = select(noisy(), "small-loss", {budget}, model=mlp, seed={seed}, track=False)
 print(json.dumps({{"id": s.id, "indices": s.indices.tolist(), "cached": s.cached}}))
 """

@@ -20,7 +20,7 @@ from tandem.bench.models import MODELS
 
 
 @dataclass
-class Config:
+class ShareBenchConfig:
     images: int = 512
     epochs: int = 2
     batch_size: int = 32
@@ -33,7 +33,7 @@ class Config:
 
 
 # --------------------------------------------------------------------------- job processes
-def _step_fn(step: str, cfg: Config, model_name: str | None = None):
+def _step_fn(step: str, cfg: ShareBenchConfig, model_name: str | None = None):
     if step == "sleep":
         delay = cfg.sleep_ms / 1000
 
@@ -77,7 +77,7 @@ def _timed_epochs(batches_per_epoch, epochs: int, step, progress, unpack=lambda 
     return res
 
 
-def _report(queue, fn, cfg: Config, job: JobSpec, *args) -> None:
+def _report(queue, fn, cfg: ShareBenchConfig, job: JobSpec, *args) -> None:
     label = job.label(cfg)
     try:
         result = fn(cfg, job, *args)
@@ -95,11 +95,11 @@ class JobSpec:
     model: str | None = None
     batch_size: int | None = None  # None: the config's
 
-    def label(self, cfg: Config) -> str:
+    def label(self, cfg: ShareBenchConfig) -> str:
         return f"{self.model or self.step} bs{self.batch_size or cfg.batch_size}"
 
 
-def _private_job(cfg: Config, job: JobSpec, root: str, built, ready, progress) -> JobResult:
+def _private_job(cfg: ShareBenchConfig, job: JobSpec, root: str, built, ready, progress) -> JobResult:
     torch.set_num_threads(1)
     loader = torch.utils.data.DataLoader(
         ImageFolder(root, crop=cfg.crop), batch_size=job.batch_size or cfg.batch_size,
@@ -116,7 +116,7 @@ def private_job(queue, cfg, job, root, built, ready, progress):
     _report(queue, _private_job, cfg, job, root, built, ready, progress)
 
 
-def tandem_producer(queue, cfg: Config, root: str, name: str, ready) -> None:
+def tandem_producer(queue, cfg: ShareBenchConfig, root: str, name: str, ready) -> None:
     from tandem.share import Producer
 
     torch.set_num_threads(1)
@@ -131,7 +131,7 @@ def tandem_producer(queue, cfg: Config, root: str, name: str, ready) -> None:
         queue.put(("producer", tree_cpu_s() - mark.get("cpu0", 0.0)))
 
 
-def _tandem_job(cfg: Config, job: JobSpec, name: str, built, ready, progress) -> JobResult:
+def _tandem_job(cfg: ShareBenchConfig, job: JobSpec, name: str, built, ready, progress) -> JobResult:
     from tandem.share import Consumer
 
     torch.set_num_threads(1)
@@ -149,7 +149,7 @@ def tandem_job(queue, cfg, job, name, built, ready, progress):
     _report(queue, _tandem_job, cfg, job, name, built, ready, progress)
 
 
-def tensorsocket_producer(queue, cfg: Config, root: str, ports: tuple[int, int, int, int],
+def tensorsocket_producer(queue, cfg: ShareBenchConfig, root: str, ports: tuple[int, int, int, int],
                           built, ready) -> None:  # fmt: skip
     from tensorsocket import TensorProducer
 
@@ -173,7 +173,7 @@ def tensorsocket_producer(queue, cfg: Config, root: str, ports: tuple[int, int, 
     producer.join()
 
 
-def _tensorsocket_job(cfg: Config, job: JobSpec, ports, built, ready, progress) -> JobResult:
+def _tensorsocket_job(cfg: ShareBenchConfig, job: JobSpec, ports, built, ready, progress) -> JobResult:
     from tensorsocket import TensorConsumer
 
     torch.set_num_threads(1)

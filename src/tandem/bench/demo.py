@@ -21,7 +21,7 @@ from rich.console import Console
 from rich.table import Table
 
 from tandem.bench.images import make_image_folder
-from tandem.bench.share_bench import CLOCK, Config, JobSpec, RunResult, run_one
+from tandem.bench.share_bench import CLOCK, JobSpec, RunResult, ShareBenchConfig, run_one
 
 JOBS = [
     JobSpec("cnn", "tiny_cnn", 16),
@@ -43,7 +43,7 @@ def _open_store() -> str:
 WARMUP_IMAGES = 96  # two batches of the largest batch size, a few seconds per mode
 
 
-def _warm_up(cfg: Config, workdir: Path) -> None:
+def _warm_up(cfg: ShareBenchConfig, workdir: Path) -> None:
     """Run both modes untimed and untracked on a few images, so that the measured runs
     that follow start warm (see the module docstring)."""
     small = replace(cfg, images=WARMUP_IMAGES, data_dir=str(workdir / "warmup-images"))
@@ -52,7 +52,7 @@ def _warm_up(cfg: Config, workdir: Path) -> None:
         run_one(mode, JOBS, "cnn", small, root)
 
 
-def _caption(cfg: Config) -> str:
+def _caption(cfg: ShareBenchConfig) -> str:
     jobs = ", ".join(j.label(cfg) for j in JOBS)
     return (
         f"tandem demo: the same three training jobs ({jobs}) on {cfg.images} JPEGs, in the left "
@@ -74,7 +74,7 @@ def run_demo(
     images: int = 768, epochs: int = 1, workdir: Path = Path("runs/demo"), track: bool = True
 ) -> dict:
     console = Console()
-    cfg = Config(
+    cfg = ShareBenchConfig(
         images=images,
         epochs=epochs,
         crop=128,

@@ -35,8 +35,8 @@ import psutil
 import torch
 
 from tandem.bench._share_jobs import (
-    Config,
     JobSpec,
+    ShareBenchConfig,
     private_job,
     tandem_job,
     tandem_producer,
@@ -117,7 +117,12 @@ class StallLogger(Every):
 
 
 def run_one(
-    mode: str, jobs: int | list[JobSpec], step: str, cfg: Config, root: str, track_group: str | None = None
+    mode: str,
+    jobs: int | list[JobSpec],
+    step: str,
+    cfg: ShareBenchConfig,
+    root: str,
+    track_group: str | None = None,
 ) -> RunResult:
     """Run ``jobs`` (a count of identical ``step`` jobs, or their specs) in one ``mode``.
 
@@ -224,7 +229,7 @@ def run(jobs: list[int], quick: bool = False, out: Path = Path("benchmarks/resul
     from rich.table import Table
 
     console = Console()
-    cfg = Config(images=128, epochs=1, run_timeout_s=60) if quick else Config()
+    cfg = ShareBenchConfig(images=128, epochs=1, run_timeout_s=60) if quick else ShareBenchConfig()
     root = str(make_image_folder(Path(cfg.data_dir) / f"n{cfg.images}", images=cfg.images))
     if modes is None:
         modes = ("private", "tandem") + (("tensorsocket",) if tensorsocket_available() else ())

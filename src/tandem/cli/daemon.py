@@ -262,8 +262,8 @@ def replay(
     slowdown against running alone, utilisation, energy and OOM crashes."""
     from rich.console import Console
 
-    from tandem.place import trace as traces
-    from tandem.place.replay import compare, run_simulations, write_report
+    from tandem.place.sim import trace as traces
+    from tandem.place.sim.replay import compare, run_simulations, write_report
 
     try:
         if fmt == "philly":
@@ -284,7 +284,7 @@ def replay(
     else:
         if any(not j.command for j in jobs):
             raise click.UsageError(f"{trace_path} has jobs without a command: add --simulate to simulate it")
-        from tandem.place.live import replay_live
+        from tandem.place.sim.live_replay import replay_live
 
         results = {}
         for policy in chosen:

@@ -186,7 +186,7 @@ def _aligned(columns: list[str], rows: list[list[str]], right: tuple[str, ...]) 
 
 def _print_share_groups(st: Any, jobs: list[Any]) -> None:
     """One line per shared dataset that jobs here use: its producer and its jobs."""
-    from tandem.place.proctrack import same_process
+    from tandem.place.run.proctrack import same_process
 
     used = {j.share for j in jobs if j.share}
     for share in st.shares():

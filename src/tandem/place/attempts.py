@@ -1,8 +1,8 @@
 """The running attempts as the daemon follows them: start, follow, finish, adopt.
 
 - **start**: the attempt is recorded before its supervisor starts (so no attempt runs
-  twice), its spec written (:class:`~tandem.place.files.AttemptSpec`), its MLflow run opened
-  (:mod:`tandem.place.tracking`), and the launcher starts the supervisor;
+  twice), its spec written (:class:`~tandem.place.run.files.AttemptSpec`), its MLflow run opened
+  (:mod:`tandem.place.run.tracking`), and the launcher starts the supervisor;
 - **follow** (each tick): the supervisor's ``usage.json`` (memory, pids), the job's GPU
   memory from NVML, when a probe has settled, and how it ended (``result.json``, or a
   supervisor that died without one);
@@ -22,14 +22,14 @@ from typing import Any
 
 import psutil
 
-from tandem.place import tracking
 from tandem.place.config import DaemonConfig
 from tandem.place.devices import Monitor
-from tandem.place.files import AttemptSpec, Result, ShimInfo, Started, Usage, load, save
-from tandem.place.launch import Launch, Launcher
 from tandem.place.model import CANCELLED, FAILED, QUEUED, RETRYING, RUNNING, Capacity, GpuInfo, format_size
-from tandem.place.proctrack import JobProcesses, host_id
 from tandem.place.retry import retry
+from tandem.place.run import tracking
+from tandem.place.run.files import AttemptSpec, Result, ShimInfo, Started, Usage, load, save
+from tandem.place.run.launch import Launch, Launcher
+from tandem.place.run.proctrack import JobProcesses, host_id
 from tandem.place.scheduler import Placement
 from tandem.place.state import Attempt, Job, State
 
@@ -432,11 +432,15 @@ class Attempts:
         self.follow_all(time.time())
 
 
+_SUPERVISOR_MODULES = frozenset({"tandem.place.run.shim", "tandem.place.shim"})
+
+
 def _runs_in(attempt_dir: Path) -> bool:
     """Is a supervisor for ``attempt_dir`` running (found by its command line)?"""
     target = str(attempt_dir)
     for p in psutil.process_iter(["cmdline"]):
         cmdline = p.info.get("cmdline") or []
-        if "tandem.place.shim" in cmdline and target in cmdline:
+        # A supervisor started by a tandem from before the move to place.run has the old name.
+        if _SUPERVISOR_MODULES.intersection(cmdline) and target in cmdline:
             return True
     return False

@@ -30,7 +30,7 @@ class DaemonError(Exception):
 def daemon_socket(state_dir: Path) -> Path:
     """Where the daemon of ``state_dir`` listens: as it wrote it in ``daemon.json`` (so a shell
     with another runtime directory, cron's, finds the same daemon), else where it would."""
-    from tandem.place.files import read_json
+    from tandem.place.run.files import read_json
 
     info = read_json(state_dir / "daemon.json") or {}
     if info.get("socket") and Path(info["socket"]).exists():
@@ -166,7 +166,7 @@ def ensure_daemon(state_dir: Path) -> None:
 
 def daemon_pid(state_dir: Path) -> int | None:
     """The pid the last daemon of ``state_dir`` wrote in ``daemon.json`` (None if unknown)."""
-    from tandem.place.files import read_json
+    from tandem.place.run.files import read_json
 
     info = read_json(state_dir / "daemon.json")
     return None if info is None else int(info["pid"])

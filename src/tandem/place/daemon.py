@@ -37,8 +37,6 @@ from tandem.place.admission import Admission
 from tandem.place.attempts import Attempts
 from tandem.place.config import DaemonConfig
 from tandem.place.devices import Monitor, Nvml, detect_capacity
-from tandem.place.files import write_json
-from tandem.place.launch import LocalLauncher, RayLauncher
 from tandem.place.model import (
     FAILED,
     RUNNING,
@@ -48,6 +46,8 @@ from tandem.place.model import (
 )
 from tandem.place.policies import make_policy
 from tandem.place.producers import Producers
+from tandem.place.run.files import write_json
+from tandem.place.run.launch import LocalLauncher, RayLauncher
 from tandem.place.scheduler import Placement, plan
 from tandem.place.state import Job, State
 
@@ -76,7 +76,7 @@ class Daemon:
         self.policy = make_policy(config.policy)
         backend = None
         if config.backend == "ray":
-            from tandem.place.ray_backend import RayBackend
+            from tandem.place.run.ray_backend import RayBackend
 
             backend = RayBackend(config.address, capacity.gpus, capacity.cpus if not config.address else None)
             capacity = Capacity(*backend.cluster())
@@ -95,7 +95,7 @@ class Daemon:
         self.tracker = None
         if config.track:
             from tandem.dirs import mlflow_store_uri
-            from tandem.place.tracking import Tracker
+            from tandem.place.run.tracking import Tracker
 
             self.tracker = Tracker(state.dir, config.store or mlflow_store_uri(state.dir))
             if self.tracker.why_not:
@@ -110,7 +110,7 @@ class Daemon:
         )
         self.mps = None
         if config.mps:
-            from tandem.place.mps import MpsManager
+            from tandem.place.run.mps import MpsManager
 
             self.mps = MpsManager(_ipc.runtime_dir())
 
@@ -334,7 +334,7 @@ class Daemon:
         if self.mps is not None and len(chosen) == 1 and not p.alone:
             server = self.mps.ensure(chosen[0].uuid)
             if server is not None:
-                from tandem.place.mps import client_env
+                from tandem.place.run.mps import client_env
 
                 env.update(client_env(chosen[0].uuid, server.dirs, p.gpu_mem, job.gpu_share))
                 extra["mps"] = True

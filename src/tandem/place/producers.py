@@ -5,7 +5,7 @@ A share is defined once (``tandem share define``: a :class:`~tandem.share.spec.S
 in the state file). Its producer is started from that spec with its own entry point
 (``python -m tandem.share.spec SPEC.json RESERVED``), in the first job's environment (so
 both find the same runtime directory), under the same supervisor as a job
-(:mod:`tandem.place.shim`, in ``shares/<name>/<n>/``): it outlives a daemon crash, its
+(:mod:`tandem.place.run.shim`, in ``shares/<name>/<n>/``): it outlives a daemon crash, its
 loader workers end with it, and it is tracked as an MLflow run of its own (tags
 ``tandem.role=producer`` and ``tandem.share``), which ``tandem report`` counts with the
 group it fed. Its reservation (cores, RAM) and loader workers come from the spec, sized to
@@ -21,12 +21,12 @@ import sys
 import time
 from pathlib import Path
 
-from tandem.place import tracking
 from tandem.place.config import DaemonConfig
-from tandem.place.files import AttemptSpec, Result, load, save, write_json
-from tandem.place.launch import Launch, LocalLauncher
 from tandem.place.model import GpuInfo
-from tandem.place.proctrack import same_process
+from tandem.place.run import tracking
+from tandem.place.run.files import AttemptSpec, Result, load, save, write_json
+from tandem.place.run.launch import Launch, LocalLauncher
+from tandem.place.run.proctrack import same_process
 from tandem.place.state import Job, Share, State
 
 

@@ -120,7 +120,7 @@ class GpuCapacity:
 
 
 @dataclass(frozen=True)
-class Capacity:
+class CapacityReport:
     cpus: float
     mem_bytes: int
     gpus: list[GpuCapacity] = field(default_factory=list)
@@ -158,7 +158,7 @@ class DaemonStatus:
     mps: bool
     backend: str
     tracking: str | None  # the MLflow store, or why there is none
-    capacity: Capacity
+    capacity: CapacityReport
     used: Use
     jobs: dict[str, int]  # jobs by state
 

@@ -110,7 +110,7 @@ def status(d: Daemon, _request: p.Status) -> p.DaemonStatus:
         mps=d.config.mps,
         backend=d.config.backend,
         tracking=None if d.tracker is None else (d.tracker.why_not or d.tracker.uri),
-        capacity=p.Capacity(d.capacity.cpus, d.capacity.mem, gpus),
+        capacity=p.CapacityReport(d.capacity.cpus, d.capacity.mem, gpus),
         used=p.Use(
             cpus=host.cpus_reserved,
             mem_bytes=host.mem_reserved,

@@ -38,14 +38,14 @@ from tandem.bench.gpu_share.accounting import (
     samples_at,
     union_rate,
 )
-from tandem.bench.gpu_share.config import CTX, Config, CudaNeeded, smoke_config
+from tandem.bench.gpu_share.config import CTX, CudaNeeded, GpuShareConfig, smoke_config
 from tandem.bench.gpu_share.driver import main, run, targets
 from tandem.bench.gpu_share.jobs import _start, prepare_images
 from tandem.bench.gpu_share.measure import ModeRun, unavailable
 
 __all__ = [
     "CTX",
-    "Config",
+    "GpuShareConfig",
     "CudaNeeded",
     "ModeRun",
     "_start",

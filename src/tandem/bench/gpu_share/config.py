@@ -1,4 +1,4 @@
-"""The GPU share benchmark's settings: its modes, its workload (:class:`Config`), where
+"""The GPU share benchmark's settings: its modes, its workload (:class:`GpuShareConfig`), where
 jobs are forked from."""
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ SAMPLE_INTERVAL_S = 0.2  # CPU and energy sampling of the run's processes
 
 
 @dataclass
-class Config:
+class GpuShareConfig:
     model: str = "resnet18"
     batch_size: int = 128
     images: int = 4096  # a multiple of the batch size: every step the same shape
@@ -47,9 +47,9 @@ class Config:
     data_dir: str = "data/bench-images"
 
 
-def smoke_config(data_dir: str = "data/bench-images") -> Config:
+def smoke_config(data_dir: str = "data/bench-images") -> GpuShareConfig:
     """The ``--smoke`` workload: CPU, a tiny CNN, 64 images of about 64x48, one epoch."""
-    return Config(model="tiny_cnn", batch_size=16, images=64, classes=4, min_side=48, max_side=64,
+    return GpuShareConfig(model="tiny_cnn", batch_size=16, images=64, classes=4, min_side=48, max_side=64,
                   crop=32, epochs=1, warmup=1, cooldown=0, workers=1, producer_workers=1, gpu_workers=1,
                   device="cpu", start_timeout_s=90, run_timeout_s=90, data_timeout_s=60,
                   data_dir=data_dir)  # fmt: skip

@@ -28,8 +28,8 @@ from tandem.bench.gpu_share.config import (
     PRELOAD,
     SMOKE_MODES,
     SMOKE_OUT,
-    Config,
     CudaNeeded,
+    GpuShareConfig,
     smoke_config,
 )
 from tandem.bench.gpu_share.jobs import prepare_images, resolve_model
@@ -37,7 +37,7 @@ from tandem.bench.gpu_share.measure import ModeRun, run_one
 
 
 # --------------------------------------------------------------------------- driver
-def machine_facts(cfg: Config) -> dict:
+def machine_facts(cfg: GpuShareConfig) -> dict:
     facts: dict[str, Any] = {
         "cpus": os.cpu_count(),
         "cores_usable": _cores(),
@@ -76,7 +76,7 @@ def _cross_run(runs: list[ModeRun]) -> None:
                 r.cores_over_limit = r.cores_busy - limit.cores_busy
 
 
-def targets(runs: list[ModeRun], cfg: Config, facts: dict, jobs: Sequence[int]) -> list[dict]:
+def targets(runs: list[ModeRun], cfg: GpuShareConfig, facts: dict, jobs: Sequence[int]) -> list[dict]:
     """The issue's targets (set for N=4 ResNet-18 on an H100 with 16 cores), pass or fail."""
     n = 4 if 4 in jobs else max(jobs)
     setting = (cfg.model == "resnet18" and n == 4 and "H100" in str(facts.get("gpu"))
@@ -188,7 +188,7 @@ DEFINITIONS = {
 
 
 def run(
-    cfg: Config | None = None,
+    cfg: GpuShareConfig | None = None,
     *,
     jobs: Sequence[int] = (1, 2, 4),
     modes: Sequence[str] | None = None,
@@ -205,7 +205,7 @@ def run(
     if CTX.get_start_method() == "forkserver":
         CTX.set_forkserver_preload(PRELOAD)
     if cfg is None:
-        cfg = smoke_config() if smoke else Config()
+        cfg = smoke_config() if smoke else GpuShareConfig()
     if smoke:
         cfg = _replace(cfg, device="cpu")
     elif cfg.device.startswith("cuda") and not torch.cuda.is_available():
@@ -264,7 +264,7 @@ def run(
 
 
 def _write(
-    report: dict, runs: list[ModeRun], cfg: Config, facts: dict, jobs: Sequence[int], out: Path
+    report: dict, runs: list[ModeRun], cfg: GpuShareConfig, facts: dict, jobs: Sequence[int], out: Path
 ) -> dict:
     report["runs"] = [asdict(r) for r in runs]
     report["targets"] = targets(runs, cfg, facts, jobs)
@@ -274,7 +274,7 @@ def _write(
     return report
 
 
-def _replace(cfg: Config, **changes: Any) -> Config:
+def _replace(cfg: GpuShareConfig, **changes: Any) -> GpuShareConfig:
     from dataclasses import replace
 
     return replace(cfg, **changes)
@@ -365,8 +365,12 @@ def parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None, prog: str = "python3 benchmarks/gpu_share.py") -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     args = parser().parse_args(argv)
-    base = smoke_config() if args.smoke else Config()
-    given = {f.name: getattr(args, f.name) for f in fields(Config) if getattr(args, f.name, None) is not None}
+    base = smoke_config() if args.smoke else GpuShareConfig()
+    given = {
+        f.name: getattr(args, f.name)
+        for f in fields(GpuShareConfig)
+        if getattr(args, f.name, None) is not None
+    }
     cfg = _replace(base, **given)
     modes = [m.strip() for m in args.modes.split(",") if m.strip()] if args.modes else None
     bad = [m for m in modes or () if m not in MODES]

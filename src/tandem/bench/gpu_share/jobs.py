@@ -19,7 +19,7 @@ import torch.nn.functional as F
 
 from tandem.bench.data import ImageFolder
 from tandem.bench.gpu_share.accounting import _cores, private_workers
-from tandem.bench.gpu_share.config import CTX, DTYPES, Config
+from tandem.bench.gpu_share.config import CTX, DTYPES, GpuShareConfig
 from tandem.bench.harness import JobResult, tree_cpu_s, waited_batches
 from tandem.bench.images import make_image_folder
 from tandem.bench.models import MODELS
@@ -46,7 +46,7 @@ def _make_part(args: tuple) -> str:
                                  max_side=max_side, seed=seed))  # fmt: skip
 
 
-def prepare_images(cfg: Config, procs: int | None = None) -> Path:
+def prepare_images(cfg: GpuShareConfig, procs: int | None = None) -> Path:
     """The JPEG folder for ``cfg`` (reused when already there), generated in parallel: one
     :func:`make_image_folder` part per process, hard-linked into one class-folder layout."""
     params = {"images": cfg.images, "classes": cfg.classes, "min_side": cfg.min_side,
@@ -141,7 +141,7 @@ def _train_step(model: torch.nn.Module, dev: torch.device) -> Callable[[torch.Te
     return step
 
 
-def _sources(cfg: Config, mode: str, root: str, endpoint: Any, dev: torch.device, jobs: int):
+def _sources(cfg: GpuShareConfig, mode: str, root: str, endpoint: Any, dev: torch.device, jobs: int):
     """``(epoch -> iterable of batches, close)`` for one job of ``mode``."""
     b = cfg.batch_size
     if mode == "limit":
@@ -184,7 +184,7 @@ def _sources(cfg: Config, mode: str, root: str, endpoint: Any, dev: torch.device
 
 
 def _train(
-    cfg: Config, mode: str, root: str, endpoint: Any, jobs: int, built, ready, progress
+    cfg: GpuShareConfig, mode: str, root: str, endpoint: Any, jobs: int, built, ready, progress
 ) -> GpuJobResult:
     torch.set_num_threads(1)
     dev = torch.device(cfg.device)
@@ -204,7 +204,7 @@ def _train(
         close()
 
 
-def _timed(cfg: Config, source, step, dev: torch.device, progress) -> GpuJobResult:
+def _timed(cfg: GpuShareConfig, source, step, dev: torch.device, progress) -> GpuJobResult:
     """Train ``cfg.epochs`` epochs. The timed window runs from the end of step ``warmup`` to
     the end of step ``planned - cooldown``, the GPU synchronised at both ends: the input
     buffers (producer window, loader prefetch) fill during the warm-up and drain at the end,
@@ -287,7 +287,7 @@ def _start(target: Callable[..., None], *args: Any) -> Any:
 
 
 def job_main(
-    queue, cfg: Config, mode: str, root: str, endpoint: Any, jobs: int, built, ready, finish, progress
+    queue, cfg: GpuShareConfig, mode: str, root: str, endpoint: Any, jobs: int, built, ready, finish, progress
 ) -> None:
     """One training job (a spawned process): reports a :class:`GpuJobResult` on ``queue``,
     then stays until ``finish`` (so that the runner's last CPU sample still sees it)."""
@@ -300,7 +300,7 @@ def job_main(
     finish.wait(cfg.run_timeout_s)
 
 
-def _serve(queue, cfg: Config, ready, finish, make: Callable[[], Any]) -> None:
+def _serve(queue, cfg: GpuShareConfig, ready, finish, make: Callable[[], Any]) -> None:
     torch.set_num_threads(1)
     try:
         producer = make()
@@ -316,7 +316,7 @@ def _serve(queue, cfg: Config, ready, finish, make: Callable[[], Any]) -> None:
         queue.put(("producer-error", os.getpid(), f"{type(exc).__name__}: {exc}"[:500]))
 
 
-def host_producer(queue, cfg: Config, root: str, name: str, ready, finish) -> None:
+def host_producer(queue, cfg: GpuShareConfig, root: str, name: str, ready, finish) -> None:
     from tandem.share import Producer
 
     _serve(queue, cfg, ready, finish, lambda: Producer.from_dataset(
@@ -324,7 +324,7 @@ def host_producer(queue, cfg: Config, root: str, name: str, ready, finish) -> No
         num_workers=cfg.producer_workers))  # fmt: skip
 
 
-def gpu_producer(queue, cfg: Config, root: str, name: str, ready, finish) -> None:
+def gpu_producer(queue, cfg: GpuShareConfig, root: str, name: str, ready, finish) -> None:
     from tandem.share import Producer
 
     samples = ImageFolder(root, crop=cfg.crop).samples
@@ -334,7 +334,9 @@ def gpu_producer(queue, cfg: Config, root: str, name: str, ready, finish) -> Non
         crop=cfg.crop, dtype=DTYPES[cfg.dtype], num_workers=cfg.gpu_workers))  # fmt: skip
 
 
-def tensorsocket_producer(queue, cfg: Config, root: str, ports: tuple[int, ...], ready, finish) -> None:
+def tensorsocket_producer(
+    queue, cfg: GpuShareConfig, root: str, ports: tuple[int, ...], ready, finish
+) -> None:
     torch.set_num_threads(1)
     try:
         from tensorsocket import TensorProducer

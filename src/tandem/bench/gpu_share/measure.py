@@ -20,7 +20,7 @@ from tandem.bench.gpu_share.accounting import (
     private_workers,
     union_rate,
 )
-from tandem.bench.gpu_share.config import CTX, MODES, SAMPLE_INTERVAL_S, SHARED_MODES, Config
+from tandem.bench.gpu_share.config import CTX, MODES, SAMPLE_INTERVAL_S, SHARED_MODES, GpuShareConfig
 from tandem.bench.gpu_share.jobs import PRODUCERS, GpuJobResult, _start, job_main
 from tandem.bench.harness import Every, JobProcesses, JobResult, free_ports, tensorsocket_available
 
@@ -170,7 +170,7 @@ class ModeRun:
     per_job: list = field(default_factory=list)
 
 
-def unavailable(mode: str, cfg: Config) -> str | None:
+def unavailable(mode: str, cfg: GpuShareConfig) -> str | None:
     """Why ``mode`` cannot run here, or None."""
     cuda = cfg.device.startswith("cuda")
     if mode == "tensorsocket":
@@ -183,7 +183,7 @@ def unavailable(mode: str, cfg: Config) -> str | None:
     return None
 
 
-def run_one(mode: str, n: int, cfg: Config, root: str, truth: np.ndarray) -> ModeRun:
+def run_one(mode: str, n: int, cfg: GpuShareConfig, root: str, truth: np.ndarray) -> ModeRun:
     """Run ``n`` jobs of ``mode`` to the end (or the timeouts) and measure them."""
     r = ModeRun(mode, n)
     why = unavailable(mode, cfg)
@@ -265,7 +265,7 @@ def run_one(mode: str, n: int, cfg: Config, root: str, truth: np.ndarray) -> Mod
 
 
 def _summarise(r: ModeRun, results: list[GpuJobResult], notes: list[str], sampler: TreeSampler,
-               cfg: Config, truth: np.ndarray) -> None:  # fmt: skip
+               cfg: GpuShareConfig, truth: np.ndarray) -> None:  # fmt: skip
     done = [j for j in results if not j.error]
     notes += [f"job {j.job}: {j.error}" for j in results if j.error]
     if r.leaked_producers:

@@ -1,5 +1,5 @@
 """The files of one attempt, as typed records: the one definition of what the daemon, the
-supervisor (:mod:`tandem.place.shim`) and the Ray task pass each other.
+supervisor (:mod:`tandem.place.run.shim`) and the Ray task pass each other.
 
 Everything goes through the attempt's directory (``<state dir>/jobs/<job>/<attempt>/``),
 each record written whole (write, then rename), so a reader sees the old file or the new
@@ -116,7 +116,7 @@ class Usage:
 @dataclass(frozen=True)
 class Result:
     FILE: ClassVar[str] = "result.json"
-    kind: str  # tandem.place.failures kinds: ok, exit, signal, gpu_oom, host_oom, cancelled, lost, ...
+    kind: str  # tandem.place.run.failures kinds: ok, exit, signal, gpu_oom, host_oom, cancelled, lost, ...
     state: str
     exit_code: int | None
     signal: str | None

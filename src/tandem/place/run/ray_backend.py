@@ -3,7 +3,7 @@
 The daemon keeps deciding (the same :func:`tandem.place.scheduler.plan`, the same policies
 and reservations); Ray becomes how an attempt reaches a node and how its reservation is
 enforced there. Each attempt is a Ray task that runs the same supervisor
-(:mod:`tandem.place.shim`) on its node, in a session of its own, and waits for it.
+(:mod:`tandem.place.run.shim`) on its node, in a session of its own, and waits for it.
 
 GPU memory: Ray's fractional ``num_gpus`` only sets ``CUDA_VISIBLE_DEVICES`` and counts
 nothing (its GPU-memory scheduling proposal is unmerged; users hit OOMs with fractional
@@ -53,7 +53,7 @@ def _run_attempt(attempt_dir: str) -> dict[str, Any]:
     KeyboardInterrupt in the task) is passed on to the shim as SIGTERM, which stops the job's
     tree; the shim runs in its own session so that it outlives a killed worker."""
     proc = subprocess.Popen(
-        [sys.executable, "-m", "tandem.place.shim", attempt_dir],
+        [sys.executable, "-m", "tandem.place.run.shim", attempt_dir],
         stdin=subprocess.DEVNULL,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,

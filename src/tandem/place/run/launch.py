@@ -1,6 +1,6 @@
 """How an attempt's supervisor is started and reached: on this machine, or as a Ray task.
 
-Both launchers run the same supervisor (:mod:`tandem.place.shim`) over the same attempt
+Both launchers run the same supervisor (:mod:`tandem.place.run.shim`) over the same attempt
 directory; they differ in how it starts, how its life is checked and how a cancel reaches
 it. The daemon talks to one of them through :class:`Launcher`.
 """
@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from tandem.place.model import GpuInfo
-from tandem.place.proctrack import create_time, same_process
+from tandem.place.run.proctrack import create_time, same_process
 
 
 @dataclass(frozen=True)
@@ -67,7 +67,7 @@ class LocalLauncher:
     def start(self, a: Launched, what: Launch) -> str:
         with open(what.dir / "shim.log", "ab") as shim_log:
             proc = subprocess.Popen(
-                [sys.executable, "-m", "tandem.place.shim", str(what.dir)],
+                [sys.executable, "-m", "tandem.place.run.shim", str(what.dir)],
                 cwd=what.cwd if os.path.isdir(what.cwd) else "/",
                 stdin=subprocess.DEVNULL,
                 stdout=shim_log,
@@ -94,7 +94,7 @@ class LocalLauncher:
 
 
 class RayLauncher:
-    """The supervisor as a Ray task (:mod:`tandem.place.ray_backend`)."""
+    """The supervisor as a Ray task (:mod:`tandem.place.run.ray_backend`)."""
 
     def __init__(self, backend: Any) -> None:
         self.backend = backend

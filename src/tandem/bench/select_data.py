@@ -1,4 +1,5 @@
-"""Small datasets with a planted truth, made here (nothing downloaded), and a proxy model."""
+"""Small datasets with a planted truth, made here (nothing downloaded), and a proxy model:
+the workloads of the select benchmark and of its tests."""
 
 from __future__ import annotations
 

@@ -3,7 +3,7 @@
 Each job's supervisor tracks it with watch's own :class:`~tandem.watch.Run` (the samplers
 and summary of ``tandem run``: process tree, host, the job's GPUs, energy, share) into a
 spool file (:class:`~tandem.watch.stores.spool.SpoolStore`), which imports nothing. One
-helper per state directory (``python -m tandem.place.tracking``, at nice 10, started by
+helper per state directory (``python -m tandem.place.run.tracking``, at nice 10, started by
 the daemon) imports MLflow once, opens a run when an attempt starts and forwards its spool
 through watch's :class:`~tandem.watch.stores.MlflowStore` every ``POLL_S`` seconds: a metric
 sampled now is in MLflow within seconds, while the job runs. When the attempt ends, the
@@ -31,7 +31,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from tandem.place.files import read_json, write_json
+from tandem.place.run.files import read_json, write_json
 
 log = logging.getLogger(__name__)
 
@@ -125,7 +125,7 @@ class Tracker:
             self.proc = None
         if pending and self.proc is None and time.monotonic() >= self._next_start:
             with open(self.state_dir / "tracking.log", "ab") as out:
-                argv = [sys.executable, "-m", "tandem.place.tracking", str(self.state_dir), self.uri]
+                argv = [sys.executable, "-m", "tandem.place.run.tracking", str(self.state_dir), self.uri]
                 self.proc = subprocess.Popen(
                     [*argv, self.experiment], stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT
                 )

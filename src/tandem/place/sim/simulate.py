@@ -1,6 +1,6 @@
 """A discrete-event simulator of the job manager: the daemon's scheduling on modelled devices.
 
-:func:`simulate` replays a trace (:mod:`tandem.place.trace`) on a modelled server. At each
+:func:`simulate` replays a trace (:mod:`tandem.place.sim.trace`) on a modelled server. At each
 event (an arrival, a job's end, a job's memory settling, an out-of-memory check, a waiting
 job crossing the starvation limit) it builds the scheduler's view of the devices
 (:class:`~tandem.place.policies.GpuSlot`, ``HostSlot``) from the simulated state, exactly
@@ -41,7 +41,7 @@ from tandem.place.model import OOM, QUEUED, RETRYING, RUNNING, SUCCEEDED, job_ke
 from tandem.place.policies import GpuSlot, HostSlot, Limits, make_policy
 from tandem.place.retry import retry
 from tandem.place.scheduler import Waiting, fits_at_all, plan
-from tandem.place.simmodel import (  # noqa: F401 (AGGREGATE_KEYS, JobResult: the simulator's API)
+from tandem.place.sim.simmodel import (  # noqa: F401 (AGGREGATE_KEYS, JobResult: the simulator's API)
     AGGREGATE_KEYS,
     GPU_IDLE_W,
     GPU_MAX_W,
@@ -51,7 +51,7 @@ from tandem.place.simmodel import (  # noqa: F401 (AGGREGATE_KEYS, JobResult: th
     SimResult,
     SlowdownModel,
 )
-from tandem.place.trace import GiB, TraceJob, command_args
+from tandem.place.sim.trace import GiB, TraceJob, command_args
 
 RETRIES = 2  # the daemon's default retries per job (``tandem submit --retries``)
 _EPS = 1e-9

@@ -1,9 +1,9 @@
 """Comparing placement policies on a trace: run the simulations, tabulate, write a report.
 
 :func:`run_simulations` simulates one trace under several policies
-(:func:`tandem.place.simulate.simulate`). :func:`compare` and :func:`write_report` take,
-per policy, either a :class:`~tandem.place.simulate.SimResult` or a plain mapping with the
-same aggregate keys (:data:`~tandem.place.simulate.AGGREGATE_KEYS`), so that a live replay
+(:func:`tandem.place.sim.simulate.simulate`). :func:`compare` and :func:`write_report` take,
+per policy, either a :class:`~tandem.place.sim.simulate.SimResult` or a plain mapping with the
+same aggregate keys (:data:`~tandem.place.sim.simulate.AGGREGATE_KEYS`), so that a live replay
 through the daemon can be reported the same way. Missing keys show as ``-``.
 """
 
@@ -17,8 +17,8 @@ from typing import Any
 from rich.table import Table
 
 from tandem.place.policies import POLICIES, Limits
-from tandem.place.simulate import SimResult, SlowdownModel, simulate
-from tandem.place.trace import GiB, TraceJob
+from tandem.place.sim.simulate import SimResult, SlowdownModel, simulate
+from tandem.place.sim.trace import GiB, TraceJob
 
 Result = SimResult | Mapping[str, Any]
 

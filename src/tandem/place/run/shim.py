@@ -1,9 +1,9 @@
-"""The per-job supervisor: ``python -m tandem.place.shim ATTEMPT_DIR``.
+"""The per-job supervisor: ``python -m tandem.place.run.shim ATTEMPT_DIR``.
 
 The daemon starts one supervisor per attempt in a session of its own, so it does not share
 the daemon's fate: if the daemon dies (SIGKILL included) the job keeps running and the
 supervisor still records how it ended; a restarted daemon finds it by pid and start time
-and reads its files (:mod:`tandem.place.files`, the one definition of them).
+and reads its files (:mod:`tandem.place.run.files`, the one definition of them).
 
 What it does for its job:
 
@@ -14,7 +14,7 @@ What it does for its job:
 - **keeps its output**, capped: the job writes into a pipe, read here into ``output.log``,
   which rotates to ``output.log.1`` at half of ``log_max``; a disk that refuses it loses
   output, never the job;
-- **owns every process of it** (:mod:`tandem.place.proctrack`: a cgroup of its own where
+- **owns every process of it** (:mod:`tandem.place.run.proctrack`: a cgroup of its own where
   one can be made, and a marker every descendant inherits): a cancel (SIGTERM here) or the
   end of the main process stops all of them, those that left the session too;
 - **outlives a full disk**: what cannot be written is said once and written when it can;
@@ -33,9 +33,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from tandem.place import failures
-from tandem.place.files import AttemptSpec, Result, ShimInfo, Started, Usage, load, save
-from tandem.place.proctrack import JobProcesses, create_time, host_id, join, leave, make_cgroup
+from tandem.place.run import failures
+from tandem.place.run.files import AttemptSpec, Result, ShimInfo, Started, Usage, load, save
+from tandem.place.run.proctrack import JobProcesses, create_time, host_id, join, leave, make_cgroup
 
 RESULT_RETRY_S = 3600.0  # how long a result waits for a disk that refuses it
 
@@ -369,7 +369,7 @@ def _wake_daemon(socket_path: str | None) -> None:
 
 def main(argv: list[str]) -> int:
     if len(argv) != 1:
-        print("usage: python -m tandem.place.shim ATTEMPT_DIR", file=sys.stderr)
+        print("usage: python -m tandem.place.run.shim ATTEMPT_DIR", file=sys.stderr)
         return 2
     return Shim(Path(argv[0])).run()
 

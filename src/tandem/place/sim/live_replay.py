@@ -3,8 +3,8 @@
 :func:`replay_live` starts a daemon with the policy in a fresh state directory, submits the
 trace's commands at their offsets, waits for every job to end, samples the host's CPU use
 meanwhile, stops the daemon and returns the same aggregate figures as the simulator
-(:data:`tandem.place.simulate.AGGREGATE_KEYS`), so both are reported alike
-(:mod:`tandem.place.replay`). Slowdown is a job's run time (its last attempt) against its
+(:data:`tandem.place.sim.simulate.AGGREGATE_KEYS`), so both are reported alike
+(:mod:`tandem.place.sim.replay`). Slowdown is a job's run time (its last attempt) against its
 time alone: the trace's ``duration_s``, which a benchmark measures in the same run.
 Energy is estimated from the jobs' CPU-seconds (``watch``'s watts per core), and labelled so.
 """
@@ -25,8 +25,8 @@ from tandem.place import protocol
 from tandem.place.client import request, start_daemon, submit
 from tandem.place.config import DaemonConfig
 from tandem.place.model import FINAL_STATES, JobSpec
+from tandem.place.sim.trace import TraceJob
 from tandem.place.state import State, private_dir
-from tandem.place.trace import TraceJob
 from tandem.place.views import job_json
 
 
