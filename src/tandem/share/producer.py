@@ -2,9 +2,10 @@
 
 Two threads share one lock (every wait on it has a timeout, so signals and stops are seen):
 
-* the main thread (:meth:`Producer.serve`, this module) iterates the source, writes each
-  batch into a free slot of the slab (:mod:`tandem.share._slab`) and publishes it as an
-  *entry* in the window (:mod:`tandem.share._window`, which also holds the pacing policy);
+* the main thread (:meth:`Producer.serve`, in the loop of :mod:`tandem.share._publishing`)
+  iterates the source, writes each batch into a free slot of the slab (:mod:`tandem.share._slab`)
+  and publishes it as an *entry* in the window (:mod:`tandem.share._window`, which also holds
+  the pacing policy);
 * the control thread (:mod:`tandem.share._control`) admits consumers and answers their
   requests from the window (see :mod:`tandem.share.protocol`).
 
@@ -22,7 +23,6 @@ Pacing (``policy``):
 from __future__ import annotations
 
 import collections
-import concurrent.futures
 import contextlib
 import logging
 import os
@@ -37,23 +37,22 @@ import torch.utils.data
 
 from tandem._ipc import listen
 from tandem.share import protocol
-from tandem.share._control import TICK, WARN_BLOCKED_S, ControlServer, rate
+from tandem.share._control import ControlServer, rate
 from tandem.share._cuda import check_device
 from tandem.share._cuda_slab import CudaSlab
 from tandem.share._order import EpochPlanner, planned_loader, selected, source_shape
+from tandem.share._publishing import PublishingLoop
 from tandem.share._registry import Registration
 from tandem.share._slab import HostSlab, Slab
-from tandem.share._tree import flatten, sample_count
-from tandem.share._window import POLICIES, Entry, Window
+from tandem.share._window import POLICIES, Window
 from tandem.share.errors import UnsupportedBatch
 
 log = logging.getLogger("tandem.share")
 
 _RELEASE_GPU_MEMORY_S = 10.0  # at the end, how long consumers may keep reading a CUDA slab
-_POLL_RELEASES_S = 0.002  # table consumers release in shared memory, unannounced: poll this often
 
 
-class Producer:
+class Producer(PublishingLoop):
     """Serve batches from ``source`` to every consumer that attaches to ``name``.
 
     ``source`` is any re-iterable of batches (a ``DataLoader`` or any iterable): each
@@ -323,151 +322,6 @@ class Producer:
                 signal.signal(sig, old)
 
         return restore
-
-    def _produce(self, epochs: int | None) -> None:
-        epoch = 0
-        while self._stop_reason is None:
-            limit = None
-            if epochs is not None and epoch >= epochs:
-                # the part of one more epoch that late joiners need to finish their last one
-                if not self._wait_first_consumer():
-                    break
-                with self._cond:
-                    limit = max((c.cut for c in self._server.consumers.values()), default=0)
-                    self._window.open_to_joiners = False
-                if limit == 0:
-                    break
-            self._begin_epoch(epoch, limit)
-            offset = 0
-            completed = True
-            # closed at the epoch's end (a break included): a batch_transform's threads finish
-            # before the next epoch's set_epoch
-            with contextlib.closing(self._transformed()) as batches:
-                for batch in batches:
-                    spec, leaves = flatten(batch)
-                    count = self._count(spec, leaves, offset)
-                    slot = self._acquire_slot()
-                    if slot is None:
-                        completed = False
-                        break
-                    meta = self._slab.write(slot, spec, leaves)
-                    del spec, leaves, batch
-                    with self._cond:
-                        self._publish_batch(epoch, offset, count, slot, meta)
-                    offset += count
-                    if self._stop_reason is not None or (limit is not None and offset >= limit):
-                        # a stop that comes with the epoch's last batch still ends the epoch
-                        known = self._window.samples_per_epoch
-                        completed = limit is None and known is not None and offset >= known
-                        break
-            if limit is not None:
-                break
-            if completed and offset == 0:
-                raise ValueError(
-                    f"the source yielded no batch in epoch {epoch}; a producer needs a source "
-                    "whose every iter() yields at least one batch"
-                )
-            if completed:
-                with self._cond:
-                    self._publish(self._window.epoch_end_entry(epoch, offset))
-                self.epochs_served += 1
-            if self._stop_reason is not None:
-                break
-            epoch += 1
-        with self._cond:
-            if self._stop_reason is not None:
-                self._publish_end(self._stop_reason, finished=False)
-            else:
-                self._publish_end(f"served {epochs} epoch(s)", finished=True)
-
-    def _transformed(self) -> Iterator[Any]:
-        """One epoch of the source, through ``batch_transform`` if any: on
-        ``transform_threads`` threads, that many batches in flight, in the source's order."""
-        if self._transform is None:
-            yield from self._source
-            return
-        if self._transform_threads == 1:
-            for batch in self._source:
-                yield self._transform(batch)
-            return
-        pending: collections.deque[concurrent.futures.Future] = collections.deque()
-        on = self.device
-        init = (lambda: torch.cuda.set_device(on)) if on is not None else None
-        with concurrent.futures.ThreadPoolExecutor(self._transform_threads, "tandem-transform", init) as pool:
-            try:
-                for batch in self._source:
-                    pending.append(pool.submit(self._transform, batch))
-                    if len(pending) >= self._transform_threads:
-                        yield pending.popleft().result()
-                while pending:
-                    yield pending.popleft().result()
-            finally:  # stopped early, or a transform failed: the rest is not wanted
-                for future in pending:
-                    future.cancel()
-
-    def _wait_first_consumer(self) -> bool:
-        """A run shorter than the window must not end before anyone could take it."""
-        with self._cond:
-            while not self._server.ever_attached:
-                if self._stop_reason is not None:
-                    return False
-                self._cond.wait(TICK)
-            return True
-
-    def _count(self, spec: tuple, leaves: list, offset: int) -> int:
-        if self._planner is not None and self._window.batch_size is not None:
-            return self._planner.count(self._window.batch_size, offset)
-        return sample_count(spec, leaves)
-
-    def _begin_epoch(self, epoch: int, limit: int | None) -> None:
-        set_epoch = getattr(self._transform, "set_epoch", None)
-        if set_epoch is not None:  # per-sample randomness that is reproducible from the seed
-            set_epoch(epoch)
-        with self._cond:
-            self._window.epoch, self._window.offset, self._window.epoch_done = epoch, 0, False
-            if self._planner is not None:
-                self._planner.begin(epoch, [c.cut for c in self._server.consumers.values()], limit)
-
-    def _acquire_slot(self) -> int | None:
-        waited_from = None
-        warned_at = time.monotonic()
-        with self._cond:
-            while self._stop_reason is None:
-                links = self._server.links()
-                slot, skipped = self._window.take_slot(links, self.window + 2 * len(links) + 1)
-                if skipped is not None:
-                    self._server.missed(skipped.seq, 1, skipped.count)
-                if slot is not None:
-                    if waited_from is not None:
-                        self.blocked_s += time.monotonic() - waited_from
-                    return slot
-                now = time.monotonic()
-                waited_from = waited_from or now
-                if now - warned_at > WARN_BLOCKED_S:
-                    warned_at = now
-                    log.warning("producer %r: waiting for %s", self.name, self._server.laggards())
-                polling = any(link.transport == "table" for link in links)
-                self._cond.wait(_POLL_RELEASES_S if polling else TICK)
-            return None
-
-    # ------------------------------------------------------------------ entries (lock held)
-    def _publish(self, entry: Entry) -> None:
-        self._window.publish(entry)
-        self._server.published(entry)
-
-    def _publish_batch(self, epoch: int, offset: int, count: int, slot: int, meta: tuple[int, int]) -> None:
-        self._published_batches += 1
-        self._progress.append((time.monotonic(), self._published_batches))
-        self._publish(self._window.batch_entry(epoch, offset, count, self._slab.segment(slot), *meta))
-
-    def _publish_end(self, reason: str, finished: bool) -> None:
-        if self._window.end_seq is None:
-            self._publish(self._window.end_entry(reason, finished))
-
-    def _publish_failed(self, text: str) -> None:
-        if self._window.end_seq is None:
-            log.error("%s", text)
-            self._publish(self._window.failed_entry(text))
 
     # ----------------------------------------------------------------------------- stats
     def stats(self) -> protocol.StatsReply:
