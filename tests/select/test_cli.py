@@ -62,6 +62,13 @@ def test_bad_input_exits_2_saying_what_was_wrong(tmp_path: Path) -> None:
     r = tandem(state, "select", "show", "0123456789abcdef")
     assert r.returncode == 2 and "no selection 0123456789abcdef" in r.stderr
     r = tandem(
-        state, "share", "define", "picked", "--dataset", "tandem.bench.select_data:noisy", "--selection", "feed"
+        state,
+        "share",
+        "define",
+        "picked",
+        "--dataset",
+        "tandem.bench.select_data:noisy",
+        "--selection",
+        "feed",
     )
     assert r.returncode == 2 and "--selection: no selection feed" in r.stderr

@@ -14,9 +14,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from tandem.bench.select_data import Blobs, Mixture, mlp, noisy, target_a
 from tandem.select import SelectError, load, select
 from tandem.select.store import root
-from tandem.bench.select_data import Blobs, Mixture, mlp, noisy, target_a
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -180,3 +180,42 @@ def test_a_share_spec_refuses_a_select_that_could_never_run() -> None:
         ShareSpec("s", "dataset", "m:f", select="nope:0.3")
     spec = ShareSpec("s", "dataset", "m:f", select="small-loss:0.3", select_model="models.py:mlp").resolved()
     assert spec.select_model is not None and spec.select_model.startswith("/")  # the producer runs elsewhere
+
+
+def test_each_method_gets_what_it_declares_it_needs_and_no_name_is_checked() -> None:
+    """Every method of the registry, by its declared needs alone: a needed model, target or
+    label missing is refused saying what to pass; an optional model changes the selection,
+    a model no method asks for is ignored; and the CLI's help says the same."""
+    from tandem.cli.select import METHOD_HELP, MODEL_HELP, TARGET_HELP
+    from tandem.select import METHODS
+
+    ds = Blobs(300, 0.2, seed=3)
+    unlabelled = [ds[i][0] for i in range(len(ds))]
+    for name, m in METHODS.items():
+        assert m.keep in ("low", "high") and not (m.needs_model and m.model_optional), name
+        assert f"{name} ({m.needs})" in METHOD_HELP
+        assert (name in MODEL_HELP) == (m.needs_model or m.model_optional)
+        assert (name in TARGET_HELP) == m.needs_target
+        params = {"warmup_epochs": 1} if "warmup_epochs" in m.defaults else None
+        model = mlp if m.needs_model or m.model_optional else None
+        target = target_a() if m.needs_target else None
+        run = dict(seed=0, params=params, track=False)
+        if m.needs_model:
+            with pytest.raises(SelectError, match=f"{name} trains a proxy: pass model="):
+                select(ds, name, 30, target=target, **run)
+        if m.needs_target:
+            with pytest.raises(SelectError, match=f"{name} selects for a target: pass target="):
+                select(ds, name, 30, model=model, **run)
+        if m.needs_labels:
+            with pytest.raises(SelectError, match=f"{name} needs labels"):
+                select(unlabelled, name, 30, model=model, target=target, **run)
+        else:
+            assert len(select(unlabelled, name, 30, model=model, target=target, **run)) == 30
+        sel = select(ds, name, 30, model=model, target=target, **run)
+        assert len(sel) == 30 and sel.meta["keep"] == m.keep
+        assert (sel.meta["target"] is not None) == m.needs_target
+        if not m.needs_model:
+            bare = select(ds, name, 30, target=target, **run)  # runs without a model
+            assert bare.meta["model"] is None
+            with_model = select(ds, name, 30, model=mlp, target=target, **run)
+            assert (with_model.id != bare.id) == m.model_optional  # else the model is ignored

@@ -217,7 +217,7 @@ def daemon_status(as_json: bool) -> None:
     multiple=True,
     metavar="P",
     type=click.Choice(list(POLICIES)),
-    help="A policy to compare (repeatable) [default: all five].",
+    help=f"A policy to compare (repeatable) [default: all {len(POLICIES)}: {', '.join(POLICIES)}].",
 )
 @click.option(
     "--simulate", is_flag=True, help="Simulate instead of running the commands (seconds, any scale)."

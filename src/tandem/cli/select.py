@@ -11,10 +11,33 @@ from typing import Any
 import click
 
 from tandem.cli._common import Exit
+from tandem.select.methods import METHODS  # the registry alone: no torch
 
 EXIT_BAD_INPUT = 2
 
 json_option = click.option("--json", "as_json", is_flag=True, help="Print JSON instead of text.")
+
+
+class _MethodChoice(click.Choice):
+    """A method of the registry; an unknown one is refused in the words of ``select()``."""
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        if value not in METHODS:
+            self.fail(f"unknown method {value!r}; one of {', '.join(METHODS)}", param, ctx)
+        return super().convert(value, param, ctx)
+
+
+def _names(which: Callable[[Any], bool]) -> str:
+    return ", ".join(m.name for m in METHODS.values() if which(m)) or "none"
+
+
+# Every word of the --method, --model and --target help is the registry's declared needs.
+METHOD_HELP = "One of (what it needs): " + ", ".join(f"{m.name} ({m.needs})" for m in METHODS.values()) + "."
+MODEL_HELP = (
+    f"Returns a fresh torch.nn.Module (inputs -> logits); needed by {_names(lambda m: m.needs_model)}; "
+    f"optional for {_names(lambda m: m.model_optional)}."
+)
+TARGET_HELP = f"Returns the labelled target dataset; needed by {_names(lambda m: m.needs_target)}."
 
 
 def _load_ref(ref: str, what: str, call: bool) -> Any:
@@ -69,16 +92,12 @@ def select_group() -> None:
 @click.option(
     "--dataset", "dataset_ref", required=True, metavar="MOD:FN", help="Returns a map-style dataset."
 )
-@click.option(
-    "--method", required=True, metavar="M", help="random, small-loss, el2n, grand, kcenter or less."
-)
+@click.option("--method", required=True, metavar="M", type=_MethodChoice(list(METHODS)), help=METHOD_HELP)
 @click.option(
     "--budget", required=True, callback=_budget, metavar="B", help="A fraction (0.3) or a count (300)."
 )
-@click.option(
-    "--model", "model_ref", metavar="MOD:FN", help="Returns a fresh torch.nn.Module (inputs -> logits)."
-)
-@click.option("--target", "target_ref", metavar="MOD:FN", help="less: returns the labelled target dataset.")
+@click.option("--model", "model_ref", metavar="MOD:FN", help=MODEL_HELP)
+@click.option("--target", "target_ref", metavar="MOD:FN", help=TARGET_HELP)
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option("--balance/--no-balance", default=True, show_default=True, help="Each class its share.")
 @click.option(

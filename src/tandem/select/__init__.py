@@ -14,9 +14,28 @@ The methods and their directions: :mod:`tandem.select.methods`; the store:
 
 from __future__ import annotations
 
-from tandem.select.core import load, select
+from typing import TYPE_CHECKING, Any
+
 from tandem.select.errors import SelectError
 from tandem.select.methods import METHODS
-from tandem.select.store import Selection, ids, remove, uses
+
+if TYPE_CHECKING:
+    from tandem.select.core import load, select
+    from tandem.select.store import Selection, ids, remove, uses
 
 __all__ = ["METHODS", "SelectError", "Selection", "ids", "load", "remove", "select", "uses"]
+
+# Imported when first used: the registry and the error above need neither torch nor numpy,
+# so ``tandem --help`` and ``tandem select run --help`` can list the methods at once.
+_LAZY = {"load": "core", "select": "core", "Selection": "store", "ids": "store", "remove": "store",
+         "uses": "store"}  # fmt: skip
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _LAZY:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    import importlib
+
+    value = getattr(importlib.import_module(f"{__name__}.{_LAZY[name]}"), name)
+    globals()[name] = value
+    return value

@@ -39,8 +39,9 @@ def select(
     same inputs returns the stored one (``cached``) without scoring again.
 
     ``budget``: a fraction (0.3) or a count (300). ``model``: a function returning a fresh
-    ``torch.nn.Module`` (inputs -> logits) for the methods that train a proxy. ``target``:
-    the labelled dataset ``less`` selects for. ``balance``: each class gets its share of the
+    ``torch.nn.Module`` (inputs -> logits) for the methods that train a proxy (``needs_model``;
+    ``model_optional``: used when given). ``target``: the labelled dataset a ``needs_target``
+    method selects for (ignored by the others). ``balance``: each class gets its share of the
     budget. ``version``: names the dataset's content instead of sampling 64 of its items.
     ``params``: a method's settings (``warmup_epochs``, ``lr``, ``proj_dim``)."""
     chosen = METHODS.get(method)
@@ -67,11 +68,11 @@ def select(
         raise SelectError(
             f"{method} trains a proxy: pass model= (a function returning a fresh torch.nn.Module)"
         )
-    if method == "less" and target is None:
+    if chosen.needs_target and target is None:
         raise SelectError(
-            "less selects for a target: pass target= (a labelled dataset of what to be good at)"
+            f"{method} selects for a target: pass target= (a labelled dataset of what to be good at)"
         )
-    uses_model = chosen.needs_model or (method == "kcenter" and model is not None)
+    uses_model = chosen.uses_model(model)
     key = {
         "dataset": fingerprint(dataset, version),
         "method": method,
@@ -81,7 +82,7 @@ def select(
         "balance": bool(balance),
         "params": settings,
         "model": model_fingerprint(model, seed) if uses_model else None,
-        "target": fingerprint(target) if method == "less" else None,
+        "target": fingerprint(target) if chosen.needs_target else None,
         "keys": [input_key, label_key],  # another label field is another selection
     }
     sel_id = store.selection_id(key)
@@ -92,7 +93,7 @@ def select(
         raise SelectError(
             f"{method} needs labels, and the dataset's items have none (items are (input, label, ...))"
         )
-    target_items = read_items(target, input_key, label_key) if method == "less" else None
+    target_items = read_items(target, input_key, label_key) if chosen.needs_target else None
     ctx = Context(model if uses_model else None, int(seed), target_items, {**settings, "count": count})
     tags = {"tandem.role": "selection", "tandem.select.id": sel_id, "tandem.select.method": method}
     with torch.random.fork_rng(devices=[]), measure(f"select {method} {sel_id}", tags, track) as cost:

@@ -16,6 +16,11 @@ method          keeps  score                                                    
                        projected, to the target set's mean gradient                ``target``
 ==============  =====  =========================================================  ==========
 
+What a method needs is declared on it (``needs_labels``, ``needs_model``, ``model_optional``,
+``needs_target``) and only there: :func:`tandem.select.select` and ``tandem select run``
+read these, never a method's name. The module imports neither torch nor numpy (a method's
+score imports them when it runs), so the command line can list the methods at once.
+
 A method's ``version`` is part of every selection id: a change to what it computes gets a
 new version, so stored selections of the old one are not taken for the new.
 """
@@ -24,14 +29,13 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import numpy as np
-import torch
-import torch.nn.functional as F
+if TYPE_CHECKING:
+    import numpy as np
+    import torch
 
-from tandem.select import proxy
-from tandem.select.data import Items
+    from tandem.select.data import Items
 
 
 @dataclass
@@ -50,13 +54,36 @@ class Method:
     name: str
     keep: str  # "low" or "high": the end of the scores that is selected
     score: Callable[[Items, Context], np.ndarray]
-    needs_labels: bool
-    needs_model: bool
+    needs_labels: bool  # the dataset's items must be (input, label, ...)
+    needs_model: bool  # trains a proxy: model= (--model) is required
     defaults: dict[str, Any]
     version: int = 1
+    needs_target: bool = False  # selects for a labelled target set: target= (--target) is required
+    model_optional: bool = False  # uses model= when given (another selection), works without
+
+    def __post_init__(self) -> None:
+        if self.keep not in ("low", "high"):
+            raise ValueError(f"method {self.name}: keep {self.keep!r}, not low or high")
+        if self.needs_model and self.model_optional:
+            raise ValueError(f"method {self.name}: a model is needed or optional, not both")
+
+    def uses_model(self, model: Any) -> bool:
+        """Whether a selection by this method with ``model`` (None: none given) trains it."""
+        return self.needs_model or (self.model_optional and model is not None)
+
+    @property
+    def needs(self) -> str:
+        """What it needs, in words: ``"labels, model, target"``, ``"model optional"``, ``"nothing"``."""
+        words = [w for w, on in (("labels", self.needs_labels), ("model", self.needs_model),
+                                 ("target", self.needs_target)) if on]  # fmt: skip
+        if self.model_optional:
+            words.append("model optional")
+        return ", ".join(words) or "nothing"
 
 
 def _warm(items: Items, ctx: Context) -> tuple[torch.nn.Module, torch.optim.Adam]:
+    from tandem.select import proxy
+
     model = proxy.make_model(ctx.model_fn, ctx.seed)
     opt = proxy.warm_up(
         model, items, int(ctx.param("warmup_epochs", 3)), ctx.seed, float(ctx.param("lr", 1e-3))
@@ -65,15 +92,26 @@ def _warm(items: Items, ctx: Context) -> tuple[torch.nn.Module, torch.optim.Adam
 
 
 def random_scores(items: Items, ctx: Context) -> np.ndarray:
+    import numpy as np
+
     return np.random.default_rng(ctx.seed).random(len(items))
 
 
 def small_loss(items: Items, ctx: Context) -> np.ndarray:
+    import numpy as np
+
+    from tandem.select import proxy
+
     model, _ = _warm(items, ctx)
     return proxy.losses(model, items).numpy().astype(np.float64)
 
 
 def el2n(items: Items, ctx: Context) -> np.ndarray:
+    import numpy as np
+    import torch.nn.functional as F
+
+    from tandem.select import proxy
+
     model, _ = _warm(items, ctx)
     assert items.labels is not None
     probs = proxy.logits(model, items.inputs).softmax(dim=1)
@@ -82,6 +120,10 @@ def el2n(items: Items, ctx: Context) -> np.ndarray:
 
 
 def grand(items: Items, ctx: Context) -> np.ndarray:
+    import numpy as np
+
+    from tandem.select import proxy
+
     model, _ = _warm(items, ctx)
     assert items.labels is not None
     grads = proxy.per_example_grads(model, items.inputs, items.labels)
@@ -92,6 +134,11 @@ def kcenter(items: Items, ctx: Context) -> np.ndarray:
     """Greedy k-center: the score is the step at which an item is picked (the first is the
     item nearest the mean; each next the farthest from those picked), for as many steps as
     the budget keeps; the rest follow, farthest from the picked first."""
+    import numpy as np
+    import torch
+
+    from tandem.select import proxy
+
     if ctx.model_fn is not None and items.labels is not None:
         model, _ = _warm(items, ctx)
         points = proxy.embeddings(model, items.inputs)
@@ -129,13 +176,16 @@ METHODS: dict[str, Method] = {
         Method("el2n", "high", el2n, True, True, {"warmup_epochs": 3, "lr": 1e-3}),
         Method("grand", "high", grand, True, True, {"warmup_epochs": 3, "lr": 1e-3}),
         Method(
-            "kcenter",
-            "low",
-            kcenter,
-            needs_labels=False,
-            needs_model=False,
-            defaults={"warmup_epochs": 3, "lr": 1e-3},
-        ),  # fmt: skip
-        Method("less", "high", less, True, True, {"warmup_epochs": 3, "lr": 1e-3, "proj_dim": 512}),
+            "kcenter", "low", kcenter, False, False, {"warmup_epochs": 3, "lr": 1e-3}, model_optional=True
+        ),
+        Method(
+            "less",
+            "high",
+            less,
+            True,
+            True,
+            {"warmup_epochs": 3, "lr": 1e-3, "proj_dim": 512},
+            needs_target=True,
+        ),
     )
 }
