@@ -339,11 +339,11 @@ READER = (
 def test_share_group_runs_one_producer_that_stops_after_its_last_job(cli, tmp_path: Path) -> None:
     (tmp_path / "toy_data.py").write_text(DATASET)
     (tmp_path / "reader.py").write_text(READER)
+    cli("daemon", "start", "--cpus", "2", *FAST)  # share define asks the daemon (started if needed)
     out = cli(
         "share", "define", "toy", "--dataset", "toy_data.py:make", "--batch-size", "4", "--cpus", "0.5"
     ).stdout
     assert "defined 'toy'" in out
-    cli("daemon", "start", "--cpus", "2", *FAST)
     r = cli("submit", "--share", "nope", "--", "true", check=False)
     assert r.returncode == 2 and "tandem share define nope" in r.stderr
     results = tmp_path / "results.txt"
@@ -425,6 +425,7 @@ def test_share_define_checks_and_stores_a_spec(cli, tmp_path: Path) -> None:
     from tandem.place.state import State
 
     (tmp_path / "imgs" / "cls").mkdir(parents=True)
+    cli("daemon", "start", "--cpus", "2", *FAST)  # share define and rm ask the daemon: the one writer
     define = ("share", "define", "pics", "--images", "imgs", "--device", "cuda:0", "--batch-size", "64")
     out = cli(*define, "--crop", "96", "--dtype", "bfloat16", "--worker-nice", "5").stdout
     assert "defined 'pics'" in out
@@ -451,7 +452,6 @@ def test_share_define_checks_and_stores_a_spec(cli, tmp_path: Path) -> None:
     assert [s.name for s in State(cli.state).shares()] == ["pics"]
     cli("share", "define", "ok", "--dataset", "data:train_set")
     # rm: refused while a job waits on it, then removed.
-    cli("daemon", "start", "--cpus", "2", *FAST)
     blocker = cli.submit("--cpus", "2", "--", "sleep", "30")
     waiting = cli.submit("--share", "ok", "--cpus", "0.5", "--", "true")
     r = cli("share", "rm", "ok", check=False)
@@ -466,7 +466,7 @@ def test_share_define_checks_and_stores_a_spec(cli, tmp_path: Path) -> None:
 def test_a_state_file_of_schema_1_opens(tmp_path: Path) -> None:
     """A state directory written by the previous tandem (schema 1: shares as command-line
     arguments, no reasons or tokens) opens, migrated, with its jobs and shares."""
-    from tandem.place.state import State
+    from tandem.place.state import SCHEMA_VERSION, State
 
     d = tmp_path / "old"
     d.mkdir(mode=0o700)
@@ -488,7 +488,7 @@ def test_a_state_file_of_schema_1_opens(tmp_path: Path) -> None:
     (share,) = state.shares()
     assert (share.spec.source, share.spec.ref, share.spec.batch_size) == ("dataset", "/x/data.py:make", 50)
     assert share.spec.shuffle and share.spec.cpus == 2.0
-    assert state.setting("schema") == "3"
+    assert state.setting("schema") == str(SCHEMA_VERSION)
 
 
 OLD_SCHEMA = """

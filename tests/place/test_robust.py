@@ -170,8 +170,8 @@ def test_a_share_group_with_the_defaults_runs_on_two_cores(cli, tmp_path: Path) 
     daemon: the producer's reservation leaves room, both run to the end."""
     (tmp_path / "hx_data.py").write_text(DATASET)
     (tmp_path / "reader.py").write_text(READER)
-    cli("share", "define", "hxds", "--dataset", "hx_data:make", "--batch-size", "50", "--shuffle")
     cli("daemon", "start", "--cpus", "2")
+    cli("share", "define", "hxds", "--dataset", "hx_data:make", "--batch-size", "50", "--shuffle")
     results = tmp_path / "results.txt"
     ids = [
         cli.submit("--cpus", "0.5", "--share", "hxds", "--", sys.executable, "reader.py", str(results))
@@ -184,8 +184,8 @@ def test_a_share_group_with_the_defaults_runs_on_two_cores(cli, tmp_path: Path) 
 
 def test_a_producer_that_dies_fails_its_jobs_at_once_with_its_error(cli, tmp_path: Path) -> None:
     (tmp_path / "bad_data.py").write_text("def make():\n    raise ValueError('no such bucket: s3://typo')\n")
-    cli("share", "define", "bad", "--dataset", "bad_data:make")  # imports and is callable: accepted
     cli("daemon", "start", "--cpus", "2", *FAST)
+    cli("share", "define", "bad", "--dataset", "bad_data:make")  # imports and is callable: accepted
     t0 = time.monotonic()
     job = cli.submit(
         "--cpus", "0.5", "--share", "bad", "--", sys.executable, "-c", "import time; time.sleep(60)"

@@ -61,6 +61,10 @@ def test_share_define_select_makes_the_selection_once_and_the_group_trains_on_it
     assert shown["method"] == "small-loss" and any(u.get("share") == "picked" for u in shown["uses"])
     assert [u["job"] for u in shown["uses"] if u.get("role") == "made-by-job"] == [select_job]
     assert sorted(j["id"] for j in shown["jobs"]) == sorted(jobs)  # the jobs that reused it
+    from tandem.place.state import State
+
+    share = State(cli.state).share("picked")  # the daemon wrote it when the selection job succeeded
+    assert share is not None and share.selection == stored["id"]
     for job in jobs:  # each job says what it trained on, in show and as a tag of its MLflow run
         assert cli.job(job)["selection"] == stored["id"]
     db = sqlite3.connect(cli.state / "mlflow.db")

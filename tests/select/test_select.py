@@ -170,14 +170,27 @@ def test_what_a_review_found_stays_fixed(tmp_path: Path) -> None:
 
 
 def test_a_share_spec_refuses_a_select_that_could_never_run() -> None:
+    """What ``--select`` may say is select's to check (share knows nothing of its methods)."""
+    from tandem.select.for_share import parse_select, select_command
     from tandem.share.spec import ShareSpec, SpecError
 
-    with pytest.raises(SpecError, match="needs a target set"):
-        ShareSpec("s", "dataset", "m:f", select="less:0.3", select_model="m:g")
-    with pytest.raises(SpecError, match="give --select-model"):
-        ShareSpec("s", "dataset", "m:f", select="small-loss:0.3")
-    with pytest.raises(SpecError, match="METHOD:BUDGET"):
-        ShareSpec("s", "dataset", "m:f", select="nope:0.3")
+    with pytest.raises(SelectError, match="needs a target set"):
+        parse_select("less:0.3", model_given=True)
+    with pytest.raises(SelectError, match="give --select-model"):
+        parse_select("small-loss:0.3", model_given=False)
+    with pytest.raises(SelectError, match="METHOD:BUDGET"):
+        parse_select("nope:0.3", model_given=True)
+    assert parse_select("small-loss:0.3", model_given=True) == ("small-loss", 0.3)
+    assert select_command("m:f", "kcenter:50", 3, None)[-6:] == [
+        "--method",
+        "kcenter",
+        "--budget",
+        "50",
+        "--seed",
+        "3",
+    ]
+    with pytest.raises(SpecError, match="give --dataset, and not --selection"):
+        ShareSpec("s", "loader", "m:f", select="small-loss:0.3")
     spec = ShareSpec("s", "dataset", "m:f", select="small-loss:0.3", select_model="models.py:mlp").resolved()
     assert spec.select_model is not None and spec.select_model.startswith("/")  # the producer runs elsewhere
 

@@ -1,6 +1,7 @@
-"""A producer that serves a stored data selection (tandem.select): its consumers see
-exactly the selected items, once an epoch, reshuffled; a selection of another dataset or
-one that does not exist is refused with what to do."""
+"""A producer that serves a stored data selection (tandem.select), handed to it as the
+selection's items (share never imports tandem.select): its consumers see exactly the
+selected items, once an epoch, reshuffled; a selection of another dataset, one that does not
+exist, an id where items are wanted and items outside the dataset are refused with what to do."""
 
 from __future__ import annotations
 
@@ -8,11 +9,12 @@ from pathlib import Path
 
 import pytest
 
-from tandem.select import select
+from tandem.select import SelectError, select
+from tandem.select.for_share import served
 from tandem.select.store import uses
 from tandem.share import Producer, ShareError
 
-from .workers import RangeDataset, consume, serve_selected
+from .workers import RangeDataset, consume, serve_selected, serve_selected_by
 
 N = 103
 
@@ -39,6 +41,19 @@ def test_a_selection_of_another_dataset_or_none_at_all_is_refused(tmp_path: Path
     monkeypatch.setenv("TANDEM_STATE_DIR", str(tmp_path / "state"))
     sel = select(RangeDataset(N), "random", 10, input_key="x", label_key="i", balance=False, track=False)
     with pytest.raises(ShareError, match="made of another dataset"):
-        Producer.from_dataset(RangeDataset(N + 1), "other", selection=sel.id)
-    with pytest.raises(ShareError, match="no selection 0123456789abcdef"):
-        Producer.from_dataset(RangeDataset(N), "none", selection="0123456789abcdef")
+        Producer.from_dataset(RangeDataset(N + 1), "other", selection=sel)
+    with pytest.raises(SelectError, match="no selection 0123456789abcdef"):
+        served("0123456789abcdef", "none")
+    with pytest.raises(TypeError, match="give the items, not an id"):
+        Producer.from_dataset(RangeDataset(N), "an-id", selection=sel.id)
+    with pytest.raises(ShareError, match=f"item {N} is not in the dataset"):
+        Producer.from_dataset(RangeDataset(N), "outside", selection=[0, N])
+
+
+def test_plain_indices_or_a_function_of_the_dataset_select_the_items(procs) -> None:
+    procs.start(serve_selected_by, "by-list", N, [5, 7, 11], 2, 1)
+    procs.start(consume, "by-list", procs.queue, epochs=1, tag="a")
+    assert sorted(procs.collect(["a"])["a"][0][0]) == [5, 7, 11]
+    procs.start(serve_selected_by, "by-fn", N, "last-two", 2, 1)
+    procs.start(consume, "by-fn", procs.queue, epochs=1, tag="b")
+    assert sorted(procs.collect(["b"])["b"][0][0]) == [N - 2, N - 1]

@@ -53,11 +53,21 @@ def serve_range(name, n, batch_size, epochs=None, shuffle=False, window=8, polic
 
 
 def serve_selected(name, n, selection, batch_size, epochs, shuffle=True):
-    """A producer of ``RangeDataset(n)`` restricted to a stored selection."""
+    """A producer of ``RangeDataset(n)`` restricted to the stored selection ``selection``
+    (an id: loaded, and its use noted, as ``tandem share serve --selection`` does)."""
+    from tandem.select.for_share import served
+
     p = Producer.from_dataset(
-        RangeDataset(n), name, batch_size=batch_size, shuffle=shuffle, selection=selection
+        RangeDataset(n), name, batch_size=batch_size, shuffle=shuffle, selection=served(selection, name)
     )
     p.serve(epochs=epochs)
+
+
+def serve_selected_by(name, n, items, batch_size, epochs):
+    """A producer of ``RangeDataset(n)`` restricted to ``items``: indices, or ``"last-two"``
+    (a function of the dataset that picks its last two items)."""
+    chosen = (lambda ds: [len(ds) - 2, len(ds) - 1]) if items == "last-two" else items
+    Producer.from_dataset(RangeDataset(n), name, batch_size=batch_size, selection=chosen).serve(epochs=epochs)
 
 
 def serve_list(name, batches, epochs=None, window=8, device=None):

@@ -85,6 +85,14 @@ from tandem.place.model import (
 @click.option("--after", "after", multiple=True, metavar="ID,...", help="Start after these jobs succeeded.")
 @click.option("--env", "env_pairs", multiple=True, metavar="K=V", help="Set a variable (repeatable).")
 @click.option(
+    "--param",
+    "param_pairs",
+    multiple=True,
+    metavar="K=V",
+    help="A parameter of the job (repeatable; V read as JSON where it is, e.g. 0.1, else text): shown in "
+    "show, ls --json and the dashboard.",
+)
+@click.option(
     "--cwd", type=click.Path(file_okay=False, path_type=Path), help="Working directory [default: .]."
 )
 @click.option("--json", "as_json", is_flag=True, help="Print the job as JSON.")
@@ -93,6 +101,7 @@ def submit(
     mem: int | None,
     after: tuple[str, ...],
     env_pairs: tuple[str, ...],
+    param_pairs: tuple[str, ...],
     cwd: Path | None,
     as_json: bool,
     command: tuple[str, ...],
@@ -114,8 +123,23 @@ def submit(
     if not workdir.is_dir():
         raise click.BadParameter(f"{workdir}: no such directory", param_hint="'--cwd'")
     # The options are JobSpec's fields, named alike: the request is named once.
+    params = {}
+    for pair in param_pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key:
+            raise click.BadParameter(f"{pair!r} is not K=V", param_hint="'--param'")
+        try:
+            params[key] = json.loads(value)
+        except ValueError:
+            params[key] = value
     spec = JobSpec(
-        list(command), str(workdir), env, mem=mem or 0, after=job_ids(after, "'--after'"), **request
+        list(command),
+        str(workdir),
+        env,
+        mem=mem or 0,
+        after=job_ids(after, "'--after'"),
+        params=params,
+        **request,
     )
     problem = spec.problem()
     if problem:
@@ -221,7 +245,7 @@ def show(job_id: int, as_json: bool) -> None:
         raise click.ClickException(f"no job {job_id} (see tandem ls --all)")
     data = job_json(job)
     share = st.share(job.share) if job.share else None
-    data["selection"] = share.spec.selection_known() if share is not None else None
+    data["selection"] = share.selection if share is not None else None
     if as_json:
         click.echo(json.dumps(data, indent=2))
         return
@@ -237,6 +261,8 @@ def show(job_id: int, as_json: bool) -> None:
         f"  waited    {data['wait_s']:.1f} s   ran {data['run_s'] or 0:.1f} s   "
         f"peak RAM {format_size(job.peak_mem)}   peak GPU memory {format_size(job.peak_gpu_mem)}",
     ]
+    if job.params:
+        lines.append("  params    " + "   ".join(f"{k}={json.dumps(v)}" for k, v in job.params.items()))
     if data["selection"]:
         lines.append(f"  selection {data['selection']} (tandem select show {data['selection']})")
     if data["reason"]:

@@ -119,9 +119,11 @@ def select_run(dataset_ref: str, method: str, budget: float | int, model_ref: st
     except SelectError as exc:
         raise Exit(str(exc), EXIT_BAD_INPUT) from None
     if os.environ.get("TANDEM_JOB_ID", "").isdigit():  # a job of the manager's: say which made it
+        from tandem.select.for_share import note_made
         from tandem.select.store import record_use
 
         record_use(sel, {"role": "made-by-job", "job": int(os.environ["TANDEM_JOB_ID"])})
+        note_made(sel.id)  # for the daemon: the share it was made for serves it
     if as_json:
         out = {"id": sel.id, "size": len(sel), "cached": sel.cached, "cost": sel.meta["cost"]}
         click.echo(json.dumps(out, indent=2))
@@ -235,10 +237,9 @@ def select_report(sel_id: str, baseline_run: str | None, as_json: bool) -> None:
 
 def _jobs(sel_id: str) -> list[Any]:
     """The job manager's jobs that trained on the selection: those of the share groups that
-    name it (``--selection``) or that it fed (``--select``: its producer noted the use)."""
+    serve it (the state's, given with ``--selection`` or made by a ``--select`` job)."""
     from tandem.place.paths import StateError
     from tandem.place.state import State, state_dir_path
-    from tandem.select import uses
 
     if not (state_dir_path() / "place.db").exists():
         return []
@@ -246,8 +247,7 @@ def _jobs(sel_id: str) -> list[Any]:
         state = State(state_dir_path())
     except StateError:
         return []
-    fed = {u.get("share") for u in uses(sel_id) if u.get("role") == "producer"}
-    names = [s.name for s in state.shares() if s.spec.selection == sel_id or s.name in fed]
+    names = [s.name for s in state.shares() if s.selection == sel_id]
     jobs = state.jobs(shares=tuple(names))
     state.close()
     return jobs

@@ -2,22 +2,24 @@
 
 ``serve`` and ``define`` take one option set (:func:`share_options`), which fills one
 :class:`tandem.share.spec.ShareSpec`: ``serve`` runs its producer here, ``define`` checks it
-(the dataset or loader reference must import and be callable) and stores it for the job
-manager, which starts the producer with the first job that reads it.
+(the dataset or loader reference must import and be callable) and hands it to the job
+manager's daemon (the state's one writer), which starts the producer with the first job that
+reads it (``share serve-spec``, hidden). The data selection a share serves is resolved here,
+through :mod:`tandem.select.for_share`: share itself takes only the items.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
+import uuid
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import click
 
-from tandem.cli._common import EXIT_USAGE, Exit, daemon_call, open_state, to_cpus, to_size
+from tandem.cli._common import EXIT_USAGE, Exit, daemon_call, to_cpus, to_size
 from tandem.place.model import format_size
 from tandem.share.spec import DTYPES, OBJECT_FORMS, ShareSpec, SpecError
 
@@ -99,6 +101,38 @@ def share() -> None:
     """Shared data loading: one producer feeds many training processes."""
 
 
+def _items(spec: ShareSpec) -> Any:
+    """What the producer of ``spec`` serves of its dataset: the stored selection it names
+    (its use noted), or the one ``--select`` describes, made (or found stored) when it
+    starts; None for all of it. :class:`Exit` (2) saying what is wrong."""
+    if spec.selection is None and spec.select is None:
+        return None
+    from tandem.select import SelectError
+    from tandem.select.for_share import chooser, served
+    from tandem.share.spec import load_object
+
+    try:
+        if spec.selection is not None:
+            return served(spec.selection, spec.name)
+        model = load_object(spec.select_model) if spec.select_model else None
+        return chooser(spec.select or "", model, spec.seed)
+    except (SelectError, SpecError) as exc:
+        raise Exit(f"{spec.name}: {exc}", EXIT_USAGE) from None
+
+
+def _serve(spec: ShareSpec, reserved_cpus: float | None = None) -> None:
+    from tandem.share import ShareError
+    from tandem.share.spec import serve
+
+    items = _items(spec)
+    try:
+        serve(spec, reserved_cpus, say=lambda m: click.echo(m, err=True), selection=items)
+    except (TypeError, ValueError, FileNotFoundError) as exc:  # SpecError among them
+        raise click.UsageError(str(exc)) from None
+    except ShareError as exc:
+        raise click.ClickException(str(exc)) from None
+
+
 @share.command("serve")
 @share_options
 def share_serve(**options: Any) -> None:
@@ -110,16 +144,22 @@ def share_serve(**options: Any) -> None:
     tandem share serve stream --loader path/to/loaders.py:make_loader --epochs 10
     tandem share serve imagenet --images data/imagenet/train --device cuda:0 --shuffle
     """
-    from tandem.share import ShareError
-    from tandem.share.spec import serve
+    _serve(spec_from(**options))
 
-    spec = spec_from(**options)
+
+@share.command("serve-spec", hidden=True)
+@click.argument("spec_file", type=click.Path(exists=True, dir_okay=False, path_type=Path))
+@click.argument("reserved_cpus", type=float, required=False)
+def share_serve_spec(spec_file: Path, reserved_cpus: float | None) -> None:
+    """The job manager's producer: serve the share SPEC_FILE holds (its selection resolved
+    by the daemon), with loader workers sized to RESERVED_CPUS."""
+    import logging
+
+    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s %(levelname)s: %(message)s")
     try:
-        serve(spec, say=lambda m: click.echo(m, err=True))
-    except (TypeError, ValueError, FileNotFoundError) as exc:  # SpecError among them
-        raise click.UsageError(str(exc)) from None
-    except ShareError as exc:
-        raise click.ClickException(str(exc)) from None
+        _serve(ShareSpec.from_json(spec_file.read_text()), reserved_cpus)
+    except KeyboardInterrupt:
+        raise SystemExit(130) from None
 
 
 @share.command("define")
@@ -132,14 +172,25 @@ def share_define(cpus: float | None, mem: int | None, **options: Any) -> None:
     """Register NAME for the job manager: jobs submitted with --share NAME read it from one
     producer, started with the first such job and stopped after the last. Takes every
     option of tandem share serve; the reference is checked now."""
+    from tandem.place import protocol
+    from tandem.place.client import ensure_daemon, request
+    from tandem.place.state import state_dir
+    from tandem.select import SelectError
+
     spec = spec_from(**options, cpus=cpus, mem=mem or 0).resolved()
     try:
         spec.check()
-    except SpecError as exc:
+        select_job = _selection_job(spec)
+    except (SpecError, SelectError) as exc:
         raise Exit(f"{spec.name}: {exc}; nothing was defined", EXIT_USAGE) from None
-    if spec.select is not None:
-        spec = dataclasses.replace(spec, select_job=_submit_selection(spec))
-    open_state().define_share(spec)
+    # The daemon is the state's one writer: it stores the definition (and queues the job that
+    # makes its selection) in one transaction.
+    daemon_call(ensure_daemon, state_dir())
+    reply = daemon_call(request, state_dir(), protocol.DefineShare(spec, select_job))
+    if reply.select_job is not None:
+        click.echo(
+            f"{spec.name}: its selection ({spec.select}) is made once by job {reply.select_job}", err=True
+        )
     reserve = f"{spec.cpus:g} cores" if spec.cpus is not None else "cores sized to the daemon's"
     click.echo(
         f"defined {spec.name!r}: jobs submitted with --share {spec.name} read it from one producer "
@@ -147,35 +198,45 @@ def share_define(cpus: float | None, mem: int | None, **options: Any) -> None:
     )
 
 
-def _submit_selection(spec: ShareSpec) -> int:
-    """Queue the job that makes the share's selection once; its id (the group's jobs wait
-    for it: the daemon adds it to their --after)."""
-    from tandem.place.client import ensure_daemon, submit
+def _selection_job(spec: ShareSpec) -> Any:
+    """The job that makes the share's selection once (``--select``), or None; a stored
+    selection it names (``--selection``) must exist. :class:`SelectError` otherwise."""
     from tandem.place.model import JobSpec
-    from tandem.place.state import state_dir
+    from tandem.select import SelectError
+    from tandem.select.for_share import select_command
+    from tandem.select.store import load
 
-    job = JobSpec(spec.select_command(), os.getcwd(), dict(os.environ), name=f"select-{spec.name}",
-                  group=spec.name, cpus=1.0)  # fmt: skip
-    daemon_call(ensure_daemon, state_dir())
-    job_id = daemon_call(submit, state_dir(), job).id
-    click.echo(f"{spec.name}: its selection ({spec.select}) is made once by job {job_id}", err=True)
-    return job_id
+    if spec.selection is not None:
+        try:
+            load(spec.selection)
+        except SelectError as exc:
+            raise SelectError(f"--selection: {exc}") from None
+    if spec.select is None:
+        return None
+    command = select_command(spec.ref, spec.select, spec.seed, spec.select_model)
+    return JobSpec(command, os.getcwd(), dict(os.environ), name=f"select-{spec.name}", group=spec.name,
+                   cpus=1.0, token=uuid.uuid4().hex)  # fmt: skip
 
 
 @share.command("rm")
 @click.argument("names", nargs=-1, required=True)
 def share_rm(names: tuple[str, ...]) -> None:
     """Remove the definitions NAMES (not while a waiting or running job reads one)."""
-    st = open_state()
-    for name in names:
-        users = st.share_users(name)
-        if st.share(name) is None:
-            raise Exit(f"no shared dataset {name!r} is defined (tandem share ls --defined)", EXIT_USAGE)
-        if users:
-            ids = ", ".join(str(i) for i in users)
-            raise Exit(f"{name!r} is read by job(s) {ids}, not yet ended: cancel them first", EXIT_USAGE)
-        st.remove_share(name)
+    from tandem.place import protocol
+    from tandem.place.client import ensure_daemon, request
+    from tandem.place.state import state_dir
+
+    daemon_call(ensure_daemon, state_dir())
+    reply = daemon_call(request, state_dir(), protocol.RemoveShares(list(names)))
+    for name in reply.removed:
         click.echo(f"removed {name!r}")
+    if reply.unknown:
+        raise Exit(
+            f"no shared dataset {reply.unknown[0]!r} is defined (tandem share ls --defined)", EXIT_USAGE
+        )
+    for name, users in reply.in_use.items():
+        ids = ", ".join(str(i) for i in users)
+        raise Exit(f"{name!r} is read by job(s) {ids}, not yet ended: cancel them first", EXIT_USAGE)
 
 
 @share.command("ls")

@@ -16,7 +16,7 @@ from collections.abc import Iterable
 
 from tandem.place.attempts import STARTUP_SAMPLES, Active, Startup
 from tandem.place.devices import Monitor
-from tandem.place.model import CANCELLED, FINAL_STATES, QUEUED, SUCCEEDED, Capacity
+from tandem.place.model import FINAL_STATES, QUEUED, SUCCEEDED, Capacity
 from tandem.place.policies import GpuSlot, HostSlot, Limits
 from tandem.place.producers import Producers
 from tandem.place.scheduler import Waiting
@@ -181,6 +181,5 @@ class Admission:
                 still.append(job)
                 continue
             why = f"dependency {failed} ended {deps[failed][0]}"
-            self.state.update_job(job.id, state=CANCELLED, ended=time.time(), cause=why, reason=None)
-            self.state.event(job.id, "cancelled", why)
+            self.state.cancel(job.id, why, why, time.time())
         return still

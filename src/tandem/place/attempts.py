@@ -24,7 +24,8 @@ import psutil
 
 from tandem.place.config import DaemonConfig
 from tandem.place.devices import Monitor
-from tandem.place.model import CANCELLED, FAILED, QUEUED, RETRYING, RUNNING, Capacity, GpuInfo, format_size
+from tandem.place.model import CANCELLED, FAILED, RUNNING, SUCCEEDED, Capacity, GpuInfo, format_size
+from tandem.place.producers import note_selection
 from tandem.place.retry import retry
 from tandem.place.run import tracking
 from tandem.place.run.files import AttemptSpec, Result, ShimInfo, Started, Usage, load, save
@@ -119,6 +120,7 @@ class Attempts:
         n = len(job.attempts) + 1
         adir = self.state.attempt_dir(job.id, n)
         adir.mkdir(parents=True, exist_ok=True)
+        env = {**env, "TANDEM_JOB_DIR": str(adir)}  # its attempt's own directory (what it may leave us)
         uuids = tuple(g.uuid for g in chosen)
         placement = {
             "gpus": list(p.gpus),
@@ -147,9 +149,11 @@ class Attempts:
             ),  # fmt: skip
         )
         started = time.time()
-        self.state.add_attempt(Attempt(job.id, n, RUNNING, placement, started))
-        self.state.update_job(job.id, state=RUNNING, started=job.started or started, reason=None)
-        self.state.event(job.id, "started", f"attempt {n} on {placement['device']}")
+        self.state.start(
+            Attempt(job.id, n, RUNNING, placement, started),
+            job.started,
+            f"attempt {n} on {placement['device']}",
+        )
         a = Active(job, n, p, uuids, adir, started, gpu_mem_reserved=None if p.probe else p.gpu_mem)
         a.energy_start = {u: e for u in uuids if (e := self.monitor.gpus[u].energy_mj) is not None}
         if self.tracked:
@@ -163,7 +167,7 @@ class Attempts:
                 "tandem.command": " ".join(job.command)[:5000],
             }
             share = self.state.share(job.share) if job.share else None
-            selection = share.spec.selection_known() if share is not None else None
+            selection = share.selection if share is not None else None
             if selection:  # the data selection it trains on (tandem select show ID)
                 tags["tandem.selection"] = selection
             key = tracking.run_key(job.id, n)
@@ -215,13 +219,10 @@ class Attempts:
                 return
             # The daemon died between recording the attempt and starting its supervisor: the
             # attempt never ran, so the job goes back to the queue (no attempt runs twice).
-            self.state.update_attempt(a.job.id, a.n, state="lost", ended=now, cause="never started")
             if self._cancel_requested(a.job.id):
-                self.state.update_job(a.job.id, state=CANCELLED, cause="cancelled", ended=now)
-                self.state.event(a.job.id, "cancelled", "before its attempt started")
+                self.state.cancel(a.job.id, "cancelled", "before its attempt started", now, attempt=a.n)
             else:
-                self.state.update_job(a.job.id, state=RETRYING if a.n > 1 else QUEUED, queued_at=now)
-                self.state.event(a.job.id, "requeued", f"attempt {a.n} never started")
+                self.state.requeue(a.job.id, a.n, "never started", now)
             del self.active[a.job.id]
 
     def _measure(self, a: Active, now: float) -> None:
@@ -294,19 +295,17 @@ class Attempts:
         state, cause = result.state, result.cause
         if a.fail_cause is not None and state == CANCELLED:
             state, cause = FAILED, a.fail_cause
-        self.state.update_attempt(
-            a.job.id,
-            a.n,
-            state=state,
-            ended=ended,
-            exit_code=result.exit_code,
-            signal=result.signal,
-            cause=cause,
-            cause_line=result.line,
-            peak_mem=peak_mem,
-            peak_gpu_mem=peak_gpu,
-            cpu_seconds=result.cpu_seconds,
-        )
+        ending = {
+            "state": state,
+            "ended": ended,
+            "exit_code": result.exit_code,
+            "signal": result.signal,
+            "cause": cause,
+            "cause_line": result.line,
+            "peak_mem": peak_mem,
+            "peak_gpu_mem": peak_gpu,
+            "cpu_seconds": result.cpu_seconds,
+        }
         job = self.state.job(a.job.id, attempts=False)
         assert job is not None
         energy = self._energy(a)
@@ -339,20 +338,15 @@ class Attempts:
             )
         )
         if again is not None:
-            changes = {
-                "state": RETRYING,
-                "escalation": again.escalation,
-                "gpu_mem": again.gpu_mem,
-                "mem": again.mem,
-                "queued_at": time.time(),
-            }
-            self.state.update_job(job.id, **common, **changes)
-            self.state.event(job.id, "retry", f"attempt {a.n} ended {cause}; retrying")
+            changes = {"escalation": again.escalation, "gpu_mem": again.gpu_mem, "mem": again.mem}
+            self.state.retry(
+                job.id, a.n, ending, {**common, **changes}, f"attempt {a.n} ended {cause}; retrying"
+            )
         else:
-            self.state.update_job(job.id, state=state, ended=ended, **common)
-            self.state.event(job.id, state, "" if cause == state else cause or "")
-        for note in result.notes:
-            self.state.event(job.id, "note", note)
+            detail = "" if cause == state else cause or ""
+            self.state.finish(job.id, a.n, state, ending, {**common, "ended": ended}, detail, result.notes)
+            if state == SUCCEEDED:
+                note_selection(self.state, job.id, a.dir)
         if peak_mem or peak_gpu:
             self.state.record_peak(job.job_key, peak_mem, peak_gpu, ended - a.started)
         if self.tracked:
@@ -396,7 +390,7 @@ class Attempts:
         """Take up the attempts a previous daemon left running."""
         for job in self.state.jobs((RUNNING,), attempts=True):
             if not job.attempts:
-                self.state.update_job(job.id, state=QUEUED)
+                self.state.requeue(job.id, None, "running with no attempt recorded", time.time())
                 continue
             att = job.attempts[-1]
             pl = att.placement

@@ -38,7 +38,6 @@ from tandem.place.attempts import Attempts
 from tandem.place.config import DaemonConfig
 from tandem.place.devices import Monitor, Nvml, detect_capacity
 from tandem.place.model import (
-    FAILED,
     RUNNING,
     WAITING_STATES,
     Capacity,
@@ -289,8 +288,7 @@ class Daemon:
                 if job.id in self.attempts.active:
                     self.attempts.stop(job.id, cause=error)
                 else:
-                    self.state.update_job(job.id, state=FAILED, ended=time.time(), cause=error, reason=None)
-                    self.state.event(job.id, FAILED, error)
+                    self.state.fail(job.id, error, time.time())
 
     def _schedule(self, now: float, waiting: list[Job], deps: Any) -> None:
         reasons: dict[int, str] = {}
@@ -314,9 +312,7 @@ class Daemon:
                     self._launch(job, placement)
                 except Exception as exc:
                     log.exception("could not start job %d", job.id)
-                    self.state.update_job(
-                        job.id, state=FAILED, ended=time.time(), cause=f"could not start: {exc}"
-                    )
+                    self.state.fail(job.id, f"could not start: {exc}", time.time())
         self.admission.write_reasons(reasons)
 
     def _launch(self, job: Job, p: Placement) -> None:

@@ -9,6 +9,7 @@ import math
 from dataclasses import dataclass, field, fields
 from typing import Any
 
+from tandem.place.fields import column
 from tandem.units import MAX_BYTES, format_size, parse_size  # noqa: F401 (re-exported: place's words)
 
 QUEUED, RUNNING, RETRYING = "queued", "running", "retrying"
@@ -44,21 +45,25 @@ class JobSpec:
     a probe (the GPU with most free memory, which nobody joins until its memory settled).
     ``token``: the client's; a submit retried with it returns the job it made."""
 
-    command: list[str] = field(default_factory=list)
+    # Each field's storage and its place in --json are declared here, once (tandem.place.fields).
+    command: list[str] = column(default_factory=list, queued=True)
     cwd: str = "/"
-    env: dict[str, str] = field(default_factory=dict)
+    env: dict[str, str] = column(default_factory=dict, listed=False, shown=False)  # secrets: never shown
     name: str | None = None
-    cpus: float = 1.0
-    mem: int = 0  # host RAM reserved, bytes (0: not reserved, only checked against what is free)
-    gpus: int | None = None
-    gpu_mem: int | None = None
-    gpu_share: int | None = None  # MPS active thread percentage
-    priority: int = 0
-    retries: int = 2
-    share: str | None = None
+    cpus: float = column(1.0, queued=True, under="request")
+    mem: int = column(
+        0, queued=True, under="request", json_key="mem_bytes"
+    )  # host RAM reserved, bytes (0: none)
+    gpus: int | None = column(None, queued=True, under="request")
+    gpu_mem: int | None = column(None, queued=True, under="request", json_key="gpu_mem_bytes")
+    gpu_share: int | None = column(None, queued=True, under="request")  # MPS active thread percentage
+    priority: int = column(0, queued=True)
+    retries: int = column(2, queued=True)
+    share: str | None = column(None, queued=True)
     group: str | None = None
-    after: list[int] = field(default_factory=list)
-    token: str | None = None
+    after: list[int] = column(default_factory=list, queued=True)
+    token: str | None = column(None, shown=False)
+    params: dict[str, Any] = field(default_factory=dict)  # the job's parameters (a sweep's point)
 
     @property
     def job_key(self) -> str:
@@ -92,6 +97,8 @@ class JobSpec:
             return f"--name: use up to {MAX_NAME} printable characters (no control characters)"
         if self.group is not None and (len(self.group) > MAX_NAME or not self.group.isprintable()):
             return f"--group: use up to {MAX_NAME} printable characters (no control characters)"
+        if not isinstance(self.params, dict) or not all(isinstance(k, str) for k in self.params):
+            return "params: a mapping of names to values"
         return None
 
 

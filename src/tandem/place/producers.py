@@ -3,7 +3,7 @@ and a producer that dies fails its group's jobs at once with its own error.
 
 A share is defined once (``tandem share define``: a :class:`~tandem.share.spec.ShareSpec`
 in the state file). Its producer is started from that spec with its own entry point
-(``python -m tandem.share.spec SPEC.json RESERVED``), in the first job's environment (so
+(``tandem share serve-spec SPEC.json RESERVED``), in the first job's environment (so
 both find the same runtime directory), under the same supervisor as a job
 (:mod:`tandem.place.run.shim`, in ``shares/<name>/<n>/``): it outlives a daemon crash, its
 loader workers end with it, and it is tracked as an MLflow run of its own (tags
@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import re
 import signal
 import sys
 import time
@@ -24,7 +25,7 @@ from pathlib import Path
 from tandem.place.config import DaemonConfig
 from tandem.place.model import GpuInfo
 from tandem.place.run import tracking
-from tandem.place.run.files import AttemptSpec, Result, load, save, write_json
+from tandem.place.run.files import AttemptSpec, Result, load, read_json, save, write_json
 from tandem.place.run.launch import Launch, LocalLauncher
 from tandem.place.run.proctrack import same_process
 from tandem.place.state import Job, Share, State
@@ -91,8 +92,25 @@ class Producers:
         n = int(last.name) + 1 if last is not None else 1
         folder = self.state.dir / "shares" / share.name / str(n)
         folder.mkdir(parents=True, exist_ok=True)
-        write_json(folder / "share.json", dataclasses.asdict(spec))
-        command = [sys.executable, "-m", "tandem.share.spec", str(folder / "share.json"), f"{cpus:g}"]
+        if spec.select is not None and share.selection is None:
+            raise RuntimeError(
+                f"share {share.name!r}: its selection job {spec.select_job} made no selection "
+                f"(tandem logs {spec.select_job}); define the share again"
+            )
+        # The selection it serves is the state's (given at define, or made by its selection job).
+        write_json(
+            folder / "share.json",
+            dataclasses.asdict(dataclasses.replace(spec, selection=share.selection, select=None)),
+        )
+        command = [
+            sys.executable,
+            "-m",
+            "tandem.cli",
+            "share",
+            "serve-spec",
+            str(folder / "share.json"),
+            f"{cpus:g}",
+        ]
         cwd = job.cwd if os.path.isdir(job.cwd) else "/"
         c = self.config
         save(
@@ -193,3 +211,18 @@ class _Handle:
         self.shim_pid: int | None = None
         self.shim_ctime: float | None = None
         self.remote = False
+
+
+def note_selection(state: State, job_id: int, adir: Path) -> None:
+    """A share's selection job succeeded: the selection it made (the id ``tandem select run``
+    leaves in its directory, ``selection.json``) is what the share serves now."""
+    for share in state.shares():
+        if share.spec.select_job != job_id:
+            continue
+        made = read_json(adir / "selection.json")
+        sel_id = made.get("id") if made is not None else None
+        if isinstance(sel_id, str) and re.fullmatch(r"[0-9a-f]{16}", sel_id):
+            state.set_share_selection(share.name, sel_id)
+            state.event(job_id, "note", f"made selection {sel_id} of share {share.name!r}")
+        else:
+            state.event(job_id, "note", f"made no selection for share {share.name!r}")

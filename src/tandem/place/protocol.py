@@ -19,7 +19,12 @@ request         fields                       reply
 :class:`Status` -                            :class:`DaemonStatus`: pid, policy, capacity, use, ...
 :class:`Stop`   -                            :class:`Stopping` (the daemon exits; jobs go on)
 :class:`Wake`   -                            none (a supervisor's result is ready: look now)
+:class:`DefineShare` ``spec``, ``select_job``  :class:`ShareDefined`: ``name``, ``select_job``
+:class:`RemoveShares` ``names``              :class:`SharesRemoved`: ``removed``, ``unknown``, ``in_use``
 ==============  ===========================  ==============================================
+
+Share definitions are written by the daemon alone (the state's one writer): ``tandem share
+define`` and ``share rm`` send :class:`DefineShare` and :class:`RemoveShares`.
 
 A request over the packet limit (a job with a large environment or command) travels in an
 anonymous memory file whose descriptor the packet carries (:func:`pack`, :func:`unpack`).
@@ -39,6 +44,7 @@ from typing import Any, ClassVar, TypeVar, Union
 
 from tandem import _ipc
 from tandem.place.model import JobSpec
+from tandem.share.spec import ShareSpec
 
 T = TypeVar("T")
 
@@ -77,8 +83,28 @@ class Wake:
     OP: ClassVar[str] = "wake"
 
 
-Request = Union[Submit, Cancel, Status, Stop, Wake]
-REQUESTS: dict[str, type] = {cls.OP: cls for cls in (Submit, Cancel, Status, Stop, Wake)}
+@dataclass(frozen=True)
+class DefineShare:
+    """Define (or redefine) the share ``spec``. ``select_job``: the job that makes its data
+    selection once, queued with the definition (its id kept in it; the group's jobs wait for it)."""
+
+    OP: ClassVar[str] = "define-share"
+    spec: ShareSpec
+    select_job: JobSpec | None = None
+
+
+@dataclass(frozen=True)
+class RemoveShares:
+    """Remove these share definitions, each unless a job not yet ended reads it."""
+
+    OP: ClassVar[str] = "remove-shares"
+    names: list[str] = field(default_factory=list)
+
+
+Request = Union[Submit, Cancel, Status, Stop, Wake, DefineShare, RemoveShares]
+REQUESTS: dict[str, type] = {
+    cls.OP: cls for cls in (Submit, Cancel, Status, Stop, Wake, DefineShare, RemoveShares)
+}
 OPS = tuple(REQUESTS)
 
 
@@ -163,12 +189,27 @@ class DaemonStatus:
     jobs: dict[str, int]  # jobs by state
 
 
-Reply = Union[Failure, Submitted, Cancelled, Stopping, DaemonStatus]
+@dataclass(frozen=True)
+class ShareDefined:
+    name: str
+    select_job: int | None = None  # the job that makes its selection, if it has one
+
+
+@dataclass(frozen=True)
+class SharesRemoved:
+    removed: list[str] = field(default_factory=list)
+    unknown: list[str] = field(default_factory=list)
+    in_use: dict[str, list[int]] = field(default_factory=dict)  # name: the jobs not yet ended that read it
+
+
+Reply = Union[Failure, Submitted, Cancelled, Stopping, DaemonStatus, ShareDefined, SharesRemoved]
 REPLIES: dict[str, type] = {
     "submit": Submitted,
     "cancel": Cancelled,
     "status": DaemonStatus,
     "stop": Stopping,
+    "define-share": ShareDefined,
+    "remove-shares": SharesRemoved,
 }
 
 
@@ -201,6 +242,13 @@ def read_request(data: dict[str, Any]) -> Request:
             return Submit(JobSpec.from_dict(fields["job"]))
         except (TypeError, ValueError) as exc:
             raise ProtocolError(f"not a job: {exc}") from None
+    if cls is DefineShare:
+        job = fields.get("select_job")
+        try:
+            spec = ShareSpec.from_json(json.dumps(fields.get("spec")))
+            return DefineShare(spec, None if job is None else JobSpec.from_dict(job))
+        except (TypeError, ValueError, AttributeError) as exc:
+            raise ProtocolError(f"not a share definition: {exc}") from None
     return _build(cls, fields)
 
 

@@ -1,12 +1,18 @@
 """The job manager's stored records: a job (its request and what happened to it), each of
-its attempts, and a defined share with its running producer. Plain data: the SQL that
-reads and writes them is :mod:`tandem.place.state`'s alone."""
+its attempts, and a defined share with its running producer.
+
+Each field is declared here once (with :func:`tandem.place.fields.column` where its storage
+or display is not the default); the SQL tables (:mod:`tandem.place.schema`) and the
+``--json`` objects (:mod:`tandem.place.views`) are derived from these declarations. How to add
+a field: README, "Development".
+"""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
+from tandem.place.fields import column
 from tandem.place.model import QUEUED, JobSpec
 from tandem.share.spec import ShareSpec
 
@@ -36,38 +42,44 @@ class Attempt:
 @dataclass
 class Job(JobSpec):
     """A job as stored: its request (:class:`~tandem.place.model.JobSpec`, ``gpus`` resolved)
-    and what happened to it."""
+    and what happened to it. Its ``state`` changes only through :class:`tandem.place.state.State`'s
+    transitions (:data:`tandem.place.state.TRANSITIONS`)."""
 
-    id: int = 0
-    job_key: str = ""
-    state: str = QUEUED
-    submitted: float = 0.0
+    id: int = column(0, sql="INTEGER PRIMARY KEY AUTOINCREMENT", queued=True)
+    job_key: str = column("", queued=True, shown=False)
+    state: str = column(QUEUED, queued=True)
+    submitted: float = column(0.0, queued=True)
     cause: str | None = None
     cause_line: str | None = None
     exit_code: int | None = None
     signal: str | None = None
-    started: float | None = None
+    started: float | None = column(None, queued=True)
     ended: float | None = None
-    cancel_requested: bool = False
-    queued_at: float | None = None  # when it last became able to start (submitted, requeued)
-    escalation: int = 0
-    peak_mem: int | None = None
-    peak_gpu_mem: int | None = None
+    cancel_requested: bool = column(False, queued=True, shown=False)
+    queued_at: float | None = column(None, queued=True, shown=False)  # when it last became able to start
+    escalation: int = column(0, queued=True, shown=False)
+    peak_mem: int | None = column(None, json_key="peak_mem_bytes")
+    peak_gpu_mem: int | None = column(None, json_key="peak_gpu_mem_bytes")
     energy_joules: float | None = None
     mlflow_run_id: str | None = None
-    reason: str | None = None  # why it waits, as the daemon's last pass saw it
+    reason: str | None = column(
+        None, shown=False
+    )  # why it waits, as the daemon's last pass saw it (shown: views)
     updated: float | None = None  # when its row last changed (what a live view asks for)
-    attempts: list[Attempt] = field(default_factory=list)
+    attempts: list[Attempt] = column(default_factory=list, stored=False, shown=False)
 
 
 @dataclass
 class Share:
-    """A dataset defined with ``tandem share define`` (its :class:`ShareSpec`) and the
-    producer now running for it, if any: pid, start time and the cores reserved for it."""
+    """A dataset defined with ``tandem share define`` (its :class:`ShareSpec`), the data
+    selection it serves (``selection``: an id of ``tandem.select``'s store, given at define or
+    written by the daemon when the share's selection job succeeds) and the producer now
+    running for it, if any: pid, start time and the cores reserved for it."""
 
-    name: str
-    spec: ShareSpec
-    defined: float
+    name: str = column(sql="TEXT PRIMARY KEY")
+    spec: ShareSpec = column(encode=ShareSpec.to_json, decode=ShareSpec.from_json)
+    defined: float = 0.0
+    selection: str | None = None
     pid: int | None = None
     ctime: float | None = None
     started: float | None = None

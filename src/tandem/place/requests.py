@@ -1,5 +1,5 @@
 """The daemon's requests, one handler each (pueue's design): ``submit``, ``cancel``,
-``status``, ``stop``. Each takes the daemon and its request record
+``status``, ``stop``, ``define-share``, ``remove-shares``. Each takes the daemon and its request record
 (:mod:`tandem.place.protocol`) and returns the reply record; a refusal says what to change
 (``refused``: the client's exit 2).
 """
@@ -13,7 +13,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from tandem.place import protocol as p
-from tandem.place.model import CANCELLED, FINAL_STATES, format_size
+from tandem.place.model import FINAL_STATES, format_size
 from tandem.place.scheduler import Waiting, fits_at_all
 
 if TYPE_CHECKING:
@@ -79,15 +79,7 @@ def cancel(d: Daemon, request: p.Cancel) -> p.Cancelled:
             d.attempts.stop(job_id)
             cancelled.append(job_id)
         else:
-            d.state.update_job(
-                job_id,
-                state=CANCELLED,
-                cause="cancelled",
-                ended=time.time(),
-                cancel_requested=1,
-                reason=None,
-            )
-            d.state.event(job_id, "cancelled", "while waiting")
+            d.state.cancel(job_id, "cancelled", "while waiting", time.time())
             cancelled.append(job_id)
     d.dirty = True
     return p.Cancelled(cancelled, unknown, ended)
@@ -123,9 +115,36 @@ def status(d: Daemon, _request: p.Status) -> p.DaemonStatus:
     )
 
 
+def define_share(d: Daemon, request: p.DefineShare) -> p.ShareDefined | p.Failure:
+    job = request.select_job
+    if job is not None:
+        problem = job.problem()
+        if problem:
+            return _refused(f"its selection job: {problem}")
+    gpus = 0 if job is None else (job.gpus if job.gpus is not None else 0)
+    job_id = d.state.define_share(request.spec, job, gpus)
+    d.wake = d.dirty = True
+    return p.ShareDefined(request.spec.name, job_id)
+
+
+def remove_shares(d: Daemon, request: p.RemoveShares) -> p.SharesRemoved:
+    removed, unknown, in_use = [], [], {}
+    for name in request.names:
+        if d.state.share(name) is None:
+            unknown.append(name)
+        elif users := d.state.remove_share(name):  # the check and the delete: one transaction
+            in_use[name] = users
+        else:
+            removed.append(name)
+    d.dirty = True
+    return p.SharesRemoved(removed, unknown, in_use)
+
+
 HANDLERS: dict[type, Callable[[Daemon, Any], p.Reply]] = {
     p.Submit: submit,
     p.Cancel: cancel,
     p.Status: status,
     p.Stop: stop,
+    p.DefineShare: define_share,
+    p.RemoveShares: remove_shares,
 }

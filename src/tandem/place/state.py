@@ -5,140 +5,59 @@ holds ``place.db`` and a directory per job with each attempt's spec, output and 
 The daemon is the only writer; ``tandem ls|show|logs|wait`` read the file directly
 (write-ahead logging lets them read while the daemon writes), so they work while no
 daemon is running. The directory is private (0700), as is the database.
+
+A job's ``state`` changes only here, through the named transitions of :data:`TRANSITIONS`
+(:meth:`State.start`, ``requeue``, ``retry``, ``finish``, ``fail``, ``cancel``): each writes
+the job's row, its attempt's and its event in one transaction, and only from the states the
+table allows (a job that has moved on meanwhile is :class:`IllegalTransition`, not
+overwritten). The tables come from the records (:mod:`tandem.place.schema`).
 """
 
 from __future__ import annotations
 
-import json
+import dataclasses
 import os
 import sqlite3
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
-from tandem.place.model import QUEUED, JobSpec
+from tandem.place.model import CANCELLED, FAILED, OOM, QUEUED, RETRYING, RUNNING, SUCCEEDED, JobSpec
 from tandem.place.paths import StateError, private_dir, state_dir, state_dir_path  # noqa: F401 (re-exported)
+from tandem.place.reads import NOT_ENDED, StateReads
 from tandem.place.records import Attempt, Job, Share
+from tandem.place.schema import (
+    MIGRATIONS,
+    SCHEMA,
+    SCHEMA_VERSION,
+    encode,
+    missing_columns,
+    row_values,
+)
 from tandem.share.spec import ShareSpec
 
-_NOT_ENDED = ("queued", "running", "retrying")
+_NOT_ENDED = NOT_ENDED
+_WAITING = (QUEUED, RETRYING)
 
-SCHEMA_VERSION = 3
-
-_SCHEMA = """
-CREATE TABLE IF NOT EXISTS meta (k TEXT PRIMARY KEY, v TEXT NOT NULL);
-CREATE TABLE IF NOT EXISTS jobs (
-    id INTEGER PRIMARY KEY AUTOINCREMENT,
-    name TEXT, job_key TEXT NOT NULL, command TEXT NOT NULL, cwd TEXT NOT NULL, env TEXT NOT NULL,
-    cpus REAL NOT NULL, mem INTEGER NOT NULL, gpus INTEGER NOT NULL, gpu_mem INTEGER,
-    gpu_share INTEGER, priority INTEGER NOT NULL, retries INTEGER NOT NULL,
-    share TEXT, "group" TEXT, after TEXT NOT NULL DEFAULT '[]', token TEXT,
-    state TEXT NOT NULL, cause TEXT, cause_line TEXT, exit_code INTEGER, signal TEXT,
-    submitted REAL NOT NULL, queued_at REAL, started REAL, ended REAL,
-    cancel_requested INTEGER NOT NULL DEFAULT 0,
-    escalation INTEGER NOT NULL DEFAULT 0,
-    peak_mem INTEGER, peak_gpu_mem INTEGER, energy_joules REAL, mlflow_run_id TEXT,
-    reason TEXT, updated REAL
-);
-CREATE INDEX IF NOT EXISTS jobs_state ON jobs(state);
-CREATE TABLE IF NOT EXISTS attempts (
-    job_id INTEGER NOT NULL, n INTEGER NOT NULL, state TEXT NOT NULL,
-    placement TEXT NOT NULL, started REAL NOT NULL, ended REAL,
-    exit_code INTEGER, signal TEXT, cause TEXT, cause_line TEXT,
-    shim_pid INTEGER, shim_ctime REAL, pid INTEGER, pid_ctime REAL,
-    peak_mem INTEGER, peak_gpu_mem INTEGER, cpu_seconds REAL, mlflow_run_id TEXT,
-    PRIMARY KEY (job_id, n)
-);
-CREATE TABLE IF NOT EXISTS peaks (
-    job_key TEXT PRIMARY KEY, peak_mem INTEGER, peak_gpu_mem INTEGER, run_s REAL, updated REAL
-);
-CREATE TABLE IF NOT EXISTS shares (
-    name TEXT PRIMARY KEY, spec TEXT NOT NULL, defined REAL NOT NULL,
-    pid INTEGER, ctime REAL, started REAL, cpus REAL, error TEXT
-);
-CREATE TABLE IF NOT EXISTS events (
-    id INTEGER PRIMARY KEY AUTOINCREMENT, t REAL NOT NULL, job_id INTEGER, kind TEXT NOT NULL,
-    detail TEXT NOT NULL DEFAULT ''
-);
-"""
-
-
-def _shares_as_specs(db: sqlite3.Connection) -> None:
-    """Schema 1 kept a share as ``tandem share serve`` arguments: rebuild it as a spec."""
-    from tandem.share.spec import ShareSpec
-
-    old = db.execute("SELECT name, serve_args, cpus, mem, defined FROM shares").fetchall()
-    db.execute("DROP TABLE shares")
-    db.execute(_SCHEMA[_SCHEMA.index("CREATE TABLE IF NOT EXISTS shares") :].split(";")[0])
-    for name, serve_args, cpus, mem, defined in old:
-        args, values = json.loads(serve_args), {}
-        flags = {"--window": "window", "--policy": "policy", "--batch-size": "batch_size", "--seed": "seed"}
-        flags |= {"--num-workers": "num_workers", "--device": "device"}
-        for i, arg in enumerate(args):
-            if arg in ("--dataset", "--loader", "--images"):
-                values["source"], values["ref"] = arg[2:], args[i + 1]
-            elif arg in flags:
-                values[flags[arg]] = args[i + 1] if arg in ("--policy", "--device") else int(args[i + 1])
-            elif arg == "--shuffle":
-                values["shuffle"] = True
-        spec = ShareSpec(name=name, cpus=cpus, mem=mem, **values)
-        db.execute(
-            "INSERT INTO shares (name, spec, defined) VALUES (?, ?, ?)", (name, spec.to_json(), defined)
-        )
-
-
-# _MIGRATIONS[n]: what takes schema n to n + 1 (CREATE TABLE IF NOT EXISTS above only makes
-# what is missing, not what an old table lacks): SQL statements, or functions of the database.
-_MIGRATIONS: dict[int, list[Any]] = {
-    1: [
-        "ALTER TABLE jobs ADD COLUMN reason TEXT",
-        "ALTER TABLE jobs ADD COLUMN token TEXT",
-        'ALTER TABLE jobs RENAME COLUMN grp TO "group"',
-        "CREATE UNIQUE INDEX IF NOT EXISTS jobs_token ON jobs(token)",
-        _shares_as_specs,
-    ],
-    2: [
-        "ALTER TABLE jobs ADD COLUMN updated REAL",
-        "UPDATE jobs SET updated = coalesce(ended, started, submitted)",
-    ],
+# Every way a job's state changes: the transition, the states it may leave, and those it may
+# reach (the tests enumerate it). Nothing else writes a job's state.
+TRANSITIONS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
+    "start": (_WAITING, (RUNNING,)),  # an attempt recorded, its supervisor about to start
+    "requeue": ((RUNNING,), _WAITING),  # its attempt never ran (or no attempt was recorded)
+    "retry": ((RUNNING,), (RETRYING,)),  # its attempt ended; it is tried again (escalated)
+    "finish": ((RUNNING,), (SUCCEEDED, FAILED, OOM, CANCELLED)),  # its last attempt ended
+    "fail": (_NOT_ENDED, (FAILED,)),  # it cannot run (its producer died, it could not start)
+    "cancel": (_NOT_ENDED, (CANCELLED,)),  # cancelled before any attempt of it ran
 }
 
 
-def _decode_share(row: sqlite3.Row) -> Share:
-    values = dict(zip(row.keys(), tuple(row)))
-    values["spec"] = ShareSpec.from_json(values["spec"])
-    return Share(**values)
+class IllegalTransition(StateError):
+    """A transition from a state the table does not allow it from (the job moved on)."""
 
 
-_JSON_FIELDS = {"command", "env", "after", "placement"}
-# Every column of jobs but the environment: what listing needs (the environment is most of
-# a row, and secrets; only a launch reads it).
-_LIST_COLUMNS = ", ".join(f'"{f.name}"' for f in fields(Job) if f.name not in ("env", "attempts"))
-
-
-# What a scheduling pass reads of each waiting job: not its directory or environment (a
-# queue of thousands is read every pass); its command names its program (its start-up).
-_QUEUE_COLUMNS = ", ".join(f'"{c}"' for c in (
-    "id", "job_key", "command", "state", "submitted", "queued_at", "priority", "cpus", "mem", "gpus",
-    "gpu_mem", "gpu_share", "share", "after", "escalation", "cancel_requested", "retries", "started",
-))  # fmt: skip
-_EMPTY = {"[]": list, "{}": dict}  # most jobs' after and such: no JSON parse for them
-
-
-def _decode(cls: type, row: sqlite3.Row) -> Any:
-    values = dict(zip(row.keys(), row))
-    for k in _JSON_FIELDS.intersection(values):
-        text = values[k]
-        values[k] = _EMPTY[text]() if text in _EMPTY else json.loads(text)
-    if "cancel_requested" in values:
-        values["cancel_requested"] = bool(values["cancel_requested"])
-    return cls(**values)
-
-
-class State:
+class State(StateReads):
     """One connection to ``place.db``. Errors that mean the file cannot be used become
     :class:`StateError` with what to do."""
 
@@ -154,7 +73,7 @@ class State:
             self.db.row_factory = sqlite3.Row
             self.db.execute("PRAGMA journal_mode=WAL")
             self.db.execute("PRAGMA synchronous=NORMAL")
-            self.db.executescript(_SCHEMA)
+            self.db.executescript(SCHEMA + ";")
             self._check_version()
             # After any migration: an old file's jobs table has neither column before it.
             self.db.execute("CREATE UNIQUE INDEX IF NOT EXISTS jobs_token ON jobs(token)")
@@ -187,13 +106,19 @@ class State:
             )
         if version < SCHEMA_VERSION:
             self._migrate(version)
+        missing = missing_columns(self.db)
+        if missing:  # a field declared in a record without its migration: a bug of tandem's
+            raise StateError(
+                f"state file {self.path} (schema {SCHEMA_VERSION}) has no column for {', '.join(missing)}: "
+                "this tandem lacks a migration; report it, or set TANDEM_STATE_DIR elsewhere"
+            )
 
     def _migrate(self, version: int) -> None:
         """Bring a state file written by an older tandem up to this schema, step by step, in
         one transaction (a reader of the old schema never sees half a migration)."""
         with self.transaction() as db:
             for step in range(version, SCHEMA_VERSION):
-                for change in _MIGRATIONS[step]:
+                for change in MIGRATIONS[step]:
                     db.execute(change) if isinstance(change, str) else change(db)
             db.execute("UPDATE meta SET v = ? WHERE k = 'schema'", (str(SCHEMA_VERSION),))
 
@@ -225,21 +150,14 @@ class State:
         except sqlite3.DatabaseError as exc:
             raise self._error(exc) from None
 
-    # --- jobs -----------------------------------------------------------------------------
+    # --- jobs: submitted, and changed only by the named transitions ------------------------
 
     def add_job(self, spec: JobSpec, gpus: int, now: float) -> tuple[int, bool]:
         """Queue a submitted job; its id, and whether it is new (a submit retried with the
         same token gets the job the first one made)."""
-        values = {
-            **spec.to_dict(),
-            "gpus": gpus,
-            "job_key": spec.job_key,
-            "state": QUEUED,
-            "submitted": now,
-            "queued_at": now,
-            "updated": now,
-        }
-        values = {k: (json.dumps(v) if k in _JSON_FIELDS else v) for k, v in values.items()}
+        job = Job(**spec.to_dict())
+        values = row_values(job, gpus=gpus, job_key=spec.job_key, submitted=now, queued_at=now, updated=now)
+        del values["id"]
         cols = ", ".join(f'"{k}"' for k in values)
         marks = ", ".join("?" for _ in values)
         with self.transaction() as db:
@@ -252,9 +170,99 @@ class State:
             db.execute("INSERT INTO events (t, job_id, kind) VALUES (?, ?, 'submitted')", (now, job_id))
         return job_id, True
 
+    def _move(self, db: sqlite3.Connection, transition: str, job_id: int, to: str, **values: Any) -> None:
+        """The one writer of a job's ``state``: ``job_id`` to ``to`` by ``transition``, only
+        from the states :data:`TRANSITIONS` allows it from (in the caller's transaction)."""
+        leaves, reaches = TRANSITIONS[transition]
+        if to not in reaches:
+            raise IllegalTransition(f"{transition} cannot take a job to {to!r} (only {', '.join(reaches)})")
+        values = encode(Job, {**values, "state": to, "updated": time.time()})
+        sets = ", ".join(f'"{k}" = ?' for k in values)
+        marks = ", ".join("?" for _ in leaves)
+        sql = f"UPDATE jobs SET {sets} WHERE id = ? AND state IN ({marks})"
+        if db.execute(sql, (*values.values(), job_id, *leaves)).rowcount != 1:
+            row = db.execute("SELECT state FROM jobs WHERE id = ?", (job_id,)).fetchone()
+            now = row[0] if row else "unknown"
+            raise IllegalTransition(
+                f"job {job_id}: cannot {transition} it from {now} (only from {', '.join(leaves)})"
+            )
+
+    @staticmethod
+    def _event(db: sqlite3.Connection, job_id: int | None, kind: str, detail: str = "") -> None:
+        db.execute(
+            "INSERT INTO events (t, job_id, kind, detail) VALUES (?, ?, ?, ?)",
+            (time.time(), job_id, kind, detail),
+        )
+
+    def start(self, attempt: Attempt, first_start: float | None, detail: str) -> None:
+        """Its attempt ``attempt.n`` recorded and the job running (its supervisor starts next)."""
+        values = row_values(attempt)
+        with self.transaction() as db:
+            self._move(
+                db, "start", attempt.job_id, RUNNING, started=first_start or attempt.started, reason=None
+            )
+            db.execute(
+                f"INSERT INTO attempts ({', '.join(values)}) VALUES ({', '.join('?' for _ in values)})",
+                tuple(values.values()),
+            )
+            self._event(db, attempt.job_id, "started", detail)
+
+    def requeue(self, job_id: int, n: int | None, why: str, now: float) -> None:
+        """Back to the queue: its attempt ``n`` (if one was recorded) never ran."""
+        with self.transaction() as db:
+            if n is not None:
+                self._end_attempt(db, job_id, n, state="lost", ended=now, cause=why)
+            to = RETRYING if n is not None and n > 1 else QUEUED
+            self._move(db, "requeue", job_id, to, queued_at=now)
+            self._event(db, job_id, "requeued", f"attempt {n} {why}" if n is not None else why)
+
+    def retry(self, job_id: int, n: int, attempt: dict[str, Any], job: dict[str, Any], detail: str) -> None:
+        """Its attempt ``n`` ended (``attempt``: how) and it will be tried again (``job``: the
+        fields that change, its escalated reservation among them)."""
+        with self.transaction() as db:
+            self._end_attempt(db, job_id, n, **attempt)
+            self._move(db, "retry", job_id, RETRYING, queued_at=time.time(), **job)
+            self._event(db, job_id, "retry", detail)
+
+    def finish(
+        self,
+        job_id: int,
+        n: int,
+        state: str,
+        attempt: dict[str, Any],
+        job: dict[str, Any],
+        detail: str,
+        notes=(),
+    ) -> None:
+        """Its last attempt ``n`` ended (``attempt``: how) and so did the job, in ``state``."""
+        with self.transaction() as db:
+            self._end_attempt(db, job_id, n, **attempt)
+            self._move(db, "finish", job_id, state, **job)
+            self._event(db, job_id, state, detail)
+            for note in notes:
+                self._event(db, job_id, "note", note)
+
+    def fail(self, job_id: int, cause: str, now: float) -> None:
+        """It cannot run, and no attempt of it is running."""
+        with self.transaction() as db:
+            self._move(db, "fail", job_id, FAILED, ended=now, cause=cause, reason=None)
+            self._event(db, job_id, FAILED, cause)
+
+    def cancel(self, job_id: int, cause: str, detail: str, now: float, attempt: int | None = None) -> None:
+        """Cancelled before it ran (``attempt``: the one recorded that never started)."""
+        with self.transaction() as db:
+            if attempt is not None:
+                self._end_attempt(db, job_id, attempt, state="lost", ended=now, cause="never started")
+            self._move(
+                db, "cancel", job_id, CANCELLED, ended=now, cause=cause, cancel_requested=True, reason=None
+            )
+            self._event(db, job_id, "cancelled", detail)
+
     def update_job(self, job_id: int, **values: Any) -> None:
-        values = {k: (json.dumps(v) if k in _JSON_FIELDS else v) for k, v in values.items()}
-        values["updated"] = time.time()
+        """Fields of a job other than its state (its run id, a cancel asked for)."""
+        if "state" in values:
+            raise ValueError("a job's state changes only through a transition (State.start, finish, ...)")
+        values = encode(Job, {**values, "updated": time.time()})
         sets = ", ".join(f'"{k}" = ?' for k in values)
         self._write(f"UPDATE jobs SET {sets} WHERE id = ?", (*values.values(), job_id))
 
@@ -267,119 +275,22 @@ class State:
                 [(r, now, i, r) for i, r in reasons.items()],
             )
 
-    def job(self, job_id: int, attempts: bool = True) -> Job | None:
-        rows = self.query("SELECT * FROM jobs WHERE id = ?", (job_id,))
-        if not rows:
-            return None
-        job = _decode(Job, rows[0])
-        if attempts:
-            job.attempts = self.attempts(job_id)
-        return job
-
-    def jobs(
-        self,
-        states: tuple[str, ...] | None = None,
-        attempts: bool = False,
-        env: bool = False,
-        last: int | None = None,
-        before: int | None = None,
-        group: str | None = None,
-        shares: tuple[str, ...] | None = None,
-        changed_since: float | None = None,
-    ) -> list[Job]:
-        """Jobs in these ``states`` (all: None), by id. ``env``: with their stored environment
-        (only a launch needs it; it is most of a row). ``last``: only the newest N (before
-        job id ``before``, for paging). ``group``, ``shares``: of those only. ``changed_since``:
-        only those whose row changed at or after that time (a live view's update)."""
-        where, args = [], []
-        if states:
-            where.append(f"state IN ({', '.join('?' for _ in states)})")
-            args += list(states)
-        if group is not None:
-            where.append('"group" = ?')
-            args.append(group)
-        if shares is not None:
-            where.append(f"share IN ({', '.join('?' for _ in shares) or 'NULL'})")
-            args += list(shares)
-        if changed_since is not None:
-            where.append("updated >= ?")
-            args.append(changed_since)
-        if before is not None:
-            where.append("id < ?")
-            args.append(before)
-        sql = f"SELECT {'*' if env else _LIST_COLUMNS} FROM jobs"
-        sql += f" WHERE {' AND '.join(where)}" if where else ""
-        if last is not None:
-            sql = f"SELECT * FROM ({sql} ORDER BY id DESC LIMIT {int(last)})"
-        rows = self.query(sql + " ORDER BY id", tuple(args))
-        jobs = [_decode(Job, r) for r in rows]
-        if attempts and jobs:
-            by_job: dict[int, list[Attempt]] = {}
-            for a in self.attempts_of([j.id for j in jobs]):
-                by_job.setdefault(a.job_id, []).append(a)
-            for j in jobs:
-                j.attempts = by_job.get(j.id, [])
-        return jobs
-
-    def queue(self, states: tuple[str, ...]) -> list[Job]:
-        """The jobs in these states with what a scheduling pass needs of them (by id)."""
-        marks = ", ".join("?" for _ in states)
-        sql = f"SELECT {_QUEUE_COLUMNS} FROM jobs WHERE state IN ({marks}) ORDER BY id"
-        return [_decode(Job, r) for r in self.query(sql, states)]
-
-    def attempts_since(self, t: float, limit: int = 2000) -> list[Attempt]:
-        """Attempts running at or after ``t`` (a timeline's window), newest first, at most
-        ``limit``."""
-        sql = "SELECT * FROM attempts WHERE ended IS NULL OR ended >= ? ORDER BY started DESC LIMIT ?"
-        return [_decode(Attempt, r) for r in self.query(sql, (t, limit))]
-
-    def counts(self) -> dict[str, int]:
-        """How many jobs are in each state."""
-        return {row[0]: row[1] for row in self.query("SELECT state, count(*) FROM jobs GROUP BY state")}
-
-    def ended_of(self, job_ids: set[int]) -> dict[int, tuple[str, float | None]]:
-        """``id -> (state, ended)`` of these jobs (one query)."""
-        if not job_ids:
-            return {}
-        marks = ", ".join("?" for _ in job_ids)
-        rows = self.query(f"SELECT id, state, ended FROM jobs WHERE id IN ({marks})", tuple(job_ids))
-        return {row["id"]: (row["state"], row["ended"]) for row in rows}
-
-    def any_before(self, job_id: int) -> bool:
-        """Is there a job older than ``job_id`` (another page for ``ls --all``)?"""
-        return bool(self.query("SELECT 1 FROM jobs WHERE id < ? LIMIT 1", (job_id,)))
-
     # --- attempts -------------------------------------------------------------------------
 
-    def attempts(self, job_id: int) -> list[Attempt]:
-        rows = self.query("SELECT * FROM attempts WHERE job_id = ? ORDER BY n", (job_id,))
-        return [_decode(Attempt, r) for r in rows]
-
-    def attempts_of(self, job_ids: list[int]) -> list[Attempt]:
-        out: list[Attempt] = []
-        for i in range(0, len(job_ids), 500):  # SQLite's limit on bound values
-            chunk = job_ids[i : i + 500]
-            marks = ", ".join("?" for _ in chunk)
-            sql = f"SELECT * FROM attempts WHERE job_id IN ({marks}) ORDER BY job_id, n"
-            out += [_decode(Attempt, r) for r in self.query(sql, tuple(chunk))]
-        return out
-
-    def add_attempt(self, attempt: Attempt) -> None:
-        values = {k: (json.dumps(v) if k in _JSON_FIELDS else v) for k, v in attempt.__dict__.items()}
-        cols = ", ".join(values)
-        marks = ", ".join("?" for _ in values)
-        self._write(f"INSERT INTO attempts ({cols}) VALUES ({marks})", tuple(values.values()))
-
     def update_attempt(self, job_id: int, n: int, **values: Any) -> None:
-        values = {k: (json.dumps(v) if k in _JSON_FIELDS else v) for k, v in values.items()}
-        sets = ", ".join(f"{k} = ?" for k in values)
-        self._write(f"UPDATE attempts SET {sets} WHERE job_id = ? AND n = ?", (*values.values(), job_id, n))
+        """Fields of a running attempt other than its end (its supervisor's pid, its node)."""
+        if "state" in values or "ended" in values:
+            raise ValueError("an attempt ends only with its job's transition (State.finish, retry, requeue)")
+        with self.transaction() as db:
+            self._end_attempt(db, job_id, n, **values)
+
+    @staticmethod
+    def _end_attempt(db: sqlite3.Connection, job_id: int, n: int, **values: Any) -> None:
+        values = encode(Attempt, values)
+        sets = ", ".join(f'"{k}" = ?' for k in values)
+        db.execute(f"UPDATE attempts SET {sets} WHERE job_id = ? AND n = ?", (*values.values(), job_id, n))
 
     # --- measured peaks, events, settings -------------------------------------------------
-
-    def peak(self, job_key: str) -> sqlite3.Row | None:
-        rows = self.query("SELECT * FROM peaks WHERE job_key = ?", (job_key,))
-        return rows[0] if rows else None
 
     def record_peak(self, job_key: str, peak_mem: int | None, peak_gpu_mem: int | None, run_s: float) -> None:
         self._write(
@@ -396,13 +307,6 @@ class State:
             (time.time(), job_id, kind, detail),
         )
 
-    def events(self, job_id: int) -> list[sqlite3.Row]:
-        return self.query("SELECT t, kind, detail FROM events WHERE job_id = ? ORDER BY id", (job_id,))
-
-    def setting(self, key: str) -> str | None:
-        rows = self.query("SELECT v FROM meta WHERE k = ?", (key,))
-        return rows[0][0] if rows else None
-
     def set_setting(self, key: str, value: str) -> None:
         self._write(
             "INSERT INTO meta VALUES (?, ?) ON CONFLICT(k) DO UPDATE SET v = excluded.v", (key, value)
@@ -410,29 +314,57 @@ class State:
 
     # --- shared datasets (tandem share define) ------------------------------------------------
 
-    def define_share(self, spec: ShareSpec) -> None:
-        self._write(
-            "INSERT INTO shares (name, spec, defined) VALUES (?, ?, ?) "
-            "ON CONFLICT(name) DO UPDATE SET spec = excluded.spec, defined = excluded.defined, "
-            "error = NULL",
-            (spec.name, spec.to_json(), time.time()),
-        )
+    def define_share(self, spec: ShareSpec, select_job: JobSpec | None = None, gpus: int = 0) -> int | None:
+        """Define (or redefine) a share, with the selection it serves when one was given
+        (``spec.selection``). ``select_job``: the job that makes its selection, queued in the
+        same transaction (its id is returned and kept in the spec)."""
+        now = time.time()
+        with self.transaction() as db:
+            job_id = None
+            known = None
+            if select_job is not None and select_job.token:  # a define retried: the job it made
+                known = db.execute("SELECT id FROM jobs WHERE token = ?", (select_job.token,)).fetchone()
+            if known is not None:
+                job_id = int(known[0])
+                spec = dataclasses.replace(spec, select_job=job_id)
+            elif select_job is not None:
+                values = row_values(Job(**select_job.to_dict()), gpus=gpus, job_key=select_job.job_key,
+                                    submitted=now, queued_at=now, updated=now)  # fmt: skip
+                del values["id"]
+                cols, marks = ", ".join(f'"{k}"' for k in values), ", ".join("?" for _ in values)
+                job_id = int(
+                    db.execute(
+                        f"INSERT INTO jobs ({cols}) VALUES ({marks})", tuple(values.values())
+                    ).lastrowid
+                    or 0
+                )
+                self._event(db, job_id, "submitted", f"makes the selection of share {spec.name!r}")
+                spec = dataclasses.replace(spec, select_job=job_id)
+            values = row_values(Share(spec.name, spec, now, selection=spec.selection))
+            cols, marks = ", ".join(f'"{k}"' for k in values), ", ".join("?" for _ in values)
+            db.execute(  # a running producer's row (pid, ...) is kept: the daemon still owns it
+                f"INSERT INTO shares ({cols}) VALUES ({marks}) ON CONFLICT(name) DO UPDATE SET "
+                "spec = excluded.spec, defined = excluded.defined, selection = excluded.selection, "
+                "error = NULL",
+                tuple(values.values()),
+            )
+        return job_id
 
-    def share(self, name: str) -> Share | None:
-        rows = self.query("SELECT * FROM shares WHERE name = ?", (name,))
-        return _decode_share(rows[0]) if rows else None
+    def set_share_selection(self, name: str, selection: str) -> None:
+        """The selection ``name`` serves (its selection job made it)."""
+        self._write("UPDATE shares SET selection = ?, error = NULL WHERE name = ?", (selection, name))
 
-    def shares(self) -> list[Share]:
-        return [_decode_share(r) for r in self.query("SELECT * FROM shares ORDER BY name")]
-
-    def share_users(self, name: str) -> list[int]:
-        """The jobs not yet ended that read ``name``."""
+    def remove_share(self, name: str) -> list[int]:
+        """Remove ``name``'s definition unless a job not yet ended reads it: those jobs (the
+        check and the delete in one transaction: no job can start reading it between them)."""
         marks = ", ".join("?" for _ in _NOT_ENDED)
-        rows = self.query(f"SELECT id FROM jobs WHERE share = ? AND state IN ({marks})", (name, *_NOT_ENDED))
-        return [r[0] for r in rows]
-
-    def remove_share(self, name: str) -> None:
-        self._write("DELETE FROM shares WHERE name = ?", (name,))
+        with self.transaction() as db:
+            users = [r[0] for r in db.execute(
+                f"SELECT id FROM jobs WHERE share = ? AND state IN ({marks})", (name, *_NOT_ENDED)
+            )]  # fmt: skip
+            if not users:
+                db.execute("DELETE FROM shares WHERE name = ?", (name,))
+        return users
 
     def set_producer(
         self,

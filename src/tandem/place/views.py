@@ -4,10 +4,12 @@ rows of ``tandem ls``."""
 from __future__ import annotations
 
 import time
+from dataclasses import fields
 from typing import Any
 
+from tandem.place.fields import meta
 from tandem.place.model import WAITING_STATES, format_size
-from tandem.place.state import Attempt, Job
+from tandem.place.records import Attempt, Job
 
 
 def _placement(attempt: Attempt | None) -> dict[str, Any] | None:
@@ -57,46 +59,31 @@ def waiting_reason(job: Job) -> str | None:
     return job.reason or "not yet looked at by the daemon (a running daemon looks within a second)"
 
 
+def record_json(record: Any) -> dict[str, Any]:
+    """A record's shown fields, by their ``--json`` keys (:func:`tandem.place.fields.column`)."""
+    out: dict[str, Any] = {}
+    for f in fields(record):
+        if not meta(f, "shown"):
+            continue
+        under = meta(f, "under")
+        into = out.setdefault(under, {}) if under else out
+        into[meta(f, "json_key") or f.name] = getattr(record, f.name)
+    return out
+
+
 def job_json(job: Job, now: float | None = None) -> dict[str, Any]:
-    """A job as ``--json`` prints it. Times are seconds since the epoch."""
+    """A job as ``--json`` prints it: its shown fields (declared with the record) and what is
+    worked out from them. Times are seconds since the epoch."""
     now = time.time() if now is None else now
     last = job.attempts[-1] if job.attempts else None
     wait_s = (job.started or (now if job.state in WAITING_STATES else job.ended or now)) - job.submitted
     return {
-        "id": job.id,
-        "name": job.name,
-        "state": job.state,
-        "exit_code": job.exit_code,
-        "signal": job.signal,
-        "cause": job.cause,
-        "cause_line": job.cause_line,
+        **record_json(job),
         "reason": waiting_reason(job),
         "attempts": [attempt_json(a) for a in job.attempts],
         "placement": _placement(last),
-        "submitted": job.submitted,
-        "started": job.started,
-        "ended": job.ended,
-        "updated": job.updated,
         "wait_s": max(0.0, wait_s),
         "run_s": run_seconds(job, now),
-        "peak_mem_bytes": job.peak_mem,
-        "peak_gpu_mem_bytes": job.peak_gpu_mem,
-        "energy_joules": job.energy_joules,
-        "mlflow_run_id": job.mlflow_run_id,
-        "command": job.command,
-        "cwd": job.cwd,
-        "group": job.group,
-        "share": job.share,
-        "priority": job.priority,
-        "retries": job.retries,
-        "after": job.after,
-        "request": {
-            "cpus": job.cpus,
-            "mem_bytes": job.mem,
-            "gpus": job.gpus,
-            "gpu_mem_bytes": job.gpu_mem,
-            "gpu_share": job.gpu_share,
-        },
     }
 
 

@@ -152,15 +152,6 @@ def uses(sel_id: str) -> list[dict[str, Any]]:
     return [u for u in out if isinstance(u, dict)]
 
 
-def made_by(job_id: int) -> str | None:
-    """The selection that the job manager's job ``job_id`` made (``tandem select run`` notes
-    it), or None."""
-    for sel_id in ids():
-        if any(u.get("role") == "made-by-job" and u.get("job") == job_id for u in uses(sel_id)):
-            return sel_id
-    return None
-
-
 def ids() -> list[str]:
     base = root()
     if not base.is_dir():

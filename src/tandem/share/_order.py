@@ -181,17 +181,28 @@ def epoch_bounds(start: Position, k: int) -> tuple[Position, Position]:
     return (epoch + k, offset), (epoch + k + 1, offset)
 
 
-def selected(dataset: torch.utils.data.Dataset, selection: str, name: str) -> torch.utils.data.Dataset:
-    """``dataset`` restricted to a stored selection's items (refused if it was made of
-    another dataset); the use is noted beside the selection (``tandem select show``)."""
-    from tandem.select.errors import SelectError
-    from tandem.select.store import load, record_use
-
-    try:
-        chosen = load(selection)
-        subset = chosen.subset(dataset)
-    except SelectError as exc:
-        raise ShareError(str(exc)) from None
-    record_use(chosen, {"role": "producer", "share": name, "pid": os.getpid(),
-                        "job": os.environ.get("TANDEM_JOB_ID")})  # fmt: skip
-    return subset
+def selected(dataset: torch.utils.data.Dataset, selection: Any) -> torch.utils.data.Dataset:
+    """``dataset`` restricted to ``selection``'s items: a sequence of item indices, an object
+    with ``indices`` (a :class:`tandem.select.Selection`, whose ``check(dataset)`` refuses a
+    dataset it was not made of), or a function of the dataset that returns either (a
+    selection made when the producer starts). Share knows nothing of how it was made."""
+    if callable(selection) and not hasattr(selection, "indices"):
+        selection = selection(dataset)
+    if isinstance(selection, (str, bytes)):
+        raise TypeError(
+            f"selection={selection!r}: give the items, not an id: tandem.select.load(ID), or item indices"
+        )
+    check = getattr(selection, "check", None)
+    if callable(check):
+        try:
+            check(dataset)
+        except Exception as exc:  # its own error type: share does not import tandem.select
+            raise ShareError(str(exc)) from None
+    indices = [int(i) for i in getattr(selection, "indices", selection)]
+    size = len(dataset)  # type: ignore[arg-type]
+    outside = next((i for i in indices if not 0 <= i < size), None)
+    if outside is not None:
+        raise ShareError(f"selection: item {outside} is not in the dataset ({size} items)")
+    if not indices:
+        raise ShareError("selection: it holds no items")
+    return torch.utils.data.Subset(dataset, indices)

@@ -127,13 +127,15 @@ class Producer(PublishingLoop):
         seed: int = 0,
         prefetch_factor: int | None = None,
         worker_nice: int | None = 10,
-        selection: str | None = None,
+        selection: Any = None,
         **kwargs: Any,
     ) -> Producer:
         """A producer over a map-style dataset whose sample order it owns (see ``_order``).
 
-        ``selection``: the id of a stored data selection (:mod:`tandem.select`) of this
-        dataset: only its items are served, each once an epoch, with every guarantee above.
+        ``selection``: serve only these items of the dataset, each once an epoch, with every
+        guarantee above: a stored data selection (``tandem.select.load(ID)``, checked to be
+        of this dataset), any sequence of item indices, or a function of the dataset that
+        returns either.
 
         ``num_workers="auto"`` runs as many loader workers as the cores the jobs leave free
         (less one, at most 8). The workers run ``worker_nice`` levels below normal CPU
@@ -142,7 +144,7 @@ class Producer(PublishingLoop):
         orders processes within one session: it then ranks the workers below the producer's
         own thread, not below jobs started from other terminals."""
         if selection is not None:
-            dataset = selected(dataset, selection, name)
+            dataset = selected(dataset, selection)
         on_gpu = kwargs.get("device") not in (None, "cpu")
         loader, planner = planned_loader(
             dataset, batch_size, shuffle, num_workers, collate_fn, seed, prefetch_factor, worker_nice, on_gpu

@@ -3,7 +3,7 @@ share define`` stores for the job manager, and how either builds and runs its pr
 
 :class:`ShareSpec` names every option once. The command line fills it (one option set for
 ``serve`` and ``define``), the job manager stores it as JSON and starts the producer with
-``python -m tandem.share.spec SPEC.json`` (no command line rebuilt, no flags looked for),
+``tandem share serve-spec SPEC.json`` (no command line rebuilt, no flags looked for),
 and :meth:`ShareSpec.check` resolves the dataset or loader reference (import, and a call
 with no arguments must be possible) so that a typo is refused where it is typed, not when
 a producer dies in the background.
@@ -133,21 +133,10 @@ class ShareSpec:
             raise SpecError(f"unknown policy {self.policy!r}: wait or skip")
         if self.device is not None and not (self.device == "cpu" or self.device.startswith("cuda")):
             raise SpecError(f"device {self.device!r}: use cpu, cuda or cuda:N")
-        if self.select is not None:
-            from tandem.select.methods import METHODS
-
-            method, _ = self._select_method_budget()
-            if method == "less":
-                raise SpecError("--select less needs a target set: make it with tandem select run --target, "
-                                "then define the share with --selection ID")  # fmt: skip
-            if METHODS[method].needs_model and self.select_model is None:
-                raise SpecError(
-                    f"--select {self.select}: {method} trains a proxy: give --select-model MOD:FN"
-                )
-            if self.source != "dataset" or self.selection is not None:
-                raise SpecError(
-                    "--select makes a selection of a --dataset; give --dataset, and not --selection"
-                )
+        # What --select's METHOD:BUDGET may say is tandem.select's to check (the command line
+        # does, before defining); here only what the share itself must be.
+        if self.select is not None and (self.source != "dataset" or self.selection is not None):
+            raise SpecError("--select makes a selection of a --dataset; give --dataset, and not --selection")
         if self.selection is not None and self.source == "loader":
             raise SpecError("a selection picks items of a dataset: give --dataset or --images, not --loader")
         if self.cpus is not None and not (math.isfinite(self.cpus) and self.cpus > 0):
@@ -178,9 +167,7 @@ class ShareSpec:
         if self.source == "images":
             if not Path(self.ref).is_dir():
                 raise SpecError(f"--images {self.ref}: no such directory")
-            self._check_selection()
             return
-        self._check_selection()
         fn = load_object(self.ref)
         if not callable(fn):
             raise SpecError(
@@ -192,59 +179,6 @@ class ShareSpec:
             raise SpecError(f"{self.ref} cannot be called with no arguments ({exc})") from None
         except ValueError:
             pass  # a builtin without a signature: it will be tried when served
-
-    def _select_method_budget(self) -> tuple[str, float | int]:
-        from tandem.select.errors import SelectError
-        from tandem.select.methods import METHODS
-        from tandem.select.pick import parse_budget
-
-        method, _, budget = (self.select or "").partition(":")
-        if method not in METHODS or not budget:
-            raise SpecError(f"--select {self.select!r}: METHOD:BUDGET, METHOD one of {', '.join(METHODS)}")
-        try:
-            return method, parse_budget(budget)
-        except SelectError as exc:
-            raise SpecError(f"--select {self.select!r}: {exc}") from None
-
-    def selection_for(self, dataset: Any) -> str | None:
-        """The stored selection this share serves: ``selection``, or the one ``select``
-        describes (made by its selection job before; made here if it is not stored)."""
-        if self.select is None:
-            return self.selection
-        known = self.selection_known()  # what its selection job made: never scored twice
-        if known is not None:
-            return known
-        from tandem.select import select
-
-        method, budget = self._select_method_budget()
-        model = load_object(self.select_model) if self.select_model else None
-        return select(dataset, method, budget, model=model, seed=self.seed).id
-
-    def selection_known(self) -> str | None:
-        """The id of the selection this share serves, if it is known without computing it:
-        ``selection``, or the one its selection job made (None before that)."""
-        if self.selection is not None or self.select_job is None:
-            return self.selection
-        from tandem.select.store import made_by
-
-        return made_by(self.select_job)
-
-    def select_command(self) -> list[str]:
-        """The command of the job that makes this share's selection."""
-        method, budget = self._select_method_budget()
-        argv = [sys.executable, "-m", "tandem.cli", "select", "run", "--dataset", self.ref,
-                "--method", method, "--budget", str(budget), "--seed", str(self.seed)]  # fmt: skip
-        return argv + (["--model", self.select_model] if self.select_model else [])
-
-    def _check_selection(self) -> None:
-        if self.selection is not None:
-            from tandem.select.errors import SelectError
-            from tandem.select.store import load
-
-            try:
-                load(self.selection)
-            except SelectError as exc:
-                raise SpecError(f"--selection: {exc}") from None
 
     @property
     def slab_on_gpu(self) -> bool:
@@ -280,8 +214,13 @@ class ShareSpec:
 
     # --- the producer -----------------------------------------------------------------------
 
-    def build_producer(self, reserved_cpus: float | None = None) -> Any:
-        """The :class:`~tandem.share.Producer` this spec describes (not yet serving)."""
+    def build_producer(self, reserved_cpus: float | None = None, selection: Any = None) -> Any:
+        """The :class:`~tandem.share.Producer` this spec describes (not yet serving).
+        ``selection``: the items it serves, as :meth:`Producer.from_dataset` takes them (the
+        caller resolves the spec's ``selection`` id or ``select`` into them: share does not
+        know how a selection is stored or made)."""
+        if (self.selection is not None or self.select is not None) and selection is None:
+            raise SpecError(f"share {self.name!r} serves a selection: build it with the selection's items")
         import torch
 
         from tandem.share.producer import Producer
@@ -297,42 +236,23 @@ class ShareSpec:
             return Producer.from_dataset(
                 dataset, self.name, batch_size=self.batch_size, shuffle=self.shuffle,
                 device=self.device, num_workers="auto" if workers is None else workers,
-                worker_nice=self.worker_nice, seed=self.seed, selection=self.selection_for(dataset), **common,
+                worker_nice=self.worker_nice, seed=self.seed, selection=selection, **common,
             )  # fmt: skip
         return Producer.from_files(
             self.ref, self.name, device=self.device or ("cuda" if torch.cuda.is_available() else "cpu"),
             batch_size=self.batch_size, shuffle=self.shuffle, seed=self.seed, crop=self.crop,
             dtype=getattr(torch, self.dtype), num_workers=2 if workers is None else workers,
-            worker_nice=self.worker_nice, selection=self.selection, **common,
+            worker_nice=self.worker_nice, selection=selection, **common,
         )  # fmt: skip
 
 
-def serve(spec: ShareSpec, reserved_cpus: float | None = None, say: Any = print) -> int:
+def serve(
+    spec: ShareSpec, reserved_cpus: float | None = None, say: Any = print, selection: Any = None
+) -> int:
     """Build the producer and serve until stopped or ``spec.epochs`` are done; the epochs served."""
-    producer = spec.build_producer(reserved_cpus)
+    producer = spec.build_producer(reserved_cpus, selection)
     with producer:  # claims the name (ProducerExists if it is live) before saying so
         say(f"serving {spec.name!r} (pid {os.getpid()}); Ctrl-C to stop")
         producer.serve(epochs=spec.epochs)
     say(f"{spec.name!r}: served {producer.epochs_served} epoch(s)")
     return producer.epochs_served
-
-
-def main(argv: list[str]) -> int:
-    """``python -m tandem.share.spec SPEC.json [RESERVED_CPUS]``: the job manager's producer."""
-    if len(argv) not in (1, 2):
-        print("usage: python -m tandem.share.spec SPEC.json [RESERVED_CPUS]", file=sys.stderr)
-        return 2
-    import logging
-
-    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s %(levelname)s: %(message)s")
-    spec = ShareSpec.from_json(Path(argv[0]).read_text())
-    reserved = float(argv[1]) if len(argv) == 2 else None
-    try:
-        serve(spec, reserved, say=lambda m: print(m, file=sys.stderr, flush=True))
-    except KeyboardInterrupt:
-        return 130
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))

@@ -72,7 +72,7 @@ class Reader:
             raise NotFound(f"no job {job_id}")
         data = job_json(job)
         share = self.state.share(job.share) if job.share else None
-        data["selection"] = share.spec.selection_known() if share is not None else None  # as show --json
+        data["selection"] = share.selection if share is not None else None  # as show --json
         data["events"] = [dict(r) for r in self.state.events(job_id)]
         return data
 
@@ -137,7 +137,7 @@ class Reader:
         out = []
         for name in sorted({j["share"] for j in jobs if j["share"]}):
             share = self.state.share(name)
-            sel_id = share.spec.selection_known() if share is not None else None
+            sel_id = share.selection if share is not None else None
             if not sel_id:
                 continue
             try:

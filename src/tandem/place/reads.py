@@ -1,0 +1,140 @@
+"""Reading the job manager's state: what ``tandem ls|show|wait``, the dashboard and each
+scheduling pass ask of it. The writes, and the connection, are :mod:`tandem.place.state`'s."""
+
+from __future__ import annotations
+
+import sqlite3
+
+from tandem.place.model import QUEUED, RETRYING, RUNNING
+from tandem.place.records import Attempt, Job, Share
+from tandem.place.schema import columns_of, decode
+
+NOT_ENDED = (QUEUED, RUNNING, RETRYING)
+_LISTED = columns_of(Job, listed=True)  # not the environment: most of a row, and secrets
+_QUEUED = columns_of(Job, queued=True)  # a queue of thousands is read every pass
+
+
+class StateReads:
+    """The queries of :class:`tandem.place.state.State` (one connection, ``query``)."""
+
+    def query(self, sql: str, args: tuple = ()) -> list[sqlite3.Row]:
+        raise NotImplementedError
+
+    def job(self, job_id: int, attempts: bool = True) -> Job | None:
+        rows = self.query("SELECT * FROM jobs WHERE id = ?", (job_id,))
+        if not rows:
+            return None
+        job = decode(Job, rows[0])
+        if attempts:
+            job.attempts = self.attempts(job_id)
+        return job
+
+    def jobs(
+        self,
+        states: tuple[str, ...] | None = None,
+        attempts: bool = False,
+        env: bool = False,
+        last: int | None = None,
+        before: int | None = None,
+        group: str | None = None,
+        shares: tuple[str, ...] | None = None,
+        changed_since: float | None = None,
+    ) -> list[Job]:
+        """Jobs in these ``states`` (all: None), by id. ``env``: with their stored environment
+        (only a launch needs it; it is most of a row). ``last``: only the newest N (before
+        job id ``before``, for paging). ``group``, ``shares``: of those only. ``changed_since``:
+        only those whose row changed at or after that time (a live view's update)."""
+        where, args = [], []
+        if states:
+            where.append(f"state IN ({', '.join('?' for _ in states)})")
+            args += list(states)
+        if group is not None:
+            where.append('"group" = ?')
+            args.append(group)
+        if shares is not None:
+            where.append(f"share IN ({', '.join('?' for _ in shares) or 'NULL'})")
+            args += list(shares)
+        if changed_since is not None:
+            where.append("updated >= ?")
+            args.append(changed_since)
+        if before is not None:
+            where.append("id < ?")
+            args.append(before)
+        sql = f"SELECT {'*' if env else _LISTED} FROM jobs"
+        sql += f" WHERE {' AND '.join(where)}" if where else ""
+        if last is not None:
+            sql = f"SELECT * FROM ({sql} ORDER BY id DESC LIMIT {int(last)})"
+        rows = self.query(sql + " ORDER BY id", tuple(args))
+        jobs = [decode(Job, r) for r in rows]
+        if attempts and jobs:
+            by_job: dict[int, list[Attempt]] = {}
+            for a in self.attempts_of([j.id for j in jobs]):
+                by_job.setdefault(a.job_id, []).append(a)
+            for j in jobs:
+                j.attempts = by_job.get(j.id, [])
+        return jobs
+
+    def queue(self, states: tuple[str, ...]) -> list[Job]:
+        """The jobs in these states with what a scheduling pass needs of them (by id)."""
+        marks = ", ".join("?" for _ in states)
+        sql = f"SELECT {_QUEUED} FROM jobs WHERE state IN ({marks}) ORDER BY id"
+        return [decode(Job, r) for r in self.query(sql, states)]
+
+    def attempts_since(self, t: float, limit: int = 2000) -> list[Attempt]:
+        """Attempts running at or after ``t`` (a timeline's window), newest first, at most
+        ``limit``."""
+        sql = "SELECT * FROM attempts WHERE ended IS NULL OR ended >= ? ORDER BY started DESC LIMIT ?"
+        return [decode(Attempt, r) for r in self.query(sql, (t, limit))]
+
+    def counts(self) -> dict[str, int]:
+        """How many jobs are in each state."""
+        return {row[0]: row[1] for row in self.query("SELECT state, count(*) FROM jobs GROUP BY state")}
+
+    def ended_of(self, job_ids: set[int]) -> dict[int, tuple[str, float | None]]:
+        """``id -> (state, ended)`` of these jobs (one query)."""
+        if not job_ids:
+            return {}
+        marks = ", ".join("?" for _ in job_ids)
+        rows = self.query(f"SELECT id, state, ended FROM jobs WHERE id IN ({marks})", tuple(job_ids))
+        return {row["id"]: (row["state"], row["ended"]) for row in rows}
+
+    def any_before(self, job_id: int) -> bool:
+        """Is there a job older than ``job_id`` (another page for ``ls --all``)?"""
+        return bool(self.query("SELECT 1 FROM jobs WHERE id < ? LIMIT 1", (job_id,)))
+
+    def attempts(self, job_id: int) -> list[Attempt]:
+        rows = self.query("SELECT * FROM attempts WHERE job_id = ? ORDER BY n", (job_id,))
+        return [decode(Attempt, r) for r in rows]
+
+    def attempts_of(self, job_ids: list[int]) -> list[Attempt]:
+        out: list[Attempt] = []
+        for i in range(0, len(job_ids), 500):  # SQLite's limit on bound values
+            chunk = job_ids[i : i + 500]
+            marks = ", ".join("?" for _ in chunk)
+            sql = f"SELECT * FROM attempts WHERE job_id IN ({marks}) ORDER BY job_id, n"
+            out += [decode(Attempt, r) for r in self.query(sql, tuple(chunk))]
+        return out
+
+    def peak(self, job_key: str) -> sqlite3.Row | None:
+        rows = self.query("SELECT * FROM peaks WHERE job_key = ?", (job_key,))
+        return rows[0] if rows else None
+
+    def events(self, job_id: int) -> list[sqlite3.Row]:
+        return self.query("SELECT t, kind, detail FROM events WHERE job_id = ? ORDER BY id", (job_id,))
+
+    def setting(self, key: str) -> str | None:
+        rows = self.query("SELECT v FROM meta WHERE k = ?", (key,))
+        return rows[0][0] if rows else None
+
+    def share(self, name: str) -> Share | None:
+        rows = self.query("SELECT * FROM shares WHERE name = ?", (name,))
+        return decode(Share, rows[0]) if rows else None
+
+    def shares(self) -> list[Share]:
+        return [decode(Share, r) for r in self.query("SELECT * FROM shares ORDER BY name")]
+
+    def share_users(self, name: str) -> list[int]:
+        """The jobs not yet ended that read ``name``."""
+        marks = ", ".join("?" for _ in NOT_ENDED)
+        rows = self.query(f"SELECT id FROM jobs WHERE share = ? AND state IN ({marks})", (name, *NOT_ENDED))
+        return [r[0] for r in rows]

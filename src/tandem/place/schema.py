@@ -1,0 +1,147 @@
+"""The state file's tables, derived from the records, and how an older file is brought up to date.
+
+The ``jobs``, ``attempts`` and ``shares`` tables are made from the fields the records declare
+(:mod:`tandem.place.records`, :mod:`tandem.place.fields`); ``peaks``, ``events`` and ``meta``
+hold no record and are written out here. :data:`MIGRATIONS` takes a file of schema ``n`` to
+``n + 1``; :func:`missing_columns` says which declared fields a file still lacks after them
+(a field added to a record without its migration is caught when the state is opened, and by
+the tests, not by a failing INSERT in a user's daemon).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import sqlite3
+from typing import Any
+
+from tandem.place.fields import from_column, meta, sql_declaration, stored_fields, to_column
+from tandem.place.records import Attempt, Job, Share
+
+SCHEMA_VERSION = 4
+
+# Each record's table: its name and what is declared beyond its columns.
+TABLES: dict[type, tuple[str, str]] = {
+    Job: ("jobs", ""),
+    Attempt: ("attempts", "PRIMARY KEY (job_id, n)"),
+    Share: ("shares", ""),
+}
+
+
+def create_table(cls: type) -> str:
+    name, extra = TABLES[cls]
+    columns = [sql_declaration(f) for f in stored_fields(cls)] + ([extra] if extra else [])
+    return f"CREATE TABLE IF NOT EXISTS {name} (\n    " + ",\n    ".join(columns) + "\n)"
+
+
+SCHEMA = ";\n".join(
+    [
+        "CREATE TABLE IF NOT EXISTS meta (k TEXT PRIMARY KEY, v TEXT NOT NULL)",
+        *(create_table(cls) for cls in TABLES),
+        "CREATE INDEX IF NOT EXISTS jobs_state ON jobs(state)",
+        "CREATE TABLE IF NOT EXISTS peaks (job_key TEXT PRIMARY KEY, peak_mem INTEGER, "
+        "peak_gpu_mem INTEGER, run_s REAL, updated REAL)",
+        "CREATE TABLE IF NOT EXISTS events (id INTEGER PRIMARY KEY AUTOINCREMENT, t REAL NOT NULL, "
+        "job_id INTEGER, kind TEXT NOT NULL, detail TEXT NOT NULL DEFAULT '')",
+    ]
+)
+
+
+def columns_of(cls: type, *, listed: bool = False, queued: bool = False) -> str:
+    """The quoted column list of ``cls``'s stored fields: all, or only those read when
+    jobs are listed (``listed``) or by a scheduling pass (``queued``)."""
+    chosen = [
+        f.name
+        for f in stored_fields(cls)
+        if (not listed or meta(f, "listed")) and (not queued or meta(f, "queued"))
+    ]
+    return ", ".join(f'"{c}"' for c in chosen)
+
+
+def row_values(record: Any, **overrides: Any) -> dict[str, Any]:
+    """A record's stored fields as its columns hold them (``overrides`` replace values)."""
+    values = {f.name: getattr(record, f.name) for f in stored_fields(type(record))} | overrides
+    by_name = {f.name: f for f in stored_fields(type(record))}
+    return {k: to_column(by_name[k], v) for k, v in values.items()}
+
+
+def encode(cls: type, values: dict[str, Any]) -> dict[str, Any]:
+    """Some of ``cls``'s fields as their columns hold them."""
+    by_name = {f.name: f for f in stored_fields(cls)}
+    return {k: to_column(by_name[k], v) for k, v in values.items()}
+
+
+def decode(cls: type, row: sqlite3.Row) -> Any:
+    """The record a row (all or some of its columns) holds."""
+    by_name = {f.name: f for f in stored_fields(cls)}
+    return cls(**{k: from_column(by_name[k], row[k]) for k in row.keys()})  # noqa: SIM118 (a Row iterates its values)
+
+
+def missing_columns(db: sqlite3.Connection) -> list[str]:
+    """``table.column`` of every declared field the file has no column for."""
+    missing = []
+    for cls, (table, _) in TABLES.items():
+        have = {r[1] for r in db.execute(f"PRAGMA table_info({table})")}
+        missing += [f"{table}.{f.name}" for f in stored_fields(cls) if f.name not in have]
+    return missing
+
+
+def _shares_as_specs(db: sqlite3.Connection) -> None:
+    """Schema 1 kept a share as ``tandem share serve`` arguments: rebuild it as a spec."""
+    from tandem.share.spec import ShareSpec
+
+    old = db.execute("SELECT name, serve_args, cpus, mem, defined FROM shares").fetchall()
+    db.execute("DROP TABLE shares")
+    db.execute(
+        "CREATE TABLE shares (name TEXT PRIMARY KEY, spec TEXT NOT NULL, defined REAL NOT NULL, "
+        "pid INTEGER, ctime REAL, started REAL, cpus REAL, error TEXT)"
+    )
+    for name, serve_args, cpus, mem, defined in old:
+        args, values = json.loads(serve_args), {}
+        flags = {"--window": "window", "--policy": "policy", "--batch-size": "batch_size", "--seed": "seed"}
+        flags |= {"--num-workers": "num_workers", "--device": "device"}
+        for i, arg in enumerate(args):
+            if arg in ("--dataset", "--loader", "--images"):
+                values["source"], values["ref"] = arg[2:], args[i + 1]
+            elif arg in flags:
+                values[flags[arg]] = args[i + 1] if arg in ("--policy", "--device") else int(args[i + 1])
+            elif arg == "--shuffle":
+                values["shuffle"] = True
+        spec = ShareSpec(name=name, cpus=cpus, mem=mem, **values)
+        db.execute(
+            "INSERT INTO shares (name, spec, defined) VALUES (?, ?, ?)", (name, spec.to_json(), defined)
+        )
+
+
+def _selections_in_state(db: sqlite3.Connection) -> None:
+    """Schema 3 kept a share's selection in its spec (``--selection``) or beside the
+    selection's files (what its selection job made): the share's column holds it now."""
+    db.execute("ALTER TABLE shares ADD COLUMN selection TEXT")
+    for name, spec_json in db.execute("SELECT name, spec FROM shares").fetchall():
+        given = json.loads(spec_json).get("selection")
+        if given:
+            db.execute("UPDATE shares SET selection = ? WHERE name = ?", (given, name))
+
+
+# MIGRATIONS[n]: what takes schema n to n + 1 (CREATE TABLE IF NOT EXISTS only makes what
+# is missing, not what an old table lacks): SQL statements, or functions of the database.
+MIGRATIONS: dict[int, list[Any]] = {
+    1: [
+        "ALTER TABLE jobs ADD COLUMN reason TEXT",
+        "ALTER TABLE jobs ADD COLUMN token TEXT",
+        'ALTER TABLE jobs RENAME COLUMN grp TO "group"',
+        "CREATE UNIQUE INDEX IF NOT EXISTS jobs_token ON jobs(token)",
+        _shares_as_specs,
+    ],
+    2: [
+        "ALTER TABLE jobs ADD COLUMN updated REAL",
+        "UPDATE jobs SET updated = coalesce(ended, started, submitted)",
+    ],
+    3: [
+        "ALTER TABLE jobs ADD COLUMN params TEXT NOT NULL DEFAULT '{}'",
+        _selections_in_state,
+    ],
+}
+
+assert set(MIGRATIONS) == set(range(1, SCHEMA_VERSION)), "a schema version without its migration"
+assert all(dataclasses.is_dataclass(cls) for cls in TABLES)

@@ -1,0 +1,163 @@
+"""The shape of the house, checked on every commit: imports go one way between tandem's
+packages (every import counted, lazy ones inside functions too), no module is over the
+size bound, no class name is defined twice in a package, a job's state is written by the
+state module alone, share definitions by the daemon alone, and benchmarks import no tests."""
+
+from __future__ import annotations
+
+import ast
+import re
+from collections import defaultdict
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+SRC = ROOT / "src" / "tandem"
+MAX_LINES = 450
+
+
+def _modules() -> dict[str, Path]:
+    out = {}
+    for path in SRC.rglob("*.py"):
+        parts = path.relative_to(SRC.parent).with_suffix("").parts
+        out[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+    return out
+
+
+def _imports(name: str, path: Path) -> set[str]:
+    """Every tandem module ``name`` imports, wherever the import statement is."""
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            found |= {a.name for a in node.names}
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")[: len(package.split(".")) - node.level + 1]
+                module = ".".join(base + ([node.module] if node.module else []))
+            else:
+                module = node.module or ""
+            found |= {module} | {f"{module}.{a.name}" for a in node.names}
+    return {m for m in found if m == "tandem" or m.startswith("tandem.")}
+
+
+def _package(module: str, packages: set[str]) -> str:
+    """The innermost package of ``module`` among ``packages`` (a top-level module is its own)."""
+    while module not in packages and "." in module:
+        module = module.rpartition(".")[0]
+    return module
+
+
+def _graph(depth: int) -> dict[str, set[str]]:
+    """Edges between packages at most ``depth`` levels below tandem (``tandem.place``: 1,
+    ``tandem.place.run``: 2; a module directly in ``tandem`` counts as a package of its own).
+    A subpackage and the package it is in are one room: edges between them are not counted."""
+    modules = _modules()
+    names = {m for m, p in modules.items() if p.name == "__init__.py" and 0 < m.count(".") <= depth}
+    names |= {m for m in modules if m.count(".") == 1}
+    edges: dict[str, set[str]] = defaultdict(set)
+    for name, path in modules.items():
+        here = _package(name, names)
+        for target in _imports(name, path):
+            there = _package(target, names)
+            if (
+                there in names
+                and not (here + ".").startswith(there + ".")
+                and not there.startswith(here + ".")
+            ):
+                edges[here].add(there)
+    return edges
+
+
+def _cycle(edges: dict[str, set[str]]) -> list[str] | None:
+    done: set[str] = set()
+
+    def visit(node: str, path: list[str]) -> list[str] | None:
+        if node in path:
+            return path[path.index(node) :] + [node]
+        if node in done:
+            return None
+        for nxt in sorted(edges.get(node, ())):
+            found = visit(nxt, path + [node])
+            if found:
+                return found
+        done.add(node)
+        return None
+
+    for start in sorted(edges):
+        found = visit(start, [])
+        if found:
+            return found
+    return None
+
+
+def test_every_folder_of_modules_is_a_package() -> None:
+    """A folder without ``__init__.py`` is left out of a wheel (setuptools finds packages)."""
+    loose = [str(d.relative_to(ROOT)) for d in SRC.rglob("*") if d.is_dir() and any(d.glob("*.py"))
+             and not (d / "__init__.py").exists()]  # fmt: skip
+    assert not loose, loose
+
+
+@pytest.mark.parametrize("depth", [1, 2])
+def test_no_import_cycle_between_packages_lazy_imports_included(depth: int) -> None:
+    cycle = _cycle(_graph(depth))
+    assert cycle is None, "an import cycle: " + " -> ".join(cycle or [])
+
+
+def test_share_imports_neither_select_nor_place_nor_watch() -> None:
+    edges = _graph(1)
+    assert not edges["tandem.share"] & {"tandem.select", "tandem.place", "tandem.watch"}, edges[
+        "tandem.share"
+    ]
+
+
+def test_no_module_over_the_size_bound() -> None:
+    big = {
+        str(p.relative_to(ROOT)): n
+        for p in SRC.rglob("*.py")
+        if (n := len(p.read_text().splitlines())) > MAX_LINES
+    }
+    assert not big, f"modules over {MAX_LINES} lines: {big}"
+
+
+def test_no_class_name_defined_twice_in_a_package() -> None:
+    where: dict[tuple[str, str], list[str]] = defaultdict(list)
+    for path in SRC.rglob("*.py"):
+        package = path.relative_to(SRC).parts[0] if len(path.relative_to(SRC).parts) > 1 else "tandem"
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ClassDef):
+                where[(package, node.name)].append(str(path.relative_to(ROOT)))
+    twice = {k: v for k, v in where.items() if len(v) > 1}
+    assert not twice, twice
+
+
+def test_only_the_state_module_writes_a_jobs_state() -> None:
+    """No module but place/state.py sets a job's state: by SQL or through update_job."""
+    writers = []
+    sql = re.compile(r"UPDATE\s+jobs\s+SET[^\"']*\bstate\b", re.IGNORECASE)
+    for path in SRC.rglob("*.py"):
+        text = path.read_text()
+        if path == SRC / "place" / "state.py":
+            continue
+        if sql.search(text) or re.search(r"update_job\([^)]*\bstate\s*=", text):
+            writers.append(str(path.relative_to(ROOT)))
+    assert not writers, f"modules that write a job's state: {writers}"
+
+
+def test_share_definitions_are_written_by_the_daemon_alone() -> None:
+    """Only the daemon's request handlers define or remove a share (the CLI asks it)."""
+    callers = []
+    for path in SRC.rglob("*.py"):
+        text = path.read_text()
+        if path.name in ("state.py", "requests.py"):
+            continue
+        if re.search(r"\.(define_share|remove_share)\(", text):
+            callers.append(str(path.relative_to(ROOT)))
+    assert not callers, callers
+
+
+def test_benchmarks_import_no_test_code() -> None:
+    offenders = [str(p.relative_to(ROOT)) for p in (ROOT / "benchmarks").rglob("*.py")
+                 if re.search(r"^\s*(from|import)\s+tests\b", p.read_text(), re.MULTILINE)]  # fmt: skip
+    assert not offenders, offenders
