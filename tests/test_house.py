@@ -112,6 +112,16 @@ def test_share_imports_neither_select_nor_place_nor_watch() -> None:
     ]
 
 
+def test_share_statistics_are_read_without_torch() -> None:
+    """watch reads share's statistics through tandem.share.stats, which pulls in no torch."""
+    import subprocess
+    import sys
+
+    code = "import sys, tandem.watch.samplers.share; print('torch' in sys.modules, 'numpy' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.split() == ["False", "False"]
+
+
 def test_no_module_over_the_size_bound() -> None:
     big = {
         str(p.relative_to(ROOT)): n

@@ -64,8 +64,10 @@ def private_dir(path: Path, what: str, setting: str, error: type[Exception] = Ru
     info = os.lstat(path)
     fix = f"set {setting} to a directory of your own"
     if stat.S_ISLNK(info.st_mode):
-        raise error(f"{what} {path} is a symbolic link; tandem uses no link there (another user could "
-                    f"have made it): {fix}")  # fmt: skip
+        raise error(
+            f"{what} {path} is a symbolic link; tandem uses no link there (another user could "
+            f"have made it): {fix}"
+        )
     if not stat.S_ISDIR(info.st_mode):
         raise error(f"{what} {path} is not a directory; {fix}")
     if info.st_uid != os.getuid():

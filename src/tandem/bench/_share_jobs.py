@@ -102,9 +102,12 @@ class JobSpec:
 def _private_job(cfg: ShareBenchConfig, job: JobSpec, root: str, built, ready, progress) -> JobResult:
     torch.set_num_threads(1)
     loader = torch.utils.data.DataLoader(
-        ImageFolder(root, crop=cfg.crop), batch_size=job.batch_size or cfg.batch_size,
-        shuffle=True, num_workers=cfg.workers, persistent_workers=cfg.workers > 0,
-    )  # fmt: skip
+        ImageFolder(root, crop=cfg.crop),
+        batch_size=job.batch_size or cfg.batch_size,
+        shuffle=True,
+        num_workers=cfg.workers,
+        persistent_workers=cfg.workers > 0,
+    )
     fn = _step_fn(job.step, cfg, job.model)
     built.put(os.getpid())
     ready.wait(120)
@@ -122,9 +125,13 @@ def tandem_producer(queue, cfg: ShareBenchConfig, root: str, name: str, ready) -
     torch.set_num_threads(1)
     mark = cpu_from(ready)
     p = Producer.from_dataset(
-        ImageFolder(root, crop=cfg.crop), name, batch_size=cfg.batch_size, shuffle=True,
-        num_workers=cfg.workers, window=8,
-    )  # fmt: skip
+        ImageFolder(root, crop=cfg.crop),
+        name,
+        batch_size=cfg.batch_size,
+        shuffle=True,
+        num_workers=cfg.workers,
+        window=8,
+    )
     with p:  # consumers can attach now; loading starts with the clock, as for private jobs
         ready.wait(300)
         p.serve(epochs=cfg.epochs)
@@ -149,16 +156,19 @@ def tandem_job(queue, cfg, job, name, built, ready, progress):
     _report(queue, _tandem_job, cfg, job, name, built, ready, progress)
 
 
-def tensorsocket_producer(queue, cfg: ShareBenchConfig, root: str, ports: tuple[int, int, int, int],
-                          built, ready) -> None:  # fmt: skip
+def tensorsocket_producer(
+    queue, cfg: ShareBenchConfig, root: str, ports: tuple[int, int, int, int], built, ready
+) -> None:
     from tensorsocket import TensorProducer
 
     torch.set_num_threads(1)
     mark = cpu_from(ready)
     loader = torch.utils.data.DataLoader(
-        ImageFolder(root, crop=cfg.crop), batch_size=cfg.batch_size, shuffle=True,
+        ImageFolder(root, crop=cfg.crop),
+        batch_size=cfg.batch_size,
+        shuffle=True,
         num_workers=cfg.workers,
-    )  # fmt: skip
+    )
     # Its consumers handshake with a live producer, so it is built before the clock starts
     # (and may prefetch a few batches: to its advantage).
     producer = TensorProducer(
@@ -186,8 +196,14 @@ def _tensorsocket_job(cfg: ShareBenchConfig, job: JobSpec, ports, built, ready, 
 
     def epoch(_e: int):
         if not consumer:
-            consumer.append(TensorConsumer(ports[0], ports[1], heart_ports=(ports[2], ports[3]),
-                                           batch_size=job.batch_size or cfg.batch_size))  # fmt: skip
+            consumer.append(
+                TensorConsumer(
+                    ports[0],
+                    ports[1],
+                    heart_ports=(ports[2], ports[3]),
+                    batch_size=job.batch_size or cfg.batch_size,
+                )
+            )
         return consumer[0]
 
     return _timed_epochs(epoch, cfg.epochs, fn, progress)

@@ -46,8 +46,9 @@ class ImageFolder(torch.utils.data.Dataset):
             img = img.convert("RGB")
             w, h = img.size
             scale = self.resize / min(w, h)
-            img = img.resize((max(self.crop, round(w * scale)), max(self.crop, round(h * scale))),
-                             Image.BILINEAR)  # fmt: skip
+            img = img.resize(
+                (max(self.crop, round(w * scale)), max(self.crop, round(h * scale))), Image.BILINEAR
+            )
             w, h = img.size
             x, y = int(rng.integers(0, w - self.crop + 1)), int(rng.integers(0, h - self.crop + 1))
             img = img.crop((x, y, x + self.crop, y + self.crop))

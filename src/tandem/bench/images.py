@@ -25,8 +25,14 @@ def make_image_folder(
 ) -> Path:
     """Write ``images`` JPEGs under ``root`` (reused when an identical set is already there)."""
     root = Path(root)
-    params = {"images": images, "classes": classes, "min_side": min_side,
-              "max_side": max_side, "seed": seed, "quality": quality}  # fmt: skip
+    params = {
+        "images": images,
+        "classes": classes,
+        "min_side": min_side,
+        "max_side": max_side,
+        "seed": seed,
+        "quality": quality,
+    }
     marker = root / "tandem-images.json"
     if marker.exists() and json.loads(marker.read_text()) == params:
         return root

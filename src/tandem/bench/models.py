@@ -8,10 +8,14 @@ from torch import nn
 
 def tiny_cnn(classes: int = 8, width: int = 16) -> nn.Module:
     return nn.Sequential(
-        nn.Conv2d(3, width, 5, stride=4, padding=2), nn.ReLU(),
-        nn.Conv2d(width, width * 2, 3, stride=2, padding=1), nn.ReLU(),
-        nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(width * 2, classes),
-    )  # fmt: skip
+        nn.Conv2d(3, width, 5, stride=4, padding=2),
+        nn.ReLU(),
+        nn.Conv2d(width, width * 2, 3, stride=2, padding=1),
+        nn.ReLU(),
+        nn.AdaptiveAvgPool2d(1),
+        nn.Flatten(),
+        nn.Linear(width * 2, classes),
+    )
 
 
 class _Block(nn.Module):
@@ -29,18 +33,27 @@ class _Block(nn.Module):
 
 def small_resnet(classes: int = 8, width: int = 16) -> nn.Module:
     return nn.Sequential(
-        nn.Conv2d(3, width, 7, stride=4, padding=3, bias=False), nn.BatchNorm2d(width), nn.ReLU(),
-        nn.MaxPool2d(2), _Block(width),
-        nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(width, classes),
-    )  # fmt: skip
+        nn.Conv2d(3, width, 7, stride=4, padding=3, bias=False),
+        nn.BatchNorm2d(width),
+        nn.ReLU(),
+        nn.MaxPool2d(2),
+        _Block(width),
+        nn.AdaptiveAvgPool2d(1),
+        nn.Flatten(),
+        nn.Linear(width, classes),
+    )
 
 
 def mlp_mixer_lite(classes: int = 8, patch: int = 28, dim: int = 32) -> nn.Module:
     return nn.Sequential(
-        nn.Conv2d(3, dim, patch, stride=patch), nn.GELU(),
-        nn.Conv2d(dim, dim, 1), nn.GELU(),
-        nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(dim, classes),
-    )  # fmt: skip
+        nn.Conv2d(3, dim, patch, stride=patch),
+        nn.GELU(),
+        nn.Conv2d(dim, dim, 1),
+        nn.GELU(),
+        nn.AdaptiveAvgPool2d(1),
+        nn.Flatten(),
+        nn.Linear(dim, classes),
+    )
 
 
 MODELS = {"tiny_cnn": tiny_cnn, "small_resnet": small_resnet, "mixer_lite": mlp_mixer_lite}

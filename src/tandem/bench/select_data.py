@@ -11,8 +11,15 @@ class Blobs(torch.utils.data.Dataset):
     """Gaussian blobs, ``classes`` classes in 20 dimensions; a ``noise`` fraction of labels
     flipped to another class (``flipped`` says which); ``domain`` shifts every blob."""
 
-    def __init__(self, n: int = 1500, noise: float = 0.5, seed: int = 0, classes: int = 10,
-                 domain: float = 0.0, spread: float = 1.0) -> None:  # fmt: skip
+    def __init__(
+        self,
+        n: int = 1500,
+        noise: float = 0.5,
+        seed: int = 0,
+        classes: int = 10,
+        domain: float = 0.0,
+        spread: float = 1.0,
+    ) -> None:
         rng = np.random.default_rng(seed)
         centers = np.random.default_rng(1234).normal(0, 3, (classes, 20)) + domain
         self.true = rng.integers(0, classes, n)

@@ -90,8 +90,15 @@ class PssSampler(Every):
 def _track(pid: int, name: str, group: str, mode: str) -> Any:
     from tandem.watch import Run
 
-    return Run(pid=pid, name=name, tags={"group": group, "tandem.mode": mode}, interval=1.0, quiet=True,
-               writer="thread", cpu_since_start=True).start()  # fmt: skip
+    return Run(
+        pid=pid,
+        name=name,
+        tags={"group": group, "tandem.mode": mode},
+        interval=1.0,
+        quiet=True,
+        writer="thread",
+        cpu_since_start=True,
+    ).start()
 
 
 STALL_KEY = "train/stall_seconds"
@@ -150,18 +157,22 @@ def run_one(
     with PssSampler() as pss:
         try:
             if mode == "private":
-                targets = [(private_job, (q, cfg, job, root, built, ready, pr))
-                           for job, pr in zip(specs, progress)]  # fmt: skip
+                targets = [
+                    (private_job, (q, cfg, job, root, built, ready, pr)) for job, pr in zip(specs, progress)
+                ]
             elif mode == "tandem":
                 name = f"bench-{os.getpid()}-{time.monotonic_ns()}"
                 producer = run.start(tandem_producer, q, cfg, root, name, ready)
-                targets = [(tandem_job, (q, cfg, job, name, built, ready, pr))
-                           for job, pr in zip(specs, progress)]  # fmt: skip
+                targets = [
+                    (tandem_job, (q, cfg, job, name, built, ready, pr)) for job, pr in zip(specs, progress)
+                ]
             else:
                 ports = free_ports(4)
                 producer = run.start(tensorsocket_producer, q, cfg, root, ports, built, ready)
-                targets = [(tensorsocket_job, (q, cfg, job, ports, built, ready, pr))
-                           for job, pr in zip(specs, progress)]  # fmt: skip
+                targets = [
+                    (tensorsocket_job, (q, cfg, job, ports, built, ready, pr))
+                    for job, pr in zip(specs, progress)
+                ]
             if mode != "private" and track_group:
                 tracked.append((_track(producer.pid, "producer", track_group, mode), None))
             if mode == "tensorsocket":
@@ -183,9 +194,11 @@ def run_one(
                 run.gather(deadline - time.monotonic(), on_result, lambda: got >= expected)
             if len(result.per_job) < jobs:
                 killed_at = time.monotonic()
-                result.note = (f"{jobs - len(result.per_job)} job(s) did not finish within "
-                               f"{cfg.run_timeout_s:g} s (hung or too slow): killed; figures up "
-                               "to the kill")  # fmt: skip
+                result.note = (
+                    f"{jobs - len(result.per_job)} job(s) did not finish within "
+                    f"{cfg.run_timeout_s:g} s (hung or too slow): killed; figures up "
+                    "to the kill"
+                )
                 finished = {j.job for j in result.per_job}
                 for job, pr in zip(specs, progress):
                     label = job.label(cfg)
@@ -193,10 +206,18 @@ def run_one(
                         continue
                     start = pr[1] or killed_at
                     wall = killed_at - start
-                    result.per_job.append(JobResult(
-                        job=int(pr[2]), label=label, samples=int(pr[0]), wall_s=wall, start=start,
-                        end=killed_at, partial=True, samples_per_s=pr[0] / wall if wall > 0 else 0.0,
-                    ))  # fmt: skip
+                    result.per_job.append(
+                        JobResult(
+                            job=int(pr[2]),
+                            label=label,
+                            samples=int(pr[0]),
+                            wall_s=wall,
+                            start=start,
+                            end=killed_at,
+                            partial=True,
+                            samples_per_s=pr[0] / wall if wall > 0 else 0.0,
+                        )
+                    )
             run.reap(grace_s=15 if not result.note else 0.5)
         finally:
             run.close()
@@ -223,8 +244,13 @@ def run_one(
 
 
 # --------------------------------------------------------------------------- driver
-def run(jobs: list[int], quick: bool = False, out: Path = Path("benchmarks/results"),
-        steps: tuple[str, ...] = ("sleep", "cnn"), modes: tuple[str, ...] | None = None) -> dict:  # fmt: skip
+def run(
+    jobs: list[int],
+    quick: bool = False,
+    out: Path = Path("benchmarks/results"),
+    steps: tuple[str, ...] = ("sleep", "cnn"),
+    modes: tuple[str, ...] | None = None,
+) -> dict:
     from rich.console import Console
     from rich.table import Table
 
@@ -241,37 +267,62 @@ def run(jobs: list[int], quick: bool = False, out: Path = Path("benchmarks/resul
                 results.append(run_one(mode, n, step, cfg, root))
     handoff = [measure_handoff(s, steps=15 if quick else 40) for s in HANDOFF_SHAPES]
 
-    table = Table(title=f"tandem share benchmark ({os.cpu_count()} cores, {cfg.images} JPEGs, "
-                        f"{cfg.epochs} epoch(s), batch {cfg.batch_size})")  # fmt: skip
-    for col in ("step", "jobs", "mode", "samples/s (sum)", "per job", "CPU s / 1k samples",
-                "stall s / job", "peak PSS MiB", "note"):  # fmt: skip
+    table = Table(
+        title=f"tandem share benchmark ({os.cpu_count()} cores, {cfg.images} JPEGs, "
+        f"{cfg.epochs} epoch(s), batch {cfg.batch_size})"
+    )
+    for col in (
+        "step",
+        "jobs",
+        "mode",
+        "samples/s (sum)",
+        "per job",
+        "CPU s / 1k samples",
+        "stall s / job",
+        "peak PSS MiB",
+        "note",
+    ):
         table.add_column(col)
     for r in results:
         per_job = ", ".join(f"{j.samples_per_s:.0f}" for j in r.per_job if not j.error)
         stall = statistics.mean([j.stall_s for j in r.per_job]) if r.per_job else 0.0
-        table.add_row(r.step, str(r.jobs), r.mode, f"{r.samples_per_s:.0f}", per_job,
-                      f"{r.cpu_s_per_1k:.2f}", f"{stall:.1f}", f"{r.peak_pss_mib:.0f}", r.note)  # fmt: skip
+        table.add_row(
+            r.step,
+            str(r.jobs),
+            r.mode,
+            f"{r.samples_per_s:.0f}",
+            per_job,
+            f"{r.cpu_s_per_1k:.2f}",
+            f"{stall:.1f}",
+            f"{r.peak_pss_mib:.0f}",
+            r.note,
+        )
     console.print(table)
     ho = Table(title="hand-off: consumer next() with the producer ahead")
     for col in ("batch", "MB", "median ms", "p90 ms"):
         ho.add_column(col)
     for h in handoff:
-        ho.add_row("x".join(map(str, h["shape"])), f"{h['mbytes']:.1f}", f"{h['median_ms']:.3f}",
-                   f"{h['p90_ms']:.3f}")  # fmt: skip
+        ho.add_row(
+            "x".join(map(str, h["shape"])),
+            f"{h['mbytes']:.1f}",
+            f"{h['median_ms']:.3f}",
+            f"{h['p90_ms']:.3f}",
+        )
     console.print(ho)
 
     targets = _targets(results, handoff, max(jobs))
     for t in targets:
         colour = "green" if t["met"] else "red"
-        console.print(f"[{colour}]{'met' if t['met'] else 'NOT met'}[/]: {t['target']} "
-                      f"(measured {t['measured']})")  # fmt: skip
+        console.print(
+            f"[{colour}]{'met' if t['met'] else 'NOT met'}[/]: {t['target']} (measured {t['measured']})"
+        )
     report = {
         "machine": {
             "cpus": os.cpu_count(),
             "platform": platform.platform(),
             "python": platform.python_version(),
             "torch": torch.__version__,
-        },  # fmt: skip
+        },
         "config": asdict(cfg),
         "command": "python benchmarks/share_bench.py" + (" --quick" if quick else ""),
         "when": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
@@ -308,14 +359,23 @@ def write_markdown(report: dict, path: Path) -> None:
         stalls = [j["stall_s"] for j in r["per_job"] if not j["partial"]]
         stall = f"{statistics.mean(stalls):.1f}" if stalls else "-"
         cpu = f"{r['cpu_s_per_1k']:.2f}" if r["cpu_s_per_1k"] else "-"
-        lines.append(f"| {r['step']} | {r['jobs']} | {r['mode']} | {r['samples_per_s']:.0f} | {per_job} "
-                     f"| {cpu} | {stall} | {r['peak_pss_mib']:.0f} | {r['note']} |")  # fmt: skip
-    lines += ["", "Hand-off: time of a consumer's `next()` while the producer is ahead "
-              "(each step touches every page of the batch, then waits for the producer to refill).",
-              "", "| batch | MB | median ms | p90 ms |", "|---|---|---|---|"]  # fmt: skip
+        lines.append(
+            f"| {r['step']} | {r['jobs']} | {r['mode']} | {r['samples_per_s']:.0f} | {per_job} "
+            f"| {cpu} | {stall} | {r['peak_pss_mib']:.0f} | {r['note']} |"
+        )
+    lines += [
+        "",
+        "Hand-off: time of a consumer's `next()` while the producer is ahead "
+        "(each step touches every page of the batch, then waits for the producer to refill).",
+        "",
+        "| batch | MB | median ms | p90 ms |",
+        "|---|---|---|---|",
+    ]
     for h in report["handoff"]:
-        lines.append(f"| {'x'.join(map(str, h['shape']))} float32 | {h['mbytes']:.1f} "
-                     f"| {h['median_ms']:.3f} | {h['p90_ms']:.3f} |")  # fmt: skip
+        lines.append(
+            f"| {'x'.join(map(str, h['shape']))} float32 | {h['mbytes']:.1f} "
+            f"| {h['median_ms']:.3f} | {h['p90_ms']:.3f} |"
+        )
     lines += ["", "| target | measured | met |", "|---|---|---|"]
     for t in report["targets"]:
         lines.append(f"| {t['target']} | {t['measured']} | {'yes' if t['met'] else 'no'} |")
@@ -324,27 +384,49 @@ def write_markdown(report: dict, path: Path) -> None:
 
 def _targets(results: list[RunResult], handoff: list[dict], n: int) -> list[dict]:
     def find(mode: str) -> RunResult | None:
-        return next((r for r in results if r.mode == mode and r.jobs == n and r.step == "sleep"),
-                    None)  # fmt: skip
+        return next((r for r in results if r.mode == mode and r.jobs == n and r.step == "sleep"), None)
 
     out = []
     private, shared = find("private"), find("tandem")
     if private and shared and private.samples_per_s and shared.cpu_s_per_1k:
         ratio = shared.samples_per_s / private.samples_per_s
-        out.append({"target": f"N={n} simulated accelerator: shared samples/s >= 1.8x private",
-                    "measured": f"{ratio:.2f}x", "value": ratio, "met": ratio >= 1.8})  # fmt: skip
+        out.append(
+            {
+                "target": f"N={n} simulated accelerator: shared samples/s >= 1.8x private",
+                "measured": f"{ratio:.2f}x",
+                "value": ratio,
+                "met": ratio >= 1.8,
+            }
+        )
         cpu = shared.cpu_s_per_1k / private.cpu_s_per_1k
-        out.append({"target": f"N={n}: shared CPU-s per sample <= 0.35x private",
-                    "measured": f"{cpu:.2f}x", "value": cpu, "met": cpu <= 0.35})  # fmt: skip
+        out.append(
+            {
+                "target": f"N={n}: shared CPU-s per sample <= 0.35x private",
+                "measured": f"{cpu:.2f}x",
+                "value": cpu,
+                "met": cpu <= 0.35,
+            }
+        )
     mid = next((h for h in handoff if h["shape"] == [64, 3, 224, 224]), None)
     if mid:
-        out.append({"target": "hand-off of a 64x3x224x224 float32 batch: median <= 0.3 ms",
-                    "measured": f"{mid['median_ms']:.3f} ms", "value": mid["median_ms"],
-                    "met": mid["median_ms"] <= 0.3})  # fmt: skip
+        out.append(
+            {
+                "target": "hand-off of a 64x3x224x224 float32 batch: median <= 0.3 ms",
+                "measured": f"{mid['median_ms']:.3f} ms",
+                "value": mid["median_ms"],
+                "met": mid["median_ms"] <= 0.3,
+            }
+        )
     if len(handoff) >= 2:
         small, large = handoff[0], handoff[-1]
         growth = large["median_ms"] / small["median_ms"]
-        out.append({"target": f"hand-off does not grow with bytes ({small['mbytes']:.0f} MB vs "
-                              f"{large['mbytes']:.0f} MB: ratio <= 1.5)",
-                    "measured": f"{growth:.2f}x", "value": growth, "met": growth <= 1.5})  # fmt: skip
+        out.append(
+            {
+                "target": f"hand-off does not grow with bytes ({small['mbytes']:.0f} MB vs "
+                f"{large['mbytes']:.0f} MB: ratio <= 1.5)",
+                "measured": f"{growth:.2f}x",
+                "value": growth,
+                "met": growth <= 1.5,
+            }
+        )
     return out

@@ -4,9 +4,12 @@ own exit code, the daemon's errors as messages, and the value parsers of shared 
 from __future__ import annotations
 
 import importlib.util
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
+
+if TYPE_CHECKING:  # the state is imported when a command needs it: tandem --help stays light
+    from tandem.place.state import State
 
 # Exit codes (README, "Exit codes"). `tandem wait` of one job that failed exits with the
 # job's own code; these are the manager's own answers.
@@ -59,7 +62,7 @@ def daemon_call(call: Any, *args: Any, **kwargs: Any) -> Any:
         raise click.ClickException(str(exc)) from None
 
 
-def open_state() -> Any:
+def open_state() -> State:
     """The job manager's state (:class:`tandem.place.state.State`), or a clear error."""
     from tandem.place.state import State, StateError
 

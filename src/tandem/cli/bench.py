@@ -35,11 +35,18 @@ def bench() -> None:
 @bench.command("share", context_settings={"ignore_unknown_options": True})
 @click.option("--jobs", default="1,2,4", show_default=True, help="Comma-separated job counts.")
 @click.option("--quick", is_flag=True, help="A small run, for a smoke test.")
-@click.option("--out", type=click.Path(path_type=Path), default=None,
-              help="Results folder (default benchmarks/results); with --gpu, the JSON file.")  # fmt: skip
-@click.option("--gpu", is_flag=True,
-              help="Real models on one GPU: limit, private, host path, GPU path (needs CUDA). "
-              "Its further options after --: tandem bench share --gpu -- --help.")  # fmt: skip
+@click.option(
+    "--out",
+    type=click.Path(path_type=Path),
+    default=None,
+    help="Results folder (default benchmarks/results); with --gpu, the JSON file.",
+)
+@click.option(
+    "--gpu",
+    is_flag=True,
+    help="Real models on one GPU: limit, private, host path, GPU path (needs CUDA). "
+    "Its further options after --: tandem bench share --gpu -- --help.",
+)
 @click.argument("gpu_args", nargs=-1, type=click.UNPROCESSED)
 def bench_share(jobs: str, quick: bool, out: Path | None, gpu: bool, gpu_args: tuple[str, ...]) -> None:
     """Shared against private data loading on a generated image folder."""
@@ -74,8 +81,18 @@ def bench_share(jobs: str, quick: bool, out: Path | None, gpu: bool, gpu_args: t
     default=Path("benchmarks/results/gpu_io.json"),
     show_default=True,
 )
-def bench_io(folder: Path, size_gib: float, seconds: float, threads: int, block_sizes: str, device: str,
-             direct: bool, drop_caches: bool, quick: bool, out: Path) -> None:  # fmt: skip
+def bench_io(
+    folder: Path,
+    size_gib: float,
+    seconds: float,
+    threads: int,
+    block_sizes: str,
+    device: str,
+    direct: bool,
+    drop_caches: bool,
+    quick: bool,
+    out: Path,
+) -> None:
     """Storage-to-GPU random reads: pread + copy against cuFile."""
     from tandem.bench.io_bench import parse_size, run  # needs only the core: no require()
     from tandem.share import ShareError
@@ -87,8 +104,17 @@ def bench_io(folder: Path, size_gib: float, seconds: float, threads: int, block_
     if quick:
         size_gib, seconds = 1 / 16, 0.2
     try:
-        run(folder=folder, size_gib=size_gib, seconds=seconds, threads=threads, block_sizes=sizes,
-            device=device, direct=direct, drop=drop_caches, out=out)  # fmt: skip
+        run(
+            folder=folder,
+            size_gib=size_gib,
+            seconds=seconds,
+            threads=threads,
+            block_sizes=sizes,
+            device=device,
+            direct=direct,
+            drop=drop_caches,
+            out=out,
+        )
     except (ValueError, ShareError) as exc:
         raise click.ClickException(str(exc)) from None
 

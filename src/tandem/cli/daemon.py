@@ -147,9 +147,12 @@ def _config(options: dict[str, Any]) -> DaemonConfig:
     if options["address"] and options["backend"] != "ray":
         raise click.UsageError("--address is for --backend ray")
     limits = dataclasses.replace(
-        _LIMITS, **{k: options.pop(k) for k in ("max_per_gpu", "settle_s", "window_s", "sm_mean", "sm_p95",
-                                                  "starve_after_s")}
-    )  # fmt: skip
+        _LIMITS,
+        **{
+            k: options.pop(k)
+            for k in ("max_per_gpu", "settle_s", "window_s", "sm_mean", "sm_p95", "starve_after_s")
+        },
+    )
     return DaemonConfig(limits=limits, **options)
 
 

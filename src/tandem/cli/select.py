@@ -104,9 +104,17 @@ def select_group() -> None:
     "--version", "data_version", metavar="V", help="Names the dataset's content (else 64 items are hashed)."
 )
 @json_option
-def select_run(dataset_ref: str, method: str, budget: float | int, model_ref: str | None,
-               target_ref: str | None, seed: int, balance: bool, data_version: str | None,
-               as_json: bool) -> None:  # fmt: skip
+def select_run(
+    dataset_ref: str,
+    method: str,
+    budget: float | int,
+    model_ref: str | None,
+    target_ref: str | None,
+    seed: int,
+    balance: bool,
+    data_version: str | None,
+    as_json: bool,
+) -> None:
     """Compute a selection (or find it stored) and print its id."""
     from tandem.select import SelectError, select
 
@@ -114,8 +122,16 @@ def select_run(dataset_ref: str, method: str, budget: float | int, model_ref: st
     model = _load_ref(model_ref, "--model", call=False) if model_ref else None
     target = _load_ref(target_ref, "--target", call=True) if target_ref else None
     try:
-        sel = select(dataset, method, budget, model=model, target=target, seed=seed, balance=balance,
-                     version=data_version)  # fmt: skip
+        sel = select(
+            dataset,
+            method,
+            budget,
+            model=model,
+            target=target,
+            seed=seed,
+            balance=balance,
+            version=data_version,
+        )
     except SelectError as exc:
         raise Exit(str(exc), EXIT_BAD_INPUT) from None
     if os.environ.get("TANDEM_JOB_ID", "").isdigit():  # a job of the manager's: say which made it
@@ -147,14 +163,24 @@ def select_ls(as_json: bool) -> None:
         click.echo("no stored selections (tandem select run ... makes one)")
     for s in rows:
         m = s.meta
-        click.echo(f"{s.id}  {m['method']:<10} {len(s):>7} of {m['dataset']['length']:<7} seed {m['seed']}  "
-                   f"{_cost_line(m['cost'])}")  # fmt: skip
+        click.echo(
+            f"{s.id}  {m['method']:<10} {len(s):>7} of {m['dataset']['length']:<7} seed {m['seed']}  "
+            f"{_cost_line(m['cost'])}"
+        )
 
 
 def _summary(sel: Any) -> dict[str, Any]:
     m = sel.meta
-    return {"id": sel.id, "method": m["method"], "size": len(sel), "dataset": m["dataset"], "seed": m["seed"],
-            "balance": m["balance"], "cost": m["cost"], "created": m["created"]}  # fmt: skip
+    return {
+        "id": sel.id,
+        "method": m["method"],
+        "size": len(sel),
+        "dataset": m["dataset"],
+        "seed": m["seed"],
+        "balance": m["balance"],
+        "cost": m["cost"],
+        "created": m["created"],
+    }
 
 
 @select_group.command("show")
@@ -174,9 +200,11 @@ def select_show(sel_id: str, as_json: bool) -> None:
         click.echo(json.dumps({**sel.meta, "uses": used, "jobs": jobs}, indent=2))
         return
     m = sel.meta
-    click.echo(f"selection {sel.id}: {m['method']} keeps the {m['keep']} end, {len(sel)} of "
-               f"{m['dataset']['length']} items (budget {m['budget']}, seed {m['seed']}, "
-               f"balance {m['balance']})")  # fmt: skip
+    click.echo(
+        f"selection {sel.id}: {m['method']} keeps the {m['keep']} end, {len(sel)} of "
+        f"{m['dataset']['length']} items (budget {m['budget']}, seed {m['seed']}, "
+        f"balance {m['balance']})"
+    )
     click.echo(f"  dataset {m['dataset']['fingerprint']}  model {m['model'] or '-'}  params {m['params']}")
     click.echo(f"  cost    {_cost_line(m['cost'])}")
     click.echo(f"  used    {len(used)} time(s)" + "".join(f"\n    {u}" for u in used[-10:]))
@@ -221,18 +249,24 @@ def select_report(sel_id: str, baseline_run: str | None, as_json: bool) -> None:
     if as_json:
         click.echo(json.dumps(data, indent=2))
         return
-    click.echo(f"selection {sel.id} ({data['method']}, {data['size']} items, {data['ratio']:.0%} of the "
-               f"data); {len(data['jobs'])} job(s) used it; baseline {data['baseline']}")  # fmt: skip
+    click.echo(
+        f"selection {sel.id} ({data['method']}, {data['size']} items, {data['ratio']:.0%} of the "
+        f"data); {len(data['jobs'])} job(s) used it; baseline {data['baseline']}"
+    )
     fmt: dict[str, Callable[[float], str]] = {
-        "wall_s": lambda v: f"{v:.1f} s", "cpu_s": lambda v: f"{v:.1f} CPU-s",
-        "energy_measured_joules": lambda v: f"{v:.0f} J", "energy_estimated_joules": lambda v: f"{v:.0f} J",
-    }  # fmt: skip
+        "wall_s": lambda v: f"{v:.1f} s",
+        "cpu_s": lambda v: f"{v:.1f} CPU-s",
+        "energy_measured_joules": lambda v: f"{v:.0f} J",
+        "energy_estimated_joules": lambda v: f"{v:.0f} J",
+    }
     for what, row in data["break_even"].items():
         show = {k: ("-" if v is None else fmt[what](v)) for k, v in row.items() if k != "break_even_jobs"}
         even = row["break_even_jobs"]
         even_text = "-" if even is None else (even if isinstance(even, str) else f"{even:.1f} jobs")
-        click.echo(f"  {what:<24} selection {show['selection']:>12}  a job {show['job_mean']:>12}  "
-                   f"full data {show['full_data']:>12}  pays after {even_text}")  # fmt: skip
+        click.echo(
+            f"  {what:<24} selection {show['selection']:>12}  a job {show['job_mean']:>12}  "
+            f"full data {show['full_data']:>12}  pays after {even_text}"
+        )
 
 
 def _jobs(sel_id: str) -> list[Any]:

@@ -34,44 +34,105 @@ def _workers(_ctx: click.Context, _param: click.Parameter, value: str) -> int | 
 
 _SHARE_OPTIONS = [
     click.argument("name"),
-    click.option("--loader", "loader_ref", metavar="REF",
-                 help=f"{OBJECT_FORMS}: returns a re-iterable of batches (a DataLoader, say)."),
-    click.option("--dataset", "dataset_ref", metavar="REF",
-                 help=f"{OBJECT_FORMS}: returns a map-style dataset."),
-    click.option("--images", "images_dir", type=click.Path(exists=True, file_okay=False, path_type=Path),
-                 help="An image folder (DIR/<class>/*.jpg): decoded and augmented once by the producer, on "
-                 "--device (random-resized-crop to --crop, flip, normalise)."),
-    click.option("--device", default=None, metavar="cpu|cuda:N",
-                 help="Where batches are kept: cuda:N keeps them in that GPU's memory, shared over CUDA IPC "
-                 "[default: host memory; with --images: cuda if there is one, else cpu]."),
+    click.option(
+        "--loader",
+        "loader_ref",
+        metavar="REF",
+        help=f"{OBJECT_FORMS}: returns a re-iterable of batches (a DataLoader, say).",
+    ),
+    click.option(
+        "--dataset", "dataset_ref", metavar="REF", help=f"{OBJECT_FORMS}: returns a map-style dataset."
+    ),
+    click.option(
+        "--images",
+        "images_dir",
+        type=click.Path(exists=True, file_okay=False, path_type=Path),
+        help="An image folder (DIR/<class>/*.jpg): decoded and augmented once by the producer, on "
+        "--device (random-resized-crop to --crop, flip, normalise).",
+    ),
+    click.option(
+        "--device",
+        default=None,
+        metavar="cpu|cuda:N",
+        help="Where batches are kept: cuda:N keeps them in that GPU's memory, shared over CUDA IPC "
+        "[default: host memory; with --images: cuda if there is one, else cpu].",
+    ),
     click.option("--crop", type=click.IntRange(min=1), default=224, show_default=True, help="With --images."),
-    click.option("--dtype", type=click.Choice(DTYPES), default="float32", show_default=True,
-                 help="With --images: the images' dtype."),
-    click.option("--batch-size", type=click.IntRange(min=1), default=32, show_default=True,
-                 help="With --dataset or --images: the producer's batch size."),
-    click.option("--shuffle/--no-shuffle", default=False,
-                 help="With --dataset or --images: shuffle each epoch."),
-    click.option("--num-workers", callback=_workers, default="auto", show_default=True, metavar="N|auto",
-                 help="Loader worker processes; auto: the cores the jobs leave free, less one (under the "
-                 "job manager: its reserved cores less one)."),
-    click.option("--worker-nice", type=click.IntRange(0, 19), default=10, show_default=True,
-                 help="How much lower the workers' CPU priority is than the jobs' (0: the same)."),
+    click.option(
+        "--dtype",
+        type=click.Choice(DTYPES),
+        default="float32",
+        show_default=True,
+        help="With --images: the images' dtype.",
+    ),
+    click.option(
+        "--batch-size",
+        type=click.IntRange(min=1),
+        default=32,
+        show_default=True,
+        help="With --dataset or --images: the producer's batch size.",
+    ),
+    click.option(
+        "--shuffle/--no-shuffle", default=False, help="With --dataset or --images: shuffle each epoch."
+    ),
+    click.option(
+        "--num-workers",
+        callback=_workers,
+        default="auto",
+        show_default=True,
+        metavar="N|auto",
+        help="Loader worker processes; auto: the cores the jobs leave free, less one (under the "
+        "job manager: its reserved cores less one).",
+    ),
+    click.option(
+        "--worker-nice",
+        type=click.IntRange(0, 19),
+        default=10,
+        show_default=True,
+        help="How much lower the workers' CPU priority is than the jobs' (0: the same).",
+    ),
     click.option("--seed", type=int, default=0, show_default=True),
-    click.option("--epochs", type=click.IntRange(min=1), default=None,
-                 help="Stop after this many epochs (default: serve until stopped)."),
-    click.option("--window", type=click.IntRange(min=2, max=1024), default=8, show_default=True,
-                 help="Batches in flight (shared-memory slots)."),
-    click.option("--policy", type=click.Choice(["wait", "skip"]), default="wait", show_default=True,
-                 help="wait: the slowest consumer sets the pace; skip: laggards miss batches."),
-    click.option("--selection", metavar="ID", default=None,
-                 help="With --dataset or --images: serve only the items of this stored selection "
-                 "(tandem select run; tandem select ls)."),
-    click.option("--select", metavar="METHOD:BUDGET", default=None,
-                 help="With --dataset: serve a selection made once for this share (share define: by a job "
-                 "of the manager's, which the group's jobs wait for), e.g. small-loss:0.3."),
-    click.option("--select-model", metavar="REF", default=None,
-                 help=f"With --select: {OBJECT_FORMS} returning a fresh torch.nn.Module (the proxy)."),
-]  # fmt: skip
+    click.option(
+        "--epochs",
+        type=click.IntRange(min=1),
+        default=None,
+        help="Stop after this many epochs (default: serve until stopped).",
+    ),
+    click.option(
+        "--window",
+        type=click.IntRange(min=2, max=1024),
+        default=8,
+        show_default=True,
+        help="Batches in flight (shared-memory slots).",
+    ),
+    click.option(
+        "--policy",
+        type=click.Choice(["wait", "skip"]),
+        default="wait",
+        show_default=True,
+        help="wait: the slowest consumer sets the pace; skip: laggards miss batches.",
+    ),
+    click.option(
+        "--selection",
+        metavar="ID",
+        default=None,
+        help="With --dataset or --images: serve only the items of this stored selection "
+        "(tandem select run; tandem select ls).",
+    ),
+    click.option(
+        "--select",
+        metavar="METHOD:BUDGET",
+        default=None,
+        help="With --dataset: serve a selection made once for this share (share define: by a job "
+        "of the manager's, which the group's jobs wait for), e.g. small-loss:0.3.",
+    ),
+    click.option(
+        "--select-model",
+        metavar="REF",
+        default=None,
+        help=f"With --select: {OBJECT_FORMS} returning a fresh torch.nn.Module (the proxy).",
+    ),
+]
 
 
 def share_options(f: Callable[..., Any]) -> Callable[..., Any]:
@@ -164,9 +225,13 @@ def share_serve_spec(spec_file: Path, reserved_cpus: float | None) -> None:
 
 @share.command("define")
 @share_options
-@click.option("--cpus", callback=to_cpus, default=None,
-              help="Cores the producer reserves [default: its workers plus one, else sized to the daemon's "
-              "cores, leaving room for a job].")  # fmt: skip
+@click.option(
+    "--cpus",
+    callback=to_cpus,
+    default=None,
+    help="Cores the producer reserves [default: its workers plus one, else sized to the daemon's "
+    "cores, leaving room for a job].",
+)
 @click.option("--mem", callback=to_size, metavar="SIZE", help="RAM the producer reserves [default: none].")
 def share_define(cpus: float | None, mem: int | None, **options: Any) -> None:
     """Register NAME for the job manager: jobs submitted with --share NAME read it from one
@@ -214,8 +279,15 @@ def _selection_job(spec: ShareSpec) -> Any:
     if spec.select is None:
         return None
     command = select_command(spec.ref, spec.select, spec.seed, spec.select_model)
-    return JobSpec(command, os.getcwd(), dict(os.environ), name=f"select-{spec.name}", group=spec.name,
-                   cpus=1.0, token=uuid.uuid4().hex)  # fmt: skip
+    return JobSpec(
+        command,
+        os.getcwd(),
+        dict(os.environ),
+        name=f"select-{spec.name}",
+        group=spec.name,
+        cpus=1.0,
+        token=uuid.uuid4().hex,
+    )
 
 
 @share.command("rm")

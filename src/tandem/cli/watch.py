@@ -80,9 +80,17 @@ def _make_store(sink: str, store_uri: str | None, out: Path, experiment: str) ->
 @click.option("-q", "--quiet", is_flag=True, help="No summary table.")
 @click.argument("command", nargs=-1, type=click.UNPROCESSED, required=True)
 def run_cmd(
-    experiment: str, name: str | None, interval: float, tag_values: tuple[str, ...], group: str | None,
-    sink: str, store_uri: str | None, out: Path, quiet: bool, command: tuple[str, ...],
-) -> None:  # fmt: skip
+    experiment: str,
+    name: str | None,
+    interval: float,
+    tag_values: tuple[str, ...],
+    group: str | None,
+    sink: str,
+    store_uri: str | None,
+    out: Path,
+    quiet: bool,
+    command: tuple[str, ...],
+) -> None:
     """Run COMMAND and track its processes' hardware use and energy: tandem run [OPTIONS] -- COMMAND..."""
     tags = _parse_tags(tag_values, group)  # usage errors first, before the tracker's imports
     if sink == "mlflow":
@@ -95,8 +103,16 @@ def run_cmd(
     # so that none is missed while the command and its tracking start.
     with SignalForwarder() as signals:
         try:
-            cmd = start(list(command), name=name, experiment=experiment, tags=tags, interval=interval,
-                        store=store, quiet=quiet, fallback_dir=out)  # fmt: skip
+            cmd = start(
+                list(command),
+                name=name,
+                experiment=experiment,
+                tags=tags,
+                interval=interval,
+                store=store,
+                quiet=quiet,
+                fallback_dir=out,
+            )
         except (CommandNotFound, CommandNotExecutable) as exc:
             click.echo(f"tandem run: {exc}", err=True)
             sys.exit(exc.exit_code)
@@ -121,8 +137,20 @@ def ui(store_uri: str | None, port: int) -> None:
 
     uri = store_uri or default_store_uri()
     click.echo(f"MLflow UI for {uri} at http://127.0.0.1:{port} (Ctrl-C to stop)", err=True)
-    argv = [sys.executable, "-m", "mlflow", "server", "--backend-store-uri", uri,
-            "--host", "127.0.0.1", "--port", str(port), "--workers", "1"]  # fmt: skip
+    argv = [
+        sys.executable,
+        "-m",
+        "mlflow",
+        "server",
+        "--backend-store-uri",
+        uri,
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--workers",
+        "1",
+    ]
     # MLflow's job runner (GenAI evaluation jobs; nothing a tracked run uses) keeps its queue
     # in a new /dev/shm/tmpXXXXXXXX directory per launch and never removes it.
     env = {"MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false", **os.environ}

@@ -146,7 +146,7 @@ class Attempts:
                 log_max=self.config.log_max,
                 socket=self.socket,
                 track=self.tracked,
-            ),  # fmt: skip
+            ),
         )
         started = time.time()
         self.state.start(

@@ -127,7 +127,7 @@ class Producers:
                 log_max=c.log_max,
                 socket=None,
                 track=self.tracked,
-            ),  # fmt: skip
+            ),
         )
         handle = _Handle(0, n)
         self._launcher.start(handle, Launch(folder, cwd, cpus))
@@ -137,8 +137,14 @@ class Producers:
         if self.tracked:
             tags = {"tandem.role": "producer", "tandem.share": share.name, "group": job.group or ""}
             spool = folder / "metrics.jsonl"
-            tracking.run_started(self.state.dir, _run_key(share.name, folder), f"producer {share.name}", tags,
-                                 spool, time.time())  # fmt: skip
+            tracking.run_started(
+                self.state.dir,
+                _run_key(share.name, folder),
+                f"producer {share.name}",
+                tags,
+                spool,
+                time.time(),
+            )
 
     def prefer_gpus(self, name: str) -> tuple[int, ...]:
         """The GPU a running producer of share ``name`` keeps its batches on, if any."""

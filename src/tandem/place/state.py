@@ -328,8 +328,14 @@ class State(StateReads):
                 job_id = int(known[0])
                 spec = dataclasses.replace(spec, select_job=job_id)
             elif select_job is not None:
-                values = row_values(Job(**select_job.to_dict()), gpus=gpus, job_key=select_job.job_key,
-                                    submitted=now, queued_at=now, updated=now)  # fmt: skip
+                values = row_values(
+                    Job(**select_job.to_dict()),
+                    gpus=gpus,
+                    job_key=select_job.job_key,
+                    submitted=now,
+                    queued_at=now,
+                    updated=now,
+                )
                 del values["id"]
                 cols, marks = ", ".join(f'"{k}"' for k in values), ", ".join("?" for _ in values)
                 job_id = int(
@@ -359,9 +365,12 @@ class State(StateReads):
         check and the delete in one transaction: no job can start reading it between them)."""
         marks = ", ".join("?" for _ in _NOT_ENDED)
         with self.transaction() as db:
-            users = [r[0] for r in db.execute(
-                f"SELECT id FROM jobs WHERE share = ? AND state IN ({marks})", (name, *_NOT_ENDED)
-            )]  # fmt: skip
+            users = [
+                r[0]
+                for r in db.execute(
+                    f"SELECT id FROM jobs WHERE share = ? AND state IN ({marks})", (name, *_NOT_ENDED)
+                )
+            ]
             if not users:
                 db.execute("DELETE FROM shares WHERE name = ?", (name,))
         return users

@@ -27,8 +27,14 @@ __all__ = ["METHODS", "SelectError", "Selection", "ids", "load", "remove", "sele
 
 # Imported when first used: the registry and the error above need neither torch nor numpy,
 # so ``tandem --help`` and ``tandem select run --help`` can list the methods at once.
-_LAZY = {"load": "core", "select": "core", "Selection": "store", "ids": "store", "remove": "store",
-         "uses": "store"}  # fmt: skip
+_LAZY = {
+    "load": "core",
+    "select": "core",
+    "Selection": "store",
+    "ids": "store",
+    "remove": "store",
+    "uses": "store",
+}
 
 
 def __getattr__(name: str) -> Any:

@@ -115,7 +115,7 @@ def select(
             "torch": torch.__version__,
             "python": platform.python_version(),
             "host": socket.gethostname(),
-        },  # fmt: skip
+        },
     }
     return store.save(sel_id, indices, scores, meta)
 

@@ -40,8 +40,10 @@ def split_item(item: Any, input_key: str, label_key: str) -> tuple[Any, Any]:
     """``(input, label or None)`` of one dataset item."""
     if isinstance(item, dict):
         if input_key not in item:
-            raise SelectError(f"a dataset item has no {input_key!r} key (its keys: {sorted(item)}); "
-                              "pass input_key= and label_key=")  # fmt: skip
+            raise SelectError(
+                f"a dataset item has no {input_key!r} key (its keys: {sorted(item)}); "
+                "pass input_key= and label_key="
+            )
         return item[input_key], item.get(label_key)
     if isinstance(item, (tuple, list)):
         if not item:

@@ -49,8 +49,21 @@ def parse_select(text: str, model_given: bool) -> tuple[str, float | int]:
 def select_command(dataset_ref: str, select: str, seed: int, model_ref: str | None) -> list[str]:
     """The command of the job that makes a share's selection (``tandem select run``)."""
     method, budget = parse_select(select, model_ref is not None)
-    argv = [sys.executable, "-m", "tandem.cli", "select", "run", "--dataset", dataset_ref,
-            "--method", method, "--budget", str(budget), "--seed", str(seed)]  # fmt: skip
+    argv = [
+        sys.executable,
+        "-m",
+        "tandem.cli",
+        "select",
+        "run",
+        "--dataset",
+        dataset_ref,
+        "--method",
+        method,
+        "--budget",
+        str(budget),
+        "--seed",
+        str(seed),
+    ]
     return argv + (["--model", model_ref] if model_ref else [])
 
 

@@ -74,8 +74,15 @@ class Method:
     @property
     def needs(self) -> str:
         """What it needs, in words: ``"labels, model, target"``, ``"model optional"``, ``"nothing"``."""
-        words = [w for w, on in (("labels", self.needs_labels), ("model", self.needs_model),
-                                 ("target", self.needs_target)) if on]  # fmt: skip
+        words = [
+            w
+            for w, on in (
+                ("labels", self.needs_labels),
+                ("model", self.needs_model),
+                ("target", self.needs_target),
+            )
+            if on
+        ]
         if self.model_optional:
             words.append("model optional")
         return ", ".join(words) or "nothing"

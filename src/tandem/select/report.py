@@ -17,9 +17,12 @@ from tandem.dirs import mlflow_store_uri
 from tandem.select.store import Selection, uses
 from tandem.watch.stores.mlflow_store import sqlite_path
 
-SUMMARY = {"wall_s": "summary/duration_s", "cpu_s": "summary/cpu_seconds",
-           "energy_measured_joules": "summary/energy_measured_joules",
-           "energy_estimated_joules": "summary/energy_estimated_joules"}  # fmt: skip
+SUMMARY = {
+    "wall_s": "summary/duration_s",
+    "cpu_s": "summary/cpu_seconds",
+    "energy_measured_joules": "summary/energy_measured_joules",
+    "energy_estimated_joules": "summary/energy_estimated_joules",
+}
 
 
 def run_costs(run_ids: list[str]) -> dict[str, dict[str, float]]:
@@ -69,8 +72,14 @@ def report(
     jobs = [{"mlflow_run_id": r, "cost": costs.get(r, {})} for r in runs]
     measured = [j["cost"] for j in jobs if j["cost"]]
     ratio = sel.meta["size"] / sel.meta["dataset"]["length"]
-    out: dict[str, Any] = {"id": sel.id, "method": sel.meta["method"], "size": sel.meta["size"],
-                           "ratio": ratio, "selection_cost": sel.meta["cost"], "jobs": jobs}  # fmt: skip
+    out: dict[str, Any] = {
+        "id": sel.id,
+        "method": sel.meta["method"],
+        "size": sel.meta["size"],
+        "ratio": ratio,
+        "selection_cost": sel.meta["cost"],
+        "jobs": jobs,
+    }
     base = costs.get(baseline_run or "", {})
     out["baseline"] = "measured" if base else "estimated: a job's cost / the selected fraction"
     rows = {}
@@ -80,7 +89,12 @@ def report(
         full = base.get(what) if base else (None if job_cost is None else job_cost / ratio)
         saving = None if job_cost is None or full is None else full - job_cost
         spent = sel.meta["cost"].get(what)
-        rows[what] = {"selection": spent, "job_mean": job_cost, "full_data": full, "saving_per_job": saving,
-                      "break_even_jobs": _break_even(spent, saving)}  # fmt: skip
+        rows[what] = {
+            "selection": spent,
+            "job_mean": job_cost,
+            "full_data": full,
+            "saving_per_job": saving,
+            "break_even_jobs": _break_even(spent, saving),
+        }
     out["break_even"] = rows
     return out

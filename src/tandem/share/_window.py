@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from tandem.share._transport import Link
 from tandem.share.protocol import Batch, End, EntryKind, EpochEnd, Failed, Segment
 
-POLICIES = ("wait", "skip")
+PACING_POLICIES = ("wait", "skip")
 
 Position = tuple[int, int]
 
@@ -49,8 +49,8 @@ class Window:
     """Entries published and not yet evicted, and the slots they hold."""
 
     def __init__(self, policy: str, slots: int):
-        if policy not in POLICIES:
-            raise ValueError(f"policy must be one of {POLICIES}, got {policy!r}")
+        if policy not in PACING_POLICIES:
+            raise ValueError(f"policy must be one of {PACING_POLICIES}, got {policy!r}")
         self.policy = policy
         self.size = slots  # the window: slots ahead of the fastest consumer ("skip")
         self.slots = slots  # slots in the slab ("skip" may grow it past ``size``)

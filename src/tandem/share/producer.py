@@ -44,7 +44,7 @@ from tandem.share._order import EpochPlanner, planned_loader, selected, source_s
 from tandem.share._publishing import PublishingLoop
 from tandem.share._registry import Registration
 from tandem.share._slab import HostSlab, Slab
-from tandem.share._window import POLICIES, Window
+from tandem.share._window import PACING_POLICIES, Window
 from tandem.share.errors import UnsupportedBatch
 
 log = logging.getLogger("tandem.share")
@@ -79,8 +79,8 @@ class Producer(PublishingLoop):
                 "source must be re-iterable (each iter() one epoch), not a one-shot iterator or "
                 "generator; pass a DataLoader, a list, or an object whose __iter__ starts anew"
             )
-        if policy not in POLICIES:
-            raise ValueError(f"policy must be one of {POLICIES}, got {policy!r}")
+        if policy not in PACING_POLICIES:
+            raise ValueError(f"policy must be one of {PACING_POLICIES}, got {policy!r}")
         if not isinstance(window, int) or window < 2:
             raise ValueError(f"window must be an integer >= 2, got {window!r}")
         if batch_transform is not None and not callable(batch_transform):

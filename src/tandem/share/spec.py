@@ -234,16 +234,31 @@ class ShareSpec:
         if self.source == "dataset":
             dataset = load_object(self.ref)()
             return Producer.from_dataset(
-                dataset, self.name, batch_size=self.batch_size, shuffle=self.shuffle,
-                device=self.device, num_workers="auto" if workers is None else workers,
-                worker_nice=self.worker_nice, seed=self.seed, selection=selection, **common,
-            )  # fmt: skip
+                dataset,
+                self.name,
+                batch_size=self.batch_size,
+                shuffle=self.shuffle,
+                device=self.device,
+                num_workers="auto" if workers is None else workers,
+                worker_nice=self.worker_nice,
+                seed=self.seed,
+                selection=selection,
+                **common,
+            )
         return Producer.from_files(
-            self.ref, self.name, device=self.device or ("cuda" if torch.cuda.is_available() else "cpu"),
-            batch_size=self.batch_size, shuffle=self.shuffle, seed=self.seed, crop=self.crop,
-            dtype=getattr(torch, self.dtype), num_workers=2 if workers is None else workers,
-            worker_nice=self.worker_nice, selection=selection, **common,
-        )  # fmt: skip
+            self.ref,
+            self.name,
+            device=self.device or ("cuda" if torch.cuda.is_available() else "cpu"),
+            batch_size=self.batch_size,
+            shuffle=self.shuffle,
+            seed=self.seed,
+            crop=self.crop,
+            dtype=getattr(torch, self.dtype),
+            num_workers=2 if workers is None else workers,
+            worker_nice=self.worker_nice,
+            selection=selection,
+            **common,
+        )
 
 
 def serve(

@@ -1,4 +1,6 @@
-"""Ask live producers on this host for their statistics (what ``tandem share ls`` shows)."""
+"""Ask live producers on this host for their statistics (what ``tandem share ls`` shows, and
+what watch's share sampler records). Public, and free of torch and numpy (a test checks it):
+a reader of statistics imports nothing heavy of share's."""
 
 from __future__ import annotations
 

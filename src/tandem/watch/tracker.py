@@ -154,8 +154,14 @@ class Run:
             )
             exclude.add(self.recorder.pid)  # a child of this process, but not part of the run
         else:
-            self.recorder = Recorder(self._store, self.name, self.tags, fallback_dir=self._fallback_dir,
-                                     flush_s=self._flush_s, warn=self._warn)  # fmt: skip
+            self.recorder = Recorder(
+                self._store,
+                self.name,
+                self.tags,
+                fallback_dir=self._fallback_dir,
+                flush_s=self._flush_s,
+                warn=self._warn,
+            )
         try:
             extra = {f"tandem.note.{k}": v for k, v in self.unavailable.items()}
             for s in self.samplers:
@@ -261,8 +267,10 @@ class Run:
                 good[k] = v
             elif k not in self._bad_keys:
                 self._bad_keys.add(k)
-                self._warn(f"metric name {k!r} is not valid (use letters, digits, '_', '-', '.', '/' or "
-                           "spaces); it is not logged")  # fmt: skip
+                self._warn(
+                    f"metric name {k!r} is not valid (use letters, digits, '_', '-', '.', '/' or "
+                    "spaces); it is not logged"
+                )
         return good
 
     def log_artifact(self, path: str | Path) -> None:

@@ -190,8 +190,14 @@ def build(state_dir: Path, mlflow_db: Path | None, token: str, hosts: frozenset[
             j["energy"] = energy_of(reader.latest(j["mlflow_run_id"])) if j["mlflow_run_id"] else {}
             for k, v in j["energy"].items():
                 total[k] = total.get(k, 0.0) + v
-        return JSONResponse({"group": name, "jobs": page["jobs"], "energy": total,
-                             "selections": reader.selections_of(page["jobs"])})  # fmt: skip
+        return JSONResponse(
+            {
+                "group": name,
+                "jobs": page["jobs"],
+                "energy": total,
+                "selections": reader.selections_of(page["jobs"]),
+            }
+        )
 
     async def live(request: Request) -> Any:
         return await events(request, reader, daemon)

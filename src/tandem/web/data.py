@@ -55,9 +55,12 @@ class Reader:
     # --- jobs -----------------------------------------------------------------------------------
 
     def jobs(
-        self, states: tuple[str, ...] | None = None, before: int | None = None, limit: int = PAGE,
+        self,
+        states: tuple[str, ...] | None = None,
+        before: int | None = None,
+        limit: int = PAGE,
         group: str | None = None,
-    ) -> dict[str, Any]:  # fmt: skip
+    ) -> dict[str, Any]:
         """A page of jobs, newest first, and the id to ask for the next (older) page."""
         limit = max(1, min(int(limit), 1000))
         page = self.state.jobs(states, attempts=True, last=limit, before=before, group=group)
@@ -111,21 +114,38 @@ class Reader:
         out = []
         for a in self.state.attempts_since(time.time() - window_s):
             p = a.placement
-            out.append({
-                "job_id": a.job_id, "n": a.n, "state": a.state, "started": a.started, "ended": a.ended,
-                "gpus": p.get("gpus", []), "gpu_mem_bytes": p.get("gpu_mem"), "cause": a.cause,
-                "peak_gpu_mem_bytes": a.peak_gpu_mem, "peak_mem_bytes": a.peak_mem,
-            })  # fmt: skip
+            out.append(
+                {
+                    "job_id": a.job_id,
+                    "n": a.n,
+                    "state": a.state,
+                    "started": a.started,
+                    "ended": a.ended,
+                    "gpus": p.get("gpus", []),
+                    "gpu_mem_bytes": p.get("gpu_mem"),
+                    "cause": a.cause,
+                    "peak_gpu_mem_bytes": a.peak_gpu_mem,
+                    "peak_mem_bytes": a.peak_mem,
+                }
+            )
         return out
 
     def shares(self) -> list[dict[str, Any]]:
         out = []
         for share in self.state.shares():
-            out.append({
-                "name": share.name, "source": share.spec.source, "ref": share.spec.ref,
-                "batch_size": share.spec.batch_size, "producer_pid": share.pid, "cpus": share.cpus,
-                "started": share.started, "error": share.error, "jobs": self.state.share_users(share.name),
-            })  # fmt: skip
+            out.append(
+                {
+                    "name": share.name,
+                    "source": share.spec.source,
+                    "ref": share.spec.ref,
+                    "batch_size": share.spec.batch_size,
+                    "producer_pid": share.pid,
+                    "cpus": share.cpus,
+                    "started": share.started,
+                    "error": share.error,
+                    "jobs": self.state.share_users(share.name),
+                }
+            )
         return out
 
     def selections_of(self, jobs: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -172,8 +192,13 @@ class Reader:
         except FileNotFoundError:
             size, data = 0, b""
         end = offset + len(data)
-        return {"job": job_id, "attempt": n, "offset": end, "text": data.decode(errors="replace"),
-                "more": end < size}  # fmt: skip
+        return {
+            "job": job_id,
+            "attempt": n,
+            "offset": end,
+            "text": data.decode(errors="replace"),
+            "more": end < size,
+        }
 
     # --- a run's metrics (MLflow's tables) ------------------------------------------------------
 
@@ -225,5 +250,8 @@ def energy_of(latest: dict[str, float]) -> dict[str, float]:
     from tandem.watch.report import energy_totals
 
     totals = energy_totals(latest)
-    return {f"{kind}_joules": totals[f"energy_{kind}_joules"] for kind in ("measured", "estimated")
-            if f"energy_{kind}_joules" in totals}  # fmt: skip
+    return {
+        f"{kind}_joules": totals[f"energy_{kind}_joules"]
+        for kind in ("measured", "estimated")
+        if f"energy_{kind}_joules" in totals
+    }

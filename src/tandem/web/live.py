@@ -22,11 +22,15 @@ import asyncio
 import json
 import time
 from collections.abc import AsyncIterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
 from starlette.responses import StreamingResponse
+
+if TYPE_CHECKING:
+    from tandem.web.app import Daemon
+    from tandem.web.data import Reader
 
 POLL_S = 0.25
 STATUS_EVERY_S = 2.0
@@ -61,7 +65,7 @@ def _event(kind: str, data: Any, cursor: dict[str, float]) -> str:
     return f"id: {json.dumps(cursor, separators=(',', ':'))}\nevent: {kind}\ndata: {json.dumps(data)}\n\n"
 
 
-async def events(request: Request, reader: Any, daemon: Any) -> StreamingResponse:
+async def events(request: Request, reader: Reader, daemon: Daemon) -> StreamingResponse:
     job_id = request.query_params.get("job")
     follow = int(job_id) if job_id and job_id.isdigit() else None
     cursor = _cursor(request)

@@ -13,8 +13,16 @@ import torch
 # once (spawn where there is no forkserver): a run starts in about a second, not three.
 CTX = mp.get_context("forkserver" if "forkserver" in mp.get_all_start_methods() else "spawn")
 # (torch._dynamo: the first optimiser imports it, 1.2 s; modules that do not import are skipped)
-PRELOAD = ["torch", "torch.optim", "torch._dynamo", "torchvision", "tandem.bench.gpu_share",
-           "tandem.share.consumer", "tandem.share.producer", "tandem.share.images"]  # fmt: skip
+PRELOAD = [
+    "torch",
+    "torch.optim",
+    "torch._dynamo",
+    "torchvision",
+    "tandem.bench.gpu_share",
+    "tandem.share.consumer",
+    "tandem.share.producer",
+    "tandem.share.images",
+]
 MODES = ("limit", "private", "host", "gpu", "tensorsocket")
 SMOKE_MODES = ("limit", "private", "host", "gpu")  # the GPU path's producer runs on the CPU too
 SHARED_MODES = ("host", "gpu", "tensorsocket")  # one producer process for all jobs
@@ -49,10 +57,26 @@ class GpuShareConfig:
 
 def smoke_config(data_dir: str = "data/bench-images") -> GpuShareConfig:
     """The ``--smoke`` workload: CPU, a tiny CNN, 64 images of about 64x48, one epoch."""
-    return GpuShareConfig(model="tiny_cnn", batch_size=16, images=64, classes=4, min_side=48, max_side=64,
-                  crop=32, epochs=1, warmup=1, cooldown=0, workers=1, producer_workers=1, gpu_workers=1,
-                  device="cpu", start_timeout_s=90, run_timeout_s=90, data_timeout_s=60,
-                  data_dir=data_dir)  # fmt: skip
+    return GpuShareConfig(
+        model="tiny_cnn",
+        batch_size=16,
+        images=64,
+        classes=4,
+        min_side=48,
+        max_side=64,
+        crop=32,
+        epochs=1,
+        warmup=1,
+        cooldown=0,
+        workers=1,
+        producer_workers=1,
+        gpu_workers=1,
+        device="cpu",
+        start_timeout_s=90,
+        run_timeout_s=90,
+        data_timeout_s=60,
+        data_dir=data_dir,
+    )
 
 
 class CudaNeeded(RuntimeError):

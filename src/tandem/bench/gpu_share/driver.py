@@ -79,8 +79,12 @@ def _cross_run(runs: list[ModeRun]) -> None:
 def targets(runs: list[ModeRun], cfg: GpuShareConfig, facts: dict, jobs: Sequence[int]) -> list[dict]:
     """The issue's targets (set for N=4 ResNet-18 on an H100 with 16 cores), pass or fail."""
     n = 4 if 4 in jobs else max(jobs)
-    setting = (cfg.model == "resnet18" and n == 4 and "H100" in str(facts.get("gpu"))
-               and facts.get("cores_usable") == 16)  # fmt: skip
+    setting = (
+        cfg.model == "resnet18"
+        and n == 4
+        and "H100" in str(facts.get("gpu"))
+        and facts.get("cores_usable") == 16
+    )
 
     def find(mode: str) -> ModeRun | None:
         return next((r for r in runs if r.mode == mode and r.jobs == n), None)
@@ -96,8 +100,14 @@ def targets(runs: list[ModeRun], cfg: GpuShareConfig, facts: dict, jobs: Sequenc
         measured = f"{r.pct_of_limit:.0f}% of the limit, {r.input_cores or 0:.1f} input cores"
         met = r.pct_of_limit >= pct_min and (cores_max is None or (r.input_cores or 0) <= cores_max)
         met = met and setting  # a target counts as met only in the setting it was set for
-        return {"target": text, "measured": measured, "value": r.pct_of_limit,
-                "input_cores": r.input_cores, "met": met, "setting_matches": setting}  # fmt: skip
+        return {
+            "target": text,
+            "measured": measured,
+            "value": r.pct_of_limit,
+            "input_cores": r.input_cores,
+            "met": met,
+            "setting_matches": setting,
+        }
 
     out = [share_target("gpu", 90, 4), share_target("host", 70, None)]
     checked = [r for r in runs if r.mode != "limit" and r.status in ("ok", "failed")]
@@ -109,14 +119,30 @@ def targets(runs: list[ModeRun], cfg: GpuShareConfig, facts: dict, jobs: Sequenc
     measured = f"lost {lost}, duplicated {dup}, wrong labels {bad} over {len(accounted)} run(s)"
     if failed:
         measured += f"; failed: {', '.join(failed)}"
-    out.append({"target": "no sample lost or duplicated (each job's each epoch a permutation)",
-                "measured": measured, "met": bool(accounted) and not failed and lost == dup == bad == 0,
-                "setting_matches": True})  # fmt: skip
+    out.append(
+        {
+            "target": "no sample lost or duplicated (each job's each epoch a permutation)",
+            "measured": measured,
+            "met": bool(accounted) and not failed and lost == dup == bad == 0,
+            "setting_matches": True,
+        }
+    )
     return out
 
 
-COLUMNS = ("mode", "N", "samples/s", "% limit", "CPU ms/sample", "cores busy", "input cores",
-           "J/sample", "lost", "dup", "note")  # fmt: skip
+COLUMNS = (
+    "mode",
+    "N",
+    "samples/s",
+    "% limit",
+    "CPU ms/sample",
+    "cores busy",
+    "input cores",
+    "J/sample",
+    "lost",
+    "dup",
+    "note",
+)
 
 
 def _fmt(v: float | None, spec: str) -> str:
@@ -128,9 +154,21 @@ def table_rows(runs: list[ModeRun]) -> list[list[str]]:
     for r in runs:
         rate = "-" if r.status in ("unavailable", "skipped") else f"{r.samples_per_s:.0f}"
         cpu_ms = None if r.cpu_s_per_sample is None else 1000 * r.cpu_s_per_sample
-        rows.append([r.mode, str(r.jobs), rate, _fmt(r.pct_of_limit, ".0f"), _fmt(cpu_ms, ".2f"),
-                     _fmt(r.cores_busy, ".1f"), _fmt(r.input_cores, ".1f"), _fmt(r.joules_per_sample, ".3f"),
-                     _fmt(r.lost, "d"), _fmt(r.duplicated, "d"), r.note[:120]])  # fmt: skip
+        rows.append(
+            [
+                r.mode,
+                str(r.jobs),
+                rate,
+                _fmt(r.pct_of_limit, ".0f"),
+                _fmt(cpu_ms, ".2f"),
+                _fmt(r.cores_busy, ".1f"),
+                _fmt(r.input_cores, ".1f"),
+                _fmt(r.joules_per_sample, ".3f"),
+                _fmt(r.lost, "d"),
+                _fmt(r.duplicated, "d"),
+                r.note[:120],
+            ]
+        )
     return rows
 
 
@@ -164,8 +202,10 @@ def write_markdown(report: dict, runs: list[ModeRun], path: Path) -> None:
     lines += ["| " + " | ".join(row) + " |" for row in table_rows(runs)]
     lines += ["", "| target | measured | met | setting as specified |", "|---|---|---|---|"]
     for t in report["targets"]:
-        lines.append(f"| {t['target']} | {t['measured']} | {'yes' if t['met'] else 'no'} "
-                     f"| {'yes' if t['setting_matches'] else 'no'} |")  # fmt: skip
+        lines.append(
+            f"| {t['target']} | {t['measured']} | {'yes' if t['met'] else 'no'} "
+            f"| {'yes' if t['setting_matches'] else 'no'} |"
+        )
     lines += ["", "Definitions:", ""] + [f"- {k}: {v}" for k, v in report["definitions"].items()]
     path.write_text("\n".join(lines) + "\n")
 
@@ -219,9 +259,11 @@ def run(
     out = Path(out or (SMOKE_OUT if smoke else DEFAULT_OUT))
     facts = machine_facts(cfg)
     where = facts.get("gpu") or "CPU (smoke)"
-    log(f"gpu_share: {where}, {facts['cores_usable']} cores, torch {facts['torch']}; {cfg.model} "
+    log(
+        f"gpu_share: {where}, {facts['cores_usable']} cores, torch {facts['torch']}; {cfg.model} "
         f"batch {cfg.batch_size}, {cfg.images} images x {cfg.epochs} epoch(s), N in {list(jobs)}, "
-        f"modes {list(modes)}")  # fmt: skip
+        f"modes {list(modes)}"
+    )
     if model_note:
         log(f"note: {model_note}")
     t = time.monotonic()
@@ -248,9 +290,11 @@ def run(
         r = run_one(mode, n, cfg, str(root), truth)
         runs.append(r)
         _cross_run(runs)
-        log(f"    {r.status}: {r.samples_per_s:.0f} samples/s, window {r.window_s:.1f} s of "
+        log(
+            f"    {r.status}: {r.samples_per_s:.0f} samples/s, window {r.window_s:.1f} s of "
             f"{r.elapsed_s:.1f} s, cores busy {_fmt(r.cores_busy, '.1f')}, lost {_fmt(r.lost, 'd')}, "
-            f"dup {_fmt(r.duplicated, 'd')}" + (f"; {r.note}" if r.note else ""))  # fmt: skip
+            f"dup {_fmt(r.duplicated, 'd')}" + (f"; {r.note}" if r.note else "")
+        )
         _write(report, runs, cfg, facts, jobs, out)  # after every run: a cut-off run keeps its results
     report = _write(report, runs, cfg, facts, jobs, out)
     log("")
@@ -379,8 +423,15 @@ def main(argv: Sequence[str] | None = None, prog: str = "python3 benchmarks/gpu_
         return 2
     try:
         jobs = args.jobs or ([1, 2] if args.smoke else [1, 2, 4])
-        run(cfg, jobs=jobs, modes=modes, out=args.out, smoke=args.smoke,
-            command=f"{prog} {shlex.join(argv)}".strip(), budget_s=args.budget_s)  # fmt: skip
+        run(
+            cfg,
+            jobs=jobs,
+            modes=modes,
+            out=args.out,
+            smoke=args.smoke,
+            command=f"{prog} {shlex.join(argv)}".strip(),
+            budget_s=args.budget_s,
+        )
     except (CudaNeeded, ValueError) as exc:
         print(f"gpu_share: {exc}", file=sys.stderr)
         return 2

@@ -42,15 +42,22 @@ class Indexed(torch.utils.data.Dataset):
 
 def _make_part(args: tuple) -> str:
     root, images, classes, min_side, max_side, seed = args
-    return str(make_image_folder(root, images=images, classes=classes, min_side=min_side,
-                                 max_side=max_side, seed=seed))  # fmt: skip
+    return str(
+        make_image_folder(
+            root, images=images, classes=classes, min_side=min_side, max_side=max_side, seed=seed
+        )
+    )
 
 
 def prepare_images(cfg: GpuShareConfig, procs: int | None = None) -> Path:
     """The JPEG folder for ``cfg`` (reused when already there), generated in parallel: one
     :func:`make_image_folder` part per process, hard-linked into one class-folder layout."""
-    params = {"images": cfg.images, "classes": cfg.classes, "min_side": cfg.min_side,
-              "max_side": cfg.max_side}  # fmt: skip
+    params = {
+        "images": cfg.images,
+        "classes": cfg.classes,
+        "min_side": cfg.min_side,
+        "max_side": cfg.max_side,
+    }
     root = Path(cfg.data_dir) / f"gpu-share-{cfg.images}-{cfg.min_side}x{cfg.max_side}-c{cfg.classes}"
     marker = root / "gpu-share-images.json"
     if marker.exists() and json.loads(marker.read_text()) == params:
@@ -61,8 +68,10 @@ def prepare_images(cfg: GpuShareConfig, procs: int | None = None) -> Path:
     sizes = [cfg.images // parts + (k < cfg.images % parts) for k in range(parts)]
     scratch = root.with_name(root.name + ".parts")  # not under root: ImageFolder takes every folder
     shutil.rmtree(scratch, ignore_errors=True)
-    jobs = [(str(scratch / f"p{k:02d}"), n, cfg.classes, cfg.min_side, cfg.max_side, k)
-            for k, n in enumerate(sizes)]  # fmt: skip
+    jobs = [
+        (str(scratch / f"p{k:02d}"), n, cfg.classes, cfg.min_side, cfg.max_side, k)
+        for k, n in enumerate(sizes)
+    ]
     if parts == 1:
         done = [_make_part(jobs[0])]
     else:
@@ -156,15 +165,24 @@ def _sources(cfg: GpuShareConfig, mode: str, root: str, endpoint: Any, dev: torc
     if mode == "private":
         workers = private_workers(cfg.workers, jobs, _cores())
         loader = torch.utils.data.DataLoader(
-            Indexed(ImageFolder(root, crop=cfg.crop)), batch_size=b, shuffle=True,
-            num_workers=workers, pin_memory=dev.type == "cuda", persistent_workers=workers > 0,
-        )  # fmt: skip
+            Indexed(ImageFolder(root, crop=cfg.crop)),
+            batch_size=b,
+            shuffle=True,
+            num_workers=workers,
+            pin_memory=dev.type == "cuda",
+            persistent_workers=workers > 0,
+        )
         return (lambda _e: loader), lambda: None
     if mode in ("host", "gpu"):
         from tandem.share import Consumer
 
-        consumer = Consumer(endpoint, batch_size=b, device=cfg.device, timeout=cfg.start_timeout_s,
-                            data_timeout=cfg.data_timeout_s)  # fmt: skip
+        consumer = Consumer(
+            endpoint,
+            batch_size=b,
+            device=cfg.device,
+            timeout=cfg.start_timeout_s,
+            data_timeout=cfg.data_timeout_s,
+        )
         return (lambda _e: consumer), consumer.close
     if mode == "tensorsocket":
         made: list = []
@@ -174,8 +192,11 @@ def _sources(cfg: GpuShareConfig, mode: str, root: str, endpoint: Any, dev: torc
             if not made:
                 from tensorsocket import TensorConsumer
 
-                made.append(TensorConsumer(endpoint[0], endpoint[1], heart_ports=(endpoint[2], endpoint[3]),
-                                           batch_size=b))  # fmt: skip
+                made.append(
+                    TensorConsumer(
+                        endpoint[0], endpoint[1], heart_ports=(endpoint[2], endpoint[3]), batch_size=b
+                    )
+                )
             it = iter(made[0])
             return (next(it) for _ in range(len(made[0])))  # one epoch, whatever its StopIteration does
 
@@ -217,8 +238,10 @@ def _timed(cfg: GpuShareConfig, source, step, dev: torch.device, progress) -> Gp
     planned = cfg.epochs * -(-cfg.images // cfg.batch_size)
     last_timed = planned - cfg.cooldown
     if last_timed <= cfg.warmup:
-        raise ValueError(f"{planned} steps per job leave none between the {cfg.warmup} warm-up "
-                         f"and {cfg.cooldown} cool-down steps: more --images or --epochs")  # fmt: skip
+        raise ValueError(
+            f"{planned} steps per job leave none between the {cfg.warmup} warm-up "
+            f"and {cfg.cooldown} cool-down steps: more --images or --epochs"
+        )
     timed_from = timed_to = None
     if cfg.warmup == 0:
         res.start, timed_from = time.monotonic(), 0
@@ -319,9 +342,19 @@ def _serve(queue, cfg: GpuShareConfig, ready, finish, make: Callable[[], Any]) -
 def host_producer(queue, cfg: GpuShareConfig, root: str, name: str, ready, finish) -> None:
     from tandem.share import Producer
 
-    _serve(queue, cfg, ready, finish, lambda: Producer.from_dataset(
-        Indexed(ImageFolder(root, crop=cfg.crop)), name, batch_size=cfg.batch_size, shuffle=True,
-        num_workers=cfg.producer_workers))  # fmt: skip
+    _serve(
+        queue,
+        cfg,
+        ready,
+        finish,
+        lambda: Producer.from_dataset(
+            Indexed(ImageFolder(root, crop=cfg.crop)),
+            name,
+            batch_size=cfg.batch_size,
+            shuffle=True,
+            num_workers=cfg.producer_workers,
+        ),
+    )
 
 
 def gpu_producer(queue, cfg: GpuShareConfig, root: str, name: str, ready, finish) -> None:
@@ -329,9 +362,23 @@ def gpu_producer(queue, cfg: GpuShareConfig, root: str, name: str, ready, finish
 
     samples = ImageFolder(root, crop=cfg.crop).samples
     files, labels = [str(p) for p, _ in samples], [int(c) for _, c in samples]
-    _serve(queue, cfg, ready, finish, lambda: Producer.from_files(
-        files, name, labels=labels, batch_size=cfg.batch_size, shuffle=True, device=cfg.device,
-        crop=cfg.crop, dtype=DTYPES[cfg.dtype], num_workers=cfg.gpu_workers))  # fmt: skip
+    _serve(
+        queue,
+        cfg,
+        ready,
+        finish,
+        lambda: Producer.from_files(
+            files,
+            name,
+            labels=labels,
+            batch_size=cfg.batch_size,
+            shuffle=True,
+            device=cfg.device,
+            crop=cfg.crop,
+            dtype=DTYPES[cfg.dtype],
+            num_workers=cfg.gpu_workers,
+        ),
+    )
 
 
 def tensorsocket_producer(
@@ -345,11 +392,15 @@ def tensorsocket_producer(
 
         workers = auto_workers() if cfg.producer_workers == "auto" else int(cfg.producer_workers)
         loader = torch.utils.data.DataLoader(
-            Indexed(ImageFolder(root, crop=cfg.crop)), batch_size=cfg.batch_size, shuffle=True,
-            num_workers=workers, pin_memory=cfg.device.startswith("cuda"),
-        )  # fmt: skip
-        producer = TensorProducer(loader, ports[0], ports[1], heart_ports=(ports[2], ports[3]),
-                                  consumer_max_buffer_size=8)  # fmt: skip
+            Indexed(ImageFolder(root, crop=cfg.crop)),
+            batch_size=cfg.batch_size,
+            shuffle=True,
+            num_workers=workers,
+            pin_memory=cfg.device.startswith("cuda"),
+        )
+        producer = TensorProducer(
+            loader, ports[0], ports[1], heart_ports=(ports[2], ports[3]), consumer_max_buffer_size=8
+        )
         queue.put(("serving", os.getpid(), workers))
         ready.wait(cfg.start_timeout_s + 30)
         for _ in range(cfg.epochs):

@@ -237,12 +237,17 @@ def run_one(mode: str, n: int, cfg: GpuShareConfig, root: str, truth: np.ndarray
             # Until every job is built (model, loader or consumer) and the producer serves; a
             # failure on the way ends the run.
             waiting = run.wait_built(
-                len(jobs), cfg.start_timeout_s, handle, until=lambda: serving,
+                len(jobs),
+                cfg.start_timeout_s,
+                handle,
+                until=lambda: serving,
                 stop=lambda: bool(notes or results),
-            )  # fmt: skip
+            )
             if waiting or not serving:
-                notes.append(f"{waiting} job(s) not built, producer serving: {serving}, after "
-                             f"{time.monotonic() - began:.0f} s")  # fmt: skip
+                notes.append(
+                    f"{waiting} job(s) not built, producer serving: {serving}, after "
+                    f"{time.monotonic() - began:.0f} s"
+                )
             if not notes and not results:
                 ready.set()  # the common start
                 sampler.tick()  # a sample before any window starts (np.interp clamps outside them)
@@ -264,8 +269,14 @@ def run_one(mode: str, n: int, cfg: GpuShareConfig, root: str, truth: np.ndarray
     return r
 
 
-def _summarise(r: ModeRun, results: list[GpuJobResult], notes: list[str], sampler: TreeSampler,
-               cfg: GpuShareConfig, truth: np.ndarray) -> None:  # fmt: skip
+def _summarise(
+    r: ModeRun,
+    results: list[GpuJobResult],
+    notes: list[str],
+    sampler: TreeSampler,
+    cfg: GpuShareConfig,
+    truth: np.ndarray,
+) -> None:
     done = [j for j in results if not j.error]
     notes += [f"job {j.job}: {j.error}" for j in results if j.error]
     if r.leaked_producers:

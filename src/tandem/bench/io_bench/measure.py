@@ -154,9 +154,15 @@ def _cpu_worker(
                     dev_buf.copy_(host, non_blocking=True)
                 stream.synchronize()
 
-        _read_until_deadline(run, fds, file_bytes, block, seed,
-                             lambda fd, offset: os.preadv(fd, [view], offset),
-                             to_device if cuda else None)  # fmt: skip
+        _read_until_deadline(
+            run,
+            fds,
+            file_bytes,
+            block,
+            seed,
+            lambda fd, offset: os.preadv(fd, [view], offset),
+            to_device if cuda else None,
+        )
     except BaseException as exc:  # reported by the caller; the barrier must not hang
         run.errors.append(exc)
         run.barrier.abort()
@@ -185,8 +191,9 @@ def _gpu_worker(
                     run.registered += 1
             except gpu_io.GpuIOError:
                 pass  # cuFile then uses its internal buffers; the result notes it
-        _read_until_deadline(run, handles, file_bytes, block, seed,
-                             lambda h, offset: api.read(h, ptr, block, offset, 0))  # fmt: skip
+        _read_until_deadline(
+            run, handles, file_bytes, block, seed, lambda h, offset: api.read(h, ptr, block, offset, 0)
+        )
     except BaseException as exc:
         run.errors.append(exc)
         run.barrier.abort()

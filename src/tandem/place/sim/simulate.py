@@ -347,8 +347,17 @@ class _Sim:
             job.state, job.end = SUCCEEDED, self.now
             return
         self.crashes += 1
-        again = retry("gpu_oom", job.attempts, RETRIES, job.escalation, job.gpu_mem, job.trace.mem, r.peak,
-                      None, self.limits.gpu_mem_margin)  # fmt: skip
+        again = retry(
+            "gpu_oom",
+            job.attempts,
+            RETRIES,
+            job.escalation,
+            job.gpu_mem,
+            job.trace.mem,
+            r.peak,
+            None,
+            self.limits.gpu_mem_margin,
+        )
         if again is not None:  # as the daemon: the GPU with most free memory, then alone
             job.escalation, job.gpu_mem = again.escalation, again.gpu_mem
             job.waiting = None

@@ -60,13 +60,16 @@ class HelperRecorder:
         try:
             self._proc = subprocess.Popen(
                 [sys.executable, "-m", "tandem.watch._recording.helper_main"],
-                stdin=to_helper[0], stdout=from_helper[1], close_fds=True, env=env,
+                stdin=to_helper[0],
+                stdout=from_helper[1],
+                close_fds=True,
+                env=env,
                 # Its own process group: a Ctrl-C in the terminal does not reach it. Not its
                 # own session: with the kernel's autogroup scheduling (most desktops and
                 # servers), a new session is a new scheduling group with a full share of its
                 # own, which would undo its lower priority.
                 process_group=0,
-            )  # fmt: skip
+            )
         finally:
             os.close(to_helper[0])
             os.close(from_helper[1])
@@ -149,8 +152,12 @@ class HelperRecorder:
         self._sender.join(timeout)
         self._closed.wait(max(0.0, deadline - time.monotonic()))
         if not self._closed.is_set():
-            print(f"tandem: warning: the run's writer (pid {self.pid}) is still writing to {self._where}; "
-                  "it finishes on its own", file=sys.stderr, flush=True)  # fmt: skip
+            print(
+                f"tandem: warning: the run's writer (pid {self.pid}) is still writing to {self._where}; "
+                "it finishes on its own",
+                file=sys.stderr,
+                flush=True,
+            )
             return False
         try:
             self._proc.wait(timeout=10)

@@ -24,8 +24,13 @@ _events: Connection | None = None  # to the parent; fd 1 is pointed at stderr (s
 
 
 def _emit(event: str, recorder: Recorder, **extra: Any) -> None:
-    message = {"event": event, "run_id": recorder.run_id, "where": recorder.where,
-               "fell_back": recorder.fell_back, **extra}  # fmt: skip
+    message = {
+        "event": event,
+        "run_id": recorder.run_id,
+        "where": recorder.where,
+        "fell_back": recorder.fell_back,
+        **extra,
+    }
     try:
         assert _events is not None
         _events.send(message)
