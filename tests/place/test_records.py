@@ -104,8 +104,8 @@ def test_a_pass_sees_what_each_waiting_job_s_program_used_at_start(tmp_path: Pat
     before carries that start-up into the scheduler (the queue's columns include its command)."""
     import time
 
+    from tandem.place.active import Startup
     from tandem.place.admission import Admission
-    from tandem.place.attempts import Startup
     from tandem.place.devices import Monitor
     from tandem.place.model import Capacity
     from tandem.place.producers import Producers

@@ -245,7 +245,7 @@ def test_the_host_is_judged_over_its_last_seconds() -> None:
 
 
 def test_jobs_starting_together_count_what_their_program_used_at_start() -> None:
-    from tandem.place.attempts import Startup
+    from tandem.place.active import Startup
 
     startup = Startup()
     startup.seen(["python", "-m", "train", "--lr", "1"], 1.0)  # an import took a core

@@ -142,3 +142,75 @@ def test_schema_3_gains_params_and_the_shares_selection(tmp_path: Path) -> None:
     assert job.params == {}
     share = state.share("s")
     assert share is not None and share.selection == "0123456789abcdef"
+
+
+def _attempts(state: State):  # the daemon's follower of attempts, over a real supervisor
+    from tandem.place.attempts import Attempts
+    from tandem.place.config import DaemonConfig
+    from tandem.place.devices import Monitor
+    from tandem.place.model import Capacity
+    from tandem.place.run.launch import LocalLauncher
+
+    capacity = Capacity(2.0, 1 << 30)
+    config = DaemonConfig(grace_s=1.0, interval_s=0.2)
+    return Attempts(state, capacity, config, Monitor(capacity, 5.0, None), LocalLauncher(), False, "")
+
+
+def _followed_until_ended(attempts, job_id: int, deadline_s: float = 60.0) -> None:
+    deadline = time.monotonic() + deadline_s
+    while job_id in attempts.active and time.monotonic() < deadline:
+        attempts.follow_all(time.time())
+        time.sleep(0.05)
+
+
+def test_a_write_that_fails_after_the_end_is_recorded_is_retried_alone(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The job's transition is written once; a later write that fails (a full disk at the
+    measured peak) is tried again next tick, and the attempt then leaves the active set."""
+    from tandem.place.scheduler import Placement
+
+    state = State(tmp_path)
+    attempts = _attempts(state)
+    job_id, _ = state.add_job(JobSpec(["true"], str(tmp_path), {"PATH": "/usr/bin:/bin"}), 0, time.time())
+    attempts.start(
+        state.job(job_id), Placement(job_id, (), None, False, False), (), {"PATH": "/usr/bin:/bin"}, {}
+    )
+    failures = []
+    real = state.record_peak
+
+    def full_disk_once(*args):
+        if not failures:
+            failures.append(args)
+            raise OSError(28, "No space left on device")
+        real(*args)
+
+    monkeypatch.setattr(state, "record_peak", full_disk_once)
+    monkeypatch.setattr(attempts, "_measure", lambda a, now: setattr(a, "peak_mem", 1 << 20))
+    _followed_until_ended(attempts, job_id)
+    assert failures, "the peak's write failed once"
+    assert job_id not in attempts.active, "left the active set once the write went through"
+    job = state.job(job_id)
+    assert job is not None and job.state == "succeeded"
+    assert [e["kind"] for e in state.events(job_id)].count("succeeded") == 1, "its end written once"
+
+
+def test_a_job_whose_supervisor_cannot_start_fails_and_is_not_followed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from tandem.place.scheduler import Placement
+
+    state = State(tmp_path)
+    attempts = _attempts(state)
+    job_id, _ = state.add_job(JobSpec(["true"], str(tmp_path)), 0, time.time())
+
+    def cannot(a, what):
+        raise OSError(24, "Too many open files")
+
+    monkeypatch.setattr(attempts.launcher, "start", cannot)
+    with pytest.raises(OSError):
+        attempts.start(state.job(job_id), Placement(job_id, (), None, False, False), (), {}, {})
+    assert job_id not in attempts.active
+    state.fail(job_id, "could not start: Too many open files", time.time(), attempt=1)  # as the daemon does
+    job = state.job(job_id)
+    assert job is not None and job.state == "failed" and job.attempts[0].state == "lost"

@@ -4,6 +4,7 @@ own exit code, the daemon's errors as messages, and the value parsers of shared 
 from __future__ import annotations
 
 import importlib.util
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import click
@@ -60,6 +61,16 @@ def daemon_call(call: Any, *args: Any, **kwargs: Any) -> Any:
         raise Exit(str(exc), EXIT_USAGE) from None
     except DaemonError as exc:
         raise click.ClickException(str(exc)) from None
+
+
+def manager_dir() -> Path:
+    """The job manager's state directory, or a clear error (exit 2) where it may not be used."""
+    from tandem.place.state import StateError, state_dir
+
+    try:
+        return state_dir()
+    except StateError as exc:
+        raise Exit(str(exc), EXIT_USAGE) from None
 
 
 def open_state() -> State:

@@ -25,6 +25,7 @@ from tandem.cli._common import (
     EXIT_USAGE,
     daemon_call,
     job_ids,
+    manager_dir,
     open_state,
     printable,
     request,
@@ -146,10 +147,10 @@ def submit(
         raise click.UsageError(problem)
     from tandem.place.client import ensure_daemon
     from tandem.place.client import submit as send
-    from tandem.place.state import state_dir
 
-    daemon_call(ensure_daemon, state_dir())
-    reply = daemon_call(send, state_dir(), spec)
+    directory = manager_dir()
+    daemon_call(ensure_daemon, directory)
+    reply = daemon_call(send, directory, spec)
     if as_json:
         from tandem.place.views import job_json
 

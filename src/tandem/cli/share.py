@@ -19,7 +19,7 @@ from typing import Any
 
 import click
 
-from tandem.cli._common import EXIT_USAGE, Exit, daemon_call, to_cpus, to_size
+from tandem.cli._common import EXIT_USAGE, Exit, daemon_call, manager_dir, to_cpus, to_size
 from tandem.place.model import format_size
 from tandem.share.spec import DTYPES, OBJECT_FORMS, ShareSpec, SpecError
 
@@ -176,7 +176,7 @@ def _items(spec: ShareSpec) -> Any:
         if spec.selection is not None:
             return served(spec.selection, spec.name)
         model = load_object(spec.select_model) if spec.select_model else None
-        return chooser(spec.select or "", model, spec.seed)
+        return chooser(spec.select or "", model, spec.seed, spec.name)
     except (SelectError, SpecError) as exc:
         raise Exit(f"{spec.name}: {exc}", EXIT_USAGE) from None
 
@@ -239,7 +239,6 @@ def share_define(cpus: float | None, mem: int | None, **options: Any) -> None:
     option of tandem share serve; the reference is checked now."""
     from tandem.place import protocol
     from tandem.place.client import ensure_daemon, request
-    from tandem.place.state import state_dir
     from tandem.select import SelectError
 
     spec = spec_from(**options, cpus=cpus, mem=mem or 0).resolved()
@@ -250,8 +249,9 @@ def share_define(cpus: float | None, mem: int | None, **options: Any) -> None:
         raise Exit(f"{spec.name}: {exc}; nothing was defined", EXIT_USAGE) from None
     # The daemon is the state's one writer: it stores the definition (and queues the job that
     # makes its selection) in one transaction.
-    daemon_call(ensure_daemon, state_dir())
-    reply = daemon_call(request, state_dir(), protocol.DefineShare(spec, select_job))
+    directory = manager_dir()
+    daemon_call(ensure_daemon, directory)
+    reply = daemon_call(request, directory, protocol.DefineShare(spec, select_job))
     if reply.select_job is not None:
         click.echo(
             f"{spec.name}: its selection ({spec.select}) is made once by job {reply.select_job}", err=True
@@ -296,19 +296,21 @@ def share_rm(names: tuple[str, ...]) -> None:
     """Remove the definitions NAMES (not while a waiting or running job reads one)."""
     from tandem.place import protocol
     from tandem.place.client import ensure_daemon, request
-    from tandem.place.state import state_dir
 
-    daemon_call(ensure_daemon, state_dir())
-    reply = daemon_call(request, state_dir(), protocol.RemoveShares(list(names)))
+    directory = manager_dir()
+    daemon_call(ensure_daemon, directory)
+    reply = daemon_call(request, directory, protocol.RemoveShares(list(names)))
     for name in reply.removed:
         click.echo(f"removed {name!r}")
-    if reply.unknown:
-        raise Exit(
-            f"no shared dataset {reply.unknown[0]!r} is defined (tandem share ls --defined)", EXIT_USAGE
-        )
-    for name, users in reply.in_use.items():
-        ids = ", ".join(str(i) for i in users)
-        raise Exit(f"{name!r} is read by job(s) {ids}, not yet ended: cancel them first", EXIT_USAGE)
+    problems = [
+        f"no shared dataset {name!r} is defined (tandem share ls --defined)" for name in reply.unknown
+    ]
+    problems += [
+        f"{name!r} is read by job(s) {', '.join(map(str, users))}, not yet ended: cancel them first"
+        for name, users in reply.in_use.items()
+    ]
+    if problems:
+        raise Exit("; ".join(problems), EXIT_USAGE)
 
 
 @share.command("ls")

@@ -14,7 +14,7 @@ from __future__ import annotations
 import time
 from collections.abc import Iterable
 
-from tandem.place.attempts import STARTUP_SAMPLES, Active, Startup
+from tandem.place.active import STARTUP_SAMPLES, Active, Startup
 from tandem.place.devices import Monitor
 from tandem.place.model import FINAL_STATES, QUEUED, SUCCEEDED, Capacity
 from tandem.place.policies import GpuSlot, HostSlot, Limits

@@ -16,16 +16,16 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import psutil
 
+from tandem.place.active import STARTUP_SAMPLES, Active, AttemptEnd, Startup
 from tandem.place.config import DaemonConfig
 from tandem.place.devices import Monitor
 from tandem.place.model import CANCELLED, FAILED, RUNNING, SUCCEEDED, Capacity, GpuInfo, format_size
-from tandem.place.producers import note_selection
+from tandem.place.producers import selections_made
 from tandem.place.retry import retry
 from tandem.place.run import tracking
 from tandem.place.run.files import AttemptSpec, Result, ShimInfo, Started, Usage, load, save
@@ -37,62 +37,6 @@ from tandem.place.state import Attempt, Job, State
 log = logging.getLogger(__name__)
 
 LOST_AFTER_S = 10.0  # an attempt whose supervisor never showed itself within this is abandoned
-STARTUP_SAMPLES = 3  # a job's first samples (one a second; the first has no rate yet) are its start-up
-
-
-class Startup:
-    """What programs use at start, as measured: the cores of a job's first samples, per
-    program (its command's first three words: ``python -m pkg.train``, ``python train.py
-    --lr``), the newest weighing most. A job of a program seen before is counted at that
-    until its own first samples are in: an import of torch takes a whole core for seconds
-    whatever the job declared, and jobs that start together would otherwise all take it."""
-
-    def __init__(self) -> None:
-        self._cores: dict[tuple[str, ...], float] = {}
-
-    @staticmethod
-    def program(command: list[str]) -> tuple[str, ...]:
-        return tuple(command[:3])
-
-    def seen(self, command: list[str], cores: float) -> None:
-        key = self.program(command)
-        old = self._cores.get(key)
-        self._cores[key] = cores if old is None else max(cores, 0.5 * old + 0.5 * cores)
-
-    def cores(self, command: list[str]) -> float | None:
-        return self._cores.get(self.program(command))
-
-
-@dataclass
-class Active:
-    """A running attempt as the daemon follows it."""
-
-    job: Job
-    n: int
-    placement: Placement
-    uuids: tuple[str, ...]
-    dir: Path
-    started: float  # wall clock
-    shim_pid: int | None = None
-    shim_ctime: float | None = None
-    gpu_mem_reserved: int | None = None  # per GPU; None while a probe has not settled
-    pids: tuple[int, ...] = ()
-    peak_mem: int = 0
-    peak_gpu_mem: int = 0
-    last_growth: float = field(default_factory=time.time)
-    usage_t: float = 0.0
-    energy_start: dict[str, int] = field(default_factory=dict)
-    remote: bool = False  # its supervisor runs on another machine (a Ray node): no pid checks
-    cpus_used: float | None = None  # cores its processes used over the last sample
-    samples: int = 0  # usage samples seen (a job is "starting" until STARTUP_SAMPLES)
-    fail_cause: str | None = None  # the daemon stopped it for this (its share's producer died)
-
-    @property
-    def job_id(self) -> int:
-        return self.job.id
-
-    def settled(self, now: float, settle_s: float) -> bool:
-        return now - self.started >= settle_s and now - self.last_growth >= settle_s
 
 
 class Attempts:
@@ -173,9 +117,14 @@ class Attempts:
             key = tracking.run_key(job.id, n)
             tracking.run_started(self.state.dir, key, name, tags, adir / "metrics.jsonl", started, job.id, n)
         self.active[job.id] = a
-        node = self.launcher.start(
-            a, Launch(adir, job.cwd, job.cpus, job.mem, chosen, p.gpu_mem, bool(job.share))
-        )
+        try:
+            node = self.launcher.start(
+                a, Launch(adir, job.cwd, job.cpus, job.mem, chosen, p.gpu_mem, bool(job.share))
+            )
+        except BaseException:  # not started: not followed (the daemon fails the job)
+            del self.active[job.id]
+            self.launcher.forget(a)
+            raise
         if node:
             self.state.update_attempt(job.id, n, placement={**placement, "node": node})
         if a.shim_pid is not None:
@@ -289,6 +238,36 @@ class Attempts:
     # --- finish -----------------------------------------------------------------------------
 
     def finish(self, a: Active, result: Result) -> None:
+        """Record how the attempt ended (its job's transition, once), then what follows from
+        it; a later write that fails (a full disk) is tried again next tick, alone."""
+        if a.ending is None:
+            a.ending = self._record_end(a, result)
+        end = a.ending
+        if end.peak_mem or end.peak_gpu_mem:
+            self.state.record_peak(a.job.job_key, end.peak_mem, end.peak_gpu_mem, end.ended - a.started)
+        if self.tracked:
+            status = {"succeeded": "FINISHED", "cancelled": "KILLED"}.get(end.state, "FAILED")
+            tags = {
+                "tandem.state": "retrying" if end.retried else end.state,
+                "tandem.cause": end.cause or "",
+                "tandem.exit_code": result.exit_code,
+            }
+            summary = {
+                "run_s": end.ended - a.started,
+                "wait_s": end.wait_s,
+                "peak_mem_bytes": end.peak_mem,
+                "peak_gpu_mem_bytes": end.peak_gpu_mem,
+                "cpu_seconds": result.cpu_seconds,
+                "gpu_energy_joules": end.energy,
+            }
+            key = tracking.run_key(a.job.id, a.n)
+            tracking.run_ended(self.state.dir, key, status, tags, summary, a.dir / "output.log")
+        # Only once everything is written: a write that failed leaves it here for the next tick.
+        del self.active[a.job.id]
+        self.launcher.forget(a)
+
+    def _record_end(self, a: Active, result: Result) -> AttemptEnd:
+        """The job's transition for the attempt's end: retried (escalated) or finished."""
         ended = result.ended or time.time()
         peak_mem = max(a.peak_mem, result.peak_mem or 0) or None
         peak_gpu = a.peak_gpu_mem or None
@@ -320,10 +299,10 @@ class Attempts:
         }
         largest = max((g.mem_total for g in self.capacity.gpus), default=0) or None
         usable = int(self.capacity.mem * (1 - self.config.limits.host_mem_headroom))
-        again = (
-            None
-            if job.cancel_requested
-            else retry(
+        again = None
+        if not job.cancel_requested:
+            limits = self.config.limits
+            again = retry(
                 result.kind,
                 a.n,
                 job.retries,
@@ -332,43 +311,23 @@ class Attempts:
                 job.mem,
                 peak_gpu,
                 peak_mem,
-                self.config.limits.gpu_mem_margin,
+                limits.gpu_mem_margin,
                 largest,
                 usable,
             )
-        )
         if again is not None:
             changes = {"escalation": again.escalation, "gpu_mem": again.gpu_mem, "mem": again.mem}
-            self.state.retry(
-                job.id, a.n, ending, {**common, **changes}, f"attempt {a.n} ended {cause}; retrying"
-            )
+            why = f"attempt {a.n} ended {cause}; retrying"
+            self.state.retry(job.id, a.n, ending, {**common, **changes}, why, result.notes)
         else:
             detail = "" if cause == state else cause or ""
-            self.state.finish(job.id, a.n, state, ending, {**common, "ended": ended}, detail, result.notes)
-            if state == SUCCEEDED:
-                note_selection(self.state, job.id, a.dir)
-        if peak_mem or peak_gpu:
-            self.state.record_peak(job.job_key, peak_mem, peak_gpu, ended - a.started)
-        if self.tracked:
-            status = {"succeeded": "FINISHED", "cancelled": "KILLED"}.get(state, "FAILED")
-            tags = {
-                "tandem.state": "retrying" if again else state,
-                "tandem.cause": cause or "",
-                "tandem.exit_code": result.exit_code,
-            }
-            summary = {
-                "run_s": ended - a.started,
-                "wait_s": (job.started or a.started) - job.submitted,
-                "peak_mem_bytes": peak_mem,
-                "peak_gpu_mem_bytes": peak_gpu,
-                "cpu_seconds": result.cpu_seconds,
-                "gpu_energy_joules": energy,
-            }
-            key = tracking.run_key(job.id, a.n)
-            tracking.run_ended(self.state.dir, key, status, tags, summary, a.dir / "output.log")
-        # Only once everything is written: a write that failed leaves it here for the next tick.
-        del self.active[a.job.id]
-        self.launcher.forget(a)
+            # A share's selection job: the selection it made, in the same transaction as its end.
+            made = selections_made(self.state, job.id, a.dir) if state == SUCCEEDED else {}
+            self.state.finish(
+                job.id, a.n, state, ending, {**common, "ended": ended}, detail, result.notes, made
+            )
+        wait_s = (job.started or a.started) - job.submitted
+        return AttemptEnd(state, cause, again is not None, ended, peak_mem, peak_gpu, energy, wait_s)
 
     def _energy(self, a: Active) -> float | None:
         """Joules of the job's GPUs over the attempt (shared among collocated jobs: the

@@ -69,6 +69,11 @@ def request(state_dir: Path, message: protocol.Request, timeout: float = 10.0) -
             f"the daemon of {state_dir} answered what this tandem cannot read ({exc})"
         ) from None
     if isinstance(reply, protocol.Failure):
+        if reply.error.startswith(("unknown request", "refused: unknown request")):  # an older daemon
+            raise DaemonError(
+                f"{reply.error}: the daemon of {state_dir} is from an older tandem; restart it "
+                "(tandem daemon stop; tandem daemon start): running jobs go on"
+            )
         raise (DaemonRefused if reply.refused else DaemonError)(reply.error)
     return reply
 

@@ -312,7 +312,8 @@ class Daemon:
                     self._launch(job, placement)
                 except Exception as exc:
                     log.exception("could not start job %d", job.id)
-                    self.state.fail(job.id, f"could not start: {exc}", time.time())
+                    attempt = len(job.attempts) + 1  # recorded, or not yet: ended either way
+                    self.state.fail(job.id, f"could not start: {exc}", time.time(), attempt=attempt)
         self.admission.write_reasons(reasons)
 
     def _launch(self, job: Job, p: Placement) -> None:

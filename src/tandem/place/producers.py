@@ -92,16 +92,13 @@ class Producers:
         n = int(last.name) + 1 if last is not None else 1
         folder = self.state.dir / "shares" / share.name / str(n)
         folder.mkdir(parents=True, exist_ok=True)
-        if spec.select is not None and share.selection is None:
-            raise RuntimeError(
-                f"share {share.name!r}: its selection job {spec.select_job} made no selection "
-                f"(tandem logs {spec.select_job}); define the share again"
-            )
-        # The selection it serves is the state's (given at define, or made by its selection job).
-        write_json(
-            folder / "share.json",
-            dataclasses.asdict(dataclasses.replace(spec, selection=share.selection, select=None)),
+        # The selection it serves is the state's (given at define, or made by its selection
+        # job). A share whose selection job left none (one from before tandem kept it in the
+        # state): its producer makes it, or finds it stored (the same inputs, the same one).
+        served = (
+            dataclasses.replace(spec, selection=share.selection, select=None) if share.selection else spec
         )
+        write_json(folder / "share.json", dataclasses.asdict(served))
         command = [
             sys.executable,
             "-m",
@@ -219,16 +216,16 @@ class _Handle:
         self.remote = False
 
 
-def note_selection(state: State, job_id: int, adir: Path) -> None:
-    """A share's selection job succeeded: the selection it made (the id ``tandem select run``
-    leaves in its directory, ``selection.json``) is what the share serves now."""
+def selections_made(state: State, job_id: int, adir: Path) -> dict[str, str | None]:
+    """The selections a share's selection job made, by share: the id ``tandem select run``
+    leaves in its directory (``selection.json``), None where it left none."""
+    made: dict[str, str | None] = {}
     for share in state.shares():
         if share.spec.select_job != job_id:
             continue
-        made = read_json(adir / "selection.json")
-        sel_id = made.get("id") if made is not None else None
-        if isinstance(sel_id, str) and re.fullmatch(r"[0-9a-f]{16}", sel_id):
-            state.set_share_selection(share.name, sel_id)
-            state.event(job_id, "note", f"made selection {sel_id} of share {share.name!r}")
-        else:
-            state.event(job_id, "note", f"made no selection for share {share.name!r}")
+        found = read_json(adir / "selection.json")
+        sel_id = found.get("id") if found is not None else None
+        made[share.name] = (
+            sel_id if isinstance(sel_id, str) and re.fullmatch(r"[0-9a-f]{16}", sel_id) else None
+        )
+    return made

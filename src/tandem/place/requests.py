@@ -121,7 +121,8 @@ def define_share(d: Daemon, request: p.DefineShare) -> p.ShareDefined | p.Failur
         problem = job.problem()
         if problem:
             return _refused(f"its selection job: {problem}")
-    gpus = 0 if job is None else (job.gpus if job.gpus is not None else 0)
+    # As submit resolves it: a selection job that trains a proxy gets a GPU where there is one.
+    gpus = 0 if job is None else (job.gpus if job.gpus is not None else (1 if d.capacity.gpus else 0))
     job_id = d.state.define_share(request.spec, job, gpus)
     d.wake = d.dirty = True
     return p.ShareDefined(request.spec.name, job_id)

@@ -19,7 +19,7 @@ import dataclasses
 import os
 import sqlite3
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -216,13 +216,23 @@ class State(StateReads):
             self._move(db, "requeue", job_id, to, queued_at=now)
             self._event(db, job_id, "requeued", f"attempt {n} {why}" if n is not None else why)
 
-    def retry(self, job_id: int, n: int, attempt: dict[str, Any], job: dict[str, Any], detail: str) -> None:
+    def retry(
+        self,
+        job_id: int,
+        n: int,
+        attempt: dict[str, Any],
+        job: dict[str, Any],
+        detail: str,
+        notes: Iterable[str] = (),
+    ) -> None:
         """Its attempt ``n`` ended (``attempt``: how) and it will be tried again (``job``: the
         fields that change, its escalated reservation among them)."""
         with self.transaction() as db:
             self._end_attempt(db, job_id, n, **attempt)
             self._move(db, "retry", job_id, RETRYING, queued_at=time.time(), **job)
             self._event(db, job_id, "retry", detail)
+            for note in notes:
+                self._event(db, job_id, "note", note)
 
     def finish(
         self,
@@ -232,19 +242,31 @@ class State(StateReads):
         attempt: dict[str, Any],
         job: dict[str, Any],
         detail: str,
-        notes=(),
+        notes: Iterable[str] = (),
+        selections: dict[str, str | None] | None = None,
     ) -> None:
-        """Its last attempt ``n`` ended (``attempt``: how) and so did the job, in ``state``."""
+        """Its last attempt ``n`` ended (``attempt``: how) and so did the job, in ``state``.
+        ``selections``: a share's selection job's, by share (None: it left none), which
+        those shares serve from now on."""
         with self.transaction() as db:
             self._end_attempt(db, job_id, n, **attempt)
             self._move(db, "finish", job_id, state, **job)
             self._event(db, job_id, state, detail)
             for note in notes:
                 self._event(db, job_id, "note", note)
+            for share, sel_id in (selections or {}).items():
+                if sel_id is None:
+                    self._event(db, job_id, "note", f"made no selection for share {share!r}")
+                    continue
+                db.execute("UPDATE shares SET selection = ?, error = NULL WHERE name = ?", (sel_id, share))
+                self._event(db, job_id, "note", f"made selection {sel_id} of share {share!r}")
 
-    def fail(self, job_id: int, cause: str, now: float) -> None:
-        """It cannot run, and no attempt of it is running."""
+    def fail(self, job_id: int, cause: str, now: float, attempt: int | None = None) -> None:
+        """It cannot run, and no attempt of it is running (``attempt``: one recorded that
+        never started, ended with it)."""
         with self.transaction() as db:
+            if attempt is not None:
+                self._end_attempt(db, job_id, attempt, state="lost", ended=now, cause=cause)
             self._move(db, "fail", job_id, FAILED, ended=now, cause=cause, reason=None)
             self._event(db, job_id, FAILED, cause)
 
@@ -355,10 +377,6 @@ class State(StateReads):
                 tuple(values.values()),
             )
         return job_id
-
-    def set_share_selection(self, name: str, selection: str) -> None:
-        """The selection ``name`` serves (its selection job made it)."""
-        self._write("UPDATE shares SET selection = ?, error = NULL WHERE name = ?", (selection, name))
 
     def remove_share(self, name: str) -> list[int]:
         """Remove ``name``'s definition unless a job not yet ended reads it: those jobs (the

@@ -67,13 +67,23 @@ def select_command(dataset_ref: str, select: str, seed: int, model_ref: str | No
     return argv + (["--model", model_ref] if model_ref else [])
 
 
-def chooser(select: str, model: Any, seed: int) -> Callable[[Any], Any]:
+def chooser(select: str, model: Any, seed: int, share: str) -> Callable[[Any], Any]:
     """A function of the dataset that makes (or finds stored) the selection ``select``
-    describes: for a producer started without the job manager."""
+    describes, its use noted (for share ``share``'s producer, started without the manager)."""
     from tandem.select.core import select as make
+    from tandem.select.store import record_use
 
     method, budget = parse_select(select, model is not None)
-    return lambda dataset: make(dataset, method, budget, model=model, seed=seed)
+
+    def choose(dataset: Any) -> Any:
+        sel = make(dataset, method, budget, model=model, seed=seed)
+        record_use(
+            sel,
+            {"role": "producer", "share": share, "pid": os.getpid(), "job": os.environ.get("TANDEM_JOB_ID")},
+        )
+        return sel
+
+    return choose
 
 
 def served(sel_id: str, share: str) -> Any:

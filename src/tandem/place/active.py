@@ -1,0 +1,84 @@
+"""What the daemon knows of a running attempt (:class:`Active`), how one ended once recorded
+(:class:`AttemptEnd`), and what programs use as they start (:class:`Startup`): the records
+:mod:`tandem.place.attempts` follows and :mod:`tandem.place.admission` counts."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from tandem.place.records import Job
+from tandem.place.scheduler import Placement
+
+STARTUP_SAMPLES = 3  # a job's first samples (one a second; the first has no rate yet) are its start-up
+
+
+class Startup:
+    """What programs use at start, as measured: the cores of a job's first samples, per
+    program (its command's first three words: ``python -m pkg.train``, ``python train.py
+    --lr``), the newest weighing most. A job of a program seen before is counted at that
+    until its own first samples are in: an import of torch takes a whole core for seconds
+    whatever the job declared, and jobs that start together would otherwise all take it."""
+
+    def __init__(self) -> None:
+        self._cores: dict[tuple[str, ...], float] = {}
+
+    @staticmethod
+    def program(command: list[str]) -> tuple[str, ...]:
+        return tuple(command[:3])
+
+    def seen(self, command: list[str], cores: float) -> None:
+        key = self.program(command)
+        old = self._cores.get(key)
+        self._cores[key] = cores if old is None else max(cores, 0.5 * old + 0.5 * cores)
+
+    def cores(self, command: list[str]) -> float | None:
+        return self._cores.get(self.program(command))
+
+
+@dataclass
+class AttemptEnd:
+    """How an attempt ended, as recorded by its transition (retry or finish)."""
+
+    state: str
+    cause: str | None
+    retried: bool
+    ended: float
+    peak_mem: int | None
+    peak_gpu_mem: int | None
+    energy: float | None
+    wait_s: float
+
+
+@dataclass
+class Active:
+    """A running attempt as the daemon follows it."""
+
+    job: Job
+    n: int
+    placement: Placement
+    uuids: tuple[str, ...]
+    dir: Path
+    started: float  # wall clock
+    shim_pid: int | None = None
+    shim_ctime: float | None = None
+    gpu_mem_reserved: int | None = None  # per GPU; None while a probe has not settled
+    pids: tuple[int, ...] = ()
+    peak_mem: int = 0
+    peak_gpu_mem: int = 0
+    last_growth: float = field(default_factory=time.time)
+    usage_t: float = 0.0
+    energy_start: dict[str, int] = field(default_factory=dict)
+    remote: bool = False  # its supervisor runs on another machine (a Ray node): no pid checks
+    cpus_used: float | None = None  # cores its processes used over the last sample
+    samples: int = 0  # usage samples seen (a job is "starting" until STARTUP_SAMPLES)
+    fail_cause: str | None = None  # the daemon stopped it for this (its share's producer died)
+    ending: AttemptEnd | None = None  # its end, once recorded (a later write that fails is retried alone)
+
+    @property
+    def job_id(self) -> int:
+        return self.job.id
+
+    def settled(self, now: float, settle_s: float) -> bool:
+        return now - self.started >= settle_s and now - self.last_growth >= settle_s
