@@ -23,10 +23,14 @@ demo: setup
 
 # The share tests run twice: as on x86-64 (announcement table), and socket-only as on every
 # other architecture (TANDEM_SHARE_TABLE=0), so that path is tested on every commit.
+# Both passes run even when the first fails, and both are reported; the exit says whether all passed.
 test: setup
 	$(BIN)/ruff check src tests benchmarks
-	$(BIN)/python -m pytest -q
-	TANDEM_SHARE_TABLE=0 $(BIN)/python -m pytest -q tests/share
+	@first=0; second=0; \
+	$(BIN)/python -m pytest -q || first=$$?; \
+	TANDEM_SHARE_TABLE=0 $(BIN)/python -m pytest -q tests/share || second=$$?; \
+	echo "make test: all tests $$( [ $$first = 0 ] && echo passed || echo FAILED ); share tests, socket transport: $$( [ $$second = 0 ] && echo passed || echo FAILED )"; \
+	[ $$first = 0 ] && [ $$second = 0 ]
 
 lint: setup
 	$(BIN)/ruff check src tests benchmarks

@@ -1,8 +1,14 @@
-"""Where tandem keeps its state on this machine (paths only: nothing is created here).
+"""Where tandem keeps its state on this machine, and the one way to open it.
 
 ``$TANDEM_STATE_DIR``, else ``$XDG_STATE_HOME/tandem``, else ``~/.local/state/tandem``: the
 job manager's jobs (:mod:`tandem.place`) and the stored data selections
 (:mod:`tandem.select`) live there, and their MLflow runs in its ``mlflow.db``.
+
+Every command and library entry that reads or writes state opens it with :func:`state_dir`:
+created 0700 when missing; refused (:class:`StateDirError`, saying what to do, with nothing
+written) when others may enter it, when another user owns it, or when it (as configured) is
+a symbolic link; an existing directory is never changed. Files in it are made with
+:func:`private_file` (0600).
 """
 
 from __future__ import annotations
@@ -10,9 +16,16 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from tandem import _ipc
+
+
+class StateDirError(Exception):
+    """The state directory may not be used (shared, another user's, a link), with what to do."""
+
 
 def state_dir_path() -> Path:
-    """Where tandem's state is (not created here)."""
+    """Where tandem's state is (not created here). Absolute but not resolved: a symbolic
+    link configured as the state directory stays one, to be refused."""
     explicit = os.environ.get("TANDEM_STATE_DIR")
     if explicit:
         path = Path(explicit)
@@ -20,7 +33,28 @@ def state_dir_path() -> Path:
         path = Path(os.environ["XDG_STATE_HOME"]) / "tandem"
     else:
         path = Path.home() / ".local" / "state" / "tandem"
-    return path.expanduser().resolve()
+    return Path(os.path.abspath(path.expanduser()))
+
+
+def state_dir(path: Path | None = None) -> Path:
+    """The private state directory (``path``, else :func:`state_dir_path`), created 0700
+    if missing; :class:`StateDirError` if it may not be used."""
+    return _ipc.private_dir(
+        state_dir_path() if path is None else Path(os.path.abspath(path)),
+        "state directory",
+        "TANDEM_STATE_DIR",
+        StateDirError,
+    )
+
+
+def private_file(path: Path) -> Path:
+    """``path``, created empty and 0600 if it does not exist (before a library such as
+    SQLite makes it with the process's umask); an existing file is left as it is."""
+    try:
+        os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600))
+    except FileExistsError:
+        pass
+    return path
 
 
 def mlflow_store_uri(state_dir: Path | None = None) -> str:

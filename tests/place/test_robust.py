@@ -89,7 +89,7 @@ def test_shared_or_linked_directories_are_refused_and_left_as_they_are(cli, tmp_
         text=True,
         timeout=60,
     )
-    assert r.returncode == 1 and "open to other users" in r.stderr and "Traceback" not in r.stderr
+    assert r.returncode == 2 and "open to other users" in r.stderr and "Traceback" not in r.stderr
     assert (shared.stat().st_mode & 0o7777) == 0o1777  # not chmodded
     target = tmp_path / "mine"
     target.mkdir(mode=0o700)
@@ -238,14 +238,20 @@ def test_a_full_state_filesystem_kills_no_job_and_leaves_none_running(cli, tmp_p
             tandem("submit", "--cpus", "0.5", "--", sys.executable, "-c", script).stdout.strip()
             for _ in range(2)
         ]
-        time.sleep(2)
+        started = _wait_for(lambda: len(list((state / "jobs").glob("*/1/started.json"))) == 2, 60)
+        assert started, tandem("ls").stdout
+        pids = [json.loads(p.read_text())["pid"] for p in (state / "jobs").glob("*/1/started.json")]
         filler = small / "filler"
         subprocess.run(["dd", "if=/dev/zero", f"of={filler}", "bs=64k"], capture_output=True)  # until full
-        time.sleep(4)  # jobs, supervisors and the daemon all meet ENOSPC meanwhile
-        pids = [json.loads(p.read_text())["pid"] for p in (state / "jobs").glob("*/1/started.json")]
-        assert len(pids) == 2 and all(psutil.pid_exists(p) for p in pids), "a job died of the full disk"
+        # Jobs, supervisors and the daemon all meet ENOSPC while the jobs go on printing.
+        for output in (state / "jobs").glob("*/1/output.log"):
+            size = output.stat().st_size
+            assert _wait_for(
+                lambda o=output, n=size: not psutil.pid_exists(pids[0]) or o.stat().st_size >= n, 10
+            )
+        assert all(psutil.pid_exists(p) for p in pids), "a job died of the full disk"
         stop.touch()  # the jobs end while the disk is still full
-        time.sleep(3)
+        assert _wait_for(lambda: not any(psutil.pid_exists(p) for p in pids), 60), "the jobs ended"
         filler.unlink()
         r = tandem("wait", *ids)
         assert r.returncode == 0, (r.stderr, tandem("ls").stdout)
@@ -253,3 +259,78 @@ def test_a_full_state_filesystem_kills_no_job_and_leaves_none_running(cli, tmp_p
         tandem("daemon", "stop")
     finally:
         subprocess.run(["umount", "-l", str(small)])
+
+
+def _wait_for(condition, timeout: float) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if condition():
+            return True
+        time.sleep(0.1)
+    return bool(condition())
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="mounting a small filesystem needs root")
+def test_a_full_disk_while_jobs_start_loses_none(cli, tmp_path: Path) -> None:
+    """Jobs that start while the state's disk is full are neither failed nor left running
+    without a process: once space returns, every one runs and succeeds, once."""
+    small = tmp_path / "small"
+    small.mkdir(mode=0o700)
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=6m,mode=0700", "tmpfs", str(small)]).returncode:
+        pytest.skip("cannot mount a tmpfs here")
+    try:
+        state = small / "state"
+        env = dict(cli.env, TANDEM_STATE_DIR=str(state))
+
+        def tandem(*args: str, timeout: float = 60) -> subprocess.CompletedProcess:
+            return subprocess.run([sys.executable, "-m", "tandem.cli", *args], env=env, cwd=tmp_path,
+                                  capture_output=True, text=True, timeout=timeout)  # fmt: skip
+
+        assert tandem("daemon", "start", "--cpus", "2", "--no-track", *FAST).returncode == 0
+        stop, out = tmp_path / "stop", tmp_path / "ran"
+        hold = f"import os, time\nwhile not os.path.exists({str(stop)!r}):\n    time.sleep(0.05)"
+        blocker = tandem("submit", "--cpus", "2", "--", sys.executable, "-c", hold).stdout.strip()
+        assert _wait_for(lambda: (state / "jobs" / blocker / "1" / "started.json").exists(), 60)
+        once = f"open({str(out)!r}, 'a').write(__import__('os').environ['TANDEM_JOB_ID'] + '\\n')"
+        ids = [
+            tandem("submit", "--cpus", "0.5", "--", sys.executable, "-c", once).stdout.strip()
+            for _ in range(4)
+        ]
+        filler = small / "filler"
+        subprocess.run(["dd", "if=/dev/zero", f"of={filler}", "bs=64k"], capture_output=True)  # until full
+        stop.touch()  # the blocker ends: the daemon starts the four on a full disk
+        pid = json.loads((state / "jobs" / blocker / "1" / "started.json").read_text())["pid"]
+        assert _wait_for(lambda: not psutil.pid_exists(pid), 60), "the blocker ended"
+        # A few of the daemon's passes on the full disk: none of the four may fail meanwhile.
+        deadline = time.monotonic() + 3.0
+        while time.monotonic() < deadline:
+            listed = json.loads(tandem("ls", "--json").stdout or "[]")
+            assert not [j for j in listed if j["state"] == "failed"], listed
+            time.sleep(0.2)
+        filler.unlink()
+        r = tandem("wait", *ids, timeout=120)
+        assert r.returncode == 0, (r.stdout, r.stderr, tandem("ls").stdout)
+        assert sorted(out.read_text().split()) == sorted(ids), "each of the four ran, once"
+        tandem("daemon", "stop")
+    finally:
+        subprocess.run(["umount", "-l", str(small)])
+
+
+def test_submits_while_the_daemon_is_killed_every_third_all_land_once(cli, tmp_path: Path) -> None:
+    """60 submits through 20 daemon SIGKILLs (before every third): each submit starts a
+    daemon where none answers, and its token keeps a retried one from making a second job."""
+    cli("daemon", "start", "--cpus", "2", "--no-track", *FAST)
+    out = tmp_path / "ran"
+    ids, kills = [], 0
+    for i in range(60):
+        if i % 3 == 0:  # before the 1st, 4th, ... 58th submit
+            pid = cli.daemon_pid()
+            assert pid is not None and psutil.pid_exists(pid), "a submit started the daemon again"
+            os.kill(pid, signal.SIGKILL)
+            kills += 1
+        ids.append(cli.submit("--cpus", "0.1", "--", "sh", "-c", f"echo $TANDEM_JOB_ID >> {out}"))
+    assert kills == 20 and len(set(ids)) == 60
+    r = cli("wait", *map(str, ids), timeout=300)
+    assert r.returncode == 0, (r.stdout, r.stderr)
+    ran = out.read_text().split()
+    assert sorted(map(int, ran)) == sorted(ids), "each job ran, once"

@@ -214,3 +214,66 @@ def test_a_job_whose_supervisor_cannot_start_fails_and_is_not_followed(
     state.fail(job_id, "could not start: Too many open files", time.time(), attempt=1)  # as the daemon does
     job = state.job(job_id)
     assert job is not None and job.state == "failed" and job.attempts[0].state == "lost"
+
+
+# Every write of an attempt's start, and what failing there looks like (a full disk).
+START_WRITES = ["spec", "state.start", "launcher.start", "update_attempt"]
+
+
+@pytest.mark.parametrize("where", START_WRITES)
+def test_a_full_disk_at_any_write_of_a_start_leaves_the_job_queued_then_run(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, where: str
+) -> None:
+    """ENOSPC at one write of the start path: the job is never failed for the disk's sake and
+    never ``running`` without a process; it is queued again (at once, or by the next pass's
+    reconcile) and, the disk taking writes again, runs and succeeds once."""
+    import errno
+
+    import tandem.place.attempts as attempts_module
+    from tandem.place.paths import disk_trouble
+    from tandem.place.scheduler import Placement
+
+    state = State(tmp_path)
+    attempts = _attempts(state)
+    env = {"PATH": "/usr/bin:/bin"}
+    marker = tmp_path / "ran"
+    job_id, _ = state.add_job(
+        JobSpec(["sh", "-c", f"echo x >> {marker}"], str(tmp_path), env), 0, time.time()
+    )
+    full = OSError(errno.ENOSPC, "No space left on device")
+
+    def failing(real):
+        def write(*args, **kwargs):
+            raise full
+
+        return write
+
+    targets = {
+        "spec": (attempts_module, "save"),
+        "state.start": (state, "start"),
+        "launcher.start": (attempts.launcher, "start"),
+        "update_attempt": (state, "update_attempt"),
+    }
+    owner, name = targets[where]
+    with monkeypatch.context() as patch:
+        patch.setattr(owner, name, failing(getattr(owner, name)))
+        try:  # as the daemon's pass does: the disk's failure puts the job back
+            attempts.start(state.job(job_id), Placement(job_id, (), None, False, False), (), env, {})
+        except Exception as exc:
+            assert disk_trouble(exc), exc
+            attempts.put_back(job_id, f"could not start: {exc}", time.time())
+        job = state.job(job_id)
+        assert job is not None and job.state != "failed"
+        if job.state == "running":  # its process runs (the write after its launch failed)
+            assert job_id in attempts.active
+    attempts.reconcile(time.time())  # the next pass, the disk taking writes again
+    _followed_until_ended(attempts, job_id)
+    job = state.job(job_id)
+    assert job is not None
+    if job.state in ("queued", "retrying"):  # put back: the next pass starts it again
+        attempts.start(job, Placement(job_id, (), None, False, False), (), env, {})
+        _followed_until_ended(attempts, job_id)
+        job = state.job(job_id)
+    assert job is not None and job.state == "succeeded", job.state
+    assert marker.read_text() == "x\n", "it ran exactly once"
+    assert all(a.state in ("succeeded", "lost") for a in job.attempts), [a.state for a in job.attempts]

@@ -65,7 +65,7 @@ def test_racing_processes_leave_exactly_one_stored_copy(state: Path) -> None:
     results = [json.loads(p.communicate(timeout=120)[0].strip().splitlines()[-1]) for p in procs]
     assert len({r["id"] for r in results}) == 1
     assert len({tuple(r["indices"]) for r in results}) == 1
-    assert sorted(p.name for p in root().iterdir() if not p.name.endswith(".lock")) == [results[0]["id"]]
+    assert sorted(p.name for p in root().iterdir() if not p.name.startswith(".")) == [results[0]["id"]]
 
 
 def test_small_loss_keeps_far_less_noise_than_random_and_the_hard_end_keeps_it() -> None:
@@ -136,7 +136,7 @@ def test_bad_input_is_refused_and_nothing_is_left_half_written() -> None:
         select(ds, "small-loss", 0.3, model=lambda: torch.nn.Linear(20, 3), track=False)
     with pytest.raises(SelectError, match="takes no epochs"):
         select(ds, "small-loss", 0.3, model=mlp, params={"epochs": 2}, track=False)
-    assert not root().exists() or [p.name for p in root().iterdir() if not p.name.endswith(".lock")] == []
+    assert not root().exists() or [p.name for p in root().iterdir() if not p.name.startswith(".")] == []
     sel = select(ds, "random", 0.1, track=False)
     with pytest.raises(SelectError, match="made of another dataset"):
         sel.subset(Blobs(1500, 0.5, seed=99))

@@ -57,6 +57,19 @@ class _LazyGroup(click.Group):
         module = importlib.import_module(f"tandem.cli.{family}")
         return next(c for c in module.COMMANDS if c.name == cmd_name)
 
+    def invoke(self, ctx: click.Context) -> object:
+        # A state (or runtime) directory that may not be used, found by any command: its one line, exit 2
+        # (never a traceback; nothing was written there).
+        from tandem._ipc import RuntimeDirError
+        from tandem.dirs import StateDirError
+
+        try:
+            return super().invoke(ctx)
+        except (StateDirError, RuntimeDirError) as exc:
+            from tandem.cli._common import EXIT_STATE_DIR, Exit
+
+            raise Exit(str(exc), EXIT_STATE_DIR) from None
+
 
 @click.group(cls=_LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, "-V", "--version", prog_name="tandem")

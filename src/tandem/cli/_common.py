@@ -16,6 +16,7 @@ if TYPE_CHECKING:  # the state is imported when a command needs it: tandem --hel
 # job's own code; these are the manager's own answers.
 EXIT_FAILED = 1  # a job failed (or several did not all succeed); any other error
 EXIT_USAGE = 2  # bad input, or a job refused because it can never fit
+EXIT_STATE_DIR = 2  # the state directory may not be used (shared, another user's, a link): input too
 EXIT_NO_DAEMON = 3  # no daemon serves the state directory
 EXIT_CANCELLED = 4  # the job was cancelled
 EXIT_NO_ANSWER = 69  # the daemon did not answer in time (EX_UNAVAILABLE)
@@ -70,16 +71,17 @@ def manager_dir() -> Path:
     try:
         return state_dir()
     except StateError as exc:
-        raise Exit(str(exc), EXIT_USAGE) from None
+        raise Exit(str(exc), EXIT_STATE_DIR) from None
 
 
 def open_state() -> State:
     """The job manager's state (:class:`tandem.place.state.State`), or a clear error."""
     from tandem.place.state import State, StateError
 
+    directory = manager_dir()  # a directory that may not be used: exit 2
     try:
-        return State()
-    except StateError as exc:
+        return State(directory)
+    except StateError as exc:  # its file cannot be read (corrupt, locked, newer): an error of its own
         raise click.ClickException(str(exc)) from None
 
 

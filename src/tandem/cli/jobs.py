@@ -145,12 +145,10 @@ def submit(
     problem = spec.problem()
     if problem:
         raise click.UsageError(problem)
-    from tandem.place.client import ensure_daemon
     from tandem.place.client import submit as send
 
-    directory = manager_dir()
-    daemon_call(ensure_daemon, directory)
-    reply = daemon_call(send, directory, spec)
+    # It starts a daemon where none answers (and again if one dies while it waits).
+    reply = daemon_call(send, manager_dir(), spec)
     if as_json:
         from tandem.place.views import job_json
 

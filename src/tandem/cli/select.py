@@ -153,15 +153,23 @@ def select_run(
 @json_option
 def select_ls(as_json: bool) -> None:
     """The stored selections."""
-    from tandem.select import ids
+    from tandem.select import SelectError, ids, load
 
-    rows = [_selection(i) for i in ids()]
+    rows: list[Any] = []
+    for sel_id in ids():  # a damaged one is listed as such: it hides no other
+        try:
+            rows.append(load(sel_id))
+        except SelectError as exc:
+            rows.append({"id": sel_id, "damaged": str(exc)})
     if as_json:
-        click.echo(json.dumps([_summary(s) for s in rows], indent=2))
+        click.echo(json.dumps([s if isinstance(s, dict) else _summary(s) for s in rows], indent=2))
         return
     if not rows:
         click.echo("no stored selections (tandem select run ... makes one)")
     for s in rows:
+        if isinstance(s, dict):
+            click.echo(f"{s['id']}  DAMAGED: {s['damaged']}")
+            continue
         m = s.meta
         click.echo(
             f"{s.id}  {m['method']:<10} {len(s):>7} of {m['dataset']['length']:<7} seed {m['seed']}  "
@@ -214,14 +222,22 @@ def select_show(sel_id: str, as_json: bool) -> None:
 
 @select_group.command("rm")
 @click.argument("sel_ids", metavar="ID...", nargs=-1, required=True)
+@click.option(
+    "--force", is_flag=True, help="Remove it even if a defined share or a job not yet ended reads it."
+)
 @json_option
-def select_rm(sel_ids: tuple[str, ...], as_json: bool) -> None:
-    """Remove stored selections (all named must exist: none is removed otherwise)."""
+def select_rm(sel_ids: tuple[str, ...], force: bool, as_json: bool) -> None:
+    """Remove stored selections (all named must exist, and none be in use: none is removed
+    otherwise)."""
     from tandem.select import SelectError, ids, remove
 
     missing = [i for i in sel_ids if i not in ids()]
     if missing:
         raise Exit(f"no selection {', '.join(missing)} (tandem select ls lists them); nothing removed", 2)
+    readers = {} if force else _readers(sel_ids)
+    if readers:
+        said = "; ".join(f"{sel_id} is read by {who}" for sel_id, who in readers.items())
+        raise Exit(f"{said}: nothing removed (remove the share first, or --force)", EXIT_BAD_INPUT)
     for sel_id in sel_ids:
         try:
             remove(sel_id)
@@ -267,6 +283,25 @@ def select_report(sel_id: str, baseline_run: str | None, as_json: bool) -> None:
             f"  {what:<24} selection {show['selection']:>12}  a job {show['job_mean']:>12}  "
             f"full data {show['full_data']:>12}  pays after {even_text}"
         )
+
+
+def _readers(sel_ids: tuple[str, ...]) -> dict[str, str]:
+    """Who reads each of ``sel_ids``: the defined shares that serve it and their jobs not yet
+    ended, in words (none: not listed)."""
+    from tandem.place.state import State, state_dir_path
+
+    if not (state_dir_path() / "place.db").exists():
+        return {}
+    state = State(state_dir_path())
+    out = {}
+    for sel_id in sel_ids:
+        shares = [s.name for s in state.shares() if sel_id in (s.selection, s.spec.selection)]
+        if shares:
+            jobs = [j.id for j in state.jobs(("queued", "running", "retrying"), shares=tuple(shares))]
+            out[sel_id] = f"share(s) {', '.join(shares)}" + (
+                f" and job(s) {', '.join(map(str, jobs))}" if jobs else ""
+            )
+    return out
 
 
 def _jobs(sel_id: str) -> list[Any]:

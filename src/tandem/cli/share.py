@@ -326,9 +326,13 @@ def share_ls(as_json: bool, timeout: float) -> None:
     """List the producers on this host with their consumers, positions, lag and stalls."""
     from dataclasses import asdict
 
+    from tandem.share import ShareError
     from tandem.share.stats import query_all
 
-    rows = query_all(timeout)
+    try:
+        rows = query_all(timeout)
+    except ShareError as exc:  # a runtime directory that may not be used
+        raise Exit(str(exc), EXIT_USAGE) from None
     if as_json:
         click.echo(json.dumps([asdict(r) if not isinstance(r, dict) else r for r in rows], indent=2))
         return

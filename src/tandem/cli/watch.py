@@ -239,9 +239,9 @@ def _find_store() -> str | None:
     manager's store (its submitted jobs' runs), saying so; None leaves the default's error."""
     if os.environ.get("MLFLOW_TRACKING_URI"):
         return None
-    from tandem.place.state import state_dir_path
+    from tandem.dirs import state_dir
 
-    here, manager = Path("mlflow.db").resolve(), state_dir_path() / "mlflow.db"
+    here, manager = Path("mlflow.db").resolve(), state_dir() / "mlflow.db"
     if here.is_file() or not manager.is_file():
         return None  # the default (./mlflow.db), or its error naming where it looked
     click.echo(f"tandem report: no ./mlflow.db here; reading the job manager's store {manager}", err=True)

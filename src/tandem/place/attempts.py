@@ -63,7 +63,9 @@ class Attempts:
     ) -> None:
         n = len(job.attempts) + 1
         adir = self.state.attempt_dir(job.id, n)
-        adir.mkdir(parents=True, exist_ok=True)
+        if adir.exists():  # not this attempt's (a lost database's job of the same id): never read
+            adir.rename(adir.with_name(f"{n}.stale-{time.time():.0f}"))
+        adir.mkdir(parents=True)
         env = {**env, "TANDEM_JOB_DIR": str(adir)}  # its attempt's own directory (what it may leave us)
         uuids = tuple(g.uuid for g in chosen)
         placement = {
@@ -125,10 +127,31 @@ class Attempts:
             del self.active[job.id]
             self.launcher.forget(a)
             raise
-        if node:
-            self.state.update_attempt(job.id, n, placement={**placement, "node": node})
-        if a.shim_pid is not None:
-            self.state.update_attempt(job.id, n, shim_pid=a.shim_pid, shim_ctime=a.shim_ctime)
+        try:
+            if node:
+                self.state.update_attempt(job.id, n, placement={**placement, "node": node})
+            if a.shim_pid is not None:
+                self.state.update_attempt(job.id, n, shim_pid=a.shim_pid, shim_ctime=a.shim_ctime)
+        except Exception as exc:  # it runs: follow records its supervisor from its own files
+            log.warning("job %d attempt %d started, not yet recorded in full: %s", job.id, n, exc)
+
+    def put_back(self, job_id: int, why: str, now: float) -> None:
+        """A start that the disk stopped: the job waits again (its attempt, if recorded, lost),
+        to be tried once the disk takes writes; if even that cannot be written now,
+        :meth:`reconcile` does it on a later pass."""
+        try:
+            job = self.state.job(job_id)
+            if job is not None and job.state == RUNNING and job_id not in self.active:
+                self.state.requeue(job_id, len(job.attempts) or None, why, now)
+        except Exception as exc:
+            log.warning("job %d: could not put it back in the queue yet: %s", job_id, exc)
+
+    def reconcile(self, now: float) -> None:
+        """A job the state says runs, which no attempt of this daemon follows (its start
+        was cut short by a failed write): back to the queue, never ``running`` with no process."""
+        for job in self.state.jobs((RUNNING,)):
+            if job.id not in self.active:
+                self.put_back(job.id, "its start did not complete (a write failed); tried again", now)
 
     # --- follow -----------------------------------------------------------------------------
 

@@ -21,6 +21,8 @@ from tandem.place import protocol
 from tandem.place.model import JobSpec
 
 START_TIMEOUT_S = 30.0
+OTHER_START_S = 10.0  # how long another daemon that won the race to start may take to listen
+SUBMIT_WITHIN_S = 60.0  # how long a submit keeps trying while daemons die and start
 
 
 class DaemonError(Exception):
@@ -106,20 +108,27 @@ def is_running(state_dir: Path) -> bool:
         return False
 
 
-def submit(state_dir: Path, spec: JobSpec, timeout: float = 10.0, tries: int = 3) -> protocol.Submitted:
-    """Submit ``spec``; the reply (its ``id``). A submit whose answer is lost (a timeout, a
-    dropped connection) is sent again with the same token: the daemon then answers with the
-    job the first one made, so a retry never makes two jobs."""
+def submit(
+    state_dir: Path, spec: JobSpec, timeout: float = 10.0, within: float = SUBMIT_WITHIN_S
+) -> protocol.Submitted:
+    """Submit ``spec``; the reply (its ``id``). A submit that finds no daemon, or whose daemon
+    dies or does not answer while it waits, starts one (with the configuration kept in the
+    state directory) and is sent again with the same token, for up to ``within`` seconds: the
+    daemon then answers with the job the first one made, if it made one, so a retry never
+    makes two jobs and a submit made while the daemon restarts lands."""
     if spec.token is None:
         spec = dataclasses.replace(spec, token=uuid.uuid4().hex)
-    for attempt in range(tries):
+    deadline = time.monotonic() + within
+    while True:
         try:
             return request(state_dir, protocol.Submit(spec), timeout=timeout)
-        except (DaemonTimeout, DaemonLost):
-            if attempt == tries - 1:
+        except (DaemonNotRunning, DaemonTimeout, DaemonLost):
+            if time.monotonic() > deadline:
                 raise
-            time.sleep(1.0)
-    raise AssertionError("unreachable")
+        try:
+            ensure_daemon(state_dir)
+        except DaemonError:  # another start under way, or it died as it started: again
+            time.sleep(0.2)
 
 
 def start_daemon(
@@ -143,11 +152,17 @@ def start_daemon(
     while time.monotonic() < deadline:
         code = proc.poll()
         if code is not None:
-            # Another daemon won a race to start? Then it answers; else report why ours died.
-            try:
-                return request(state_dir, protocol.Status(), timeout=5.0)
-            except DaemonError:
-                raise DaemonError(f"the daemon exited at start (exit {code}):\n{_tail(log_path)}") from None
+            # Another daemon won a race to start (it holds the lock)? Then it answers soon,
+            # once it listens; else report why ours died.
+            other = min(deadline, time.monotonic() + OTHER_START_S)
+            while time.monotonic() < other:
+                try:
+                    return request(state_dir, protocol.Status(), timeout=2.0)
+                except DaemonNotRunning:
+                    time.sleep(0.1)
+                except DaemonError:
+                    break
+            raise DaemonError(f"the daemon exited at start (exit {code}):\n{_tail(log_path)}")
         try:
             return request(state_dir, protocol.Status(), timeout=2.0)
         except DaemonNotRunning:

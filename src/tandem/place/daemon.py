@@ -43,6 +43,7 @@ from tandem.place.model import (
     Capacity,
     format_size,
 )
+from tandem.place.paths import disk_trouble
 from tandem.place.policies import make_policy
 from tandem.place.producers import Producers
 from tandem.place.run.files import write_json
@@ -84,7 +85,7 @@ class Daemon:
         self.launcher = RayLauncher(backend) if backend is not None else LocalLauncher()
         self.monitor = Monitor(capacity, self.limits.window_s, nvml)
         self.socket_path = protocol.socket_path(state.dir)
-        self.lock = FileLock(str(state.dir / "daemon.lock"))
+        self.lock = FileLock(str(state.dir / "daemon.lock"), mode=0o600)
         self.started = time.time()
         self.stop_requested = False
         self.wake = False
@@ -93,9 +94,11 @@ class Daemon:
         self._next_sample = 0.0
         self.tracker = None
         if config.track:
-            from tandem.dirs import mlflow_store_uri
+            from tandem.dirs import mlflow_store_uri, private_file
             from tandem.place.run.tracking import Tracker
 
+            if not (config.store or os.environ.get("MLFLOW_TRACKING_URI")):
+                private_file(state.dir / "mlflow.db")  # 0600 before SQLite makes it with the umask
             self.tracker = Tracker(state.dir, config.store or mlflow_store_uri(state.dir))
             if self.tracker.why_not:
                 log.warning("jobs are not tracked in MLflow: %s", self.tracker.why_not)
@@ -255,6 +258,7 @@ class Daemon:
             self.dirty = False
             self._last_plan = time.monotonic()
             # The waiting jobs (what a pass needs of them) and their dependencies, read once.
+            self.attempts.reconcile(now)
             waiting = self.state.queue(tuple(WAITING_STATES))
             deps = self.admission.dependencies(waiting)
             waiting = self.admission.resolve(waiting, deps)
@@ -311,6 +315,10 @@ class Daemon:
                 try:
                     self._launch(job, placement)
                 except Exception as exc:
+                    if disk_trouble(exc):  # the disk's failure, not the job's: it waits and is tried again
+                        log.warning("could not start job %d: %s; it waits for the disk", job.id, exc)
+                        self.attempts.put_back(job.id, f"could not start: {exc}; tried again", time.time())
+                        continue
                     log.exception("could not start job %d", job.id)
                     attempt = len(job.attempts) + 1  # recorded, or not yet: ended either way
                     self.state.fail(job.id, f"could not start: {exc}", time.time(), attempt=attempt)

@@ -1,18 +1,32 @@
-"""Where the job manager's state lives: ``$TANDEM_STATE_DIR``, else
-``$XDG_STATE_HOME/tandem``, else ``~/.local/state/tandem``; a private directory (0700)."""
+"""Where the job manager's state lives: the state directory of :mod:`tandem.dirs` (its one
+way in), with a refusal raised as the manager's :class:`StateError`."""
 
 from __future__ import annotations
 
+import errno
+import os
+import sqlite3
+import time
 from pathlib import Path
 
-from tandem import _ipc
-from tandem.dirs import state_dir_path
+from tandem.dirs import StateDirError, state_dir_path
+from tandem.dirs import state_dir as _open
 
-__all__ = ["StateError", "private_dir", "state_dir", "state_dir_path"]
+__all__ = ["StateError", "disk_trouble", "private_dir", "set_aside_lost_jobs", "state_dir", "state_dir_path"]
+
+# What a write says when the disk will not take it (full, failing, read-only, over quota).
+_DISK_ERRNOS = {errno.ENOSPC, errno.EIO, errno.EROFS, errno.EDQUOT}
+_DISK_WORDS = (
+    "disk is full",
+    "disk i/o error",
+    "readonly database",
+    "read-only file system",
+    "no space left",
+)
 
 
-class StateError(Exception):
-    """The state file cannot be used (corrupt, locked, from a newer version)."""
+class StateError(StateDirError):
+    """The state cannot be used (its directory refused; its file corrupt, locked, newer)."""
 
 
 def state_dir() -> Path:
@@ -21,6 +35,46 @@ def state_dir() -> Path:
 
 
 def private_dir(path: Path) -> Path:
-    """``path``, private to this user (:func:`tandem._ipc.private_dir`): it holds each job's
-    environment (tokens, keys) and the commands the supervisor runs."""
-    return _ipc.private_dir(path, "state directory", "TANDEM_STATE_DIR", StateError)
+    """``path`` as a private state directory (:func:`tandem.dirs.state_dir`): it holds each
+    job's environment (tokens, keys) and the commands the supervisor runs."""
+    try:
+        return _open(path)
+    except StateDirError as exc:
+        raise StateError(str(exc)) from None
+
+
+def disk_trouble(exc: BaseException) -> bool:
+    """Did ``exc`` come from a disk that will not take writes now (full, failing, read-only)?
+    Such a failure is the disk's, not the job's: the job waits and is tried again."""
+    if isinstance(exc, OSError) and exc.errno in _DISK_ERRNOS:
+        return True
+    if isinstance(exc, (sqlite3.OperationalError, StateError)):
+        return any(word in str(exc).lower() for word in _DISK_WORDS)
+    return False
+
+
+def set_aside_lost_jobs(directory: Path, database: Path) -> str | None:
+    """A new database beside the directories of jobs it does not know (the database was
+    lost: deleted, or never reached the disk): those directories, and their MLflow queue, are
+    moved aside, never read as the new jobs' (whose ids start again at 1). What happened, to
+    be said, or None."""
+    jobs = directory / "jobs"
+    try:
+        known = [d for d in jobs.iterdir() if d.is_dir()]
+    except FileNotFoundError:
+        return None
+    if not known:
+        return None
+    aside = directory / f"jobs.lost-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}"
+    try:
+        os.rename(jobs, aside)
+    except FileNotFoundError:  # another process opening the same new database did it
+        return None
+    try:  # their MLflow queue too: its keys (job-attempt) would be the new jobs'
+        os.rename(directory / "track", aside / "track")
+    except FileNotFoundError:
+        pass
+    return (
+        f"the state database {database} is new, but {jobs} held {len(known)} jobs' directories "
+        f"(the database was lost?): they are kept in {aside}; new jobs' ids start again at 1"
+    )

@@ -16,7 +16,7 @@ overwritten). The tables come from the records (:mod:`tandem.place.schema`).
 from __future__ import annotations
 
 import dataclasses
-import os
+import logging
 import sqlite3
 import time
 from collections.abc import Iterable, Iterator
@@ -24,8 +24,9 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from tandem.dirs import private_file
 from tandem.place.model import CANCELLED, FAILED, OOM, QUEUED, RETRYING, RUNNING, SUCCEEDED, JobSpec
-from tandem.place.paths import StateError, private_dir, state_dir, state_dir_path  # noqa: F401 (re-exported)
+from tandem.place.paths import StateError, private_dir, set_aside_lost_jobs, state_dir, state_dir_path  # noqa: F401 (re-exported)
 from tandem.place.reads import NOT_ENDED, StateReads
 from tandem.place.records import Attempt, Job, Share
 from tandem.place.schema import (
@@ -37,6 +38,8 @@ from tandem.place.schema import (
     row_values,
 )
 from tandem.share.spec import ShareSpec
+
+log = logging.getLogger(__name__)
 
 _NOT_ENDED = NOT_ENDED
 _WAITING = (QUEUED, RETRYING)
@@ -67,19 +70,31 @@ class State(StateReads):
         self.jobs_dir = self.dir / "jobs"
         try:
             fresh = not self.path.exists()
+            private_file(self.path)  # 0600 from the start (it holds every job's environment)
             self.db = sqlite3.connect(self.path, timeout=timeout, isolation_level=None)
-            if fresh:
-                os.chmod(self.path, 0o600)
             self.db.row_factory = sqlite3.Row
             self.db.execute("PRAGMA journal_mode=WAL")
-            self.db.execute("PRAGMA synchronous=NORMAL")
+            # Each acknowledged submit and state change reaches the disk before it is answered
+            # (NORMAL may lose the last commits on power loss or a filesystem error).
+            self.db.execute("PRAGMA synchronous=FULL")
             self.db.executescript(SCHEMA + ";")
             self._check_version()
+            if fresh:
+                self._set_aside_lost_jobs()
             # After any migration: an old file's jobs table has neither column before it.
             self.db.execute("CREATE UNIQUE INDEX IF NOT EXISTS jobs_token ON jobs(token)")
             self.db.execute("CREATE INDEX IF NOT EXISTS jobs_updated ON jobs(updated)")
         except sqlite3.DatabaseError as exc:
             raise self._error(exc) from None
+
+    def _set_aside_lost_jobs(self) -> None:
+        said = set_aside_lost_jobs(self.dir, self.path)
+        if said is not None:
+            log.warning("%s", said)
+            self._write(
+                "INSERT INTO events (t, job_id, kind, detail) VALUES (?, NULL, 'lost-state', ?)",
+                (time.time(), said),
+            )
 
     def _error(self, exc: sqlite3.Error) -> StateError:
         text = str(exc)
@@ -208,10 +223,13 @@ class State(StateReads):
             self._event(db, attempt.job_id, "started", detail)
 
     def requeue(self, job_id: int, n: int | None, why: str, now: float) -> None:
-        """Back to the queue: its attempt ``n`` (if one was recorded) never ran."""
+        """Back to the queue: its attempt ``n`` (if one was recorded) never ran; every attempt
+        of it still open ends with it (``lost``: none runs)."""
         with self.transaction() as db:
-            if n is not None:
-                self._end_attempt(db, job_id, n, state="lost", ended=now, cause=why)
+            db.execute(
+                "UPDATE attempts SET state = 'lost', ended = ?, cause = ? WHERE job_id = ? AND ended IS NULL",
+                (now, why, job_id),
+            )
             to = RETRYING if n is not None and n > 1 else QUEUED
             self._move(db, "requeue", job_id, to, queued_at=now)
             self._event(db, job_id, "requeued", f"attempt {n} {why}" if n is not None else why)

@@ -12,7 +12,7 @@ import torch
 from tandem import __version__
 from tandem.select import store
 from tandem.select.cost import measure
-from tandem.select.data import fingerprint, model_fingerprint, read_items
+from tandem.select.data import fingerprint, fingerprint_how, model_fingerprint, read_items
 from tandem.select.errors import SelectError
 from tandem.select.methods import METHODS, Context
 from tandem.select.pick import budget_count, top
@@ -107,7 +107,12 @@ def select(
         "keep": chosen.keep,
         "budget": float(budget) if isinstance(budget, float) else int(budget),  # numpy's too: JSON
         "size": int(indices.size),
-        "dataset": {"fingerprint": key["dataset"], "length": n, "version": version},
+        "dataset": {
+            "fingerprint": key["dataset"],
+            "length": n,
+            "version": version,
+            "how": fingerprint_how(n),
+        },
         "cost": cost,
         "created": time.time(),
         "lineage": {

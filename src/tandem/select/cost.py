@@ -10,6 +10,7 @@ The store is the state directory's ``mlflow.db`` (the job manager's), unless
 from __future__ import annotations
 
 import importlib.util
+import os
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -17,7 +18,7 @@ from typing import Any
 
 import psutil
 
-from tandem.dirs import mlflow_store_uri, state_dir_path
+from tandem.dirs import mlflow_store_uri, private_file, state_dir
 
 
 def _cpu_s() -> float:
@@ -39,8 +40,10 @@ def measure(name: str, tags: dict[str, str], track: bool = True) -> Iterator[dic
             from tandem.watch.stores.mlflow_store import MlflowStore
             from tandem.watch.tracker import Run
 
-            state_dir_path().mkdir(parents=True, exist_ok=True)
-            store = MlflowStore(mlflow_store_uri(), "tandem-select")
+            directory = state_dir()  # the private state directory, refused as it is
+            if not os.environ.get("MLFLOW_TRACKING_URI"):
+                private_file(directory / "mlflow.db")  # 0600 before SQLite makes it with the umask
+            store = MlflowStore(mlflow_store_uri(directory), "tandem-select")
             run = Run(name=name, tags=tags, store=store, quiet=True, interval=0.5).start()
         except Exception as exc:  # noqa: BLE001 - the selection goes on without a run
             cost["tracking"] = f"not tracked: {type(exc).__name__}: {exc}"

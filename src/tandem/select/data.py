@@ -5,8 +5,9 @@ and ``label_key``, default ``"input"`` and ``"label"``); a bare tensor is an inp
 label. The methods read every item once into one input tensor and one label tensor
 (:class:`Items`): selection is for datasets whose inputs (or features) fit in memory.
 
-The fingerprint names the dataset without reading it all: its length and a hash of 64 items
-spread over it (or a ``version`` the user gives, which then stands for the content).
+The fingerprint names the dataset: its length and a hash of every item up to 100,000 items
+(of 64 items spread over it beyond that), or a ``version`` the user gives, which then stands
+for the content (what names a large dataset's content).
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ import torch
 from tandem.select.errors import SelectError
 
 SAMPLED_ITEMS = 64
+HASH_ALL_UP_TO = 100_000  # items: every one is hashed up to this many (a stale selection is seen)
 
 
 @dataclass
@@ -112,18 +114,33 @@ def _hash_value(h: Any, value: Any) -> None:
         )
 
 
-def fingerprint(dataset: Any, version: str | None = None) -> str:
-    """The dataset's name in selection ids: its length and 64 items spread over it, hashed
-    (or ``version``, when given, instead of the items)."""
+def fingerprint(dataset: Any, version: str | None = None, how: str | None = None) -> str:
+    """The dataset's name in selection ids: its length and a hash of every item (``how``
+    ``"all"``, the default up to :data:`HASH_ALL_UP_TO` items) or of 64 items spread over it
+    (``"sampled"``, beyond: an item changed elsewhere is not seen; name the content with
+    ``version`` there), or ``version``, when given, instead of the items."""
     n = len(dataset)
     h = hashlib.sha256(f"len={n}".encode())
+    how = how or fingerprint_how(n)
     if version is not None:
         h.update(f"version={version}".encode())
     else:
-        for i in sorted({int(k) for k in np.linspace(0, n - 1, min(n, SAMPLED_ITEMS))}):
+        chosen = (
+            range(n)
+            if how == "all"
+            else sorted({int(k) for k in np.linspace(0, n - 1, min(n, SAMPLED_ITEMS))})
+        )
+        if how == "all":
+            h.update(b"all")
+        for i in chosen:
             h.update(f"[{i}]".encode())
             _hash_value(h, dataset[i])
     return h.hexdigest()[:24]
+
+
+def fingerprint_how(n: int) -> str:
+    """How a dataset of ``n`` items is fingerprinted: every item, or (beyond the bound) 64."""
+    return "all" if n <= HASH_ALL_UP_TO else "sampled"
 
 
 def model_fingerprint(model_fn: Any, seed: int) -> str | None:

@@ -1,18 +1,22 @@
 """Stored selections: content-addressed, written once, verified when read.
 
 ``<state dir>/selections/<id>/`` holds ``indices.npy`` (sorted int64), ``scores.npy``,
-``meta.json`` (what it was made of and what it cost) and ``checksums.json`` (SHA-256 of
-the three). A selection is written whole into a temporary directory beside it, then
-renamed into place under a lock: of two processes that make the same selection at once,
-one renames and the other finds it there and removes its own copy, so exactly one stays.
+``meta.json`` (what it was made of and what it cost) and ``checksums.json`` (an HMAC-SHA-256
+of each of the three, keyed with the state directory's own secret, ``selections/.key``,
+0600: a selection planted by anyone who cannot read the key is refused, not served).
+A selection is written whole into a temporary directory beside it, then renamed into place
+under a lock: of two processes that make the same selection at once, one renames and the
+other finds it there and removes its own copy, so exactly one stays.
 ``uses.jsonl`` beside them grows by a line whenever a job or producer loads it.
 """
 
 from __future__ import annotations
 
 import hashlib
+import hmac
 import json
 import os
+import secrets
 import shutil
 import tempfile
 import time
@@ -23,14 +27,30 @@ from typing import Any
 import numpy as np
 from filelock import FileLock
 
-from tandem.dirs import state_dir_path
+from tandem.dirs import state_dir
 from tandem.select.errors import SelectError
 
 FILES = ("indices.npy", "scores.npy", "meta.json")
 
 
 def root() -> Path:
-    return state_dir_path() / "selections"
+    """The selections' directory in the private state directory (a state directory that may
+    not be used is :class:`tandem.dirs.StateDirError`, as for every command)."""
+    base = state_dir() / "selections"
+    base.mkdir(mode=0o700, exist_ok=True)
+    return base
+
+
+def _key() -> bytes:
+    """This state directory's secret for the selections' checksums, made once (0600)."""
+    path = root() / ".key"
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+    except FileExistsError:
+        return path.read_bytes()
+    with os.fdopen(fd, "wb") as f:
+        f.write(secrets.token_bytes(32))
+    return path.read_bytes()
 
 
 @dataclass
@@ -53,7 +73,7 @@ class Selection:
         from tandem.select.data import fingerprint
 
         want = self.meta["dataset"]
-        got = fingerprint(dataset, want.get("version"))
+        got = fingerprint(dataset, want.get("version"), want.get("how", "sampled"))  # as it was made
         if got != want["fingerprint"]:
             raise SelectError(
                 f"selection {self.id} was made of another dataset (fingerprint {want['fingerprint']}, "
@@ -72,8 +92,8 @@ def selection_id(key: dict[str, Any]) -> str:
     return hashlib.sha256(json.dumps(key, sort_keys=True, separators=(",", ":")).encode()).hexdigest()[:16]
 
 
-def _sha256(path: Path) -> str:
-    return hashlib.sha256(path.read_bytes()).hexdigest()
+def _mac(key: bytes, path: Path) -> str:
+    return hmac.new(key, path.read_bytes(), hashlib.sha256).hexdigest()
 
 
 def save(sel_id: str, indices: np.ndarray, scores: np.ndarray, meta: dict[str, Any]) -> Selection:
@@ -85,8 +105,13 @@ def save(sel_id: str, indices: np.ndarray, scores: np.ndarray, meta: dict[str, A
         np.save(tmp / "indices.npy", indices.astype(np.int64))
         np.save(tmp / "scores.npy", scores.astype(np.float64))
         (tmp / "meta.json").write_text(json.dumps(meta, indent=2, sort_keys=True))
-        (tmp / "checksums.json").write_text(json.dumps({f: _sha256(tmp / f) for f in FILES}, indent=2))
-        with FileLock(str(base / f".{sel_id}.lock"), timeout=60):
+        key = _key()
+        (tmp / "checksums.json").write_text(
+            json.dumps({"hmac-sha256": {f: _mac(key, tmp / f) for f in FILES}})
+        )
+        for f in (*FILES, "checksums.json"):
+            os.chmod(tmp / f, 0o600)
+        with FileLock(str(base / f".{sel_id}.lock"), timeout=60, mode=0o600):
             final = base / sel_id
             if final.exists():
                 shutil.rmtree(tmp)
@@ -115,9 +140,16 @@ def load(sel_id: str, cached: bool = True) -> Selection:
     path = _dir(sel_id)
     try:
         sums = json.loads((path / "checksums.json").read_text())
-        bad = [f for f in FILES if _sha256(path / f) != sums.get(f)]
+        macs = sums.get("hmac-sha256") if isinstance(sums, dict) else None
+        if not isinstance(macs, dict):
+            raise ValueError("checksums.json is not this tandem's (no keyed checksums in it)")
+        key = _key()
+        bad = [f for f in FILES if not hmac.compare_digest(_mac(key, path / f), str(macs.get(f, "")))]
         if bad:
-            raise ValueError(f"{', '.join(bad)} changed since it was written")
+            raise ValueError(
+                f"{', '.join(bad)} changed since it was written, or it was not written with this state "
+                "directory's key"
+            )
         meta = json.loads((path / "meta.json").read_text())
         indices = np.load(path / "indices.npy", allow_pickle=False)
         scores = np.load(path / "scores.npy", allow_pickle=False)

@@ -221,7 +221,7 @@ def main(argv: list[str]) -> int:
     from filelock import FileLock, Timeout
 
     q = queue_dir(state_dir)
-    lock = FileLock(str(q / "helper.lock"))
+    lock = FileLock(str(q / "helper.lock"), mode=0o600)
     try:
         lock.acquire(timeout=0)  # one helper per state directory (an old one may still be idling)
     except Timeout:

@@ -44,7 +44,7 @@ def _sqlite_init_lock(uri: str) -> Iterator[None]:
         return
     db.parent.mkdir(parents=True, exist_ok=True)
     try:
-        with FileLock(f"{db}.lock", timeout=LOCK_TIMEOUT_S):
+        with FileLock(f"{db}.lock", timeout=LOCK_TIMEOUT_S, mode=0o600):
             yield
     except Timeout:  # its holder is stopped (Ctrl-Z) or stuck
         raise TimeoutError(f"{db}.lock held by another run for {LOCK_TIMEOUT_S:.0f} s") from None
