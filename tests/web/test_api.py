@@ -147,3 +147,59 @@ def test_forged_offsets_and_unknown_jobs_do_not_break_the_log_or_the_stream(dash
     assert "event: log" in text  # read from the start
     alive = _events(d, "/api/events?job=999999", None, "event: status")  # no such job: the stream goes on
     assert "event: status" in alive
+
+
+def test_hostile_ids_names_and_clients(dashboard: Dashboard) -> None:
+    """Ids past what the state holds are a 404 or a 400, never a 500; a group named with
+    any characters opens; every response forbids framing and foreign scripts; past the cap
+    the oldest event stream is closed; a request whose headers never finish is dropped."""
+    import socket
+    import time
+
+    huge = str(2**63)
+    for path in (f"/api/jobs/{huge}", f"/api/jobs/{huge}/log", f"/api/jobs/{huge}/metrics", "/api/jobs/0"):
+        status, _, body = _call(dashboard, path)
+        assert status == 404, (path, status, body)
+    status, _, _ = _call(dashboard, f"/api/jobs?before={huge}")
+    assert status == 400
+    status, _, body = _call(
+        dashboard, f"/api/jobs/{huge}/cancel", "POST", {"Origin": dashboard.base.rstrip("/")}
+    )
+    assert status == 404, body
+    assert "id: " in _events(dashboard, f"/api/events?job={huge}", None, "event: status")  # the stream lives
+    cli = dashboard.cli
+    job = cli.submit("--group", "a/b c%?#", "--", "true")
+    assert cli("wait", str(job)).returncode == 0
+    from urllib.parse import quote
+
+    group = _json(dashboard, f"/api/groups/{quote('a/b c%?#', safe='')}")
+    assert group["group"] == "a/b c%?#" and [j["id"] for j in group["jobs"]] == [job]
+    _, headers, _ = _call(dashboard, "/")
+    assert "frame-ancestors 'none'" in headers["content-security-policy"]
+    assert "script-src 'self'" in headers["content-security-policy"] and headers["x-frame-options"] == "DENY"
+
+    parts = urlsplit(dashboard.base)
+    request = (
+        f"GET /api/events HTTP/1.1\r\nHost: {parts.netloc}\r\nAuthorization: Bearer {dashboard.token}\r\n\r\n"
+    )
+    streams = []
+    for _ in range(33):  # the default cap is 32: the first is closed
+        s = socket.create_connection((parts.hostname, parts.port), timeout=20)
+        s.sendall(request.encode())
+        assert b"200" in s.recv(64)
+        streams.append(s)
+    first = streams[0]
+    first.settimeout(20)
+    ended, deadline = False, time.monotonic() + 20
+    while not ended and time.monotonic() < deadline:
+        chunk = first.recv(65536)
+        ended = chunk.endswith(b"0\r\n\r\n") or chunk == b""
+    assert ended, "the oldest stream was closed"
+    for s in streams:
+        s.close()
+
+    slow = socket.create_connection((parts.hostname, parts.port), timeout=30)
+    slow.sendall(f"GET /api/jobs HTTP/1.1\r\nHost: {parts.netloc}\r\n".encode())  # never finished
+    slow.settimeout(30)
+    assert slow.recv(1024) == b"", "the half-sent request's connection was closed"
+    slow.close()

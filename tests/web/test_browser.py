@@ -81,8 +81,8 @@ def test_a_user_follows_jobs_cancels_one_and_reads_a_log_tail_without_a_reload(b
     blocker = cli.submit("--cpus", "0.5", "--name", "blocker", "--", "sleep", "60")
     held = cli.submit("--after", str(blocker), "--group", "sweep", "--", "true")
     page.wait_for_selector(f"#queue tr[data-job-id='{held}'][data-state='queued']")
-    row = f"document.querySelector(\"#queue tr[data-job-id='{held}']\")"
-    page.wait_for_function(f"{row}.textContent.includes('after job {blocker}')")  # the daemon's next pass
+    # The daemon's next pass says why (locators: the page's CSP allows no eval, as in a browser).
+    page.locator(f"#queue tr[data-job-id='{held}']", has_text=f"after job {blocker}").wait_for()
     page.wait_for_selector(f"#jobs tr[data-job-id='{blocker}'][data-state='running']")
     page.screenshot(path=str(shots / "dashboard-overview.png"), full_page=True)
     assert page.evaluate("window.__sameLoad") == 1
@@ -98,9 +98,9 @@ def test_a_user_follows_jobs_cancels_one_and_reads_a_log_tail_without_a_reload(b
                         "echo first; sleep 3; echo second-line-after-load; sleep 20")  # fmt: skip
     page.goto(f"{d.base}#/job/{talker}")
     page.wait_for_selector(f"#job-head[data-job-id='{talker}'][data-state='running']")
-    page.wait_for_function("document.querySelector('#log').textContent.includes('first')")
+    page.locator("#log", has_text="first").wait_for()
     assert "second-line-after-load" not in page.inner_text("#log")
-    page.wait_for_function("document.querySelector('#log').textContent.includes('second-line-after-load')")
+    page.locator("#log", has_text="second-line-after-load").wait_for()
     page.wait_for_selector("#charts .chart", timeout=30_000)  # its run's metrics, from MLflow's file
     page.screenshot(path=str(shots / "dashboard-job.png"), full_page=True)
 

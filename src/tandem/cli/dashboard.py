@@ -20,7 +20,14 @@ from tandem.cli._common import EXIT_INTERRUPTED, require
     help="The address to listen on. Another than loopback lets other machines reach it (with the token).",
 )
 @click.option("--no-open", is_flag=True, help="Do not open a browser; only print the URL.")
-def dashboard(port: int, host: str, no_open: bool) -> None:
+@click.option(
+    "--max-streams",
+    type=click.IntRange(min=1),
+    default=32,
+    show_default=True,
+    help="Live event streams open at most (pages, scripts); past it the oldest is closed.",
+)
+def dashboard(port: int, host: str, no_open: bool, max_streams: int) -> None:
     """Serve a live dashboard of the jobs in $TANDEM_STATE_DIR: the queue and why each job
     waits, each GPU's timeline, jobs with their logs and metrics, share groups, energy.
     Prints its URL with a login token; works with or without a running daemon."""
@@ -35,7 +42,7 @@ def dashboard(port: int, host: str, no_open: bool) -> None:
             err=True,
         )
     try:
-        serve(state_dir(), host, port, open_browser=not no_open)
+        serve(state_dir(), host, port, open_browser=not no_open, max_streams=max_streams)
     except OSError as exc:
         raise click.ClickException(str(exc)) from None
     except KeyboardInterrupt:

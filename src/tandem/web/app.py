@@ -35,6 +35,7 @@ from starlette.staticfiles import StaticFiles
 from tandem.place.model import STATES
 from tandem.web.access import Access
 from tandem.web.data import NotFound, Reader, energy_of
+from tandem.web.live import MAX_STREAMS, Streams, events
 
 STATIC = Path(__file__).parent / "static"
 
@@ -70,24 +71,45 @@ class Daemon:
         return dataclasses.asdict(request(self.state_dir, protocol.Cancel([job_id]), 5.0))
 
 
+MAX_ID = 2**63 - 1  # SQLite's integers: a larger id names no job (and must not reach SQLite)
+
+
 def _int(request: Request, name: str, default: int | None = None) -> int | None:
     value = request.query_params.get(name)
     if value is None or value == "":
         return default
     try:
-        return int(value)
+        number = int(value)
     except ValueError:
         raise ValueError(f"{name}={value!r}: not a whole number") from None
+    if not -MAX_ID <= number <= MAX_ID:
+        raise ValueError(f"{name}={value!r}: out of range")
+    return number
+
+
+def _job_id(request: Request) -> int:
+    """The job id of the path, :class:`NotFound` if no job can have it."""
+    job_id = request.path_params["id"]
+    if not 0 < job_id <= MAX_ID:
+        raise NotFound(f"no job {job_id}")
+    return job_id
 
 
 def _bad(why: str, status: int = 400) -> JSONResponse:
     return JSONResponse({"error": why}, status)
 
 
-def build(state_dir: Path, mlflow_db: Path | None, token: str, hosts: frozenset[str] | None = None) -> Any:
-    """The ASGI application for ``state_dir`` (``hosts``: the Host names to accept)."""
-    from tandem.web.live import events
+def build(
+    state_dir: Path,
+    mlflow_db: Path | None,
+    token: str,
+    hosts: frozenset[str] | None = None,
+    max_streams: int = MAX_STREAMS,
+) -> Any:
+    """The ASGI application for ``state_dir`` (``hosts``: the Host names to accept;
+    ``max_streams``: open event streams at most, the oldest closed first)."""
 
+    streams = Streams(max_streams)
     reader = Reader(state_dir, mlflow_db)
     daemon = Daemon(state_dir)
 
@@ -108,14 +130,14 @@ def build(state_dir: Path, mlflow_db: Path | None, token: str, hosts: frozenset[
 
     def job(request: Request) -> JSONResponse:
         try:
-            return JSONResponse(reader.job(request.path_params["id"]))
+            return JSONResponse(reader.job(_job_id(request)))
         except NotFound as exc:
             return _bad(str(exc), 404)
 
     def log(request: Request) -> JSONResponse:
         try:
             offset = _int(request, "offset", 0) or 0
-            return JSONResponse(reader.log(request.path_params["id"], offset, _int(request, "attempt")))
+            return JSONResponse(reader.log(_job_id(request), offset, _int(request, "attempt")))
         except NotFound as exc:
             return _bad(str(exc), 404)
         except ValueError as exc:
@@ -123,7 +145,7 @@ def build(state_dir: Path, mlflow_db: Path | None, token: str, hosts: frozenset[
 
     def metrics(request: Request) -> JSONResponse:
         try:
-            data = reader.job(request.path_params["id"])
+            data = reader.job(_job_id(request))
             points = _int(request, "points", 2000) or 2000
             after = _int(request, "after", 0) or 0
         except NotFound as exc:
@@ -150,7 +172,9 @@ def build(state_dir: Path, mlflow_db: Path | None, token: str, hosts: frozenset[
         from tandem.place.client import DaemonError, DaemonNotRunning
 
         try:
-            return JSONResponse(daemon.cancel(request.path_params["id"]))
+            return JSONResponse(daemon.cancel(_job_id(request)))
+        except NotFound as exc:
+            return _bad(str(exc), 404)
         except DaemonNotRunning as exc:
             return _bad(f"{exc}: start it (tandem daemon start) to cancel a job", 503)
         except DaemonError as exc:
@@ -200,7 +224,7 @@ def build(state_dir: Path, mlflow_db: Path | None, token: str, hosts: frozenset[
         )
 
     async def live(request: Request) -> Any:
-        return await events(request, reader, daemon)
+        return await events(request, reader, daemon, streams)
 
     routes = [
         Route("/", index),
@@ -213,7 +237,7 @@ def build(state_dir: Path, mlflow_db: Path | None, token: str, hosts: frozenset[
         Route("/api/gpus", gpus),
         Route("/api/timeline", timeline),
         Route("/api/shares", shares),
-        Route("/api/groups/{name}", group),
+        Route("/api/groups/{name:path}", group),  # a group's name may hold any character, "/" too
         Route("/api/events", live),
         Mount("/static", StaticFiles(directory=STATIC), name="static"),
     ]

@@ -65,18 +65,52 @@ def _event(kind: str, data: Any, cursor: dict[str, float]) -> str:
     return f"id: {json.dumps(cursor, separators=(',', ':'))}\nevent: {kind}\ndata: {json.dumps(data)}\n\n"
 
 
-async def events(request: Request, reader: Reader, daemon: Daemon) -> StreamingResponse:
+MAX_STREAMS = 32  # open event streams at most (one token: every client shares it)
+
+
+class Streams:
+    """The open event streams, oldest first: past ``limit`` the oldest is closed (a page
+    left open somewhere reconnects; a flood of streams cannot take the machine's cores)."""
+
+    def __init__(self, limit: int = MAX_STREAMS) -> None:
+        self.limit = max(1, limit)
+        self._open: list[asyncio.Event] = []
+
+    def open(self) -> asyncio.Event:
+        while len(self._open) >= self.limit:
+            self._open.pop(0).set()  # the oldest ends at its next poll
+        closing = asyncio.Event()
+        self._open.append(closing)
+        return closing
+
+    def close(self, closing: asyncio.Event) -> None:
+        if closing in self._open:
+            self._open.remove(closing)
+
+    def __len__(self) -> int:
+        return len(self._open)
+
+
+async def events(request: Request, reader: Reader, daemon: Daemon, streams: Streams) -> StreamingResponse:
     job_id = request.query_params.get("job")
-    follow = int(job_id) if job_id and job_id.isdigit() else None
+    follow = int(job_id) if job_id and job_id.isdigit() and int(job_id) < 2**63 else None
     cursor = _cursor(request)
 
     async def stream() -> AsyncIterator[str]:
+        closing = streams.open()
+        try:
+            async for chunk in _stream(closing):
+                yield chunk
+        finally:
+            streams.close(closing)
+
+    async def _stream(closing: asyncio.Event) -> AsyncIterator[str]:
         followed = follow
         version = None
         next_status = next_metrics = 0.0
         last_sent = time.monotonic()
         yield "retry: 1000\n\n"
-        while not await request.is_disconnected():
+        while not closing.is_set() and not await request.is_disconnected():
             now = time.monotonic()
             out: list[str] = []
             seen = await run_in_threadpool(reader.version)

@@ -48,7 +48,13 @@ def bind(host: str, port: int) -> socket.socket:
     return sock
 
 
-def serve(state_dir: Path, host: str = "127.0.0.1", port: int = 8765, open_browser: bool = True) -> None:
+def serve(
+    state_dir: Path,
+    host: str = "127.0.0.1",
+    port: int = 8765,
+    open_browser: bool = True,
+    max_streams: int = 32,
+) -> None:
     """Serve the dashboard of ``state_dir`` on ``host:port`` until Ctrl-C."""
     import uvicorn
 
@@ -59,15 +65,68 @@ def serve(state_dir: Path, host: str = "127.0.0.1", port: int = 8765, open_brows
     sock = bind(host, port)
     shown = f"[{host.strip('[]')}]" if ":" in host.strip("[]") else host
     url = f"http://{shown}:{sock.getsockname()[1]}/"
-    app = build(state_dir, mlflow_db(state_dir), token, frozenset(hosts))
+    app = build(state_dir, mlflow_db(state_dir), token, frozenset(hosts), max_streams)
     print(f"tandem dashboard of {state_dir}: {url}?token={token}", flush=True)
     print(f"  (the token is kept in {_token_path()}; Ctrl-C to stop)", file=sys.stderr, flush=True)
     if open_browser:
         webbrowser.open(f"{url}?token={token}")
     config = uvicorn.Config(
-        app, log_level="warning", access_log=False, lifespan="off", timeout_graceful_shutdown=1
+        app,
+        http=_header_timeout_protocol(),
+        log_level="warning",
+        access_log=False,
+        lifespan="off",
+        timeout_graceful_shutdown=1,
+        timeout_keep_alive=HEADER_TIMEOUT_S,
     )
     uvicorn.Server(config).run(sockets=[sock])
+
+
+HEADER_TIMEOUT_S = 10.0  # a request's headers must be in within this, however slowly they trickle
+
+
+def _header_timeout_protocol() -> type:
+    """uvicorn's HTTP/1.1 protocol with a deadline for each request's headers: a connection
+    that sends them slowly, or only half (a slow-loris), is closed instead of held open.
+    (uvicorn's keep-alive timeout restarts on every byte received.)"""
+    from uvicorn.protocols.http.h11_impl import H11Protocol
+
+    class HeaderTimeoutH11(H11Protocol):
+        _deadline: object = None
+        _waiting_after: object = None
+
+        def _arm(self) -> None:
+            if self._deadline is not None:
+                self._deadline.cancel()  # type: ignore[attr-defined]
+            self._waiting_after = self.cycle  # the request before the one awaited
+            self._deadline = self.loop.call_later(HEADER_TIMEOUT_S, self._too_slow)
+
+        def connection_made(self, transport):  # type: ignore[no-untyped-def]
+            super().connection_made(transport)
+            self._arm()
+
+        def handle_events(self) -> None:
+            super().handle_events()
+            if self._deadline is not None and self.cycle is not self._waiting_after:
+                self._deadline.cancel()  # type: ignore[attr-defined]
+                self._deadline = None  # its headers are in: the handler's time is its own
+
+        def on_response_complete(self) -> None:
+            super().on_response_complete()
+            if not self.transport.is_closing():
+                self._arm()  # a kept-alive connection's next request
+
+        def connection_lost(self, exc):  # type: ignore[no-untyped-def]
+            if self._deadline is not None:
+                self._deadline.cancel()  # type: ignore[attr-defined]
+            super().connection_lost(exc)
+
+        def _too_slow(self) -> None:
+            self._deadline = None
+            if self.cycle is self._waiting_after and not self.transport.is_closing():
+                self.transport.close()
+
+    return HeaderTimeoutH11
 
 
 def _token_path() -> Path:
