@@ -277,8 +277,9 @@ def test_bad_input_is_a_clear_error(cli, tmp_path: Path) -> None:
     assert r.returncode == 2 and "No such option" in r.stderr
     r = cli("submit", check=False)
     assert r.returncode == 2 and "no command given" in r.stderr
-    r = cli("show", "12", check=False)
-    assert r.returncode == 1 and "no job 12" in r.stderr
+    for command in ("show", "logs", "wait", "cancel"):  # an unknown job: one message, one code, everywhere
+        r = cli(command, "12", check=False)
+        assert r.returncode == 2 and "no job 12 (see tandem ls --all)" in r.stderr, (command, r)
     cli("daemon", "start", "--cpus", "2", *FAST)
     r = cli("submit", "--cpus", "64", "--", "true", check=False)
     assert r.returncode == 2 and "asks for 64 cores" in r.stderr  # refused: can never fit

@@ -12,14 +12,18 @@ import click
 if TYPE_CHECKING:  # the state is imported when a command needs it: tandem --help stays light
     from tandem.place.state import State
 
-# Exit codes (README, "Exit codes"). `tandem wait` of one job that failed exits with the
-# job's own code; these are the manager's own answers.
+# Exit codes: one table for every command (README, "Exit codes"), applied here: by
+# daemon_call (the daemon's answers), by the command group (a state or runtime directory that
+# may not be used) and by the commands through these names. `tandem wait` of one job that
+# failed exits with the job's own code; these are tandem's own answers.
 EXIT_FAILED = 1  # a job failed (or several did not all succeed); any other error
 EXIT_USAGE = 2  # bad input, or a job refused because it can never fit
-EXIT_STATE_DIR = 2  # the state directory may not be used (shared, another user's, a link): input too
+EXIT_UNKNOWN_JOB = 2  # no such job (show, logs, wait, cancel alike): bad input
+EXIT_STATE_DIR = 2  # the state directory may not be used (shared, another user's, a link)
 EXIT_NO_DAEMON = 3  # no daemon serves the state directory
 EXIT_CANCELLED = 4  # the job was cancelled
 EXIT_NO_ANSWER = 69  # the daemon did not answer in time (EX_UNAVAILABLE)
+EXIT_DISK_FULL = 75  # the state's disk would not take the write: nothing was done, try again (EX_TEMPFAIL)
 EXIT_TIMEOUT = 124  # tandem wait --timeout ran out
 EXIT_INTERRUPTED = 130  # Ctrl-C
 
@@ -50,10 +54,18 @@ class Exit(click.ClickException):
 
 def daemon_call(call: Any, *args: Any, **kwargs: Any) -> Any:
     """``call(*args, **kwargs)`` with the job manager client's errors as messages and exit codes."""
-    from tandem.place.client import DaemonError, DaemonNotRunning, DaemonRefused, DaemonTimeout
+    from tandem.place.client import (
+        DaemonDiskFull,
+        DaemonError,
+        DaemonNotRunning,
+        DaemonRefused,
+        DaemonTimeout,
+    )
 
     try:
         return call(*args, **kwargs)
+    except DaemonDiskFull as exc:
+        raise Exit(str(exc), EXIT_DISK_FULL) from None
     except DaemonTimeout as exc:
         raise Exit(str(exc), EXIT_NO_ANSWER) from None
     except DaemonNotRunning as exc:
@@ -149,3 +161,8 @@ def printable(text: str | None) -> str:
     if text is None:
         return "-"
     return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
+
+
+def unknown_job(job_id: int) -> Exit:
+    """The error of a job id that names no job: the same words and code for every command."""
+    return Exit(f"no job {job_id} (see tandem ls --all)", EXIT_UNKNOWN_JOB)

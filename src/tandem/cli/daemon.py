@@ -161,6 +161,7 @@ def _config(options: dict[str, Any]) -> DaemonConfig:
 def daemon_stop(timeout: float) -> None:
     """Stop the daemon. Running jobs go on; the next daemon adopts them."""
     from tandem.place.client import daemon_pid, is_running
+    from tandem.place.run.tracking import helper_pid
     from tandem.place.state import state_dir
 
     directory = state_dir()
@@ -172,11 +173,38 @@ def daemon_stop(timeout: float) -> None:
 
     request(Stop())
     deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline and daemon_call(is_running, directory):
+    # Stopped is when its process has ended (not when its socket closed), and its helper with it.
+    while time.monotonic() < deadline and (daemon_call(is_running, directory) or _alive(pid)):
         time.sleep(0.1)
-    if daemon_call(is_running, directory) and pid:
+    if _alive(pid):
         os.kill(pid, signal.SIGTERM)
+        while time.monotonic() < deadline + 10 and _alive(pid):
+            time.sleep(0.1)
+    helper = helper_pid(directory)
+    while helper is not None and time.monotonic() < deadline and _alive(helper):
+        time.sleep(0.1)
+    if _alive(pid):
+        raise click.ClickException(f"the daemon (pid {pid}) did not stop within {timeout:g} s")
+    if helper is not None and _alive(helper):
+        click.echo(
+            f"daemon stopped; its MLflow helper (pid {helper}) goes on writing the runs of the jobs "
+            "still running, and ends after them",
+            err=True,
+        )
+        return
     click.echo("daemon stopped", err=True)
+
+
+def _alive(pid: int | None) -> bool:
+    """Is ``pid`` a live process (not a zombie)?"""
+    import psutil
+
+    if pid is None:
+        return False
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
 
 
 @daemon.command("status")

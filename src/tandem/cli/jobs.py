@@ -22,7 +22,6 @@ from tandem.cli._common import (
     EXIT_INTERRUPTED,
     EXIT_NO_DAEMON,
     EXIT_TIMEOUT,
-    EXIT_USAGE,
     daemon_call,
     job_ids,
     manager_dir,
@@ -32,6 +31,7 @@ from tandem.cli._common import (
     to_cpus,
     to_gpu_mem,
     to_size,
+    unknown_job,
 )
 from tandem.place.model import (
     CANCELLED,
@@ -241,7 +241,7 @@ def show(job_id: int, as_json: bool) -> None:
     st = open_state()
     job = st.job(job_id)
     if job is None:
-        raise click.ClickException(f"no job {job_id} (see tandem ls --all)")
+        raise unknown_job(job_id)
     data = job_json(job)
     share = st.share(job.share) if job.share else None
     data["selection"] = share.selection if share is not None else None
@@ -291,7 +291,7 @@ def logs(job_id: int, follow: bool) -> None:
     st = open_state()
     job = st.job(job_id)
     if job is None:
-        raise click.ClickException(f"no job {job_id} (see tandem ls --all)")
+        raise unknown_job(job_id)
     out = sys.stdout.buffer
     shown: dict[int, tuple[int, int]] = {}  # attempt -> (inode, offset) of output.log shown
 
@@ -340,15 +340,24 @@ def cancel(ids: tuple[str, ...]) -> None:
     SIGTERM, then SIGKILL after a grace period."""
     from tandem.place.protocol import Cancel
 
-    reply = request(Cancel(job_ids(ids, "'IDS'")))
+    wanted = job_ids(ids, "'IDS'")
+    st = open_state()  # an unknown job is said as every command says it, daemon or not
+    unknown = [i for i in wanted if st.job(i, attempts=False) is None]
+    known = [i for i in wanted if i not in unknown]
+    if not known:
+        for i in unknown[1:]:
+            click.echo(f"Error: {unknown_job(i).message}", err=True)
+        raise unknown_job(unknown[0])
+    reply = request(Cancel(known))
+    reply.unknown[:0] = unknown
     for i in reply.cancelled:
         click.echo(f"cancelled {i}")
     for i in reply.ended:
         click.echo(f"job {i} had already ended", err=True)
-    for i in reply.unknown:
-        click.echo(f"no job {i}", err=True)
+    for i in reply.unknown[1:]:
+        click.echo(f"Error: {unknown_job(i).message}", err=True)
     if reply.unknown:
-        sys.exit(1)
+        raise unknown_job(reply.unknown[0])
 
 
 @click.command("wait")
@@ -361,8 +370,7 @@ def wait(ids: tuple[str, ...], timeout: float | None) -> None:
     wanted = job_ids(ids, "'IDS'") if ids else [j.id for j in st.jobs() if j.state not in FINAL_STATES]
     for i in wanted:
         if st.job(i, attempts=False) is None:
-            click.echo(f"Error: no job {i} (see tandem ls --all)", err=True)
-            sys.exit(EXIT_USAGE)
+            raise unknown_job(i)
     try:
         jobs = _wait_for(st, wanted, timeout)
     except KeyboardInterrupt:

@@ -76,6 +76,8 @@ def request(state_dir: Path, message: protocol.Request, timeout: float = 10.0) -
                 f"{reply.error}: the daemon of {state_dir} is from an older tandem; restart it "
                 "(tandem daemon stop; tandem daemon start): running jobs go on"
             )
+        if reply.disk:
+            raise DaemonDiskFull(reply.error)
         raise (DaemonRefused if reply.refused else DaemonError)(reply.error)
     return reply
 
@@ -94,6 +96,10 @@ class DaemonLost(DaemonError):
 
 class DaemonRefused(DaemonError):
     """The request was understood and refused (a job that can never fit, say)."""
+
+
+class DaemonDiskFull(DaemonError):
+    """The state's disk would not take the request's write (full, failing): nothing was done."""
 
 
 def is_running(state_dir: Path) -> bool:
@@ -193,6 +199,7 @@ def daemon_pid(state_dir: Path) -> int | None:
 
 
 __all__ = [
+    "DaemonDiskFull",
     "DaemonError",
     "DaemonNotRunning",
     "DaemonRefused",

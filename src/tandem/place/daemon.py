@@ -155,6 +155,10 @@ class Daemon:
             if self.nvml is not None:
                 self.nvml.close()
             self.launcher.shutdown()
+            self.producers.shutdown()
+            if self.tracker is not None:
+                self.tracker.poke()  # what is left to write is written (a helper started if none runs)
+                self.tracker.stop()  # and then it ends
             self.lock.release()
 
     def _listen(self, sel: selectors.BaseSelector) -> Any:
@@ -221,8 +225,13 @@ class Daemon:
             except protocol.ProtocolError as exc:
                 reply = protocol.Failure(f"refused: {exc}", refused=True)
             except Exception as exc:  # a bad request must not take the daemon down
-                log.exception("request %r failed", request.get("op"))
-                reply = protocol.Failure(f"{type(exc).__name__}: {exc}")
+                if disk_trouble(exc):
+                    log.warning("request %r: the state's disk would not take it: %s", request.get("op"), exc)
+                    why = f"the disk of {self.state.dir} would not take it ({exc}): free space, try again"
+                    reply = protocol.Failure(why, disk=True)
+                else:
+                    log.exception("request %r failed", request.get("op"))
+                    reply = protocol.Failure(f"{type(exc).__name__}: {exc}")
             if reply is None:
                 return
             try:

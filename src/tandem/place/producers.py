@@ -201,6 +201,15 @@ class Producers:
                     pass
 
 
+    def shutdown(self) -> None:
+        """The daemon stops: the producers it told to stop have their MLflow runs ended now
+        (their group is done; no later daemon knows it stopped them), so that nothing waits
+        on them; producers still serving jobs go on, as the jobs do."""
+        for name in list(self._stopping):
+            del self._stopping[name]
+            self._end_run(name, "FINISHED")
+
+
 def _run_key(name: str, folder: Path) -> str:
     """The tracking queue's key of the producer of ``name`` started in ``folder``."""
     return f"share-{name}-{folder.name}"

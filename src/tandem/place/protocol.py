@@ -118,6 +118,7 @@ class Failure:
 
     error: str
     refused: bool = False
+    disk: bool = False  # the state's disk would not take the write (full, failing): try again later
 
 
 @dataclass(frozen=True)
@@ -255,7 +256,8 @@ def read_request(data: dict[str, Any]) -> Request:
 def read_reply(op: str, data: dict[str, Any]) -> Reply:
     """The reply record to request ``op`` of a JSON object."""
     if not data.get("ok"):
-        return Failure(str(data.get("error") or "the daemon refused the request"), bool(data.get("refused")))
+        error = str(data.get("error") or "the daemon refused the request")
+        return Failure(error, bool(data.get("refused")), bool(data.get("disk")))
     return _build(REPLIES[op], {k: v for k, v in data.items() if k != "ok"})
 
 

@@ -100,6 +100,7 @@ class Shim:
             raise SystemExit(f"tandem shim: no readable {AttemptSpec.FILE} in {attempt_dir}")
         self.spec = spec
         self.cancelled = False
+        self.terms = 0  # SIGTERMs received (one more while its result waits for the disk: give up)
         self.notes: list[str] = []
         self.peak_mem = 0
 
@@ -110,6 +111,7 @@ class Shim:
 
     def _on_term(self, _signum: int, _frame: Any) -> None:
         self.cancelled = True
+        self.terms += 1
 
     def run(self) -> int:
         me = os.getpid()
@@ -258,6 +260,7 @@ class Shim:
             self.notes,
         )
         deadline = time.monotonic() + RESULT_RETRY_S
+        terms = self.terms  # a SIGTERM from now on: stop waiting for the disk
         said = False
         while True:
             try:
@@ -267,9 +270,13 @@ class Shim:
                 if not said:
                     said = True
                     _say(f"cannot write the result yet ({exc.strerror}); retrying")
-                if time.monotonic() > deadline:
+                if time.monotonic() > deadline or self.terms > terms:
+                    _say(
+                        f"could not write the result ({exc.strerror}): the job ended {ending.state} "
+                        f"({ending.cause}); the daemon will count this attempt as lost"
+                    )
                     return 1
-                time.sleep(1.0)
+                time.sleep(0.2)
         _wake_daemon(self.spec.socket)
         return 0
 

@@ -36,6 +36,7 @@ from tandem.place.run.files import read_json, write_json
 log = logging.getLogger(__name__)
 
 IDLE_EXIT_S = 60.0
+STOPPED = "daemon-stopped"  # in the queue: its daemon has stopped (the helper ends when idle)
 RETRY_AFTER_S = 30.0
 POLL_S = 2.0
 
@@ -103,6 +104,7 @@ class Tracker:
         self.experiment = experiment
         self.proc: subprocess.Popen | None = None
         self._next_start = 0.0
+        self._running = False
         self.why_not = (
             ""
             if importlib.util.find_spec("mlflow")
@@ -113,6 +115,9 @@ class Tracker:
         if self.why_not:
             return
         q = queue_dir(self.state_dir)
+        if not self._running:  # a daemon serves again: its helper idles before it ends
+            (q / STOPPED).unlink(missing_ok=True)
+            self._running = True
         pending = q.is_dir() and any(p.name.endswith((".start.json", ".end.json")) for p in q.iterdir())
         if self.proc is not None and self.proc.poll() is not None:
             if self.proc.returncode != 0:  # it failed (an unreachable store?): wait before the next try
@@ -129,6 +134,14 @@ class Tracker:
                 self.proc = subprocess.Popen(
                     [*argv, self.experiment], stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT
                 )
+
+    def stop(self) -> None:
+        """The daemon stops: its helper ends once it has written every open run (those of
+        jobs still running stay open, and it goes on writing them). A file, not a signal: a
+        helper just started may not yet handle one."""
+        q = queue_dir(self.state_dir)
+        if q.is_dir():
+            (q / STOPPED).touch()
 
     def results(self) -> list[dict[str, Any]]:
         done = queue_dir(self.state_dir) / "done"
@@ -228,11 +241,14 @@ def main(argv: list[str]) -> int:
         return 0
     from tandem.watch.stores.mlflow_store import MlflowStore
 
+    pid_file = q / "helper.pid"
+    pid_file.write_text(str(os.getpid()))
     MlflowStore(uri, experiment).prepare()  # the import and the tables, once
     runs: dict[str, _OpenRun] = {}
     failed: set[str] = set()
     idle_since = time.monotonic()
-    while runs or time.monotonic() - idle_since < IDLE_EXIT_S:
+    # With its daemon stopped, it ends once no run is open, rather than after idling.
+    while runs or (not (q / STOPPED).exists() and time.monotonic() - idle_since < IDLE_EXIT_S):
         for path in sorted(q.glob("*.start.json")):
             key = path.name.removesuffix(".start.json")
             start = read_json(path)
@@ -267,8 +283,24 @@ def main(argv: list[str]) -> int:
         if runs:
             idle_since = time.monotonic()
         time.sleep(POLL_S)
+    pid_file.unlink(missing_ok=True)
     return 0
 
 
 if __name__ == "__main__":
     sys.exit(main(sys.argv[1:]))
+
+
+def helper_pid(state_dir: Path) -> int | None:
+    """The pid of the running MLflow helper of ``state_dir``, if one runs."""
+    try:
+        pid = int((queue_dir(state_dir) / "helper.pid").read_text())
+    except (OSError, ValueError):
+        return None
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return None
+    except PermissionError:
+        pass
+    return pid
