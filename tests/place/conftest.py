@@ -15,6 +15,8 @@ from pathlib import Path
 import psutil
 import pytest
 
+from tests.timing import scaled
+
 TANDEM = [sys.executable, "-m", "tandem.cli"]
 
 
@@ -26,7 +28,12 @@ class Cli:
 
     def __call__(self, *args: str, check: bool = True, timeout: float = 60) -> subprocess.CompletedProcess:
         proc = subprocess.run(
-            [*TANDEM, *args], env=self.env, capture_output=True, text=True, timeout=timeout, cwd=self.tmp
+            [*TANDEM, *args],
+            env=self.env,
+            capture_output=True,
+            text=True,
+            timeout=scaled(timeout),
+            cwd=self.tmp,
         )
         if check and proc.returncode != 0:
             raise AssertionError(
@@ -44,6 +51,7 @@ class Cli:
         return self.json("show", str(job_id))  # type: ignore[return-value]
 
     def wait_state(self, job_id: int, states: set[str], timeout: float = 30) -> dict:
+        timeout = scaled(timeout)
         deadline = time.monotonic() + timeout
         while True:
             job = self.job(job_id)

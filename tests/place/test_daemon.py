@@ -244,7 +244,7 @@ def test_cancel_stops_the_whole_tree(cli, tmp_path: Path) -> None:
     cancelled = cli.wait_state(job_id, {"cancelled"})
     assert cancelled["signal"] in ("SIGTERM", "SIGKILL")  # how it really ended, not a made-up 0
     assert cli.job(queued)["attempts"] == []
-    assert cli("cancel", "999", check=False).returncode == 1
+    assert cli("cancel", "999", check=False).returncode == 2  # an unknown job: exit 2, as everywhere
 
 
 def test_daemon_sigkill_and_restart_loses_nothing(cli, tmp_path: Path) -> None:

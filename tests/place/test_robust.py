@@ -18,6 +18,7 @@ import psutil
 import pytest
 
 from tests.place.test_daemon import DATASET, READER, _gone
+from tests.timing import scaled
 
 FAST = ["--settle", "0.3", "--window", "2", "--grace", "1"]
 
@@ -262,7 +263,7 @@ def test_a_full_state_filesystem_kills_no_job_and_leaves_none_running(cli, tmp_p
 
 
 def _wait_for(condition, timeout: float) -> bool:
-    deadline = time.monotonic() + timeout
+    deadline = time.monotonic() + scaled(timeout)
     while time.monotonic() < deadline:
         if condition():
             return True

@@ -6,6 +6,8 @@ import time
 
 import pytest
 
+from tests.timing import scaled
+
 CTX = mp.get_context("spawn")
 
 
@@ -30,10 +32,18 @@ class Procs:
         self.procs.append(p)
         return p
 
+    def queue_get(self, timeout):
+        """The next message within ``timeout`` s (already a scaled deadline's remainder)."""
+        try:
+            return self.queue.get(timeout=timeout)
+        except queue_mod.Empty:
+            raise AssertionError(f"no message from a child within {timeout:.1f} s") from None
+
     def event(self):
         return CTX.Event()
 
     def get(self, timeout=60.0):
+        timeout = scaled(timeout)
         try:
             return self.queue.get(timeout=timeout)
         except queue_mod.Empty:
@@ -44,7 +54,7 @@ class Procs:
         within ``timeout`` seconds of the one before."""
         found = []
         while len(found) < n:
-            msg = self.get(timeout=timeout)
+            msg = self.get(timeout=timeout)  # scaled there
             if msg[0] == "error":
                 found.append(msg)
         return found
@@ -53,9 +63,9 @@ class Procs:
         """Gather messages until every tag said 'done'; returns {tag: {epoch: (ids, sizes)}}."""
         results: dict = {t: {} for t in tags}
         pending = set(tags)
-        deadline = time.monotonic() + timeout
+        deadline = time.monotonic() + scaled(timeout)
         while pending:
-            msg = self.get(max(0.1, deadline - time.monotonic()))
+            msg = self.queue_get(max(0.1, deadline - time.monotonic()))
             tag, what = msg[0], msg[1]
             if tag not in results:
                 continue  # another child's report
@@ -89,6 +99,7 @@ def procs():
 
 
 def wait_for(predicate, timeout=20.0, interval=0.02, what="condition"):
+    timeout = scaled(timeout)
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         value = predicate()

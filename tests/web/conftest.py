@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from tests.place.conftest import Cli, cli  # noqa: F401 (the fixture, for these tests too)
+from tests.timing import scaled
 
 pytest.importorskip("starlette")
 pytest.importorskip("uvicorn")
@@ -60,6 +61,7 @@ def dashboard(cli: Cli) -> Iterator[Dashboard]:  # noqa: F811
 
 
 def wait_for(predicate, timeout: float = 20.0, what: str = "it") -> None:
+    timeout = scaled(timeout)
     deadline = time.monotonic() + timeout
     while not predicate():
         if time.monotonic() > deadline:
