@@ -132,6 +132,9 @@ def test_cpu_only_jobs_reserve_cores_and_ram() -> None:
     outcome = plan(q[:1], busy, [], make_policy("packing"), LIMITS, 0.0)
     assert outcome.placements == []  # measured busier than reserved (an under-declared job): wait
     assert outcome.reasons[0].startswith("held back: host measured 90% busy")
+    # --no-host-load: the reservations alone decide, whatever else loads the host.
+    unmeasured = plan(q[:1], busy, [], make_policy("packing"), Limits(host_load=False), 0.0)
+    assert [p.job_id for p in unmeasured.placements] == [0]
     # Measured busy as reserved: the reservations decide, and the job fits.
     declared = host(cpus_total=2, mem_total=8 * G, jobs=1, cpus_reserved=1, cpu_mean=0.5, cpu_p95=0.95)
     assert len(plan(q[:1], declared, [], make_policy("packing"), LIMITS, 0.0).placements) == 1

@@ -71,6 +71,13 @@ window_option = click.option(
     help="Seconds a job may wait before no job behind it is started past it.",
 )
 @click.option(
+    "--host-load/--no-host-load",
+    default=_LIMITS.host_load,
+    show_default=True,
+    help="Hold jobs back while the host's measured load, beyond what jobs reserved, leaves no room "
+    "(load from outside the manager counts). --no-host-load: the reservations alone decide.",
+)
+@click.option(
     "--grace",
     "grace_s",
     type=click.FloatRange(min=0),
@@ -150,7 +157,15 @@ def _config(options: dict[str, Any]) -> DaemonConfig:
         _LIMITS,
         **{
             k: options.pop(k)
-            for k in ("max_per_gpu", "settle_s", "window_s", "sm_mean", "sm_p95", "starve_after_s")
+            for k in (
+                "max_per_gpu",
+                "settle_s",
+                "window_s",
+                "sm_mean",
+                "sm_p95",
+                "starve_after_s",
+                "host_load",
+            )
         },
     )
     return DaemonConfig(limits=limits, **options)

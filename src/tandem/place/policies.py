@@ -55,6 +55,9 @@ class Limits:
     gpu_mem_margin: float = 0.10  # reserve a known peak plus this fraction
     host_mem_headroom: float = 0.05  # keep this fraction of RAM free of new jobs
     starve_after_s: float = 600.0  # a job waiting longer than this stops backfill past it
+    host_load: bool = (
+        True  # measured load beyond the reservations (from outside the manager too) holds jobs back
+    )
 
 
 @dataclass
@@ -214,7 +217,7 @@ class Packing(Policy):
                 "job as its program did at start), "
                 f"{left:.1f} of {host.cpus_total:g} cores left"
             )
-        if host.jobs == 0 or host.cpu_mean is None or host.cpu_p95 is None:
+        if not limits.host_load or host.jobs == 0 or host.cpu_mean is None or host.cpu_p95 is None:
             return None
         busy = host.cpu_mean * host.cpus_total
         # Only use beyond the reservations counts (an under-declared job, load from outside

@@ -200,7 +200,6 @@ class Producers:
                 except ProcessLookupError:
                     pass
 
-
     def shutdown(self) -> None:
         """The daemon stops: the producers it told to stop have their MLflow runs ended now
         (their group is done; no later daemon knows it stopped them), so that nothing waits
