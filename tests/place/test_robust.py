@@ -209,58 +209,65 @@ def test_a_chatty_job_s_log_is_capped(cli, tmp_path: Path) -> None:
     assert cli("logs", str(job)).stdout.rstrip().endswith("x" * 100)  # the newest output is kept
 
 
-@pytest.mark.skipif(os.geteuid() != 0, reason="mounting a small filesystem needs root")
-def test_a_full_state_filesystem_kills_no_job_and_leaves_none_running(cli, tmp_path: Path) -> None:
+@pytest.fixture
+def small_disk(tmp_path: Path):
+    """A 6 MB tmpfs (root only): a state directory's disk that a test can fill."""
+    if os.geteuid() != 0:
+        pytest.skip("mounting a small filesystem needs root")
     small = tmp_path / "small"
     small.mkdir(mode=0o700)
     if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=6m,mode=0700", "tmpfs", str(small)]).returncode:
         pytest.skip("cannot mount a tmpfs here")
     try:
-        state = small / "state"
-        env = dict(cli.env, TANDEM_STATE_DIR=str(state))
-
-        def tandem(*args: str) -> subprocess.CompletedProcess:
-            return subprocess.run(
-                [sys.executable, "-m", "tandem.cli", *args],
-                env=env,
-                cwd=tmp_path,
-                capture_output=True,
-                text=True,
-                timeout=60,
-            )
-
-        # The reservations alone decide (two jobs at once, whatever else loads the machine).
-        assert tandem("daemon", "start", "--cpus", "2", "--no-track", "--no-host-load", *FAST).returncode == 0
-        stop = tmp_path / "stop"
-        script = (
-            f"import os, time\nwhile not os.path.exists({str(stop)!r}):\n"
-            "    print('working', flush=True); time.sleep(0.05)"
-        )
-        ids = [
-            tandem("submit", "--cpus", "0.5", "--", sys.executable, "-c", script).stdout.strip()
-            for _ in range(2)
-        ]
-        started = _wait_for(lambda: len(list((state / "jobs").glob("*/1/started.json"))) == 2, 60)
-        assert started, tandem("ls").stdout
-        pids = [json.loads(p.read_text())["pid"] for p in (state / "jobs").glob("*/1/started.json")]
-        filler = small / "filler"
-        subprocess.run(["dd", "if=/dev/zero", f"of={filler}", "bs=64k"], capture_output=True)  # until full
-        # Jobs, supervisors and the daemon all meet ENOSPC while the jobs go on printing.
-        for output in (state / "jobs").glob("*/1/output.log"):
-            size = output.stat().st_size
-            assert _wait_for(
-                lambda o=output, n=size: not psutil.pid_exists(pids[0]) or o.stat().st_size >= n, 10
-            )
-        assert all(psutil.pid_exists(p) for p in pids), "a job died of the full disk"
-        stop.touch()  # the jobs end while the disk is still full
-        assert _wait_for(lambda: not any(psutil.pid_exists(p) for p in pids), 60), "the jobs ended"
-        filler.unlink()
-        r = tandem("wait", *ids)
-        assert r.returncode == 0, (r.stderr, tandem("ls").stdout)
-        assert all(j["state"] == "succeeded" for j in json.loads(tandem("ls", "--json").stdout))
-        tandem("daemon", "stop")
+        yield small
     finally:
         subprocess.run(["umount", "-l", str(small)])
+
+
+def test_a_full_state_filesystem_kills_no_job_and_leaves_none_running(
+    cli, tmp_path: Path, small_disk: Path
+) -> None:
+    small = small_disk
+    state = small / "state"
+    env = dict(cli.env, TANDEM_STATE_DIR=str(state))
+
+    def tandem(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run(
+            [sys.executable, "-m", "tandem.cli", *args],
+            env=env,
+            cwd=tmp_path,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+
+    # The reservations alone decide (two jobs at once, whatever else loads the machine).
+    assert tandem("daemon", "start", "--cpus", "2", "--no-track", "--no-host-load", *FAST).returncode == 0
+    stop = tmp_path / "stop"
+    script = (
+        f"import os, time\nwhile not os.path.exists({str(stop)!r}):\n"
+        "    print('working', flush=True); time.sleep(0.05)"
+    )
+    ids = [
+        tandem("submit", "--cpus", "0.5", "--", sys.executable, "-c", script).stdout.strip() for _ in range(2)
+    ]
+    started = _wait_for(lambda: len(list((state / "jobs").glob("*/1/started.json"))) == 2, 60)
+    assert started, tandem("ls").stdout
+    pids = [json.loads(p.read_text())["pid"] for p in (state / "jobs").glob("*/1/started.json")]
+    filler = small / "filler"
+    subprocess.run(["dd", "if=/dev/zero", f"of={filler}", "bs=64k"], capture_output=True)  # until full
+    # Jobs, supervisors and the daemon all meet ENOSPC while the jobs go on printing.
+    for output in (state / "jobs").glob("*/1/output.log"):
+        size = output.stat().st_size
+        assert _wait_for(lambda o=output, n=size: not psutil.pid_exists(pids[0]) or o.stat().st_size >= n, 10)
+    assert all(psutil.pid_exists(p) for p in pids), "a job died of the full disk"
+    stop.touch()  # the jobs end while the disk is still full
+    assert _wait_for(lambda: not any(psutil.pid_exists(p) for p in pids), 60), "the jobs ended"
+    filler.unlink()
+    r = tandem("wait", *ids)
+    assert r.returncode == 0, (r.stderr, tandem("ls").stdout)
+    assert all(j["state"] == "succeeded" for j in json.loads(tandem("ls", "--json").stdout))
+    tandem("daemon", "stop")
 
 
 def _wait_for(condition, timeout: float) -> bool:
@@ -272,56 +279,48 @@ def _wait_for(condition, timeout: float) -> bool:
     return bool(condition())
 
 
-@pytest.mark.skipif(os.geteuid() != 0, reason="mounting a small filesystem needs root")
-def test_a_full_disk_while_jobs_start_loses_none(cli, tmp_path: Path) -> None:
+def test_a_full_disk_while_jobs_start_loses_none(cli, tmp_path: Path, small_disk: Path) -> None:
     """Jobs that start while the state's disk is full are neither failed nor left running
     without a process: once space returns, every one runs and succeeds, once."""
-    small = tmp_path / "small"
-    small.mkdir(mode=0o700)
-    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=6m,mode=0700", "tmpfs", str(small)]).returncode:
-        pytest.skip("cannot mount a tmpfs here")
-    try:
-        state = small / "state"
-        env = dict(cli.env, TANDEM_STATE_DIR=str(state))
+    small = small_disk
+    state = small / "state"
+    env = dict(cli.env, TANDEM_STATE_DIR=str(state))
 
-        def tandem(*args: str, timeout: float = 60) -> subprocess.CompletedProcess:
-            return subprocess.run([sys.executable, "-m", "tandem.cli", *args], env=env, cwd=tmp_path,
-                                  capture_output=True, text=True, timeout=timeout)  # fmt: skip
+    def tandem(*args: str, timeout: float = 60) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-m", "tandem.cli", *args], env=env, cwd=tmp_path,
+                              capture_output=True, text=True, timeout=timeout)  # fmt: skip
 
-        assert tandem("daemon", "start", "--cpus", "2", "--no-track", "--no-host-load", *FAST).returncode == 0
-        stop, out = tmp_path / "stop", tmp_path / "ran"
-        hold = f"import os, time\nwhile not os.path.exists({str(stop)!r}):\n    time.sleep(0.05)"
-        blocker = tandem("submit", "--cpus", "2", "--", sys.executable, "-c", hold).stdout.strip()
-        assert _wait_for(lambda: (state / "jobs" / blocker / "1" / "started.json").exists(), 60)
-        once = f"open({str(out)!r}, 'a').write(__import__('os').environ['TANDEM_JOB_ID'] + '\\n')"
-        ids = [
-            tandem("submit", "--cpus", "0.5", "--", sys.executable, "-c", once).stdout.strip()
-            for _ in range(4)
-        ]
-        filler = small / "filler"
-        subprocess.run(["dd", "if=/dev/zero", f"of={filler}", "bs=64k"], capture_output=True)  # until full
-        r = tandem("submit", "--cpus", "0.5", "--", "true")  # taken, or refused saying why: never a traceback
-        assert r.returncode in (0, 75) and "Traceback" not in r.stderr, r.stderr
-        assert r.returncode == 0 or "would not take it" in r.stderr, r.stderr
-        if r.returncode == 0:
-            ids.append(r.stdout.strip())
-        stop.touch()  # the blocker ends: the daemon starts the four on a full disk
-        pid = json.loads((state / "jobs" / blocker / "1" / "started.json").read_text())["pid"]
-        assert _wait_for(lambda: not psutil.pid_exists(pid), 60), "the blocker ended"
-        # A few of the daemon's passes on the full disk: none of the four may fail meanwhile.
-        deadline = time.monotonic() + 3.0
-        while time.monotonic() < deadline:
-            listed = json.loads(tandem("ls", "--json").stdout or "[]")
-            assert not [j for j in listed if j["state"] == "failed"], listed
-            time.sleep(0.2)
-        filler.unlink()
-        r = tandem("wait", *ids, timeout=120)
-        assert r.returncode == 0, (r.stdout, r.stderr, tandem("ls").stdout)
-        ran = out.read_text().split()
-        assert sorted(ran) == sorted(ids[:4]) and len(ran) == 4, "each of the four ran, once"
-        tandem("daemon", "stop")
-    finally:
-        subprocess.run(["umount", "-l", str(small)])
+    assert tandem("daemon", "start", "--cpus", "2", "--no-track", "--no-host-load", *FAST).returncode == 0
+    stop, out = tmp_path / "stop", tmp_path / "ran"
+    hold = f"import os, time\nwhile not os.path.exists({str(stop)!r}):\n    time.sleep(0.05)"
+    blocker = tandem("submit", "--cpus", "2", "--", sys.executable, "-c", hold).stdout.strip()
+    assert _wait_for(lambda: (state / "jobs" / blocker / "1" / "started.json").exists(), 60)
+    once = f"open({str(out)!r}, 'a').write(__import__('os').environ['TANDEM_JOB_ID'] + '\\n')"
+    ids = [
+        tandem("submit", "--cpus", "0.5", "--", sys.executable, "-c", once).stdout.strip() for _ in range(4)
+    ]
+    filler = small / "filler"
+    subprocess.run(["dd", "if=/dev/zero", f"of={filler}", "bs=64k"], capture_output=True)  # until full
+    r = tandem("submit", "--cpus", "0.5", "--", "true")  # taken, or refused saying why: never a traceback
+    assert r.returncode in (0, 75) and "Traceback" not in r.stderr, r.stderr
+    assert r.returncode == 0 or "would not take it" in r.stderr, r.stderr
+    if r.returncode == 0:
+        ids.append(r.stdout.strip())
+    stop.touch()  # the blocker ends: the daemon starts the four on a full disk
+    pid = json.loads((state / "jobs" / blocker / "1" / "started.json").read_text())["pid"]
+    assert _wait_for(lambda: not psutil.pid_exists(pid), 60), "the blocker ended"
+    # A few of the daemon's passes on the full disk: none of the four may fail meanwhile.
+    deadline = time.monotonic() + 3.0
+    while time.monotonic() < deadline:
+        listed = json.loads(tandem("ls", "--json").stdout or "[]")
+        assert not [j for j in listed if j["state"] == "failed"], listed
+        time.sleep(0.2)
+    filler.unlink()
+    r = tandem("wait", *ids, timeout=120)
+    assert r.returncode == 0, (r.stdout, r.stderr, tandem("ls").stdout)
+    ran = out.read_text().split()
+    assert sorted(ran) == sorted(ids[:4]) and len(ran) == 4, "each of the four ran, once"
+    tandem("daemon", "stop")
 
 
 def test_submits_while_the_daemon_is_killed_every_third_all_land_once(cli, tmp_path: Path) -> None:
