@@ -242,11 +242,8 @@ def test_a_full_disk_at_any_write_of_a_start_leaves_the_job_queued_then_run(
     )
     full = OSError(errno.ENOSPC, "No space left on device")
 
-    def failing(real):
-        def write(*args, **kwargs):
-            raise full
-
-        return write
+    def failing(*args, **kwargs):
+        raise full
 
     targets = {
         "spec": (attempts_module, "save"),
@@ -256,7 +253,7 @@ def test_a_full_disk_at_any_write_of_a_start_leaves_the_job_queued_then_run(
     }
     owner, name = targets[where]
     with monkeypatch.context() as patch:
-        patch.setattr(owner, name, failing(getattr(owner, name)))
+        patch.setattr(owner, name, failing)
         try:  # as the daemon's pass does: the disk's failure puts the job back
             attempts.start(state.job(job_id), Placement(job_id, (), None, False, False), (), env, {})
         except Exception as exc:

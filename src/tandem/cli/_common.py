@@ -4,7 +4,6 @@ own exit code, the daemon's errors as messages, and the value parsers of shared 
 from __future__ import annotations
 
 import importlib.util
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import click
@@ -76,21 +75,11 @@ def daemon_call(call: Any, *args: Any, **kwargs: Any) -> Any:
         raise click.ClickException(str(exc)) from None
 
 
-def manager_dir() -> Path:
-    """The job manager's state directory, or a clear error (exit 2) where it may not be used."""
-    from tandem.place.state import StateError, state_dir
-
-    try:
-        return state_dir()
-    except StateError as exc:
-        raise Exit(str(exc), EXIT_STATE_DIR) from None
-
-
 def open_state() -> State:
     """The job manager's state (:class:`tandem.place.state.State`), or a clear error."""
-    from tandem.place.state import State, StateError
+    from tandem.place.state import State, StateError, state_dir
 
-    directory = manager_dir()  # a directory that may not be used: exit 2
+    directory = state_dir()  # one that may not be used: the command group's exit 2
     try:
         return State(directory)
     except StateError as exc:  # its file cannot be read (corrupt, locked, newer): an error of its own

@@ -24,7 +24,6 @@ from tandem.cli._common import (
     EXIT_TIMEOUT,
     daemon_call,
     job_ids,
-    manager_dir,
     open_state,
     printable,
     request,
@@ -146,9 +145,10 @@ def submit(
     if problem:
         raise click.UsageError(problem)
     from tandem.place.client import submit as send
+    from tandem.place.state import state_dir
 
     # It starts a daemon where none answers (and again if one dies while it waits).
-    reply = daemon_call(send, manager_dir(), spec)
+    reply = daemon_call(send, state_dir(), spec)
     if as_json:
         from tandem.place.views import job_json
 

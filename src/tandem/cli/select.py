@@ -285,17 +285,26 @@ def select_report(sel_id: str, baseline_run: str | None, as_json: bool) -> None:
         )
 
 
+def _manager_state() -> Any:
+    """The job manager's state, if it has one (None before its first job or share)."""
+    from tandem.place.state import State, state_dir_path
+
+    return State(state_dir_path()) if (state_dir_path() / "place.db").exists() else None
+
+
+def _serving(state: Any, sel_id: str) -> list[str]:
+    """The defined shares that serve the selection (given with ``--selection`` or made by
+    their ``--select`` job: the state keeps which)."""
+    return [s.name for s in state.shares() if s.selection == sel_id]
+
+
 def _readers(sel_ids: tuple[str, ...]) -> dict[str, str]:
     """Who reads each of ``sel_ids``: the defined shares that serve it and their jobs not yet
     ended, in words (none: not listed)."""
-    from tandem.place.state import State, state_dir_path
-
-    if not (state_dir_path() / "place.db").exists():
-        return {}
-    state = State(state_dir_path())
-    out = {}
-    for sel_id in sel_ids:
-        shares = [s.name for s in state.shares() if sel_id in (s.selection, s.spec.selection)]
+    state = _manager_state()
+    out: dict[str, str] = {}
+    for sel_id in sel_ids if state is not None else ():
+        shares = _serving(state, sel_id)
         if shares:
             jobs = [j.id for j in state.jobs(("queued", "running", "retrying"), shares=tuple(shares))]
             out[sel_id] = f"share(s) {', '.join(shares)}" + (
@@ -306,20 +315,14 @@ def _readers(sel_ids: tuple[str, ...]) -> dict[str, str]:
 
 def _jobs(sel_id: str) -> list[Any]:
     """The job manager's jobs that trained on the selection: those of the share groups that
-    serve it (the state's, given with ``--selection`` or made by a ``--select`` job)."""
+    serve it."""
     from tandem.place.paths import StateError
-    from tandem.place.state import State, state_dir_path
 
-    if not (state_dir_path() / "place.db").exists():
-        return []
     try:
-        state = State(state_dir_path())
+        state = _manager_state()
     except StateError:
         return []
-    names = [s.name for s in state.shares() if s.selection == sel_id]
-    jobs = state.jobs(shares=tuple(names))
-    state.close()
-    return jobs
+    return [] if state is None else state.jobs(shares=tuple(_serving(state, sel_id)))
 
 
 COMMANDS = [select_group]

@@ -19,7 +19,7 @@ from typing import Any
 
 import click
 
-from tandem.cli._common import EXIT_USAGE, Exit, daemon_call, manager_dir, to_cpus, to_size
+from tandem.cli._common import EXIT_USAGE, Exit, daemon_call, to_cpus, to_size
 from tandem.place.model import format_size
 from tandem.share.spec import DTYPES, OBJECT_FORMS, ShareSpec, SpecError
 
@@ -239,6 +239,7 @@ def share_define(cpus: float | None, mem: int | None, **options: Any) -> None:
     option of tandem share serve; the reference is checked now."""
     from tandem.place import protocol
     from tandem.place.client import ensure_daemon, request
+    from tandem.place.state import state_dir
     from tandem.select import SelectError
 
     spec = spec_from(**options, cpus=cpus, mem=mem or 0).resolved()
@@ -249,7 +250,7 @@ def share_define(cpus: float | None, mem: int | None, **options: Any) -> None:
         raise Exit(f"{spec.name}: {exc}; nothing was defined", EXIT_USAGE) from None
     # The daemon is the state's one writer: it stores the definition (and queues the job that
     # makes its selection) in one transaction.
-    directory = manager_dir()
+    directory = state_dir()
     daemon_call(ensure_daemon, directory)
     reply = daemon_call(request, directory, protocol.DefineShare(spec, select_job))
     if reply.select_job is not None:
@@ -296,8 +297,9 @@ def share_rm(names: tuple[str, ...]) -> None:
     """Remove the definitions NAMES (not while a waiting or running job reads one)."""
     from tandem.place import protocol
     from tandem.place.client import ensure_daemon, request
+    from tandem.place.state import state_dir
 
-    directory = manager_dir()
+    directory = state_dir()
     daemon_call(ensure_daemon, directory)
     reply = daemon_call(request, directory, protocol.RemoveShares(list(names)))
     for name in reply.removed:

@@ -16,6 +16,7 @@ unless the annotation allows None), listed (read when jobs are listed), and show
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import json
 from collections.abc import Callable
 from typing import Any
@@ -60,10 +61,17 @@ def column(
     return dataclasses.field(default=default, default_factory=default_factory, metadata=metadata)
 
 
+# column()'s own defaults: what a field declared without it has.
+_DEFAULTS = {
+    name: p.default
+    for name, p in inspect.signature(column).parameters.items()
+    if p.kind is inspect.Parameter.KEYWORD_ONLY and name != "default_factory"
+}
+
+
 def meta(f: dataclasses.Field, key: str) -> Any:
     """One of :func:`column`'s settings of ``f`` (its default where ``f`` did not use it)."""
-    defaults = {"stored": True, "listed": True, "queued": False, "shown": True}
-    return f.metadata.get(key, defaults.get(key))
+    return f.metadata.get(key, _DEFAULTS[key])
 
 
 def _base(annotation: str) -> tuple[str, bool]:

@@ -60,9 +60,8 @@ def columns_of(cls: type, *, listed: bool = False, queued: bool = False) -> str:
 
 def row_values(record: Any, **overrides: Any) -> dict[str, Any]:
     """A record's stored fields as its columns hold them (``overrides`` replace values)."""
-    values = {f.name: getattr(record, f.name) for f in stored_fields(type(record))} | overrides
-    by_name = {f.name: f for f in stored_fields(type(record))}
-    return {k: to_column(by_name[k], v) for k, v in values.items()}
+    values = {f.name: getattr(record, f.name) for f in stored_fields(type(record))}
+    return encode(type(record), values | overrides)
 
 
 def encode(cls: type, values: dict[str, Any]) -> dict[str, Any]:

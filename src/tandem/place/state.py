@@ -91,10 +91,7 @@ class State(StateReads):
         said = set_aside_lost_jobs(self.dir, self.path)
         if said is not None:
             log.warning("%s", said)
-            self._write(
-                "INSERT INTO events (t, job_id, kind, detail) VALUES (?, NULL, 'lost-state', ?)",
-                (time.time(), said),
-            )
+            self.event(None, "lost-state", said)
 
     def _error(self, exc: sqlite3.Error) -> StateError:
         text = str(exc)
@@ -170,19 +167,22 @@ class State(StateReads):
     def add_job(self, spec: JobSpec, gpus: int, now: float) -> tuple[int, bool]:
         """Queue a submitted job; its id, and whether it is new (a submit retried with the
         same token gets the job the first one made)."""
-        job = Job(**spec.to_dict())
-        values = row_values(job, gpus=gpus, job_key=spec.job_key, submitted=now, queued_at=now, updated=now)
-        del values["id"]
-        cols = ", ".join(f'"{k}"' for k in values)
-        marks = ", ".join("?" for _ in values)
         with self.transaction() as db:
-            if spec.token:
-                known = db.execute("SELECT id FROM jobs WHERE token = ?", (spec.token,)).fetchone()
-                if known is not None:
-                    return int(known[0]), False
-            cur = db.execute(f"INSERT INTO jobs ({cols}) VALUES ({marks})", tuple(values.values()))
-            job_id = int(cur.lastrowid or 0)
-            db.execute("INSERT INTO events (t, job_id, kind) VALUES (?, ?, 'submitted')", (now, job_id))
+            return self._add_job(db, spec, gpus, now)
+
+    def _add_job(
+        self, db: sqlite3.Connection, spec: JobSpec, gpus: int, now: float, detail: str = ""
+    ) -> tuple[int, bool]:
+        if spec.token:
+            known = db.execute("SELECT id FROM jobs WHERE token = ?", (spec.token,)).fetchone()
+            if known is not None:
+                return int(known[0]), False
+        values = row_values(
+            Job(**spec.to_dict()), gpus=gpus, job_key=spec.job_key, submitted=now, queued_at=now, updated=now
+        )
+        del values["id"]
+        job_id = _insert(db, "jobs", values)
+        self._event(db, job_id, "submitted", detail)
         return job_id, True
 
     def _move(self, db: sqlite3.Connection, transition: str, job_id: int, to: str, **values: Any) -> None:
@@ -211,15 +211,11 @@ class State(StateReads):
 
     def start(self, attempt: Attempt, first_start: float | None, detail: str) -> None:
         """Its attempt ``attempt.n`` recorded and the job running (its supervisor starts next)."""
-        values = row_values(attempt)
         with self.transaction() as db:
             self._move(
                 db, "start", attempt.job_id, RUNNING, started=first_start or attempt.started, reason=None
             )
-            db.execute(
-                f"INSERT INTO attempts ({', '.join(values)}) VALUES ({', '.join('?' for _ in values)})",
-                tuple(values.values()),
-            )
+            _insert(db, "attempts", row_values(attempt))
             self._event(db, attempt.job_id, "started", detail)
 
     def requeue(self, job_id: int, n: int | None, why: str, now: float) -> None:
@@ -246,8 +242,7 @@ class State(StateReads):
         """Its attempt ``n`` ended (``attempt``: how) and it will be tried again (``job``: the
         fields that change, its escalated reservation among them)."""
         with self.transaction() as db:
-            self._end_attempt(db, job_id, n, **attempt)
-            self._move(db, "retry", job_id, RETRYING, queued_at=time.time(), **job)
+            self._attempt_ended(db, "retry", job_id, n, RETRYING, attempt, {**job, "queued_at": time.time()})
             self._event(db, job_id, "retry", detail)
             for note in notes:
                 self._event(db, job_id, "note", note)
@@ -267,8 +262,7 @@ class State(StateReads):
         ``selections``: a share's selection job's, by share (None: it left none), which
         those shares serve from now on."""
         with self.transaction() as db:
-            self._end_attempt(db, job_id, n, **attempt)
-            self._move(db, "finish", job_id, state, **job)
+            self._attempt_ended(db, "finish", job_id, n, state, attempt, job)
             self._event(db, job_id, state, detail)
             for note in notes:
                 self._event(db, job_id, "note", note)
@@ -284,7 +278,7 @@ class State(StateReads):
         never started, ended with it)."""
         with self.transaction() as db:
             if attempt is not None:
-                self._end_attempt(db, job_id, attempt, state="lost", ended=now, cause=cause)
+                self._set_attempt(db, job_id, attempt, state="lost", ended=now, cause=cause)
             self._move(db, "fail", job_id, FAILED, ended=now, cause=cause, reason=None)
             self._event(db, job_id, FAILED, cause)
 
@@ -292,7 +286,7 @@ class State(StateReads):
         """Cancelled before it ran (``attempt``: the one recorded that never started)."""
         with self.transaction() as db:
             if attempt is not None:
-                self._end_attempt(db, job_id, attempt, state="lost", ended=now, cause="never started")
+                self._set_attempt(db, job_id, attempt, state="lost", ended=now, cause="never started")
             self._move(
                 db, "cancel", job_id, CANCELLED, ended=now, cause=cause, cancel_requested=True, reason=None
             )
@@ -322,10 +316,17 @@ class State(StateReads):
         if "state" in values or "ended" in values:
             raise ValueError("an attempt ends only with its job's transition (State.finish, retry, requeue)")
         with self.transaction() as db:
-            self._end_attempt(db, job_id, n, **values)
+            self._set_attempt(db, job_id, n, **values)
+
+    def _attempt_ended(
+        self, db: sqlite3.Connection, transition: str, job_id: int, n: int, to: str, attempt: dict, job: dict
+    ) -> None:
+        """Attempt ``n`` ended (``attempt``: how) and the job moves on by ``transition``."""
+        self._set_attempt(db, job_id, n, **attempt)
+        self._move(db, transition, job_id, to, **job)
 
     @staticmethod
-    def _end_attempt(db: sqlite3.Connection, job_id: int, n: int, **values: Any) -> None:
+    def _set_attempt(db: sqlite3.Connection, job_id: int, n: int, **values: Any) -> None:
         values = encode(Attempt, values)
         sets = ", ".join(f'"{k}" = ?' for k in values)
         db.execute(f"UPDATE attempts SET {sets} WHERE job_id = ? AND n = ?", (*values.values(), job_id, n))
@@ -342,10 +343,8 @@ class State(StateReads):
         )
 
     def event(self, job_id: int | None, kind: str, detail: str = "") -> None:
-        self._write(
-            "INSERT INTO events (t, job_id, kind, detail) VALUES (?, ?, ?, ?)",
-            (time.time(), job_id, kind, detail),
-        )
+        with self.transaction() as db:
+            self._event(db, job_id, kind, detail)
 
     def set_setting(self, key: str, value: str) -> None:
         self._write(
@@ -361,38 +360,16 @@ class State(StateReads):
         now = time.time()
         with self.transaction() as db:
             job_id = None
-            known = None
-            if select_job is not None and select_job.token:  # a define retried: the job it made
-                known = db.execute("SELECT id FROM jobs WHERE token = ?", (select_job.token,)).fetchone()
-            if known is not None:
-                job_id = int(known[0])
+            if select_job is not None:  # a define retried with its token: the job it made
+                what = f"makes the selection of share {spec.name!r}"
+                job_id, _ = self._add_job(db, select_job, gpus, now, what)
                 spec = dataclasses.replace(spec, select_job=job_id)
-            elif select_job is not None:
-                values = row_values(
-                    Job(**select_job.to_dict()),
-                    gpus=gpus,
-                    job_key=select_job.job_key,
-                    submitted=now,
-                    queued_at=now,
-                    updated=now,
-                )
-                del values["id"]
-                cols, marks = ", ".join(f'"{k}"' for k in values), ", ".join("?" for _ in values)
-                job_id = int(
-                    db.execute(
-                        f"INSERT INTO jobs ({cols}) VALUES ({marks})", tuple(values.values())
-                    ).lastrowid
-                    or 0
-                )
-                self._event(db, job_id, "submitted", f"makes the selection of share {spec.name!r}")
-                spec = dataclasses.replace(spec, select_job=job_id)
-            values = row_values(Share(spec.name, spec, now, selection=spec.selection))
-            cols, marks = ", ".join(f'"{k}"' for k in values), ", ".join("?" for _ in values)
-            db.execute(  # a running producer's row (pid, ...) is kept: the daemon still owns it
-                f"INSERT INTO shares ({cols}) VALUES ({marks}) ON CONFLICT(name) DO UPDATE SET "
-                "spec = excluded.spec, defined = excluded.defined, selection = excluded.selection, "
-                "error = NULL",
-                tuple(values.values()),
+            _insert(  # a running producer's row (pid, ...) is kept: the daemon still owns it
+                db,
+                "shares",
+                row_values(Share(spec.name, spec, now, selection=spec.selection)),
+                "ON CONFLICT(name) DO UPDATE SET spec = excluded.spec, defined = excluded.defined, "
+                "selection = excluded.selection, error = NULL",
             )
         return job_id
 
@@ -426,3 +403,11 @@ class State(StateReads):
 
     def attempt_dir(self, job_id: int, n: int) -> Path:
         return self.jobs_dir / str(job_id) / str(n)
+
+
+def _insert(db: sqlite3.Connection, table: str, values: dict[str, Any], conflict: str = "") -> int:
+    """One row of ``values`` (column: value, as :func:`tandem.place.schema.row_values` makes
+    them) into ``table``; its rowid."""
+    cols, marks = ", ".join(f'"{k}"' for k in values), ", ".join("?" for _ in values)
+    sql = f"INSERT INTO {table} ({cols}) VALUES ({marks}) {conflict}".rstrip()
+    return int(db.execute(sql, tuple(values.values())).lastrowid or 0)

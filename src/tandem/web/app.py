@@ -34,7 +34,7 @@ from starlette.staticfiles import StaticFiles
 
 from tandem.place.model import STATES
 from tandem.web.access import Access
-from tandem.web.data import NotFound, Reader, energy_of
+from tandem.web.data import MAX_ID, NotFound, Reader, energy_of
 from tandem.web.live import MAX_STREAMS, Streams, events
 
 STATIC = Path(__file__).parent / "static"
@@ -69,9 +69,6 @@ class Daemon:
         from tandem.place.client import request
 
         return dataclasses.asdict(request(self.state_dir, protocol.Cancel([job_id]), 5.0))
-
-
-MAX_ID = 2**63 - 1  # SQLite's integers: a larger id names no job (and must not reach SQLite)
 
 
 def _int(request: Request, name: str, default: int | None = None) -> int | None:

@@ -25,6 +25,9 @@ LOG_CHUNK = 64 << 10  # a log read returns at most this many bytes
 PAGE = 100
 
 
+MAX_ID = 2**63 - 1  # SQLite's integers: a larger id names no job (and must not reach SQLite)
+
+
 class NotFound(LookupError):
     pass
 

@@ -28,6 +28,8 @@ from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
 from starlette.responses import StreamingResponse
 
+from tandem.web.data import MAX_ID
+
 if TYPE_CHECKING:
     from tandem.web.app import Daemon
     from tandem.web.data import Reader
@@ -87,13 +89,10 @@ class Streams:
         if closing in self._open:
             self._open.remove(closing)
 
-    def __len__(self) -> int:
-        return len(self._open)
-
 
 async def events(request: Request, reader: Reader, daemon: Daemon, streams: Streams) -> StreamingResponse:
     job_id = request.query_params.get("job")
-    follow = int(job_id) if job_id and job_id.isdigit() and int(job_id) < 2**63 else None
+    follow = int(job_id) if job_id and job_id.isdigit() and int(job_id) <= MAX_ID else None
     cursor = _cursor(request)
 
     async def stream() -> AsyncIterator[str]:

@@ -292,15 +292,9 @@ if __name__ == "__main__":
 
 
 def helper_pid(state_dir: Path) -> int | None:
-    """The pid of the running MLflow helper of ``state_dir``, if one runs."""
+    """The pid the MLflow helper of ``state_dir`` wrote when it started (it removes it as it
+    ends), or None."""
     try:
-        pid = int((queue_dir(state_dir) / "helper.pid").read_text())
+        return int((queue_dir(state_dir) / "helper.pid").read_text())
     except (OSError, ValueError):
         return None
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return None
-    except PermissionError:
-        pass
-    return pid
