@@ -13,7 +13,7 @@ from tandem.share import (
     clone_batch,
     protocol,
 )
-from tandem.share._tree import flatten
+from tandem.share._tree import flatten, unflatten
 
 from .workers import consume, serve_list, serve_range, structured_batches
 
@@ -121,10 +121,26 @@ def test_per_batch_messages_have_one_fixed_size_whatever_the_batch():
 def test_unsupported_element_is_named_with_its_path():
     with pytest.raises(UnsupportedBatch, match=r"batch\['meta'\]\[1\]\['deep'\]"):
         flatten({"x": torch.zeros(1), "meta": [1, {"deep": object()}]})
-    with pytest.raises(UnsupportedBatch, match="numpy"):
-        import numpy as np
+    import numpy as np
 
-        flatten((torch.zeros(1), np.zeros(2)))
+    with pytest.raises(UnsupportedBatch, match=r"batch\[1\]: a numpy ndarray of dtype object"):
+        flatten((torch.zeros(1), np.array([object()], dtype=object)))
+
+
+def test_numpy_values_become_tensors_as_default_collate_makes_them():
+    import numpy as np
+
+    spec, leaves = flatten(
+        {
+            "x": np.arange(6, dtype=np.float32).reshape(3, 2),
+            "y": np.int64(4),
+            "names": np.array(["a", "b", "c"]),
+        }
+    )
+    batch = unflatten(spec, leaves)
+    assert torch.equal(batch["x"], torch.arange(6, dtype=torch.float32).reshape(3, 2))
+    assert batch["y"].dtype == torch.int64 and int(batch["y"]) == 4
+    assert batch["names"] == ["a", "b", "c"]
 
 
 def test_skip_policy_laggard_misses_batches_is_told_and_does_not_hold_others(procs):

@@ -124,14 +124,16 @@ class SocketChannel:
         self._inflight = False  # a Next whose reply is not read yet
         self.stall_s = 0.0
 
-    def take(self, releases: list[int], data_timeout: float | None) -> object:
-        """The next entry; ``releases`` (seqs handed back) are sent and cleared."""
+    def take(self, releases: list[int], holding: int | None, data_timeout: float | None) -> object:
+        """The next entry; ``releases`` (seqs handed back) are sent and cleared. ``holding``:
+        the oldest seq still held (the table channel publishes it)."""
         if not self._inflight:
             self._request(releases, block=True)
-        elif self._gate is not None and len(self._gate) and not self._conn.ready():
+        elif (releases or (self._gate is not None and len(self._gate))) and not self._conn.ready():
             # About to wait for the producer, which may be waiting for the slots we still
-            # hold: wait for our GPU work on them instead, and hand them back first.
-            self._gate.collect(releases, block=True)
+            # hold: hand them back first (waiting for our GPU work on them, if any).
+            if self._gate is not None:
+                self._gate.collect(releases, block=True)
             self._send_releases(releases)
         t0 = time.perf_counter()
         reply = self._conn.receive("waiting for a batch", data_timeout)
@@ -205,15 +207,15 @@ class TableChannel:
     def stall_s(self) -> float:
         return self._socket.stall_s
 
-    def take(self, releases: list[int], data_timeout: float | None) -> object:
+    def take(self, releases: list[int], holding: int | None, data_timeout: float | None) -> object:
         reply = self._take_announced()
         if reply is None:
+            # About to wait for the producer, which may be waiting for the slots we released
+            # since the last publish: publish them first (waiting for our GPU work, if any).
             if self._gate is not None and len(self._gate):
-                # About to wait for the producer: hand back every held batch first (the
-                # consumer moved the one it read into the gate: it holds none now).
                 self._gate.collect(releases, block=True)
-                self._publish(None)
-            return self._socket.take(releases, data_timeout)
+            self._publish(holding)
+            return self._socket.take(releases, holding, data_timeout)
         # Taking it publishes the release watermark (see _publish), which covers every seq
         # released so far: they must not pile up for a later Next over the socket.
         releases.clear()

@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 
 from tandem._ipc import close_fds
 from tandem.share import _table, protocol
+from tandem.share._groups import Groups
 from tandem.share._slab import Slab
 from tandem.share._transport import Link, SocketLink, TableLink
 from tandem.share._window import Entry, Window
@@ -78,6 +79,7 @@ class ControlServer:
             f"{name}:{os.getpid()}", 4 * window.size + 64, MAX_CONSUMERS
         )
         self.consumers: dict[int, Attached] = {}
+        self.groups = Groups()
         self.ever_attached = False
         self._stats = stats
         self._on_error = on_error
@@ -89,7 +91,7 @@ class ControlServer:
         self._thread: threading.Thread | None = None
 
     def links(self) -> list[Link]:
-        return [c.link for c in self.consumers.values()]
+        return [c.link for c in self.consumers.values()] + self.groups.holds()
 
     # --------------------------------------------------------------------- lifecycle
     def start(self, listener: socket.socket) -> None:
@@ -324,6 +326,8 @@ class ControlServer:
         if not self._free_indices:
             _send_quietly(conn, protocol.Refused(f"producer {self.name!r} has {MAX_CONSUMERS} consumers"))
             return None
+        if hello.world_size > 1:
+            join = self.groups.join(hello.group, hello.rank, hello.world_size, join)
         cursor, start = join
         index = self._free_indices.pop()
         self.table.reset_consumer(index, cursor)

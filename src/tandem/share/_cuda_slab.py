@@ -278,8 +278,8 @@ class CudaSegmentMap:
         torch.cuda.current_stream(self.device).wait_event(opened.written)
         return spec, leaves
 
-    def released(self, slot: int) -> None:
-        pass  # nothing of this consumer's to undo (see check_unmodified)
+    def released(self, slot: int) -> bool:
+        return False  # nothing of this consumer's to undo (see check_unmodified); never copied out
 
     def check_unmodified(self, slot: int, name: str) -> None:
         """Warn once per slot if this consumer wrote into the shared GPU memory."""

@@ -127,21 +127,34 @@ def planned_loader(
     prefetch_factor: int | None,
     worker_nice: int | None = 10,
     pin_memory: bool = False,
-) -> tuple[torch.utils.data.DataLoader, EpochPlanner]:
-    """A ``DataLoader`` over ``dataset`` whose order an :class:`EpochPlanner` sets.
+) -> tuple[torch.utils.data.DataLoader, EpochPlanner | None]:
+    """A ``DataLoader`` over ``dataset`` whose order an :class:`EpochPlanner` sets (None for
+    an ``IterableDataset``: its passes are the epochs, in the order it yields them).
     ``num_workers="auto"``: :func:`auto_workers`. ``worker_nice``: how much lower the workers'
     CPU priority is (None or 0: the same). ``pin_memory``: batches go to a GPU next."""
     if num_workers == "auto":
         num_workers = auto_workers()
     if not isinstance(num_workers, int) or isinstance(num_workers, bool) or num_workers < 0:
         raise ValueError(f"num_workers must be a non-negative integer or 'auto', got {num_workers!r}")
-    try:
-        size = len(dataset)  # type: ignore[arg-type]
-    except TypeError:
-        raise TypeError("from_dataset needs a map-style dataset with __len__") from None
-    if not isinstance(batch_size, int) or batch_size < 1:
+    if not isinstance(batch_size, int) or isinstance(batch_size, bool) or batch_size < 1:
         raise ValueError(f"batch_size must be a positive integer, got {batch_size!r}")
-    sampler = PlannedSampler(size)
+    iterable = isinstance(dataset, torch.utils.data.IterableDataset)
+    if iterable:
+        if shuffle:
+            raise ValueError(
+                "shuffle=True needs a map-style dataset (the producer then owns the order); an "
+                "IterableDataset shuffles itself (webdataset: .shuffle(1000); Hugging Face: "
+                ".shuffle(buffer_size=1000))"
+            )
+        size = 0
+    else:
+        try:
+            size = len(dataset)  # type: ignore[arg-type]
+        except TypeError:
+            raise TypeError(
+                f"from_dataset needs a map-style dataset with __len__ or a torch IterableDataset; "
+                f"{type(dataset).__name__} is neither (an iterable of batches goes to Producer(source, name))"
+            ) from None
     loader_kwargs: dict[str, Any] = {}
     if num_workers > 0:
         loader_kwargs["persistent_workers"] = True
@@ -149,6 +162,18 @@ def planned_loader(
             loader_kwargs["worker_init_fn"] = functools.partial(lower_priority, worker_nice)
         if prefetch_factor is not None:
             loader_kwargs["prefetch_factor"] = prefetch_factor
+    if iterable:
+        # One pass of the dataset is an epoch, in its own order (see the module docstring).
+        loader = torch.utils.data.DataLoader(
+            dataset,
+            batch_size=batch_size,
+            num_workers=num_workers,
+            collate_fn=collate_fn,
+            pin_memory=pin_memory,
+            **loader_kwargs,
+        )
+        return loader, None
+    sampler = PlannedSampler(size)
     loader = torch.utils.data.DataLoader(
         dataset,
         batch_size=batch_size,
@@ -163,13 +188,26 @@ def planned_loader(
 
 
 def source_shape(source: object) -> tuple[int | None, int | None]:
-    """``(batch_size, samples_per_epoch)`` of a ``DataLoader`` when they are fixed, else Nones."""
+    """``(batch_size, samples_per_epoch)`` of a ``DataLoader`` when they are fixed, else Nones
+    (an iterable dataset's epoch length is then counted at the end of the first pass)."""
     try:
         batch_size = source.batch_size  # type: ignore[attr-defined]
         drop_last = source.drop_last  # type: ignore[attr-defined]
+        dataset = source.dataset  # type: ignore[attr-defined]
+        if isinstance(dataset, torch.utils.data.IterableDataset):
+            return batch_size, _given_length(dataset)
         return batch_size, len(source) * batch_size if drop_last else len(source.sampler)  # type: ignore
     except (AttributeError, TypeError):
         return None, None
+
+
+def _given_length(dataset: torch.utils.data.IterableDataset) -> int | None:
+    """The length an iterable dataset states (webdataset's ``with_length(n)``), if any."""
+    try:
+        n = len(dataset)  # type: ignore[arg-type]
+    except (TypeError, NotImplementedError):
+        return None
+    return n if isinstance(n, int) and n > 0 else None
 
 
 Position = tuple[int, int]

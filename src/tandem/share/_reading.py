@@ -8,6 +8,7 @@ to the producer and sets up the state declared on it. Where each epoch begins an
 
 from __future__ import annotations
 
+import collections
 import math
 import warnings
 from collections.abc import Iterator
@@ -25,6 +26,7 @@ from tandem.share._rebatch import Assembler, Piece
 from tandem.share._slab import Segments
 from tandem.share._tree import flatten, unflatten
 from tandem.share.errors import (
+    BatchKeptWarning,
     MissedBatchesWarning,
     ProducerError,
     ProducerFinished,
@@ -37,12 +39,13 @@ from tandem.share.errors import (
 class _Held:
     """The producer batch this consumer is reading."""
 
-    __slots__ = ("msg", "piece_spec", "leaves")
+    __slots__ = ("msg", "piece_spec", "leaves", "lent_at")
 
     def __init__(self, msg: protocol.Batch, spec: tuple, leaves: list[torch.Tensor]):
         self.msg = msg
         self.piece_spec = spec
         self.leaves = leaves
+        self.lent_at: int | None = None  # the number of the last delivered batch viewing it
 
     @property
     def end(self) -> Position:
@@ -57,6 +60,8 @@ class StreamReader:
     name: str
     batch_size: int | None
     drop_last: bool
+    rank: int
+    world_size: int
     data_timeout: float | None
     device: torch.device
     samples: int
@@ -71,6 +76,7 @@ class StreamReader:
     _cuda_slab: CudaSegmentMap | None
     _gate: ReleaseGate | None
     _cur: _Held | None
+    _lent: collections.deque[tuple[int, int, int]]  # (seq, lent_at, slot): read, still lent
     _release: list[int]
     _end: protocol.End | None
     _k: int
@@ -81,7 +87,15 @@ class StreamReader:
     def __len__(self) -> int:
         n = self._samples_per_epoch
         if n is None:
-            raise TypeError("the producer's epoch length is not known (its source has no len())")
+            raise TypeError(
+                f"the epoch length of producer {self.name!r} is not known yet: its source states "
+                "none (an IterableDataset without __len__; webdataset: .with_length(n)), and it is "
+                "counted only at the end of the producer's first pass"
+            )
+        if self.world_size > 1:
+            n //= self.world_size  # each rank's part (see _take)
+            if self.batch_size is None:
+                raise TypeError("a rank's batches follow the producer's: give a batch_size for len()")
         if self.batch_size is not None:
             return n // self.batch_size if self.drop_last else math.ceil(n / self.batch_size)
         pbs = self._producer_batch
@@ -100,6 +114,7 @@ class StreamReader:
     def _epoch(self) -> Iterator[Any]:
         begin, end = epoch_bounds(self.start, self._k)
         self._k += 1
+        self._retire(keep=1)
         self._skip_until(begin)
         size = self.batch_size
         while size is None:  # the producer's batches as they are: no assembly, no copy
@@ -109,7 +124,12 @@ class StreamReader:
                 self._advance(end, 0)
                 continue
             a, b = self._readable_range(end)
-            yield self._deliver(self._take(a, b).view(), b - a)
+            piece = self._take(a, b)
+            if not piece.n:
+                continue  # none of this rank's samples
+            yield self._deliver(piece.view(), piece.n, views=piece.step == 1)
+            del piece
+            self._retire(keep=1)
         while True:
             asm = Assembler(size)
             while self._pos < end and asm.n < size:
@@ -120,12 +140,14 @@ class StreamReader:
                         break
                     continue
                 a, b = self._readable_range(end)
-                asm.add(self._take(a, min(b, a + size - asm.n)))
+                asm.add(self._take(a, b, want=size - asm.n))
             if asm.empty:
                 return
             if asm.n < size and self.drop_last:
                 return
-            yield self._deliver(asm.result(), asm.n)
+            views = asm.holds_views
+            yield self._deliver(asm.result(), asm.n, views)
+            self._retire(keep=1)
             if self._pos >= end:
                 return
 
@@ -137,16 +159,42 @@ class StreamReader:
         b = msg.count if end[0] != msg.epoch else min(msg.count, end[1] - msg.offset)
         return a, b
 
-    def _take(self, a: int, b: int) -> Piece:
-        """Samples ``[a, b)`` of the current producer batch; the position moves past them."""
+    def _take(self, a: int, b: int, want: int | None = None) -> Piece:
+        """This consumer's samples of ``[a, b)`` of the current producer batch, at most
+        ``want`` of them; the position moves past what they cover.
+
+        Rank ``r`` of ``W`` takes the samples at producer offsets ``o`` with ``o % W == r``
+        below ``W * (n // W)``: the ranks' parts of an epoch are disjoint, cover it but for
+        its last ``n % W`` samples (dropped, so that every rank has as many), and do not
+        depend on where the group joined (see :mod:`tandem.share._groups`)."""
         assert self._cur is not None
         msg = self._cur.msg
-        self._pos = (msg.epoch, msg.offset + b)
-        return Piece(self._cur.piece_spec, self._cur.leaves, msg.count, a, b)
+        step, stop = self.world_size, b
+        if step > 1:
+            assert self._samples_per_epoch is not None
+            a += (self.rank - (msg.offset + a)) % step
+            b = min(b, self._samples_per_epoch // step * step - msg.offset)
+        n = len(range(a, b, step))
+        if want is not None and n > want:
+            n = want
+            b = stop = a + (n - 1) * step + 1
+        self._pos = (msg.epoch, msg.offset + stop)
+        if not n:
+            b = a
+        return Piece(self._cur.piece_spec, self._cur.leaves, msg.count, a, b, step)
 
-    def _deliver(self, batch: Any, samples: int) -> Any:
+    def _deliver(self, batch: Any, samples: int, views: bool) -> Any:
+        """Count the batch and hand it over: as it is (``views``: it points into the slot of
+        the producer batch being read, which is then lent to it), or copied to the device."""
         self.samples += samples
         self.batches += 1
+        if (
+            views
+            and self._copier is None
+            and (self._cuda_slab is None or self.device == self._cuda_slab.device)
+        ):
+            assert self._cur is not None
+            self._cur.lent_at = self.batches
         if self._copier is not None:
             return self._copier.to_device(batch)
         if self._cuda_slab is not None and self.device != self._cuda_slab.device:
@@ -157,14 +205,44 @@ class StreamReader:
                 return unflatten(spec, [t.to(self.device) for t in leaves])
         return batch
 
-    def _done_with_current(self) -> None:
-        """Hand back the producer batch being read: at once, or, where the GPU may still be
-        reading its slot, once the CUDA event recorded now has completed."""
+    def _done_with_current(self, keep: int = 1) -> None:
+        """This consumer has read the producer batch it holds. It goes back to the producer,
+        unless the last ``keep`` batches delivered still view it: then it is lent to them."""
         assert self._cur is not None
-        seq = self._cur.msg.seq
-        slot = self._cur.msg.segment.slot
-        self._segments.released(slot)
-        self._cur = None
+        msg, lent_at = self._cur.msg, self._cur.lent_at
+        self._cur = None  # its tensors go now: released() tells whether the client kept any
+        seq, slot = msg.seq, msg.segment.slot
+        if lent_at is not None and lent_at > self.batches - keep:
+            self._lent.append((seq, lent_at, slot))
+        else:
+            self._hand_back(seq, slot)
+
+    def _retire(self, keep: int) -> None:
+        """Hand back the producer batches lent only to batches older than the last ``keep``.
+
+        The consumer's contract: a batch stays valid while the next one is fetched (what
+        Lightning's and every device prefetcher's one-ahead fetching needs), so each fetch
+        retires what the batch before the last one viewed (``keep=1``)."""
+        lent = self._lent
+        while lent and lent[0][1] <= self.batches - keep:
+            seq, _lent_at, slot = lent.popleft()
+            self._hand_back(seq, slot)
+
+    def _hand_back(self, seq: int, slot: int) -> None:
+        """Release a producer batch: at once, or, where the GPU may still be reading its
+        slot, once the CUDA event recorded now has completed."""
+        if self._segments.released(slot):
+            self.kept_batches += 1
+            if self.kept_batches == 1:
+                warnings.warn(
+                    f"consumer of {self.name!r}: a batch was still referenced when its shared memory "
+                    "went back to the producer (a batch is valid until the batch after the next one "
+                    "is asked for); tandem copied it out so it stays correct, at the cost of a copy. "
+                    "To keep batches longer, copy them: tandem.share.clone_batch(batch). Said once "
+                    "per consumer; Consumer.kept_batches counts them",
+                    BatchKeptWarning,
+                    stacklevel=5,
+                )
         if self._gate is None:
             self._release.append(seq)
         elif self._cuda_slab is not None:
@@ -203,7 +281,7 @@ class StreamReader:
         if self._end is not None:
             return self._at_end(end, have)
         try:
-            reply = self._channel.take(self._release, self.data_timeout)
+            reply = self._channel.take(self._release, self._holding(), self.data_timeout)
         except ProducerGone:
             if self._cuda_slab is not None and self._conn.producer_pid:
                 remove_files_of_dead_producer(self._conn.producer_pid)
@@ -212,6 +290,8 @@ class StreamReader:
             self._on_batch(reply)
         elif isinstance(reply, protocol.EpochEnd):
             self._pos = max(self._pos, (reply.epoch + 1, 0))
+            if self._samples_per_epoch is None:
+                self._samples_per_epoch = reply.samples  # an iterable source's first pass, counted
         elif isinstance(reply, protocol.End):
             self._end = reply
             return self._at_end(end, have)
@@ -223,7 +303,10 @@ class StreamReader:
         return True
 
     def _holding(self) -> int | None:
-        """The seq of the producer batch this consumer still reads, if any."""
+        """The oldest seq this consumer still holds (lent, or being read), if any: below it,
+        everything is released (the table transport's watermark)."""
+        if self._lent:
+            return self._lent[0][0]
         return self._cur.msg.seq if self._cur is not None else None
 
     def _on_batch(self, msg: protocol.Batch) -> None:

@@ -24,20 +24,39 @@ from tandem.share.errors import ShareError
 
 @dataclass(slots=True)
 class Piece:
+    """Samples ``a, a + step, ...`` below ``b`` of one producer batch (``step`` > 1: one
+    rank's part of it, see :mod:`tandem.share._reading`)."""
+
     spec: Spec
     leaves: list[torch.Tensor]
     count: int  # samples in the whole producer batch
     a: int
     b: int
+    step: int = 1
+
+    @property
+    def n(self) -> int:
+        return len(range(self.a, self.b, self.step))
 
     def _per_sample(self, t: torch.Tensor) -> bool:
         return t.dim() >= 1 and t.shape[0] == self.count
 
+    def rows(self, t: torch.Tensor) -> torch.Tensor:
+        """This piece's samples of per-sample tensor ``t``: a view."""
+        return t[self.a : self.b : self.step]
+
     def view(self) -> Any:
-        if self.a == 0 and self.b == self.count:
+        """The piece as a batch: views of the slot when ``step`` is 1, else contiguous copies
+        (a strided batch would surprise code that calls ``.view()`` on it)."""
+        if self.a == 0 and self.b == self.count and self.step == 1:
             return unflatten(self.spec, self.leaves)
-        leaves = [t.narrow(0, self.a, self.b - self.a) if self._per_sample(t) else t for t in self.leaves]
-        spec = map_plain_lists(self.spec, lambda v: v[self.a : self.b] if len(v) == self.count else v)
+        if self.step == 1:
+            leaves = [t.narrow(0, self.a, self.n) if self._per_sample(t) else t for t in self.leaves]
+        else:
+            leaves = [self.rows(t).contiguous() if self._per_sample(t) else t.clone() for t in self.leaves]
+        spec = map_plain_lists(
+            self.spec, lambda v: v[self.a : self.b : self.step] if len(v) == self.count else v
+        )
         return unflatten(spec, leaves)
 
 
@@ -49,7 +68,7 @@ class Assembler:
         self.n = 0
         self._first: Piece | None = None
         self._out: list[torch.Tensor | None] | None = None
-        self._keep: list[torch.Tensor] = []
+        self._keep: list[torch.Tensor | None] = []
         self._lists: list[list] = []
         self._list_per_sample: list[bool] = []
         self._spec: Spec | None = None
@@ -64,9 +83,14 @@ class Assembler:
         return self._first is not None
 
     def add(self, piece: Piece) -> None:
+        if piece.n == 0:
+            return
         if self._first is None and self._out is None:
             self._first = piece
-            self.n = piece.b - piece.a
+            self.n = piece.n
+            if piece.step == 1:
+                return
+            self.materialize()  # a rank's strided part: copied at once (see Piece.view)
             return
         if self._first is not None:
             self.materialize()
@@ -82,7 +106,8 @@ class Assembler:
         self._out = []
         # Elements that are not per-sample are kept from the first piece: copied, since its
         # slot is released before the batch is used.
-        self._keep = [t if first._per_sample(t) else t.clone() for t in first.leaves]
+        # (None for the per-sample ones: a view kept here would keep the slot's memory.)
+        self._keep = [None if first._per_sample(t) else t.clone() for t in first.leaves]
         for t in first.leaves:
             if first._per_sample(t):
                 self._out.append(torch.empty((self.size, *t.shape[1:]), dtype=t.dtype, device=t.device))
@@ -96,7 +121,7 @@ class Assembler:
 
     def _copy_in(self, piece: Piece) -> None:
         assert self._out is not None
-        m = piece.b - piece.a
+        m = piece.n
         if len(piece.leaves) != len(self._out):
             raise ShareError(
                 "cannot join producer batches of different structure into one consumer batch; "
@@ -112,10 +137,10 @@ class Assembler:
                     f"sample {out.dtype} in another; use batch_size=None or a batch size "
                     "that divides the producer's"
                 )
-            out[self.n : self.n + m].copy_(t[piece.a : piece.b])
+            out[self.n : self.n + m].copy_(piece.rows(t))
         for j, values in enumerate(plain_lists(piece.spec)):
             if j < len(self._lists) and self._list_per_sample[j]:
-                self._lists[j].extend(values[piece.a : piece.b])
+                self._lists[j].extend(values[piece.a : piece.b : piece.step])
         self.n += m
 
     def result(self) -> Any:

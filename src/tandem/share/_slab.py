@@ -28,6 +28,7 @@ import warnings
 from typing import Generic, NamedTuple, Protocol, TypeVar
 
 import torch
+from torch.multiprocessing.reductions import StorageWeakRef
 
 from tandem.share import protocol
 from tandem.share._tree import Spec
@@ -46,6 +47,21 @@ def _drop_private_pages(mapping: torch.Tensor, length: int) -> None:
     if _libc.madvise(mapping.data_ptr(), length, mmap.MADV_DONTNEED) != 0:
         err = ctypes.get_errno()
         raise OSError(err, f"madvise(MADV_DONTNEED) failed: {os.strerror(err)}")
+
+
+_MADV_POPULATE_WRITE = 23  # Linux 5.14+: fault every page in for writing
+
+
+def _make_private(mapping: torch.Tensor, length: int) -> None:
+    """Give this process its own copy of the first ``length`` bytes of a private file
+    mapping (copy-on-write, page by page), so the file's later writes no longer show."""
+    if length <= 0:
+        return
+    if _libc.madvise(mapping.data_ptr(), length, _MADV_POPULATE_WRITE) == 0:
+        return
+    # Older kernels: write each page (its first byte, unchanged), which copies it.
+    pages = mapping[:length:PAGE]
+    pages.copy_(pages.clone())
 
 
 def _round_up(n: int, to: int) -> int:
@@ -92,15 +108,30 @@ class SlotViews:
         self._typed[slot] = {}
         self._meta.pop(slot, None)
 
-    def views(self, slot: int, raw: bytes, u8: torch.Tensor) -> tuple[Spec, list[torch.Tensor]]:
+    def _decode(self, slot: int, raw: bytes) -> tuple[Spec, list[TensorDesc]]:
         # Batches of tensors only have the same meta from one batch to the next: decode once.
         cached = self._meta.get(slot)
         if cached is not None and cached[0] == raw:
-            spec, descs = cached[1]
-        else:
-            spec, descs = pickle.loads(raw)
-            self._meta[slot] = (raw, (spec, descs))
+            return cached[1]
+        decoded = pickle.loads(raw)
+        self._meta[slot] = (raw, decoded)
+        return decoded
+
+    def views(self, slot: int, raw: bytes, u8: torch.Tensor) -> tuple[Spec, list[torch.Tensor]]:
+        spec, descs = self._decode(slot, raw)
         typed = self._typed.setdefault(slot, {})
+        leaves = []
+        for offset, dtype, shape in descs:
+            view = typed.get(dtype)
+            if view is None:
+                view = typed[dtype] = u8[: len(u8) // dtype.itemsize * dtype.itemsize].view(dtype)
+            leaves.append(view.as_strided(shape, _contiguous_strides(shape), offset // dtype.itemsize))
+        return spec, leaves
+
+    def fresh_views(self, slot: int, raw: bytes, u8: torch.Tensor) -> tuple[Spec, list[torch.Tensor]]:
+        """Like :meth:`views`, over ``u8``'s own storage: no typed view is kept."""
+        spec, descs = self._decode(slot, raw)
+        typed: dict[torch.dtype, torch.Tensor] = {}
         leaves = []
         for offset, dtype, shape in descs:
             view = typed.get(dtype)
@@ -341,70 +372,113 @@ class Segments(Protocol):
 
     def open(self, batch: protocol.Batch) -> tuple[Spec, list[torch.Tensor]]: ...
 
-    def released(self, slot: int) -> None: ...
+    def released(self, slot: int) -> bool:
+        """The producer may reuse ``slot``; True when its batch was copied out first."""
 
     def close(self) -> None: ...
 
 
 class SegmentMap:
-    """A consumer's mappings of the producer's host segments, keyed by slot."""
+    """A consumer's mappings of the producer's host segments, keyed by slot.
+
+    A private (copy-on-write) map also watches the batch it opened in each slot: its tensors
+    share one storage of their own, and :meth:`released` asks whether anything still refers
+    to it. A batch still referenced when its slot goes back to the producer (a client that
+    kept it past the consumer's contract) is copied out rather than overwritten: its pages
+    are made private to this process (a write fault on each copies it), the mapping is left
+    to the tensors that use it, and the slot is mapped afresh for the next batch.
+    """
 
     def __init__(self, writable_private: bool = True):
         self._private = writable_private
         self._by_slot: dict[int, tuple[int, mmap.mmap, torch.Tensor]] = {}
+        self._fds: dict[int, tuple[int, int]] = {}  # slot -> (segment id, fd): to map it again
         self._views = SlotViews()
         self._used: dict[int, int] = {}  # slot -> bytes touched by the current batch
+        self._watch: dict[int, StorageWeakRef] = {}  # slot -> the storage of its open batch
         self._resetting: dict[int, int] = {}  # slot -> ticket of its pending copy-on-write reset
         self._resetter: _Resetter | None = None
+        self.copied_out = 0  # bytes copied out of batches kept past their release
         self.on_map = None  # hook (e.g. pin for CUDA): called with (mmap, tensor)
 
     def add(self, segment: protocol.Segment, fd: int) -> None:
         self._wait_reset(segment.slot)
-        try:
-            if self._private:
-                mm = mmap.mmap(fd, segment.size, mmap.MAP_PRIVATE, mmap.PROT_READ | mmap.PROT_WRITE)
-            else:
-                mm = mmap.mmap(fd, segment.size, mmap.MAP_SHARED, mmap.PROT_READ)
-        finally:
-            os.close(fd)  # the mapping keeps the memory alive
+        old = self._fds.pop(segment.slot, None)
+        if old is not None:
+            os.close(old[1])
+        self._fds[segment.slot] = (segment.segment_id, fd)
+        self._map(segment.slot)
+
+    def _map(self, slot: int) -> None:
+        segment_id, fd = self._fds[slot]
+        size = os.fstat(fd).st_size
+        if self._private:
+            mm = mmap.mmap(fd, size, mmap.MAP_PRIVATE, mmap.PROT_READ | mmap.PROT_WRITE)
+        else:
+            mm = mmap.mmap(fd, size, mmap.MAP_SHARED, mmap.PROT_READ)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # read-only buffer warning for the shared mapping
             u8 = torch.frombuffer(mm, dtype=torch.uint8)
         if self.on_map is not None:
             self.on_map(mm, u8)
-        self._by_slot[segment.slot] = (segment.segment_id, mm, u8)
-        self._views.forget(segment.slot)
+        self._by_slot[slot] = (segment_id, mm, u8)
+        self._views.forget(slot)
 
     def has(self, segment: protocol.Segment) -> bool:
-        current = self._by_slot.get(segment.slot)
+        current = self._fds.get(segment.slot)
         return current is not None and current[0] == segment.segment_id
 
     def open(self, batch: protocol.Batch) -> tuple[Spec, list[torch.Tensor]]:
-        self._wait_reset(batch.segment.slot)
-        segment_id, mm, u8 = self._by_slot[batch.segment.slot]
+        slot = batch.segment.slot
+        self._wait_reset(slot)
+        if slot not in self._by_slot and slot in self._fds:
+            self._map(slot)  # its last mapping was left to a batch kept past its release
+        segment_id, mm, u8 = self._by_slot[slot]
         if segment_id != batch.segment.segment_id:
             raise protocol.ProtocolError(
                 f"batch {batch.seq} names segment {batch.segment.segment_id}, "
-                f"but slot {batch.segment.slot} is mapped to segment {segment_id}"
+                f"but slot {slot} is mapped to segment {segment_id}"
             )
         raw = mm[batch.meta_offset : batch.meta_offset + batch.meta_len]
-        spec, leaves = self._views.views(batch.segment.slot, raw, u8)
-        self._used[batch.segment.slot] = batch.meta_offset + batch.meta_len
+        if self._private:
+            # A storage of this batch's own (half a microsecond), so that release can tell
+            # whether the client still refers to it.
+            u8 = torch.frombuffer(mm, dtype=torch.uint8)
+            self._watch[slot] = StorageWeakRef(u8.untyped_storage())
+            spec, leaves = self._views.fresh_views(slot, raw, u8)
+        else:
+            spec, leaves = self._views.views(slot, raw, u8)
+        self._used[slot] = batch.meta_offset + batch.meta_len
         return spec, leaves
 
-    def released(self, slot: int) -> None:
-        """Forget this consumer's private changes to ``slot`` before it reads the slot again.
+    def released(self, slot: int) -> bool:
+        """The producer may reuse ``slot`` now. Returns True when its batch was still
+        referenced and was copied out first (see the class docstring).
 
-        The reset runs on a helper thread; the next ``open`` of the same slot waits for it.
+        Otherwise this consumer's private changes to the slot are dropped before it reads
+        the slot again: on a helper thread; the next ``open`` of the slot waits for it.
         """
         used = self._used.pop(slot, 0)
+        watch = self._watch.pop(slot, None)
         entry = self._by_slot.get(slot)
         if not self._private or entry is None or not used:
-            return
+            return False
         length = min(_round_up(used, PAGE), entry[2].numel())
+        if watch is not None and not watch.expired():
+            self._copy_out(slot, length)
+            return True
         if self._resetter is None:
             self._resetter = _Resetter()
         self._resetting[slot] = self._resetter.submit(entry[2], length)
+        return False
+
+    def _copy_out(self, slot: int, length: int) -> None:
+        """Make the slot's first ``length`` bytes private to this process and leave the
+        mapping to the tensors that use it."""
+        _segment_id, _mm, u8 = self._by_slot.pop(slot)
+        _make_private(u8, length)
+        self._views.forget(slot)
+        self.copied_out += length
 
     def _wait_reset(self, slot: int) -> None:
         ticket = self._resetting.pop(slot, None)
@@ -412,6 +486,13 @@ class SegmentMap:
             self._resetter.wait(ticket)
 
     def close(self) -> None:
+        # Batches the client still refers to keep their data when the producer reuses
+        # their slots after this consumer has gone.
+        for slot, watch in list(self._watch.items()):
+            entry = self._by_slot.get(slot)
+            if entry is not None and not watch.expired():
+                self._copy_out(slot, min(_round_up(self._used.get(slot, 0), PAGE), entry[2].numel()))
+        self._watch.clear()
         self._views.clear()
         for slot in list(self._resetting):
             self._wait_reset(slot)
@@ -420,3 +501,6 @@ class SegmentMap:
             self._resetter = None
         self._by_slot.clear()
         self._used.clear()
+        for _segment_id, fd in self._fds.values():
+            os.close(fd)
+        self._fds.clear()

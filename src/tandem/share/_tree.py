@@ -51,6 +51,8 @@ def _walk(obj: object, path: str, leaves: list[torch.Tensor]) -> Spec:
         return ("T", len(leaves) - 1)
     if isinstance(obj, PLAIN):
         return ("V", obj)
+    if type(obj).__module__ == "numpy":
+        return _walk(_from_numpy(obj, path), path, leaves)
     if _is_namedtuple(obj):
         fields = zip(obj._fields, obj)  # type: ignore[attr-defined]
         return ("nt", type(obj), [_walk(v, f"{path}.{f}", leaves) for f, v in fields])
@@ -76,13 +78,27 @@ def _walk(obj: object, path: str, leaves: list[torch.Tensor]) -> Spec:
             if f.init
         ]
         return ("dc", type(obj), fields)
-    hint = ""
-    if type(obj).__module__ == "numpy":
-        hint = "; convert numpy values with torch.as_tensor() in your collate function"
     raise UnsupportedBatch(
         f"{path}: an element of type {type(obj).__module__}.{type(obj).__qualname__} "
-        "cannot be shared; a batch may hold tensors, int, float, bool, str, bytes, None, "
-        f"and tuples, lists, dicts, namedtuples and dataclasses of them{hint}"
+        "cannot be shared; a batch may hold tensors, numpy arrays and numbers, int, float, "
+        "bool, str, bytes, None, and tuples, lists, dicts, namedtuples and dataclasses of them"
+    )
+
+
+def _from_numpy(obj: Any, path: str) -> object:
+    """A numpy array or number as ``default_collate`` makes it: a tensor (strings: a list
+    of str, or a str)."""
+    import numpy as np
+
+    if isinstance(obj, (np.ndarray, np.generic)):
+        if obj.dtype.kind in "biufc":
+            return torch.as_tensor(np.ascontiguousarray(obj) if isinstance(obj, np.ndarray) else obj)
+        if obj.dtype.kind in "US" and obj.ndim <= 1:
+            return obj.tolist()
+    raise UnsupportedBatch(
+        f"{path}: a numpy {type(obj).__name__} of dtype {getattr(obj, 'dtype', '?')} cannot be shared; "
+        "numeric and boolean arrays become tensors, 1-d string arrays lists: convert it in your "
+        "collate function"
     )
 
 

@@ -1,13 +1,17 @@
 """The consumer: an iterable of batches served by a producer on this host.
 
-``for batch in Consumer("imagenet"):`` is one epoch; every ``iter()`` the next one. Batches
-are views into the producer's shared memory, valid until the consumer asks for the next
-batch (or calls :meth:`Consumer.release`). To keep a batch longer, copy it:
-``tandem.share.clone_batch(batch)``. Modifying a batch from host memory in place changes only
-this consumer's copy-on-write view, never the producer's data or another consumer's. A batch
-from a CUDA slab (``Producer(..., device="cuda:N")``) is the producer's GPU memory itself,
-shared with every consumer on that GPU: never write into it (clone first); a consumer that
-does is warned, since the others may have read the changed data.
+``for batch in Consumer("imagenet"):`` is one epoch; every ``iter()`` the next one. Batches are views into
+the producer's shared memory, valid while the next batch is fetched, across epoch boundaries
+too, until the batch after it is asked for (or :meth:`Consumer.release` is called): what
+Lightning's and any device prefetcher's one-ahead fetching needs. A batch still referenced
+after that is copied out before its memory is reused (and a
+:class:`~tandem.share.errors.BatchKeptWarning` says so once): never overwritten, but a copy.
+To keep batches on purpose, copy them: ``tandem.share.clone_batch(batch)``. Modifying a
+batch from host memory in place changes only this consumer's copy-on-write view, never the
+producer's data or another consumer's. A batch from a CUDA slab (``Producer(...,
+device="cuda:N")``) is the producer's GPU memory itself, shared with every consumer on that
+GPU: never write into it (clone first); a consumer that does is warned, since the others may
+have read the changed data.
 
 This module attaches the consumer to its producer (and detaches it); how the producer's
 stream becomes the consumer's epochs and batches is :mod:`tandem.share._reading`.
@@ -15,6 +19,7 @@ stream becomes the consumer's epochs and batches is :mod:`tandem.share._reading`
 
 from __future__ import annotations
 
+import collections
 import logging
 import math
 import os
@@ -54,6 +59,13 @@ class Consumer(StreamReader):
     producer lives, like a ``DataLoader``: under the default policy a slow or paused
     consumer legitimately holds the others, and a dead producer is noticed at once anyway.
     ``device``: ``"cpu"`` or ``"cuda[:N]"``.
+    ``rank``, ``world_size``: this process's part of a distributed job (default: from
+    ``torch.distributed`` once it is initialised, else the whole stream). Rank ``r`` of ``W``
+    gets ``n // W`` samples of every ``n``-sample epoch, disjoint from the other ranks' (like
+    ``DistributedSampler(drop_last=True)``: the epoch's last ``n % W`` samples are dropped, so
+    that every rank runs as many steps). The ranks are one group on the producer, with the
+    same epochs; ``group`` names it (default: ``$TANDEM_JOB_ID``, ``$TORCHELASTIC_RUN_ID`` or
+    ``$MASTER_ADDR:$MASTER_PORT``, which every rank of a job has alike).
     """
 
     def __init__(
@@ -64,8 +76,12 @@ class Consumer(StreamReader):
         timeout: float = 60.0,
         device: str = "cpu",
         data_timeout: float | None = None,
+        rank: int | None = None,
+        world_size: int | None = None,
+        group: str | None = None,
     ):
         validate_name(name)
+        self.rank, self.world_size, self.group = ranks(rank, world_size, group)
         if batch_size is not None and (
             isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1
         ):
@@ -98,6 +114,8 @@ class Consumer(StreamReader):
         self.missed_batches = 0
         self.missed_samples = 0
         self._cur = None  # the producer batch being read
+        self._lent: collections.deque = collections.deque()  # read, still viewed by recent batches
+        self.kept_batches = 0  # batches copied out because they were kept past the contract
         self._release: list[int] = []  # seqs done with, not handed back yet
         self._end: protocol.End | None = None
         self._k = 0  # this consumer's epoch counter
@@ -123,6 +141,12 @@ class Consumer(StreamReader):
         self._pos: Position = self.start
         self._samples_per_epoch = welcome.samples_per_epoch
         self._producer_batch = welcome.batch_size
+        if self.world_size > 1 and self._samples_per_epoch is None:
+            self.close()
+            raise ShareError(
+                f"producer {name!r} does not know its epoch length yet, which ranks need to split "
+                "every epoch alike; give its IterableDataset a length (webdataset: .with_length(n))"
+            )
 
     @classmethod
     def from_env(cls, **kwargs: Any) -> Consumer:
@@ -207,6 +231,9 @@ class Consumer(StreamReader):
             batch_size=self.batch_size,
             device=str(self.device),
             table=_table.supported(),
+            group=self.group,
+            rank=self.rank,
+            world_size=self.world_size,
         )
         self._conn.send(hello)
         reply = self._conn.receive("attaching", self.timeout)
@@ -223,12 +250,12 @@ class Consumer(StreamReader):
 
     # ------------------------------------------------------------------ lifecycle
     def release(self) -> None:
-        """Release the producer batches behind the last batch now, not at the next request.
-
-        The last batch's tensors must not be used afterwards (copy what you keep).
+        """Release the producer batches behind the batches delivered so far now, not at the
+        next requests. Their tensors must not be used afterwards (copy what you keep).
         """
         if self._cur is not None and self._pos >= self._cur.end:
-            self._done_with_current()
+            self._done_with_current(keep=0)
+        self._retire(keep=0)
         if self._release or self._gate:
             self._channel.release(self._release, self._holding())
 
@@ -259,6 +286,44 @@ class Consumer(StreamReader):
     def position(self) -> Position:
         """This consumer's position in the producer's stream: (epoch, sample offset)."""
         return self._pos
+
+
+def ranks(rank: int | None, world_size: int | None, group: str | None) -> tuple[int, int, str]:
+    """``(rank, world_size, group key)``, as given or from an initialised
+    ``torch.distributed``; a clear error for what cannot work."""
+    if (rank is None) != (world_size is None):
+        raise ValueError("give both rank and world_size, or neither (then torch.distributed's are used)")
+    if rank is None:
+        import torch.distributed as dist
+
+        if dist.is_available() and dist.is_initialized():
+            rank, world_size = dist.get_rank(), dist.get_world_size()
+        else:
+            rank, world_size = 0, 1
+    assert world_size is not None
+    for label, value in (("rank", rank), ("world_size", world_size)):
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ValueError(f"{label} must be an integer, got {value!r}")
+    if world_size < 1 or not 0 <= rank < world_size:
+        raise ValueError(
+            f"rank must be in [0, world_size) and world_size >= 1, got rank={rank}, world_size={world_size}"
+        )
+    if world_size == 1:
+        return 0, 1, ""
+    if group is None:
+        env = os.environ
+        if env.get("TANDEM_JOB_ID"):
+            group = f"job:{env['TANDEM_JOB_ID']}"
+        elif env.get("TORCHELASTIC_RUN_ID"):
+            group = f"torchelastic:{env['TORCHELASTIC_RUN_ID']}"
+        elif env.get("MASTER_ADDR") and env.get("MASTER_PORT"):
+            group = f"master:{env['MASTER_ADDR']}:{env['MASTER_PORT']}"
+        else:
+            raise ValueError(
+                "the ranks of a job must name their group alike: pass group='...' (the same on every "
+                "rank), or run under tandem submit, torchrun or a launcher that sets MASTER_PORT"
+            )
+    return rank, world_size, str(group)
 
 
 def _release_resources(sock, resources: list) -> None:

@@ -49,3 +49,8 @@ class ProtocolError(ShareError):
 
 class MissedBatchesWarning(UserWarning):
     """Under the ``"skip"`` policy, this consumer fell behind and missed batches."""
+
+
+class BatchKeptWarning(UserWarning):
+    """A batch was still referenced when its shared memory went back to the producer (past
+    the consumer's contract); it was copied out so that it stays correct."""

@@ -130,7 +130,12 @@ class Producer(PublishingLoop):
         selection: Any = None,
         **kwargs: Any,
     ) -> Producer:
-        """A producer over a map-style dataset whose sample order it owns (see ``_order``).
+        """A producer over a map-style dataset whose sample order it owns (see ``_order``),
+        or over a torch ``IterableDataset`` (a webdataset pipeline, a Hugging Face
+        ``IterableDataset``): one pass of it is an epoch, in its own order; its length is the
+        one it states (``with_length(n)``), else counted at the end of the first pass. With
+        loader workers, each worker must yield its own part (webdataset and Hugging Face
+        split their shards across workers).
 
         ``selection``: serve only these items of the dataset, each once an epoch, with every
         guarantee above: a stored data selection (``tandem.select.load(ID)``, checked to be
@@ -144,14 +149,19 @@ class Producer(PublishingLoop):
         orders processes within one session: it then ranks the workers below the producer's
         own thread, not below jobs started from other terminals."""
         if selection is not None:
+            if isinstance(dataset, torch.utils.data.IterableDataset):
+                raise TypeError(
+                    "selection= needs a map-style dataset: an IterableDataset has no item indices"
+                )
             dataset = selected(dataset, selection)
         on_gpu = kwargs.get("device") not in (None, "cpu")
         loader, planner = planned_loader(
             dataset, batch_size, shuffle, num_workers, collate_fn, seed, prefetch_factor, worker_nice, on_gpu
         )
         producer = cls(loader, name, **kwargs)
-        producer._planner = planner
-        producer._window.samples_per_epoch = planner.sampler.size
+        if planner is not None:
+            producer._planner = planner
+            producer._window.samples_per_epoch = planner.sampler.size
         return producer
 
     @classmethod

@@ -77,7 +77,7 @@ from typing import NamedTuple
 from tandem._ipc import MAX_PACKET, close_fds, recv_packet, send_packet
 from tandem.share.errors import ProtocolError
 
-PROTOCOL_VERSION = 3
+PROTOCOL_VERSION = 4
 TRANSPORTS = ("table", "socket")
 
 
@@ -98,6 +98,9 @@ class Hello:
     batch_size: int | None
     device: str
     table: bool  # this consumer can use the announcement table
+    group: str = ""  # the ranks of one distributed job share a key (see _groups)
+    rank: int = 0
+    world_size: int = 1
 
 
 class Next(NamedTuple):

@@ -38,9 +38,13 @@ class SpecError(ValueError):
 
 
 def _load_file(path: Path, attr: str) -> Any:
-    """``path/to/file.py:ATTR``: run the file as a module named after it."""
+    """``path/to/file.py:ATTR``: run the file as a module named after it, with its folder on
+    the import path (as ``python path/to/file.py`` has), so that it can import its neighbours."""
     if not path.is_file():
         raise SpecError(f"no such file: {path}")
+    folder = str(path.resolve().parent)
+    if folder not in sys.path:
+        sys.path.insert(0, folder)
     spec = importlib.util.spec_from_file_location(path.stem, path)
     if spec is None or spec.loader is None:
         raise SpecError(f"{path} is not a Python file")
