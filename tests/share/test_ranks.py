@@ -83,7 +83,10 @@ def test_bad_rank_arguments_are_clear_errors():
         for k, v in os.environ.items()
         if k not in ("TANDEM_JOB_ID", "MASTER_PORT", "TORCHELASTIC_RUN_ID")
     }
-    code = "from tandem.share import Consumer\ntry:\n    Consumer('x', rank=0, world_size=2)\nexcept ValueError as e:\n    print(e)"
+    code = (
+        "from tandem.share import Consumer\n"
+        "try:\n    Consumer('x', rank=0, world_size=2)\nexcept ValueError as e:\n    print(e)"
+    )
     out = subprocess.run(
         [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=scaled(60)
     )
