@@ -27,7 +27,7 @@ from collections.abc import Callable
 from tandem._ipc import close_fds, new_socket
 from tandem.share import _table, protocol
 from tandem.share._gate import ReleaseGate
-from tandem.share._slab import Segments
+from tandem.share._segment_map import Segments
 from tandem.share._table import AnnouncementTable, ConsumerRecord
 from tandem.share.errors import ConsumerTimeout, ProducerGone, ProtocolError
 

@@ -76,6 +76,11 @@ class PublishingLoop:
                 for batch in batches:
                     spec, leaves = flatten(batch)
                     count = self._count(spec, leaves, offset)
+                    if self._planner is not None and self._slab.kind == "host":
+                        # the items' dataset indices ride along, as the last tensor: what a
+                        # consumer's state_dict records (see _tree's "I" node)
+                        spec = ("I", spec)
+                        leaves.append(torch.from_numpy(self._planner.sampler.order[offset : offset + count]))
                     slot = self._acquire_slot()
                     if slot is None:
                         completed = False

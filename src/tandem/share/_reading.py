@@ -11,7 +11,7 @@ from __future__ import annotations
 import collections
 import math
 import warnings
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
@@ -23,7 +23,8 @@ from tandem.share._cuda_slab import CudaSegmentMap, remove_files_of_dead_produce
 from tandem.share._gate import ReleaseGate
 from tandem.share._order import Position, epoch_bounds
 from tandem.share._rebatch import Assembler, Piece
-from tandem.share._slab import Segments
+from tandem.share._resume import EpochItems
+from tandem.share._segment_map import Segments
 from tandem.share._tree import flatten, unflatten
 from tandem.share.errors import (
     BatchKeptWarning,
@@ -80,6 +81,8 @@ class StreamReader:
     _release: list[int]
     _end: protocol.End | None
     _k: int
+    _items: EpochItems
+    transform: Callable[[Any], Any] | None
     _pos: Position
     _samples_per_epoch: int | None
     _producer_batch: int | None
@@ -115,6 +118,11 @@ class StreamReader:
         begin, end = epoch_bounds(self.start, self._k)
         self._k += 1
         self._retire(keep=1)
+        self._items.begin(self._samples_per_epoch)
+        yield from self._batches(begin, end)
+        self._items.end()
+
+    def _batches(self, begin: Position, end: Position) -> Iterator[Any]:
         self._skip_until(begin)
         size = self.batch_size
         while size is None:  # the producer's batches as they are: no assembly, no copy
@@ -126,9 +134,10 @@ class StreamReader:
             a, b = self._readable_range(end)
             piece = self._take(a, b)
             if not piece.n:
-                continue  # none of this rank's samples
-            yield self._deliver(piece.view(), piece.n, views=piece.step == 1)
-            del piece
+                continue  # none of this consumer's samples (another rank's, or seen already)
+            indices = piece.rows(piece.leaves[-1]) if self._indexed else None
+            yield self._deliver(piece.view(), piece.n, piece.is_view, indices)
+            del piece, indices
             self._retire(keep=1)
         while True:
             asm = Assembler(size)
@@ -146,7 +155,9 @@ class StreamReader:
             if asm.n < size and self.drop_last:
                 return
             views = asm.holds_views
-            yield self._deliver(asm.result(), asm.n, views)
+            indices = asm.last_rows() if self._indexed else None
+            yield self._deliver(asm.result(), asm.n, views, indices)
+            del indices
             self._retire(keep=1)
             if self._pos >= end:
                 return
@@ -174,20 +185,45 @@ class StreamReader:
             assert self._samples_per_epoch is not None
             a += (self.rank - (msg.offset + a)) % step
             b = min(b, self._samples_per_epoch // step * step - msg.offset)
-        n = len(range(a, b, step))
-        if want is not None and n > want:
-            n = want
-            b = stop = a + (n - 1) * step + 1
+        items = self._items
+        if items.skip_samples and a < b:  # a resumed epoch of a source without indices
+            k = min(items.skip_samples, len(range(a, b, step)))
+            items.skip_samples -= k
+            a += k * step
+        pick = None
+        if items.skip is not None and self._indexed and a < b:  # a resumed epoch: unseen items only
+            rows = torch.arange(a, b, step)
+            pick = rows[items.unseen(self._cur.leaves[-1][rows])]
+            n = len(pick)
+            if want is not None and n > want:
+                pick, n = pick[:want], want
+                b = stop = int(pick[-1]) + 1
+        else:
+            n = len(range(a, b, step))
+            if want is not None and n > want:
+                n = want
+                b = stop = a + (n - 1) * step + 1
         self._pos = (msg.epoch, msg.offset + stop)
         if not n:
-            b = a
-        return Piece(self._cur.piece_spec, self._cur.leaves, msg.count, a, b, step)
+            b, pick = a, None
+        return Piece(self._cur.piece_spec, self._cur.leaves, msg.count, a, b, step, pick)
 
-    def _deliver(self, batch: Any, samples: int, views: bool) -> Any:
+    @property
+    def _indexed(self) -> bool:
+        """Whether the producer sends each batch's item indices (see :mod:`._resume`)."""
+        return self._cur is not None and self._cur.piece_spec[0] == "I"
+
+    def _deliver(self, batch: Any, samples: int, views: bool, indices: torch.Tensor | None) -> Any:
         """Count the batch and hand it over: as it is (``views``: it points into the slot of
-        the producer batch being read, which is then lent to it), or copied to the device."""
+        the producer batch being read, which is then lent to it), or copied to the device;
+        then through the consumer's ``transform``."""
         self.samples += samples
         self.batches += 1
+        self._items.delivered(indices, samples)
+        batch = self._to_device(batch, views)
+        return batch if self.transform is None else self.transform(batch)
+
+    def _to_device(self, batch: Any, views: bool) -> Any:
         if (
             views
             and self._copier is None

@@ -33,30 +33,41 @@ class Piece:
     a: int
     b: int
     step: int = 1
+    pick: torch.Tensor | None = None  # else: only these rows (a resumed epoch's unseen items)
 
     @property
     def n(self) -> int:
-        return len(range(self.a, self.b, self.step))
+        return len(self.pick) if self.pick is not None else len(range(self.a, self.b, self.step))
+
+    @property
+    def is_view(self) -> bool:
+        return self.step == 1 and self.pick is None
 
     def _per_sample(self, t: torch.Tensor) -> bool:
         return t.dim() >= 1 and t.shape[0] == self.count
 
     def rows(self, t: torch.Tensor) -> torch.Tensor:
-        """This piece's samples of per-sample tensor ``t``: a view."""
+        """This piece's samples of per-sample tensor ``t``: a view (a copy with ``pick``)."""
+        if self.pick is not None:
+            return t[self.pick]
         return t[self.a : self.b : self.step]
+
+    def values(self, v: list) -> list:
+        """This piece's samples of a per-sample list."""
+        if self.pick is not None:
+            return [v[i] for i in self.pick.tolist()]
+        return v[self.a : self.b : self.step]
 
     def view(self) -> Any:
         """The piece as a batch: views of the slot when ``step`` is 1, else contiguous copies
         (a strided batch would surprise code that calls ``.view()`` on it)."""
-        if self.a == 0 and self.b == self.count and self.step == 1:
+        if self.a == 0 and self.b == self.count and self.is_view:
             return unflatten(self.spec, self.leaves)
-        if self.step == 1:
+        if self.is_view:
             leaves = [t.narrow(0, self.a, self.n) if self._per_sample(t) else t for t in self.leaves]
         else:
             leaves = [self.rows(t).contiguous() if self._per_sample(t) else t.clone() for t in self.leaves]
-        spec = map_plain_lists(
-            self.spec, lambda v: v[self.a : self.b : self.step] if len(v) == self.count else v
-        )
+        spec = map_plain_lists(self.spec, lambda v: self.values(v) if len(v) == self.count else v)
         return unflatten(spec, leaves)
 
 
@@ -88,7 +99,7 @@ class Assembler:
         if self._first is None and self._out is None:
             self._first = piece
             self.n = piece.n
-            if piece.step == 1:
+            if piece.is_view:
                 return
             self.materialize()  # a rank's strided part: copied at once (see Piece.view)
             return
@@ -140,8 +151,16 @@ class Assembler:
             out[self.n : self.n + m].copy_(piece.rows(t))
         for j, values in enumerate(plain_lists(piece.spec)):
             if j < len(self._lists) and self._list_per_sample[j]:
-                self._lists[j].extend(values[piece.a : piece.b : piece.step])
+                self._lists[j].extend(piece.values(values))
         self.n += m
+
+    def last_rows(self) -> torch.Tensor:
+        """The batch's rows of its last tensor (the items' indices, where the producer
+        sends them)."""
+        if self._first is not None:
+            return self._first.rows(self._first.leaves[-1])
+        assert self._out is not None and self._out[-1] is not None
+        return self._out[-1][: self.n]
 
     def result(self) -> Any:
         if self._first is not None:

@@ -12,6 +12,8 @@ Spec nodes (plain tuples so they pickle small and fast)::
     ("tuple", [nodes]) ("list", [nodes]) ("dict", [(key, node)])
     ("nt", cls, [nodes])     namedtuple
     ("dc", cls, [(field, node)])  dataclass
+    ("I", node)              the batch ``node``, with its items' dataset indices as the
+                             last tensor leaf (added by a producer that owns the order)
 """
 
 from __future__ import annotations
@@ -104,6 +106,8 @@ def _from_numpy(obj: Any, path: str) -> object:
 
 def unflatten(spec: Spec, leaves: list[torch.Tensor]) -> Any:
     kind = spec[0]
+    if kind == "I":
+        return unflatten(spec[1], leaves)
     if kind == "T":
         return leaves[spec[1]]
     if kind == "V":
@@ -126,6 +130,8 @@ def unflatten(spec: Spec, leaves: list[torch.Tensor]) -> Any:
 def map_plain_lists(spec: Spec, fn: Callable[[list], list]) -> Spec:
     """A copy of ``spec`` with every per-sample plain list replaced by ``fn(list)``."""
     kind = spec[0]
+    if kind == "I":
+        return ("I", map_plain_lists(spec[1], fn))
     if kind == "P":
         return ("P", fn(spec[1]))
     if kind in ("T", "V"):

@@ -25,6 +25,7 @@ import math
 import os
 import time
 import weakref
+from collections.abc import Callable
 from typing import Any
 
 from tandem._ipc import close_fds
@@ -36,7 +37,8 @@ from tandem.share._gate import ReleaseGate
 from tandem.share._order import Position
 from tandem.share._reading import StreamReader
 from tandem.share._registry import live_producers, socket_path, validate_name
-from tandem.share._slab import SegmentMap, Segments
+from tandem.share._resume import EpochItems
+from tandem.share._segment_map import SegmentMap, Segments
 from tandem.share._tree import flatten, unflatten
 from tandem.share.errors import (
     ProducerNotFound,
@@ -66,6 +68,9 @@ class Consumer(StreamReader):
     that every rank runs as many steps). The ranks are one group on the producer, with the
     same epochs; ``group`` names it (default: ``$TANDEM_JOB_ID``, ``$TORCHELASTIC_RUN_ID`` or
     ``$MASTER_ADDR:$MASTER_PORT``, which every rank of a job has alike).
+    ``transform``: a function of each batch, run here, after the copy to ``device``: what
+    differs from job to job of a sweep (a model's own resize and normalisation), while the
+    producer decodes and augments once for all.
     """
 
     def __init__(
@@ -79,8 +84,13 @@ class Consumer(StreamReader):
         rank: int | None = None,
         world_size: int | None = None,
         group: str | None = None,
+        transform: Callable[[Any], Any] | None = None,
     ):
         validate_name(name)
+        if transform is not None and not callable(transform):
+            raise TypeError(f"transform must be callable (batch -> batch), got {type(transform).__name__}")
+        self.transform = transform
+        self._items = EpochItems()
         self.rank, self.world_size, self.group = ranks(rank, world_size, group)
         if batch_size is not None and (
             isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1
@@ -130,13 +140,17 @@ class Consumer(StreamReader):
         self.slab = welcome.slab
         self._segments = self._conn.segments = self._open_slab(welcome)
         self._resources.append(self._segments)
+        # Not the bound method: the channel would keep this consumer alive in a reference
+        # cycle, and a consumer the client drops must detach at once, not at the next
+        # garbage collection (a DataModule that makes a new one every epoch).
+        progress = _weak_progress(weakref.ref(self))
         if welcome.transport == "table":
             table = _table.AnnouncementTable.from_fd(self._conn.welcome_fds.pop())
             self._channel: SocketChannel | TableChannel = TableChannel(
-                self._conn, table, welcome.table_index, self._segments, self._progress, self._gate
+                self._conn, table, welcome.table_index, self._segments, progress, self._gate
             )
         else:
-            self._channel = SocketChannel(self._conn, self._progress, self._gate)
+            self._channel = SocketChannel(self._conn, progress, self._gate)
         self.start: Position = (welcome.start_epoch, welcome.start_offset)
         self._pos: Position = self.start
         self._samples_per_epoch = welcome.samples_per_epoch
@@ -282,6 +296,22 @@ class Consumer(StreamReader):
     def __exit__(self, *exc: object) -> None:
         self.close()
 
+    def state_dict(self) -> dict[str, Any]:
+        """Where this consumer is in its epoch: the items it has delivered of it (by dataset
+        index, where the producer owns the order; else a count). A consumer given it with
+        :meth:`load_state_dict` finishes that epoch with exactly the other items, then goes
+        on with whole epochs. Between epochs the state is empty. Small: a bit per item."""
+        per_epoch = self._samples_per_epoch
+        if per_epoch is not None:
+            per_epoch //= self.world_size
+        return {"name": self.name, "rank": self.rank, **self._items.state(per_epoch)}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Resume from :meth:`state_dict`: the next epoch is the rest of the interrupted one."""
+        if isinstance(state, dict) and state.get("rank", self.rank) != self.rank:
+            raise ValueError(f"the state is rank {state['rank']}'s; this consumer is rank {self.rank}")
+        self._items.load(state, self._samples_per_epoch)
+
     @property
     def position(self) -> Position:
         """This consumer's position in the producer's stream: (epoch, sample offset)."""
@@ -324,6 +354,14 @@ def ranks(rank: int | None, world_size: int | None, group: str | None) -> tuple[
                 "rank), or run under tandem submit, torchrun or a launcher that sets MASTER_PORT"
             )
     return rank, world_size, str(group)
+
+
+def _weak_progress(ref: weakref.ref) -> Callable[[], tuple[float, int, int, Position]]:
+    def progress() -> tuple[float, int, int, Position]:
+        consumer = ref()
+        return consumer._progress() if consumer is not None else (0.0, 0, 0, (0, 0))
+
+    return progress
 
 
 def _release_resources(sock, resources: list) -> None:
