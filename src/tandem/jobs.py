@@ -1,0 +1,245 @@
+"""The job manager from Python: submit jobs, and handle them as futures.
+
+::
+
+    import tandem.jobs
+
+    job = tandem.jobs.submit(["python", "train.py", "--lr", "0.1"], share="imagenet", group="lr")
+    job.wait()                      # or job.state, job.refresh(), job.logs(), job.cancel()
+    job.metrics()                   # its MLflow run's latest values: {"val_loss": 0.31, ...}
+
+    def objective(lr):              # any picklable callable (module-level, or cloudpickle's)
+        ...
+        return val_loss
+
+    job = tandem.jobs.call(objective, 0.1, cpus=1, share="imagenet")
+    job.result()                    # its return value, or its exception with the job's traceback
+
+A daemon is started where none runs, as ``tandem submit`` does. Jobs go to the state
+directory of this user (``tandem.dirs``), or ``state_dir=``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import pickle
+import shlex
+import sys
+import time
+import uuid
+from collections.abc import Callable, Iterable, Sequence
+from pathlib import Path
+from typing import Any
+
+from tandem.place import client
+from tandem.place.model import FINAL_STATES, JobSpec, parse_size
+from tandem.place.protocol import Cancel
+from tandem.place.state import State, state_dir
+
+__all__ = ["Job", "JobFailed", "call", "job", "submit", "submit_many"]
+
+_POLL_S = 0.3
+# Names ``call`` keeps for the job; every other keyword argument goes to the callable.
+JOB_OPTIONS = (
+    "cpus",
+    "mem",
+    "gpus",
+    "gpu_mem",
+    "share",
+    "group",
+    "name",
+    "after",
+    "env",
+    "params",
+    "priority",
+)
+
+
+class JobFailed(RuntimeError):
+    """The job did not succeed; for :func:`call`, the callable's exception and traceback."""
+
+
+class Job:
+    """A handle on one job, like a future: ``state``, ``wait()``, ``result()``, ``cancel()``."""
+
+    def __init__(self, job_id: int, directory: Path, call_dir: Path | None = None):
+        self.id = job_id
+        self._dir = directory
+        self._call_dir = call_dir
+        self._record: Any = None
+
+    def __repr__(self) -> str:
+        return f"Job({self.id}, {self.state!r})"
+
+    def refresh(self) -> Job:
+        """Read the job's record again (``state`` does, too)."""
+        record = State(self._dir).job(self.id)
+        if record is None:
+            raise KeyError(f"job {self.id} is not in {self._dir} (moved aside, or another state directory)")
+        self._record = record
+        return self
+
+    @property
+    def record(self) -> Any:
+        """The job's stored record (:class:`tandem.place.state.Job`), as last read."""
+        return self._record if self._record is not None else self.refresh()._record
+
+    @property
+    def state(self) -> str:
+        """``queued``, ``running``, ``retrying``, ``succeeded``, ``failed``, ``oom`` or ``cancelled``."""
+        return self.refresh()._record.state
+
+    def done(self) -> bool:
+        return self.state in FINAL_STATES
+
+    def wait(self, timeout: float | None = None) -> str:
+        """Block until the job ends; its final state. ``TimeoutError`` after ``timeout`` s."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            state = self.state
+            if state in FINAL_STATES:
+                return state
+            if deadline is not None and time.monotonic() >= deadline:
+                raise TimeoutError(f"job {self.id} is still {state} after {timeout:g} s")
+            time.sleep(_POLL_S)
+
+    def cancel(self) -> bool:
+        """Cancel it (a running job's process tree is stopped); False if it had ended."""
+        reply = client.request(self._dir, Cancel([self.id]))
+        return self.id in reply.cancelled
+
+    def logs(self) -> str:
+        """Its output so far, every attempt in order."""
+        st = State(self._dir)
+        parts = []
+        for a in st.attempts(self.id):
+            path = st.attempt_dir(self.id, a.n) / "output.log"
+            try:
+                parts.append(path.read_text(errors="replace"))
+            except OSError:
+                pass
+        return "".join(parts)
+
+    def metrics(self) -> dict[str, float]:
+        """The latest value of each metric of its last attempt's MLflow run (the job's own
+        ``mlflow.log_metric`` calls land there, and tandem's ``system/*``, ``summary/*``)."""
+        attempts = State(self._dir).attempts(self.id)
+        run_id = next((a.mlflow_run_id for a in reversed(attempts) if a.mlflow_run_id), None)
+        if run_id is None:
+            return {}
+        from mlflow.tracking import MlflowClient
+
+        from tandem.dirs import mlflow_store_uri
+
+        return dict(MlflowClient(mlflow_store_uri(self._dir)).get_run(run_id).data.metrics)
+
+    def result(self, timeout: float | None = None) -> Any:
+        """For a job of :func:`call`: wait, then its return value, or :class:`JobFailed`
+        with the callable's exception and the job's traceback."""
+        if self._call_dir is None:
+            raise TypeError(f"job {self.id} runs a command, not a Python callable: use wait() and state")
+        state = self.wait(timeout)
+        outcome = self._call_dir / "result.pkl"
+        if outcome.is_file():
+            ok, value, trace = pickle.loads(outcome.read_bytes())
+            if ok:
+                return value
+            raise JobFailed(f"job {self.id} raised {value!r}; its traceback:\n{trace}") from value
+        cause = self.record.cause or state
+        raise JobFailed(f"job {self.id} {state} ({cause}) before its callable returned; see job.logs()")
+
+
+def _spec(command: Sequence[str] | str, cwd: str | os.PathLike | None, options: dict[str, Any]) -> JobSpec:
+    argv = shlex.split(command) if isinstance(command, str) else [str(a) for a in command]
+    if not argv:
+        raise ValueError("the command is empty")
+    env = dict(os.environ)
+    env.update({str(k): str(v) for k, v in (options.pop("env", None) or {}).items()})
+    mem = options.pop("mem", None)
+    gpu_mem = options.pop("gpu_mem", None)
+    after = options.pop("after", None) or ()
+    known = {f.name for f in dataclasses.fields(JobSpec)}
+    unknown = set(options) - known
+    if unknown:
+        raise TypeError(f"unknown job option(s): {', '.join(sorted(unknown))}")
+    if options.get("cpus") is None:
+        options.pop("cpus", None)  # the manager's default
+    spec = JobSpec(
+        argv,
+        str(Path(cwd).resolve() if cwd is not None else Path.cwd()),
+        env,
+        mem=parse_size(mem) if isinstance(mem, str) else int(mem or 0),
+        gpu_mem=parse_size(gpu_mem) if isinstance(gpu_mem, str) else gpu_mem,
+        after=[a.id if isinstance(a, Job) else int(a) for a in after],
+        params=dict(options.pop("params", None) or {}),
+        **{k: v for k, v in options.items() if v is not None},
+    )
+    problem = spec.problem()
+    if problem:
+        raise ValueError(problem)
+    return spec
+
+
+def submit(
+    command: Sequence[str] | str,
+    *,
+    cwd: str | os.PathLike | None = None,
+    state_dir_path: str | os.PathLike | None = None,
+    **options: Any,
+) -> Job:
+    """Queue ``command`` (a list of arguments, or one string split as a shell would) as
+    ``tandem submit`` does; options as its flags: ``cpus``, ``mem`` (bytes or ``"4G"``),
+    ``gpus``, ``gpu_mem``, ``share``, ``group``, ``name``, ``after`` (jobs or ids), ``env``,
+    ``params``, ``priority``, ``retries``. The job's handle."""
+    directory = Path(state_dir_path) if state_dir_path is not None else state_dir()
+    reply = client.submit(directory, _spec(command, cwd, options))
+    return Job(reply.id, directory)
+
+
+def submit_many(
+    commands: Iterable[Sequence[str] | str],
+    *,
+    params: Iterable[dict[str, Any]] | None = None,
+    **options: Any,
+) -> list[Job]:
+    """Queue several commands with the same options (``params``: one dict per command);
+    their handles, in order."""
+    commands = list(commands)
+    per_job = list(params) if params is not None else [{} for _ in commands]
+    if len(per_job) != len(commands):
+        raise ValueError(f"{len(commands)} commands but {len(per_job)} params")
+    return [submit(c, params=p, **options) for c, p in zip(commands, per_job)]
+
+
+def call(fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Job:
+    """Run ``fn(*args, **kwargs)`` as a job; ``Job.result()`` is its value. Keyword
+    arguments named as job options (``cpus``, ``mem``, ``gpus``, ``gpu_mem``, ``share``,
+    ``group``, ``name``, ``after``, ``env``, ``params``, ``priority``) are the job's; the
+    others go to ``fn``. ``fn`` and its arguments are pickled (with cloudpickle where it is
+    installed, so a notebook's functions work too) into the state directory."""
+    options = {k: kwargs.pop(k) for k in JOB_OPTIONS if k in kwargs}
+    directory = state_dir()
+    call_dir = directory / "calls" / uuid.uuid4().hex
+    call_dir.mkdir(parents=True, mode=0o700)
+    try:
+        import cloudpickle as pickler
+    except ImportError:
+        pickler = pickle  # type: ignore[assignment]
+    try:
+        payload = pickler.dumps((fn, args, kwargs))
+    except Exception as exc:
+        raise TypeError(
+            f"cannot pickle {getattr(fn, '__qualname__', fn)!r} and its arguments for the job ({exc}); "
+            "use a module-level function, or install cloudpickle"
+        ) from None
+    (call_dir / "call.pkl").write_bytes(payload)
+    options.setdefault("name", getattr(fn, "__qualname__", None))
+    command = [sys.executable, "-m", "tandem._callee", str(call_dir)]
+    reply = client.submit(directory, _spec(command, None, options))
+    return Job(reply.id, directory, call_dir)
+
+
+def job(job_id: int) -> Job:
+    """The handle of an existing job."""
+    return Job(job_id, state_dir()).refresh()
