@@ -35,6 +35,7 @@ from typing import Any
 from tandem.place import client
 from tandem.place.model import FINAL_STATES, JobSpec, parse_size
 from tandem.place.protocol import Cancel
+from tandem.place.reserve import AUTO_CPUS
 from tandem.place.state import State, state_dir
 
 __all__ = ["Job", "JobFailed", "call", "job", "submit", "submit_many"]
@@ -163,8 +164,8 @@ def _spec(command: Sequence[str] | str, cwd: str | os.PathLike | None, options: 
     unknown = set(options) - known
     if unknown:
         raise TypeError(f"unknown job option(s): {', '.join(sorted(unknown))}")
-    if options.get("cpus") is None:
-        options.pop("cpus", None)  # the manager's default
+    if options.get("cpus") in (None, "auto"):
+        options["cpus"] = AUTO_CPUS  # as tandem submit's default: learnt (tandem.place.reserve)
     spec = JobSpec(
         argv,
         str(Path(cwd).resolve() if cwd is not None else Path.cwd()),
@@ -189,7 +190,7 @@ def submit(
     **options: Any,
 ) -> Job:
     """Queue ``command`` (a list of arguments, or one string split as a shell would) as
-    ``tandem submit`` does; options as its flags: ``cpus``, ``mem`` (bytes or ``"4G"``),
+    ``tandem submit`` does; options as its flags: ``cpus`` (default ``"auto"``), ``mem`` (bytes or ``"4G"``),
     ``gpus``, ``gpu_mem``, ``share``, ``group``, ``name``, ``after`` (jobs or ids), ``env``,
     ``params``, ``priority``, ``retries``. The job's handle."""
     directory = Path(state_dir_path) if state_dir_path is not None else state_dir()

@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from tandem.share import Consumer, Producer
-from tests.share.serving import serving
 from tests.share.conftest import wait_for
+from tests.share.serving import serving
 
 N = 640
 

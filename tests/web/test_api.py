@@ -89,6 +89,8 @@ def test_the_api_speaks_ls_json_and_never_sends_an_environment(dashboard: Dashbo
     group = _json(d, "/api/groups/g")
     assert sorted(j["id"] for j in group["jobs"]) == [printer, other]
     wait_for(lambda: _json(d, f"/api/jobs/{printer}")["mlflow_run_id"], 30, "the job's MLflow run")
+    # The run is made before the job starts; its samples are forwarded to it within seconds.
+    wait_for(lambda: _json(d, f"/api/jobs/{printer}/metrics?points=3")["keys"], 30, "the run's metrics")
     metrics = _json(d, f"/api/jobs/{printer}/metrics?points=3")
     assert metrics["keys"] and all(len(points) <= 3 for points in metrics["series"].values())
     for path in ("/api/jobs", f"/api/jobs/{printer}", "/api/queue", "/api/groups/g", "/api/timeline"):

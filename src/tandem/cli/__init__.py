@@ -2,7 +2,7 @@
 
 - ``share``: ``tandem share serve|ls|define|rm`` (:mod:`tandem.share`);
 - ``watch``: ``tandem run|ui|report`` (:mod:`tandem.watch`);
-- ``jobs``: ``tandem submit|ls|show|logs|cancel|wait`` (:mod:`tandem.place`);
+- ``jobs``: ``tandem submit|ls|show|logs``, ``ending``: ``cancel|wait`` (:mod:`tandem.place`);
 - ``daemon``: ``tandem daemon start|stop|status`` and ``tandem replay``;
 - ``bench``: ``tandem demo`` and ``tandem bench share|io``;
 - ``dashboard``: ``tandem dashboard`` (:mod:`tandem.web`);
@@ -33,8 +33,8 @@ _FAMILIES = {
     "ls": "jobs",
     "show": "jobs",
     "logs": "jobs",
-    "cancel": "jobs",
-    "wait": "jobs",
+    "cancel": "ending",
+    "wait": "ending",
     "daemon": "daemon",
     "replay": "daemon",
     "demo": "bench",

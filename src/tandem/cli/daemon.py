@@ -168,6 +168,10 @@ def _config(options: dict[str, Any]) -> DaemonConfig:
             )
         },
     )
+    if options.get("store"):  # the daemon runs in /: a relative store is the one meant here
+        from tandem.watch.stores.base import absolute_uri
+
+        options["store"] = absolute_uri(options["store"])
     return DaemonConfig(limits=limits, **options)
 
 

@@ -1,4 +1,5 @@
-"""The job manager's job commands: ``tandem submit|ls|show|logs|cancel|wait``.
+"""The job manager's job commands: ``tandem submit|ls|show|logs`` (``cancel`` and ``wait``:
+:mod:`tandem.cli.ending`).
 
 Reads (``ls``, ``show``, ``logs``, ``wait``) go to the state file and work with no daemon
 running; ``submit`` starts one if needed (with the configuration the last ``tandem daemon
@@ -17,37 +18,47 @@ from typing import Any
 import click
 
 from tandem.cli._common import (
-    EXIT_CANCELLED,
-    EXIT_FAILED,
     EXIT_INTERRUPTED,
-    EXIT_NO_DAEMON,
-    EXIT_TIMEOUT,
     daemon_call,
     job_ids,
     open_state,
     printable,
-    request,
     to_cpus,
     to_gpu_mem,
     to_size,
     unknown_job,
 )
 from tandem.place.model import (
-    CANCELLED,
     FINAL_STATES,
     MAX_PRIORITY,
     STATES,
-    SUCCEEDED,
     WAITING_STATES,
     JobSpec,
     format_size,
 )
+from tandem.place.reserve import AUTO_CPUS
+
+
+def _cores(data: dict[str, Any]) -> str:
+    """The cores a job asked for and reserves, with where the reservation comes from."""
+    r = data["reservation"]
+    if r["from"] == "given":
+        return f"{r['cpus']:g} cores"
+    if r["cpus"] is None:
+        return f"cores {r['from']}"
+    return f"cores auto: {r['cpus']:g} ({r['from']})"
 
 
 @click.command("submit", context_settings={"ignore_unknown_options": False, "allow_interspersed_args": False})
 @click.option("--name", help="Job name (measured peaks are remembered per name).")
 @click.option(
-    "--cpus", callback=to_cpus, default="1", show_default=True, help="Cores to reserve (0.5 allowed)."
+    "--cpus",
+    callback=lambda ctx, param, v: AUTO_CPUS if v == "auto" else to_cpus(ctx, param, v),
+    default="auto",
+    show_default=True,
+    metavar="N|auto",
+    help="Cores to reserve (0.5 allowed; a hard reservation); auto: what jobs of this name (else "
+    "command) were measured to use, else a small probe raised to its measurement.",
 )
 @click.option("--mem", callback=to_size, metavar="SIZE", help="RAM to reserve (512M, 10G) [default: none].")
 @click.option("--gpus", type=click.IntRange(min=0), help="GPUs [default: 1 if the manager has GPUs, else 0].")
@@ -93,11 +104,28 @@ from tandem.place.model import (
     "show, ls --json and the dashboard.",
 )
 @click.option(
+    "--grid",
+    "grid",
+    multiple=True,
+    metavar="K=V1,V2|K=A..B",
+    help="A sweep: one job per point of the cross product of the grids (repeatable), {K} in the "
+    "command, --name and --env values replaced by the point's value; one request, one group.",
+)
+@click.option(
+    "--params",
+    "params_file",
+    type=click.Path(dir_okay=False, path_type=Path),
+    metavar="FILE.jsonl",
+    help="A sweep: one job per JSON object (a line) of FILE, as --grid.",
+)
+@click.option(
     "--cwd", type=click.Path(file_okay=False, path_type=Path), help="Working directory [default: .]."
 )
 @click.option("--json", "as_json", is_flag=True, help="Print the job as JSON.")
 @click.argument("command", nargs=-1, type=click.UNPROCESSED)
 def submit(
+    grid: tuple[str, ...],
+    params_file: Path | None,
     mem: int | None,
     after: tuple[str, ...],
     env_pairs: tuple[str, ...],
@@ -141,6 +169,10 @@ def submit(
         params=params,
         **request,
     )
+    if grid or params_file:
+        from tandem.cli._sweep import submit_sweep
+
+        return submit_sweep(spec, grid, params_file, [p.partition("=")[0] for p in env_pairs], as_json)
     problem = spec.problem()
     if problem:
         raise click.UsageError(problem)
@@ -253,7 +285,7 @@ def show(job_id: int, as_json: bool) -> None:
         f"job {job.id}  {job.name or ''}  [{job.state}]",
         f"  command   {' '.join(job.command)}",
         f"  cwd       {job.cwd}",
-        f"  request   {req['cpus']:g} cores, RAM {format_size(req['mem_bytes'] or None)}, "
+        f"  request   {_cores(data)}, RAM {format_size(req['mem_bytes'] or None)}, "
         f"{job.gpus} GPU(s), GPU memory {format_size(job.gpu_mem) if job.gpu_mem else 'auto'}",
         f"  priority  {job.priority}   retries {job.retries}   group {job.group or '-'}   "
         f"share {job.share or '-'}",
@@ -333,91 +365,4 @@ def logs(job_id: int, follow: bool) -> None:
         sys.exit(EXIT_INTERRUPTED)
 
 
-@click.command("cancel")
-@click.argument("ids", nargs=-1, required=True)
-def cancel(ids: tuple[str, ...]) -> None:
-    """Cancel jobs: a waiting job leaves the queue; a running job's whole process tree gets
-    SIGTERM, then SIGKILL after a grace period."""
-    from tandem.place.protocol import Cancel
-
-    wanted = job_ids(ids, "'IDS'")
-    st = open_state()  # an unknown job is said as every command says it, daemon or not
-    unknown = [i for i in wanted if st.job(i, attempts=False) is None]
-    known = [i for i in wanted if i not in unknown]
-    if not known:
-        for i in unknown[1:]:
-            click.echo(f"Error: {unknown_job(i).message}", err=True)
-        raise unknown_job(unknown[0])
-    reply = request(Cancel(known))
-    reply.unknown[:0] = unknown
-    for i in reply.cancelled:
-        click.echo(f"cancelled {i}")
-    for i in reply.ended:
-        click.echo(f"job {i} had already ended", err=True)
-    for i in reply.unknown[1:]:
-        click.echo(f"Error: {unknown_job(i).message}", err=True)
-    if reply.unknown:
-        raise unknown_job(reply.unknown[0])
-
-
-@click.command("wait")
-@click.argument("ids", nargs=-1)
-@click.option("--timeout", type=float, help="Give up after this many seconds (exit 124).")
-def wait(ids: tuple[str, ...], timeout: float | None) -> None:
-    """Block until the jobs end (default: every job now waiting or running). Exit with the
-    job's exit code (one job), or 1 if any of several did not succeed."""
-    st = open_state()
-    wanted = job_ids(ids, "'IDS'") if ids else [j.id for j in st.jobs() if j.state not in FINAL_STATES]
-    for i in wanted:
-        if st.job(i, attempts=False) is None:
-            raise unknown_job(i)
-    try:
-        jobs = _wait_for(st, wanted, timeout)
-    except KeyboardInterrupt:
-        click.echo("tandem wait: interrupted (the jobs go on)", err=True)
-        sys.exit(EXIT_INTERRUPTED)
-    if len(jobs) == 1:
-        j = jobs[0]
-        if j.state == SUCCEEDED:
-            sys.exit(0)
-        if j.state == CANCELLED:
-            click.echo(
-                f"job {j.id} was cancelled{f' ({j.cause})' if j.cause != 'cancelled' else ''}", err=True
-            )
-            sys.exit(EXIT_CANCELLED)
-        click.echo(f"job {j.id} {j.state}: {j.cause or ''}", err=True)
-        sys.exit(j.exit_code if j.exit_code not in (None, 0) else EXIT_FAILED)
-    bad = [j for j in jobs if j.state != SUCCEEDED]
-    for j in bad:
-        click.echo(f"job {j.id} {j.state}: {j.cause or ''}", err=True)
-    sys.exit(EXIT_FAILED if bad else 0)
-
-
-def _wait_for(state: Any, wanted: list[int], timeout: float | None) -> list[Any]:
-    """The jobs once all have ended; exits 124 after ``timeout`` s, 3 when no daemon runs."""
-    from tandem.place.client import is_running
-    from tandem.place.state import state_dir
-
-    deadline = None if timeout is None else time.monotonic() + timeout
-    next_check = time.monotonic() + 5.0
-    while True:
-        jobs = [state.job(i, attempts=False) for i in wanted]
-        if all(j is not None and j.state in FINAL_STATES for j in jobs):
-            return jobs
-        if deadline is not None and time.monotonic() >= deadline:
-            click.echo(f"tandem wait: jobs still running after {timeout:g} s", err=True)
-            sys.exit(EXIT_TIMEOUT)
-        if time.monotonic() >= next_check:
-            # Only a daemon moves jobs on: without one, waiting would never end.
-            next_check = time.monotonic() + 5.0
-            if not daemon_call(is_running, state_dir()):
-                click.echo(
-                    "tandem wait: no daemon is running, so these jobs cannot end; "
-                    "start one with `tandem daemon start` (it adopts running jobs)",
-                    err=True,
-                )
-                sys.exit(EXIT_NO_DAEMON)
-        time.sleep(0.3)
-
-
-COMMANDS = [submit, ls, show, logs, cancel, wait]
+COMMANDS = [submit, ls, show, logs]

@@ -50,7 +50,12 @@ def _make_store(sink: str, store_uri: str | None, out: Path, experiment: str) ->
 
 
 @click.command("run", context_settings={"allow_interspersed_args": False})
-@click.option("-e", "--experiment", default="tandem", show_default=True, help="MLflow experiment.")
+@click.option(
+    "-e",
+    "--experiment",
+    help="MLflow experiment [default: $MLFLOW_EXPERIMENT_NAME, else tandem]. The command is told it "
+    "(MLFLOW_EXPERIMENT_NAME), with MLFLOW_TRACKING_URI and MLFLOW_RUN_ID of its run.",
+)
 @click.option("-n", "--name", help="Run name (default: the command's name).")
 @click.option(
     "-i",
@@ -77,10 +82,17 @@ def _make_store(sink: str, store_uri: str | None, out: Path, experiment: str) ->
     show_default=True,
     help="Directory for --sink csv|parquet (and the fall-back if MLflow fails).",
 )
+@click.option(
+    "--mlflow-env/--no-mlflow-env",
+    default=True,
+    show_default=True,
+    help="Make the MLflow run before COMMAND starts (MLflow's import: seconds) and tell COMMAND "
+    "its MLFLOW_TRACKING_URI and MLFLOW_RUN_ID; --no-mlflow-env starts it at once, told nothing.",
+)
 @click.option("-q", "--quiet", is_flag=True, help="No summary table.")
 @click.argument("command", nargs=-1, type=click.UNPROCESSED, required=True)
 def run_cmd(
-    experiment: str,
+    experiment: str | None,
     name: str | None,
     interval: float,
     tag_values: tuple[str, ...],
@@ -88,11 +100,18 @@ def run_cmd(
     sink: str,
     store_uri: str | None,
     out: Path,
+    mlflow_env: bool,
     quiet: bool,
     command: tuple[str, ...],
 ) -> None:
-    """Run COMMAND and track its processes' hardware use and energy: tandem run [OPTIONS] -- COMMAND..."""
+    """Run COMMAND and track its processes' hardware use and energy: tandem run [OPTIONS] -- COMMAND...
+
+    With MLflow, the run is made before COMMAND starts and COMMAND gets its
+    MLFLOW_TRACKING_URI and MLFLOW_RUN_ID: mlflow.log_metric, mlflow.start_run() and
+    Lightning's MLFlowLogger(run_id=os.environ["MLFLOW_RUN_ID"]) in it write to that run.
+    """
     tags = _parse_tags(tag_values, group)  # usage errors first, before the tracker's imports
+    experiment = experiment or os.environ.get("MLFLOW_EXPERIMENT_NAME") or "tandem"
     if sink == "mlflow":
         require("run", "mlflow")
     store = _make_store(sink, store_uri, out, experiment)
@@ -112,6 +131,7 @@ def run_cmd(
                 store=store,
                 quiet=quiet,
                 fallback_dir=out,
+                mlflow_env=mlflow_env,
             )
         except (CommandNotFound, CommandNotExecutable) as exc:
             click.echo(f"tandem run: {exc}", err=True)
@@ -194,8 +214,10 @@ def ui(store_uri: str | None, port: int) -> None:
 def report(runs: tuple[str, ...], output: Path, metrics: tuple[str, ...], store_uri: str | None) -> None:
     """Plot RUNS over time (collocated groups side by side) and print their summaries.
 
-    A RUN is an MLflow run id, a run name, group:NAME (every run with that group tag) or
-    the directory of a run kept with --sink csv|parquet.
+    A RUN is an MLflow run id, a run name, group:NAME (every run with that group tag),
+    job:ID (a submitted job's runs) or the directory of a run kept with --sink csv|parquet.
+    Without --store, runs are looked up in $MLFLOW_TRACKING_URI or ./mlflow.db and in the
+    job manager's store: a group's or a job's runs are gathered from both.
     """
     require("report", "matplotlib")  # every output format is drawn
     from rich.console import Console
@@ -213,9 +235,9 @@ def report(runs: tuple[str, ...], output: Path, metrics: tuple[str, ...], store_
     if output.suffix.lower() not in (".png", ".pdf", ".svg", ".html"):
         raise click.BadParameter(f"{output}: use a .png, .pdf, .svg or .html file", param_hint="'-o'")
     panels = panels_for(metrics) if metrics else DEFAULT_PANELS
-    store_uri = store_uri or _find_store()
+    stores = [store_uri] if store_uri else _stores()
     try:
-        loaded = load_runs(runs, store_uri)
+        loaded = load_runs(runs, stores[0], also=stores[1:])
     except RunNotFound as exc:
         click.echo(f"tandem report: {exc}", err=True)
         sys.exit(2)
@@ -234,15 +256,19 @@ def report(runs: tuple[str, ...], output: Path, metrics: tuple[str, ...], store_
 COMMANDS = [run_cmd, ui, report]
 
 
-def _find_store() -> str | None:
-    """With no --store and no $MLFLOW_TRACKING_URI: ./mlflow.db if there is one, else the job
-    manager's store (its submitted jobs' runs), saying so; None leaves the default's error."""
-    if os.environ.get("MLFLOW_TRACKING_URI"):
-        return None
-    from tandem.dirs import state_dir
+def _stores() -> list[str]:
+    """Where ``tandem report`` looks without --store: ``$MLFLOW_TRACKING_URI`` or
+    ``./mlflow.db`` first, then the job manager's store (where its submitted jobs' runs are,
+    whatever the working directory holds)."""
+    from tandem.dirs import state_dir, state_dir_path
+    from tandem.watch.stores import default_store_uri
+    from tandem.watch.stores.base import absolute_uri
 
-    here, manager = Path("mlflow.db").resolve(), state_dir() / "mlflow.db"
-    if here.is_file() or not manager.is_file():
-        return None  # the default (./mlflow.db), or its error naming where it looked
-    click.echo(f"tandem report: no ./mlflow.db here; reading the job manager's store {manager}", err=True)
-    return f"sqlite:///{manager}"
+    stores = [absolute_uri(default_store_uri())]
+    if os.path.lexists(state_dir_path()):  # none made here; one it may not use is refused
+        from tandem.place.run.tracking import manager_store
+
+        manager = manager_store(state_dir())
+        if manager not in stores:
+            stores.append(manager)
+    return stores

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from tandem.place.records import Job
+from tandem.place.reserve import Learned, Measuring
 from tandem.place.scheduler import Placement
 
 STARTUP_SAMPLES = 3  # a job's first samples (one a second; the first has no rate yet) are its start-up
@@ -23,6 +24,7 @@ class Startup:
 
     def __init__(self) -> None:
         self._cores: dict[tuple[str, ...], float] = {}
+        self.learned = Learned()  # what each job key used (reservations of --cpus auto)
 
     @staticmethod
     def program(command: list[str]) -> tuple[str, ...]:
@@ -75,6 +77,17 @@ class Active:
     samples: int = 0  # usage samples seen (a job is "starting" until STARTUP_SAMPLES)
     fail_cause: str | None = None  # the daemon stopped it for this (its share's producer died)
     ending: AttemptEnd | None = None  # its end, once recorded (a later write that fails is retried alone)
+    cpu: Measuring | None = None  # its reservation of cores as learnt (None: its job's --cpus)
+
+    @property
+    def cpus(self) -> float:
+        """The cores it reserves now: given, learnt for its job key, or measured."""
+        return self.job.cpus if self.cpu is None else self.cpu.cores
+
+    @property
+    def probing(self) -> bool:
+        """A job of --cpus auto never seen before, not yet measured."""
+        return self.cpu is not None and self.cpu.probe
 
     @property
     def job_id(self) -> int:

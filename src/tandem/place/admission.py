@@ -39,8 +39,8 @@ def _over_declared(active: list[Active], startup: Startup) -> tuple[float, int |
         used = a.cpus_used or 0.0
         if a.samples < STARTUP_SAMPLES:
             used = max(used, startup.cores(a.job.command) or 0.0)
-        if used > a.job.cpus:
-            over.append((used - a.job.cpus, a.job.id))
+        if used > a.cpus:
+            over.append((used - a.cpus, a.job.id))
     return (sum(o for o, _ in over), max(over)[1]) if over else (0.0, None)
 
 
@@ -65,7 +65,7 @@ class Admission:
         return HostSlot(
             cpus_total=self.capacity.cpus,
             mem_total=self.capacity.mem,
-            cpus_reserved=sum(a.job.cpus for a in active) + sum(c for c, _ in live),
+            cpus_reserved=sum(a.cpus for a in active) + sum(c for c, _ in live),
             mem_reserved=sum(a.job.mem for a in active) + sum(m for _, m in live),
             mem_available=self.monitor.mem_available,
             cpu_mean=self.monitor.cpu.mean(HOST_WINDOW_S),
@@ -111,6 +111,8 @@ class Admission:
         out = []
         shares = {s.name: s for s in self.state.shares()}
         running = {name: self.producers.running(s) for name, s in shares.items()}  # once a pass, not a job
+        # One job of --cpus auto never seen before is measured at a time (tandem.place.reserve).
+        probing = next((a.job.id for a in active.values() if a.probing), None)
         for job in jobs:
             if job.id in active or job.cancel_requested:
                 continue
@@ -119,7 +121,16 @@ class Admission:
                 reasons[job.id] = "after job " + ", ".join(str(d) for d in pending)
                 continue
             since = max([job.queued_at or job.submitted] + [ended[d][1] or 0.0 for d in job.after])
-            cpus, mem = job.cpus, job.mem
+            cpus, _, probe = self.startup.learned.reserve(job)
+            if probe and probing is not None:
+                reasons[job.id] = (
+                    f"cores: --cpus auto, a job not seen before; waits for job {probing}'s measurement "
+                    "(one new job is measured at a time)"
+                )
+                continue
+            if probe:
+                probing = job.id
+            mem = job.mem
             share = shares.get(job.share or "")
             with_producer = False
             if share is not None and not running[share.name]:

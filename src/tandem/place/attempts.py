@@ -2,7 +2,8 @@
 
 - **start**: the attempt is recorded before its supervisor starts (so no attempt runs
   twice), its spec written (:class:`~tandem.place.run.files.AttemptSpec`), its MLflow run opened
-  (:mod:`tandem.place.run.tracking`), and the launcher starts the supervisor;
+  (:mod:`tandem.place.run.tracking`; the supervisor starts the job once the run exists, and
+  tells it the run's id), and the launcher starts the supervisor;
 - **follow** (each tick): the supervisor's ``usage.json`` (memory, pids), the job's GPU
   memory from NVML, when a probe has settled, and how it ended (``result.json``, or a
   supervisor that died without one);
@@ -26,6 +27,7 @@ from tandem.place.config import DaemonConfig
 from tandem.place.devices import Monitor
 from tandem.place.model import CANCELLED, FAILED, RUNNING, SUCCEEDED, Capacity, GpuInfo, format_size
 from tandem.place.producers import selections_made
+from tandem.place.reserve import Measuring
 from tandem.place.retry import retry
 from tandem.place.run import tracking
 from tandem.place.run.files import AttemptSpec, Result, ShimInfo, Started, Usage, load, save
@@ -76,6 +78,7 @@ class Attempts:
             "probe": p.probe,
             "device": ",".join(f"cuda:{i}" for i in p.gpus) or "cpu",
             **extra,
+            **(cpu := Measuring(job, self.startup.learned)).json(),
         }
         name = job.name or Path(job.command[0]).name
         save(
@@ -92,6 +95,7 @@ class Attempts:
                 log_max=self.config.log_max,
                 socket=self.socket,
                 track=self.tracked,
+                mlflow_env=self.tracked,  # the job is told its run's id (one run per job)
             ),
         )
         started = time.time()
@@ -100,7 +104,7 @@ class Attempts:
             job.started,
             f"attempt {n} on {placement['device']}",
         )
-        a = Active(job, n, p, uuids, adir, started, gpu_mem_reserved=None if p.probe else p.gpu_mem)
+        a = Active(job, n, p, uuids, adir, started, gpu_mem_reserved=None if p.probe else p.gpu_mem, cpu=cpu)
         a.energy_start = {u: e for u in uuids if (e := self.monitor.gpus[u].energy_mj) is not None}
         if self.tracked:
             tags = {
@@ -121,7 +125,7 @@ class Attempts:
         self.active[job.id] = a
         try:
             node = self.launcher.start(
-                a, Launch(adir, job.cwd, job.cpus, job.mem, chosen, p.gpu_mem, bool(job.share))
+                a, Launch(adir, job.cwd, cpu.cores, job.mem, chosen, p.gpu_mem, bool(job.share))
             )
         except BaseException:  # not started: not followed (the daemon fails the job)
             del self.active[job.id]
@@ -206,6 +210,9 @@ class Attempts:
             a.samples += 1
             if a.samples <= STARTUP_SAMPLES and a.cpus_used is not None:
                 self.startup.seen(a.job.command, a.cpus_used)
+            elif a.cpus_used is not None and a.cpu is not None and a.cpu.sample(a.cpus_used):
+                placement = {**self._placement_json(a), **a.cpu.json()}
+                self.state.update_attempt(a.job.id, a.n, placement=placement)
             grown = usage.peak_mem > a.peak_mem * 1.02 + (1 << 20)
             a.peak_mem = max(a.peak_mem, usage.peak_mem)
             gpu_mem = max((self.monitor.job_gpu_mem(u, a.pids) for u in a.uuids), default=0)
@@ -266,6 +273,12 @@ class Attempts:
         if a.ending is None:
             a.ending = self._record_end(a, result)
         end = a.ending
+        if a.cpu is not None and a.cpu.auto and end.state == SUCCEEDED:  # what its key reserves next
+            run_s = end.ended - a.started
+            totals = result.cpu_seconds / run_s if result.cpu_seconds and run_s > 1 else None
+            used = a.cpu.measured() or totals
+            if used is not None:
+                self.startup.learned.seen(a.job.job_key, used)
         if end.peak_mem or end.peak_gpu_mem:
             self.state.record_peak(a.job.job_key, end.peak_mem, end.peak_gpu_mem, end.ended - a.started)
         if self.tracked:
@@ -393,6 +406,7 @@ class Attempts:
                 att.shim_pid,
                 att.shim_ctime,
                 gpu_mem_reserved=pl.get("gpu_mem"),
+                cpu=Measuring(job, self.startup.learned),
             )
             shim = load(a.dir, ShimInfo)
             if shim is not None:

@@ -124,10 +124,29 @@ def submit(
     makes two jobs and a submit made while the daemon restarts lands."""
     if spec.token is None:
         spec = dataclasses.replace(spec, token=uuid.uuid4().hex)
+    return _until_answered(state_dir, protocol.Submit(spec), timeout, within)
+
+
+def submit_sweep(
+    state_dir: Path,
+    spec: JobSpec,
+    points: list[dict[str, Any]],
+    fill_env: list[str],
+    timeout: float = 120.0,
+    within: float = SUBMIT_WITHIN_S,
+) -> protocol.SweepSubmitted:
+    """Submit one job per point (:mod:`tandem.place.sweep`), in one request, as
+    :func:`submit` does (a retry gets the jobs the first one made)."""
+    if spec.token is None:
+        spec = dataclasses.replace(spec, token=uuid.uuid4().hex)
+    return _until_answered(state_dir, protocol.SubmitSweep(spec, points, fill_env), timeout, within)
+
+
+def _until_answered(state_dir: Path, message: protocol.Request, timeout: float, within: float) -> Any:
     deadline = time.monotonic() + within
     while True:
         try:
-            return request(state_dir, protocol.Submit(spec), timeout=timeout)
+            return request(state_dir, message, timeout=timeout)
         except (DaemonNotRunning, DaemonTimeout, DaemonLost):
             if time.monotonic() > deadline:
                 raise
@@ -142,8 +161,12 @@ def start_daemon(
 ) -> protocol.DaemonStatus:
     """Start a daemon for ``state_dir`` in the background (with the configuration kept there,
     :class:`~tandem.place.config.DaemonConfig`) and wait until it answers."""
+    from tandem.watch.stores.base import absolute_uri
+
     log_path = state_dir / "daemon.log"
     env = dict(os.environ if env is None else env, TANDEM_STATE_DIR=str(state_dir))
+    if env.get("MLFLOW_TRACKING_URI"):  # the daemon runs in /: a relative store is the one meant here
+        env["MLFLOW_TRACKING_URI"] = absolute_uri(env["MLFLOW_TRACKING_URI"])
     with open(log_path, "ab") as log:
         proc = subprocess.Popen(
             [sys.executable, "-m", "tandem.place.daemon", str(state_dir)],

@@ -3,7 +3,7 @@
 One daemon per state directory (a file lock says which), started by ``tandem daemon start``
 or by the first ``tandem submit`` (``python -m tandem.place.daemon STATE_DIR``), with the
 configuration kept in the state directory (:class:`~tandem.place.config.DaemonConfig`).
-Each tick (0.5 s, or at once when a request or a job's result arrives) it:
+Each tick (1 s, or at once when a request or a job's result arrives) it:
 
 1. answers requests on its socket (:mod:`tandem.place.protocol`), one handler per request;
    a connection is read only when its packet is there, so an idle client blocks no one;
@@ -53,7 +53,10 @@ from tandem.place.state import Job, State
 
 log = logging.getLogger(__name__)
 
-TICK_S = 0.5
+# Between ticks when nothing happens: a request, a job's result (its supervisor's wake) and a
+# pass due after a change end the wait at once, so this is only how often running attempts
+# are followed (their supervisors write usage.json once a second) and measurements read.
+TICK_S = 1.0
 SAMPLE_S = 1.0
 # A scheduling pass runs when something changed (a submit, a cancel, a job that started or
 # ended, a producer that died), at most every PLAN_MIN_S (a storm of submits costs one pass
@@ -168,9 +171,11 @@ class Daemon:
         sel.register(listener, selectors.EVENT_READ)
         # Where clients find us: a shell with another runtime directory (cron has no
         # XDG_RUNTIME_DIR) reads the socket's path here instead of computing another.
+        # And which MLflow store its jobs' runs are in: `tandem report` reads them there.
+        store = self.tracker.uri if self.tracker is not None and not self.tracker.why_not else None
         write_json(
             self.state.dir / "daemon.json",
-            {"pid": os.getpid(), "started": self.started, "socket": str(self.socket_path)},
+            {"pid": os.getpid(), "started": self.started, "socket": str(self.socket_path), "store": store},
         )
         return listener
 

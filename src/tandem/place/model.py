@@ -43,6 +43,8 @@ class JobSpec:
     ``gpus`` None: one where the manager has GPUs, else none. ``gpu_mem`` is per GPU; None
     means ``auto``: the peak measured for the same job key before, or, for a job never seen,
     a probe (the GPU with most free memory, which nobody joins until its memory settled).
+    ``cpus`` 0 means ``auto`` (``tandem submit``'s default): the cores measured for the same
+    job key, else a small probe raised to its measurement (:mod:`tandem.place.reserve`).
     ``token``: the client's; a submit retried with it returns the job it made."""
 
     # Each field's storage and its place in --json are declared here, once (tandem.place.fields).
@@ -84,7 +86,8 @@ class JobSpec:
         """What is wrong with this request, or None: values the manager cannot keep."""
         if not self.command or not all(isinstance(a, str) for a in self.command):
             return "no command given"
-        if not (isinstance(self.cpus, (int, float)) and math.isfinite(self.cpus) and 0 < self.cpus <= 1e6):
+        # 0: auto (tandem.place.reserve.AUTO_CPUS), what the job key was measured to use
+        if not (isinstance(self.cpus, (int, float)) and math.isfinite(self.cpus) and 0 <= self.cpus <= 1e6):
             return f"--cpus {self.cpus!r}: the number of cores must be above 0"
         for what, value in (("--mem", self.mem), ("--gpu-mem", self.gpu_mem)):
             if value is not None and not (0 <= value <= MAX_BYTES):

@@ -15,7 +15,8 @@ with ``op`` on a request and ``ok`` on a reply; a reply that is not ``ok`` is a
 request         fields                       reply
 ==============  ===========================  ==============================================
 :class:`Submit` ``job``: a :class:`JobSpec`  :class:`Submitted`: ``id``, ``new``
-:class:`Cancel` ``ids``                      :class:`Cancelled`: ``cancelled``, ``unknown``, ``ended``
+:class:`SubmitSweep` ``job``, ``points``     :class:`SweepSubmitted`: ``ids``, ``group``
+:class:`Cancel` ``ids``, ``group``, ``everything``  :class:`Cancelled`: ``cancelled``, ``unknown``, ``ended``
 :class:`Status` -                            :class:`DaemonStatus`: pid, policy, capacity, use, ...
 :class:`Stop`   -                            :class:`Stopping` (the daemon exits; jobs go on)
 :class:`Wake`   -                            none (a supervisor's result is ready: look now)
@@ -61,11 +62,26 @@ class Submit:
 
 
 @dataclass(frozen=True)
+class SubmitSweep:
+    """Queue one job per point of a sweep, in one transaction: ``job`` with each point's
+    values put into its ``{KEY}`` placeholders (:mod:`tandem.place.sweep`), its ``params``
+    the point, its token ``job.token:i``."""
+
+    OP: ClassVar[str] = "submit_sweep"
+    job: JobSpec
+    points: list[dict[str, Any]] = field(default_factory=list)
+    fill_env: list[str] = field(default_factory=list)  # the variables given with --env
+
+
+@dataclass(frozen=True)
 class Cancel:
-    """Cancel these jobs: a waiting one ends at once, a running one is stopped."""
+    """Cancel these jobs: a waiting one ends at once, a running one is stopped. ``group``:
+    every waiting or running job of the group; ``everything``: every one."""
 
     OP: ClassVar[str] = "cancel"
     ids: list[int] = field(default_factory=list)
+    group: str | None = None
+    everything: bool = False
 
 
 @dataclass(frozen=True)
@@ -101,9 +117,9 @@ class RemoveShares:
     names: list[str] = field(default_factory=list)
 
 
-Request = Union[Submit, Cancel, Status, Stop, Wake, DefineShare, RemoveShares]
+Request = Union[Submit, SubmitSweep, Cancel, Status, Stop, Wake, DefineShare, RemoveShares]
 REQUESTS: dict[str, type] = {
-    cls.OP: cls for cls in (Submit, Cancel, Status, Stop, Wake, DefineShare, RemoveShares)
+    cls.OP: cls for cls in (Submit, SubmitSweep, Cancel, Status, Stop, Wake, DefineShare, RemoveShares)
 }
 OPS = tuple(REQUESTS)
 
@@ -125,6 +141,12 @@ class Failure:
 class Submitted:
     id: int
     new: bool = True  # False: the token's earlier submit made this job
+
+
+@dataclass(frozen=True)
+class SweepSubmitted:
+    ids: list[int] = field(default_factory=list)
+    group: str = ""
 
 
 @dataclass(frozen=True)
@@ -203,9 +225,12 @@ class SharesRemoved:
     in_use: dict[str, list[int]] = field(default_factory=dict)  # name: the jobs not yet ended that read it
 
 
-Reply = Union[Failure, Submitted, Cancelled, Stopping, DaemonStatus, ShareDefined, SharesRemoved]
+Reply = Union[
+    Failure, Submitted, SweepSubmitted, Cancelled, Stopping, DaemonStatus, ShareDefined, SharesRemoved
+]
 REPLIES: dict[str, type] = {
     "submit": Submitted,
+    "submit_sweep": SweepSubmitted,
     "cancel": Cancelled,
     "status": DaemonStatus,
     "stop": Stopping,
@@ -236,13 +261,22 @@ def read_request(data: dict[str, Any]) -> Request:
     if cls is None:
         raise ProtocolError(f"unknown request {op!r}; this daemon knows {', '.join(OPS)}")
     fields = {k: v for k, v in data.items() if k != "op"}
-    if cls is Submit:
+    if cls in (Submit, SubmitSweep):
         if not isinstance(fields.get("job"), dict):
             raise ProtocolError("not a job: a submit carries a job object")
         try:
-            return Submit(JobSpec.from_dict(fields["job"]))
+            job = JobSpec.from_dict(fields["job"])
         except (TypeError, ValueError) as exc:
             raise ProtocolError(f"not a job: {exc}") from None
+        if cls is Submit:
+            return Submit(job)
+        points = fields.get("points")
+        if not isinstance(points, list) or not all(isinstance(p, dict) for p in points):
+            raise ProtocolError("not a sweep: its points are a list of objects")
+        fill_env = fields.get("fill_env") or []
+        if not isinstance(fill_env, list) or not all(isinstance(k, str) for k in fill_env):
+            raise ProtocolError("not a sweep: fill_env is a list of names")
+        return SubmitSweep(job, points, fill_env)
     if cls is DefineShare:
         job = fields.get("select_job")
         try:

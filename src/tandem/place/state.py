@@ -170,6 +170,11 @@ class State(StateReads):
         with self.transaction() as db:
             return self._add_job(db, spec, gpus, now)
 
+    def add_jobs(self, specs: list[JobSpec], gpus: int, now: float) -> list[tuple[int, bool]]:
+        """Queue a sweep's jobs: one transaction, all of them or none."""
+        with self.transaction() as db:
+            return [self._add_job(db, spec, gpus, now) for spec in specs]
+
     def _add_job(
         self, db: sqlite3.Connection, spec: JobSpec, gpus: int, now: float, detail: str = ""
     ) -> tuple[int, bool]:
@@ -287,10 +292,19 @@ class State(StateReads):
         with self.transaction() as db:
             if attempt is not None:
                 self._set_attempt(db, job_id, attempt, state="lost", ended=now, cause="never started")
-            self._move(
-                db, "cancel", job_id, CANCELLED, ended=now, cause=cause, cancel_requested=True, reason=None
-            )
-            self._event(db, job_id, "cancelled", detail)
+            self._cancel(db, job_id, cause, detail, now)
+
+    def cancel_waiting(self, job_ids: list[int], cause: str, detail: str, now: float) -> None:
+        """Cancel waiting jobs, all in one transaction (a sweep's thousands at once)."""
+        with self.transaction() as db:
+            for job_id in job_ids:
+                self._cancel(db, job_id, cause, detail, now)
+
+    def _cancel(self, db: sqlite3.Connection, job_id: int, cause: str, detail: str, now: float) -> None:
+        self._move(
+            db, "cancel", job_id, CANCELLED, ended=now, cause=cause, cancel_requested=True, reason=None
+        )
+        self._event(db, job_id, "cancelled", detail)
 
     def update_job(self, job_id: int, **values: Any) -> None:
         """Fields of a job other than its state (its run id, a cancel asked for)."""

@@ -10,6 +10,7 @@ from typing import Any
 from tandem.place.fields import meta
 from tandem.place.model import WAITING_STATES, format_size
 from tandem.place.records import Attempt, Job
+from tandem.place.reserve import AUTO_CPUS
 
 
 def _placement(attempt: Attempt | None) -> dict[str, Any] | None:
@@ -24,7 +25,20 @@ def _placement(attempt: Attempt | None) -> dict[str, Any] | None:
         "mps": bool(p.get("mps")),
         "alone": bool(p.get("alone")),
         "probe": bool(p.get("probe")),
+        "cpus": p.get("cpus"),  # the cores it reserved, as last learnt (tandem.place.reserve)
+        "cpus_from": p.get("cpus_from"),
     }
+
+
+def _reservation(job: Job, last: Attempt | None) -> dict[str, Any]:
+    """The cores a job reserves and where that comes from: given (--cpus N), or for --cpus
+    auto what its attempt was given (learnt for its job key, a probe, its measurement)."""
+    if job.cpus != AUTO_CPUS:
+        return {"cpus": job.cpus, "from": "given"}
+    p = last.placement if last is not None else {}
+    if p.get("cpus") is None:
+        return {"cpus": None, "from": "auto: learnt when it starts"}
+    return {"cpus": p["cpus"], "from": p.get("cpus_from") or "auto"}
 
 
 def attempt_json(a: Attempt) -> dict[str, Any]:
@@ -77,8 +91,12 @@ def job_json(job: Job, now: float | None = None) -> dict[str, Any]:
     now = time.time() if now is None else now
     last = job.attempts[-1] if job.attempts else None
     wait_s = (job.started or (now if job.state in WAITING_STATES else job.ended or now)) - job.submitted
+    shown = record_json(job)
+    if job.cpus == AUTO_CPUS:
+        shown["request"]["cpus"] = "auto"
     return {
-        **record_json(job),
+        **shown,
+        "reservation": _reservation(job, last),
         "reason": waiting_reason(job),
         "attempts": [attempt_json(a) for a in job.attempts],
         "placement": _placement(last),

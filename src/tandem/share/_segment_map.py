@@ -15,12 +15,12 @@ import warnings
 from typing import Protocol
 
 import torch
-from torch.multiprocessing.reductions import StorageWeakRef
 
 from tandem.share import protocol
 from tandem.share._slab import PAGE, SlotViews, _round_up
 from tandem.share._tree import Spec
 
+_use_count = getattr(torch._C, "_storage_Use_Count", None)
 _libc = ctypes.CDLL(None, use_errno=True)
 _libc.madvise.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int)
 
@@ -136,9 +136,10 @@ class Segments(Protocol):
 class SegmentMap:
     """A consumer's mappings of the producer's host segments, keyed by slot.
 
-    A private (copy-on-write) map also watches the batch it opened in each slot: its tensors
-    share one storage of their own, and :meth:`released` asks whether anything still refers
-    to it. A batch still referenced when its slot goes back to the producer (a client that
+    A private (copy-on-write) map also tells whether the batch it opened in a slot is still
+    referenced when the slot goes back to the producer: the slot's storage counts every
+    tensor over it, so the count less this map's own views is the client's. A batch still
+    referenced then (a client that
     kept it past the consumer's contract) is copied out rather than overwritten: its pages
     are made private to this process (a write fault on each copies it), the mapping is left
     to the tensors that use it, and the slot is mapped afresh for the next batch.
@@ -150,7 +151,6 @@ class SegmentMap:
         self._fds: dict[int, tuple[int, int]] = {}  # slot -> (segment id, fd): to map it again
         self._views = SlotViews()
         self._used: dict[int, int] = {}  # slot -> bytes touched by the current batch
-        self._watch: dict[int, StorageWeakRef] = {}  # slot -> the storage of its open batch
         self._resetting: dict[int, int] = {}  # slot -> ticket of its pending copy-on-write reset
         self._resetter: _Resetter | None = None
         self.copied_out = 0  # bytes copied out of batches kept past their release
@@ -195,14 +195,7 @@ class SegmentMap:
                 f"but slot {slot} is mapped to segment {segment_id}"
             )
         raw = mm[batch.meta_offset : batch.meta_offset + batch.meta_len]
-        if self._private:
-            # A storage of this batch's own (half a microsecond), so that release can tell
-            # whether the client still refers to it.
-            u8 = torch.frombuffer(mm, dtype=torch.uint8)
-            self._watch[slot] = StorageWeakRef(u8.untyped_storage())
-            spec, leaves = self._views.fresh_views(slot, raw, u8)
-        else:
-            spec, leaves = self._views.views(slot, raw, u8)
+        spec, leaves = self._views.views(slot, raw, u8)
         self._used[slot] = batch.meta_offset + batch.meta_len
         return spec, leaves
 
@@ -214,18 +207,26 @@ class SegmentMap:
         the slot again: on a helper thread; the next ``open`` of the slot waits for it.
         """
         used = self._used.pop(slot, 0)
-        watch = self._watch.pop(slot, None)
         entry = self._by_slot.get(slot)
         if not self._private or entry is None or not used:
             return False
         length = min(_round_up(used, PAGE), entry[2].numel())
-        if watch is not None and not watch.expired():
+        if self._referenced(slot):
             self._copy_out(slot, length)
             return True
         if self._resetter is None:
             self._resetter = _Resetter()
         self._resetting[slot] = self._resetter.submit(entry[2], length)
         return False
+
+    def _referenced(self, slot: int) -> bool:
+        """Whether a tensor other than this map's own uses the slot's memory: the storage's
+        reference count (every tensor over it, and the storage object asked for here) less
+        this map's whole-slot tensor and typed views. A tenth of a microsecond."""
+        if _use_count is None:
+            return False  # a torch without the count: nothing to tell by (not seen in 2.2-2.13)
+        storage = self._by_slot[slot][2].untyped_storage()
+        return _use_count(storage._cdata) > 2 + self._views.typed_count(slot)
 
     def _copy_out(self, slot: int, length: int) -> None:
         """Make the slot's first ``length`` bytes private to this process and leave the
@@ -243,11 +244,10 @@ class SegmentMap:
     def close(self) -> None:
         # Batches the client still refers to keep their data when the producer reuses
         # their slots after this consumer has gone.
-        for slot, watch in list(self._watch.items()):
+        for slot, used in list(self._used.items()):
             entry = self._by_slot.get(slot)
-            if entry is not None and not watch.expired():
-                self._copy_out(slot, min(_round_up(self._used.get(slot, 0), PAGE), entry[2].numel()))
-        self._watch.clear()
+            if self._private and entry is not None and used and self._referenced(slot):
+                self._copy_out(slot, min(_round_up(used, PAGE), entry[2].numel()))
         self._views.clear()
         for slot in list(self._resetting):
             self._wait_reset(slot)

@@ -100,17 +100,9 @@ class SlotViews:
             leaves.append(view.as_strided(shape, _contiguous_strides(shape), offset // dtype.itemsize))
         return spec, leaves
 
-    def fresh_views(self, slot: int, raw: bytes, u8: torch.Tensor) -> tuple[Spec, list[torch.Tensor]]:
-        """Like :meth:`views`, over ``u8``'s own storage: no typed view is kept."""
-        spec, descs = self._decode(slot, raw)
-        typed: dict[torch.dtype, torch.Tensor] = {}
-        leaves = []
-        for offset, dtype, shape in descs:
-            view = typed.get(dtype)
-            if view is None:
-                view = typed[dtype] = u8[: len(u8) // dtype.itemsize * dtype.itemsize].view(dtype)
-            leaves.append(view.as_strided(shape, _contiguous_strides(shape), offset // dtype.itemsize))
-        return spec, leaves
+    def typed_count(self, slot: int) -> int:
+        """How many typed views of ``slot`` this keeps (tensors over its storage)."""
+        return len(self._typed.get(slot, ()))
 
     def clear(self) -> None:
         self._typed.clear()

@@ -1,5 +1,10 @@
 """Finding and loading tracked runs for ``tandem report``: by MLflow run id, run name,
-``group:NAME`` or a file-store run directory.
+``group:NAME``, ``job:ID`` (a job manager's job: every attempt) or a file-store run directory.
+
+Lookups may span several stores (``tandem report`` looks in ``./mlflow.db`` or
+``$MLFLOW_TRACKING_URI`` and in the job manager's store): a group's or a job's runs are
+gathered from every store, a run id or name is taken from the first store that has it, so
+one store never hides another's runs.
 
 Lookups are read-only: they never create a store (MLflow would create a 1 MB database for a
 mistyped path), and a file-store directory needs no MLflow at all.
@@ -12,6 +17,7 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from tandem.watch.stores.base import default_store_uri
 from tandem.watch.stores.csv_file import read_points
@@ -20,6 +26,7 @@ from tandem.watch.stores.mlflow_store import sqlite_path
 GROUP_TAG = "group"
 SHARE_TAG = "tandem.share"  # a job manager run's shared dataset
 ROLE_TAG = "tandem.role"  # "producer": the run of a share's producer
+JOB_TAG = "tandem.job_id"  # a job manager run's job
 _RUN_ID = re.compile(r"^[0-9a-f]{32}$")
 
 
@@ -67,6 +74,20 @@ def _client(uri: str | None):  # type: ignore[no-untyped-def]
     return client
 
 
+def _clients(uris: Sequence[str]) -> list[tuple[str, Any]]:
+    """(uri, client) of each of ``uris`` that exists, in order, each once; RunNotFound naming
+    where it looked if none does."""
+    uris = list(dict.fromkeys(uris))
+    missing = [db for u in uris if (db := sqlite_path(u)) is not None and not db.is_file()]
+    if len(missing) == len(uris):
+        looked = " and ".join(str(db) for db in missing)
+        raise RunNotFound(
+            f"no MLflow store found: looked for {looked}; give --store URI or set "
+            "MLFLOW_TRACKING_URI, or run this where the runs' mlflow.db is"
+        )
+    return [(u, _client(u)) for u in uris if (db := sqlite_path(u)) is None or db.is_file()]
+
+
 def _all_experiments(client) -> list[str]:  # type: ignore[no-untyped-def]
     return [e.experiment_id for e in client.search_experiments()]
 
@@ -80,12 +101,16 @@ def recent_runs(uri: str | None = None, limit: int = 10) -> list[tuple[str, str,
     return [(r.info.run_id, r.info.run_name or "", r.data.tags.get(GROUP_TAG, "")) for r in runs]
 
 
-def _not_found(ref: str, uri: str | None) -> RunNotFound:
-    try:
-        recent = recent_runs(uri)
-    except Exception:
-        recent = []
-    where = uri or default_store_uri()
+def _not_found(ref: str, uris: Sequence[str]) -> RunNotFound:
+    recent: list[tuple[str, str, str]] = []
+    for uri in uris:
+        try:
+            recent = recent_runs(uri)
+        except Exception:
+            continue
+        if recent:
+            break
+    where = " nor in ".join(uris)
     if not recent:
         return RunNotFound(f"no run {ref!r} in {where}, which has no runs yet (track one with `tandem run`)")
     lines = "\n".join(f"  {rid}  {name}" + (f"  (group {g})" if g else "") for rid, name, g in recent)
@@ -154,12 +179,49 @@ def _producers_of(client, runs: list, group: str) -> list:  # type: ignore[no-un
     return out
 
 
+def _lookup(client, ref: str) -> list:  # type: ignore[no-untyped-def,type-arg]
+    """The runs of one store that ``ref`` names (a group's with the producers that fed it)."""
+    experiments = _all_experiments(client)
+    if ref.startswith("group:"):
+        group = ref.removeprefix("group:")
+        found = client.search_runs(
+            experiments,
+            filter_string=f"tags.{GROUP_TAG} = '{_quote(group)}'",
+            order_by=["attributes.start_time ASC"],
+        )
+        return found + _producers_of(client, found, group)
+    if ref.startswith("job:"):
+        job = ref.removeprefix("job:")
+        if not job.isdigit():
+            raise RunNotFound(f"{ref!r}: a job is named by its number, as `tandem ls` shows it (job:12)")
+        return client.search_runs(
+            experiments,
+            filter_string=f"tags.`{JOB_TAG}` = '{int(job)}'",
+            order_by=["attributes.start_time ASC"],
+        )
+    if _RUN_ID.match(ref):
+        try:
+            return [client.get_run(ref)]
+        except Exception:
+            return []
+    return client.search_runs(
+        experiments,
+        filter_string=f"attributes.run_name = '{_quote(ref)}'",
+        order_by=["attributes.start_time DESC"],
+        max_results=1,
+    )
+
+
 def load_runs(
-    refs: Sequence[str], uri: str | None = None, keys: Sequence[str] | None = None
+    refs: Sequence[str], uri: str | None = None, keys: Sequence[str] | None = None, also: Sequence[str] = ()
 ) -> list[RunData]:
-    """Resolve each reference to runs (see the module docstring); unknown ones raise RunNotFound."""
+    """Resolve each reference to runs (see the module docstring); unknown ones raise RunNotFound.
+
+    ``uri``: the store (default: ``$MLFLOW_TRACKING_URI``, else ``./mlflow.db``); ``also``:
+    further stores (``tandem report`` adds the job manager's). A store that does not exist
+    is passed over; RunNotFound if none exists."""
     out: list[RunData] = []
-    client = None
+    clients: list[tuple[str, Any]] | None = None
     for ref in refs:
         path = Path(ref)
         # A file-store run's directory, or the --out directory that holds them.
@@ -168,31 +230,19 @@ def load_runs(
         if path.is_dir() and run_dirs:
             out.extend(_from_dir(d) for d in run_dirs)
             continue
-        if client is None:
-            client = _client(uri)
-        if ref.startswith("group:"):
-            group = _quote(ref.removeprefix("group:"))
-            found = client.search_runs(
-                _all_experiments(client),
-                filter_string=f"tags.{GROUP_TAG} = '{group}'",
-                order_by=["attributes.start_time ASC"],
-            )
-            found += _producers_of(client, found, ref.removeprefix("group:"))
-        elif _RUN_ID.match(ref):
-            try:
-                found = [client.get_run(ref)]
-            except Exception:
-                found = []
-        else:
-            quoted = _quote(ref)
-            found = client.search_runs(
-                _all_experiments(client),
-                filter_string=f"attributes.run_name = '{quoted}'",
-                order_by=["attributes.start_time DESC"],
-                max_results=1,
-            )
+        if clients is None:
+            clients = _clients([uri or default_store_uri(), *also])
+        gather = ref.startswith(("group:", "job:"))  # from every store; an id or a name: the first
+        found = []
+        for _, client in clients:
+            runs = _lookup(client, ref)
+            found += [(client, r) for r in runs]
+            if runs and not gather:
+                break
         if not found:
-            raise _not_found(ref, uri)
-        out.extend(_from_mlflow(client, r, keys) for r in found)
+            raise _not_found(ref, [u for u, _ in clients])
+        if gather and len(clients) > 1:
+            found.sort(key=lambda cr: cr[1].info.start_time or 0)
+        out.extend(_from_mlflow(c, r, keys) for c, r in found)
     seen: set[str] = set()
     return [r for r in out if not (r.run_id in seen or seen.add(r.run_id))]  # type: ignore[func-returns-value]

@@ -17,6 +17,15 @@ ignored until the run is stored (at most a couple of minutes for a slow store), 
 record is not cut short. The exit code is the command's (128 + N if a signal N ended it, as
 shells do); 127 if the command does not exist, 126 if it cannot be executed.
 
+One run per command: with an MLflow store, the run is created before the command starts,
+and the command gets ``MLFLOW_TRACKING_URI``, ``MLFLOW_RUN_ID`` and ``MLFLOW_EXPERIMENT_NAME``
+of it (:func:`~tandem.watch.stores.base.run_env`), so that ``mlflow.log_metric``,
+``mlflow.start_run()``, Lightning's ``MLFlowLogger(run_id=...)`` and Hugging Face's
+``MLflowCallback`` in it write to that same run. The command may end the run itself
+(``mlflow.end_run()`` at its exit marks it FINISHED); the status stored last is the one
+tandem sets from the exit code, once the command has ended. Where the run is not in MLflow
+(a file store, MLflow unreachable), none of these is set.
+
 The exact CPU time of the tree comes from the kernel when the command is reaped
 (``wait4``: the command and every descendant it waited for), so a child that lived and died
 between two samples is still counted.
@@ -39,6 +48,8 @@ from typing import Any, BinaryIO
 from tandem.watch.samplers.energy import watts_per_core
 from tandem.watch.stores import RunStore
 from tandem.watch.tracker import Run
+
+RUN_OPEN_S = 120.0  # how long a command waits for its MLflow run to be created (a slow server)
 
 
 class CommandNotFound(Exception):
@@ -205,10 +216,16 @@ def start(
     fallback_dir: str | Path = "tandem-runs",
     stdout: BinaryIO | None = None,
     stderr: BinaryIO | None = None,
+    open_timeout: float = RUN_OPEN_S,
+    mlflow_env: bool = True,
 ) -> TrackedCommand:
-    """Start ``argv`` and its tracking; return at once. Its output goes to ``stdout`` and
+    """Start ``argv`` and its tracking; return once it runs. Its output goes to ``stdout`` and
     ``stderr`` (default: this process's) and to ``output.log``. Raises
-    :class:`CommandNotFound` or :class:`CommandNotExecutable` before any run is made."""
+    :class:`CommandNotFound` or :class:`CommandNotExecutable` (checked before any run is made).
+
+    With an MLflow store the run is created first (MLflow's import, in the writer helper:
+    a few seconds; at most ``open_timeout``), so that the command is told its id (see the
+    module docstring); ``mlflow_env=False`` starts the command at once, told nothing."""
     resolve(argv)  # fail before creating a run for a command that cannot start
     watts_per_core()  # a bad TANDEM_WATTS_PER_CORE is a usage error, before anything starts
     child_env = dict(os.environ if env is None else env)
@@ -227,14 +244,32 @@ def start(
         fallback_dir=fallback_dir,
         cpu_since_start=True,  # the command was just started: count all of its CPU time
     )
+    try:
+        # The run exists before the command: it is told its id.
+        ids = run.child_env(open_timeout) if mlflow_env else {}
+    except BaseException:
+        run.stop("FAILED")
+        raise
+    if ids:
+        child_env.pop("MLFLOW_EXPERIMENT_ID", None)  # it would contradict the run's experiment
+        child_env.update(ids)
+    elif mlflow_env and run.recorder is not None and not run.recorder.wait_open(0):
+        print(
+            f"tandem: warning: the MLflow run was not open after {open_timeout:g} s; the command "
+            "starts without MLFLOW_RUN_ID (what it logs to MLflow itself goes to a run of its own)",
+            file=sys.stderr,
+            flush=True,
+        )
     workdir = Path(tempfile.mkdtemp(prefix="tandem-run-"))
     try:
         proc = subprocess.Popen(list(argv), stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=child_env)
     except FileNotFoundError as exc:
         shutil.rmtree(workdir, ignore_errors=True)
+        run.stop("FAILED")
         raise CommandNotFound(f"{argv[0]}: {exc.strerror}") from None
     except OSError as exc:  # permission, a script without #!, a binary for another machine
         shutil.rmtree(workdir, ignore_errors=True)
+        run.stop("FAILED")
         raise CommandNotExecutable(f"{argv[0]}: {exc.strerror}") from None
     run.pid = proc.pid
     log = (workdir / "output.log").open("wb")
@@ -289,7 +324,7 @@ class SignalForwarder:
         self._cmd = cmd
         pending, self._pending = self._pending, []
         for signum in pending:
-            self._on_signal(signum, None)
+            cmd.send_signal(signum)  # it came before the command existed: a terminal's did not reach it
 
     def _on_signal(self, signum: int, _frame: Any) -> None:
         cmd = self._cmd

@@ -40,6 +40,7 @@ from tandem.watch.samplers import (
     ShareSampler,
 )
 from tandem.watch.stores import MlflowStore, RunStore
+from tandem.watch.stores.base import run_env
 
 HEARTBEAT_S = 30.0  # an unchanged metric is still stored this often
 
@@ -126,9 +127,46 @@ class Run:
         self._bad_keys: set[str] = set()
 
     # --- life cycle ----------------------------------------------------------------------
+    def open(self) -> Run:
+        """Start the run's writer, which creates the run in its store, before :meth:`start`
+        (which otherwise does it): ``tandem run`` needs the run's id before the command
+        starts (:meth:`child_env`). The pid given or set by then is tagged at :meth:`start`."""
+        if self.recorder is None:
+            if self._writer == "process":
+                self.recorder = HelperRecorder(
+                    self._store, self.name, self.tags, self._fallback_dir, self._flush_s
+                )
+            else:
+                self.recorder = Recorder(
+                    self._store,
+                    self.name,
+                    self.tags,
+                    fallback_dir=self._fallback_dir,
+                    flush_s=self._flush_s,
+                    warn=self._warn,
+                )
+        return self
+
+    def child_env(self, timeout: float = 120.0) -> dict[str, str]:
+        """What a process that should log into this run needs in its environment
+        (``MLFLOW_TRACKING_URI``, ``MLFLOW_RUN_ID``, ``MLFLOW_EXPERIMENT_NAME``: see
+        :func:`~tandem.watch.stores.base.run_env`), once the run exists: this opens it
+        (:meth:`open`) and waits up to ``timeout`` s for its store. Empty where the run is not
+        an MLflow run (another store, MLflow failed and the run went to a file, or the store
+        did not open in time): no id is given that does not exist."""
+        store = self._store
+        if not isinstance(store, MlflowStore):
+            return {}
+        self.open()
+        assert self.recorder is not None
+        if not self.recorder.wait_open(timeout) or self.recorder.fell_back or not self.recorder.run_id:
+            return {}
+        return run_env(store.uri, self.recorder.run_id, store.experiment)
+
     def start(self) -> Run:
         self._t0 = time.monotonic()
         self.tags["tandem.pid"] = str(self.pid)  # ``tandem run`` sets the command's pid after __init__
+        opened_before = self.recorder is not None
         # Samplers first: a bad setting (TANDEM_WATTS_PER_CORE=abc) fails here, before any
         # thread or helper process exists. The writer helper's pid joins ``exclude`` below.
         exclude: set[int] = set()
@@ -148,22 +186,14 @@ class Run:
             else:
                 self.unavailable[s.name] = why
                 _close(s)
-        if self._writer == "process":
-            self.recorder = HelperRecorder(
-                self._store, self.name, self.tags, self._fallback_dir, self._flush_s
-            )
+        self.open()
+        assert self.recorder is not None
+        if isinstance(self.recorder, HelperRecorder):
             exclude.add(self.recorder.pid)  # a child of this process, but not part of the run
-        else:
-            self.recorder = Recorder(
-                self._store,
-                self.name,
-                self.tags,
-                fallback_dir=self._fallback_dir,
-                flush_s=self._flush_s,
-                warn=self._warn,
-            )
         try:
             extra = {f"tandem.note.{k}": v for k, v in self.unavailable.items()}
+            if opened_before:
+                extra["tandem.pid"] = self.tags["tandem.pid"]  # opened with the pid known then
             for s in self.samplers:
                 extra.update(s.tags())
             if extra:
@@ -180,6 +210,7 @@ class Run:
             self._thread.start()
         except BaseException:
             self.recorder.close("FAILED", timeout=30)
+            self.summary = {}  # ended: a later stop() has nothing to do
             raise
         return self
 
@@ -192,7 +223,10 @@ class Run:
         """Stop sampling, store the summary and end the run. ``final_cpu`` is the tree's
         exact (user, system) CPU time if known (``tandem run`` gets it from the kernel)."""
         if self._thread is None or self.recorder is None:
-            return {}  # never started: nothing to stop
+            if self.recorder is not None and self.summary is None:  # opened, never started
+                self.summary = {}
+                self.recorder.close(status, timeout=120)
+            return {}  # never started: nothing else to stop
         if self.summary is not None:
             return self.summary  # already stopped
         self._stop.set()

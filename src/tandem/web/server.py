@@ -25,13 +25,12 @@ def is_loopback(host: str) -> bool:
 
 
 def mlflow_db(state_dir: Path) -> Path | None:
-    """The SQLite file of the manager's MLflow store, as its daemon is configured (None: the
+    """The SQLite file of the manager's MLflow store, the one its daemon writes to (None: the
     store is not a SQLite file)."""
-    from tandem.dirs import mlflow_store_uri
-    from tandem.place.config import DaemonConfig
+    from tandem.place.run.tracking import manager_store
     from tandem.watch.stores.mlflow_store import sqlite_path
 
-    return sqlite_path(DaemonConfig.load(state_dir).store or mlflow_store_uri(state_dir))
+    return sqlite_path(manager_store(state_dir))
 
 
 def bind(host: str, port: int) -> socket.socket:

@@ -5,17 +5,18 @@ Everything goes through the attempt's directory (``<state dir>/jobs/<job>/<attem
 each record written whole (write, then rename), so a reader sees the old file or the new
 one, never a part:
 
-=================  ===========  =================================================
-file               written by   record
-=================  ===========  =================================================
-``spec.json``      daemon       :class:`AttemptSpec`: what to run and how
-``shim.json``      supervisor   :class:`ShimInfo`: its pid, start time, machine (first)
-``started.json``   supervisor   :class:`Started`: the job's pid, group, cgroup, marker
-``usage.json``     supervisor   :class:`Usage`: the job's processes and memory, each sample
-``result.json``    supervisor   :class:`Result`: how it ended, peaks
-``output.log``     supervisor   the job's stdout and stderr (capped and rotated)
-``metrics.jsonl``  supervisor   the run's points, tags and artifacts, for MLflow
-=================  ===========  =================================================
+=================  =============  ===============================================
+file               written by     record
+=================  =============  ===============================================
+``spec.json``      daemon         :class:`AttemptSpec`: what to run and how
+``shim.json``      supervisor     :class:`ShimInfo`: its pid, start time, machine (first)
+``started.json``   supervisor     :class:`Started`: the job's pid, group, cgroup, marker
+``usage.json``     supervisor     :class:`Usage`: the job's processes and memory, each sample
+``result.json``    supervisor     :class:`Result`: how it ended, peaks
+``output.log``     supervisor     the job's stdout and stderr (capped and rotated)
+``metrics.jsonl``  supervisor     the run's points, tags and artifacts, for MLflow
+``mlflow.json``    MLflow helper  :class:`RunRef`: the attempt's MLflow run, once made
+=================  =============  ===============================================
 """
 
 from __future__ import annotations
@@ -81,6 +82,8 @@ class AttemptSpec:
     log_max: int = 64 << 20  # bytes of output kept on disk
     socket: str | None = None  # the daemon's, to wake it when the result is there
     track: bool = True  # write the run's points to metrics.jsonl for MLflow
+    # wait for the attempt's MLflow run (mlflow.json) and tell the job its id before it starts
+    mlflow_env: bool = False
 
 
 @dataclass(frozen=True)
@@ -127,3 +130,15 @@ class Result:
     peak_mem: int | None = None
     cpu_seconds: float | None = None
     notes: list[str] = field(default_factory=list)  # what the supervisor could not do (a full disk)
+
+
+@dataclass(frozen=True)
+class RunRef:
+    """The attempt's MLflow run, as the manager's MLflow helper made it: where and which
+    (or, with ``error``, why there is none)."""
+
+    FILE: ClassVar[str] = "mlflow.json"
+    uri: str = ""
+    run_id: str = ""
+    experiment: str = ""
+    error: str | None = None

@@ -11,14 +11,20 @@ session (``setsid``, a double fork): Slurm's process tracking, in two ways.
 
 A process group or session alone is escapable; both of these are not, short of a process
 that both clears its environment and leaves a cgroup it cannot leave.
+
+:func:`wait_exit` is how the supervisor waits for its job's main process: asleep until it
+ends or a signal comes, not polling.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import select
 import signal
+import subprocess
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import psutil
@@ -221,6 +227,38 @@ class JobProcesses:
                 return
             except OSError:
                 time.sleep(0.05)
+
+
+def wait_exit(proc: subprocess.Popen, stop: Callable[[], bool], poll_s: float = 0.1) -> None:
+    """Return once ``proc`` has ended or ``stop()`` is true, asleep meanwhile: on a pidfd, which
+    turns readable when the process exits, and on the signal wakeup fd, which a signal with a
+    Python handler writes to (so a handler that makes ``stop()`` true wakes it at once). From
+    the main thread (as for ``signal.signal``). Where there is no pidfd (Linux before 5.3),
+    it looks every ``poll_s`` seconds instead."""
+    try:
+        pidfd = os.pidfd_open(proc.pid)
+    except (AttributeError, OSError):
+        while proc.poll() is None and not stop():
+            time.sleep(poll_s)
+        return
+    wake_r, wake_w = os.pipe()
+    os.set_blocking(wake_r, False)
+    os.set_blocking(wake_w, False)
+    old = signal.set_wakeup_fd(wake_w)
+    waiting = select.poll()
+    waiting.register(pidfd, select.POLLIN)
+    waiting.register(wake_r, select.POLLIN)
+    try:
+        while proc.poll() is None and not stop():
+            waiting.poll(60_000)
+            try:
+                os.read(wake_r, 512)
+            except BlockingIOError:
+                pass
+    finally:
+        signal.set_wakeup_fd(old)
+        for fd in (pidfd, wake_r, wake_w):
+            os.close(fd)
 
 
 def _alive(pid: int) -> bool:

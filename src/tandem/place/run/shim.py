@@ -10,7 +10,10 @@ What it does for its job:
 - **tracks it as ``tandem run`` does**: watch's :class:`~tandem.watch.Run` with the same
   samplers (process tree, host, the job's GPUs through NVML, energy measured or estimated,
   tandem share), into a spool file that the job manager's MLflow helper forwards while the
-  job runs (no MLflow import in here); and ``usage.json`` for the daemon, each sample;
+  job runs (no MLflow import in here); and ``usage.json`` for the daemon, each sample. The
+  job starts once the helper has made its MLflow run (``mlflow.json``, at most
+  ``RUN_WAIT_S``) and is told it (``MLFLOW_TRACKING_URI``, ``MLFLOW_RUN_ID``), so that
+  MLflow in the job writes to that one run;
 - **keeps its output**, capped: the job writes into a pipe, read here into ``output.log``,
   which rotates to ``output.log.1`` at half of ``log_max``; a disk that refuses it loses
   output, never the job;
@@ -34,10 +37,16 @@ from pathlib import Path
 from typing import Any
 
 from tandem.place.run import failures
-from tandem.place.run.files import AttemptSpec, Result, ShimInfo, Started, Usage, load, save
-from tandem.place.run.proctrack import JobProcesses, create_time, host_id, join, leave, make_cgroup
+from tandem.place.run.files import AttemptSpec, Result, RunRef, ShimInfo, Started, Usage, load, save
+from tandem.place.run.proctrack import JobProcesses, create_time, host_id, join, leave, make_cgroup, wait_exit
+from tandem.watch.stores.base import absolute_uri, run_env, with_run_env
 
 RESULT_RETRY_S = 3600.0  # how long a result waits for a disk that refuses it
+RUN_WAIT_S = 60.0  # how long a job waits for its MLflow run to be made (then starts without its id)
+# The run's points go to the spool every FLUSH_S, and the MLflow helper writes each batch in
+# one transaction: MLflow's SQL store costs about 5 ms a write and 0.06 ms a point, so every
+# 2 s made the helper's writes the largest part of the manager's own CPU on a sweep.
+FLUSH_S = 10.0
 
 
 class LogPump(threading.Thread):
@@ -120,6 +129,9 @@ class Shim:
         signal.signal(signal.SIGINT, self._on_term)
         signal.signal(signal.SIGHUP, signal.SIG_IGN)  # a closed terminal is not a cancel
         spec = self.spec
+        run_ids = self._run_env() if spec.mlflow_env else {}
+        if self.cancelled:  # while it waited for its run: it never starts
+            return self._write_result(failures.classify(-signal.SIGTERM, "", cancelled=True), time.time())
         cgroup = make_cgroup(f"tandem-{os.getuid()}-{spec.job_id}-{spec.attempt}-{me}")
         if cgroup is not None and not join(cgroup):
             cgroup = None
@@ -132,7 +144,7 @@ class Shim:
             proc = subprocess.Popen(
                 spec.command,
                 cwd=spec.cwd,
-                env={**spec.env, **procs.env()},
+                env=with_run_env({**spec.env, **procs.env()}, run_ids),
                 stdin=subprocess.DEVNULL,
                 stdout=write_fd,
                 stderr=write_fd,
@@ -160,10 +172,7 @@ class Shim:
             )
         )
         run = self._track(proc.pid)
-        while proc.poll() is None:
-            if self.cancelled:
-                break
-            time.sleep(0.1)
+        wait_exit(proc, lambda: self.cancelled)  # asleep until it ends or a signal comes
         if cgroup is not None:
             leave(cgroup)  # before any kill of the cgroup
         if self.cancelled:  # every process of the job; the main one is reaped below
@@ -192,6 +201,27 @@ class Shim:
             self.note(f"{pump.dropped} bytes of output were lost: the disk refused them")
         return self._write_result(ending, started, self.peak_mem or None, cpu_seconds, kernel)
 
+    def _run_env(self) -> dict[str, str]:
+        """The job's MLflow run, once the manager's MLflow helper has made it (``mlflow.json``),
+        as the job's environment gives it (:func:`~tandem.watch.stores.base.run_env`); empty,
+        with a note, where there is none or it did not come in ``RUN_WAIT_S``."""
+        deadline = time.monotonic() + RUN_WAIT_S
+        while (ref := load(self.dir, RunRef)) is None:
+            if self.cancelled:
+                return {}
+            if time.monotonic() > deadline:
+                self.note(f"no MLflow run made within {RUN_WAIT_S:g} s: started without MLFLOW_RUN_ID")
+                return {}
+            time.sleep(0.05)
+        if ref.error or not ref.run_id:
+            self.note(f"started without MLFLOW_RUN_ID: its MLflow run could not be made ({ref.error})")
+            return {}
+        ids = run_env(ref.uri, ref.run_id, ref.experiment)
+        own = self.spec.env.get("MLFLOW_TRACKING_URI")
+        if own and absolute_uri(own) != ids["MLFLOW_TRACKING_URI"]:
+            self.note(f"MLFLOW_TRACKING_URI {own} replaced by the job manager's store, where its run is")
+        return ids
+
     def _track(self, pid: int) -> Any:
         """watch's Run over the job, into the spool; None if it cannot start (the job runs on)."""
         from tandem.watch.stores.spool import SpoolStore
@@ -211,7 +241,7 @@ class Shim:
                 store=store,
                 env=spec.env,
                 quiet=True,
-                flush_s=2.0,
+                flush_s=FLUSH_S,
                 cpu_since_start=True,
                 writer="thread",
                 samplers=samplers,

@@ -6,7 +6,8 @@ spool file (:class:`~tandem.watch.stores.spool.SpoolStore`), which imports nothi
 helper per state directory (``python -m tandem.place.run.tracking``, at nice 10, started by
 the daemon) imports MLflow once, opens a run when an attempt starts and forwards its spool
 through watch's :class:`~tandem.watch.stores.MlflowStore` every ``POLL_S`` seconds: a metric
-sampled now is in MLflow within seconds, while the job runs. When the attempt ends, the
+sampled now is in MLflow within about 12 s (a supervisor appends to its spool every 10 s,
+``FLUSH_S`` in :mod:`~tandem.place.run.shim`), while the job runs. When the attempt ends, the
 daemon's record (status, how it ended, the manager's own figures) closes the run, with the
 job's output (capped: its newest part) as an artifact.
 
@@ -16,8 +17,15 @@ helper dies: ``<job>-<n>.start.json`` (from the daemon; kept while the run is op
 run id and spool offset, so that a new helper resumes the same run) and
 ``done/<job>-<n>.json`` (run id or error, for the daemon).
 
+The run exists before its job starts: the helper looks for new attempts every
+``START_POLL_S`` and writes each run's id into the attempt's directory
+(:class:`~tandem.place.run.files.RunRef`, ``mlflow.json``), where the supervisor waits for
+it and tells the job (``MLFLOW_TRACKING_URI``, ``MLFLOW_RUN_ID``), so that MLflow in the job
+writes to the same run. Where no run can be made, the file says why, and the job starts
+without them.
+
 The store: the daemon's ``--store URI``, else ``$MLFLOW_TRACKING_URI``, else an embedded
-SQLite store in the state directory.
+SQLite store in the state directory (:func:`manager_store` says which, for ``tandem report``).
 """
 
 from __future__ import annotations
@@ -31,14 +39,16 @@ import time
 from pathlib import Path
 from typing import Any
 
-from tandem.place.run.files import read_json, write_json
+from tandem.place.run.files import RunRef, read_json, save, write_json
+from tandem.watch.stores.base import absolute_uri
 
 log = logging.getLogger(__name__)
 
 IDLE_EXIT_S = 60.0
 STOPPED = "daemon-stopped"  # in the queue: its daemon has stopped (the helper ends when idle)
 RETRY_AFTER_S = 30.0
-POLL_S = 2.0
+POLL_S = 2.0  # between forwards of the open runs' spools
+START_POLL_S = 0.2  # between looks for new attempts (each waits for its run to start)
 
 
 def queue_dir(state_dir: Path) -> Path:
@@ -100,7 +110,7 @@ class Tracker:
 
     def __init__(self, state_dir: Path, uri: str, experiment: str = "tandem") -> None:
         self.state_dir = state_dir
-        self.uri = uri
+        self.uri = absolute_uri(uri)  # as the helper (same working directory) and every job see it
         self.experiment = experiment
         self.proc: subprocess.Popen | None = None
         self._next_start = 0.0
@@ -127,6 +137,7 @@ class Tracker:
                     self.proc.returncode,
                     self.state_dir / "tracking.log",
                 )
+                self._no_run_yet(f"the MLflow helper failed (exit {self.proc.returncode}; see tracking.log)")
             self.proc = None
         if pending and self.proc is None and time.monotonic() >= self._next_start:
             with open(self.state_dir / "tracking.log", "ab") as out:
@@ -134,6 +145,17 @@ class Tracker:
                 self.proc = subprocess.Popen(
                     [*argv, self.experiment], stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT
                 )
+
+    def _no_run_yet(self, why: str) -> None:
+        """The attempts waiting for a run the failed helper did not make: their jobs start
+        now, without one (it is made, later, when a helper runs again)."""
+        q = queue_dir(self.state_dir)
+        for path in q.glob("*.start.json"):
+            key = path.name.removesuffix(".start.json")
+            start = read_json(path)
+            if start is None or (q / f"{key}.open.json").exists():
+                continue
+            tell_job(Path(start["spool"]), RunRef(error=why))
 
     def stop(self) -> None:
         """The daemon stops: its helper ends once it has written every open run (those of
@@ -174,6 +196,8 @@ class _OpenRun:
             self.offset = 0
             self._done(final=False)  # the daemon learns the run id at once
         self._save()
+        # The job waits for this to start (its supervisor tells it the run's id).
+        tell_job(self.spool, RunRef(self.store.uri, self.store.run_id, experiment))
 
     def _save(self) -> None:
         write_json(self.q / f"{self.key}.open.json", {"run_id": self.store.run_id, "offset": self.offset})
@@ -224,6 +248,56 @@ class _OpenRun:
             (self.q / f"{self.key}.{suffix}.json").unlink(missing_ok=True)
 
 
+def tell_job(spool: Path, ref: RunRef) -> None:
+    """Write ``ref`` into the attempt's directory (the spool's), where its supervisor waits
+    for it; a disk that refuses it costs the job its run's id, not the run."""
+    try:
+        if spool.parent.is_dir():
+            save(spool.parent, ref)
+    except OSError as exc:
+        log.warning("cannot write %s: %s", spool.parent / RunRef.FILE, exc)
+
+
+def manager_store(state_dir: Path) -> str:
+    """The MLflow store of the job manager of ``state_dir``: the one its daemon said it
+    writes to (``daemon.json``), else the one its configuration and this environment give."""
+    from tandem.dirs import mlflow_store_uri
+    from tandem.place.config import DaemonConfig
+
+    said = (read_json(state_dir / "daemon.json") or {}).get("store")
+    if isinstance(said, str) and said:
+        return said
+    return absolute_uri(DaemonConfig.load(state_dir).store or mlflow_store_uri(state_dir))
+
+
+def _open_new(q: Path, runs: dict[str, _OpenRun], failed: set[str], uri: str, experiment: str) -> None:
+    """Open the run of each attempt that started since the last look."""
+    for path in sorted(q.glob("*.start.json")):
+        key = path.name.removesuffix(".start.json")
+        if key in runs or key in failed:
+            continue
+        start = read_json(path)
+        if start is None:
+            continue
+        try:
+            runs[key] = _OpenRun(q, key, start, uri, experiment)
+        except Exception as exc:  # one bad run must not block the others
+            logging.exception("job %s: no MLflow run", key)
+            failed.add(key)
+            error = f"{type(exc).__name__}: {exc}"
+            record = {
+                "job_id": start["job_id"],
+                "attempt": start["attempt"],
+                "final": True,
+                "run_id": None,
+                "error": error,
+            }
+            write_json(q / "done" / f"{key}.json", record)
+            tell_job(Path(start["spool"]), RunRef(uri, "", experiment, error))
+            for suffix in ("start", "end", "open"):
+                (q / f"{key}.{suffix}.json").unlink(missing_ok=True)
+
+
 def main(argv: list[str]) -> int:
     state_dir, uri, experiment = Path(argv[0]), argv[1], argv[2]
     try:
@@ -246,49 +320,44 @@ def main(argv: list[str]) -> int:
     MlflowStore(uri, experiment).prepare()  # the import and the tables, once
     runs: dict[str, _OpenRun] = {}
     failed: set[str] = set()
-    idle_since = time.monotonic()
-    # With its daemon stopped, it ends once no run is open, rather than after idling.
-    while runs or (not (q / STOPPED).exists() and time.monotonic() - idle_since < IDLE_EXIT_S):
-        for path in sorted(q.glob("*.start.json")):
-            key = path.name.removesuffix(".start.json")
-            start = read_json(path)
-            if key in runs or key in failed or start is None:
-                continue
-            try:
-                runs[key] = _OpenRun(q, key, start, uri, experiment)
-            except Exception as exc:  # one bad run must not block the others
-                logging.exception("job %s: no MLflow run", key)
-                failed.add(key)
-                error = f"{type(exc).__name__}: {exc}"
-                record = {
-                    "job_id": start["job_id"],
-                    "attempt": start["attempt"],
-                    "final": True,
-                    "run_id": None,
-                    "error": error,
-                }
-                write_json(q / "done" / f"{key}.json", record)
-                for suffix in ("start", "end", "open"):
-                    (q / f"{key}.{suffix}.json").unlink(missing_ok=True)
-        for key, run in list(runs.items()):
-            end = read_json(q / f"{key}.end.json")
-            try:
-                if end is not None:
-                    run.finish(end)
-                    del runs[key]
-                else:
-                    run.forward()
-            except Exception:
-                logging.exception("job %s: forwarding to MLflow failed; trying again", key)
+    idle_since, last_forward = time.monotonic(), 0.0
+    looked = (-1, 0.0)  # the queue's mtime when last looked into, and when
+    while True:
+        # At once: a job waits for its run to start. Looked into only when a file came or went
+        # (a stat, not a listing: this wakes 5 times a second), and every POLL_S anyway.
+        mtime = os.stat(q).st_mtime_ns
+        if mtime != looked[0] or time.monotonic() - looked[1] >= POLL_S:
+            looked = (mtime, time.monotonic())
+            _open_new(q, runs, failed, uri, experiment)
+        if time.monotonic() - last_forward >= POLL_S:
+            last_forward = time.monotonic()
+            for key, run in list(runs.items()):
+                end = read_json(q / f"{key}.end.json")
+                try:
+                    if end is not None:
+                        run.finish(end)
+                        del runs[key]
+                    else:
+                        run.forward()
+                except Exception:
+                    logging.exception("job %s: forwarding to MLflow failed; trying again", key)
         if runs:
             idle_since = time.monotonic()
-        time.sleep(POLL_S)
+        # With its daemon stopped, it ends once no run is open, rather than after idling.
+        elif (q / STOPPED).exists() or time.monotonic() - idle_since >= IDLE_EXIT_S:
+            break
+        time.sleep(START_POLL_S)
     pid_file.unlink(missing_ok=True)
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+    code = main(sys.argv[1:])
+    # Everything is written (each write commits): skip the interpreter's teardown, which
+    # after MLflow's import costs about 0.5 CPU-s, a tenth of the manager's own on a sweep.
+    logging.shutdown()
+    sys.stdout.flush()
+    os._exit(code)
 
 
 def helper_pid(state_dir: Path) -> int | None:

@@ -21,10 +21,10 @@ here. What is modelled instead of measured:
   declaring its peak plus the margin. Its work is lost.
 - **Collocation slowdown** (:class:`SlowdownModel`).
 
-The daemon re-plans on a 0.5 s tick; here every input of :func:`plan` that changes with
-time has its own event (a GPU stops being fresh when its newest job settles; a job starts
-starving ``starve_after_s`` after submission), so a periodic tick would only repeat
-identical plans and is not needed.
+The daemon re-plans on its tick (and at once after a change); here every input of
+:func:`plan` that changes with time has its own event (a GPU stops being fresh when its
+newest job settles; a job starts starving ``starve_after_s`` after submission), so a
+periodic tick would only repeat identical plans and is not needed.
 """
 
 from __future__ import annotations

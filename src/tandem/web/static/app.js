@@ -236,7 +236,7 @@ async function jobPage(id) {
     header.replaceChildren(
       el("h2", { "data-job-id": j.id, "data-state": j.state, id: "job-head" }, `job ${j.id}${j.name ? ` ${j.name}` : ""} `, stateCell(j.state), " ", cancel),
       el("dl", {}, el("dt", {}, "command"), el("dd", { class: "cmd" }, j.command.join(" ")),
-        el("dt", {}, "request"), el("dd", {}, `${r.cpus} cores, RAM ${size(r.mem_bytes || null)}, GPUs ${r.gpus === null ? "auto" : r.gpus}, GPU memory ${r.gpu_mem_bytes === null ? "auto" : size(r.gpu_mem_bytes)}`),
+        el("dt", {}, "request"), el("dd", {}, `${r.cpus === "auto" ? `cores auto${j.reservation && j.reservation.cpus !== null ? ` (${j.reservation.cpus}: ${j.reservation.from})` : ""}` : `${r.cpus} cores`}, RAM ${size(r.mem_bytes || null)}, GPUs ${r.gpus === null ? "auto" : r.gpus}, GPU memory ${r.gpu_mem_bytes === null ? "auto" : size(r.gpu_mem_bytes)}`),
         el("dt", {}, "placement"), el("dd", {}, j.placement ? `${j.placement.device}${j.placement.gpus.length ? ` GPU ${j.placement.gpus.join(",")}` : ""}` : "-"),
         el("dt", {}, "why it waits"), el("dd", {}, j.reason || "-"),
         el("dt", {}, "how it ended"), el("dd", {}, j.cause ? `${j.cause}${j.cause_line ? `: ${j.cause_line}` : ""}` : "-"),

@@ -1,0 +1,138 @@
+"""Ending jobs: ``tandem cancel`` (ids, ``group:G``, ``--all``) and ``tandem wait`` (until
+they end; ids or ``group:G``). ``wait`` reads the state file; ``cancel`` talks to the daemon."""
+
+from __future__ import annotations
+
+import sys
+import time
+from typing import Any
+
+import click
+
+from tandem.cli._common import (
+    EXIT_CANCELLED,
+    EXIT_FAILED,
+    EXIT_INTERRUPTED,
+    EXIT_NO_DAEMON,
+    EXIT_TIMEOUT,
+    daemon_call,
+    job_ids,
+    open_state,
+    request,
+    unknown_job,
+)
+from tandem.place.model import CANCELLED, FINAL_STATES, SUCCEEDED
+
+
+@click.command("cancel")
+@click.argument("ids", nargs=-1)
+@click.option("--all", "everything", is_flag=True, help="Every waiting and running job.")
+def cancel(ids: tuple[str, ...], everything: bool) -> None:
+    """Cancel jobs (IDS, group:G for a group's): a waiting job leaves the queue; a running
+    job's whole process tree gets SIGTERM, then SIGKILL after a grace period."""
+    from tandem.place.protocol import Cancel
+
+    groups, ids = _groups(ids)
+    if not (ids or groups or everything):
+        raise click.UsageError("name the jobs: tandem cancel ID..., group:G, or --all")
+    wanted = job_ids(ids, "'IDS'")
+    st = open_state()  # an unknown job is said as every command says it, daemon or not
+    unknown = [i for i in wanted if st.job(i, attempts=False) is None]
+    known = [i for i in wanted if i not in unknown]
+    if not (known or groups or everything):
+        for i in unknown[1:]:
+            click.echo(f"Error: {unknown_job(i).message}", err=True)
+        raise unknown_job(unknown[0])
+    reply = request(Cancel(known, everything=everything), timeout=120)
+    for group in groups:
+        more = request(Cancel([], group=group), timeout=120)
+        reply.cancelled.extend(more.cancelled)
+    if len(reply.cancelled) > 20:  # a sweep's: one line
+        click.echo(f"cancelled {len(reply.cancelled)} jobs ({reply.cancelled[0]}-{reply.cancelled[-1]})")
+        reply.cancelled.clear()
+    reply.unknown[:0] = unknown
+    for i in reply.cancelled:
+        click.echo(f"cancelled {i}")
+    for i in reply.ended:
+        click.echo(f"job {i} had already ended", err=True)
+    for i in reply.unknown[1:]:
+        click.echo(f"Error: {unknown_job(i).message}", err=True)
+    if reply.unknown:
+        raise unknown_job(reply.unknown[0])
+
+
+@click.command("wait")
+@click.argument("ids", nargs=-1)  # and group:G
+@click.option("--timeout", type=float, help="Give up after this many seconds (exit 124).")
+def wait(ids: tuple[str, ...], timeout: float | None) -> None:
+    """Block until the jobs end (default: every job now waiting or running). Exit with the
+    job's exit code (one job), or 1 if any of several did not succeed."""
+    st = open_state()
+    groups, ids = _groups(ids)
+    wanted = (
+        job_ids(ids, "'IDS'") if ids or groups else [j.id for j in st.jobs() if j.state not in FINAL_STATES]
+    )
+    for group in groups:
+        members = [j.id for j in st.jobs(group=group)]
+        if not members:
+            raise click.BadParameter(f"group {group!r} has no job", param_hint="'IDS'")
+        wanted += members
+    for i in wanted:
+        if st.job(i, attempts=False) is None:
+            raise unknown_job(i)
+    try:
+        jobs = _wait_for(st, wanted, timeout)
+    except KeyboardInterrupt:
+        click.echo("tandem wait: interrupted (the jobs go on)", err=True)
+        sys.exit(EXIT_INTERRUPTED)
+    if len(jobs) == 1:
+        j = jobs[0]
+        if j.state == SUCCEEDED:
+            sys.exit(0)
+        if j.state == CANCELLED:
+            click.echo(
+                f"job {j.id} was cancelled{f' ({j.cause})' if j.cause != 'cancelled' else ''}", err=True
+            )
+            sys.exit(EXIT_CANCELLED)
+        click.echo(f"job {j.id} {j.state}: {j.cause or ''}", err=True)
+        sys.exit(j.exit_code if j.exit_code not in (None, 0) else EXIT_FAILED)
+    bad = [j for j in jobs if j.state != SUCCEEDED]
+    for j in bad:
+        click.echo(f"job {j.id} {j.state}: {j.cause or ''}", err=True)
+    sys.exit(EXIT_FAILED if bad else 0)
+
+
+def _groups(args: tuple[str, ...]) -> tuple[list[str], tuple[str, ...]]:
+    """``group:G`` arguments apart from job ids."""
+    groups = [a.removeprefix("group:") for a in args if a.startswith("group:")]
+    return groups, tuple(a for a in args if not a.startswith("group:"))
+
+
+def _wait_for(state: Any, wanted: list[int], timeout: float | None) -> list[Any]:
+    """The jobs once all have ended; exits 124 after ``timeout`` s, 3 when no daemon runs."""
+    from tandem.place.client import is_running
+    from tandem.place.state import state_dir
+
+    deadline = None if timeout is None else time.monotonic() + timeout
+    next_check = time.monotonic() + 5.0
+    while True:
+        jobs = [state.job(i, attempts=False) for i in wanted]
+        if all(j is not None and j.state in FINAL_STATES for j in jobs):
+            return jobs
+        if deadline is not None and time.monotonic() >= deadline:
+            click.echo(f"tandem wait: jobs still running after {timeout:g} s", err=True)
+            sys.exit(EXIT_TIMEOUT)
+        if time.monotonic() >= next_check:
+            # Only a daemon moves jobs on: without one, waiting would never end.
+            next_check = time.monotonic() + 5.0
+            if not daemon_call(is_running, state_dir()):
+                click.echo(
+                    "tandem wait: no daemon is running, so these jobs cannot end; "
+                    "start one with `tandem daemon start` (it adopts running jobs)",
+                    err=True,
+                )
+                sys.exit(EXIT_NO_DAEMON)
+        time.sleep(0.3)
+
+
+COMMANDS = [cancel, wait]

@@ -1,0 +1,95 @@
+"""Reservations that learn: the cores a job of ``--cpus auto`` reserves.
+
+A job submitted without ``--cpus`` (stored as :data:`AUTO_CPUS`) reserves what jobs of its
+key (:func:`tandem.place.model.job_key`: its ``--name``, else its command line) were
+measured to use: the 95th percentile of its process tree's cores over a run (its own
+processes: a share's producer is supervised and charged apart), times 1.2 plus 0.05, at
+least 0.1. A job never seen before is a *probe*: it reserves :data:`PROBE_CORES`, starts only
+while the host's measured load leaves room, one probe at a time, and once it has
+:data:`PROBE_SAMPLES` samples past its start-up its reservation becomes its measurement
+(a CPU-bound job reserves about a core within seconds and blocks further packing).
+What was learnt lives in the daemon's memory (a restarted daemon probes again).
+"""
+
+from __future__ import annotations
+
+import math
+
+from tandem.place.records import Job
+
+AUTO_CPUS = 0.0  # the stored --cpus of a job that asked for auto
+PROBE_CORES = 0.25
+PROBE_SAMPLES = 2  # samples (one a second) past start-up before a probe counts as measured
+KEEP_RUNS = 5  # the recent runs of a key that decide its reservation
+
+
+def margin(cores: float) -> float:
+    """A measured use of cores plus the margin a reservation keeps (x1.2 + 0.05, at least
+    0.1), never more than the whole cores it was seen to keep busy: a job that keeps one
+    core busy reserves one, so two of them still fit on two cores."""
+    return max(0.1, min(cores * 1.2 + 0.05, max(1.0, math.ceil(cores - 0.02))))
+
+
+def p95(values: list[float]) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(0.95 * len(ordered)))]
+
+
+def key_words(key: str) -> str:
+    """A job key as a person reads it (its name, else its command)."""
+    return key.split(":", 1)[1] if ":" in key else key
+
+
+class Learned:
+    """The cores each job key was measured to use, over its recent successful runs."""
+
+    def __init__(self) -> None:
+        self._runs: dict[str, list[float]] = {}
+
+    def seen(self, key: str, cores: float) -> None:
+        runs = self._runs.setdefault(key, [])
+        runs.append(cores)
+        del runs[:-KEEP_RUNS]
+
+    def reserve(self, job: Job) -> tuple[float, str, bool]:
+        """What ``job`` reserves, where that comes from, and whether it is a probe."""
+        if job.cpus != AUTO_CPUS:
+            return job.cpus, "given", False
+        runs = self._runs.get(job.job_key)
+        if runs:
+            n = len(runs)
+            source = f"measured, job key {key_words(job.job_key)}, {n} run{'s' * (n != 1)}"
+            return margin(max(runs)), source, False
+        return PROBE_CORES, "probe", True
+
+
+class Measuring:
+    """One running attempt's reservation of cores and the samples behind it."""
+
+    def __init__(self, job: Job, learned: Learned) -> None:
+        self.cores, self.source, self.probe = learned.reserve(job)
+        self.auto = job.cpus == AUTO_CPUS
+        self.samples: list[float] = []
+
+    def sample(self, cores: float) -> bool:
+        """A sample past start-up; True when the reservation changed (to be written)."""
+        if not self.auto:
+            return False
+        self.samples.append(cores)
+        if len(self.samples) < PROBE_SAMPLES:
+            return False
+        measured = margin(p95(self.samples))
+        if self.probe:
+            self.cores, self.source, self.probe = measured, "measured, this run", False
+            return True
+        if measured > self.cores + 0.05:  # it uses more than its key did before: follow it up
+            self.cores, self.source = measured, "measured, this run"
+            return True
+        return False
+
+    def measured(self) -> float | None:
+        """Its run's use of cores (95th percentile), where it has enough samples."""
+        return p95(self.samples) if len(self.samples) >= PROBE_SAMPLES else None
+
+    def json(self) -> dict[str, object]:
+        return {"cpus": round(self.cores, 3), "cpus_from": self.source}

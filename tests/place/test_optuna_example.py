@@ -1,0 +1,48 @@
+"""examples/optuna_sweep.py as the README shows it: an Optuna study (and a random search)
+whose trials are tandem jobs reading one share."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.timing import scaled
+
+EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "optuna_sweep.py"
+
+
+@pytest.mark.parametrize("tuner", ["optuna", "random"])
+def test_a_study_runs_its_trials_as_jobs_of_one_share_group(cli, tuner):
+    if tuner == "optuna":
+        pytest.importorskip("optuna")
+    cli("daemon", "start", "--cpus", "2")
+    cli(
+        "share",
+        "define",
+        "blobs",
+        "--dataset",
+        f"{EXAMPLE}:train_set",
+        "--batch-size",
+        "64",
+        "--shuffle",
+        "--cpus",
+        "0.5",
+    )
+    args = ["--trials", "4", "--parallel", "2"] + (["--random"] if tuner == "random" else [])
+    run = subprocess.run(
+        [sys.executable, str(EXAMPLE), *args],
+        env=cli.env,
+        cwd=cli.tmp,
+        capture_output=True,
+        text=True,
+        timeout=scaled(240),
+    )
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert "best loss" in run.stdout
+    jobs = [j for j in cli.json("ls", "--all") if j["group"] == "optuna-blobs"]
+    assert len(jobs) == 4
+    assert all(j["state"] == "succeeded" for j in jobs), jobs
+    assert all(j["share"] == "blobs" and set(j["params"]) == {"lr", "weight_decay"} for j in jobs)

@@ -1,0 +1,130 @@
+"""Reservations that learn (``--cpus auto``, the default): the README's sweep packs on two
+cores, a CPU-bound job's reservation rises to its measurement, a job key seen before
+reserves what it used, and an explicit ``--cpus`` stays a hard reservation."""
+
+from __future__ import annotations
+
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from tests.place.test_daemon import DATASET, FAST
+from tests.timing import scaled
+
+# A training job that mostly waits on a (simulated) accelerator: it reads a batch from its
+# share, says it started, then "steps" (sleeps) until the test releases it, and reads the
+# rest of its epoch.
+SLEEPER = (
+    "import os, sys, time\n"
+    "from pathlib import Path\n"
+    "from tandem.share import Consumer\n"
+    "c = Consumer.from_env(batch_size=8)\n"
+    "it = iter(c)\n"
+    "n = int(next(it).shape[0])\n"
+    "out = Path(sys.argv[1])\n"
+    "with open(out / 'started', 'a') as f:\n"
+    "    f.write(os.environ['TANDEM_JOB_ID'] + '\\n')\n"
+    "deadline = time.monotonic() + 300\n"
+    "while not (out / 'release').exists() and time.monotonic() < deadline:\n"
+    "    time.sleep(0.1)\n"
+    "n += sum(int(b.shape[0]) for b in it)\n"
+    "with open(out / 'done', 'a') as f:\n"
+    "    f.write(f\"{os.environ['TANDEM_JOB_ID']} {n}\\n\")\n"
+    "c.close()\n"
+)
+BUSY = (
+    "import sys, time\nfrom pathlib import Path\n"
+    "deadline = time.monotonic() + 300\n"
+    "while not Path(sys.argv[1]).exists() and time.monotonic() < deadline:\n"
+    "    sum(range(10000))\n"
+)
+
+
+def _until(what: Callable[[], object], timeout: float, message: str) -> object:
+    deadline = time.monotonic() + scaled(timeout)
+    while True:
+        got = what()
+        if got:
+            return got
+        if time.monotonic() > deadline:
+            raise AssertionError(message)
+        time.sleep(0.2)
+
+
+def _lines(path: Path) -> list[str]:
+    return path.read_text().split() if path.exists() else []
+
+
+def test_readme_sweep_with_default_reservations_runs_three_at_once(cli, tmp_path: Path) -> None:
+    """The README's sweep as printed (a share with its defaults, no --cpus) on two cores."""
+    (tmp_path / "toy_data.py").write_text(DATASET)
+    (tmp_path / "train.py").write_text(SLEEPER)
+    cli("daemon", "start", "--cpus", "2", *FAST)
+    cli("share", "define", "imagenet", "--dataset", "toy_data.py:make", "--batch-size", "4")
+    ids = [
+        cli.submit(
+            "--share",
+            "imagenet",
+            "--group",
+            "lr-sweep",
+            "--name",
+            f"r18-lr{lr}",
+            "--",
+            sys.executable,
+            "train.py",
+            str(tmp_path),
+        )
+        for lr in ("0.1", "0.03", "0.01", "0.003")
+    ]
+    started = tmp_path / "started"
+    _until(
+        lambda: len(_lines(started)) >= 3,
+        120,
+        f"fewer than 3 of 4 ran at once: {cli('ls').stdout}",
+    )
+    # Each says what it reserves and why: a probe's measurement (a few samples of its tree).
+    shown = cli.job(int(_lines(started)[0]))["reservation"]
+    assert shown["cpus"] is not None and shown["from"] in ("probe", "measured, this run"), shown
+    (tmp_path / "release").write_text("")
+    assert cli("wait", *map(str, ids), timeout=180).returncode == 0, cli("ls").stdout
+    done = [line.split() for line in (tmp_path / "done").read_text().splitlines()]
+    assert sorted(int(j) for j, _ in done) == ids and all(int(n) == 64 for _, n in done)  # every epoch exact
+
+
+def test_a_cpu_bound_job_reserves_its_measurement_and_its_key_learns(cli, tmp_path: Path) -> None:
+    (tmp_path / "busy.py").write_text(BUSY)
+    stop = tmp_path / "stop"
+    cli("daemon", "start", "--cpus", "2", *FAST)
+    busy = cli.submit("--name", "busy", "--", sys.executable, "busy.py", str(stop))
+    assert cli.job(busy)["request"]["cpus"] == "auto"
+    reserved = _until(
+        lambda: (r := cli.job(busy)["reservation"])["from"] == "measured, this run" and r,
+        60,
+        f"the busy job's reservation was not raised: {cli.job(busy)['reservation']}",
+    )
+    assert reserved["cpus"] >= 0.8, reserved  # type: ignore[index]
+    assert "measured" in cli("show", str(busy)).stdout
+    stop.write_text("")
+    cli.wait_state(busy, {"succeeded"}, timeout=60)
+    stop.unlink()
+    again = cli.submit("--name", "busy", "--", sys.executable, "busy.py", str(stop))
+    job = cli.wait_state(again, {"running"}, timeout=60)
+    assert job["reservation"]["from"] == "measured, job key busy, 1 run", job["reservation"]
+    assert job["reservation"]["cpus"] >= 0.8
+    stop.write_text("")
+    cli.wait_state(again, {"succeeded"}, timeout=60)
+
+
+def test_an_explicit_cpus_is_a_hard_reservation(cli, tmp_path: Path) -> None:
+    cli("daemon", "start", "--cpus", "2", *FAST)
+    stop = tmp_path / "stop"
+    wait_for = f"import time, pathlib\nwhile not pathlib.Path({str(stop)!r}).exists(): time.sleep(0.1)\n"
+    first = cli.submit("--cpus", "1.5", "--", sys.executable, "-c", wait_for)
+    second = cli.submit("--cpus", "1.5", "--", sys.executable, "-c", wait_for)
+    job = cli.wait_state(first, {"running"})
+    assert job["reservation"] == {"cpus": 1.5, "from": "given"} and job["request"]["cpus"] == 1.5
+    _until(lambda: "cores: needs 1.5" in (cli.job(second)["reason"] or ""), 30, str(cli.job(second)))
+    assert cli.job(second)["state"] == "queued"
+    stop.write_text("")
+    cli.wait_state(second, {"succeeded"}, timeout=60)

@@ -1,0 +1,122 @@
+"""A sweep as one request: --grid and --params FILE.jsonl, placeholders, one group; wait
+and cancel a whole group; cancel --all."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+from tandem.place.sweep import SweepError, grid_points, parse_grid, read_params
+
+
+def test_grids_expand_to_the_cross_product_in_order():
+    axes = parse_grid(["lr=0.1,0.01", "seed=0..2", "opt=sgd,adam"])
+    points = grid_points(axes)
+    assert len(points) == 12
+    assert points[0] == {"lr": 0.1, "seed": 0, "opt": "sgd"}
+    assert points[-1] == {"lr": 0.01, "seed": 2, "opt": "adam"}
+    for bad, said in [
+        (["lr"], "expected KEY=V1,V2"),
+        (["lr=1,,2"], "an empty value"),
+        (["n=3..1"], "is empty"),
+        (["a=1", "a=2"], "given twice"),
+        (["1x=2"], "expected KEY"),
+    ]:
+        try:
+            parse_grid(bad)
+        except SweepError as exc:
+            assert said in str(exc)
+        else:
+            raise AssertionError(f"{bad} was taken")
+
+
+def test_params_files_say_which_line_is_wrong(tmp_path):
+    good = tmp_path / "p.jsonl"
+    good.write_text('{"lr": 0.1}\n\n{"lr": 0.2, "seed": 3}\n')
+    assert read_params(good) == [{"lr": 0.1}, {"lr": 0.2, "seed": 3}]
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"lr": 0.1}\n[1, 2]\n')
+    try:
+        read_params(bad)
+    except SweepError as exc:
+        assert "line 2" in str(exc)
+    else:
+        raise AssertionError("a list was taken for a point")
+
+
+def test_a_grid_is_one_request_one_group_with_each_jobs_params(cli):
+    out = cli(
+        "submit",
+        "--cpus",
+        "0.5",
+        "--grid",
+        "lr=0.1,0.01",
+        "--grid",
+        "seed=1..2",
+        "--name",
+        "r{lr}-{seed}",
+        "--env",
+        "SEED={seed}",
+        "--",
+        sys.executable,
+        "-c",
+        "import os, sys; print(sys.argv[1], os.environ['SEED'])",
+        "{lr}",
+    ).stdout.splitlines()
+    group = out[0].removeprefix("group ")
+    assert out[1] == "submitted 4 job(s): 1-4"
+    jobs = cli.json("ls")
+    assert [j["name"] for j in jobs] == ["r0.1-1", "r0.1-2", "r0.01-1", "r0.01-2"]
+    assert {j["group"] for j in jobs} == {group}
+    assert cli.job(2)["params"] == {"lr": 0.1, "seed": 2}
+    assert cli("wait", f"group:{group}", timeout=120).returncode == 0
+    assert cli("logs", "4").stdout.strip() == "0.01 2"
+
+
+def test_a_params_file_and_clear_refusals(cli, tmp_path):
+    points = tmp_path / "points.jsonl"
+    points.write_text("\n".join(json.dumps({"lr": lr}) for lr in (0.1, 0.2, 0.3)))
+    made = json.loads(
+        cli(
+            "submit",
+            "--cpus",
+            "0.5",
+            "--group",
+            "file",
+            "--params",
+            str(points),
+            "--json",
+            "--",
+            sys.executable,
+            "-c",
+            "pass",
+            "{lr}",
+        ).stdout
+    )
+    assert made["group"] == "file" and len(made["ids"]) == 3
+    for args, said in [
+        (["--grid", "lr=0.1", "--", "echo", "{rate}"], "no parameter 'rate'"),
+        (["--grid", "lr=", "--", "echo", "{lr}"], "an empty value"),
+        (["--grid", "lr=1", "--params", str(points), "--", "echo"], "not both"),
+    ]:
+        run = cli("submit", *args, check=False)
+        assert run.returncode == 2 and said in run.stderr, run.stderr
+        assert "Traceback" not in run.stderr
+
+
+def test_cancel_a_group_and_then_everything(cli):
+    cli(
+        "submit", "--cpus", "2", "--", sys.executable, "-c", "import time; time.sleep(600)"
+    )  # holds the cores
+    a = cli("submit", "--group", "a", "--grid", "i=1..30", "--", "echo", "{i}").stdout.splitlines()
+    cli("submit", "--group", "b", "--grid", "i=1..3", "--", "echo", "{i}")
+    assert a[1] == "submitted 30 job(s): 2-31"
+    out = cli("cancel", "group:a").stdout
+    assert "cancelled 30 jobs" in out
+    states = {j["id"]: j["state"] for j in cli.json("ls", "--all")}
+    assert all(states[i] == "cancelled" for i in range(2, 32))
+    assert all(states[i] == "queued" for i in range(32, 35))
+    cli("cancel", "--all")
+    assert all(j["state"] == "cancelled" for j in cli.json("ls", "--all"))
+    run = cli("cancel", check=False)
+    assert run.returncode == 2 and "--all" in run.stderr
