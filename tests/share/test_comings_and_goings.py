@@ -23,6 +23,20 @@ class Items(torch.utils.data.Dataset):
         return torch.full((4,), float(i)), i
 
 
+def quiet_trainer(lightning, root, epochs: int, **kwargs):
+    """A CPU Trainer that logs, checkpoints and prints nothing."""
+    return lightning.Trainer(
+        max_epochs=epochs,
+        accelerator="cpu",
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        default_root_dir=root,
+        **kwargs,
+    )
+
+
 def test_a_consumer_dropped_mid_epoch_stops_holding_the_group_at_once():
     producer = Producer.from_dataset(Items(), "dropped", batch_size=32, window=3)
     with serving(producer, epochs=4):
@@ -109,17 +123,9 @@ def test_a_datamodule_that_makes_a_new_consumer_every_epoch_runs_to_the_end(tmp_
     producer = Producer.from_dataset(Items(), "reload", batch_size=32, shuffle=True, window=3)
     with serving(producer, epochs=None):
         model = Model()
-        trainer = lightning.Trainer(
-            max_epochs=4,
-            reload_dataloaders_every_n_epochs=1,
-            accelerator="cpu",
-            logger=False,
-            enable_checkpointing=False,
-            enable_progress_bar=False,
-            enable_model_summary=False,
-            default_root_dir=tmp_path,
+        quiet_trainer(lightning, tmp_path, 4, reload_dataloaders_every_n_epochs=1).fit(
+            model, datamodule=Data()
         )
-        trainer.fit(model, datamodule=Data())
     assert sorted(model.per_epoch) == [0, 1, 2, 3]
     for labels in model.per_epoch.values():
         assert sorted(labels) == list(range(N))
@@ -150,15 +156,7 @@ def test_lightning_resumed_mid_epoch_trains_on_exactly_the_unseen_items(tmp_path
             return torch.optim.SGD(self.parameters(), lr=0.01)
 
     def trainer(epochs):
-        return lightning.Trainer(
-            max_epochs=epochs,
-            accelerator="cpu",
-            logger=False,
-            enable_checkpointing=False,
-            enable_progress_bar=False,
-            enable_model_summary=False,
-            default_root_dir=tmp_path,
-        )
+        return quiet_trainer(lightning, tmp_path, epochs)
 
     producer = Producer.from_dataset(Items(), "litresume", batch_size=32, shuffle=True)
     with serving(producer, epochs=None):

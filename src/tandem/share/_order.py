@@ -162,18 +162,9 @@ def planned_loader(
             loader_kwargs["worker_init_fn"] = functools.partial(lower_priority, worker_nice)
         if prefetch_factor is not None:
             loader_kwargs["prefetch_factor"] = prefetch_factor
-    if iterable:
-        # One pass of the dataset is an epoch, in its own order (see the module docstring).
-        loader = torch.utils.data.DataLoader(
-            dataset,
-            batch_size=batch_size,
-            num_workers=num_workers,
-            collate_fn=collate_fn,
-            pin_memory=pin_memory,
-            **loader_kwargs,
-        )
-        return loader, None
-    sampler = PlannedSampler(size)
+    # An iterable dataset: one pass is an epoch, in its own order (see the module docstring);
+    # a map-style one: the order the planner sets.
+    sampler = None if iterable else PlannedSampler(size)
     loader = torch.utils.data.DataLoader(
         dataset,
         batch_size=batch_size,
@@ -184,6 +175,8 @@ def planned_loader(
         pin_memory=pin_memory,
         **loader_kwargs,
     )
+    if sampler is None:
+        return loader, None
     return loader, EpochPlanner(sampler, shuffle, seed)
 
 
