@@ -4,6 +4,7 @@ reserves what it used, and an explicit ``--cpus`` stays a hard reservation."""
 
 from __future__ import annotations
 
+import json
 import sys
 import time
 from collections.abc import Callable
@@ -17,6 +18,7 @@ from tests.timing import scaled
 # rest of its epoch.
 SLEEPER = (
     "import os, sys, time\n"
+    "import mlflow  # as a training script does: seconds of a whole core at start\n"
     "from pathlib import Path\n"
     "from tandem.share import Consumer\n"
     "c = Consumer.from_env(batch_size=8)\n"
@@ -92,6 +94,19 @@ def test_readme_sweep_with_default_reservations_runs_three_at_once(cli, tmp_path
     assert cli("wait", *map(str, ids), timeout=180).returncode == 0, cli("ls").stdout
     done = [line.split() for line in (tmp_path / "done").read_text().splitlines()]
     assert sorted(int(j) for j, _ in done) == ids and all(int(n) == 64 for _, n in done)  # every epoch exact
+    # The group's report counts its producer (charged to it: it fed only these jobs).
+    sweep = _until(
+        lambda: (
+            (g := json.loads(cli("report", "group:lr-sweep", "--json").stdout)["groups"])
+            and g[0]["producers"]
+            and g[0]["producers"][0]["cpu_s"]
+            and g[0]
+        ),
+        60,
+        "no producer in the group's report",
+    )
+    (producer,) = sweep["producers"]  # type: ignore[index]
+    assert producer["group_jobs"] == 4 and sweep["totals"]["producers_cpu_s"] == producer["cpu_s"]  # type: ignore[index]
 
 
 def test_a_cpu_bound_job_reserves_its_measurement_and_its_key_learns(cli, tmp_path: Path) -> None:
@@ -130,3 +145,29 @@ def test_an_explicit_cpus_is_a_hard_reservation(cli, tmp_path: Path) -> None:
     assert cli.job(second)["state"] == "queued"
     stop.write_text("")
     cli.wait_state(second, {"succeeded"}, timeout=60)
+
+
+def test_a_start_up_burst_is_not_what_a_job_reserves() -> None:
+    """A job that imports for a few seconds (a whole core) and then mostly waits reserves what
+    it goes on to use, not its imports; a CPU-bound one reserves its core; its key learns its
+    use past start-up."""
+    from tandem.place.records import Job
+    from tandem.place.reserve import AUTO_CPUS, PROBE_CORES, STARTUP_MAX_SAMPLES, Learned, Measuring
+
+    learned = Learned()
+    waiter = Job(["python", "train.py"], "/tmp", {}, cpus=AUTO_CPUS, name="waiter")
+    m = Measuring(waiter, learned)
+    assert (m.cores, m.probe) == (PROBE_CORES, True)
+    assert not any(m.sample(c) for c in (1.0, 0.98, 1.02, 0.9))  # the import: no measurement yet
+    assert m.probe and m.measured() is None
+    changed = [m.sample(c) for c in (0.08, 0.1, 0.09)]  # past it: what the job uses
+    assert changed == [False, True, False] and not m.probe
+    assert m.cores < 0.25 and m.source == "measured, this run"
+    learned.seen(waiter.job_key, m.measured())  # type: ignore[arg-type]
+    assert learned.reserve(waiter)[0] < 0.25  # the next run of its key: the same, no burst
+    busy = Measuring(Job(["python", "busy.py"], "/tmp", {}, cpus=AUTO_CPUS), learned)
+    for _ in range(STARTUP_MAX_SAMPLES + 2):  # a core from its start on: its start-up never ends
+        busy.sample(1.0)
+    assert not busy.probe and busy.cores >= 1.0
+    given = Measuring(Job(["python", "x.py"], "/tmp", {}, cpus=0.5), learned)
+    assert not given.sample(1.0) and given.cores == 0.5  # --cpus N is a hard reservation

@@ -110,6 +110,8 @@ def test_a_user_follows_jobs_cancels_one_and_reads_a_log_tail_without_a_reload(b
     page.wait_for_selector("body[data-ready='/group/sweep']")
     page.wait_for_selector(f"#jobs tr[data-job-id='{job}'][data-state='succeeded']")
     page.wait_for_selector("#group-chart .uplot")  # the sweep's jobs on one axis
+    shown = page.inner_text("#view")  # no selection here: no section, and no "null" for it
+    assert not any(word in shown for word in ("null", "undefined", "NaN", "[object")), shown
     page.screenshot(path=str(shots / "dashboard-group.png"), full_page=True)
 
     for name in ("dashboard-overview.png", "dashboard-job.png", "dashboard-group.png"):

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Callable
+import time
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import click
@@ -195,29 +196,84 @@ def _summary(sel: Any) -> dict[str, Any]:
 @click.argument("sel_id", metavar="ID")
 @json_option
 def select_show(sel_id: str, as_json: bool) -> None:
-    """A selection: what it was made of, its cost, and the jobs that used it."""
+    """A selection: what it was made of, its cost, and the jobs that trained on it."""
     from tandem.select import uses
+    from tandem.select.report import jobs_of
 
     sel = _selection(sel_id)
     used = uses(sel_id)
-    jobs = [
-        {"id": j.id, "state": j.state, "share": j.share, "mlflow_run_id": j.mlflow_run_id}
-        for j in _jobs(sel_id)
-    ]
+    state = _state_or_none()
+    trained = jobs_of(sel_id, state)  # the jobs report counts: one definition
+    counted = {j["job"] for j in trained}
+    others = [j for j in _manager_jobs(state, sel_id) if j.id not in counted]  # waiting, or never ran
     if as_json:
-        click.echo(json.dumps({**sel.meta, "uses": used, "jobs": jobs}, indent=2))
+        jobs = [{"id": j["job"], **{k: v for k, v in j.items() if k != "job"}} for j in trained]
+        waiting = [{"id": j.id, "state": j.state, "share": j.share} for j in others]
+        click.echo(json.dumps({**sel.meta, "uses": used, "jobs": jobs, "not_run": waiting}, indent=2))
         return
     m = sel.meta
     click.echo(
         f"selection {sel.id}: {m['method']} keeps the {m['keep']} end, {len(sel)} of "
         f"{m['dataset']['length']} items (budget {m['budget']}, seed {m['seed']}, "
-        f"balance {m['balance']})"
+        f"balance {'on' if m['balance'] else 'off'})"
     )
-    click.echo(f"  dataset {m['dataset']['fingerprint']}  model {m['model'] or '-'}  params {m['params']}")
+    click.echo(
+        f"  dataset {m['dataset']['fingerprint']}  model {m['model'] or '-'}  params {_params(m['params'])}"
+    )
     click.echo(f"  cost    {_cost_line(m['cost'])}")
-    click.echo(f"  used    {len(used)} time(s)" + "".join(f"\n    {u}" for u in used[-10:]))
-    listed = ", ".join(f"{j['id']} ({j['state']})" for j in jobs)
-    click.echo(f"  jobs    {listed or '-'}")
+    click.echo(
+        f"  jobs    {len(trained)} trained on it"
+        + (f": {_some(map(_job_words, trained))}" if trained else "")
+    )
+    if others:
+        click.echo(f"  not run {_some(f'{j.id} ({j.state})' for j in others)}")
+    click.echo(f"  uses    {len(used)} noted" + (f", the last {min(len(used), 10)}:" if used else ""))
+    for u in used[-10:]:
+        click.echo(f"    {_use_line(u)}")
+
+
+def _some(words: Iterable[str], most: int = 20) -> str:
+    """At most ``most`` of ``words``, then how many more (a sweep has thousands of jobs)."""
+    listed = list(words)
+    more = f", and {len(listed) - most} more (--json lists them)" if len(listed) > most else ""
+    return ", ".join(listed[:most]) + more
+
+
+def _params(params: Any) -> str:
+    """A method's settings as ``k=v`` (a value JSON would write, as written): never a dict."""
+    if not isinstance(params, dict) or not params:
+        return "-"
+    return " ".join(f"{k}={v if isinstance(v, str) else json.dumps(v)}" for k, v in sorted(params.items()))
+
+
+def _job_words(j: dict[str, Any]) -> str:
+    """A job that trained on a selection, in words: ``15 (succeeded, group sweep)``, or a
+    run noted among its uses: ``MLflow run abc``."""
+    if j.get("job") is None:
+        return f"MLflow run {j['mlflow_run_id']}"
+    said = [j["state"] or "noted", *([f"group {j['group']}"] if j.get("group") else [])]
+    return f"{j['job']} ({', '.join(said)})"
+
+
+def _use_line(u: dict[str, Any]) -> str:
+    """One noted use, readable: a local time, the role in words, then who (the job, the
+    share, the process, the MLflow run); never a raw dict."""
+    t = u.get("time")
+    when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(t)) if isinstance(t, (int, float)) else "-"
+    role = str(u.get("role") or "used")
+    if role == "made-by-job":
+        words = f"made by job {u.get('job') or '-'}"
+    elif role == "producer":
+        words = f"served by share {u.get('share') or '-'}'s producer" + (
+            f" (job {u['job']})" if u.get("job") not in (None, "") else ""
+        )
+    else:
+        words = role.replace("-", " ") + (f" by job {u['job']}" if u.get("job") not in (None, "") else "")
+    rest = {k: v for k, v in u.items() if k not in ("time", "role", "job", "share") and v not in (None, "")}
+    if "mlflow_run_id" in rest:
+        words += f", MLflow run {rest.pop('mlflow_run_id')}"
+    rest.pop("pid", None)  # a process long gone: it says nothing to a reader
+    return f"{when}  {words}" + (f"  {_params(rest)}" if rest else "")
 
 
 @select_group.command("rm")
@@ -258,16 +314,17 @@ def select_rm(sel_ids: tuple[str, ...], force: bool, as_json: bool) -> None:
 def select_report(sel_id: str, baseline_run: str | None, as_json: bool) -> None:
     """When it pays: the selection's cost against what its jobs saved, and the break-even
     count of jobs in time and in energy."""
-    from tandem.select.report import report
+    from tandem.select.report import report_for
 
     sel = _selection(sel_id)
-    data = report(sel, [j.mlflow_run_id for j in _jobs(sel_id) if j.mlflow_run_id], baseline_run)
+    data = report_for(sel, _state_or_none(), baseline_run)  # as the dashboard's group page
     if as_json:
         click.echo(json.dumps(data, indent=2))
         return
     click.echo(
         f"selection {sel.id} ({data['method']}, {data['size']} items, {data['ratio']:.0%} of the "
-        f"data); {len(data['jobs'])} job(s) used it; baseline {data['baseline']}"
+        f"data); {len(data['jobs'])} job(s) trained on it, {data['measured_jobs']} measured; "
+        f"baseline {data['baseline']}"
     )
     fmt: dict[str, Callable[[float], str]] = {
         "wall_s": lambda v: f"{v:.1f} s",
@@ -292,37 +349,38 @@ def _manager_state() -> Any:
     return State(state_dir_path()) if (state_dir_path() / "place.db").exists() else None
 
 
-def _serving(state: Any, sel_id: str) -> list[str]:
-    """The defined shares that serve the selection (given with ``--selection`` or made by
-    their ``--select`` job: the state keeps which)."""
-    return [s.name for s in state.shares() if s.selection == sel_id]
+def _state_or_none() -> Any:
+    """The job manager's state; None where it has none, or it cannot be read (a report
+    then counts the runs noted among the selection's uses alone)."""
+    from tandem.place.paths import StateError
+
+    try:
+        return _manager_state()
+    except StateError:
+        return None
+
+
+def _manager_jobs(state: Any, sel_id: str) -> list[Any]:
+    from tandem.select.report import manager_jobs
+
+    return manager_jobs(state, sel_id)
 
 
 def _readers(sel_ids: tuple[str, ...]) -> dict[str, str]:
     """Who reads each of ``sel_ids``: the defined shares that serve it and their jobs not yet
     ended, in words (none: not listed)."""
+    from tandem.select.report import serving
+
     state = _manager_state()
     out: dict[str, str] = {}
     for sel_id in sel_ids if state is not None else ():
-        shares = _serving(state, sel_id)
+        shares = serving(state, sel_id)
         if shares:
             jobs = [j.id for j in state.jobs(("queued", "running", "retrying"), shares=tuple(shares))]
             out[sel_id] = f"share(s) {', '.join(shares)}" + (
                 f" and job(s) {', '.join(map(str, jobs))}" if jobs else ""
             )
     return out
-
-
-def _jobs(sel_id: str) -> list[Any]:
-    """The job manager's jobs that trained on the selection: those of the share groups that
-    serve it."""
-    from tandem.place.paths import StateError
-
-    try:
-        state = _manager_state()
-    except StateError:
-        return []
-    return [] if state is None else state.jobs(shares=tuple(_serving(state, sel_id)))
 
 
 COMMANDS = [select_group]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -9,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import click
+from click.core import ParameterSource
 
 from tandem.cli._common import EXIT_INTERRUPTED, require
 
@@ -203,7 +205,13 @@ def ui(store_uri: str | None, port: int) -> None:
     "metrics",
     multiple=True,
     metavar="KEY",
-    help="Plot this metric (a full key or a regex; repeatable) instead of the default panels.",
+    help="Plot this metric (a full key or a regex; repeatable) instead of the default panels; "
+    "for group:G, also the metric columns of its table [default: every metric the jobs logged].",
+)
+@click.option(
+    "--best",
+    metavar="KEY:min|max",
+    help="For group:G: mark the job with the lowest (min) or highest (max) last KEY.",
 )
 @click.option(
     "--store",
@@ -211,17 +219,39 @@ def ui(store_uri: str | None, port: int) -> None:
     metavar="URI",
     help="MLflow tracking URI [default: $MLFLOW_TRACKING_URI or sqlite:///./mlflow.db].",
 )
-def report(runs: tuple[str, ...], output: Path, metrics: tuple[str, ...], store_uri: str | None) -> None:
+@click.option(
+    "--json",
+    "as_json",
+    is_flag=True,
+    help="Print the runs' summaries and each group's sweep report as JSON (a figure only with -o).",
+)
+@click.pass_context
+def report(
+    ctx: click.Context,
+    runs: tuple[str, ...],
+    output: Path,
+    metrics: tuple[str, ...],
+    best: str | None,
+    store_uri: str | None,
+    as_json: bool,
+) -> None:
     """Plot RUNS over time (collocated groups side by side) and print their summaries.
 
     A RUN is an MLflow run id, a run name, group:NAME (every run with that group tag),
     job:ID (a submitted job's runs) or the directory of a run kept with --sink csv|parquet.
     Without --store, runs are looked up in $MLFLOW_TRACKING_URI or ./mlflow.db and in the
     job manager's store: a group's or a job's runs are gathered from both.
+
+    For a group of the job manager (a sweep), a table follows: a row per job with its
+    parameters, state, run time, CPU-seconds, energy and the last value of each metric it
+    logged; the producers that fed it; the group's totals with them; and what sharing saved
+    against each job loading for itself (measured, or estimated and said so).
     """
     require("report", "matplotlib")  # every output format is drawn
     from rich.console import Console
 
+    from tandem.cli._group_report import print_sweep, sweep_html, sweep_reports
+    from tandem.place.sweep_report import ReportError, parse_best
     from tandem.watch.report import (
         DEFAULT_PANELS,
         RunNotFound,
@@ -234,23 +264,45 @@ def report(runs: tuple[str, ...], output: Path, metrics: tuple[str, ...], store_
 
     if output.suffix.lower() not in (".png", ".pdf", ".svg", ".html"):
         raise click.BadParameter(f"{output}: use a .png, .pdf, .svg or .html file", param_hint="'-o'")
+    try:
+        parse_best(best)
+    except ReportError as exc:
+        raise click.BadParameter(str(exc), param_hint="'--best'") from None
     panels = panels_for(metrics) if metrics else DEFAULT_PANELS
+    sweeps = sweep_reports(runs, metrics, best)
+    if best and not sweeps:
+        raise click.BadParameter("applies to group:G, a group of the job manager", param_hint="'--best'")
     stores = [store_uri] if store_uri else _stores()
     try:
         loaded = load_runs(runs, stores[0], also=stores[1:])
     except RunNotFound as exc:
-        click.echo(f"tandem report: {exc}", err=True)
-        sys.exit(2)
+        if not sweeps or len(runs) > len(sweeps):  # a group's jobs untracked: its table stands alone
+            click.echo(f"tandem report: {exc}", err=True)
+            sys.exit(2)
+        loaded = []
+    drawn = bool(loaded) and (not as_json or ctx.get_parameter_source("output") != ParameterSource.DEFAULT)
     try:
-        if output.suffix.lower() == ".html":
-            write_html(loaded, output, panels)
-        else:
+        if drawn and output.suffix.lower() == ".html":
+            write_html(loaded, output, panels, "".join(sweep_html(s) for s in sweeps))
+        elif drawn:
             plot(loaded, output, panels)
     except ValueError as exc:
         raise click.ClickException(str(exc)) from None
-    # Piped or redirected: no terminal width to wrap to, so keep each row on one line.
-    Console(width=None if sys.stdout.isatty() else 240).print(summary_rich(loaded))
-    click.echo(f"wrote {output}", err=True)
+    if as_json:
+        summaries = [
+            {"run_id": r.run_id, "name": r.name, "group": r.group, "status": r.status, "summary": r.summary}
+            for r in loaded
+        ]
+        click.echo(json.dumps({"runs": summaries, "groups": sweeps}, indent=2))
+    else:
+        # Piped or redirected: no terminal width to wrap to, so keep each row on one line.
+        console = Console(width=None if sys.stdout.isatty() else 240)
+        if loaded:
+            console.print(summary_rich(loaded))
+        for sweep in sweeps:
+            print_sweep(sweep, console)
+    if drawn:
+        click.echo(f"wrote {output}", err=True)
 
 
 COMMANDS = [run_cmd, ui, report]

@@ -121,7 +121,9 @@ class Attempts:
             if selection:  # the data selection it trains on (tandem select show ID)
                 tags["tandem.selection"] = selection
             key = tracking.run_key(job.id, n)
-            tracking.run_started(self.state.dir, key, name, tags, adir / "metrics.jsonl", started, job.id, n)
+            tracking.run_started(
+                self.state.dir, key, name, tags, adir / "metrics.jsonl", started, job.id, n, job.params
+            )
         self.active[job.id] = a
         try:
             node = self.launcher.start(

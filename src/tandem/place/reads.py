@@ -133,6 +133,22 @@ class StateReads:
     def shares(self) -> list[Share]:
         return [decode(Share, r) for r in self.query("SELECT * FROM shares ORDER BY name")]
 
+    def private_runs(self, job_keys: list[str]) -> dict[str, Job]:
+        """The last succeeded job of each of these keys that read no share (a job loading for
+        itself), with its attempts: what a sweep's report compares sharing against."""
+        out: dict[str, Job] = {}
+        for i in range(0, len(job_keys), 500):  # SQLite's limit on bound values
+            chunk = job_keys[i : i + 500]
+            marks = ", ".join("?" for _ in chunk)
+            sql = (
+                f"SELECT {_LISTED} FROM jobs WHERE job_key IN ({marks}) AND coalesce(share, '') = '' "
+                "AND state = 'succeeded' ORDER BY id"
+            )
+            out.update((job.job_key, job) for job in (decode(Job, r) for r in self.query(sql, tuple(chunk))))
+        for a in self.attempts_of([j.id for j in out.values()]):
+            next(j for j in out.values() if j.id == a.job_id).attempts.append(a)
+        return out
+
     def share_users(self, name: str) -> list[int]:
         """The jobs not yet ended that read ``name``."""
         marks = ", ".join("?" for _ in NOT_ENDED)

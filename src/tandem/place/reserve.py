@@ -7,7 +7,10 @@ processes: a share's producer is supervised and charged apart), times 1.2 plus 0
 least 0.1. A job never seen before is a *probe*: it reserves :data:`PROBE_CORES`, starts only
 while the host's measured load leaves room, one probe at a time, and once it has
 :data:`PROBE_SAMPLES` samples past its start-up its reservation becomes its measurement
-(a CPU-bound job reserves about a core within seconds and blocks further packing).
+(a CPU-bound job reserves about a core within seconds and blocks further packing). The
+samples of its start-up burst (imports) are not counted: while it lasts, what the job uses
+beyond its reservation holds other jobs back, and once it is over the job's measurement is
+what it goes on to use (see :data:`STARTUP_MAX_SAMPLES`).
 What was learnt lives in the daemon's memory (a restarted daemon probes again).
 """
 
@@ -20,6 +23,11 @@ from tandem.place.records import Job
 AUTO_CPUS = 0.0  # the stored --cpus of a job that asked for auto
 PROBE_CORES = 0.25
 PROBE_SAMPLES = 2  # samples (one a second) past start-up before a probe counts as measured
+# A start-up burst (importing torch, MLflow, Lightning: a whole core for seconds) is not what
+# a job goes on to use: a job of --cpus auto is starting while its use stays at least half its
+# start-up peak (and above a probe's cores), for at most this many samples. Meanwhile what it
+# uses beyond its reservation holds other jobs back (tandem.place.admission).
+STARTUP_MAX_SAMPLES = 20
 KEEP_RUNS = 5  # the recent runs of a key that decide its reservation
 
 
@@ -70,10 +78,24 @@ class Measuring:
         self.cores, self.source, self.probe = learned.reserve(job)
         self.auto = job.cpus == AUTO_CPUS
         self.samples: list[float] = []
+        self.starting = True
+        self._startup_peak = 0.0
+        self._startup_samples = 0
+
+    def _still_starting(self, cores: float) -> bool:
+        self._startup_peak = max(self._startup_peak, cores)
+        self._startup_samples += 1
+        self.starting = (
+            cores > PROBE_CORES
+            and cores >= 0.5 * self._startup_peak
+            and self._startup_samples < STARTUP_MAX_SAMPLES
+        )
+        return self.starting
 
     def sample(self, cores: float) -> bool:
-        """A sample past start-up; True when the reservation changed (to be written)."""
-        if not self.auto:
+        """A sample after the first few; True when the reservation changed (to be written).
+        Samples of a start-up burst are not measurements (see STARTUP_MAX_SAMPLES)."""
+        if not self.auto or (self.starting and self._still_starting(cores)):
             return False
         self.samples.append(cores)
         if len(self.samples) < PROBE_SAMPLES:

@@ -29,7 +29,7 @@ from pathlib import Path
 import numpy as np
 from rich.table import Table
 
-from tandem.watch._runs import GROUP_TAG, RunData, RunNotFound, load_runs, recent_runs
+from tandem.watch._runs import GROUP_TAG, ROLE_TAG, RunData, RunNotFound, load_runs, recent_runs
 from tandem.watch._summary import energy_totals, summary_rows
 
 # Finding and loading runs is tandem.watch._runs; callers import it from here.
@@ -74,6 +74,12 @@ DEFAULT_PANELS = [
 # --- figures ------------------------------------------------------------------------------
 # Okabe-Ito: tells apart for colour-blind readers and in greyscale print.
 COLOURS = ["#0072B2", "#E69F00", "#009E73", "#CC79A7", "#56B4E9", "#D55E00", "#F0E442", "#000000"]
+JOB_COLOURS = COLOURS[:-1]  # black is the group total's
+PRODUCER_COLOUR = "#7f7f7f"  # grey: no job's colour
+
+
+def _is_producer(run: RunData) -> bool:
+    return run.tags.get(ROLE_TAG) == "producer"
 
 
 def _columns(runs: list[RunData]) -> list[tuple[str, list[RunData]]]:
@@ -173,8 +179,10 @@ def plot(
         raise ValueError("none of the chosen metrics was recorded in these runs")
     columns = _columns(runs)
     # By name, not by run: the same job in two groups (private and shared, say) is one colour.
-    names = list(dict.fromkeys(r.name for r in runs))
-    colour = {name: COLOURS[i % len(COLOURS)] for i, name in enumerate(names)}
+    # A share's producer is drawn apart from every job: grey, thick and dash-dotted.
+    names = list(dict.fromkeys(r.name for r in runs if not _is_producer(r)))
+    colour = {name: JOB_COLOURS[i % len(JOB_COLOURS)] for i, name in enumerate(names)}
+    colour.update({r.name: PRODUCER_COLOUR for r in runs if _is_producer(r)})
     with plt.rc_context(
         {
             "font.size": 8,
@@ -226,7 +234,8 @@ def plot(
                             [x for x, _ in xy],
                             [y for _, y in xy],
                             color=colour[r.name],
-                            lw=1.2,
+                            lw=2.2 if _is_producer(r) else 1.2,
+                            ls="-." if _is_producer(r) else "-",
                             label=f"{r.name}{suffix}",
                             # a level holds until the next value; a rate covers the interval before it
                             drawstyle="steps-pre" if panel.rate else "steps-post",
@@ -322,7 +331,11 @@ def summary_rich(runs: list[RunData]) -> Table:
     return table
 
 
-def write_html(runs: list[RunData], out: Path, panels: Sequence[Panel] = DEFAULT_PANELS) -> None:
+def write_html(
+    runs: list[RunData], out: Path, panels: Sequence[Panel] = DEFAULT_PANELS, after: str = ""
+) -> None:
+    """The figure, the runs and their summary on one page; ``after``: HTML that follows
+    (``tandem report``'s sweep tables)."""
     with tempfile.TemporaryDirectory() as tmp:
         png = Path(tmp) / "figure.png"
         plot(runs, png, panels)
@@ -343,7 +356,7 @@ def write_html(runs: list[RunData], out: Path, panels: Sequence[Panel] = DEFAULT
         f"""<!doctype html><html><head><meta charset="utf-8"><title>tandem report</title>
 <style>{_CSS}</style></head><body><h1>tandem report</h1><ul>{meta}</ul>
 <img alt="metrics over time" src="data:image/png;base64,{image}">
-<h2>Summary</h2>{table}</body></html>
+<h2>Summary</h2>{table}{after}</body></html>
 """
     )
 

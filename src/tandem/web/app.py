@@ -11,7 +11,7 @@
 ``GET /api/gpus``                          the daemon's capacity and use (GPUs, host), or why none
 ``GET /api/timeline?window=``              the attempts of the last ``window`` s, where and when
 ``GET /api/shares``                        the share groups: producer, jobs, live statistics
-``GET /api/groups/NAME``                   a sweep: its jobs, energy per job and in all
+``GET /api/groups/NAME``                   a sweep: its jobs and its report (``tandem report group:NAME``'s)
 ``GET /api/events``                        server-sent events (:mod:`tandem.web.live`)
 =========================================  =====================================================
 
@@ -204,18 +204,18 @@ def build(
         return JSONResponse({"shares": out})
 
     def group(request: Request) -> JSONResponse:
+        """A sweep: its jobs as listed, and its report as ``tandem report group:NAME`` gives it
+        (one computation: :func:`tandem.place.sweep_report.group_report`)."""
+        from tandem.place.sweep_report import group_report
+
         name = request.path_params["name"]
         page = reader.jobs(group=name, limit=1000)
-        total: dict[str, float] = {}  # a kind no job has stays out: "-", not 0 J
-        for j in page["jobs"]:
-            j["energy"] = energy_of(reader.latest(j["mlflow_run_id"])) if j["mlflow_run_id"] else {}
-            for k, v in j["energy"].items():
-                total[k] = total.get(k, 0.0) + v
+        sweep = group_report(reader.state, name, reader.mlflow_db)
         return JSONResponse(
             {
                 "group": name,
                 "jobs": page["jobs"],
-                "energy": total,
+                "report": sweep,
                 "selections": reader.selections_of(page["jobs"]),
             }
         )

@@ -152,24 +152,27 @@ class Reader:
         return out
 
     def selections_of(self, jobs: list[dict[str, Any]]) -> list[dict[str, Any]]:
-        """The data selections these jobs trained on (through their share groups), each with
-        its cost, the jobs' measured costs and the break-even (:mod:`tandem.select.report`)."""
+        """The data selections these jobs trained on (through their share groups), each once,
+        with the report ``tandem select report`` gives (``report_for``, in
+        :mod:`tandem.select.report`): every job that trained on it counts, of whatever group
+        (a break-even is the selection's, not the page's); ``share``: the shares of these jobs
+        that serve it."""
         from tandem.select import SelectError, load
-        from tandem.select.report import report
+        from tandem.select.report import report_for
 
-        out = []
+        by_selection: dict[str, list[str]] = {}
         for name in sorted({j["share"] for j in jobs if j["share"]}):
             share = self.state.share(name)
-            sel_id = share.selection if share is not None else None
-            if not sel_id:
-                continue
+            if share is not None and share.selection:
+                by_selection.setdefault(share.selection, []).append(name)
+        out = []
+        for sel_id, names in sorted(by_selection.items()):
             try:
                 sel = load(sel_id)
             except SelectError as exc:
-                out.append({"id": sel_id, "share": name, "error": str(exc)})
+                out.append({"id": sel_id, "share": ", ".join(names), "error": str(exc)})
                 continue
-            runs = [j["mlflow_run_id"] for j in jobs if j["share"] == name and j["mlflow_run_id"]]
-            out.append({"share": name, **report(sel, runs)})
+            out.append({**report_for(sel, self.state), "share": ", ".join(names)})
         return out
 
     # --- a job's output -----------------------------------------------------------------------

@@ -31,6 +31,7 @@ SQLite store in the state directory (:func:`manager_store` says which, for ``tan
 from __future__ import annotations
 
 import importlib.util
+import json
 import logging
 import os
 import subprocess
@@ -74,8 +75,10 @@ def run_started(
     started: float,
     job_id: int | None = None,
     attempt: int | None = None,
+    params: dict[str, Any] | None = None,
 ) -> None:
-    """The daemon: an attempt (or a share's producer: no job) started; open its run."""
+    """The daemon: an attempt (or a share's producer: no job) started; open its run (with the
+    job's sweep point, ``params``, as the run's MLflow params)."""
     record = {
         "job_id": job_id,
         "attempt": attempt,
@@ -83,6 +86,7 @@ def run_started(
         "spool": str(spool),
         "started": started,
         "tags": {k: str(v) for k, v in tags.items()},
+        "params": {k: v if isinstance(v, str) else json.dumps(v) for k, v in (params or {}).items()},
     }
     _put(state_dir, f"{key}.start.json", record)
 
@@ -193,6 +197,7 @@ class _OpenRun:
             self.offset = int(progress.get("offset", 0))
         else:
             self.store.open(start["name"], start["tags"], int(start["started"] * 1000))
+            self.store.log_params(start.get("params") or {})
             self.offset = 0
             self._done(final=False)  # the daemon learns the run id at once
         self._save()

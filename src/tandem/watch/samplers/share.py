@@ -18,7 +18,8 @@ from tandem.watch.samplers.base import Sampler
 _UNSAFE = re.compile(r"[^A-Za-z0-9_.\- ]")
 
 
-def _key(name: str) -> str:
+def metric_name(name: str) -> str:
+    """A share's name as it stands in metric keys."""
     return _UNSAFE.sub("_", name)  # MLflow metric keys allow letters, digits, _ - . space /
 
 
@@ -40,7 +41,7 @@ class ShareSampler(Sampler):
         for reply in query_all(self._timeout):
             if isinstance(reply, dict):  # a producer that did not answer
                 continue
-            name = _key(reply.name)
+            name = metric_name(reply.name)
             if reply.pid in pids:
                 p = f"system/share/{name}/producer/"
                 out[p + "batches_per_s"] = reply.batches_per_s

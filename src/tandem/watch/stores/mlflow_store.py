@@ -125,6 +125,12 @@ class MlflowStore:
         if tags:
             self._client.log_batch(self.run_id, tags=[RunTag(k, str(v)) for k, v in tags.items()])
 
+    def log_params(self, params: dict[str, str]) -> None:
+        from mlflow.entities import Param
+
+        if params:
+            self._client.log_batch(self.run_id, params=[Param(k, v) for k, v in params.items()])
+
     def log_artifact(self, path: Path) -> None:
         self._client.log_artifact(self.run_id, str(path))
 

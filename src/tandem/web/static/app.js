@@ -285,11 +285,8 @@ async function groupPage(name) {
     new uPlot({ title: key, width: 900, height: 260, scales: { x: { time: true, range: SPAN } }, series }, [xs, ...ys], plotBox);
   };
   pick.addEventListener("change", draw);
-  const cols = JOB_COLUMNS.slice(0, 5).concat([["energy measured", (j) => joules(j.energy.measured_joules)], ["energy estimated", (j) => joules(j.energy.estimated_joules)]]);
   view.replaceChildren(el("h2", {}, `group ${name}: ${data.jobs.length} job(s)`),
-    el("dl", { id: "group-energy" }, el("dt", {}, "energy, measured"), el("dd", {}, joules(data.energy.measured_joules)),
-      el("dt", {}, "energy, estimated"), el("dd", {}, joules(data.energy.estimated_joules))),
-    jobsTable(data.jobs, cols, "jobs"), selectionsTable(data.selections),
+    sweepTable(data.report), selectionsTable(data.selections),
     el("h2", {}, "metrics over time"), el("div", { class: "toolbar" }, pick), plotBox);
   await draw();
   let pending = null;
@@ -297,17 +294,60 @@ async function groupPage(name) {
   connect({ since });
 }
 
+// A sweep's report, as `tandem report group:NAME` prints it (the same numbers and words, from
+// one computation on the server): a row per job, its producers, the totals, what sharing saved.
+function sweepTable(r) {
+  if (!r) return el("p", { class: "dim" }, "no jobs");
+  const num = (v) => typeof v === "number" && Number.isFinite(v) ? v.toFixed(1) : "-";
+  const energy = (m, e) => [m == null ? null : joules(m), e == null ? null : `~${joules(e)} est.`].filter(Boolean).join(" / ") || "-";
+  const value = (v) => typeof v === "string" ? v : JSON.stringify(v);
+  const params = (p) => Object.entries(p || {}).map(([k, v]) => `${k}=${value(v)}`).join(" ") || "-";
+  const metric = (v) => typeof v === "number" && Number.isFinite(v) ? String(Number(v.toPrecision(4))) : "-";
+  const keys = r.metric_keys || [];
+  const head = el("tr", {}, ["job", "state", "params", "run", "CPU-s", "energy (measured / estimated)", ...keys].map((c) => el("th", {}, c)));
+  const rows = r.jobs.map((j) => el("tr", { "data-job-id": j.id, "data-state": j.state },
+    el("td", {}, jobLink(j)), el("td", {}, stateCell(j.state)), el("td", {}, params(j.params)), el("td", {}, dur(j.run_s)),
+    el("td", {}, num(j.cpu_s)), el("td", {}, energy(j.energy_measured_joules, j.energy_estimated_joules)),
+    keys.map((k) => el("td", {}, metric(j.metrics[k])))));
+  const producers = r.producers.map((p) => el("tr", { class: "producer" },
+    el("td", {}, `producer ${p.share}`), el("td", {}, `fed ${p.group_jobs} of ${p.fed_jobs} job(s) here`), el("td", {}, ""),
+    el("td", {}, dur(p.run_s)), el("td", {}, num(p.charged.cpu_s)),
+    el("td", {}, energy(p.charged.energy_measured_joules, p.charged.energy_estimated_joules)), keys.map(() => el("td", {}, ""))));
+  const t = r.totals;
+  const total = el("tr", { class: "total" }, el("td", {}, "total"),
+    el("td", {}, Object.entries(t.states).map(([s, n]) => `${n} ${s}`).join(", ")),
+    el("td", {}, r.producers.length ? "jobs + producers" : "jobs"), el("td", {}, dur(t.jobs_run_s)), el("td", {}, num(t.cpu_s)),
+    el("td", {}, energy(t.energy_measured_joules, t.energy_estimated_joules)), keys.map(() => el("td", {}, "")));
+  return el("div", { id: "sweep" }, el("table", { id: "jobs" }, el("thead", {}, head), el("tbody", {}, rows, producers, total)),
+    (r.said || []).map((line) => el("p", { class: "said" }, line)));
+}
+
 // A group's data selections: what each cost, and after how many jobs it pays for itself.
+// Its numbers are the selection's (every job that trained on it, of any group), as
+// `tandem select report` gives them. None: an empty fragment, which adds nothing to the page
+// (a null handed to replaceChildren would show as the text "null").
 function selectionsTable(selections) {
-  if (!selections || !selections.length) return null;
-  const even = (row) => row.break_even_jobs === null ? "-" : (typeof row.break_even_jobs === "string" ? row.break_even_jobs : `${row.break_even_jobs.toFixed(1)} jobs`);
+  if (!selections || !selections.length) return document.createDocumentFragment();
+  const num = (v) => typeof v === "number" && Number.isFinite(v);
+  const even = (row) => {
+    const v = row ? row.break_even_jobs : null;
+    return typeof v === "string" ? v : num(v) ? `${v.toFixed(1)} jobs` : "-";
+  };
+  // Energy: measured where it was, else estimated (said so); the two are never added.
+  const energy = (b) => {
+    if (b.energy_measured_joules && b.energy_measured_joules.break_even_jobs != null) return even(b.energy_measured_joules);
+    const v = even(b.energy_estimated_joules);
+    return v === "-" ? v : `${v} (estimated)`;
+  };
+  const cost = (c) => `${dur(c.wall_s)}, ${num(c.cpu_s) ? c.cpu_s.toFixed(1) : "-"} CPU-s`;
+  const jobs = (s) => `${(s.jobs || []).length}${num(s.measured_jobs) ? ` (${s.measured_jobs} measured)` : ""}`;
   const rows = selections.map((s) => s.error ? el("tr", {}, el("td", {}, s.id), el("td", { colspan: 5, class: "error" }, s.error)) :
-    el("tr", { "data-selection": s.id }, el("td", {}, `${s.id} (${s.method}, ${Math.round(100 * s.ratio)}%)`),
-      el("td", {}, `${dur(s.selection_cost.wall_s)}, ${(s.selection_cost.cpu_s || 0).toFixed(1)} CPU-s`),
-      el("td", {}, s.jobs.length), el("td", {}, s.baseline),
-      el("td", {}, even(s.break_even.wall_s)), el("td", {}, even(s.break_even.energy_measured_joules.break_even_jobs === null ? s.break_even.energy_estimated_joules : s.break_even.energy_measured_joules))));
+    el("tr", { "data-selection": s.id }, el("td", {}, `${s.id} (${s.method}, ${num(s.ratio) ? Math.round(100 * s.ratio) + "%" : "-"})`),
+      el("td", {}, cost(s.selection_cost || {})),
+      el("td", {}, jobs(s)), el("td", {}, s.baseline || "-"),
+      el("td", {}, even((s.break_even || {}).wall_s)), el("td", {}, energy(s.break_even || {}))));
   return el("div", { id: "selections" }, el("h2", {}, "data selection"),
-    el("table", {}, el("tr", {}, ["selection", "cost", "jobs", "baseline", "pays after (time)", "pays after (energy)"].map((c) => el("th", {}, c))), rows));
+    el("table", {}, el("tr", {}, ["selection", "cost", "jobs (all groups)", "baseline", "pays after (time)", "pays after (energy)"].map((c) => el("th", {}, c))), rows));
 }
 
 // --- routing --------------------------------------------------------------------------------
