@@ -149,6 +149,8 @@ def printable(text: str | None) -> str:
     sent to the terminal."""
     if text is None:
         return "-"
+    if text.isprintable():  # nearly always: no character by character
+        return text
     return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
 
 

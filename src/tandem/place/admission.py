@@ -44,6 +44,20 @@ def _over_declared(active: list[Active], startup: Startup) -> tuple[float, int |
     return (sum(o for o, _ in over), max(over)[1]) if over else (0.0, None)
 
 
+def _probe_reason(probing: int | None, active: dict[int, Active]) -> str | None:
+    """Why a job of --cpus auto never seen before waits while job ``probing`` is measured."""
+    if probing is None:
+        return None
+    measured = (
+        f"job {probing}'s measurement"
+        if probing in active
+        else f"job {probing}, the next new job to be measured"
+    )
+    return (
+        f"cores: --cpus auto, a job not seen before; waits for {measured} (one new job is measured at a time)"
+    )
+
+
 class Admission:
     def __init__(
         self,
@@ -113,23 +127,23 @@ class Admission:
         running = {name: self.producers.running(s) for name, s in shares.items()}  # once a pass, not a job
         # One job of --cpus auto never seen before is measured at a time (tandem.place.reserve).
         probing = next((a.job.id for a in active.values() if a.probing), None)
+        probe_reason = _probe_reason(probing, active)
         for job in jobs:
             if job.id in active or job.cancel_requested:
                 continue
-            pending = [d for d in job.after if ended.get(d, ("", None))[0] != SUCCEEDED]
-            if pending:
-                reasons[job.id] = "after job " + ", ".join(str(d) for d in pending)
-                continue
-            since = max([job.queued_at or job.submitted] + [ended[d][1] or 0.0 for d in job.after])
+            since = job.queued_at or job.submitted
+            if job.after:
+                pending = [d for d in job.after if ended.get(d, ("", None))[0] != SUCCEEDED]
+                if pending:
+                    reasons[job.id] = "after job " + ", ".join(str(d) for d in pending)
+                    continue
+                since = max([since] + [ended[d][1] or 0.0 for d in job.after])
             cpus, _, probe = self.startup.learned.reserve(job)
-            if probe and probing is not None:
-                reasons[job.id] = (
-                    f"cores: --cpus auto, a job not seen before; waits for job {probing}'s measurement "
-                    "(one new job is measured at a time)"
-                )
+            if probe and probe_reason is not None:
+                reasons[job.id] = probe_reason  # one string for the whole queue behind it
                 continue
             if probe:
-                probing = job.id
+                probe_reason = _probe_reason(job.id, active)
             mem = job.mem
             share = shares.get(job.share or "")
             with_producer = False
@@ -185,6 +199,9 @@ class Admission:
         jobs still waiting."""
         still = []
         for job in waiting:
+            if not job.after:
+                still.append(job)
+                continue
             failed = next(
                 (d for d in job.after if deps.get(d, ("", None))[0] in FINAL_STATES - {SUCCEEDED}), None
             )

@@ -7,7 +7,7 @@ import sqlite3
 
 from tandem.place.model import QUEUED, RETRYING, RUNNING
 from tandem.place.records import Attempt, Job, Share
-from tandem.place.schema import columns_of, decode
+from tandem.place.schema import columns_of, decode, decode_all
 
 NOT_ENDED = (QUEUED, RUNNING, RETRYING)
 _LISTED = columns_of(Job, listed=True)  # not the environment: most of a row, and secrets
@@ -65,7 +65,7 @@ class StateReads:
         if last is not None:
             sql = f"SELECT * FROM ({sql} ORDER BY id DESC LIMIT {int(last)})"
         rows = self.query(sql + " ORDER BY id", tuple(args))
-        jobs = [decode(Job, r) for r in rows]
+        jobs = decode_all(Job, rows)
         if attempts and jobs:
             by_job: dict[int, list[Attempt]] = {}
             for a in self.attempts_of([j.id for j in jobs]):
@@ -78,7 +78,13 @@ class StateReads:
         """The jobs in these states with what a scheduling pass needs of them (by id)."""
         marks = ", ".join("?" for _ in states)
         sql = f"SELECT {_QUEUED} FROM jobs WHERE state IN ({marks}) ORDER BY id"
-        return [decode(Job, r) for r in self.query(sql, states)]
+        return decode_all(Job, self.query(sql, states))
+
+    def changed_since(self, t: float) -> list[Job]:
+        """Jobs of any state whose row changed at or after ``t``, with what a scheduling pass
+        needs of them: how a pass keeps its queue without reading all of it again."""
+        sql = f"SELECT {_QUEUED} FROM jobs WHERE updated >= ? ORDER BY id"
+        return decode_all(Job, self.query(sql, (t,)))
 
     def attempts_since(self, t: float, limit: int = 2000) -> list[Attempt]:
         """Attempts running at or after ``t`` (a timeline's window), newest first, at most
@@ -112,7 +118,7 @@ class StateReads:
             chunk = job_ids[i : i + 500]
             marks = ", ".join("?" for _ in chunk)
             sql = f"SELECT * FROM attempts WHERE job_id IN ({marks}) ORDER BY job_id, n"
-            out += [decode(Attempt, r) for r in self.query(sql, tuple(chunk))]
+            out += decode_all(Attempt, self.query(sql, tuple(chunk)))
         return out
 
     def peak(self, job_key: str) -> sqlite3.Row | None:

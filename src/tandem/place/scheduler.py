@@ -31,14 +31,16 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from operator import attrgetter
 
 from tandem.place.model import format_size
 from tandem.place.policies import GpuSlot, HostSlot, Limits, MostFreeMemory, Need, Policy
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)  # not frozen: made for every waiting job each pass, and a frozen init is slow
 class Waiting:
-    """A job the scheduler may start: what it needs and how long it has waited."""
+    """A job the scheduler may start: what it needs and how long it has waited (read, never
+    changed, by the scheduler)."""
 
     id: int
     priority: int
@@ -76,7 +78,10 @@ _MOST_FREE = MostFreeMemory()
 
 
 def order(queue: Sequence[Waiting]) -> list[Waiting]:
-    return sorted(queue, key=lambda w: (-w.priority, w.submitted, w.id))
+    """Highest priority first, then first submitted (two stable sorts on plain attributes:
+    a queue of 10,000 is sorted every pass)."""
+    by_time = sorted(queue, key=attrgetter("submitted", "id"))
+    return sorted(by_time, key=attrgetter("priority"), reverse=True)  # reverse keeps the order of ties
 
 
 def plan(
@@ -93,16 +98,21 @@ def plan(
     slots = [dataclasses.replace(g) for g in gpus]
     out = Plan()
     blocker: str | None = None
+    # A job that needs what one before it needed, where that one could not start, cannot
+    # either (a pass only ever fills the host further): a sweep of 10,000 alike jobs is
+    # looked at once, not 10,000 times.
+    refused: dict[tuple[object, ...], str] = {}
     for job in order(queue):
         if blocker is not None:
             out.reasons[job.id] = blocker
             continue
-        placement = _place(job, host, slots, policy, limits)
+        need = _need_key(job)
+        placement = refused.get(need) or _place(job, host, slots, policy, limits)
         if isinstance(placement, Placement):
             _reserve(job, placement, host, slots)
             out.placements.append(placement)
             continue
-        out.reasons[job.id] = placement
+        out.reasons[job.id] = refused[need] = placement
         since = job.submitted if job.waiting_since is None else job.waiting_since
         if not policy.backfill:
             blocker = f"priority: job {job.id} first (policy {policy.name}: first in, first out)"
@@ -134,6 +144,21 @@ def fits_at_all(
         if job.gpu_mem > biggest:
             return f"asks for {format_size(job.gpu_mem)} per GPU; the largest GPU has {format_size(biggest)}"
     return None
+
+
+def _need_key(job: Waiting) -> tuple[object, ...]:
+    """What decides where ``job`` may go (all of it but who it is and how long it waited)."""
+    return (
+        job.cpus,
+        job.mem,
+        job.gpus,
+        job.gpu_mem,
+        job.escalation,
+        job.prefer_gpus,
+        job.with_producer,
+        job.gpu_share,
+        job.startup_cpus,
+    )
 
 
 def _need(job: Waiting) -> Need:

@@ -11,11 +11,13 @@ the tests, not by a failing INSERT in a user's daemon).
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import sqlite3
+from collections.abc import Callable
 from typing import Any
 
-from tandem.place.fields import from_column, meta, sql_declaration, stored_fields, to_column
+from tandem.place.fields import meta, reader, sql_declaration, stored_fields, to_column
 from tandem.place.records import Attempt, Job, Share
 
 SCHEMA_VERSION = 4
@@ -70,10 +72,26 @@ def encode(cls: type, values: dict[str, Any]) -> dict[str, Any]:
     return {k: to_column(by_name[k], v) for k, v in values.items()}
 
 
+@functools.cache
+def _readers(cls: type) -> dict[str, Callable[[Any], Any]]:
+    return {f.name: reader(f) for f in stored_fields(cls)}
+
+
 def decode(cls: type, row: sqlite3.Row) -> Any:
     """The record a row (all or some of its columns) holds."""
-    by_name = {f.name: f for f in stored_fields(cls)}
-    return cls(**{k: from_column(by_name[k], row[k]) for k in row.keys()})  # noqa: SIM118 (a Row iterates its values)
+    return decode_all(cls, [row])[0]
+
+
+def decode_all(cls: type, rows: list[sqlite3.Row]) -> list[Any]:
+    """The records rows of one query hold (their columns looked up once, not per row)."""
+    if not rows:
+        return []
+    names = rows[0].keys()
+    readers = [_readers(cls)[k] for k in names]
+    plan = list(zip(names, readers))
+    return [
+        cls(**{k: None if v is None else read(v) for (k, read), v in zip(plan, tuple(row))}) for row in rows
+    ]
 
 
 def missing_columns(db: sqlite3.Connection) -> list[str]:

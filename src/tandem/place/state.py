@@ -68,6 +68,7 @@ class State(StateReads):
         self.dir = private_dir(directory) if directory is not None else state_dir()
         self.path = self.dir / "place.db"
         self.jobs_dir = self.dir / "jobs"
+        self.commits = 0  # transactions this connection committed (see version())
         try:
             fresh = not self.path.exists()
             private_file(self.path)  # 0600 from the start (it holds every job's environment)
@@ -150,6 +151,12 @@ class State(StateReads):
             raise
         else:
             self.db.execute("COMMIT")
+            self.commits += 1
+
+    def version(self) -> tuple[int, int]:
+        """Changes as this connection knows them: its own commits, and SQLite's
+        ``data_version`` (others'). Equal twice: nothing was written in between."""
+        return self.commits, self.db.execute("PRAGMA data_version").fetchone()[0]
 
     def _write(self, sql: str, args: tuple = ()) -> None:
         """One statement in a transaction of its own."""

@@ -3,6 +3,7 @@ rows of ``tandem ls``."""
 
 from __future__ import annotations
 
+import functools
 import time
 from dataclasses import fields
 from typing import Any
@@ -73,15 +74,20 @@ def waiting_reason(job: Job) -> str | None:
     return job.reason or "not yet looked at by the daemon (a running daemon looks within a second)"
 
 
+@functools.cache
+def _shown(cls: type) -> list[tuple[str, str | None, str]]:
+    """``(field, the object it goes under or None, its key)`` of ``cls``'s shown fields."""
+    return [
+        (f.name, meta(f, "under"), meta(f, "json_key") or f.name) for f in fields(cls) if meta(f, "shown")
+    ]
+
+
 def record_json(record: Any) -> dict[str, Any]:
     """A record's shown fields, by their ``--json`` keys (:func:`tandem.place.fields.column`)."""
     out: dict[str, Any] = {}
-    for f in fields(record):
-        if not meta(f, "shown"):
-            continue
-        under = meta(f, "under")
+    for name, under, key in _shown(type(record)):
         into = out.setdefault(under, {}) if under else out
-        into[meta(f, "json_key") or f.name] = getattr(record, f.name)
+        into[key] = getattr(record, name)
     return out
 
 
