@@ -127,7 +127,8 @@ def _json_value(value: str) -> Any:
     return _EMPTY[value]() if value in _EMPTY else json.loads(value)
 
 
-def _same(value: Any) -> Any:
+def same(value: Any) -> Any:
+    """A column kept as the field holds it."""
     return value
 
 
@@ -141,4 +142,4 @@ def reader(f: dataclasses.Field) -> Callable[[Any], Any]:
         return _json_value
     if _base(f.type)[0] == "bool":
         return bool
-    return _same
+    return same

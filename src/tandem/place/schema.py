@@ -17,7 +17,7 @@ import sqlite3
 from collections.abc import Callable
 from typing import Any
 
-from tandem.place.fields import meta, reader, sql_declaration, stored_fields, to_column
+from tandem.place.fields import meta, reader, same, sql_declaration, stored_fields, to_column
 from tandem.place.records import Attempt, Job, Share
 
 SCHEMA_VERSION = 4
@@ -83,15 +83,21 @@ def decode(cls: type, row: sqlite3.Row) -> Any:
 
 
 def decode_all(cls: type, rows: list[sqlite3.Row]) -> list[Any]:
-    """The records rows of one query hold (their columns looked up once, not per row)."""
+    """The records rows of one query hold (their columns looked up once, not per row; only
+    the columns kept otherwise than as they are converted)."""
     if not rows:
         return []
     names = rows[0].keys()
-    readers = [_readers(cls)[k] for k in names]
-    plan = list(zip(names, readers))
-    return [
-        cls(**{k: None if v is None else read(v) for (k, read), v in zip(plan, tuple(row))}) for row in rows
-    ]
+    readers = _readers(cls)
+    convert = [(k, readers[k]) for k in names if readers[k] is not same]
+    out = []
+    for row in rows:
+        values = dict(zip(names, row))
+        for k, read in convert:
+            if (v := values[k]) is not None:
+                values[k] = read(v)
+        out.append(cls(**values))
+    return out
 
 
 def missing_columns(db: sqlite3.Connection) -> list[str]:

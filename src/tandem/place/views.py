@@ -67,6 +67,12 @@ def run_seconds(job: Job, now: float | None = None) -> float | None:
     return sum((a.ended or now) - a.started for a in job.attempts if a.state != "lost")
 
 
+def wait_seconds(job: Job, now: float) -> float:
+    """How long it waited before it started (still waits: until ``now``)."""
+    until = job.started or (now if job.state in WAITING_STATES else job.ended or now)
+    return max(0.0, until - job.submitted)
+
+
 def waiting_reason(job: Job) -> str | None:
     """Why a waiting job waits: the daemon's last word on it, else that no pass has seen it."""
     if job.state not in WAITING_STATES:
@@ -96,7 +102,6 @@ def job_json(job: Job, now: float | None = None) -> dict[str, Any]:
     worked out from them. Times are seconds since the epoch."""
     now = time.time() if now is None else now
     last = job.attempts[-1] if job.attempts else None
-    wait_s = (job.started or (now if job.state in WAITING_STATES else job.ended or now)) - job.submitted
     shown = record_json(job)
     if job.cpus == AUTO_CPUS:
         shown["request"]["cpus"] = "auto"
@@ -106,7 +111,7 @@ def job_json(job: Job, now: float | None = None) -> dict[str, Any]:
         "reason": waiting_reason(job),
         "attempts": [attempt_json(a) for a in job.attempts],
         "placement": _placement(last),
-        "wait_s": max(0.0, wait_s),
+        "wait_s": wait_seconds(job, now),
         "run_s": run_seconds(job, now),
     }
 
@@ -123,9 +128,12 @@ def _duration(seconds: float | None) -> str:
 
 
 def ls_row(job: Job, now: float | None = None) -> list[str]:
-    j = job_json(job, now)
-    where = j["placement"]["device"] if j["placement"] else "-"
-    if j["placement"] and j["placement"]["mps"]:
+    """The row of ``tandem ls`` (what ``--json`` says, worked out for only these columns:
+    ``ls`` prints thousands)."""
+    now = time.time() if now is None else now
+    placement = job.attempts[-1].placement if job.attempts else None
+    where = placement.get("device", "cpu") if placement is not None else "-"
+    if placement is not None and placement.get("mps"):
         where += " mps"
     cause = "" if job.state in ("running", "succeeded") else (job.cause or "")
     if job.state in WAITING_STATES:
@@ -139,8 +147,8 @@ def ls_row(job: Job, now: float | None = None) -> list[str]:
         job.group or job.share or "-",
         where,
         str(len(job.attempts)),
-        _duration(j["wait_s"]),
-        _duration(j["run_s"]),
+        _duration(wait_seconds(job, now)),
+        _duration(run_seconds(job, now)),
         format_size(job.peak_mem),
         format_size(job.peak_gpu_mem),
         cause,
