@@ -253,7 +253,9 @@ def test_jobs_starting_together_count_what_their_program_used_at_start() -> None
     startup = Startup()
     startup.seen(["python", "-m", "train", "--lr", "1"], 1.0)  # an import took a core
     assert startup.cores(["python", "-m", "train", "--lr", "2"]) == 1.0  # the same program
-    assert startup.cores(["sleep", "3"]) is None  # never seen: its declaration stands
+    assert startup.cores(["sleep", "3"]) == 1.0  # never seen: a core while it starts, until measured
+    startup.seen(["sleep", "3"], 0.0)
+    assert startup.cores(["sleep", "3"]) == 0.0  # its first sample says what it really takes
     # Four quarter-core jobs of that program on two cores: one, then the others as the
     # first one's start-up is over (not all four imports at once).
     q = [Waiting(i, 0, float(i), cpus=0.25, mem=0, gpus=0, gpu_mem=None, startup_cpus=1.0) for i in range(4)]
@@ -261,6 +263,6 @@ def test_jobs_starting_together_count_what_their_program_used_at_start() -> None
     outcome = plan(q, h, [], make_policy("packing"), LIMITS, 0.0)
     assert [p.job_id for p in outcome.placements] == [0, 1]  # 0.5 reserved + 1.5 starting
     assert outcome.reasons[2].startswith("held back: jobs use 1.5 cores more than they declared")
-    # Jobs of a program never measured start together, as declared.
+    # Jobs with no start-up to count (GPU jobs: their own GPU checks) start together, as declared.
     fresh = [Waiting(i, 0, float(i), cpus=0.5, mem=0, gpus=0, gpu_mem=None) for i in range(4)]
     assert len(plan(fresh, h, [], make_policy("packing"), LIMITS, 0.0).placements) == 4

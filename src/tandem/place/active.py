@@ -13,6 +13,10 @@ from tandem.place.reserve import Learned, Measuring
 from tandem.place.scheduler import Placement
 
 STARTUP_SAMPLES = 3  # a job's first samples (one a second; the first has no rate yet) are its start-up
+# A program never seen starting is counted at a core while it starts: an interpreter that
+# imports its framework takes one, and jobs that all start at once would otherwise crowd out
+# a running CPU-bound job (the first sample of the program says what it really takes).
+UNSEEN_STARTUP_CORES = 1.0
 
 
 class Startup:
@@ -20,7 +24,8 @@ class Startup:
     program (its command's first three words: ``python -m pkg.train``, ``python train.py
     --lr``), the newest weighing most. A job of a program seen before is counted at that
     until its own first samples are in: an import of torch takes a whole core for seconds
-    whatever the job declared, and jobs that start together would otherwise all take it."""
+    whatever the job declared, and jobs that start together would otherwise all take it. A
+    program never seen is counted at :data:`UNSEEN_STARTUP_CORES`."""
 
     def __init__(self) -> None:
         self._cores: dict[tuple[str, ...], float] = {}
@@ -35,8 +40,8 @@ class Startup:
         old = self._cores.get(key)
         self._cores[key] = cores if old is None else max(cores, 0.5 * old + 0.5 * cores)
 
-    def cores(self, command: list[str]) -> float | None:
-        return self._cores.get(self.program(command))
+    def cores(self, command: list[str]) -> float:
+        return self._cores.get(self.program(command), UNSEEN_STARTUP_CORES)
 
 
 @dataclass

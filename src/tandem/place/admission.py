@@ -38,7 +38,7 @@ def _over_declared(active: list[Active], startup: Startup) -> tuple[float, int |
     for a in active:
         used = a.cpus_used or 0.0
         if a.samples < STARTUP_SAMPLES:
-            used = max(used, startup.cores(a.job.command) or 0.0)
+            used = max(used, startup.cores(a.job.command))
         if used > a.cpus:
             over.append((used - a.cpus, a.job.id))
     return (sum(o for o, _ in over), max(over)[1]) if over else (0.0, None)

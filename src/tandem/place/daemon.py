@@ -117,6 +117,8 @@ class Daemon:
             self.tracker = Tracker(state.dir, config.store or mlflow_store_uri(state.dir))
             if self.tracker.why_not:
                 log.warning("jobs are not tracked in MLflow: %s", self.tracker.why_not)
+            else:
+                self.tracker.warm()
         tracked = self.tracker is not None and not self.tracker.why_not
         self.attempts = Attempts(
             state, capacity, config, self.monitor, self.launcher, tracked, str(self.socket_path)

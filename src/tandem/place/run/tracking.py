@@ -3,10 +3,10 @@
 Each job's supervisor tracks it with watch's own :class:`~tandem.watch.Run` (the samplers
 and summary of ``tandem run``: process tree, host, the job's GPUs, energy, share) into a
 spool file (:class:`~tandem.watch.stores.spool.SpoolStore`), which imports nothing. One
-helper per state directory (``python -m tandem.place.run.tracking``, at nice 10, started by
-the daemon) imports MLflow once, opens a run when an attempt starts and forwards its spool
-through watch's :class:`~tandem.watch.stores.MlflowStore` every ``POLL_S`` seconds: a metric
-sampled now is in MLflow within about 12 s (a supervisor appends to its spool every 10 s,
+helper per state directory (``python -m tandem.place.run.tracking``, started with the
+daemon, at nice 10 once MLflow is imported) imports MLflow once, opens a run when an attempt
+starts and forwards its spool through watch's :class:`~tandem.watch.stores.MlflowStore`
+every ``POLL_S`` seconds: a metric sampled now is in MLflow within about 12 s (a supervisor appends to its spool every 10 s,
 ``FLUSH_S`` in :mod:`~tandem.place.run.shim`), while the job runs. When the attempt ends, the
 daemon's record (status, how it ended, the manager's own figures) closes the run, with the
 job's output (capped: its newest part) as an artifact.
@@ -119,6 +119,7 @@ class Tracker:
         self.proc: subprocess.Popen | None = None
         self._next_start = 0.0
         self._running = False
+        self._warm = False  # start the helper at the next poke, with no job waiting
         self.why_not = (
             ""
             if importlib.util.find_spec("mlflow")
@@ -143,12 +144,21 @@ class Tracker:
                 )
                 self._no_run_yet(f"the MLflow helper failed (exit {self.proc.returncode}; see tracking.log)")
             self.proc = None
-        if pending and self.proc is None and time.monotonic() >= self._next_start:
+        if (pending or self._warm) and self.proc is None and time.monotonic() >= self._next_start:
+            self._warm = False
             with open(self.state_dir / "tracking.log", "ab") as out:
                 argv = [sys.executable, "-m", "tandem.place.run.tracking", str(self.state_dir), self.uri]
                 self.proc = subprocess.Popen(
                     [*argv, self.experiment], stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT
                 )
+
+    def warm(self) -> None:
+        """Start the helper now, before any job: the first job's run then does not wait for
+        MLflow's import and a new store's tables (seconds). It ends after IDLE_EXIT_S if no
+        job comes."""
+        (queue_dir(self.state_dir) / "done").mkdir(parents=True, exist_ok=True)
+        self._warm = True
+        self.poke()
 
     def _no_run_yet(self, why: str) -> None:
         """The attempts waiting for a run the failed helper did not make: their jobs start
@@ -305,10 +315,6 @@ def _open_new(q: Path, runs: dict[str, _OpenRun], failed: set[str], uri: str, ex
 
 def main(argv: list[str]) -> int:
     state_dir, uri, experiment = Path(argv[0]), argv[1], argv[2]
-    try:
-        os.nice(10)
-    except OSError:
-        pass
     logging.basicConfig(level=logging.INFO, format="%(asctime)s tracking: %(message)s")
     from filelock import FileLock, Timeout
 
@@ -323,6 +329,12 @@ def main(argv: list[str]) -> int:
     pid_file = q / "helper.pid"
     pid_file.write_text(str(os.getpid()))
     MlflowStore(uri, experiment).prepare()  # the import and the tables, once
+    # Starting jobs wait for their runs, so MLflow's import runs at their priority; what
+    # follows (forwarding samples beside the running jobs) yields to them.
+    try:
+        os.nice(10)
+    except OSError:
+        pass
     runs: dict[str, _OpenRun] = {}
     failed: set[str] = set()
     idle_since, last_forward = time.monotonic(), 0.0
