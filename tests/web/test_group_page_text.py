@@ -155,7 +155,8 @@ def test_the_group_page_shows_no_null_undefined_nan_or_object(tmp_path: Path, se
     text = _page_text(tmp_path, selections)
     assert "group g: 1 job(s)" in text
     # The sweep's table and words, as the CLI prints them (its one computation on the server).
-    assert "lr=0.1" in text and "1 queued" in text and "best by val_loss (min): no job logged val_loss" in text
+    assert "lr=0.1" in text and "1 queued" in text
+    assert "best by val_loss (min): no job logged val_loss" in text
     for word in ("null", "undefined", "NaN", "[object"):
         assert word not in text, (word, text)
     if selections:

@@ -6,8 +6,9 @@ spool file (:class:`~tandem.watch.stores.spool.SpoolStore`), which imports nothi
 helper per state directory (``python -m tandem.place.run.tracking``, started with the
 daemon, at nice 10 once MLflow is imported) imports MLflow once, opens a run when an attempt
 starts and forwards its spool through watch's :class:`~tandem.watch.stores.MlflowStore`
-every ``POLL_S`` seconds: a metric sampled now is in MLflow within about 12 s (a supervisor appends to its spool every 10 s,
-``FLUSH_S`` in :mod:`~tandem.place.run.shim`), while the job runs. When the attempt ends, the
+every ``POLL_S`` seconds: a metric sampled now is in MLflow within about 12 s (a supervisor
+appends to its spool every 10 s, ``FLUSH_S`` in :mod:`~tandem.place.run.shim`), while the
+job runs. When the attempt ends, the
 daemon's record (status, how it ended, the manager's own figures) closes the run, with the
 job's output (capped: its newest part) as an artifact.
 
