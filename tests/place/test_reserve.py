@@ -140,7 +140,8 @@ def test_an_explicit_cpus_is_a_hard_reservation(cli, tmp_path: Path) -> None:
     first = cli.submit("--cpus", "1.5", "--", sys.executable, "-c", wait_for)
     second = cli.submit("--cpus", "1.5", "--", sys.executable, "-c", wait_for)
     job = cli.wait_state(first, {"running"})
-    assert job["reservation"] == {"cpus": 1.5, "from": "given"} and job["request"]["cpus"] == 1.5
+    assert {k: job["reservation"][k] for k in ("cpus", "from")} == {"cpus": 1.5, "from": "given"}
+    assert job["request"]["cpus"] == 1.5
     _until(lambda: "cores: needs 1.5" in (cli.job(second)["reason"] or ""), 30, str(cli.job(second)))
     assert cli.job(second)["state"] == "queued"
     stop.write_text("")
@@ -171,3 +172,48 @@ def test_a_start_up_burst_is_not_what_a_job_reserves() -> None:
     assert not busy.probe and busy.cores >= 1.0
     given = Measuring(Job(["python", "x.py"], "/tmp", {}, cpus=0.5), learned)
     assert not given.sample(1.0) and given.cores == 0.5  # --cpus N is a hard reservation
+
+
+# Holds about 200 MB until told to stop (a job of --mem auto's RAM to learn).
+HOLDER = (
+    "import sys, time\nfrom pathlib import Path\n"
+    "block = bytearray(200 << 20)\n"
+    "for i in range(0, len(block), 4096):\n    block[i] = 1\n"
+    "deadline = time.monotonic() + 300\n"
+    "while not Path(sys.argv[1]).exists() and time.monotonic() < deadline:\n    time.sleep(0.1)\n"
+)
+
+
+def test_mem_auto_reserves_what_the_job_key_used_and_mem_given_is_hard(cli, tmp_path: Path) -> None:
+    (tmp_path / "hold.py").write_text(HOLDER)
+    stop = tmp_path / "stop"
+    cli("daemon", "start", "--cpus", "2", "--no-host-load", *FAST)
+    first = cli.submit("--name", "holder", "--", sys.executable, "hold.py", str(stop))
+    job = cli.wait_state(first, {"running"})
+    assert job["request"]["mem_bytes"] == 0  # auto
+    assert job["reservation"]["mem_from"] in ("auto: none until measured", "measured, this run")
+    raised = _until(
+        lambda: (
+            (r := cli.job(first)["reservation"])["mem_from"] == "measured, this run"
+            and (r["mem_bytes"] or 0) > 200 << 20
+            and r
+        ),
+        60,
+        f"its RAM reservation was not raised to its measurement: {cli.job(first)['reservation']}",
+    )
+    assert raised["mem_bytes"] > 220 << 20  # type: ignore[index]  # its peak plus 10%
+    stop.write_text("")
+    cli.wait_state(first, {"succeeded"}, timeout=60)
+    peak = cli.job(first)["peak_mem_bytes"]
+    assert peak and peak > 200 << 20, peak
+    stop.unlink()
+    again = cli.submit("--name", "holder", "--", sys.executable, "hold.py", str(stop))
+    job = cli.wait_state(again, {"running"})
+    r = job["reservation"]
+    assert r["mem_from"] == "measured, job key holder" and r["mem_bytes"] == int(peak * 1.1), r
+    assert "RAM auto:" in cli("show", str(again)).stdout
+    stop.write_text("")
+    cli.wait_state(again, {"succeeded"}, timeout=60)
+    given = cli.submit("--mem", "300M", "--name", "holder", "--", sys.executable, "-c", "pass")
+    job = cli.wait_state(given, {"succeeded"}, timeout=60)
+    assert job["reservation"]["mem_bytes"] == 300 << 20 and job["reservation"]["mem_from"] == "given"

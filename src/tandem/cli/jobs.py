@@ -49,6 +49,16 @@ def _cores(data: dict[str, Any]) -> str:
     return f"cores auto: {r['cpus']:g} ({r['from']})"
 
 
+def _ram(data: dict[str, Any]) -> str:
+    """The RAM a job asked for and reserves, with where the reservation comes from."""
+    r = data["reservation"]
+    if r["mem_from"] == "given":
+        return f"RAM {format_size(r['mem_bytes'])}"
+    if r["mem_bytes"] is None:
+        return f"RAM {r['mem_from']}"
+    return f"RAM auto: {format_size(r['mem_bytes'])} ({r['mem_from']})"
+
+
 @click.command("submit", context_settings={"ignore_unknown_options": False, "allow_interspersed_args": False})
 @click.option("--name", help="Job name (measured peaks are remembered per name).")
 @click.option(
@@ -60,7 +70,13 @@ def _cores(data: dict[str, Any]) -> str:
     help="Cores to reserve (0.5 allowed; a hard reservation); auto: what jobs of this name (else "
     "command) were measured to use, else a small probe raised to its measurement.",
 )
-@click.option("--mem", callback=to_size, metavar="SIZE", help="RAM to reserve (512M, 10G) [default: none].")
+@click.option(
+    "--mem",
+    callback=to_size,
+    metavar="SIZE",
+    help="RAM to reserve (512M, 10G) [default: auto: the peak measured for the same --name, "
+    "else command, plus 10%; a job never seen: none until measured, the host's free memory decides].",
+)
 @click.option("--gpus", type=click.IntRange(min=0), help="GPUs [default: 1 if the manager has GPUs, else 0].")
 @click.option(
     "--gpu-mem",
@@ -280,12 +296,11 @@ def show(job_id: int, as_json: bool) -> None:
     if as_json:
         click.echo(json.dumps(data, indent=2))
         return
-    req = data["request"]
     lines = [
         f"job {job.id}  {job.name or ''}  [{job.state}]",
         f"  command   {' '.join(job.command)}",
         f"  cwd       {job.cwd}",
-        f"  request   {_cores(data)}, RAM {format_size(req['mem_bytes'] or None)}, "
+        f"  request   {_cores(data)}, {_ram(data)}, "
         f"{job.gpus} GPU(s), GPU memory {format_size(job.gpu_mem) if job.gpu_mem else 'auto'}",
         f"  priority  {job.priority}   retries {job.retries}   group {job.group or '-'}   "
         f"share {job.share or '-'}",

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from tandem.place.records import Job
-from tandem.place.reserve import Learned, Measuring
+from tandem.place.reserve import MEM_MARGIN, Learned, Measuring
 from tandem.place.scheduler import Placement
 
 STARTUP_SAMPLES = 3  # a job's first samples (one a second; the first has no rate yet) are its start-up
@@ -83,11 +83,21 @@ class Active:
     fail_cause: str | None = None  # the daemon stopped it for this (its share's producer died)
     ending: AttemptEnd | None = None  # its end, once recorded (a later write that fails is retried alone)
     cpu: Measuring | None = None  # its reservation of cores as learnt (None: its job's --cpus)
+    mem_learned: int = 0  # RAM reserved as it started (--mem auto: its key's peak plus a margin)
+    mem_shown: int = 0  # the RAM reservation its attempt's record last said (--mem auto)
 
     @property
     def cpus(self) -> float:
         """The cores it reserves now: given, learnt for its job key, or measured."""
         return self.job.cpus if self.cpu is None else self.cpu.cores
+
+    @property
+    def mem(self) -> int:
+        """The RAM it reserves now: given, or (--mem auto) what its key used before, raised
+        to its own peak (plus the margin) as that grows."""
+        if self.job.mem:
+            return self.job.mem
+        return max(self.mem_learned, int(self.peak_mem * (1 + MEM_MARGIN)))
 
     @property
     def probing(self) -> bool:

@@ -13,12 +13,14 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterable
+from typing import Any
 
 from tandem.place.active import STARTUP_SAMPLES, Active, Startup
 from tandem.place.devices import Monitor
 from tandem.place.model import FINAL_STATES, QUEUED, SUCCEEDED, Capacity
 from tandem.place.policies import GpuSlot, HostSlot, Limits
 from tandem.place.producers import Producers
+from tandem.place.reserve import mem_reservation
 from tandem.place.scheduler import Waiting
 from tandem.place.state import Job, State
 
@@ -71,6 +73,22 @@ class Admission:
         self.state, self.capacity, self.limits = state, capacity, limits
         self.monitor, self.producers, self.startup = monitor, producers, startup
         self._reasons: dict[int, str] = {}  # as last written
+        self._peaks: dict[str, Any] = {}
+        self._peaks_version: tuple[int, int] | None = None
+
+    def peaks(self) -> dict[str, Any]:
+        """The measured peaks of every job key, read again only when the state changed (a
+        pass looks up each waiting job's)."""
+        version = self.state.version()
+        if version != self._peaks_version:
+            self._peaks = {r["job_key"]: r for r in self.state.peaks()}
+            self._peaks_version = version
+        return self._peaks
+
+    def learned_mem(self, job_key: str) -> int:
+        """What a job of ``--mem auto`` reserves as it starts (tandem.place.reserve)."""
+        known = self.peaks().get(job_key)
+        return mem_reservation(0, known["peak_mem"] if known is not None else None, job_key)[0]
 
     def host_slot(self, active: Iterable[Active]) -> HostSlot:
         active = list(active)
@@ -80,7 +98,7 @@ class Admission:
             cpus_total=self.capacity.cpus,
             mem_total=self.capacity.mem,
             cpus_reserved=sum(a.cpus for a in active) + sum(c for c, _ in live),
-            mem_reserved=sum(a.job.mem for a in active) + sum(m for _, m in live),
+            mem_reserved=sum(a.mem for a in active) + sum(m for _, m in live),
             mem_available=self.monitor.mem_available,
             cpu_mean=self.monitor.cpu.mean(HOST_WINDOW_S),
             cpu_p95=self.monitor.cpu.p95(HOST_WINDOW_S),
@@ -144,7 +162,7 @@ class Admission:
                 continue
             if probe:
                 probe_reason = _probe_reason(job.id, active)
-            mem = job.mem
+            mem = job.mem or self.learned_mem(job.job_key)
             share = shares.get(job.share or "")
             with_producer = False
             if share is not None and not running[share.name]:
@@ -157,7 +175,7 @@ class Admission:
                 cpus, mem, with_producer = cpus + p_cpus, mem + p_mem, True
             gpu_mem = job.gpu_mem
             if job.gpus and gpu_mem is None:
-                known = self.state.peak(job.job_key)
+                known = self.peaks().get(job.job_key)
                 if known is not None and known["peak_gpu_mem"]:
                     gpu_mem = int(known["peak_gpu_mem"] * (1 + self.limits.gpu_mem_margin))
             # Where its shared batches are: a running producer's GPU, if it keeps them on one.

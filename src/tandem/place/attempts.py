@@ -27,7 +27,7 @@ from tandem.place.config import DaemonConfig
 from tandem.place.devices import Monitor
 from tandem.place.model import CANCELLED, FAILED, RUNNING, SUCCEEDED, Capacity, GpuInfo, format_size
 from tandem.place.producers import selections_made
-from tandem.place.reserve import Measuring
+from tandem.place.reserve import Measuring, mem_reservation
 from tandem.place.retry import retry
 from tandem.place.run import tracking
 from tandem.place.run.files import AttemptSpec, Result, ShimInfo, Started, Usage, load, save
@@ -80,6 +80,11 @@ class Attempts:
             **extra,
             **(cpu := Measuring(job, self.startup.learned)).json(),
         }
+        known = self.state.peak(job.job_key)
+        mem, placement["mem_from"] = mem_reservation(
+            job.mem, known["peak_mem"] if known else None, job.job_key
+        )
+        placement["mem"] = mem
         name = job.name or Path(job.command[0]).name
         save(
             adir,
@@ -104,7 +109,17 @@ class Attempts:
             job.started,
             f"attempt {n} on {placement['device']}",
         )
-        a = Active(job, n, p, uuids, adir, started, gpu_mem_reserved=None if p.probe else p.gpu_mem, cpu=cpu)
+        a = Active(
+            job,
+            n,
+            p,
+            uuids,
+            adir,
+            started,
+            gpu_mem_reserved=None if p.probe else p.gpu_mem,
+            cpu=cpu,
+            mem_learned=mem,
+        )
         a.energy_start = {u: e for u in uuids if (e := self.monitor.gpus[u].energy_mj) is not None}
         if self.tracked:
             tags = {
@@ -217,6 +232,10 @@ class Attempts:
                 self.state.update_attempt(a.job.id, a.n, placement=placement)
             grown = usage.peak_mem > a.peak_mem * 1.02 + (1 << 20)
             a.peak_mem = max(a.peak_mem, usage.peak_mem)
+            if not a.job.mem and a.mem > a.mem_shown * 1.1:  # --mem auto: its reservation follows its peak
+                a.mem_shown = a.mem
+                placement = {**self._placement_json(a), "mem": a.mem, "mem_from": "measured, this run"}
+                self.state.update_attempt(a.job.id, a.n, placement=placement)
             gpu_mem = max((self.monitor.job_gpu_mem(u, a.pids) for u in a.uuids), default=0)
             if gpu_mem > a.peak_gpu_mem * 1.02 + (1 << 20):
                 grown = True
@@ -409,6 +428,7 @@ class Attempts:
                 att.shim_ctime,
                 gpu_mem_reserved=pl.get("gpu_mem"),
                 cpu=Measuring(job, self.startup.learned),
+                mem_learned=int(pl.get("mem") or 0),
             )
             shim = load(a.dir, ShimInfo)
             if shim is not None:

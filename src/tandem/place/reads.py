@@ -125,6 +125,9 @@ class StateReads:
         rows = self.query("SELECT * FROM peaks WHERE job_key = ?", (job_key,))
         return rows[0] if rows else None
 
+    def peaks(self) -> list[sqlite3.Row]:
+        return self.query("SELECT * FROM peaks")
+
     def events(self, job_id: int) -> list[sqlite3.Row]:
         return self.query("SELECT t, kind, detail FROM events WHERE job_id = ? ORDER BY id", (job_id,))
 

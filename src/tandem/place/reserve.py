@@ -43,6 +43,21 @@ def p95(values: list[float]) -> float:
     return ordered[min(len(ordered) - 1, int(0.95 * len(ordered)))]
 
 
+MEM_MARGIN = 0.1  # a learnt RAM reservation: the peak measured, plus this share of it
+
+
+def mem_reservation(given: int, learned_peak: int | None, key: str) -> tuple[int, str]:
+    """The RAM a job reserves as it starts and where that comes from: ``--mem`` given, else
+    (auto) the peak measured for its job key before plus :data:`MEM_MARGIN`, else none yet
+    (a job never seen: the host's measured available memory decides, and its own peak is
+    reserved as it grows)."""
+    if given:
+        return given, "given"
+    if learned_peak:
+        return int(learned_peak * (1 + MEM_MARGIN)), f"measured, job key {key_words(key)}"
+    return 0, "auto: none until measured"
+
+
 def key_words(key: str) -> str:
     """A job key as a person reads it (its name, else its command)."""
     return key.split(":", 1)[1] if ":" in key else key

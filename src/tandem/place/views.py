@@ -32,14 +32,21 @@ def _placement(attempt: Attempt | None) -> dict[str, Any] | None:
 
 
 def _reservation(job: Job, last: Attempt | None) -> dict[str, Any]:
-    """The cores a job reserves and where that comes from: given (--cpus N), or for --cpus
-    auto what its attempt was given (learnt for its job key, a probe, its measurement)."""
-    if job.cpus != AUTO_CPUS:
-        return {"cpus": job.cpus, "from": "given"}
+    """The cores and RAM a job reserves and where each comes from: given (--cpus N, --mem
+    SIZE), or for auto what its attempt was given (learnt for its job key, a probe, its
+    measurement; RAM: its key's peak, raised to its own as it grows)."""
     p = last.placement if last is not None else {}
+    if job.mem:
+        mem: dict[str, Any] = {"mem_bytes": job.mem, "mem_from": "given"}
+    elif "mem_from" in p:  # as its attempt started, or raised to its measurement since
+        mem = {"mem_bytes": p.get("mem") or None, "mem_from": p["mem_from"]}
+    else:
+        mem = {"mem_bytes": None, "mem_from": "auto: learnt when it starts"}
+    if job.cpus != AUTO_CPUS:
+        return {"cpus": job.cpus, "from": "given", **mem}
     if p.get("cpus") is None:
-        return {"cpus": None, "from": "auto: learnt when it starts"}
-    return {"cpus": p["cpus"], "from": p.get("cpus_from") or "auto"}
+        return {"cpus": None, "from": "auto: learnt when it starts", **mem}
+    return {"cpus": p["cpus"], "from": p.get("cpus_from") or "auto", **mem}
 
 
 def attempt_json(a: Attempt) -> dict[str, Any]:
