@@ -39,24 +39,15 @@ from tandem.place.model import (
 from tandem.place.reserve import AUTO_CPUS
 
 
-def _cores(data: dict[str, Any]) -> str:
-    """The cores a job asked for and reserves, with where the reservation comes from."""
-    r = data["reservation"]
-    if r["from"] == "given":
-        return f"{r['cpus']:g} cores"
-    if r["cpus"] is None:
-        return f"cores {r['from']}"
-    return f"cores auto: {r['cpus']:g} ({r['from']})"
-
-
-def _ram(data: dict[str, Any]) -> str:
-    """The RAM a job asked for and reserves, with where the reservation comes from."""
-    r = data["reservation"]
-    if r["mem_from"] == "given":
-        return f"RAM {format_size(r['mem_bytes'])}"
-    if r["mem_bytes"] is None:
-        return f"RAM {r['mem_from']}"
-    return f"RAM auto: {format_size(r['mem_bytes'])} ({r['mem_from']})"
+def _reserved(value: str | None, source: str, what: str) -> str:
+    """What a job reserves of one resource (``value``, shown; None: not yet known) and where
+    that comes from: ``4 cores``, ``cores auto: 0.3 (probe)``, ``RAM auto: 1.1 GB (measured,
+    job key r18)``."""
+    if source == "given":
+        return f"{value} {what}" if what == "cores" else f"{what} {value}"
+    if value is None:
+        return f"{what} {source}"
+    return f"{what} auto: {value} ({source})"
 
 
 @click.command("submit", context_settings={"ignore_unknown_options": False, "allow_interspersed_args": False})
@@ -293,6 +284,9 @@ def show(job_id: int, as_json: bool) -> None:
     data = job_json(job)
     share = st.share(job.share) if job.share else None
     data["selection"] = share.selection if share is not None else None
+    r = data["reservation"]
+    cores = None if r["cpus"] is None else f"{r['cpus']:g}"
+    ram = format_size(r["mem_bytes"]) if r["mem_bytes"] else None
     if as_json:
         click.echo(json.dumps(data, indent=2))
         return
@@ -300,7 +294,7 @@ def show(job_id: int, as_json: bool) -> None:
         f"job {job.id}  {job.name or ''}  [{job.state}]",
         f"  command   {' '.join(job.command)}",
         f"  cwd       {job.cwd}",
-        f"  request   {_cores(data)}, {_ram(data)}, "
+        f"  request   {_reserved(cores, r['from'], 'cores')}, {_reserved(ram, r['mem_from'], 'RAM')}, "
         f"{job.gpus} GPU(s), GPU memory {format_size(job.gpu_mem) if job.gpu_mem else 'auto'}",
         f"  priority  {job.priority}   retries {job.retries}   group {job.group or '-'}   "
         f"share {job.share or '-'}",
