@@ -104,7 +104,7 @@ def test_a_pass_sees_what_each_waiting_job_s_program_used_at_start(tmp_path: Pat
     before carries that start-up into the scheduler (the queue's columns include its command)."""
     import time
 
-    from tandem.place.active import Startup
+    from tandem.place.active import UNSEEN_STARTUP_CORES, Startup
     from tandem.place.admission import Admission
     from tandem.place.devices import Monitor
     from tandem.place.model import Capacity
@@ -129,5 +129,6 @@ def test_a_pass_sees_what_each_waiting_job_s_program_used_at_start(tmp_path: Pat
         state.add_job(JobSpec(command, "/", {}, cpus=0.25, gpu_share=30), 0, time.time())
     reasons: dict[int, str] = {}
     waiting = admission.waiting(state.queue(("queued",)), {}, {}, reasons)
-    assert [w.startup_cpus for w in waiting] == [1.0, None] and reasons == {}
+    # The measured program at what it took; one never seen at a core, until its first sample.
+    assert [w.startup_cpus for w in waiting] == [1.0, UNSEEN_STARTUP_CORES] and reasons == {}
     assert [w.gpu_share for w in waiting] == [30, 30]  # declared compute reaches the scheduler

@@ -81,10 +81,9 @@ class Attempts:
             **(cpu := Measuring(job, self.startup.learned)).json(),
         }
         known = self.state.peak(job.job_key)
-        mem, placement["mem_from"] = mem_reservation(
-            job.mem, known["peak_mem"] if known else None, job.job_key
+        placement["mem"], placement["mem_from"] = mem_reservation(
+            job.mem, known and known["peak_mem"], job.job_key
         )
-        placement["mem"] = mem
         name = job.name or Path(job.command[0]).name
         save(
             adir,
@@ -109,17 +108,8 @@ class Attempts:
             job.started,
             f"attempt {n} on {placement['device']}",
         )
-        a = Active(
-            job,
-            n,
-            p,
-            uuids,
-            adir,
-            started,
-            gpu_mem_reserved=None if p.probe else p.gpu_mem,
-            cpu=cpu,
-            mem_learned=mem,
-        )
+        a = Active(job, n, p, uuids, adir, started, gpu_mem_reserved=None if p.probe else p.gpu_mem, cpu=cpu)
+        a.mem_learned = placement["mem"]
         a.energy_start = {u: e for u in uuids if (e := self.monitor.gpus[u].energy_mj) is not None}
         if self.tracked:
             tags = {

@@ -46,6 +46,7 @@ from tandem.place.model import (
 from tandem.place.paths import disk_trouble
 from tandem.place.policies import make_policy
 from tandem.place.producers import Producers
+from tandem.place.queue import WaitingJobs
 from tandem.place.run.files import write_json
 from tandem.place.run.launch import LocalLauncher, RayLauncher
 from tandem.place.scheduler import Placement, plan
@@ -68,8 +69,6 @@ PLAN_EVERY_S = 2.0
 # less often, so that they take at most this share of a core. A change still gets its pass
 # at once. With 10,000 queued, about one pass every 10 s instead of 2.
 IDLE_PASS_SHARE = 0.005
-QUEUE_OVERLAP_S = 1.0  # rows stamped this long before the last read are read again (clock steps)
-QUEUE_WHOLE_S = 300.0  # the queue is read whole this often, whatever changed
 IDLE_CONNECTION_S = 2.0  # a client that connected and sent nothing is dropped after this
 
 
@@ -100,10 +99,7 @@ class Daemon:
         self.stop_requested = False
         self.wake = False
         self.dirty = True  # something changed since the last scheduling pass
-        self._queued: dict[int, Job] = {}  # the waiting jobs as last read (_queue)
-        self._queue_version: tuple[int, int] | None = None
-        self._queue_read_at: float | None = None
-        self._queue_whole_due = 0.0
+        self.queue = WaitingJobs(state)
         self._pass_cpu_s = 0.0  # the last scheduling pass's CPU time
         self._last_plan = 0.0
         self._next_sample = 0.0
@@ -288,7 +284,7 @@ class Daemon:
             self._last_plan = time.monotonic()
             # The waiting jobs (what a pass needs of them) and their dependencies, read once.
             self.attempts.reconcile(now)
-            waiting = self._queue()
+            waiting = self.queue.read()
             started = time.process_time()
             deps = self.admission.dependencies(waiting)
             waiting = self.admission.resolve(waiting, deps)
@@ -311,32 +307,6 @@ class Daemon:
                     self.state.event(
                         done["job_id"], "tracking", f"not recorded in MLflow: {done.get('error')}"
                     )
-
-    def _queue(self) -> list[Job]:
-        """The waiting jobs. Read whole once; then, where the state changed, only the rows
-        changed since the last read (the daemon is the state's one writer, and every write
-        of a job stamps its row): an idle daemon with a sweep of 10,000 queued does not
-        decode them every pass."""
-        version = self.state.version()  # before the read: a write during it is seen next time
-        if version == self._queue_version:
-            return list(self._queued.values())
-        read_at = time.time()
-        last = self._queue_read_at
-        # Whole again after a step of the clock backwards, and every few minutes anyway.
-        if last is None or read_at < last or time.monotonic() > self._queue_whole_due:
-            self._queue_whole_due = time.monotonic() + QUEUE_WHOLE_S
-            self._queued = {j.id: j for j in self.state.queue(tuple(WAITING_STATES))}
-        else:
-            changed = self.state.changed_since(last - QUEUE_OVERLAP_S)
-            for job in changed:
-                if job.state in WAITING_STATES:
-                    self._queued[job.id] = job
-                else:
-                    self._queued.pop(job.id, None)
-            if changed:
-                self._queued = dict(sorted(self._queued.items()))  # by id, as a whole read gives
-        self._queue_version, self._queue_read_at = version, read_at
-        return list(self._queued.values())
 
     def _fail_dead_producers(self) -> None:
         """A share whose producer died: its waiting jobs fail at once, its running ones are
