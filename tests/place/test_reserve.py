@@ -217,3 +217,40 @@ def test_mem_auto_reserves_what_the_job_key_used_and_mem_given_is_hard(cli, tmp_
     given = cli.submit("--mem", "300M", "--name", "holder", "--", sys.executable, "-c", "pass")
     job = cli.wait_state(given, {"succeeded"}, timeout=60)
     assert job["reservation"]["mem_bytes"] == 300 << 20 and job["reservation"]["mem_from"] == "given"
+
+
+def test_a_shares_producer_reserves_what_its_earlier_producers_used(cli, tmp_path: Path) -> None:
+    """The producer's reservation is learnt as a job's is: its definition's the first time,
+    then what its earlier producers used (a producer of a tiny dataset: a fraction of a core),
+    its loader workers still as defined; a definition's --cpus stays a hard reservation."""
+    from tandem.place.state import State
+
+    (tmp_path / "toy_data.py").write_text(DATASET)
+    (tmp_path / "train.py").write_text(SLEEPER)
+    cli("daemon", "start", "--cpus", "2", "--no-host-load", *FAST)
+    cli("share", "define", "toy", "--dataset", "toy_data.py:make", "--batch-size", "4")
+
+    def share():  # type: ignore[no-untyped-def]
+        state = State(cli.state)
+        try:
+            return state.share("toy")
+        finally:
+            state.close()
+
+    first = cli.submit("--share", "toy", "--", sys.executable, "train.py", str(tmp_path))
+    _until(lambda: _lines(tmp_path / "started"), 120, f"the job did not start: {cli('ls').stdout}")
+    assert share().cpus == 1.0  # as defined: on 2 cores, one
+    started = share().started
+    # The producer's run must be long enough to say what it uses (not its start-up alone).
+    _until(lambda: time.time() - started > 11, 30, "")
+    (tmp_path / "release").write_text("")
+    assert cli("wait", str(first), timeout=120).returncode == 0
+    # Stopped after its last job; what it used is learnt once it is gone, before a new one starts.
+    _until(lambda: share().pid is None, 60, "the producer was not stopped after its last job")
+    (tmp_path / "release").unlink()
+    second = cli.submit("--share", "toy", "--", sys.executable, "train.py", str(tmp_path))
+    _until(lambda: share().pid is not None and share().cpus is not None, 120, cli("ls").stdout)
+    assert share().cpus < 0.5, share()  # what it used (a tiny dataset), not the definition's core
+    assert "measured, 1 producer run" in cli("show", str(second)).stdout
+    (tmp_path / "release").write_text("")
+    assert cli("wait", str(second), timeout=120).returncode == 0

@@ -119,7 +119,7 @@ class Daemon:
         self.attempts = Attempts(
             state, capacity, config, self.monitor, self.launcher, tracked, str(self.socket_path)
         )
-        self.producers = Producers(state, capacity.cpus, config, tracked)
+        self.producers = Producers(state, capacity.cpus, config, tracked, self.attempts.startup.learned)
         self.admission = Admission(
             state, capacity, self.limits, self.monitor, self.producers, self.attempts.startup
         )

@@ -24,16 +24,27 @@ from pathlib import Path
 
 from tandem.place.config import DaemonConfig
 from tandem.place.model import GpuInfo
+from tandem.place.reserve import Learned, producer_key, producer_reservation
 from tandem.place.run import tracking
 from tandem.place.run.files import AttemptSpec, Result, load, read_json, save, write_json
 from tandem.place.run.launch import Launch, LocalLauncher
 from tandem.place.run.proctrack import same_process
 from tandem.place.state import Job, Share, State
 
+LEARN_AFTER_S = 10.0  # a producer's run shorter than this teaches nothing of its use
+
 
 class Producers:
-    def __init__(self, state: State, capacity_cpus: float, config: DaemonConfig, tracked: bool) -> None:
+    def __init__(
+        self,
+        state: State,
+        capacity_cpus: float,
+        config: DaemonConfig,
+        tracked: bool,
+        learned: Learned | None = None,
+    ) -> None:
         self.state = state
+        self.learned = learned if learned is not None else Learned()  # what producers used (reserve.py)
         self.capacity_cpus = capacity_cpus
         self.config = config
         self.tracked = tracked
@@ -62,7 +73,20 @@ class Producers:
             running = self.running(share)
         if share.cpus is not None and running:
             return share.cpus, share.spec.mem
-        return share.spec.producer_cpus(self.capacity_cpus), share.spec.mem
+        return self._cores(share)[0], share.spec.mem
+
+    def _cores(self, share: Share) -> tuple[float, str]:
+        """What a new producer of ``share`` reserves, and why (tandem.place.reserve)."""
+        defined = share.spec.producer_cpus(self.capacity_cpus)
+        return producer_reservation(defined, share.spec.cpus is not None, self.learned, share.name)
+
+    def _learn(self, name: str, folder: Path | None) -> None:
+        """What the share's producer that ended used: its mean cores over its run (a run of a
+        few seconds is mostly its start-up, and says nothing of its use)."""
+        result = load(folder, Result) if folder is not None else None
+        if result is None or not result.cpu_seconds or result.ended - result.started < LEARN_AFTER_S:
+            return
+        self.learned.seen(producer_key(name), result.cpu_seconds / (result.ended - result.started))
 
     @staticmethod
     def running(share: Share) -> bool:
@@ -87,7 +111,8 @@ class Producers:
             self._gpus[share.name] = gpus[0].index
         else:
             self._gpus.pop(share.name, None)
-        cpus, _mem = self.reservation(share, running=False)
+        cpus, why = self._cores(share)
+        defined = share.spec.producer_cpus(self.capacity_cpus)  # its loader workers: as defined
         last = self._dir(share.name)
         n = int(last.name) + 1 if last is not None else 1
         folder = self.state.dir / "shares" / share.name / str(n)
@@ -106,7 +131,7 @@ class Producers:
             "share",
             "serve-spec",
             str(folder / "share.json"),
-            f"{cpus:g}",
+            f"{defined:g}",
         ]
         cwd = job.cwd if os.path.isdir(job.cwd) else "/"
         c = self.config
@@ -130,7 +155,11 @@ class Producers:
         self._launcher.start(handle, Launch(folder, cwd, cpus))
         self._runs[share.name] = folder
         self.state.set_producer(share.name, handle.shim_pid, handle.shim_ctime, cpus=cpus)
-        self.state.event(job.id, "producer", f"started producer of {share.name!r} (pid {handle.shim_pid})")
+        self.state.event(
+            job.id,
+            "producer",
+            f"started producer of {share.name!r} (pid {handle.shim_pid}), reserving {cpus:g} cores ({why})",
+        )
         if self.tracked:
             tags = {"tandem.role": "producer", "tandem.share": share.name, "group": job.group or ""}
             spool = folder / "metrics.jsonl"
@@ -193,6 +222,7 @@ class Producers:
         for name, (pid, ctime, deadline) in list(self._stopping.items()):
             if not same_process(pid, ctime):
                 del self._stopping[name]
+                self._learn(name, self._dir(name))
                 self._end_run(name, "FINISHED")
             elif now >= deadline:
                 try:

@@ -74,6 +74,9 @@ class Learned:
         runs.append(cores)
         del runs[:-KEEP_RUNS]
 
+    def runs(self, key: str) -> list[float]:
+        return list(self._runs.get(key, ()))
+
     def reserve(self, job: Job) -> tuple[float, str, bool]:
         """What ``job`` reserves, where that comes from, and whether it is a probe."""
         if job.cpus != AUTO_CPUS:
@@ -84,6 +87,24 @@ class Learned:
             source = f"measured, job key {key_words(job.job_key)}, {n} run{'s' * (n != 1)}"
             return margin(max(runs)), source, False
         return PROBE_CORES, "probe", True
+
+
+def producer_key(share: str) -> str:
+    """The key under which a share's producer's use is learnt (beside the jobs' keys)."""
+    return f"share:{share}"
+
+
+def producer_reservation(defined: float, given: bool, learned: Learned, share: str) -> tuple[float, str]:
+    """The cores a share's producer reserves and why: its definition's ``--cpus`` (``given``:
+    a hard reservation), else what its earlier producers used (mean cores over a run, with
+    the margin), never more than the definition gives it, else the definition's. Its loader
+    workers always come from the definition: a learnt reservation never limits what it can
+    use, so a producer that needs more is measured at more."""
+    runs = learned.runs(producer_key(share))
+    if given or not runs:
+        return defined, "defined"
+    n = len(runs)
+    return min(defined, margin(max(runs))), f"measured, {n} producer run{'s' * (n != 1)}"
 
 
 class Measuring:
