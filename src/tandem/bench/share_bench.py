@@ -90,10 +90,13 @@ class PssSampler(Every):
 def _track(pid: int, name: str, group: str, mode: str) -> Any:
     from tandem.watch import Run
 
+    tags = {"group": group, "tandem.mode": mode}
+    if name == "producer":  # tagged as the manager tags its own: `tandem report` draws it apart
+        tags["tandem.role"] = "producer"
     return Run(
         pid=pid,
         name=name,
-        tags={"group": group, "tandem.mode": mode},
+        tags=tags,
         interval=1.0,
         quiet=True,
         writer="thread",
