@@ -5,11 +5,12 @@ job, its producers, the totals, what sharing saved), from
 from __future__ import annotations
 
 import html
-import json
 from typing import Any
 
 from rich.console import Console
 from rich.table import Table
+
+from tandem.place.model import params_text
 
 
 def sweep_reports(refs: tuple[str, ...], metrics: tuple[str, ...], best: str | None) -> list[dict[str, Any]]:
@@ -43,10 +44,6 @@ def _joules(measured: float | None, estimated: float | None) -> str:
     return " / ".join(p for p in parts if p) or "-"
 
 
-def _value(v: Any) -> str:
-    return v if isinstance(v, str) else json.dumps(v)
-
-
 def _metric(v: float | None) -> str:
     return "-" if v is None else f"{v:.4g}"
 
@@ -64,7 +61,7 @@ def sweep_grid(data: dict[str, Any]) -> tuple[list[str], list[tuple[list[str], s
             f"{r['id']}{mark}",
             r["name"] or "-",
             r["state"],
-            " ".join(f"{k}={_value(v)}" for k, v in (r["params"] or {}).items()) or "-",
+            params_text(r["params"]) or "-",
             _num(r["run_s"]),
             _num(r["cpu_s"]),
             _joules(r["energy_measured_joules"], r["energy_estimated_joules"]),

@@ -12,6 +12,7 @@ from typing import Any
 import click
 
 from tandem.cli._common import Exit
+from tandem.place.model import params_text
 from tandem.select.methods import METHODS  # the registry alone: no torch
 
 EXIT_BAD_INPUT = 2
@@ -240,10 +241,10 @@ def _some(words: Iterable[str], most: int = 20) -> str:
 
 
 def _params(params: Any) -> str:
-    """A method's settings as ``k=v`` (a value JSON would write, as written): never a dict."""
+    """A method's settings as ``k=v`` (never a dict)."""
     if not isinstance(params, dict) or not params:
         return "-"
-    return " ".join(f"{k}={v if isinstance(v, str) else json.dumps(v)}" for k, v in sorted(params.items()))
+    return params_text(dict(sorted(params.items())))
 
 
 def _job_words(j: dict[str, Any]) -> str:

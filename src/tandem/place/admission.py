@@ -77,18 +77,13 @@ class Admission:
         self._peaks_version: tuple[int, int] | None = None
 
     def peaks(self) -> dict[str, Any]:
-        """The measured peaks of every job key, read again only when the state changed (a
-        pass looks up each waiting job's)."""
+        """The measured peaks of every job key (read again only when the state changed):
+        looked up once a pass, then for each waiting job from this."""
         version = self.state.version()
         if version != self._peaks_version:
             self._peaks = {r["job_key"]: r for r in self.state.peaks()}
             self._peaks_version = version
         return self._peaks
-
-    def learned_mem(self, job_key: str) -> int:
-        """What a job of ``--mem auto`` reserves as it starts (tandem.place.reserve)."""
-        known = self.peaks().get(job_key)
-        return mem_reservation(0, known["peak_mem"] if known is not None else None, job_key)[0]
 
     def host_slot(self, active: Iterable[Active]) -> HostSlot:
         active = list(active)
@@ -143,6 +138,7 @@ class Admission:
         out = []
         shares = {s.name: s for s in self.state.shares()}
         running = {name: self.producers.running(s) for name, s in shares.items()}  # once a pass, not a job
+        peaks = self.peaks()
         # One job of --cpus auto never seen before is measured at a time (tandem.place.reserve).
         probing = next((a.job.id for a in active.values() if a.probing), None)
         probe_reason = _probe_reason(probing, active)
@@ -162,7 +158,8 @@ class Admission:
                 continue
             if probe:
                 probe_reason = _probe_reason(job.id, active)
-            mem = job.mem or self.learned_mem(job.job_key)
+            known = peaks.get(job.job_key)
+            mem = job.mem or mem_reservation(0, known and known["peak_mem"], job.job_key)[0]
             share = shares.get(job.share or "")
             with_producer = False
             if share is not None and not running[share.name]:
@@ -174,10 +171,8 @@ class Admission:
                 p_cpus, p_mem = self.producers.reservation(share, running=False)
                 cpus, mem, with_producer = cpus + p_cpus, mem + p_mem, True
             gpu_mem = job.gpu_mem
-            if job.gpus and gpu_mem is None:
-                known = self.peaks().get(job.job_key)
-                if known is not None and known["peak_gpu_mem"]:
-                    gpu_mem = int(known["peak_gpu_mem"] * (1 + self.limits.gpu_mem_margin))
+            if job.gpus and gpu_mem is None and known is not None and known["peak_gpu_mem"]:
+                gpu_mem = int(known["peak_gpu_mem"] * (1 + self.limits.gpu_mem_margin))
             # Where its shared batches are: a running producer's GPU, if it keeps them on one.
             prefer = (
                 self.producers.prefer_gpus(share.name) if share is not None and running[share.name] else ()

@@ -5,6 +5,7 @@ Pure data, no I/O: the daemon, the command line, the simulator and the tests sha
 
 from __future__ import annotations
 
+import json
 import math
 from dataclasses import dataclass, field, fields
 from typing import Any
@@ -130,6 +131,17 @@ class GpuInfo:
     def visible_id(self) -> str:
         """What ``CUDA_VISIBLE_DEVICES`` names it by: the UUID, else its index on its node."""
         return self.uuid if self.local is None else str(self.local)
+
+
+def param_value(value: Any) -> str:
+    """A parameter's value as text: a string as it is, anything else as JSON (what a job's
+    MLflow params and every ``k=v`` a person reads say)."""
+    return value if isinstance(value, str) else json.dumps(value)
+
+
+def params_text(params: dict[str, Any] | None) -> str:
+    """``k=v`` pairs, space apart ("" for none)."""
+    return " ".join(f"{k}={param_value(v)}" for k, v in (params or {}).items())
 
 
 def job_key(name: str | None, command: list[str]) -> str:

@@ -75,10 +75,12 @@ class Producers:
             return share.cpus, share.spec.mem
         return self._cores(share)[0], share.spec.mem
 
-    def _cores(self, share: Share) -> tuple[float, str]:
-        """What a new producer of ``share`` reserves, and why (tandem.place.reserve)."""
+    def _cores(self, share: Share) -> tuple[float, str, float]:
+        """What a new producer of ``share`` reserves and why (tandem.place.reserve), and the
+        cores its definition gives it (its loader workers follow these)."""
         defined = share.spec.producer_cpus(self.capacity_cpus)
-        return producer_reservation(defined, share.spec.cpus is not None, self.learned, share.name)
+        cpus, why = producer_reservation(defined, share.spec.cpus is not None, self.learned, share.name)
+        return cpus, why, defined
 
     def _learn(self, name: str, folder: Path | None) -> None:
         """What the share's producer that ended used: its mean cores over its run (a run of a
@@ -111,8 +113,7 @@ class Producers:
             self._gpus[share.name] = gpus[0].index
         else:
             self._gpus.pop(share.name, None)
-        cpus, why = self._cores(share)
-        defined = share.spec.producer_cpus(self.capacity_cpus)  # its loader workers: as defined
+        cpus, why, defined = self._cores(share)
         last = self._dir(share.name)
         n = int(last.name) + 1 if last is not None else 1
         folder = self.state.dir / "shares" / share.name / str(n)

@@ -66,13 +66,17 @@ class StateReads:
             sql = f"SELECT * FROM ({sql} ORDER BY id DESC LIMIT {int(last)})"
         rows = self.query(sql + " ORDER BY id", tuple(args))
         jobs = decode_all(Job, rows)
-        if attempts and jobs:
-            by_job: dict[int, list[Attempt]] = {}
-            for a in self.attempts_of([j.id for j in jobs]):
-                by_job.setdefault(a.job_id, []).append(a)
-            for j in jobs:
-                j.attempts = by_job.get(j.id, [])
+        if attempts:
+            self._with_attempts(jobs)
         return jobs
+
+    def _with_attempts(self, jobs: list[Job]) -> None:
+        """Give each of ``jobs`` its attempts (one query a 500 jobs)."""
+        by_job: dict[int, list[Attempt]] = {}
+        for a in self.attempts_of([j.id for j in jobs]):
+            by_job.setdefault(a.job_id, []).append(a)
+        for j in jobs:
+            j.attempts = by_job.get(j.id, [])
 
     def queue(self, states: tuple[str, ...]) -> list[Job]:
         """The jobs in these states with what a scheduling pass needs of them (by id)."""
@@ -153,9 +157,8 @@ class StateReads:
                 f"SELECT {_LISTED} FROM jobs WHERE job_key IN ({marks}) AND coalesce(share, '') = '' "
                 "AND state = 'succeeded' ORDER BY id"
             )
-            out.update((job.job_key, job) for job in (decode(Job, r) for r in self.query(sql, tuple(chunk))))
-        for a in self.attempts_of([j.id for j in out.values()]):
-            next(j for j in out.values() if j.id == a.job_id).attempts.append(a)
+            out.update((job.job_key, job) for job in decode_all(Job, self.query(sql, tuple(chunk))))
+        self._with_attempts(list(out.values()))
         return out
 
     def share_users(self, name: str) -> list[int]:

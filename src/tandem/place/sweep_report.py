@@ -22,7 +22,6 @@ row): no MLflow import, so the dashboard answers in milliseconds.
 
 from __future__ import annotations
 
-import json
 import re
 import sqlite3
 import time
@@ -32,9 +31,11 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from tandem.place.model import params_text
 from tandem.place.records import Job
 from tandem.place.views import run_seconds
-from tandem.watch._summary import energy_totals
+from tandem.watch.report import energy_totals
+from tandem.watch.samplers.share import metric_name
 
 ENERGY_KINDS = ("measured", "estimated")
 _HIDDEN = re.compile(r"^(system|summary)/")  # hardware and summaries: not the training's own
@@ -109,23 +110,32 @@ def _producer_runs(
     return [(run, share, start / 1000.0, end / 1000.0 if end else None) for run, share, start, end in rows]
 
 
+def _tree_cpu(last: dict[str, float]) -> float | None:
+    """CPU-seconds of a run's process tree as its latest metrics say, if they say."""
+    tree = "system/process_tree/"
+    if tree + "cpu_user_seconds" not in last:
+        return None
+    return last[tree + "cpu_user_seconds"] + last.get(tree + "cpu_system_seconds", 0.0)
+
+
+def energy_by_kind(last: dict[str, float]) -> dict[str, float]:
+    """A run's energy in joules by kind (``measured``, ``estimated``; never added), from its
+    latest metrics, as watch sums it for a run's summary."""
+    totals = energy_totals(last)
+    return {k: totals[f"energy_{k}_joules"] for k in ENERGY_KINDS if f"energy_{k}_joules" in totals}
+
+
 def _cost(job: Job, latest: dict[str, dict[str, float]]) -> dict[str, float | None]:
     """A job's CPU-seconds and energy over its attempts."""
     cpu: float | None = None
     energy: dict[str, float] = {}
     for a in job.attempts:
         last = latest.get(a.mlflow_run_id or "", {})
-        used = a.cpu_seconds
-        if used is None and "system/process_tree/cpu_user_seconds" in last:
-            used = last["system/process_tree/cpu_user_seconds"] + last.get(
-                "system/process_tree/cpu_system_seconds", 0
-            )
+        used = a.cpu_seconds if a.cpu_seconds is not None else _tree_cpu(last)
         if used is not None:
             cpu = (cpu or 0.0) + used
-        for key, value in energy_totals(last).items():
-            kind = key.removeprefix("energy_").removesuffix("_joules")
-            if kind in ENERGY_KINDS:
-                energy[kind] = energy.get(kind, 0.0) + value
+        for kind, value in energy_by_kind(last).items():
+            energy[kind] = energy.get(kind, 0.0) + value
     return {"cpu_s": cpu, **{f"energy_{k}_joules": energy.get(k) for k in ENERGY_KINDS}}
 
 
@@ -246,20 +256,13 @@ def _producer(
     ids = {j.id for j in jobs}
     fed_ids = fed.get(run, [])
     group_jobs = [i for i in fed_ids if i in ids]
-    cpu = None
-    if "summary/cpu_seconds" in last:
-        cpu = last["summary/cpu_seconds"]
-    elif "system/process_tree/cpu_user_seconds" in last:
-        cpu = last["system/process_tree/cpu_user_seconds"] + last.get(
-            "system/process_tree/cpu_system_seconds", 0
-        )
-    energy = energy_totals(last)
+    energy = energy_by_kind(last)
     cost = {
-        "cpu_s": cpu,
-        **{f"energy_{k}_joules": energy.get(f"energy_{k}_joules") for k in ENERGY_KINDS},
+        "cpu_s": last["summary/cpu_seconds"] if "summary/cpu_seconds" in last else _tree_cpu(last),
+        **{f"energy_{k}_joules": energy.get(k) for k in ENERGY_KINDS},
     }
     part = len(group_jobs) / len(fed_ids) if fed_ids else 0.0
-    produced = last.get(PRODUCED.format(share=_metric_name(share)))
+    produced = last.get(PRODUCED.format(share=metric_name(share)))
     return {
         "share": share,
         "mlflow_run_id": run,
@@ -270,13 +273,6 @@ def _producer(
         "charged": {k: (None if v is None else v * part) for k, v in cost.items()},
         "published_batches": produced,
     }
-
-
-def _metric_name(share: str) -> str:
-    """A share's name as watch's share sampler writes it into metric keys."""
-    from tandem.watch.samplers.share import metric_name
-
-    return metric_name(share)
 
 
 def _totals(rows: list[dict[str, Any]], producers: list[dict[str, Any]]) -> dict[str, Any]:
@@ -387,9 +383,7 @@ def said(report: dict[str, Any]) -> list[str]:
         if best["job"] is None:
             out.append(f"best by {best['metric']} ({best['goal']}): no job logged {best['metric']}")
         else:
-            params = " ".join(
-                f"{k}={v if isinstance(v, str) else json.dumps(v)}" for k, v in best["params"].items()
-            )
+            params = params_text(best["params"])
             out.append(
                 f"best by {best['metric']} ({best['goal']}): job {best['job']}, {best['value']:.4g}"
                 + (f" ({params})" if params else "")

@@ -252,12 +252,7 @@ class Reader:
 
 def energy_of(latest: dict[str, float]) -> dict[str, float]:
     """A run's energy in joules, measured kept apart from estimated, as watch sums it for
-    the run's summary (:func:`tandem.watch.report.energy_totals`), from its latest metrics."""
-    from tandem.watch.report import energy_totals
+    the run's summary, from its latest metrics (the sweep report's own reading of it)."""
+    from tandem.place.sweep_report import energy_by_kind
 
-    totals = energy_totals(latest)
-    return {
-        f"{kind}_joules": totals[f"energy_{kind}_joules"]
-        for kind in ("measured", "estimated")
-        if f"energy_{kind}_joules" in totals
-    }
+    return {f"{kind}_joules": joules for kind, joules in energy_by_kind(latest).items()}

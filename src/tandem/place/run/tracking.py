@@ -32,7 +32,6 @@ SQLite store in the state directory (:func:`manager_store` says which, for ``tan
 from __future__ import annotations
 
 import importlib.util
-import json
 import logging
 import os
 import subprocess
@@ -41,6 +40,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from tandem.place.model import param_value
 from tandem.place.run.files import RunRef, read_json, save, write_json
 from tandem.watch.stores.base import absolute_uri
 
@@ -87,7 +87,7 @@ def run_started(
         "spool": str(spool),
         "started": started,
         "tags": {k: str(v) for k, v in tags.items()},
-        "params": {k: v if isinstance(v, str) else json.dumps(v) for k, v in (params or {}).items()},
+        "params": {k: param_value(v) for k, v in (params or {}).items()},
     }
     _put(state_dir, f"{key}.start.json", record)
 
