@@ -39,38 +39,40 @@ MAX_NAME = 200
 # a job's are bounded below both, when it is submitted rather than when it fails to start.
 MAX_ARG = 128 << 10
 MAX_COMMAND = 1 << 20  # the command, its environment and its params together
+_STRICT = json.JSONEncoder(allow_nan=False)  # made once: json.dumps(allow_nan=False) makes one a call
 _PARAM_KEY = re.compile(r"[/\w.\- :]{1,250}\Z")  # what MLflow takes as a param's name
 
 
-def _size(texts: list[str]) -> tuple[int, int]:
-    """(the longest, all together) of ``texts`` in bytes as exec passes them (UTF-8, NUL)."""
-    longest, total = max(map(len, texts), default=0), sum(map(len, texts)) + len(texts)
+def _size(texts: list[str], extra: int = 0) -> tuple[int, int]:
+    """(the longest, all together) of ``texts`` in bytes as exec passes them (UTF-8, a NUL
+    each; ``extra`` bytes more in all). Builtins only: a sweep checks every job's."""
+    lengths = list(map(len, texts))
+    longest, total = max(lengths, default=0), sum(lengths) + len(lengths) + extra
     if 4 * longest <= MAX_ARG and 4 * total <= MAX_COMMAND:  # the usual case: no encoding
         return longest, total
     sizes = [len(t.encode("utf-8", "replace")) for t in texts]
-    return max(sizes, default=0), sum(sizes) + len(sizes)
+    return max(sizes, default=0), sum(sizes) + len(sizes) + extra
 
 
 def _command_problem(command: list[str], env: dict[str, str], params: dict[str, Any]) -> str | None:
     """Too long a command or environment for exec, or a NUL in one; params that are not
     names to JSON values (NaN and infinities given as text)."""
+    if not set(map(type, env.values())) <= {str} or not set(map(type, env)) <= {str}:
+        return "the environment: names and values are text"
     kib = MAX_ARG >> 10
-    entries = [f"{k}={v}" for k, v in env.items()]
     longest, total = _size(command)
     if longest > MAX_ARG:
-        return (
-            f"an argument of the command is {longest >> 10} KiB; at most {kib} KiB each (the kernel's limit)"
-        )
-    env_longest, env_total = _size(entries)
+        return f"an argument of the command is {longest >> 10} KiB; at most {kib} KiB each (the kernel's)"
+    env_longest, env_total = _size(list(env.values()), sum(map(len, env)) + len(env))  # KEY=
     if env_longest > MAX_ARG:
         key = max(env, key=lambda k: len(env[k]))
         return f"the variable {key} is {env_longest >> 10} KiB; at most {kib} KiB each (the kernel's)"
-    if any("\0" in a for a in command) or any("\0" in e for e in entries):
+    if "\0" in "".join(command) or "\0" in "".join(env.values()) or "\0" in "".join(env):
         return "the command or its environment holds a NUL character, which no program can be given"
     if not all(isinstance(k, str) and _PARAM_KEY.match(k) for k in params):
         return "params: names of up to 250 letters, digits, _ - . / : or spaces (what MLflow takes)"
     try:
-        params_size = len(json.dumps(params, allow_nan=False))
+        params_size = len(_STRICT.encode(params))
     except (TypeError, ValueError) as exc:
         return f"params: values are text, numbers, bools, null, lists or objects of those ({exc})"
     if total + env_total + params_size > MAX_COMMAND:

@@ -27,7 +27,7 @@ from tandem.place.model import JobSpec, param_value
 
 MAX_POINTS = 100_000
 MAX_LINE = 1 << 20  # bytes of one --params line: a point, not a data set
-MAX_DEPTH = 32  # nesting of a --params value (a list of lists...), deeper is not a parameter
+MAX_FILE = 64 << 20  # bytes of a --params file: a request's limit (protocol.MAX_BODY)
 _KEY = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
 _RANGE = re.compile(r"(-?\d{1,18})\.\.(-?\d{1,18})\Z")
 _LIKE_RANGE = re.compile(r"[-+.\deE]+\.\.[-+.\deE]+\Z")  # 0.1..0.5, 1..1e3, 99...: no range of ours
@@ -191,7 +191,7 @@ def _line_point(line: str) -> dict[str, str]:
     return point
 
 
-def read_params(path: str | Path, max_bytes: int = 64 << 20) -> list[dict[str, str]]:
+def read_params(path: str | Path, max_bytes: int = MAX_FILE) -> list[dict[str, str]]:
     """One point per non-empty line of a JSON-lines file, each a JSON object of names to
     values; each value's text as the file gives it. A line over ``MAX_LINE`` bytes, a file
     over ``max_bytes`` (a request's limit), bad UTF-8, deep nesting, a key given twice or a
