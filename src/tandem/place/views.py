@@ -146,7 +146,10 @@ def json_safe(value: Any) -> Any:
 
 def strict_json(value: Any, **options: Any) -> str:
     """``value`` as strict JSON (:func:`json_safe`): what every ``--json`` prints."""
-    return json.dumps(json_safe(value), allow_nan=False, **options)
+    try:  # the usual case, at no cost: no NaN anywhere
+        return json.dumps(value, allow_nan=False, **options)
+    except ValueError:
+        return json.dumps(json_safe(value), allow_nan=False, **options)
 
 
 def _duration(seconds: float | None) -> str:

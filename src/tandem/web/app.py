@@ -47,7 +47,10 @@ class JSONResponse(_JSONResponse):
     refuses them (allow_nan=False), and a 500 would take the page down."""
 
     def render(self, content: Any) -> bytes:
-        return super().render(json_safe(content))
+        try:  # the usual case, at no cost: no NaN anywhere
+            return super().render(content)
+        except ValueError:
+            return super().render(json_safe(content))
 
 
 class Daemon:
