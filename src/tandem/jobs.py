@@ -22,6 +22,7 @@ directory of this user (``tandem.dirs``), or ``state_dir=``.
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 import pickle
 import shlex
@@ -33,7 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from tandem.place import client
-from tandem.place.model import FINAL_STATES, JobSpec, parse_size
+from tandem.place.model import FINAL_STATES, JobSpec, param_value, parse_size
 from tandem.place.protocol import Cancel
 from tandem.place.reserve import AUTO_CPUS
 from tandem.place.state import State, state_dir
@@ -151,6 +152,20 @@ class Job:
         raise JobFailed(f"job {self.id} {state} ({cause}) before its callable returned; see job.logs()")
 
 
+def _params(given: dict[str, Any]) -> dict[str, Any]:
+    """A job's params as given (JSON values; their text, in the command, MLflow and every
+    listing, is :func:`tandem.place.model.param_value`'s: ``0.1``, ``true``), a numpy scalar
+    as its Python number and a NaN or infinity as its text (``"NaN"``: JSON has no such number)."""
+    params = {}
+    for key, value in dict(given).items():
+        if type(value).__module__ == "numpy" and hasattr(value, "item"):
+            value = value.item()
+        if isinstance(value, float) and not math.isfinite(value):
+            value = param_value(value)
+        params[key] = value
+    return params
+
+
 def _spec(command: Sequence[str] | str, cwd: str | os.PathLike | None, options: dict[str, Any]) -> JobSpec:
     argv = shlex.split(command) if isinstance(command, str) else [str(a) for a in command]
     if not argv:
@@ -173,7 +188,7 @@ def _spec(command: Sequence[str] | str, cwd: str | os.PathLike | None, options: 
         mem=parse_size(mem) if isinstance(mem, str) else int(mem or 0),
         gpu_mem=parse_size(gpu_mem) if isinstance(gpu_mem, str) else gpu_mem,
         after=[a.id if isinstance(a, Job) else int(a) for a in after],
-        params=dict(options.pop("params", None) or {}),
+        params=_params(options.pop("params", None) or {}),
         **{k: v for k, v in options.items() if v is not None},
     )
     problem = spec.problem()

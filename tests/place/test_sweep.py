@@ -4,17 +4,21 @@ and cancel a whole group; cancel --all."""
 from __future__ import annotations
 
 import json
+import re
 import sys
+import time
 
-from tandem.place.sweep import SweepError, grid_points, parse_grid, read_params
+import pytest
+
+from tandem.place.sweep import MAX_LINE, SweepError, fill, grid_points, parse_grid, read_params
 
 
 def test_grids_expand_to_the_cross_product_in_order():
     axes = parse_grid(["lr=0.1,0.01", "seed=0..2", "opt=sgd,adam"])
     points = grid_points(axes)
     assert len(points) == 12
-    assert points[0] == {"lr": 0.1, "seed": 0, "opt": "sgd"}
-    assert points[-1] == {"lr": 0.01, "seed": 2, "opt": "adam"}
+    assert points[0] == {"lr": "0.1", "seed": "0", "opt": "sgd"}
+    assert points[-1] == {"lr": "0.01", "seed": "2", "opt": "adam"}
     for bad, said in [
         (["lr"], "expected KEY=V1,V2"),
         (["lr=1,,2"], "an empty value"),
@@ -33,7 +37,7 @@ def test_grids_expand_to_the_cross_product_in_order():
 def test_params_files_say_which_line_is_wrong(tmp_path):
     good = tmp_path / "p.jsonl"
     good.write_text('{"lr": 0.1}\n\n{"lr": 0.2, "seed": 3}\n')
-    assert read_params(good) == [{"lr": 0.1}, {"lr": 0.2, "seed": 3}]
+    assert read_params(good) == [{"lr": "0.1"}, {"lr": "0.2", "seed": "3"}]
     bad = tmp_path / "bad.jsonl"
     bad.write_text('{"lr": 0.1}\n[1, 2]\n')
     try:
@@ -42,6 +46,80 @@ def test_params_files_say_which_line_is_wrong(tmp_path):
         assert "line 2" in str(exc)
     else:
         raise AssertionError("a list was taken for a point")
+
+
+def test_values_are_the_text_given_and_distinct_strings_are_distinct_points(tmp_path):
+    (axis,) = parse_grid(["x=1.0, 1.0000000000000001,1e3,true,1e999,NaN"]).values()
+    assert list(axis) == ["1.0", "1.0000000000000001", "1e3", "true", "1e999", "NaN"]
+    assert grid_points(parse_grid(["seed=008..011"])) == [{"seed": s} for s in ("008", "009", "010", "011")]
+    assert [p["n"] for p in grid_points(parse_grid(["n=-2..1"]))] == ["-2", "-1", "0", "1"]
+    assert fill("--lr={x} {{x}}", {"x": "1e3"}, "arg") == "--lr=1e3 {x}"
+    lines = tmp_path / "p.jsonl"
+    lines.write_text(
+        '{"lr": 1.50, "opt": "adam", "warm": true, "cut": null, "sizes": [64, 1e2], "big": 1e999}\n'
+    )
+    (point,) = read_params(lines)
+    assert point == {
+        "lr": "1.50",
+        "opt": "adam",
+        "warm": "true",
+        "cut": "null",
+        "sizes": "[64, 1e2]",
+        "big": "1e999",
+    }
+
+
+def test_a_range_is_counted_before_anything_is_listed():
+    started = time.monotonic()
+    axes = parse_grid(["a=0..100000000", "b=1..999999999999999999"])
+    with pytest.raises(SweepError, match=r"at most 100,000 in one request"):
+        grid_points(axes)
+    assert time.monotonic() - started < 1.0, "the range was listed, not counted"
+    for bad, said in [
+        (["a=0..1e3"], "whole numbers"),
+        (["a=0.1..0.5"], "whole numbers"),
+        (["a=1..1234567890123456789"], "up to 18 digits"),
+        (["a=1..3,7"], "stands alone"),
+        (["a=1,2,1"], "'1' is given twice"),
+    ]:
+        with pytest.raises(SweepError, match=said):
+            parse_grid(bad)
+
+
+def test_placeholders_take_no_format_and_name_a_parameter():
+    point = {"a": "1", "b": "2"}
+    for template in ("{a:d}", "{a:{b}}", "{a:>99999999}", "{a!r}"):
+        with pytest.raises(SweepError, match="a placeholder takes no format"):
+            fill(template, point, "--name")
+    for template in ("{a.real}", "{}", "{0}", "{a[0]}"):
+        with pytest.raises(SweepError, match="not a parameter's name"):
+            fill(template, point, "--name")
+    with pytest.raises(SweepError, match="write {{"):
+        fill("}", point, "--name")
+
+
+def test_params_files_refuse_what_is_no_point_with_the_line(tmp_path):
+    path = tmp_path / "p.jsonl"
+    cases = [
+        (b'{"a": 1}\n{"a": "\xff\xfe"}\n', "line 2: not UTF-8 (byte 8)"),
+        (b'{"a": 1}\n{"a": "' + b"x" * (MAX_LINE + 1) + b'"}\n', "line 2: over 1 MiB"),
+        (b'{"a": ' + b"[" * 100_000 + b"]" * 100_000 + b"}\n", "line 1: nested too deep"),
+        (b'{"a": 1, "a": 2}\n', "line 1: the key 'a' is given twice"),
+        (b'{"a": {"b": 1, "b": 2}}\n', "the key 'b' is given twice"),
+        (b'{"a": 1}\n\n{"a": 1}\n', "line 3: the same point as line 1"),
+        (b'{"a": 1}\n{"a": 1.0}\n{"a": 1}\n', "line 3: the same point as line 1"),
+        (b'{"a": 1', "line 1: not JSON"),
+        (b'{"1a": 1}', "line 1: expected an object of names"),
+    ]
+    for content, said in cases:
+        path.write_bytes(content)
+        with pytest.raises(SweepError, match=re.escape(said)):
+            read_params(path)
+    path.write_bytes(b'\xef\xbb\xbf{"a": 1}\r\n{"a": 2}')  # a BOM and Windows line ends
+    assert read_params(path) == [{"a": "1"}, {"a": "2"}]
+    path.write_bytes(b'{"a": 1}\n' * 3)
+    with pytest.raises(SweepError, match="split the sweep"):
+        read_params(path, max_bytes=10)
 
 
 def test_a_grid_is_one_request_one_group_with_each_jobs_params(cli):
@@ -68,7 +146,7 @@ def test_a_grid_is_one_request_one_group_with_each_jobs_params(cli):
     jobs = cli.json("ls")
     assert [j["name"] for j in jobs] == ["r0.1-1", "r0.1-2", "r0.01-1", "r0.01-2"]
     assert {j["group"] for j in jobs} == {group}
-    assert cli.job(2)["params"] == {"lr": 0.1, "seed": 2}
+    assert cli.job(2)["params"] == {"lr": "0.1", "seed": "2"}
     assert cli("wait", f"group:{group}", timeout=120).returncode == 0
     assert cli("logs", "4").stdout.strip() == "0.01 2"
 

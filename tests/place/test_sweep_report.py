@@ -83,7 +83,7 @@ def test_the_sweep_report_rows_best_producer_totals_and_saving(cli: Cli) -> None
     sweep = _report(cli, "--best", "val_loss:min")
     rows = {r["id"]: r for r in sweep["jobs"]}
     assert sorted(rows) == ids
-    assert [rows[i]["params"] for i in ids] == [{"lr": 0.1}, {"lr": 0.01}, {"lr": 0.001}]
+    assert [rows[i]["params"] for i in ids] == [{"lr": "0.1"}, {"lr": "0.01"}, {"lr": "0.001"}]
     assert all(r["state"] == "succeeded" and r["run_s"] > 0 and r["cpu_s"] > 0 for r in rows.values())
     assert sweep["metric_keys"] == ["val_loss"]  # the training's own; system/ and summary/ are not
     assert sweep["best"]["job"] == ids[1] and abs(sweep["best"]["value"] - 0.1) < 1e-9
@@ -139,7 +139,7 @@ def test_the_dashboard_group_page_shows_the_cli_report(cli: Cli, tmp_path: Path)
     finally:
         state.close()
     assert page["report"] == json.loads(json.dumps(expected))
-    assert [r["params"] for r in page["report"]["jobs"]] == [{"n": 1}, {"n": 2}]
+    assert [r["params"] for r in page["report"]["jobs"]] == [{"n": "1"}, {"n": "2"}]
     cli_report = _report(cli)
     for key in ("jobs", "totals", "producers", "said"):
         assert cli_report[key] == page["report"][key], key

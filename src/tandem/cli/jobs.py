@@ -8,7 +8,6 @@ start`` kept); ``cancel`` talks to it.
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 import time
@@ -35,6 +34,7 @@ from tandem.place.model import (
     WAITING_STATES,
     JobSpec,
     format_size,
+    param_value,
 )
 from tandem.place.reserve import AUTO_CPUS
 
@@ -107,8 +107,8 @@ def _reserved(value: str | None, source: str, what: str) -> str:
     "param_pairs",
     multiple=True,
     metavar="K=V",
-    help="A parameter of the job (repeatable; V read as JSON where it is, e.g. 0.1, else text): shown in "
-    "show, ls --json and the dashboard.",
+    help="A parameter of the job (repeatable; V kept as the text given): shown in show, ls --json, the "
+    "dashboard and the job's MLflow params.",
 )
 @click.option(
     "--grid",
@@ -158,15 +158,12 @@ def submit(
     if not workdir.is_dir():
         raise click.BadParameter(f"{workdir}: no such directory", param_hint="'--cwd'")
     # The options are JobSpec's fields, named alike: the request is named once.
-    params = {}
+    params = {}  # each value the text given: 1e3 stays 1e3 (in MLflow too), true stays true
     for pair in param_pairs:
         key, sep, value = pair.partition("=")
         if not sep or not key:
             raise click.BadParameter(f"{pair!r} is not K=V", param_hint="'--param'")
-        try:
-            params[key] = json.loads(value)
-        except ValueError:
-            params[key] = value
+        params[key] = value
     spec = JobSpec(
         list(command),
         str(workdir),
@@ -189,9 +186,9 @@ def submit(
     # It starts a daemon where none answers (and again if one dies while it waits).
     reply = daemon_call(send, state_dir(), spec)
     if as_json:
-        from tandem.place.views import job_json
+        from tandem.place.views import job_json, strict_json
 
-        click.echo(json.dumps(job_json(open_state().job(reply.id)), indent=2))
+        click.echo(strict_json(job_json(open_state().job(reply.id)), indent=2))
     else:
         click.echo(reply.id)
 
@@ -208,7 +205,7 @@ def submit(
 def ls(show_all: bool, limit: int, before: int | None, as_json: bool) -> None:
     """The queue: waiting and running jobs (each waiting one with the reason), and the last
     ended ones. Reads only these rows, so it stays fast over a long history."""
-    from tandem.place.views import LS_COLUMNS, job_json, ls_row
+    from tandem.place.views import LS_COLUMNS, job_json, ls_row, strict_json
 
     st = open_state()
     if show_all:
@@ -219,7 +216,7 @@ def ls(show_all: bool, limit: int, before: int | None, as_json: bool) -> None:
         ended = st.jobs(tuple(FINAL_STATES), attempts=True, last=10)
         jobs, more = sorted(ended + active, key=lambda j: j.id), False
     if as_json:
-        click.echo(json.dumps([job_json(j) for j in jobs], indent=2))
+        click.echo(strict_json([job_json(j) for j in jobs], indent=2))
         return
     if not jobs:
         click.echo("no jobs")
@@ -275,7 +272,7 @@ def _print_share_groups(st: Any, jobs: list[Any]) -> None:
 @click.option("--json", "as_json", is_flag=True)
 def show(job_id: int, as_json: bool) -> None:
     """One job: its request, attempts, placement, how it ended (with the log line), peaks."""
-    from tandem.place.views import job_json
+    from tandem.place.views import job_json, strict_json
 
     st = open_state()
     job = st.job(job_id)
@@ -288,7 +285,7 @@ def show(job_id: int, as_json: bool) -> None:
     cores = None if r["cpus"] is None else f"{r['cpus']:g}"
     ram = format_size(r["mem_bytes"]) if r["mem_bytes"] else None
     if as_json:
-        click.echo(json.dumps(data, indent=2))
+        click.echo(strict_json(data, indent=2))
         return
     lines = [
         f"job {job.id}  {job.name or ''}  [{job.state}]",
@@ -302,7 +299,7 @@ def show(job_id: int, as_json: bool) -> None:
         f"peak RAM {format_size(job.peak_mem)}   peak GPU memory {format_size(job.peak_gpu_mem)}",
     ]
     if job.params:
-        lines.append("  params    " + "   ".join(f"{k}={json.dumps(v)}" for k, v in job.params.items()))
+        lines.append("  params    " + "   ".join(f"{k}={param_value(v)}" for k, v in job.params.items()))
     if data["selection"]:
         lines.append(f"  selection {data['selection']} (tandem select show {data['selection']})")
     if data["reason"]:

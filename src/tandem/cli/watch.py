@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
@@ -293,7 +292,9 @@ def report(
             {"run_id": r.run_id, "name": r.name, "group": r.group, "status": r.status, "summary": r.summary}
             for r in loaded
         ]
-        click.echo(json.dumps({"runs": summaries, "groups": sweeps}, indent=2))
+        from tandem.place.views import strict_json  # a NaN metric is null: strict JSON
+
+        click.echo(strict_json({"runs": summaries, "groups": sweeps}, indent=2))
     else:
         # Piped or redirected: no terminal width to wrap to, so keep each row on one line.
         console = Console(width=None if sys.stdout.isatty() else 240)

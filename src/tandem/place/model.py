@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from dataclasses import dataclass, field, fields
 from typing import Any
 
@@ -33,6 +34,53 @@ def parse_cpus(text: str | float) -> float:
 
 MAX_PRIORITY = 1_000_000
 MAX_NAME = 200
+# Linux refuses to start a program with one argument or variable over 128 KiB
+# (MAX_ARG_STRLEN), or all of them over a quarter of the stack limit (2 MiB by default):
+# a job's are bounded below both, when it is submitted rather than when it fails to start.
+MAX_ARG = 128 << 10
+MAX_COMMAND = 1 << 20  # the command, its environment and its params together
+_STRICT = json.JSONEncoder(allow_nan=False)  # made once: json.dumps(allow_nan=False) makes one a call
+_PARAM_KEY = re.compile(r"[/\w.\- :]{1,250}\Z")  # what MLflow takes as a param's name
+
+
+def _size(texts: list[str], extra: int = 0) -> tuple[int, int]:
+    """(the longest, all together) of ``texts`` in bytes as exec passes them (UTF-8, a NUL
+    each; ``extra`` bytes more in all). Builtins only: a sweep checks every job's."""
+    lengths = list(map(len, texts))
+    longest, total = max(lengths, default=0), sum(lengths) + len(lengths) + extra
+    if 4 * longest <= MAX_ARG and 4 * total <= MAX_COMMAND:  # the usual case: no encoding
+        return longest, total
+    sizes = [len(t.encode("utf-8", "replace")) for t in texts]
+    return max(sizes, default=0), sum(sizes) + len(sizes) + extra
+
+
+def _command_problem(command: list[str], env: dict[str, str], params: dict[str, Any]) -> str | None:
+    """Too long a command or environment for exec, or a NUL in one; params that are not
+    names to JSON values (NaN and infinities given as text)."""
+    if not set(map(type, env.values())) <= {str} or not set(map(type, env)) <= {str}:
+        return "the environment: names and values are text"
+    kib = MAX_ARG >> 10
+    longest, total = _size(command)
+    if longest > MAX_ARG:
+        return f"an argument of the command is {longest >> 10} KiB; at most {kib} KiB each (the kernel's)"
+    env_longest, env_total = _size(list(env.values()), sum(map(len, env)) + len(env))  # KEY=
+    if env_longest > MAX_ARG:
+        key = max(env, key=lambda k: len(env[k]))
+        return f"the variable {key} is {env_longest >> 10} KiB; at most {kib} KiB each (the kernel's)"
+    if "\0" in "".join(command) or "\0" in "".join(env.values()) or "\0" in "".join(env):
+        return "the command or its environment holds a NUL character, which no program can be given"
+    if not all(isinstance(k, str) and _PARAM_KEY.match(k) for k in params):
+        return "params: names of up to 250 letters, digits, _ - . / : or spaces (what MLflow takes)"
+    try:
+        params_size = len(_STRICT.encode(params))
+    except (TypeError, ValueError) as exc:
+        return f"params: values are text, numbers, bools, null, lists or objects of those ({exc})"
+    if total + env_total + params_size > MAX_COMMAND:
+        return (
+            f"the command, its environment and its params are {(total + env_total + params_size) >> 10} KiB; "
+            f"at most {MAX_COMMAND >> 10} KiB in all (pass data in files, not arguments)"
+        )
+    return None
 
 
 @dataclass
@@ -101,9 +149,9 @@ class JobSpec:
             return f"--name: use up to {MAX_NAME} printable characters (no control characters)"
         if self.group is not None and (len(self.group) > MAX_NAME or not self.group.isprintable()):
             return f"--group: use up to {MAX_NAME} printable characters (no control characters)"
-        if not isinstance(self.params, dict) or not all(isinstance(k, str) for k in self.params):
+        if not isinstance(self.params, dict) or not isinstance(self.env, dict):
             return "params: a mapping of names to values"
-        return None
+        return _command_problem(self.command, self.env, self.params)
 
 
 @dataclass(frozen=True)
@@ -134,8 +182,10 @@ class GpuInfo:
 
 
 def param_value(value: Any) -> str:
-    """A parameter's value as text: a string as it is, anything else as JSON (what a job's
-    MLflow params and every ``k=v`` a person reads say)."""
+    """A parameter's value as text, the one rule for the command, the name, the job's MLflow
+    params and every ``k=v`` a person reads: a string as it is (``tandem submit`` keeps every
+    value as the text given: ``1e3`` stays ``1e3``), anything else (the Python API's values)
+    as JSON: ``0.1``, ``true``, ``null``, ``NaN``."""
     return value if isinstance(value, str) else json.dumps(value)
 
 

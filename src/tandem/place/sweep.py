@@ -2,42 +2,67 @@
 given) or ``--params FILE.jsonl`` (one JSON object per line), and each point put into a job's
 command, name and environment through ``{KEY}`` placeholders.
 
+A point's values are text, exactly as given (``1e3`` stays ``1e3``, ``true`` stays ``true``,
+a JSON line's ``1.50`` stays ``1.50``): the same string goes into the command, the name and
+the job's MLflow params, and two strings that differ are two points. Everything is checked
+before anything is expanded (a range's size is counted, not listed).
+
 Pure functions, with errors that say what was wrong; the CLI and ``tandem.jobs`` use them.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import itertools
 import json
+import math
 import re
 import string
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-from tandem.place.model import JobSpec
+from tandem.place.model import JobSpec, param_value
 
 MAX_POINTS = 100_000
+MAX_LINE = 1 << 20  # bytes of one --params line: a point, not a data set
+MAX_FILE = 64 << 20  # bytes of a --params file: a request's limit (protocol.MAX_BODY)
 _KEY = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
-_RANGE = re.compile(r"(-?\d+)\.\.(-?\d+)\Z")
+_RANGE = re.compile(r"(-?\d{1,18})\.\.(-?\d{1,18})\Z")
+_LIKE_RANGE = re.compile(r"[-+.\deE]+\.\.[-+.\deE]+\Z")  # 0.1..0.5, 1..1e3, 99...: no range of ours
 
 
 class SweepError(ValueError):
     """A grid, a params file or a placeholder that cannot work, with what to change."""
 
 
-def _value(text: str) -> Any:
-    """``0.1`` -> 0.1, ``3`` -> 3, ``true`` -> True, anything else the text itself."""
-    try:
-        return json.loads(text)
-    except ValueError:
-        return text
+def _span(item: str, text: str) -> range | None:
+    """``A..B`` (integers, both included) as a range, not listed; None if ``text`` is a value."""
+    span = _RANGE.match(text)
+    if span is None:
+        if _LIKE_RANGE.match(text):
+            raise SweepError(
+                f"--grid {item!r}: A..B counts whole numbers of up to 18 digits; give other values "
+                "as a list: KEY=0.1,0.2,0.3"
+            )
+        return None
+    a, b = int(span.group(1)), int(span.group(2))
+    if b < a:
+        raise SweepError(f"--grid {item!r}: the range {a}..{b} is empty (A..B counts up, both included)")
+    return range(a, b + 1)
 
 
-def parse_grid(items: Sequence[str]) -> dict[str, list[Any]]:
-    """``["lr=0.1,0.01", "seed=0..2"]`` -> ``{"lr": [0.1, 0.01], "seed": [0, 1, 2]}``."""
-    axes: dict[str, list[Any]] = {}
+def _padded(first: str) -> int:
+    """The width of a range's zero-padded start (``007..120`` -> 3), else 0: ``seed=000..099``
+    names ``000``, ``001``, ... as written."""
+    return len(first) if len(first) > 1 and first.startswith("0") else 0
+
+
+def parse_grid(items: Sequence[str]) -> dict[str, Sequence[str]]:
+    """``["lr=0.1,1e-2", "seed=0..2"]`` -> ``{"lr": ["0.1", "1e-2"], "seed": ["0", "1", "2"]}``
+    (a range is a lazy sequence: ``a=0..100000000`` is counted, never listed here)."""
+    axes: dict[str, Sequence[str]] = {}
     for item in items:
         key, sep, values = item.partition("=")
         key = key.strip()
@@ -47,74 +72,195 @@ def parse_grid(items: Sequence[str]) -> dict[str, list[Any]]:
             )
         if key in axes:
             raise SweepError(f"--grid: {key!r} is given twice")
-        span = _RANGE.match(values.strip())
-        if span:
-            a, b = int(span.group(1)), int(span.group(2))
-            if b < a:
-                raise SweepError(
-                    f"--grid {item!r}: the range {a}..{b} is empty (A..B counts up, both included)"
-                )
-            axes[key] = list(range(a, b + 1))
-        else:
-            parts = [v.strip() for v in values.split(",")]
-            if not values.strip() or any(not p for p in parts):
-                raise SweepError(f"--grid {item!r}: an empty value; give KEY=V1,V2,...")
-            axes[key] = [_value(p) for p in parts]
+        span = _span(item, values.strip())
+        if span is not None:
+            width = _padded(values.strip().partition("..")[0])
+            axes[key] = _Range(span, width)
+            continue
+        parts = [v.strip() for v in values.split(",")]
+        if not values.strip() or any(not p for p in parts):
+            raise SweepError(f"--grid {item!r}: an empty value; give KEY=V1,V2,...")
+        if any(_LIKE_RANGE.match(p) for p in parts):
+            raise SweepError(f"--grid {item!r}: a range A..B stands alone (KEY=A..B), not in a list")
+        twice = next((p for i, p in enumerate(parts) if p in parts[:i]), None)
+        if twice is not None:
+            raise SweepError(f"--grid {item!r}: {twice!r} is given twice (each value is one point)")
+        axes[key] = parts
     return axes
 
 
-def grid_points(axes: dict[str, list[Any]]) -> list[dict[str, Any]]:
-    """The cross product of the axes, the first varying slowest."""
-    count = 1
-    for values in axes.values():
-        count *= len(values)
+@dataclasses.dataclass(frozen=True)
+class _Range(Sequence[str]):
+    """``A..B``'s values as text, made when read (its length is known without them)."""
+
+    span: range
+    width: int = 0
+
+    def __len__(self) -> int:
+        return len(self.span)
+
+    def __getitem__(self, i: Any) -> Any:
+        if isinstance(i, slice):
+            return [self[j] for j in range(*i.indices(len(self)))]
+        return f"{self.span[i]:0{self.width}d}" if self.width else str(self.span[i])
+
+
+def grid_points(axes: dict[str, Sequence[str]]) -> list[dict[str, str]]:
+    """The cross product of the axes, the first varying slowest; its size is checked first."""
+    count = math.prod(len(values) for values in axes.values())
     if count > MAX_POINTS:
-        raise SweepError(f"the grid has {count:,} points; at most {MAX_POINTS:,} in one request")
+        sizes = " x ".join(f"{len(v):,}" for v in axes.values())
+        raise SweepError(
+            f"the grid has {count:,} points ({sizes}); at most {MAX_POINTS:,} in one request: "
+            "split it, or use fewer values"
+        )
     keys = list(axes)
     return [dict(zip(keys, combo)) for combo in itertools.product(*(axes[k] for k in keys))]
 
 
-def read_params(path: str | Path) -> list[dict[str, Any]]:
-    """One point per non-empty line of a JSON-lines file, each a JSON object."""
+class _Duplicate(ValueError):
+    pass
+
+
+def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    seen: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in seen:
+            raise _Duplicate(key)
+        seen[key] = value
+    return seen
+
+
+_DECODER = json.JSONDecoder(object_pairs_hook=_no_duplicates)
+_WS = re.compile(r"[ \t\n\r]*")
+
+
+def _point(line: str) -> dict[str, str] | None:
+    """A JSON object's members, each value as its text in the line (a string's decoded text:
+    ``{"lr": 1.50, "opt": "adam"}`` -> ``{"lr": "1.50", "opt": "adam"}``); None if the line
+    is JSON but not an object. Raises ValueError, RecursionError or _Duplicate."""
+    if not isinstance(_DECODER.decode(line), dict):  # the whole line checked first
+        return None
+    point: dict[str, str] = {}
+    i = _WS.match(line, line.index("{") + 1).end()
+    while line[i] == '"':
+        key, i = json.decoder.scanstring(line, i + 1)  # type: ignore[attr-defined]
+        i = _WS.match(line, _WS.match(line, i).end() + 1).end()  # past the ':'
+        value, end = _DECODER.raw_decode(line, i)
+        point[key] = value if isinstance(value, str) else line[i:end]
+        i = _WS.match(line, end).end()
+        i = _WS.match(line, i + 1).end() if line[i] == "," else i
+    return point
+
+
+def _lines(path: str | Path, max_bytes: int) -> Iterator[tuple[int, str]]:
+    """``(number, text)`` of each line, each checked to be at most ``MAX_LINE`` bytes of
+    UTF-8 and all at most ``max_bytes``, as read (a huge file is not read to be refused)."""
+    where = f"--params {path}"
     try:
-        text = Path(path).read_text()
+        f = open(path, "rb")  # noqa: SIM115 (closed below: a generator, open while read)
     except OSError as exc:
-        raise SweepError(f"--params {path}: {exc.strerror or exc}") from None
-    points = []
-    for n, line in enumerate(text.splitlines(), 1):
+        raise SweepError(f"{where}: {exc.strerror or exc}") from None
+    read = 0
+    with f:
+        for n, raw in enumerate(iter(lambda: f.readline(MAX_LINE + 1), b""), 1):
+            read += len(raw)
+            if len(raw) > MAX_LINE:
+                raise SweepError(f"{where}, line {n}: over {MAX_LINE >> 20} MiB; one point a line")
+            if read > max_bytes:
+                raise SweepError(f"{where}: over {max_bytes >> 20} MiB; split the sweep into requests")
+            try:
+                yield n, raw.decode("utf-8").removeprefix("\ufeff" if n == 1 else "")
+            except UnicodeDecodeError as exc:
+                why = f"not UTF-8 (byte {exc.start + 1}); save it as UTF-8"
+                raise SweepError(f"{where}, line {n}: {why}") from None
+
+
+def _line_point(line: str) -> dict[str, str]:
+    """One line's point, or a SweepError saying what is wrong with it (without where)."""
+    try:
+        point = _point(line)
+    except _Duplicate as exc:
+        raise SweepError(f"the key {exc.args[0]!r} is given twice") from None
+    except RecursionError:
+        raise SweepError("nested too deep to be a parameter") from None
+    except ValueError as exc:
+        raise SweepError(f"not JSON ({exc})") from None
+    if point is None or not all(_KEY.match(k) for k in point):
+        raise SweepError('expected an object of names (letters, digits, _) to values, like {"lr": 0.1}')
+    return point
+
+
+def read_params(path: str | Path, max_bytes: int = MAX_FILE) -> list[dict[str, str]]:
+    """One point per non-empty line of a JSON-lines file, each a JSON object of names to
+    values; each value's text as the file gives it. A line over ``MAX_LINE`` bytes, a file
+    over ``max_bytes`` (a request's limit), bad UTF-8, deep nesting, a key given twice or a
+    point given twice is an error naming the line."""
+    where = f"--params {path}"
+    points: list[dict[str, str]] = []
+    first_line: dict[frozenset[tuple[str, str]], int] = {}
+    for n, line in _lines(path, max_bytes):
         if not line.strip():
             continue
         try:
-            point = json.loads(line)
-        except ValueError as exc:
-            raise SweepError(f"--params {path}, line {n}: not JSON ({exc})") from None
-        if not isinstance(point, dict) or not all(isinstance(k, str) and _KEY.match(k) for k in point):
-            raise SweepError(
-                f'--params {path}, line {n}: expected an object of names to values, like {{"lr": 0.1}}'
-            )
+            point = _line_point(line)
+        except SweepError as exc:
+            raise SweepError(f"{where}, line {n}: {exc}") from None
+        same = first_line.setdefault(frozenset(point.items()), n)
+        if same != n:
+            raise SweepError(f"{where}, line {n}: the same point as line {same} (each point runs once)")
         points.append(point)
+        if len(points) > MAX_POINTS:
+            raise SweepError(f"{where}: over {MAX_POINTS:,} points; at most {MAX_POINTS:,} a request")
     if not points:
-        raise SweepError(f"--params {path}: no point in it (one JSON object per line)")
-    if len(points) > MAX_POINTS:
-        raise SweepError(f"--params {path}: {len(points):,} points; at most {MAX_POINTS:,} in one request")
+        raise SweepError(f"{where}: no point in it (one JSON object per line)")
     return points
 
 
-def _text(value: Any) -> str:
-    return value if isinstance(value, str) else json.dumps(value)
+@functools.lru_cache(maxsize=256)  # a sweep fills the same few templates for every point
+def _pieces(template: str, where: str) -> tuple[tuple[str, str | None], ...]:
+    """``template``'s literal text and placeholder names, in order; a placeholder is ``{KEY}``
+    alone: a format spec (``{lr:.3f}``) or conversion (``{lr!r}``) is refused, since the value
+    goes in as given."""
+    try:
+        parsed = list(string.Formatter().parse(template))
+    except ValueError as exc:
+        raise SweepError(f"{where} {template!r}: {exc} (write {{{{ for a literal brace)") from None
+    pieces: list[tuple[str, str | None]] = []
+    for literal, field, spec, conversion in parsed:
+        pieces.append((literal, field))
+        if field is None:
+            continue
+        if spec or conversion:
+            shown = (
+                "{" + field + (f"!{conversion}" if conversion else "") + (f":{spec}" if spec else "") + "}"
+            )
+            raise SweepError(
+                f"{where} {template!r}: {shown}: a placeholder takes no format; the value goes in as "
+                f"given: write {{{field}}} (and the values as wanted, e.g. seed=000..099 for 000, 001, ...)"
+            )
+        if not _KEY.match(field):
+            raise SweepError(
+                f"{where} {template!r}: {{{field}}} is not a parameter's name "
+                "(write {{ and }} for literal braces)"
+            )
+    return tuple(pieces)
 
 
 def fill(template: str, point: dict[str, Any], where: str) -> str:
     """``template`` with each ``{KEY}`` replaced by the point's value (``{{`` for a brace)."""
-    try:
-        fields = [f for _, f, _, _ in string.Formatter().parse(template) if f is not None]
-    except ValueError as exc:
-        raise SweepError(f"{where} {template!r}: {exc} (write {{{{ for a literal brace)") from None
-    missing = [f for f in fields if f not in point]
-    if missing:
-        known = ", ".join(sorted(point)) or "none"
-        raise SweepError(f"{where} {template!r}: no parameter {missing[0]!r} (the sweep's are: {known})")
-    return template.format_map({k: _text(v) for k, v in point.items()})
+    if "{" not in template and "}" not in template:
+        return template
+    out = []
+    for literal, field in _pieces(template, where):
+        out.append(literal)
+        if field is None:
+            continue
+        if field not in point:
+            known = ", ".join(sorted(point)) or "none"
+            raise SweepError(f"{where} {template!r}: no parameter {field!r} (the sweep's are: {known})")
+        out.append(param_value(point[field]))
+    return "".join(out)
 
 
 def fill_all(templates: Iterable[str], point: dict[str, Any], where: str) -> list[str]:

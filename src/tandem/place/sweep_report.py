@@ -82,7 +82,11 @@ def _latest(db: sqlite3.Connection | None, run_ids: list[str]) -> dict[str, dict
         return out
     for i in range(0, len(run_ids), 500):
         chunk = run_ids[i : i + 500]
-        sql = f"SELECT run_uuid, key, value FROM latest_metrics WHERE run_uuid IN ({_in(chunk)})"
+        # A NaN (a diverged loss) is no value: MLflow keeps it as 0 with is_nan set, and a 0
+        # would be the best of a sweep minimising its loss.
+        sql = (
+            f"SELECT run_uuid, key, value FROM latest_metrics WHERE run_uuid IN ({_in(chunk)}) AND NOT is_nan"
+        )
         try:
             for run, key, value in db.execute(sql, chunk):
                 out[run][key] = value

@@ -4,12 +4,14 @@ rows of ``tandem ls``."""
 from __future__ import annotations
 
 import functools
+import json
+import math
 import time
 from dataclasses import fields
 from typing import Any
 
 from tandem.place.fields import meta
-from tandem.place.model import WAITING_STATES, format_size
+from tandem.place.model import WAITING_STATES, format_size, param_value
 from tandem.place.records import Attempt, Job
 from tandem.place.reserve import AUTO_CPUS
 
@@ -110,6 +112,9 @@ def job_json(job: Job, now: float | None = None) -> dict[str, Any]:
     now = time.time() if now is None else now
     last = job.attempts[-1] if job.attempts else None
     shown = record_json(job)
+    # A NaN or infinity a job was given (a state file of before params were kept as text): its
+    # text, as MLflow has it; JSON has no such number.
+    shown["params"] = {k: _finite_or_text(v) for k, v in (job.params or {}).items()}
     if job.cpus == AUTO_CPUS:
         shown["request"]["cpus"] = "auto"
     return {
@@ -121,6 +126,30 @@ def job_json(job: Job, now: float | None = None) -> dict[str, Any]:
         "wait_s": wait_seconds(job, now),
         "run_s": run_seconds(job, now),
     }
+
+
+def _finite_or_text(value: Any) -> Any:
+    return param_value(value) if isinstance(value, float) and not math.isfinite(value) else value
+
+
+def json_safe(value: Any) -> Any:
+    """``value`` with each NaN or infinity (a metric, a measure) as null: JSON has no such
+    number, and a page or a ``--json`` reader would fail on Python's ``NaN``."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {k: json_safe(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [json_safe(v) for v in value]
+    return value
+
+
+def strict_json(value: Any, **options: Any) -> str:
+    """``value`` as strict JSON (:func:`json_safe`): what every ``--json`` prints."""
+    try:  # the usual case, at no cost: no NaN anywhere
+        return json.dumps(value, allow_nan=False, **options)
+    except ValueError:
+        return json.dumps(json_safe(value), allow_nan=False, **options)
 
 
 def _duration(seconds: float | None) -> str:

@@ -28,16 +28,29 @@ from typing import Any
 from starlette.applications import Starlette
 from starlette.middleware.gzip import GZipMiddleware
 from starlette.requests import Request
-from starlette.responses import FileResponse, JSONResponse
+from starlette.responses import FileResponse
+from starlette.responses import JSONResponse as _JSONResponse
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
 from tandem.place.model import STATES
+from tandem.place.views import json_safe
 from tandem.web.access import Access
 from tandem.web.data import MAX_ID, NotFound, Reader, energy_of
 from tandem.web.live import MAX_STREAMS, Streams, events
 
 STATIC = Path(__file__).parent / "static"
+
+
+class JSONResponse(_JSONResponse):
+    """Starlette's, with each NaN or infinity (a job's metric, a measure) as null: its own
+    refuses them (allow_nan=False), and a 500 would take the page down."""
+
+    def render(self, content: Any) -> bytes:
+        try:  # the usual case, at no cost: no NaN anywhere
+            return super().render(content)
+        except ValueError:
+            return super().render(json_safe(content))
 
 
 class Daemon:

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
 import time
 from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING, Any
@@ -28,6 +29,7 @@ from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
 from starlette.responses import StreamingResponse
 
+from tandem.place.views import strict_json
 from tandem.web.data import MAX_ID
 
 if TYPE_CHECKING:
@@ -47,13 +49,16 @@ def _cursor(request: Request) -> dict[str, float]:
         value = request.query_params.get(name)
         if value:
             try:
-                cursor[{"log_offset": "log", "metrics_after": "metrics"}.get(name, name)] = float(value)
+                number = float(value)
             except ValueError:
-                pass
+                continue
+            if math.isfinite(number):  # since=NaN would match no change, ever
+                cursor[{"log_offset": "log", "metrics_after": "metrics"}.get(name, name)] = number
     last = request.headers.get("last-event-id", "")
     try:
-        cursor.update({k: float(v) for k, v in json.loads(last).items() if k in cursor})
-    except (ValueError, AttributeError):
+        given = {k: float(v) for k, v in json.loads(last).items() if k in cursor}
+        cursor.update({k: v for k, v in given.items() if math.isfinite(v)})
+    except (ValueError, TypeError, AttributeError):
         pass
     return cursor
 
@@ -64,7 +69,7 @@ def _offset(value: float) -> int:
 
 
 def _event(kind: str, data: Any, cursor: dict[str, float]) -> str:
-    return f"id: {json.dumps(cursor, separators=(',', ':'))}\nevent: {kind}\ndata: {json.dumps(data)}\n\n"
+    return f"id: {json.dumps(cursor, separators=(',', ':'))}\nevent: {kind}\ndata: {strict_json(data)}\n\n"
 
 
 MAX_STREAMS = 32  # open event streams at most (one token: every client shares it)

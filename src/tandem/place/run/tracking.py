@@ -32,6 +32,7 @@ SQLite store in the state directory (:func:`manager_store` says which, for ``tan
 from __future__ import annotations
 
 import importlib.util
+import json
 import logging
 import os
 import subprocess
@@ -51,6 +52,7 @@ STOPPED = "daemon-stopped"  # in the queue: its daemon has stopped (the helper e
 RETRY_AFTER_S = 30.0
 POLL_S = 2.0  # between forwards of the open runs' spools
 START_POLL_S = 0.2  # between looks for new attempts (each waits for its run to start)
+MAX_TAG = 8000  # characters of an MLflow tag's value
 
 
 def queue_dir(state_dir: Path) -> Path:
@@ -208,7 +210,8 @@ class _OpenRun:
             self.offset = int(progress.get("offset", 0))
         else:
             self.store.open(start["name"], start["tags"], int(start["started"] * 1000))
-            self.store.log_params(start.get("params") or {})
+            if start.get("params"):  # seen while it runs; its MLflow params come when it ends
+                self.store.set_tags({"tandem.params": json.dumps(start["params"])[:MAX_TAG]})
             self.offset = 0
             self._done(final=False)  # the daemon learns the run id at once
         self._save()
@@ -252,6 +255,7 @@ class _OpenRun:
         from tandem.watch.point import Point
 
         self.forward()
+        self._log_params()
         ms = int(time.time() * 1000)
         self.store.log([Point(f"summary/{k}", float(v), ms, 0) for k, v in end["summary"].items()])
         self.store.set_tags({**end["tags"], "tandem.mlflow_written": str(time.time())})
@@ -262,6 +266,19 @@ class _OpenRun:
         self._done(final=True)
         for suffix in ("start", "end", "open"):
             (self.q / f"{self.key}.{suffix}.json").unlink(missing_ok=True)
+
+    def _log_params(self) -> None:
+        """The job's params, written once it has ended, so last: a job that logs its own
+        hyper-parameters under the same names (Lightning's logger, HF's Trainer,
+        ``mlflow.log_params``) never meets a param tandem set (MLflow refuses to change one).
+        Where the job logged another value, its own stays and tandem's is the tag
+        ``tandem.param.NAME``. A failure here costs the params, never the run's closing."""
+        params = self.start.get("params") or {}
+        try:
+            differ = self.store.log_params(params)
+            self.store.set_tags({f"tandem.param.{k}": params[k][:MAX_TAG] for k in differ})
+        except Exception:
+            log.exception("job %s: its params are not in MLflow", self.key)
 
 
 def tell_job(spool: Path, ref: RunRef) -> None:

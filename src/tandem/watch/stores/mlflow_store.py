@@ -125,11 +125,18 @@ class MlflowStore:
         if tags:
             self._client.log_batch(self.run_id, tags=[RunTag(k, str(v)) for k, v in tags.items()])
 
-    def log_params(self, params: dict[str, str]) -> None:
+    def log_params(self, params: dict[str, str]) -> dict[str, str]:
+        """Write the params the run has not got: MLflow never changes one, so what the run's
+        own code logged under a name stays. Returns the run's values that differ from these."""
         from mlflow.entities import Param
 
-        if params:
-            self._client.log_batch(self.run_id, params=[Param(k, v) for k, v in params.items()])
+        if not params:
+            return {}
+        have = self._client.get_run(self.run_id).data.params
+        new = [Param(k, v) for k, v in params.items() if k not in have]
+        for i in range(0, len(new), 100):  # MLflow's log_batch takes 100 params a call
+            self._client.log_batch(self.run_id, params=new[i : i + 100])
+        return {k: have[k] for k, v in params.items() if k in have and have[k] != v}
 
     def log_artifact(self, path: Path) -> None:
         self._client.log_artifact(self.run_id, str(path))

@@ -241,7 +241,7 @@ async function jobPage(id) {
         el("dt", {}, "why it waits"), el("dd", {}, j.reason || "-"),
         el("dt", {}, "how it ended"), el("dd", {}, j.cause ? `${j.cause}${j.cause_line ? `: ${j.cause_line}` : ""}` : "-"),
         el("dt", {}, "group"), el("dd", {}, j.group ? el("a", { href: `#/group/${encodeURIComponent(j.group)}` }, j.group) : "-"),
-        el("dt", {}, "parameters"), el("dd", { id: "job-params" }, Object.keys(j.params || {}).length ? Object.entries(j.params).map(([k, v]) => `${k}=${JSON.stringify(v)}`).join("  ") : "-"),
+        el("dt", {}, "parameters"), el("dd", { id: "job-params" }, Object.keys(j.params || {}).length ? Object.entries(j.params).map(([k, v]) => `${k}=${typeof v === "string" ? v : JSON.stringify(v)}`).join("  ") : "-"),
         el("dt", {}, "times"), el("dd", {}, `submitted ${when(j.submitted)}, waited ${dur(j.wait_s)}, ran ${dur(j.run_s)}`),
         el("dt", {}, "peaks"), el("dd", {}, `RAM ${size(j.peak_mem_bytes)}, GPU memory ${size(j.peak_gpu_mem_bytes)}`)),
       el("h2", {}, "attempts"),
