@@ -98,4 +98,6 @@ def other_user() -> Iterator[OtherUser]:
         psutil.wait_procs(left, timeout=10)
         subprocess.run(["userdel", name], capture_output=True)
         shutil.rmtree(home, ignore_errors=True)
-        shutil.rmtree(f"/tmp/tandem-{entry.pw_uid}", ignore_errors=True)
+        for made in Path("/tmp").glob(f"tandem-{entry.pw_uid}*"):  # their runtime directories
+            if made.stat().st_uid == entry.pw_uid:
+                shutil.rmtree(made, ignore_errors=True)

@@ -53,7 +53,10 @@ def runtime_dir() -> Path:
     except RuntimeDirError as refused:
         from tandem._runtime import fallback_runtime_dir
 
-        return fallback_runtime_dir(shared, refused)
+        try:
+            return fallback_runtime_dir(shared, str(refused))
+        except OSError as exc:
+            raise RuntimeDirError(f"{refused}; and no private one can be made in its place ({exc})") from None
 
 
 def private_dir(path: Path, what: str, setting: str, error: type[Exception] = RuntimeDirError) -> Path:

@@ -20,8 +20,6 @@ import sys
 import tempfile
 from pathlib import Path
 
-from tandem import _ipc
-
 
 def _pointer() -> Path:
     cache = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
@@ -37,17 +35,18 @@ def _usable(path: Path) -> bool:
     return stat.S_ISDIR(info.st_mode) and info.st_uid == os.getuid() and not info.st_mode & 0o077
 
 
-def fallback_runtime_dir(shared: Path, refused: Exception) -> Path:
-    """This user's own runtime directory in place of ``shared`` (refused with ``refused``);
-    :class:`tandem._ipc.RuntimeDirError` where none can be made either."""
+def fallback_runtime_dir(shared: Path, refused: str) -> Path:
+    """This user's own runtime directory in place of ``shared`` (refused: ``refused`` says
+    why); ``OSError`` saying why where none can be made either."""
     pointer = _pointer()
+    pointer.parent.parent.mkdir(parents=True, exist_ok=True)
     try:
-        home = _ipc.private_dir(pointer.parent, "cache directory", "XDG_CACHE_HOME")
-        lock = os.open(home, os.O_RDONLY | os.O_DIRECTORY)
-    except OSError as exc:
-        raise _ipc.RuntimeDirError(
-            f"{refused}; and no private one can be made in its place ({exc}): set TANDEM_RUNTIME_DIR"
-        ) from None
+        os.mkdir(pointer.parent, 0o700)
+    except FileExistsError:
+        pass
+    if not _usable(pointer.parent):  # the link must be of no one else's making
+        raise OSError(f"{pointer.parent} is not a private directory of yours")
+    lock = os.open(pointer.parent, os.O_RDONLY | os.O_DIRECTORY)
     try:
         fcntl.flock(lock, fcntl.LOCK_EX)
         try:

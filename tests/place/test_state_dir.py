@@ -128,7 +128,8 @@ def test_another_user_without_a_runtime_dir_of_theirs_is_not_locked_out(other_us
             if args[0] == "logs":
                 assert r.stdout.strip() == "hi"
         assert len(said) == 1 and str(squatted) in said[0], said
-        (private,) = Path("/tmp").glob(f"tandem-{other_user.uid}-*")
+        private = Path(said[0].split("private runtime directory ")[1].split()[0])
+        assert set(Path("/tmp").glob(f"tandem-{other_user.uid}-*")) == {private}, "one, found again by each"
         assert private.stat().st_uid == other_user.uid and stat.S_IMODE(private.stat().st_mode) == 0o700
         assert os.listdir(squatted) == [], "nothing of theirs in the other user's directory"
     finally:
