@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import pwd
+import secrets
 import shutil
 import site
 import subprocess
@@ -71,7 +72,7 @@ def other_user() -> Iterator[OtherUser]:
         pytest.skip(
             f"no python{sys.version_info[0]}.{sys.version_info[1]} outside root's home for a second user"
         )
-    name = f"tdm{os.getpid()}"
+    name = f"tdm{os.getpid()}{secrets.token_hex(3)}"  # one per test module that asks for one
     home = Path(tempfile.mkdtemp(prefix=f"{name}-home-"))
     made = subprocess.run(
         ["useradd", "--no-create-home", "--home-dir", str(home), "--shell", "/bin/sh", name],

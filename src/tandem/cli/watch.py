@@ -211,12 +211,20 @@ def ui(store_uri: str | None, port: int) -> None:
 def _gate_until_exit(listener: Any, upstream: Path, server: subprocess.Popen) -> int:
     """Serve the gate in front of ``server`` until it exits; its exit status."""
     import asyncio
+    import threading
 
     from tandem.web import gate
 
     async def run() -> int:
         loop = asyncio.get_running_loop()
-        exited = loop.run_in_executor(None, server.wait)
+        exited: asyncio.Future = loop.create_future()
+
+        def wait() -> None:  # a daemon thread: Ctrl-C is never held up waiting on it
+            code = server.wait()
+            with contextlib.suppress(RuntimeError):  # the loop is gone already
+                loop.call_soon_threadsafe(lambda: exited.done() or exited.set_result(code))
+
+        threading.Thread(target=wait, daemon=True).start()
         await gate.serve(listener, upstream, exited)
         return exited.result()
 
