@@ -14,7 +14,9 @@ import os
 import sys
 
 _TABLES = ("/proc/net/tcp", "/proc/net/tcp6")
-_ESTABLISHED = "01"
+# A closed connection's TIME_WAIT entry (kept by the kernel, owned by no one) and listening
+# sockets are no client; a client that already half-closed (FIN_WAIT) still is.
+_NOT_A_CLIENT = {"06", "0A"}
 
 
 def _hex_address(host: str, port: int) -> tuple[str, str]:
@@ -52,7 +54,11 @@ def owner_uid(client: tuple[str, int], server: tuple[str, int]) -> int | None:
                 next(f, None)  # the header
                 for line in f:
                     fields = line.split()
-                    if len(fields) > 7 and (fields[1], fields[2]) in wanted and fields[3] == _ESTABLISHED:
+                    if (
+                        len(fields) > 7
+                        and (fields[1], fields[2]) in wanted
+                        and fields[3] not in _NOT_A_CLIENT
+                    ):
                         return int(fields[7])
         except OSError:
             continue

@@ -70,6 +70,8 @@ def serve(
     port = sock.getsockname()[1]
     url = f"http://{shown}:{port}/"
     login = login_file(port)
+    with contextlib.suppress(OSError):  # an earlier tandem's lasting token: no longer used
+        (login.parent / "token").unlink()
     sessions = Sessions(lambda code: write_login_page(login, url, code))  # rotated at each start
     app = build(state_dir, mlflow_db(state_dir), sessions, frozenset(hosts), max_streams)
     print(f"tandem dashboard of {state_dir}: {url}", flush=True)
