@@ -38,15 +38,25 @@ class RuntimeDirError(OSError):
 
 
 def runtime_dir() -> Path:
-    """The private (0700) directory of this user's tandem sockets, created if needed."""
+    """The private (0700) directory of this user's tandem sockets, created if needed. Where
+    the shared default ``/tmp/tandem-<uid>`` cannot be this user's (another user made it
+    first, or a link), a private one of its own is used instead (:mod:`tandem._runtime`)."""
     explicit = os.environ.get("TANDEM_RUNTIME_DIR")
     if explicit:
-        path = Path(explicit)
-    elif os.environ.get("XDG_RUNTIME_DIR"):
+        return private_dir(Path(explicit), "runtime directory", "TANDEM_RUNTIME_DIR")
+    if os.environ.get("XDG_RUNTIME_DIR"):
         path = Path(os.environ["XDG_RUNTIME_DIR"]) / "tandem"
-    else:
-        path = Path("/tmp") / f"tandem-{os.getuid()}"
-    return private_dir(path, "runtime directory", "TANDEM_RUNTIME_DIR")
+        return private_dir(path, "runtime directory", "TANDEM_RUNTIME_DIR")
+    shared = Path("/tmp") / f"tandem-{os.getuid()}"
+    try:
+        return private_dir(shared, "runtime directory", "TANDEM_RUNTIME_DIR")
+    except RuntimeDirError as refused:
+        from tandem._runtime import fallback_runtime_dir
+
+        try:
+            return fallback_runtime_dir(shared, str(refused))
+        except OSError as exc:
+            raise RuntimeDirError(f"{refused}; and no private one can be made in its place ({exc})") from None
 
 
 def private_dir(path: Path, what: str, setting: str, error: type[Exception] = RuntimeDirError) -> Path:
@@ -56,13 +66,15 @@ def private_dir(path: Path, what: str, setting: str, error: type[Exception] = Ru
     changed: one that is shared (``/tmp``, mode 1777), another user's, or a link (which
     another user could have planted in a shared directory) is refused with ``error``.
     ``what`` and ``setting`` (the variable that moves it) name it in the message."""
-    path.parent.mkdir(parents=True, exist_ok=True)
+    fix = f"set {setting} to a directory of your own"
     try:
+        path.parent.mkdir(parents=True, exist_ok=True)
         os.mkdir(path, 0o700)
     except FileExistsError:
         pass
+    except OSError as exc:  # a parent this user may not write in (or a file where a folder is)
+        raise error(f"cannot create {what} {path} ({exc.strerror}: {exc.filename}); {fix}") from None
     info = os.lstat(path)
-    fix = f"set {setting} to a directory of your own"
     if stat.S_ISLNK(info.st_mode):
         raise error(
             f"{what} {path} is a symbolic link; tandem uses no link there (another user could "

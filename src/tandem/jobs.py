@@ -37,7 +37,7 @@ from tandem.place import client
 from tandem.place.model import FINAL_STATES, JobSpec, param_value, parse_size
 from tandem.place.protocol import Cancel
 from tandem.place.reserve import AUTO_CPUS
-from tandem.place.state import State, state_dir
+from tandem.place.state import State, private_dir, state_dir
 
 __all__ = ["Job", "JobFailed", "call", "job", "submit", "submit_many"]
 
@@ -208,7 +208,9 @@ def submit(
     ``tandem submit`` does; options as its flags: ``cpus`` (default ``"auto"``), ``mem`` (bytes or ``"4G"``),
     ``gpus``, ``gpu_mem``, ``share``, ``group``, ``name``, ``after`` (jobs or ids), ``env``,
     ``params``, ``priority``, ``retries``. The job's handle."""
-    directory = Path(state_dir_path) if state_dir_path is not None else state_dir()
+    # The one check of every entry (tandem.dirs): a shared, foreign or linked directory is
+    # refused here, before a daemon is started for it or a log written in it.
+    directory = state_dir() if state_dir_path is None else private_dir(Path(state_dir_path))
     reply = client.submit(directory, _spec(command, cwd, options))
     return Job(reply.id, directory)
 

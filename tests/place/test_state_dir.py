@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.other_user import OtherUser, other_user  # noqa: F401 (the fixture)
 from tests.place.conftest import Cli
 
 DATA = "import torch\ndef ds():\n    return [(torch.tensor([float(i)]), i % 2) for i in range(40)]\n"
@@ -97,3 +98,56 @@ def test_a_lost_database_never_gives_a_new_job_an_old_result(cli: Cli, tmp_path:
     assert cli("logs", str(new)).stdout.strip() == "fresh"
     (aside,) = cli.state.glob("jobs.lost-*")
     assert (aside / "1" / "1" / "output.log").read_text().strip() == "OLD", "the old job's files kept aside"
+
+
+def test_the_library_refuses_what_the_commands_refuse(cli: Cli, tmp_path: Path) -> None:
+    import tandem.jobs
+    from tandem.place.state import StateError
+
+    real = tmp_path / "real"
+    real.mkdir(mode=0o700)
+    (tmp_path / "link").symlink_to(real)
+    with pytest.raises(StateError, match="symbolic link"):
+        tandem.jobs.submit(["true"], state_dir_path=tmp_path / "link")
+    assert list(real.iterdir()) == [], "no daemon started, no log written through the link"
+
+
+def test_another_user_without_a_runtime_dir_of_theirs_is_not_locked_out(other_user: OtherUser) -> None:  # noqa: F811
+    """/tmp/tandem-<uid> made first by someone else: their commands use a private directory of
+    their own instead, the same one for each command (the daemon is found), said once."""
+    squatted = Path(f"/tmp/tandem-{other_user.uid}")
+    squatted.mkdir(mode=0o700)  # root's, as if another user had made it first
+    try:
+        env = other_user.env(TANDEM_STATE_DIR=str(other_user.home / "state"))
+        said = []
+        for args in (["daemon", "start", "--cpus", "1", "--mem", "1G"], ["submit", "--", "echo", "hi"],
+                     ["wait", "1"], ["logs", "1"], ["daemon", "stop"]):  # fmt: skip
+            r = other_user.run(other_user.tandem(*args), env=env)
+            assert r.returncode == 0, f"tandem {' '.join(args)}: {r.stderr}"
+            said += [line for line in r.stderr.splitlines() if "private runtime directory" in line]
+            if args[0] == "logs":
+                assert r.stdout.strip() == "hi"
+        assert len(said) == 1 and str(squatted) in said[0], said
+        private = Path(said[0].split("private runtime directory ")[1].split()[0])
+        assert set(Path("/tmp").glob(f"tandem-{other_user.uid}-*")) == {private}, "one, found again by each"
+        assert private.stat().st_uid == other_user.uid and stat.S_IMODE(private.stat().st_mode) == 0o700
+        assert os.listdir(squatted) == [], "nothing of theirs in the other user's directory"
+    finally:
+        squatted.rmdir()
+
+
+def test_a_state_dir_whose_parent_is_not_writable_is_a_clear_error(other_user: OtherUser) -> None:  # noqa: F811
+    locked = Path("/tmp") / f"tandem-locked-{os.getpid()}"
+    locked.mkdir(mode=0o755)  # root's: others may enter, not write
+    try:
+        target = locked / "state"
+        env = other_user.env(TANDEM_STATE_DIR=str(target), TANDEM_RUNTIME_DIR=str(other_user.home / "run"))
+        r = other_user.run(other_user.tandem("ls"), env=env)
+        assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
+        assert "cannot create state directory" in r.stderr and "Permission denied" in r.stderr, r.stderr
+        code = f"import tandem.jobs; tandem.jobs.submit(['true'], state_dir_path={str(target)!r})"
+        r = other_user.run([other_user.python, "-c", code], env=env)
+        assert r.returncode == 1 and "StateError: cannot create state directory" in r.stderr, r.stderr
+        assert not target.exists()
+    finally:
+        locked.rmdir()

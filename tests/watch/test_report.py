@@ -2,14 +2,20 @@
 
 from __future__ import annotations
 
+import os
+import shutil
+import signal
 import socket
 import subprocess
 import time
+import urllib.error
 import urllib.request
 from pathlib import Path
 
+import psutil
 import pytest
 
+from tests.other_user import other_user  # noqa: F401 (the fixture, asked for where it can be)
 from tests.watch.test_run import BUSY, TANDEM, python_c, start_run, tandem, tandem_run
 
 
@@ -82,43 +88,88 @@ def _shm_dirs() -> set[str]:
     return {p.name for p in Path("/dev/shm").glob("tmp*") if p.is_dir()}
 
 
-def test_ui_serves_the_store_on_localhost(tracked):
+def _ask(port: int, path: str, headers: dict | None = None, data: bytes | None = None) -> tuple[int, bytes]:
+    req = urllib.request.Request(f"http://127.0.0.1:{port}{path}", data=data, headers=headers or {})
+    try:
+        with urllib.request.urlopen(req, timeout=10) as resp:
+            return resp.status, resp.read()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read()
+
+
+SEARCH = "/api/2.0/mlflow/experiments/search"
+JSON = {"Content-Type": "application/json"}
+
+
+def test_ui_serves_the_store_to_its_user_alone(tracked, tmp_path, request):
+    """tandem ui: its user reads the store; MLflow listens on no TCP port (a socket in the
+    private runtime directory); a foreign Host or Origin is refused; another local user's
+    connection is closed unanswered (when a second user can be made here)."""
+    try:
+        other = request.getfixturevalue("other_user")
+    except pytest.skip.Exception as why:
+        other, no_other = None, str(why)
     shm_before = _shm_dirs()
     port = _free_port()
+    runtime = Path(f"/tmp/tt-ui-{os.getpid()}")
     p = subprocess.Popen(
         [*TANDEM, "ui", "--store", f"sqlite:///{tracked}", "--port", str(port)],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
         start_new_session=True,
+        env={**os.environ, "TANDEM_RUNTIME_DIR": str(runtime)},
     )
     try:
         deadline = time.monotonic() + 90
-        while True:
-            try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2) as resp:
-                    assert resp.status == 200
-                    break
-            except OSError:
-                assert p.poll() is None, p.stderr.read().decode()[-2000:]
-                assert time.monotonic() < deadline, "the MLflow UI did not come up in 90 s"
-                time.sleep(0.5)
-        url = f"http://127.0.0.1:{port}/api/2.0/mlflow/experiments/search"
-        req = urllib.request.Request(
-            url, data=b'{"max_results": 10}', headers={"Content-Type": "application/json"}
-        )
-        with urllib.request.urlopen(req, timeout=10) as resp:
-            assert b'"tandem"' in resp.read(), "the UI serves the tracked store"
+        while not _healthy(port):
+            assert p.poll() is None, p.stderr.read().decode()[-2000:]
+            assert time.monotonic() < deadline, "the MLflow UI did not come up in 90 s"
+            time.sleep(0.5)
+        status, body = _ask(port, SEARCH, JSON, b'{"max_results": 10}')
+        assert status == 200 and b'"tandem"' in body, "the UI serves the tracked store"
+        status, page = _ask(port, "/")
+        assert status == 200 and b"<html" in page.lower()
+        listening = {
+            c.laddr.port
+            for proc in psutil.Process(p.pid).children(recursive=True)
+            for c in proc.net_connections("tcp")
+            if c.status == psutil.CONN_LISTEN
+        }
+        assert listening == set(), f"MLflow listens on TCP {listening}: only the gate may"
+        assert (runtime / "ui" / f"mlflow-{port}.sock").exists()
+        assert _ask(port, SEARCH, {**JSON, "Host": f"evil.example:{port}"}, b"{}")[0] == 403  # rebinding
+        other_port = {**JSON, "Origin": "http://127.0.0.1:18999"}  # another port's page, in the browser
+        assert _ask(port, SEARCH, other_port, b"{}")[0] == 403
+        same = _ask(port, SEARCH, {**JSON, "Origin": f"http://127.0.0.1:{port}"}, b'{"max_results": 10}')
+        assert same[0] == 200, same
+        if other is not None:
+            code = (
+                "import urllib.request, sys\n"
+                f"req = urllib.request.Request('http://127.0.0.1:{port}{SEARCH}', data=b'{{}}', "
+                "headers={'Content-Type': 'application/json'})\n"
+                "try:\n    print(urllib.request.urlopen(req, timeout=10).read()[:200])\n"
+                "except Exception as exc:\n    print('refused', type(exc).__name__, exc)\n"
+            )
+            r = other.run([other.python, "-c", code])
+            assert r.stdout.startswith("refused") and "tandem" not in r.stdout, (r.stdout, r.stderr)
     finally:
-        import os
-        import signal
-
         os.killpg(p.pid, signal.SIGTERM)
         try:
             p.wait(20)
         except subprocess.TimeoutExpired:
             os.killpg(p.pid, signal.SIGKILL)
             p.wait()
+        shutil.rmtree(runtime, ignore_errors=True)
     assert _shm_dirs() <= shm_before, "the server left a directory in /dev/shm"
+    if other is None:
+        pytest.skip(f"all but another user's try checked; {no_other}")
+
+
+def _healthy(port: int) -> bool:
+    try:
+        return _ask(port, "/health")[0] == 200
+    except OSError:  # not listening yet
+        return False
 
 
 def test_group_total_of_rates_is_averaged_on_a_common_grid():

@@ -9,7 +9,9 @@ import os
 import stat
 from urllib.parse import urlsplit
 
-from tandem.web.access import COOKIE
+import psutil
+
+from tests.other_user import OtherUser, other_user  # noqa: F401 (the fixture)
 from tests.web.conftest import Dashboard, wait_for
 
 
@@ -34,26 +36,36 @@ def _json(d: Dashboard, path: str) -> dict:
     return json.loads(body)
 
 
-def test_access_needs_the_token_a_loopback_host_and_same_origin_writes(dashboard: Dashboard) -> None:
+def test_access_needs_a_session_token_a_loopback_host_and_same_origin_writes(dashboard: Dashboard) -> None:
     d = dashboard
     held = d.cli.submit("--after", str(d.cli.submit("--", "sleep", "30")), "--", "true")
     assert _call(d, "/api/jobs", auth=False)[0] == 401
-    assert _call(d, "/", auth=False)[0] == 401
-    status, headers, _ = _call(d, f"/?token={d.token}", auth=False)
-    cookie = headers.get("set-cookie", "")
-    assert status == 303 and headers["location"] == "/" and f"{COOKIE}={d.token}" in cookie
-    assert "httponly" in cookie.lower() and "samesite=strict" in cookie.lower()
-    assert _call(d, "/api/jobs", auth=False, headers={"Cookie": f"{COOKIE}={d.token}"})[0] == 200
-    assert _call(d, "/?token=wrong", auth=False)[0] == 401
+    assert _call(d, "/api/jobs", auth=False, headers={"Authorization": "Bearer forged"})[0] == 401
+    status, headers, page = _call(d, "/", auth=False)  # the page and its scripts: nothing secret
+    assert status == 200 and b"app.js" in page and "set-cookie" not in {k.lower() for k in headers}
+    assert _call(d, "/static/app.js", auth=False)[0] == 200
+    # The login page: 0600, a one-time code that gives one session token and is then spent;
+    # the page holds a new one; no cookie is ever set.
+    assert stat.S_IMODE(os.stat(d.login_page).st_mode) == 0o600
+    code = d.code()
+    status, body = d.log_in(code)
+    assert status == 200 and len(body["token"]) >= 32 and body["token"] != d.token
+    assert d.log_in(code)[0] == 401, "a spent code gives nothing"
+    assert d.code() != code and f"{d.base}#login=" in d.login_page.read_text()
+    assert _call(d, "/api/jobs", auth=False, headers={"Authorization": f"Bearer {body['token']}"})[0] == 200
+    assert d.log_in("")[0] == 401 and d.log_in("x" * 43)[0] == 401
+    cross_login = _call(d, "/api/login", "POST", headers={"Origin": "http://127.0.0.1:18999"})
+    assert cross_login[0] == 403  # another port's page may not even try a code
     assert _call(d, "/api/jobs", headers={"Host": "attacker.example:80"})[0] == 403  # DNS rebinding
+    assert _call(d, "/", auth=False, headers={"Host": "attacker.example:80"})[0] == 403
     cross = _call(d, f"/api/jobs/{held}/cancel", "POST", headers={"Origin": "http://attacker.example"})
     assert cross[0] == 403 and d.cli.job(held)["state"] == "queued"
+    other_port = _call(d, f"/api/jobs/{held}/cancel", "POST", headers={"Origin": "http://127.0.0.1:18999"})
+    assert other_port[0] == 403 and d.cli.job(held)["state"] == "queued"
     assert _call(d, f"/api/jobs/{held}/cancel", "POST")[0] == 403  # no Origin at all: refused too
     same = _call(d, f"/api/jobs/{held}/cancel", "POST", headers={"Origin": d.base.rstrip("/")})
     assert same[0] == 200 and json.loads(same[2])["cancelled"] == [held]
     assert d.cli.job(held)["state"] == "cancelled"
-    token_file = d.cli.env["TANDEM_RUNTIME_DIR"] + "/dashboard/token"
-    assert stat.S_IMODE(os.stat(token_file).st_mode) == 0o600
 
 
 def test_the_api_speaks_ls_json_and_never_sends_an_environment(dashboard: Dashboard) -> None:
@@ -205,3 +217,34 @@ def test_hostile_ids_names_and_clients(dashboard: Dashboard) -> None:
     slow.settimeout(30)
     assert slow.recv(1024) == b"", "the half-sent request's connection was closed"
     slow.close()
+
+
+def test_no_process_has_a_secret_in_its_arguments_and_another_user_gets_nothing_even_with_one(
+    dashboard: Dashboard,
+    other_user: OtherUser,  # noqa: F811
+) -> None:
+    """``tandem dashboard`` (as run by default: it opens a browser) puts no login code and no
+    token on any command line, the browser's included; another user who got hold of a token
+    anyway has their connection closed unread (the dashboard serves its own user's sockets)."""
+    d = dashboard
+    opened = d.opened.read_text().splitlines()[1:]
+    assert opened == [d.login_page.as_uri()], opened  # the browser got a path, nothing secret
+    secrets = [d.token, d.code()]
+    for proc in psutil.process_iter(["cmdline"]):
+        cmdline = " ".join(proc.info["cmdline"] or [])
+        assert not any(s in cmdline for s in secrets), (proc.pid, cmdline)
+    parts = urlsplit(d.base)
+    code = (
+        "import http.client, sys\n"
+        f"c = http.client.HTTPConnection({parts.hostname!r}, {parts.port}, timeout=10)\n"
+        "try:\n"
+        f"    c.request('GET', '/api/jobs', headers={{'Authorization': 'Bearer {d.token}'}})\n"
+        "    print(c.getresponse().status)\n"
+        "except (ConnectionError, http.client.HTTPException) as exc:\n"
+        "    print('closed', type(exc).__name__)\n"
+    )
+    r = other_user.run([other_user.python, "-c", code])
+    assert r.returncode == 0 and r.stdout.startswith("closed"), (r.stdout, r.stderr)
+    assert _call(d, "/api/jobs")[0] == 200, "the same request from its own user is served"
+    login = other_user.run([other_user.python, "-c", code.replace("'GET', '/api/jobs'", "'GET', '/'")])
+    assert login.stdout.startswith("closed"), login.stdout  # not even the page

@@ -7,12 +7,17 @@ screenshots there (the README's pictures come from such a run)."""
 
 from __future__ import annotations
 
+import http.client
+import json
 import os
 import shutil
+import subprocess
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import pytest
 
+from tests.other_user import OtherUser, other_user  # noqa: F401 (the fixture)
 from tests.web.conftest import Dashboard
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
@@ -51,7 +56,7 @@ def browser_page(dashboard: Dashboard, tmp_path: Path):
     shots.mkdir(parents=True, exist_ok=True)
     with sync_api.sync_playwright() as p:
         browser = p.chromium.launch(executable_path=CHROMIUM, args=ARGS)
-        page = browser.new_page(viewport={"width": 1280, "height": 900})
+        page = browser.new_context(viewport={"width": 1280, "height": 900}).new_page()
         page.set_default_timeout(20_000)
         seen: dict[str, list[str]] = {"errors": [], "requests": []}
         page.on("console", lambda m: seen["errors"].append(m.text) if m.type == "error" else None)
@@ -117,5 +122,63 @@ def test_a_user_follows_jobs_cancels_one_and_reads_a_log_tail_without_a_reload(b
     for name in ("dashboard-overview.png", "dashboard-job.png", "dashboard-group.png"):
         assert _non_blank(shots / name), name
     assert seen["errors"] == []
-    outside = [u for u in seen["requests"] if not u.startswith(d.base) and not u.startswith("data:")]
+    outside = [u for u in seen["requests"] if not u.startswith((d.base, "data:", d.login_url))]
     assert outside == [], outside  # everything the page needs comes from the server
+
+
+def test_another_users_server_on_another_port_gets_nothing_that_opens_the_dashboard(
+    browser_page,
+    other_user: OtherUser,  # noqa: F811
+) -> None:
+    """Logged in, the browser is sent to a server of another local user on another 127.0.0.1
+    port (cookies ignore ports; storage does not): what reaches that server (every header,
+    every path, what its page could read or fetch in the browser) holds neither the tab's
+    token nor a login code, and replayed to the dashboard it opens nothing."""
+    page, d, _, seen = browser_page
+    assert d.login_url.startswith("file://") and "#" not in d.login_url  # what tandem gave the browser
+    spent = d.code()
+    page.goto(d.login_url)  # the login page: on to the dashboard with a one-time code
+    page.wait_for_selector("body[data-ready='/']")
+    assert page.url == f"{d.base}#/", "the spent code left the address bar"
+    token = page.evaluate("sessionStorage.getItem('tandem-dashboard-token')")
+    assert token and len(token) >= 32 and d.code() != spent
+    secrets = [token, d.token, d.code(), spent]
+    job = d.cli.submit("--name", "private-job", "--", "true")
+    page.wait_for_selector(f"#jobs tr[data-job-id='{job}']")
+
+    log = other_user.home / "received.jsonl"
+    recorder = other_user.popen(
+        [other_user.python, str(Path(__file__).with_name("recorder.py")), str(log), d.base],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        port = int(recorder.stdout.readline())  # type: ignore[union-attr]
+        page.goto(f"http://127.0.0.1:{port}/?from=dashboard")
+        page.wait_for_function("document.title === 'done'")
+        second = page.context.new_page()  # a new tab of the same browser, too
+        second.goto(f"http://127.0.0.1:{port}/second")
+        second.wait_for_function("document.title === 'done'")
+    finally:
+        recorder.terminate()
+        recorder.wait(10)
+    received = [json.loads(line) for line in log.read_text().splitlines()]
+    print("the other user's server received:", json.dumps(received, indent=1))
+    assert len([r for r in received if r["path"] == "/leak"]) == 2, received
+    for request in received:
+        names = {name.lower() for name in request["headers"]}
+        assert not names & {"cookie", "authorization"}, request
+        assert not any(secret in json.dumps(request) for secret in secrets), request
+    for leak in (json.loads(r["body"]) for r in received if r["path"] == "/leak"):
+        assert leak["cookie"] == "" and leak["session"] == "{}" and leak["local"] == "{}", leak
+        assert leak["api/jobs"].startswith(("blocked", "401")) and "private-job" not in json.dumps(leak), leak
+        assert leak["login"].startswith(("blocked", "403")), leak
+    # What it received, replayed to the dashboard (even from this user's own socket): nothing.
+    parts = urlsplit(d.base)
+    for request in received:
+        headers = {k: v for k, v in request["headers"].items() if k.lower() not in ("host", "content-length")}
+        conn = http.client.HTTPConnection(parts.hostname, parts.port, timeout=10)
+        conn.request("GET", "/api/jobs", headers={**headers, "Host": parts.netloc})
+        response = conn.getresponse()
+        assert response.status == 401 and b"private-job" not in response.read(), request
+        conn.close()

@@ -63,9 +63,12 @@ const document = {
 };
 const group = JSON.parse(groupJson);
 const answers = (path) => path.startsWith("/api/groups/") ? group : { keys: [], series: {}, energy: {} };
-class EventSource { addEventListener() {} close() {} }
+// The live stream never answers here (a pending promise keeps nothing alive); a tab logged in.
+const fetch = (path) => path.startsWith("/api/events") ? new Promise(() => {})
+  : Promise.resolve({ ok: true, status: 200, json: async () => answers(path) });
+const sessionStorage = { getItem: () => "a-token", setItem() {}, removeItem() {} };
 const context = { document, Node, window: { addEventListener() {} }, location: { hash: "#/group/g" },
-  fetch: async (path) => ({ ok: true, json: async () => answers(path) }), EventSource,
+  fetch, sessionStorage, history: { replaceState() {} }, AbortController,
   uPlot: class {}, URLSearchParams, setTimeout, clearTimeout, console };
 vm.createContext(context);
 vm.runInContext(fs.readFileSync(appPath, "utf8"), context);

@@ -17,9 +17,9 @@ from tandem.cli._common import EXIT_INTERRUPTED, require
     "--host",
     default="127.0.0.1",
     show_default=True,
-    help="The address to listen on. Another than loopback lets other machines reach it (with the token).",
+    help="The address to listen on. Another than loopback lets other machines reach it (with a login).",
 )
-@click.option("--no-open", is_flag=True, help="Do not open a browser; only print the URL.")
+@click.option("--no-open", is_flag=True, help="Do not open a browser; only print where the login page is.")
 @click.option(
     "--max-streams",
     type=click.IntRange(min=1),
@@ -30,14 +30,15 @@ from tandem.cli._common import EXIT_INTERRUPTED, require
 def dashboard(port: int, host: str, no_open: bool, max_streams: int) -> None:
     """Serve a live dashboard of the jobs in $TANDEM_STATE_DIR: the queue and why each job
     waits, each GPU's timeline, jobs with their logs and metrics, share groups, energy.
-    Prints its URL with a login token; works with or without a running daemon."""
+    Opens a browser on its login page (a 0600 file of yours holding a one-time code; its path
+    is printed) and prints its URL; works with or without a running daemon."""
     require("dashboard", "starlette", "uvicorn")
     from tandem.place.state import state_dir
     from tandem.web.server import is_loopback, serve
 
     if not is_loopback(host):
         click.echo(
-            f"warning: listening on {host}: anyone who can reach it and has the token sees your jobs "
+            f"warning: listening on {host}: anyone who can reach it and has a login sees your jobs "
             "and can cancel them (the traffic is not encrypted; prefer an SSH tunnel to 127.0.0.1)",
             err=True,
         )

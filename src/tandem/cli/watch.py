@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
+import shlex
 import subprocess
 import sys
 from pathlib import Path
@@ -152,12 +154,23 @@ def run_cmd(
 )
 @click.option("--port", type=click.IntRange(1, 65535), default=5000, show_default=True)
 def ui(store_uri: str | None, port: int) -> None:
-    """Serve the MLflow UI for the tracked runs on 127.0.0.1 (this machine only)."""
+    """Serve the MLflow UI for the tracked runs on 127.0.0.1, to you alone: MLflow listens on
+    a socket in your private runtime directory, behind a gate that lets in only your own
+    connections, with this server's Host and Origin (tandem.web.gate)."""
     require("ui", "mlflow")
+    from tandem import _ipc
     from tandem.watch.stores import default_store_uri
+    from tandem.web.server import bind
 
     uri = store_uri or default_store_uri()
-    click.echo(f"MLflow UI for {uri} at http://127.0.0.1:{port} (Ctrl-C to stop)", err=True)
+    try:
+        upstream = _ipc.socket_file(f"mlflow-{port}.sock", "ui")
+        listener = bind("127.0.0.1", port)
+    except OSError as exc:
+        raise click.ClickException(str(exc)) from None
+    with contextlib.suppress(FileNotFoundError):
+        upstream.unlink()  # a socket left by a server of this user's that was killed
+    click.echo(f"MLflow UI for {uri} at http://127.0.0.1:{port} (yours alone; Ctrl-C to stop)", err=True)
     argv = [
         sys.executable,
         "-m",
@@ -171,13 +184,15 @@ def ui(store_uri: str | None, port: int) -> None:
         str(port),
         "--workers",
         "1",
+        "--uvicorn-opts",
+        f"--uds {shlex.quote(str(upstream))}",  # uvicorn binds the socket, not host:port
     ]
     # MLflow's job runner (GenAI evaluation jobs; nothing a tracked run uses) keeps its queue
     # in a new /dev/shm/tmpXXXXXXXX directory per launch and never removes it.
     env = {"MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false", **os.environ}
     server = subprocess.Popen(argv, env=env)
     try:
-        sys.exit(server.wait())
+        sys.exit(_gate_until_exit(listener, upstream, server))
     except KeyboardInterrupt:  # the server got the terminal's SIGINT too: let it finish quietly
         try:
             server.wait(timeout=10)
@@ -186,6 +201,33 @@ def ui(store_uri: str | None, port: int) -> None:
             server.wait()
         click.echo("tandem ui: stopped", err=True)
         sys.exit(EXIT_INTERRUPTED)
+    finally:
+        listener.close()
+        with contextlib.suppress(FileNotFoundError):
+            upstream.unlink()
+
+
+def _gate_until_exit(listener: Any, upstream: Path, server: subprocess.Popen) -> int:
+    """Serve the gate in front of ``server`` until it exits; its exit status."""
+    import asyncio
+    import threading
+
+    from tandem.web import gate
+
+    async def run() -> int:
+        loop = asyncio.get_running_loop()
+        exited: asyncio.Future = loop.create_future()
+
+        def wait() -> None:  # a daemon thread: Ctrl-C is never held up waiting on it
+            code = server.wait()
+            with contextlib.suppress(RuntimeError):  # the loop is gone already
+                loop.call_soon_threadsafe(lambda: exited.done() or exited.set_result(code))
+
+        threading.Thread(target=wait, daemon=True).start()
+        await gate.serve(listener, upstream, exited)
+        return exited.result()
+
+    return asyncio.run(run())
 
 
 @click.command("report")

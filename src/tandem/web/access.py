@@ -1,58 +1,104 @@
-"""Who may use the dashboard: a token, loopback Host headers, same-origin writes.
+"""Who may use the dashboard: the user's own connections, a per-tab session token sent in a
+header, loopback Host headers, same-origin writes.
 
-- The token is random, kept in a 0600 file in tandem's private runtime directory
-  (``dashboard/token``), so every dashboard of this user takes the same one and no other
-  user can read it. The URL the server prints carries it once (``/?token=...``): the
-  server answers with a redirect that drops it from the address bar and sets it as an
-  HttpOnly, SameSite=Strict cookie. A request without the cookie (or an
-  ``Authorization: Bearer`` header, for scripts) gets 401.
+- No cookie: a browser sends cookies to every port of 127.0.0.1, another user's server's
+  too. Each tab holds a session token in its ``sessionStorage`` (per origin: per port) and
+  sends it itself, ``Authorization: Bearer TOKEN``; a request of ``/api`` without a valid
+  one gets 401. Tokens live in the server's memory only: a new start makes new ones.
+- A tab gets its token by sending ``POST /api/login {"code": CODE}`` once. The code is on no
+  command line: the server writes it in a 0600 page of the private runtime directory
+  (:func:`login_file`) that sends the browser on to ``/#login=CODE`` (a fragment: never sent
+  over the network); ``tandem dashboard`` opens that file. A code works once, then a new one
+  is written in the page (so the page logs in the next tab too).
+- The page and its scripts (``/``, ``/static/``) hold nothing secret and need no token.
 - Only Host headers naming a loopback address are accepted (or the one address the user
   bound explicitly): a page of another site that resolves its own name to 127.0.0.1 (DNS
   rebinding) is refused with 403.
-- A request that changes something (any method but GET and HEAD: cancel) needs, besides
-  the token, an ``Origin`` header equal to the dashboard's own origin.
+- A request that changes something (any method but GET and HEAD: login, cancel) needs an
+  ``Origin`` header equal to the dashboard's own origin.
+- Before any of this, a loopback connection from a socket of another user is closed
+  (:mod:`tandem.web.peer`, checked by :mod:`tandem.web.server`).
 """
 
 from __future__ import annotations
 
 import hmac
+import json
 import os
 import secrets
+from collections import OrderedDict
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
-from urllib.parse import parse_qsl, urlencode
 
 from starlette.datastructures import Headers
-from starlette.responses import PlainTextResponse, RedirectResponse
+from starlette.responses import JSONResponse, PlainTextResponse
 
 from tandem import _ipc
 
-COOKIE = "tandem_dashboard"
 LOOPBACK_HOSTS = frozenset({"127.0.0.1", "localhost", "::1", "[::1]"})
 SAFE_METHODS = frozenset({"GET", "HEAD"})
+PUBLIC_PATHS = ("/", "/static/")  # the page and its scripts and styles: nothing secret
+MAX_SESSIONS = 64  # tabs logged in at once; past it the oldest is logged out
 
 
-def token_file() -> Path:
-    return _ipc.runtime_dir() / "dashboard" / "token"
+def login_file(port: int) -> Path:
+    """The 0600 page that logs a browser in to the dashboard on ``port``."""
+    return _ipc.runtime_dir() / "dashboard" / f"login-{port}.html"
 
 
-def load_token() -> str:
-    """This user's dashboard token, made (0600) on first use."""
-    path = token_file()
+def write_login_page(path: Path, url: str, code: str) -> None:
+    """``path``: a page (0600, replaced whole) that sends the browser to ``url#login=code``."""
+    target = f"{url}#login={code}"
+    page = (
+        '<!doctype html><meta charset="utf-8"><meta name="referrer" content="no-referrer">'
+        f'<meta http-equiv="refresh" content="0; url={target}"><title>tandem dashboard</title>'
+        f'<p><a href="{target}">open the tandem dashboard</a> (a one-time login)</p>\n'
+    )
     path.parent.mkdir(mode=0o700, exist_ok=True)
-    try:
-        token = path.read_text().strip()
-        if len(token) >= 32:
-            return token
-    except FileNotFoundError:
-        pass
-    token = secrets.token_urlsafe(32)
-    tmp = path.with_name(f".token.{os.getpid()}")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
     with os.fdopen(fd, "w") as f:
-        f.write(token)
+        f.write(page)
     os.replace(tmp, path)
-    return token
+
+
+class Sessions:
+    """The login code of the moment (one use each) and the session tokens it gave, in memory."""
+
+    def __init__(self, on_new_code: Callable[[str], None] = lambda code: None) -> None:
+        self._on_new_code = on_new_code
+        self._tokens: OrderedDict[str, None] = OrderedDict()
+        self.code = ""
+        self.new_code()
+
+    @classmethod
+    def of_token(cls, token: str) -> Sessions:
+        """Sessions where ``token`` is valid (and no code is written anywhere)."""
+        sessions = cls()
+        sessions._tokens[token] = None
+        return sessions
+
+    def new_code(self) -> str:
+        self.code = secrets.token_urlsafe(32)
+        self._on_new_code(self.code)
+        return self.code
+
+    def login(self, code: str) -> str | None:
+        """A new session token for the current ``code`` (then spent), else None."""
+        if not code or not hmac.compare_digest(code.encode(), self.code.encode()):
+            return None
+        self.new_code()
+        token = secrets.token_urlsafe(32)
+        self._tokens[token] = None
+        while len(self._tokens) > MAX_SESSIONS:
+            self._tokens.popitem(last=False)
+        return token
+
+    def valid(self, token: str) -> bool:
+        # A dict lookup by the token's value: no comparison the time of which says how much
+        # of a guess was right.
+        return bool(token) and token in self._tokens
 
 
 def host_name(host_header: str) -> str:
@@ -63,7 +109,7 @@ def host_name(host_header: str) -> str:
 
 
 # On every response: the page runs only its own scripts, talks only to this server, is never
-# framed (clickjacking), and sends no Referer (its first URL carries the token).
+# framed (clickjacking), and sends no Referer.
 SECURITY_HEADERS = [
     (
         b"content-security-policy",
@@ -85,25 +131,34 @@ def _with_security_headers(send: Any) -> Any:
     return sending
 
 
+async def _body(receive: Any, limit: int = 4096) -> bytes:
+    body = b""
+    while True:
+        message = await receive()
+        body += message.get("body", b"")
+        if len(body) > limit or not message.get("more_body"):
+            return body[: limit + 1]
+
+
 class Access:
     """ASGI middleware that lets through only what the module's rules allow."""
 
-    def __init__(self, app: Any, token: str, hosts: frozenset[str] = LOOPBACK_HOSTS) -> None:
+    def __init__(self, app: Any, sessions: Sessions, hosts: frozenset[str] = LOOPBACK_HOSTS) -> None:
         self.app = app
-        self.token = token
+        self.sessions = sessions
         self.hosts = hosts
 
-    def _has_token(self, headers: Headers, cookies: str) -> bool:
-        given = ""
-        auth = headers.get("authorization", "")
-        if auth.lower().startswith("bearer "):
-            given = auth[7:].strip()
-        else:
-            for part in cookies.split(";"):
-                name, _, value = part.strip().partition("=")
-                if name == COOKIE:
-                    given = value
-        return bool(given) and hmac.compare_digest(given, self.token)
+    async def _login(self, scope: Any, receive: Any, send: Any) -> None:
+        try:
+            code = json.loads(await _body(receive)).get("code", "")
+        except (ValueError, AttributeError):
+            code = ""
+        token = self.sessions.login(str(code))
+        if token is None:
+            why = "that login code is spent or wrong: open the login page `tandem dashboard` printed again"
+            await JSONResponse({"error": why}, 401)(scope, receive, send)
+            return
+        await JSONResponse({"token": token}, headers={"Cache-Control": "no-store"})(scope, receive, send)
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
         if scope["type"] != "http":
@@ -116,27 +171,22 @@ class Access:
             why = f"Host {host!r} is not this dashboard's (DNS rebinding?): use http://127.0.0.1"
             await PlainTextResponse(why, 403)(scope, receive, send)
             return
-        query = dict(parse_qsl(scope.get("query_string", b"").decode()))
-        if "token" in query:
-            if not hmac.compare_digest(query.pop("token"), self.token):
-                await PlainTextResponse("wrong token: use the URL tandem dashboard printed", 401)(
-                    scope, receive, send
-                )
-                return
-            target = scope["path"] + (f"?{urlencode(query)}" if query else "")
-            response = RedirectResponse(target, 303)
-            response.set_cookie(COOKIE, self.token, httponly=True, samesite="strict", path="/")
-            await response(scope, receive, send)
-            return
-        if not self._has_token(headers, headers.get("cookie", "")):
-            why = "no dashboard token: open the URL `tandem dashboard` printed (it carries the token once)"
-            await PlainTextResponse(why, 401)(scope, receive, send)
-            return
-        if scope["method"] not in SAFE_METHODS:
+        path, method = scope["path"], scope["method"]
+        if method not in SAFE_METHODS:
             origin = headers.get("origin")
             if origin != f"{scope.get('scheme', 'http')}://{host}":
                 await PlainTextResponse(f"cross-origin request refused (Origin {origin!r})", 403)(
                     scope, receive, send
                 )
                 return
+        if path == "/api/login" and method == "POST":
+            await self._login(scope, receive, send)
+            return
+        public = method in SAFE_METHODS and (path == PUBLIC_PATHS[0] or path.startswith(PUBLIC_PATHS[1]))
+        auth = headers.get("authorization", "")
+        token = auth[7:].strip() if auth.lower().startswith("bearer ") else ""
+        if not public and not self.sessions.valid(token):
+            why = "not logged in: open the login page `tandem dashboard` printed (file://.../login-PORT.html)"
+            await JSONResponse({"error": why}, 401)(scope, receive, send)
+            return
         await self.app(scope, receive, send)

@@ -7,6 +7,7 @@
 ``GET /api/jobs/ID/log?offset=``           its output from a byte offset
 ``GET /api/jobs/ID/metrics?key=&points=``  its run's metrics, at most 2,000 points a series
 ``POST /api/jobs/ID/cancel``               cancel it (through the daemon)
+``POST /api/login``                        a tab's session token for a one-time code (see ``access``)
 ``GET /api/queue``                         the waiting jobs, each with its reason
 ``GET /api/gpus``                          the daemon's capacity and use (GPUs, host), or why none
 ``GET /api/timeline?window=``              the attempts of the last ``window`` s, where and when
@@ -35,7 +36,7 @@ from starlette.staticfiles import StaticFiles
 
 from tandem.place.model import STATES
 from tandem.place.views import json_safe
-from tandem.web.access import Access
+from tandem.web.access import Access, Sessions
 from tandem.web.data import MAX_ID, NotFound, Reader, energy_of
 from tandem.web.live import MAX_STREAMS, Streams, events
 
@@ -112,12 +113,15 @@ def _bad(why: str, status: int = 400) -> JSONResponse:
 def build(
     state_dir: Path,
     mlflow_db: Path | None,
-    token: str,
+    sessions: Sessions | str,
     hosts: frozenset[str] | None = None,
     max_streams: int = MAX_STREAMS,
 ) -> Any:
-    """The ASGI application for ``state_dir`` (``hosts``: the Host names to accept;
-    ``max_streams``: open event streams at most, the oldest closed first)."""
+    """The ASGI application for ``state_dir`` (``sessions``: who is logged in, or one fixed
+    session token, for a script's or a test's own server; ``hosts``: the Host names to
+    accept; ``max_streams``: open event streams at most, the oldest closed first)."""
+    if isinstance(sessions, str):
+        sessions = Sessions.of_token(sessions)
 
     streams = Streams(max_streams)
     reader = Reader(state_dir, mlflow_db)
@@ -259,4 +263,4 @@ def build(
         live = scope["type"] == "http" and scope["path"] == "/api/events"
         await (app if live else packed)(scope, receive, send)
 
-    return Access(compressed, token, hosts) if hosts is not None else Access(compressed, token)
+    return Access(compressed, sessions, hosts) if hosts is not None else Access(compressed, sessions)

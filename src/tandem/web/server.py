@@ -1,18 +1,23 @@
-"""Running the dashboard: bind, print the URL with the token, serve until interrupted.
+"""Running the dashboard: bind, write the login page, print where it is, serve until
+interrupted.
 
 The server binds its socket itself before uvicorn starts, so that ``--port 0`` (any free
 port) prints the port it got, and a port in use is a clear error rather than a log line.
+Nothing secret is printed or put on a command line: the browser is opened on the 0600 login
+page (:func:`tandem.web.access.login_file`), by its path.
 """
 
 from __future__ import annotations
 
+import contextlib
 import ipaddress
 import socket
 import sys
 import webbrowser
 from pathlib import Path
 
-from tandem.web.access import LOOPBACK_HOSTS, load_token
+from tandem.web.access import LOOPBACK_HOSTS, Sessions, login_file, write_login_page
+from tandem.web.peer import foreign
 
 
 def is_loopback(host: str) -> bool:
@@ -59,16 +64,25 @@ def serve(
 
     from tandem.web.app import build
 
-    token = load_token()
     hosts = LOOPBACK_HOSTS if is_loopback(host) else LOOPBACK_HOSTS | {host.lower()}
     sock = bind(host, port)
     shown = f"[{host.strip('[]')}]" if ":" in host.strip("[]") else host
-    url = f"http://{shown}:{sock.getsockname()[1]}/"
-    app = build(state_dir, mlflow_db(state_dir), token, frozenset(hosts), max_streams)
-    print(f"tandem dashboard of {state_dir}: {url}?token={token}", flush=True)
-    print(f"  (the token is kept in {_token_path()}; Ctrl-C to stop)", file=sys.stderr, flush=True)
+    port = sock.getsockname()[1]
+    url = f"http://{shown}:{port}/"
+    login = login_file(port)
+    with contextlib.suppress(OSError):  # an earlier tandem's lasting token: no longer used
+        (login.parent / "token").unlink()
+    sessions = Sessions(lambda code: write_login_page(login, url, code))  # rotated at each start
+    app = build(state_dir, mlflow_db(state_dir), sessions, frozenset(hosts), max_streams)
+    print(f"tandem dashboard of {state_dir}: {url}", flush=True)
+    print(
+        f"  log in: open {login.as_uri()} in a browser (a one-time login, renewed after each use; "
+        "from another machine, the URL in it); Ctrl-C to stop",
+        file=sys.stderr,
+        flush=True,
+    )
     if open_browser:
-        webbrowser.open(f"{url}?token={token}")
+        webbrowser.open(login.as_uri())  # a path on the browser's command line, no secret
     config = uvicorn.Config(
         app,
         http=_header_timeout_protocol(),
@@ -78,7 +92,11 @@ def serve(
         timeout_graceful_shutdown=1,
         timeout_keep_alive=HEADER_TIMEOUT_S,
     )
-    uvicorn.Server(config).run(sockets=[sock])
+    try:
+        uvicorn.Server(config).run(sockets=[sock])
+    finally:
+        with contextlib.suppress(OSError):
+            login.unlink()
 
 
 HEADER_TIMEOUT_S = 10.0  # a request's headers must be in within this, however slowly they trickle
@@ -102,6 +120,11 @@ def _header_timeout_protocol() -> type:
 
         def connection_made(self, transport):  # type: ignore[no-untyped-def]
             super().connection_made(transport)
+            why = foreign(transport.get_extra_info("peername"), transport.get_extra_info("sockname"))
+            if why is not None:  # another user's socket: closed before a byte of it is read
+                print(f"tandem dashboard: closed {why}", file=sys.stderr, flush=True)
+                transport.abort()
+                return
             self._arm()
 
         def handle_events(self) -> None:
@@ -126,9 +149,3 @@ def _header_timeout_protocol() -> type:
                 self.transport.close()
 
     return HeaderTimeoutH11
-
-
-def _token_path() -> Path:
-    from tandem.web.access import token_file
-
-    return token_file()

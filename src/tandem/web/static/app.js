@@ -1,5 +1,6 @@
 // tandem dashboard: one page, three views (#/ overview, #/job/ID, #/group/NAME), kept live
 // by server-sent events (/api/events). Every job row carries data-job-id and data-state.
+// Every API request carries this tab's session token (Authorization: Bearer), see login().
 "use strict";
 
 const view = document.getElementById("view");
@@ -24,8 +25,29 @@ function el(tag, attrs, ...kids) {
   }
   return node;
 }
+// --- logging in: a session token per tab, kept in sessionStorage, sent in a header ----------
+// No cookie (a browser sends cookies to every port of the host, another user's server's too).
+// The login page `tandem dashboard` opens sends the browser here with #login=CODE, a one-time
+// code that is exchanged once for this tab's token, then dropped from the address bar.
+const TOKEN_KEY = "tandem-dashboard-token";
+let token = sessionStorage.getItem(TOKEN_KEY) || "";
+const LOGGED_OUT = "not logged in: open the login page that `tandem dashboard` printed (file://.../login-PORT.html)";
+function authHeaders(extra) { return Object.assign({}, extra || {}, token ? { Authorization: `Bearer ${token}` } : {}); }
+function loggedOut() { token = ""; sessionStorage.removeItem(TOKEN_KEY); return new Error(LOGGED_OUT); }
+async function login() {
+  const m = location.hash.match(/^#login=([A-Za-z0-9_-]+)$/);
+  if (!m) return;
+  history.replaceState(null, "", `${location.pathname}#/`);  // the spent code leaves the address bar and history
+  const response = await fetch("/api/login", { method: "POST", credentials: "omit", cache: "no-store",
+    headers: { "Content-Type": "application/json" }, body: JSON.stringify({ code: m[1] }) });
+  const body = await response.json().catch(() => ({ error: response.statusText }));
+  if (!response.ok || !body.token) throw new Error(body.error || response.statusText);
+  token = body.token; sessionStorage.setItem(TOKEN_KEY, token);
+}
 async function api(path, options) {
-  const response = await fetch(path, Object.assign({ credentials: "same-origin" }, options || {}));
+  options = options || {};
+  const response = await fetch(path, Object.assign({ credentials: "omit", cache: "no-store" }, options, { headers: authHeaders(options.headers) }));
+  if (response.status === 401) throw loggedOut();
   const body = await response.json().catch(() => ({ error: response.statusText }));
   if (!response.ok) throw new Error(body.error || response.statusText);
   return body;
@@ -52,15 +74,49 @@ function jobLink(job) { return el("a", { href: `#/job/${job.id}` }, job.name ? `
 // --- the live stream ----------------------------------------------------------------------
 let stream = null;
 const handlers = {};
-function connect(params) {
-  if (stream) stream.close();
-  stream = new EventSource(`/api/events?${new URLSearchParams(params)}`);
-  liveBadge.dataset.live = "connecting"; liveBadge.textContent = "connecting";
-  stream.onopen = () => { liveBadge.dataset.live = "live"; liveBadge.textContent = "live"; };
-  stream.onerror = () => { liveBadge.dataset.live = "reconnecting"; liveBadge.textContent = "reconnecting"; };
-  for (const kind of ["jobs", "status", "log", "metrics"]) {
-    stream.addEventListener(kind, (e) => { if (handlers[kind]) handlers[kind](JSON.parse(e.data)); });
+function badge(state) { liveBadge.dataset.live = state; liveBadge.textContent = state; }
+function dispatch(block, cursor) {
+  // One server-sent event: "id: ...", "event: KIND", "data: JSON" lines (": ..." a keep-alive).
+  let kind = "message"; const data = [];
+  for (const line of block.split("\n")) {
+    const [field, ...rest] = line.split(":"); const value = rest.join(":").replace(/^ /, "");
+    if (field === "id") cursor.id = value;
+    else if (field === "event") kind = value;
+    else if (field === "data") data.push(value);
   }
+  if (data.length && handlers[kind]) handlers[kind](JSON.parse(data.join("\n")));
+}
+function connect(params) {
+  // EventSource cannot send the token's header: the stream is read with fetch, and resumed
+  // from the last event's id (Last-Event-ID) when it drops, as EventSource would.
+  if (stream) stream.abort();
+  const control = stream = new AbortController();
+  const cursor = { id: "" };
+  badge("connecting");
+  (async () => {
+    while (!control.signal.aborted) {
+      try {
+        const headers = authHeaders(cursor.id ? { "Last-Event-ID": cursor.id } : {});
+        const response = await fetch(`/api/events?${new URLSearchParams(params)}`, { headers, credentials: "omit", cache: "no-store", signal: control.signal });
+        if (response.status === 401) { loggedOut(); badge("logged out"); return; }
+        if (!response.ok) throw new Error(response.statusText);
+        badge("live");
+        const reader = response.body.pipeThrough(new TextDecoderStream()).getReader();
+        let buffer = "";
+        for (;;) {
+          const { value, done } = await reader.read();
+          if (done) break;
+          buffer += value.replace(/\r\n?/g, "\n");
+          let end;
+          while ((end = buffer.indexOf("\n\n")) >= 0) { dispatch(buffer.slice(0, end), cursor); buffer = buffer.slice(end + 2); }
+        }
+      } catch (e) {
+        if (control.signal.aborted) return;
+      }
+      badge("reconnecting");
+      await new Promise((resolve) => setTimeout(resolve, 1000));
+    }
+  })();
 }
 function setHandlers(h) { for (const k of Object.keys(handlers)) delete handlers[k]; Object.assign(handlers, h); }
 
@@ -364,5 +420,5 @@ async function route() {
     view.replaceChildren(el("p", { class: "error", id: "error" }, e.message));
   }
 }
-window.addEventListener("hashchange", route);
-route();
+window.addEventListener("hashchange", () => { if (!location.hash.startsWith("#login=")) route(); });
+login().then(route, (e) => { view.replaceChildren(el("p", { class: "error", id: "error" }, e.message)); });

@@ -1,0 +1,104 @@
+"""A second local user for the tests of who may get in (``other_user`` fixture): made with
+``useradd`` where the tests run as root, removed after the session; the tests that need one
+are skipped, saying why, elsewhere."""
+
+from __future__ import annotations
+
+import os
+import pwd
+import secrets
+import shutil
+import site
+import subprocess
+import sys
+import tempfile
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+
+@dataclass
+class OtherUser:
+    name: str
+    uid: int
+    gid: int
+    home: Path  # theirs, 0700
+    python: str  # an interpreter they may run, with this one's packages on its path
+
+    def env(self, **extra: str) -> dict[str, str]:
+        """A clean environment of theirs (no runtime or state directory of the tests' user)."""
+        keep = {k: v for k, v in os.environ.items() if k in ("PATH", "LANG", "TZ")}
+        path = os.pathsep.join([*os.environ.get("PYTHONPATH", "").split(os.pathsep), *site.getsitepackages()])
+        return {
+            **keep,
+            "PYTHONPATH": path.strip(os.pathsep),
+            "HOME": str(self.home),
+            "USER": self.name,
+            **extra,
+        }
+
+    def tandem(self, *args: str) -> list[str]:
+        return [self.python, "-m", "tandem.cli", *args]
+
+    def run(self, argv: list[str], timeout: float = 120, **kwargs) -> subprocess.CompletedProcess:
+        """``argv`` run as this user, its output captured."""
+        kwargs.setdefault("env", self.env())
+        kwargs.setdefault("cwd", self.home)
+        return subprocess.run(
+            argv, user=self.uid, group=self.gid, extra_groups=[], capture_output=True, text=True,
+            timeout=timeout, **kwargs,
+        )  # fmt: skip
+
+    def popen(self, argv: list[str], **kwargs) -> subprocess.Popen:
+        kwargs.setdefault("env", self.env())
+        kwargs.setdefault("cwd", self.home)
+        return subprocess.Popen(argv, user=self.uid, group=self.gid, extra_groups=[], **kwargs)
+
+
+@pytest.fixture(scope="session")
+def other_user() -> Iterator[OtherUser]:
+    if os.getuid() != 0:
+        pytest.skip("needs a second local user: run as root (useradd) to test what another user can do")
+    if shutil.which("useradd") is None:
+        pytest.skip("needs a second local user, and there is no useradd here")
+    # This interpreter may be in root's home, which they cannot enter: the system's of the
+    # same version runs this one's packages (and the tree under test, on PYTHONPATH).
+    python = shutil.which(
+        f"python{sys.version_info[0]}.{sys.version_info[1]}", path="/usr/local/bin:/usr/bin:/bin"
+    )
+    if python is None:
+        pytest.skip(
+            f"no python{sys.version_info[0]}.{sys.version_info[1]} outside root's home for a second user"
+        )
+    name = f"tdm{os.getpid()}{secrets.token_hex(3)}"  # one per test module that asks for one
+    home = Path(tempfile.mkdtemp(prefix=f"{name}-home-"))
+    made = subprocess.run(
+        ["useradd", "--no-create-home", "--home-dir", str(home), "--shell", "/bin/sh", name],
+        capture_output=True, text=True,
+    )  # fmt: skip
+    if made.returncode != 0:
+        pytest.skip(f"useradd {name} failed: {made.stderr.strip()}")
+    entry = pwd.getpwnam(name)
+    os.chown(home, entry.pw_uid, entry.pw_gid)
+    os.chmod(home, 0o700)
+    try:
+        yield OtherUser(name, entry.pw_uid, entry.pw_gid, home, python)
+    finally:
+        import psutil
+
+        left = [
+            p for p in psutil.process_iter(["uids"]) if p.info["uids"] and p.info["uids"].real == entry.pw_uid
+        ]
+        for proc in left:  # what the tests left running as them
+            try:
+                proc.kill()
+            except psutil.Error:
+                pass
+        psutil.wait_procs(left, timeout=10)
+        subprocess.run(["userdel", name], capture_output=True)
+        shutil.rmtree(home, ignore_errors=True)
+        for made in Path("/tmp").glob(f"tandem-{entry.pw_uid}*"):  # their runtime directories
+            if made.stat().st_uid == entry.pw_uid:
+                shutil.rmtree(made, ignore_errors=True)
