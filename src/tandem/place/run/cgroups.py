@@ -33,7 +33,7 @@ _OCTAL_ESCAPE = re.compile(r"\\([0-7]{3})")  # mountinfo writes a space in a pat
 
 
 @dataclass(frozen=True)
-class Limits:
+class CgroupLimits:
     """What a cgroup (with its ancestors) allows; None: no limit of that kind."""
 
     cpus: float | None  # the CPU quota, in cores
@@ -173,11 +173,11 @@ class Cgroups:
         return None
 
 
-def limits(pid: int | str = "self", root: Path = Path("/")) -> Limits:
+def limits(pid: int | str = "self", root: Path = Path("/")) -> CgroupLimits:
     """What the cgroups of ``pid`` allow it (see the module docstring)."""
     groups = Cgroups(pid, root)
     mem, free = groups.memory()
-    return Limits(groups.cpu_quota(), mem, free)
+    return CgroupLimits(groups.cpu_quota(), mem, free)
 
 
 def vmstat_oom_kills(root: Path = Path("/")) -> int | None:
