@@ -12,7 +12,8 @@ once when no daemon serves (it said it stopped, or its process is gone), else af
 
 Such a run keeps ``<key>.closed.json`` (its id): if a daemon later writes the attempt's end
 (a restarted one adopting it), the run is amended with it (the manager's own figures, a
-retry) rather than that record waiting for ever. An end with no run to close is dropped.
+retry) rather than that record waiting for ever; it is forgotten after ``KEEP_CLOSED_S``. An
+end with no run to close is dropped.
 
 With nothing open the helper ends: at once where no daemon serves, else after
 ``idle_exit_s()`` (``TANDEM_TRACKING_IDLE_S``, default 60 s: the first job of a daemon just
@@ -37,6 +38,7 @@ log = logging.getLogger(__name__)
 IDLE_EXIT_S = 60.0
 RESULT_GRACE_S = 30.0  # a live daemon writes the end within a tick of the result
 NEVER_STARTED_S = 60.0  # no supervisor after this, and no daemon: the attempt never ran
+KEEP_CLOSED_S = 7 * 86400.0  # a daemon killed after its commit never writes the end: forgotten then
 STOPPED = "daemon-stopped"  # in the queue: its daemon has stopped
 
 
@@ -152,3 +154,6 @@ def late_ends(q: Path, open_keys: set[str], uri: str, experiment: str) -> None:
             log.warning("job %s: an end with no run to close; dropped", key)
         path.unlink(missing_ok=True)
         (q / f"{key}.closed.json").unlink(missing_ok=True)
+    for path in q.glob("*.closed.json"):
+        if time.time() - float((read_json(path) or {}).get("t", 0)) > KEEP_CLOSED_S:
+            path.unlink(missing_ok=True)
