@@ -145,7 +145,7 @@ class Tracker:
                 )
                 self._no_run_yet(f"the MLflow helper failed (exit {self.proc.returncode}; see tracking.log)")
             self.proc = None
-        if self.proc is None and helper_serves(self.state_dir):
+        if self.proc is None and ends.helper_serves(self.state_dir):
             return  # a helper from before (the last daemon's) serves the queue until it ends
         if (pending or self._warm) and self.proc is None and time.monotonic() >= self._next_start:
             self._warm = False
@@ -384,31 +384,6 @@ if __name__ == "__main__":
     logging.shutdown()
     sys.stdout.flush()
     os._exit(code)
-
-
-def open_runs(state_dir: Path) -> list[str]:
-    """The runs of ``state_dir`` that no daemon has ended yet (those of jobs still running)."""
-    q = queue_dir(state_dir)
-    started = {p.name.removesuffix(".start.json") for p in q.glob("*.start.json")}
-    return sorted(k for k in started if not (q / f"{k}.end.json").exists())
-
-
-def helper_serves(state_dir: Path) -> bool:
-    """Does a helper of ``state_dir`` run (by its pid file, and its command line: a helper
-    killed leaves the file, and its pid may be another process's by now)?"""
-    import psutil
-
-    pid = helper_pid(state_dir)
-    try:
-        proc = psutil.Process(pid) if pid is not None else None
-        return (
-            proc is not None
-            and proc.status() != psutil.STATUS_ZOMBIE
-            and "tandem.place.run.tracking" in proc.cmdline()
-            and str(state_dir) in proc.cmdline()
-        )
-    except psutil.Error:
-        return False
 
 
 def helper_pid(state_dir: Path) -> int | None:

@@ -17,7 +17,9 @@ end with no run to close is dropped.
 
 With nothing open the helper ends: at once where no daemon serves, else after
 ``idle_exit_s()`` (``TANDEM_TRACKING_IDLE_S``, default 60 s: the first job of a daemon just
-started then finds MLflow imported).
+started then finds MLflow imported). :func:`open_runs` says what keeps it going (``tandem
+daemon stop`` does not wait for those), :func:`helper_serves` whether one runs (a new daemon
+starts none while its predecessor's serves).
 """
 
 from __future__ import annotations
@@ -157,3 +159,25 @@ def late_ends(q: Path, open_keys: set[str], uri: str, experiment: str) -> None:
     for path in q.glob("*.closed.json"):
         if time.time() - float((read_json(path) or {}).get("t", 0)) > KEEP_CLOSED_S:
             path.unlink(missing_ok=True)
+
+
+def open_runs(state_dir: Path) -> list[str]:
+    """The runs of ``state_dir`` that no daemon has ended yet (those of jobs still running)."""
+    q = state_dir / "track"
+    started = {p.name.removesuffix(".start.json") for p in q.glob("*.start.json")}
+    return sorted(k for k in started if not (q / f"{k}.end.json").exists())
+
+
+def helper_serves(state_dir: Path) -> bool:
+    """Does a helper of ``state_dir`` run (by the pid file it keeps while it runs, and its
+    command line: a helper killed leaves the file, and its pid may be another's by now)?"""
+    try:
+        proc = psutil.Process(int((state_dir / "track" / "helper.pid").read_text()))
+        cmdline = proc.cmdline()
+        return (
+            proc.status() != psutil.STATUS_ZOMBIE
+            and "tandem.place.run.tracking" in cmdline
+            and str(state_dir) in cmdline
+        )
+    except (OSError, ValueError, psutil.Error):
+        return False
