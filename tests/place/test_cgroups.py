@@ -122,8 +122,10 @@ def test_v2_the_tightest_limit_over_the_ancestors_binds(tmp_path: Path) -> None:
             f"{job}/step_0/user/task_0/cpu.max": "max 100000\n",
             f"{job}/step_0/user/task_0/memory.max": "max\n",
             f"{job}/step_0/user/task_0/memory.events": V2_EVENTS.format(n=3),
+            f"{job}/step_0/user/task_0/cpu.stat": "usage_usec 2620604892\nuser_usec 2246112835\n",
         },
     )
+    assert cgroups.Cgroups(root=root).cpu_seconds() == 2620.604892
     assert cgroups.limits(root=root) == cgroups.CgroupLimits(cpus=2.0, mem=3 * GIB, mem_free=GIB)
     assert cgroups.Cgroups(root=root).oom_kill_file() == root / f"{job}/step_0/user/task_0/memory.events"
 
@@ -144,8 +146,10 @@ def test_a_v1_container_whose_mount_root_is_its_own_cgroup(tmp_path: Path) -> No
             "sys/fs/cgroup/memory/memory.limit_in_bytes": f"{GIB}\n",
             "sys/fs/cgroup/memory/memory.usage_in_bytes": f"{GIB // 4}\n",
             "sys/fs/cgroup/memory/memory.stat": "total_inactive_file 0\n",
+            "sys/fs/cgroup/cpu,cpuacct/cpuacct.usage": "2627154796761\n",
         },
     )
+    assert cgroups.Cgroups(root=root).cpu_seconds() == 2627.154796761, "the container's own use"
     assert cgroups.limits(root=root) == cgroups.CgroupLimits(cpus=0.5, mem=GIB, mem_free=3 * GIB // 4)
 
 

@@ -162,12 +162,24 @@ class Monitor:
         self.cpu = Window(window_s)
         self.mem_available: int | None = None
         self._cgroups = cgroups.Cgroups()  # which cgroups it is in, read once; their files each sample
+        # Under a CPU quota, busy is what its cgroup uses of it (the host's load is other
+        # tenants'); else the host's busy share, as a share of these cores.
+        quota = self._cgroups.cpu_quota()
+        self._cgroup_cpu = (
+            quota is not None and quota < host_cpus() and self._cgroups.cpu_seconds() is not None
+        )
+        self._last_cpu = (time.monotonic(), self._cgroups.cpu_seconds() or 0.0)
         self.gpus = {g.uuid: GpuMeasure(activity=Window(window_s)) for g in capacity.gpus}
         psutil.cpu_percent()  # the first call only sets the base
 
     def sample(self) -> None:
         now = time.monotonic()
-        self.cpu.add(now, psutil.cpu_percent() / 100.0)
+        busy = psutil.cpu_percent() / 100.0
+        if self._cgroup_cpu:
+            used, (then, before) = self._cgroups.cpu_seconds() or 0.0, self._last_cpu
+            self._last_cpu = (now, used)
+            busy = (used - before) / max(now - then, 1e-3) / max(self.capacity.cpus, 1e-3)
+        self.cpu.add(now, busy)
         self.mem_available = available_mem(self._cgroups)
         if self.nvml is None:
             return

@@ -140,6 +140,25 @@ class Cgroups:
                 quotas.append(q / p)
         return min(quotas, default=None)
 
+    def cpu_seconds(self) -> float | None:
+        """CPU time used so far by the process's cgroup, descendants included (v1
+        ``cpuacct.usage``; v2 ``cpu.stat`` ``usage_usec``), or None. Where a host mounts both, the
+        one that places it below the top (the top counts the whole host)."""
+        found: list[tuple[bool, float]] = []
+        for mount in self.mounts:
+            here = self._own(mount, "cpuacct")
+            if here is None:
+                continue
+            if mount.v2:
+                usec = _keyed(_read(here / "cpu.stat"), "usage_usec")
+                seconds = None if usec is None else usec / 1e6
+            else:
+                ns = _int(_read(here / "cpuacct.usage"))
+                seconds = None if ns is None else ns / 1e9
+            if seconds is not None:
+                found.append((here == mount.point and mount.root == "/", seconds))
+        return min(found, default=(False, None))[1]
+
     def memory(self) -> tuple[int | None, int | None]:
         """The tightest memory limit over the process's cgroups, and the least free under any
         limit (limit less usage without the reclaimable page cache); None, None: no limit."""
