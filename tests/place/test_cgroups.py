@@ -74,6 +74,8 @@ def _v1(root: Path, quota: str = "100000\n", limit: str = f"{3 * GIB}\n") -> Pat
             "proc/self/mountinfo": V1_MOUNTINFO,
             "proc/self/cgroup": V1_CGROUP,
             "proc/vmstat": "nr_free_pages 5905028\noom_kill 7\nnuma_hit 1\n",
+            "sys/fs/cgroup/cpuacct/cpuacct.usage": "2627154796761\n",
+            "sys/fs/cgroup/unified/cpu.stat": "usage_usec 2620604892\n",
             "sys/fs/cgroup/cpu/cpu.cfs_quota_us": "-1\n",
             "sys/fs/cgroup/cpu/cpu.cfs_period_us": "100000\n",
             "sys/fs/cgroup/cpu/tandemtest/cpu.cfs_quota_us": quota,
@@ -91,6 +93,7 @@ def _v1(root: Path, quota: str = "100000\n", limit: str = f"{3 * GIB}\n") -> Pat
 
 def test_v1_quota_and_memory_limit_of_the_process_s_own_cgroups(tmp_path: Path) -> None:
     root = _v1(tmp_path)
+    assert cgroups.Cgroups(root=root).cpu_seconds() is None, "cpuacct at the top: the host's, not its own"
     got = cgroups.limits(root=root)
     # 1 GiB used, of which the reclaimable page cache (inactive_file) does not count.
     assert got == cgroups.CgroupLimits(cpus=1.0, mem=3 * GIB, mem_free=2 * GIB)

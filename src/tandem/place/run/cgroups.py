@@ -142,12 +142,11 @@ class Cgroups:
 
     def cpu_seconds(self) -> float | None:
         """CPU time used so far by the process's cgroup, descendants included (v1
-        ``cpuacct.usage``; v2 ``cpu.stat`` ``usage_usec``), or None. Where a host mounts both, the
-        one that places it below the top (the top counts the whole host)."""
-        found: list[tuple[bool, float]] = []
+        ``cpuacct.usage``; v2 ``cpu.stat`` ``usage_usec``), or None: also where it is at the top
+        of the host's hierarchy, which counts the whole host."""
         for mount in self.mounts:
             here = self._own(mount, "cpuacct")
-            if here is None:
+            if here is None or (here == mount.point and mount.root == "/"):
                 continue
             if mount.v2:
                 usec = _keyed(_read(here / "cpu.stat"), "usage_usec")
@@ -156,8 +155,8 @@ class Cgroups:
                 ns = _int(_read(here / "cpuacct.usage"))
                 seconds = None if ns is None else ns / 1e9
             if seconds is not None:
-                found.append((here == mount.point and mount.root == "/", seconds))
-        return min(found, default=(False, None))[1]
+                return seconds
+        return None
 
     def memory(self) -> tuple[int | None, int | None]:
         """The tightest memory limit over the process's cgroups, and the least free under any
