@@ -242,23 +242,34 @@ def _unserved(jobs: list[Any]) -> str | None:
     their states are as last known (a running one may have ended since); else None."""
     if all(j.state in FINAL_STATES for j in jobs):
         return None
-    from tandem import _ipc
-    from tandem.place.client import daemon_socket
+    from tandem.place.run.files import read_json
     from tandem.place.state import state_dir
 
     directory = state_dir()
-    try:  # a connect, not a request: a listening daemon answers it at once, even a busy one
+    # Where the last daemon listened, as it wrote it (a read: it makes no runtime directory).
+    where = (read_json(directory / "daemon.json") or {}).get("socket")
+    if isinstance(where, str) and _listening(where):
+        return None
+    return (
+        f"no daemon serves {directory}: states are as last known (running jobs go on, and a "
+        "daemon started again takes them up: tandem daemon start)"
+    )
+
+
+def _listening(path: str) -> bool:
+    """Does a daemon listen on ``path``? A connect, not a request: a listening daemon takes
+    it at once, even a busy one; a killed daemon's socket file refuses it."""
+    from tandem import _ipc
+
+    try:
         with _ipc.new_socket() as sock:
             sock.settimeout(2.0)
-            sock.connect(str(daemon_socket(directory)))
-        return None
+            sock.connect(path)
+        return True
     except TimeoutError:
-        return None  # there, too busy to take it: not "no daemon"
-    except OSError:  # no socket, or nobody listening on it (a killed daemon's)
-        return (
-            f"no daemon serves {directory}: states are as last known (running jobs go on, and a "
-            "daemon started again takes them up: tandem daemon start)"
-        )
+        return True  # there, too busy to take it now: not "no daemon"
+    except OSError:
+        return False
 
 
 def _aligned(columns: list[str], rows: list[list[str]], right: tuple[str, ...]) -> str:
