@@ -107,3 +107,22 @@ def test_a_daemon_killed_while_its_job_runs_leaves_no_helper_once_the_job_ends(c
     run = _ended_run(cli, run_id, helper)
     assert run.info.status == "FINISHED" and run.data.tags["tandem.state"] == "succeeded", run.data.tags
     assert cli.job(job_id)["state"] == "running", "states are as last known: no daemon recorded its end"
+
+
+def test_with_its_daemon_serving_the_helper_ends_after_its_idle_time_and_comes_back(cli: Cli) -> None:
+    """``TANDEM_TRACKING_IDLE_S`` (default 60 s) with nothing open: it ends; the next job
+    starts another, whose run is made as the first's."""
+    from tandem.place.run.tracking_ends import IDLE_EXIT_S
+
+    assert IDLE_EXIT_S <= 60, "the default meets the minute"
+    cli.env["TANDEM_TRACKING_IDLE_S"] = "2"
+    cli("daemon", "start", "--cpus", "2", *FAST)
+    first = cli.submit("--", "true")
+    assert cli("wait", str(first), timeout=120).returncode == 0
+    pid_file = cli.state / "track" / "helper.pid"  # kept while it runs
+    _until(lambda: cli.job(first)["mlflow_run_id"], 60, "a helper made its run")
+    _until(lambda: not pid_file.exists(), 30, "it ended after 2 s with nothing open")
+    assert cli("daemon", "status").returncode == 0, "while its daemon serves"
+    second = cli.submit("--", "true")
+    assert cli("wait", str(second), timeout=120).returncode == 0
+    assert _until(lambda: cli.job(second)["mlflow_run_id"], 60, "a new helper made its run")
