@@ -181,6 +181,7 @@ def daemon_stop(timeout: float) -> None:
     """Stop the daemon. Running jobs go on; the next daemon adopts them."""
     from tandem.place.client import daemon_pid, is_running
     from tandem.place.run.tracking import helper_pid
+    from tandem.place.run.tracking_ends import open_runs
     from tandem.place.state import state_dir
 
     directory = state_dir()
@@ -200,7 +201,9 @@ def daemon_stop(timeout: float) -> None:
         while time.monotonic() < deadline + 10 and _alive(pid):
             time.sleep(0.1)
     helper = helper_pid(directory)
-    while helper is not None and time.monotonic() < deadline and _alive(helper):
+    # It ends once it has written every run it has open; the runs of jobs still running stay
+    # open until they end (then it closes them and ends): waiting for those would wait for the jobs.
+    while helper is not None and not open_runs(directory) and time.monotonic() < deadline and _alive(helper):
         time.sleep(0.1)
     if _alive(pid):
         raise click.ClickException(f"the daemon (pid {pid}) did not stop within {timeout:g} s")

@@ -215,8 +215,11 @@ def ls(show_all: bool, limit: int, before: int | None, as_json: bool) -> None:
         active = st.jobs(tuple(s for s in STATES if s not in FINAL_STATES), attempts=True)
         ended = st.jobs(tuple(FINAL_STATES), attempts=True, last=10)
         jobs, more = sorted(ended + active, key=lambda j: j.id), False
+    unserved = _unserved(jobs)
     if as_json:
         click.echo(strict_json([job_json(j) for j in jobs], indent=2))
+        if unserved:
+            click.echo(unserved, err=True)
         return
     if not jobs:
         click.echo("no jobs")
@@ -227,6 +230,43 @@ def ls(show_all: bool, limit: int, before: int | None, as_json: bool) -> None:
     if more:
         click.echo(f"older jobs: tandem ls --all --before {jobs[0].id}")
     _print_share_groups(st, jobs)
+    if unserved:
+        click.echo(unserved, err=True)
+
+
+def _unserved(jobs: list[Any]) -> str | None:
+    """Where jobs wait or run and no daemon serves the state directory, a line saying that
+    their states are as last known (a running one may have ended since); else None."""
+    if all(j.state in FINAL_STATES for j in jobs):
+        return None
+    from tandem.place.run.files import read_json
+    from tandem.place.state import state_dir
+
+    directory = state_dir()
+    # Where the last daemon listened, as it wrote it (a read: it makes no runtime directory).
+    where = (read_json(directory / "daemon.json") or {}).get("socket")
+    if isinstance(where, str) and _listening(where):
+        return None
+    return (
+        f"no daemon serves {directory}: states are as last known (running jobs go on, and a "
+        "daemon started again takes them up: tandem daemon start)"
+    )
+
+
+def _listening(path: str) -> bool:
+    """Does a daemon listen on ``path``? A connect, not a request: a listening daemon takes
+    it at once, even a busy one; a killed daemon's socket file refuses it."""
+    from tandem import _ipc
+
+    try:
+        with _ipc.new_socket() as sock:
+            sock.settimeout(2.0)
+            sock.connect(path)
+        return True
+    except TimeoutError:
+        return True  # there, too busy to take it now: not "no daemon"
+    except OSError:
+        return False
 
 
 def _aligned(columns: list[str], rows: list[list[str]], right: tuple[str, ...]) -> str:
@@ -284,8 +324,11 @@ def show(job_id: int, as_json: bool) -> None:
     r = data["reservation"]
     cores = None if r["cpus"] is None else f"{r['cpus']:g}"
     ram = format_size(r["mem_bytes"]) if r["mem_bytes"] else None
+    unserved = _unserved([job])
     if as_json:
         click.echo(strict_json(data, indent=2))
+        if unserved:
+            click.echo(unserved, err=True)
         return
     lines = [
         f"job {job.id}  {job.name or ''}  [{job.state}]",
@@ -304,6 +347,8 @@ def show(job_id: int, as_json: bool) -> None:
         lines.append(f"  selection {data['selection']} (tandem select show {data['selection']})")
     if data["reason"]:
         lines.append(f"  waiting   {data['reason']}")
+    if unserved:
+        lines.append(f"  daemon    {unserved}")
     if job.cause and job.cause != job.state:
         code = f" (exit {job.exit_code})" if job.exit_code is not None and "exit" not in job.cause else ""
         lines.append(f"  ended     {job.cause}{code}")

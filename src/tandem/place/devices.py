@@ -1,8 +1,11 @@
 """What the daemon has and how busy it is: capacity at start, measurements every second.
 
-Capacity: the cores this process may run on, the RAM, and the GPUs NVML lists (through
-``watch``'s NVML code), each narrowed by the daemon's options. Measurements: the host's
-CPU use and free RAM (psutil) and, per GPU, memory used, the memory of each process, and
+Capacity: the cores this process may run on (its CPU affinity, so a cpuset, and its
+cgroup's CPU quota), the RAM (the host's, or its cgroup's limit: :mod:`~tandem.place.run.cgroups`),
+and the GPUs NVML lists (through ``watch``'s NVML code), each narrowed by the daemon's
+options: inside a container, a Slurm allocation or a systemd slice, what it was given.
+Measurements: the host's CPU use and free RAM (psutil; under a memory limit, what the limit
+leaves) and, per GPU, memory used, the memory of each process, and
 SM activity (GPM on Hopper and newer; else NVML's utilisation, which only says a kernel
 ran), kept over a sliding window for the scheduler's mean and 95th percentile.
 
@@ -22,7 +25,8 @@ from typing import Any
 
 import psutil
 
-from tandem.place.model import Capacity, GpuInfo
+from tandem.place.model import Capacity, GpuInfo, format_size
+from tandem.place.run import cgroups
 
 log = logging.getLogger(__name__)
 
@@ -32,6 +36,28 @@ def host_cpus() -> int:
         return len(os.sched_getaffinity(0))
     except (AttributeError, OSError):
         return psutil.cpu_count() or 1
+
+
+def usable_cpus() -> tuple[float, str]:
+    """The cores this process may use, and what sets it: min(its affinity, its cgroup's quota)."""
+    affinity, quota = host_cpus(), cgroups.limits().cpus
+    if quota is not None and quota < affinity:
+        return quota, f"its cgroup's CPU quota of {quota:g} cores"
+    return float(affinity), f"{affinity} cores in its CPU affinity"
+
+
+def usable_mem() -> tuple[int, str]:
+    """The RAM this process may use, and what sets it: min(the host's, its cgroup's limit)."""
+    host, limit = psutil.virtual_memory().total, cgroups.limits().mem
+    if limit is not None and limit < host:
+        return limit, f"its cgroup's memory limit of {format_size(limit)}"
+    return host, f"the host's {format_size(host)} of RAM"
+
+
+def available_mem(groups: cgroups.Cgroups | None = None) -> int:
+    """RAM free for new work now: the host's available, or less where a cgroup limit leaves less."""
+    available, (_, free) = psutil.virtual_memory().available, (groups or cgroups.Cgroups()).memory()
+    return available if free is None else min(available, free)
 
 
 def parse_gpu_list(text: str | None, available: Iterable[GpuInfo]) -> tuple[GpuInfo, ...]:
@@ -76,19 +102,17 @@ class Nvml:
 
 
 def detect_capacity(cpus: float | None, mem: int | None, gpus: str | None, nvml: Nvml | None) -> Capacity:
-    total_cpus = host_cpus()
-    total_mem = psutil.virtual_memory().total
+    (total_cpus, cpus_from), (total_mem, mem_from) = usable_cpus(), usable_mem()
     if cpus is not None and cpus > total_cpus:
-        raise ValueError(f"--cpus {cpus:g}: this machine lets the daemon use {total_cpus} cores")
+        raise ValueError(f"--cpus {cpus:g}: the daemon may use {total_cpus:g} cores here ({cpus_from})")
     if mem is not None and mem > total_mem:
-        raise ValueError(f"--mem: more than this machine's {total_mem} bytes of RAM")
+        limit = f"the daemon may use {format_size(total_mem)} here ({mem_from})"
+        raise ValueError(f"--mem {format_size(mem)}: {limit}")
     listed = nvml.gpus if nvml is not None else ()
     if gpus not in (None, "none", "all", "") and not listed:
         why = nvml.why_not if nvml is not None else "NVML not loaded"
         raise ValueError(f"--gpus {gpus}: no GPU can be used here ({why})")
-    return Capacity(
-        cpus if cpus is not None else float(total_cpus), mem or total_mem, parse_gpu_list(gpus, listed)
-    )
+    return Capacity(cpus if cpus is not None else total_cpus, mem or total_mem, parse_gpu_list(gpus, listed))
 
 
 @dataclass
@@ -137,13 +161,26 @@ class Monitor:
         self.nvml = nvml
         self.cpu = Window(window_s)
         self.mem_available: int | None = None
+        self._cgroups = cgroups.Cgroups()  # which cgroups it is in, read once; their files each sample
+        # Under a CPU quota, busy is what its cgroup uses of it (the host's load is other
+        # tenants'); else the host's busy share, as a share of these cores.
+        quota = self._cgroups.cpu_quota()
+        self._cgroup_cpu = (
+            quota is not None and quota < host_cpus() and self._cgroups.cpu_seconds() is not None
+        )
+        self._last_cpu = (time.monotonic(), self._cgroups.cpu_seconds() or 0.0)
         self.gpus = {g.uuid: GpuMeasure(activity=Window(window_s)) for g in capacity.gpus}
         psutil.cpu_percent()  # the first call only sets the base
 
     def sample(self) -> None:
         now = time.monotonic()
-        self.cpu.add(now, psutil.cpu_percent() / 100.0)
-        self.mem_available = psutil.virtual_memory().available
+        busy = psutil.cpu_percent() / 100.0
+        if self._cgroup_cpu:
+            used, (then, before) = self._cgroups.cpu_seconds() or 0.0, self._last_cpu
+            self._last_cpu = (now, used)
+            busy = (used - before) / max(now - then, 1e-3) / max(self.capacity.cpus, 1e-3)
+        self.cpu.add(now, busy)
+        self.mem_available = available_mem(self._cgroups)
         if self.nvml is None:
             return
         for uuid, m in self.gpus.items():

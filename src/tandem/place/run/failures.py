@@ -11,13 +11,15 @@ The OOM evidence, each piece read by a helper here:
 - GPU OOM: the framework's message in the log (:func:`find_gpu_oom`); a CUDA OOM is an
   exception, so the process usually exits with 1 and only the text tells it apart from a bug.
 - host OOM: the kernel's OOM killer sends SIGKILL, which looks exactly like ``kill -9`` from the
-  return code alone. The evidence is the cgroup v2 ``oom_kill`` counter (:func:`oom_kill_count`)
-  or the kernel's "Killed process" line (:func:`kernel_oom_killed`). A SIGKILL without either is
-  reported as a signal, never guessed to be an OOM.
+  return code alone. The evidence is an ``oom_kill`` counter that grew while the job ran (its
+  own cgroup's, its memory cgroup's v1 or v2, else the host's: the supervisor's
+  :class:`~tandem.place.run.cgroups.OomWatch`) or the kernel's "Killed process" line
+  (:func:`kernel_oom_killed`). A SIGKILL without either is reported as a signal, never
+  guessed to be an OOM.
 
 Each helper reads only what an unprivileged process may read and answers ``None`` where it
-cannot (cgroup v1, ``kernel.dmesg_restrict``, a container without /dev/kmsg); the classifier
-then goes by the return code alone.
+cannot (``kernel.dmesg_restrict``, a container without /dev/kmsg); the classifier then goes
+by what it has.
 """
 
 from __future__ import annotations
@@ -139,6 +141,7 @@ def classify(
     cancelled: bool = False,
     oom_kills: int = 0,
     kernel_oom: bool | str | None = False,
+    oom_where: str | None = None,
 ) -> Ending:
     """Classify an attempt from its return code (negative: killed by that signal) and log tail.
 
@@ -146,6 +149,8 @@ def classify(
     (see :func:`oom_kill_count`; pass the difference from before the start if the cgroup is
     shared). ``kernel_oom``: whether the kernel logged killing the job's process; the line from
     :func:`kernel_oom_killed` may be passed as is and then becomes the Ending's ``line``.
+    ``oom_where``: which counter ``oom_kills`` comes from (:class:`~tandem.place.run.cgroups.OomWatch`),
+    said in the cause.
     """
     exit_code = returncode if returncode >= 0 else None
     sig = signal_name(-returncode) if returncode < 0 else None
@@ -162,7 +167,8 @@ def classify(
         return ending("gpu_oom", "GPU out of memory", _clip(oom_line))
     killed = returncode == -signal.SIGKILL or returncode == 128 + signal.SIGKILL  # 137: via a shell
     if killed and (oom_kills > 0 or kernel_oom):
-        cause = "host out of memory (" + ("oom_kill" if oom_kills > 0 else "kernel OOM killer") + ")"
+        counter = f"oom_kill {oom_where}" if oom_where else "oom_kill"
+        cause = "host out of memory (" + (counter if oom_kills > 0 else "kernel OOM killer") + ")"
         return ending("host_oom", cause, _clip(kernel_oom) if isinstance(kernel_oom, str) else None)
     if returncode < 0:
         return ending("signal", f"killed by {sig}", _error_line(log_tail))

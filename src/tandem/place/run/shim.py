@@ -37,6 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from tandem.place.run import failures
+from tandem.place.run.cgroups import OomWatch
 from tandem.place.run.files import AttemptSpec, Result, RunRef, ShimInfo, Started, Usage, load, save
 from tandem.place.run.proctrack import JobProcesses, create_time, host_id, join, leave, make_cgroup, wait_exit
 from tandem.watch.stores.base import absolute_uri, run_env, with_run_env
@@ -132,11 +133,13 @@ class Shim:
         run_ids = self._run_env() if spec.mlflow_env else {}
         if self.cancelled:  # while it waited for its run: it never starts
             return self._write_result(failures.classify(-signal.SIGTERM, "", cancelled=True), time.time())
+        oom = OomWatch()  # the counters of the cgroup it shares with its job, before either moves
         cgroup = make_cgroup(f"tandem-{os.getuid()}-{spec.job_id}-{spec.attempt}-{me}")
         if cgroup is not None and not join(cgroup):
             cgroup = None
+        if cgroup is not None:
+            oom.add_job_cgroup(cgroup)
         procs = JobProcesses(f"{spec.job_id}.{spec.attempt}.{secrets.token_hex(6)}", cgroup)
-        oom_before = failures.oom_kill_count(me) or 0
         started = time.time()
         log_path = self.dir / "output.log"
         read_fd, write_fd = os.pipe()
@@ -182,15 +185,16 @@ class Shim:
         if procs.pids():  # what the job left running, in its session or outside it
             procs.stop(min(spec.grace_s, 5.0))
         pump.join(10.0)
+        oom_kills, oom_where = oom.kills() or (0, None)  # before its own cgroup (and count) goes
         procs.close()
-        oom_after = failures.oom_kill_count(me) or 0
         kernel = failures.kernel_oom_killed(proc.pid) if returncode == -signal.SIGKILL else None
         ending = failures.classify(
             returncode,
             failures.read_tail(log_path),
             cancelled=self.cancelled,
-            oom_kills=oom_after - oom_before,
+            oom_kills=oom_kills,
             kernel_oom=kernel is not None,
+            oom_where=oom_where,
         )
         cpu_seconds = None
         if run is not None:

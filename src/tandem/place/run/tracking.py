@@ -42,13 +42,13 @@ from pathlib import Path
 from typing import Any
 
 from tandem.place.model import param_value
+from tandem.place.run import tracking_ends as ends
 from tandem.place.run.files import RunRef, read_json, save, write_json
+from tandem.place.run.tracking_ends import STOPPED
 from tandem.watch.stores.base import absolute_uri
 
 log = logging.getLogger(__name__)
 
-IDLE_EXIT_S = 60.0
-STOPPED = "daemon-stopped"  # in the queue: its daemon has stopped (the helper ends when idle)
 RETRY_AFTER_S = 30.0
 POLL_S = 2.0  # between forwards of the open runs' spools
 START_POLL_S = 0.2  # between looks for new attempts (each waits for its run to start)
@@ -147,6 +147,8 @@ class Tracker:
                 )
                 self._no_run_yet(f"the MLflow helper failed (exit {self.proc.returncode}; see tracking.log)")
             self.proc = None
+        if self.proc is None and ends.helper_serves(self.state_dir):
+            return  # a helper from before (the last daemon's) serves the queue until it ends
         if (pending or self._warm) and self.proc is None and time.monotonic() >= self._next_start:
             self._warm = False
             with open(self.state_dir / "tracking.log", "ab") as out:
@@ -157,8 +159,8 @@ class Tracker:
 
     def warm(self) -> None:
         """Start the helper now, before any job: the first job's run then does not wait for
-        MLflow's import and a new store's tables (seconds). It ends after IDLE_EXIT_S if no
-        job comes."""
+        MLflow's import and a new store's tables (seconds). It ends after
+        :func:`~tandem.place.run.tracking_ends.idle_exit_s` if no job comes."""
         (queue_dir(self.state_dir) / "done").mkdir(parents=True, exist_ok=True)
         self._warm = True
         self.poke()
@@ -263,6 +265,8 @@ class _OpenRun:
         if log_file.is_file():  # its newest part: the supervisor rotates it at half of --log-max
             self.store.log_artifact(log_file)
         self.store.close(end["status"])
+        if end.get("by_helper"):  # no daemon said it: one may yet (tracking_ends)
+            ends.closed_by_helper(self.q, self.key, self.store.run_id)
         self._done(final=True)
         for suffix in ("start", "end", "open"):
             (self.q / f"{self.key}.{suffix}.json").unlink(missing_ok=True)
@@ -355,7 +359,7 @@ def main(argv: list[str]) -> int:
         pass
     runs: dict[str, _OpenRun] = {}
     failed: set[str] = set()
-    idle_since, last_forward = time.monotonic(), 0.0
+    idle_since, last_forward, gone, parent = time.monotonic(), 0.0, False, os.getppid()
     looked = (-1, 0.0)  # the queue's mtime when last looked into, and when
     while True:
         # At once: a job waits for its run to start. Looked into only when a file came or went
@@ -366,9 +370,12 @@ def main(argv: list[str]) -> int:
             _open_new(q, runs, failed, uri, experiment)
         if time.monotonic() - last_forward >= POLL_S:
             last_forward = time.monotonic()
+            gone = ends.daemon_gone(state_dir, q, parent)
             for key, run in list(runs.items()):
                 end = read_json(q / f"{key}.end.json")
                 try:
+                    if end is None:  # the job's own result where no daemon will say it ended
+                        end = ends.end_without_daemon(run.spool, run.start, gone)
                     if end is not None:
                         run.finish(end)
                         del runs[key]
@@ -376,10 +383,11 @@ def main(argv: list[str]) -> int:
                         run.forward()
                 except Exception:
                     logging.exception("job %s: forwarding to MLflow failed; trying again", key)
+            ends.late_ends(q, set(runs), uri, experiment)
         if runs:
             idle_since = time.monotonic()
-        # With its daemon stopped, it ends once no run is open, rather than after idling.
-        elif (q / STOPPED).exists() or time.monotonic() - idle_since >= IDLE_EXIT_S:
+        # With no daemon (stopped or dead), it ends once no run is open, rather than after idling.
+        elif gone or time.monotonic() - idle_since >= ends.idle_exit_s():
             break
         time.sleep(START_POLL_S)
     pid_file.unlink(missing_ok=True)

@@ -1,0 +1,183 @@
+"""How the MLflow helper (:mod:`tandem.place.run.tracking`) ends what no daemon will end: the
+runs of attempts that ended while no daemon ran, and itself.
+
+A run is closed by its daemon's record (``<key>.end.json``). A daemon stopped while a job
+ran, or killed between its commit and that record, never writes it: without more, its run
+stays ``RUNNING`` and the helper (about 230 MB) waits for it for ever. So the helper also
+reads what the job's supervisor left (:mod:`tandem.place.run.files`): the attempt's
+``result.json`` closes the run with the job's status; a supervisor that died without one
+(same machine only: pids mean nothing elsewhere) closes it as lost. A result is taken at
+once when no daemon serves (it said it stopped, or its process is gone), else after
+``RESULT_GRACE_S`` (a daemon that does not write what it read: killed, restarted).
+
+Such a run keeps ``<key>.closed.json`` (its id): if a daemon later writes the attempt's end
+(a restarted one adopting it), the run is amended with it (the manager's own figures, a
+retry) rather than that record waiting for ever; it is forgotten after ``KEEP_CLOSED_S``. An
+end with no run to close is dropped.
+
+With nothing open the helper ends: at once where no daemon serves, else after
+``idle_exit_s()`` (``TANDEM_TRACKING_IDLE_S``, default 60 s: the first job of a daemon just
+started then finds MLflow imported). :func:`open_runs` says what keeps it going (``tandem
+daemon stop`` does not wait for those), :func:`helper_serves` whether one runs (a new daemon
+starts none while its predecessor's serves).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+from tandem.place.run.files import Result, ShimInfo, load, read_json, write_json
+from tandem.place.run.proctrack import host_id, same_process
+
+log = logging.getLogger(__name__)
+
+IDLE_EXIT_S = 60.0
+RESULT_GRACE_S = 30.0  # a live daemon writes the end within a tick of the result
+NEVER_STARTED_S = 60.0  # no supervisor after this, and no daemon: the attempt never ran
+KEEP_CLOSED_S = 7 * 86400.0  # a daemon killed after its commit never writes the end: forgotten then
+STOPPED = "daemon-stopped"  # in the queue: its daemon has stopped
+
+
+def idle_exit_s() -> float:
+    """Seconds the helper waits with nothing open (while a daemon serves) before it ends."""
+    try:
+        return float(os.environ.get("TANDEM_TRACKING_IDLE_S", IDLE_EXIT_S))
+    except ValueError:
+        return IDLE_EXIT_S
+
+
+def mlflow_status(state: str) -> str:
+    """The MLflow run status of a job state."""
+    return {"succeeded": "FINISHED", "cancelled": "KILLED"}.get(state, "FAILED")
+
+
+def daemon_gone(state_dir: Path, q: Path, parent: int) -> bool:
+    """Does no daemon serve ``state_dir``: it said it stopped, or both the daemon that started
+    this helper (``parent``, still its parent while it lives) and the one recorded in
+    ``daemon.json`` (pid, and when it started: a later daemon) are gone?"""
+    if (q / STOPPED).exists():
+        return True
+    if os.getppid() == parent:
+        return False
+    info = read_json(state_dir / "daemon.json")
+    if info is None or not isinstance(info.get("pid"), int):
+        return True
+    try:
+        proc = psutil.Process(info["pid"])
+        # A reused pid belongs to a process started after the daemon wrote its record.
+        return proc.status() == psutil.STATUS_ZOMBIE or proc.create_time() > float(info["started"]) + 1
+    except (psutil.Error, KeyError, TypeError, ValueError):
+        return True
+
+
+def end_without_daemon(spool: Path, start: dict[str, Any], gone: bool) -> dict[str, Any] | None:
+    """The end record (as the daemon's ``end.json``) for an open run whose attempt ended with
+    no daemon to say so, or None while it runs (or a daemon may yet say it)."""
+    adir = spool.parent
+    result_file = adir / Result.FILE
+    try:
+        age = time.time() - result_file.stat().st_mtime
+    except OSError:
+        age = None
+    if age is not None:
+        result = load(adir, Result)
+        if result is None or not (gone or age >= RESULT_GRACE_S):
+            return None
+        tags = {"tandem.state": result.state, "tandem.cause": result.cause}
+        tags["tandem.exit_code"] = result.exit_code
+        summary = {
+            "run_s": result.ended - result.started,
+            "peak_mem_bytes": result.peak_mem,
+            "cpu_seconds": result.cpu_seconds,
+        }
+        return _end(mlflow_status(result.state), tags, summary, adir)
+    if not gone:
+        return None
+    shim = load(adir, ShimInfo)
+    if shim is None:
+        if time.time() - float(start.get("started", 0)) < NEVER_STARTED_S:
+            return None
+        tags = {"tandem.state": "lost", "tandem.cause": "its supervisor never started"}
+        return _end("KILLED", tags, {}, adir)
+    if shim.host != host_id() or same_process(shim.pid, shim.ctime):
+        return None  # it runs (or runs elsewhere: its result will come)
+    if load(adir, Result) is not None:
+        return None  # written as it ended: taken at the next look
+    tags = {"tandem.state": "lost", "tandem.cause": "its supervisor died without a result"}
+    return _end("FAILED", tags, {}, adir)
+
+
+def _end(status: str, tags: dict[str, Any], summary: dict[str, Any], adir: Path) -> dict[str, Any]:
+    tags = {**tags, "tandem.closed_by": "mlflow-helper"}
+    return {
+        "status": status,
+        "tags": {k: str(v) for k, v in tags.items() if v is not None},
+        "log_file": str(adir / "output.log"),
+        "summary": {k: v for k, v in summary.items() if v is not None},
+        "by_helper": True,
+    }
+
+
+def closed_by_helper(q: Path, key: str, run_id: str) -> None:
+    """Remember the run the helper closed, for an end a daemon may write later."""
+    write_json(q / f"{key}.closed.json", {"run_id": run_id, "t": time.time()})
+
+
+def late_ends(q: Path, open_keys: set[str], uri: str, experiment: str) -> None:
+    """The ends no open run waits for: each amends the run the helper closed (the daemon's
+    status, tags and figures win), or, with no such run, is dropped."""
+    from tandem.watch.point import Point
+    from tandem.watch.stores.mlflow_store import MlflowStore
+
+    for path in q.glob("*.end.json"):
+        key = path.name.removesuffix(".end.json")
+        if key in open_keys or (q / f"{key}.start.json").exists():
+            continue  # its run is open, or about to be
+        closed, end = read_json(q / f"{key}.closed.json"), read_json(path)
+        if closed and closed.get("run_id") and end is not None:
+            try:
+                store = MlflowStore(uri, experiment)
+                store.resume(closed["run_id"])
+                ms = int(time.time() * 1000)
+                store.log([Point(f"summary/{k}", float(v), ms, 0) for k, v in end["summary"].items()])
+                store.set_tags(end["tags"])
+                store.close(end["status"])
+            except Exception:
+                log.exception("job %s: could not amend its run with its daemon's end; trying again", key)
+                continue
+            log.info("job %s: its run %s amended with its daemon's end", key, closed["run_id"])
+        else:
+            log.warning("job %s: an end with no run to close; dropped", key)
+        path.unlink(missing_ok=True)
+        (q / f"{key}.closed.json").unlink(missing_ok=True)
+    for path in q.glob("*.closed.json"):
+        if time.time() - float((read_json(path) or {}).get("t", 0)) > KEEP_CLOSED_S:
+            path.unlink(missing_ok=True)
+
+
+def open_runs(state_dir: Path) -> list[str]:
+    """The runs of ``state_dir`` that no daemon has ended yet (those of jobs still running)."""
+    q = state_dir / "track"
+    started = {p.name.removesuffix(".start.json") for p in q.glob("*.start.json")}
+    return sorted(k for k in started if not (q / f"{k}.end.json").exists())
+
+
+def helper_serves(state_dir: Path) -> bool:
+    """Does a helper of ``state_dir`` run (by the pid file it keeps while it runs, and its
+    command line: a helper killed leaves the file, and its pid may be another's by now)?"""
+    try:
+        proc = psutil.Process(int((state_dir / "track" / "helper.pid").read_text()))
+        cmdline = proc.cmdline()
+        return (
+            proc.status() != psutil.STATUS_ZOMBIE
+            and "tandem.place.run.tracking" in cmdline
+            and str(state_dir) in cmdline
+        )
+    except (OSError, ValueError, psutil.Error):
+        return False
