@@ -52,7 +52,7 @@ def request(state_dir: Path, message: protocol.Request, timeout: float = 10.0) -
             sock.settimeout(None)
             _ipc.send_packet(sock, data, body, timeout=timeout)
             data, fds = _ipc.recv_packet(sock, timeout=timeout)
-            _ipc.close_fds(fds)
+            answer = protocol.unpack(data, fds)  # a large reply: read from its memory file
     except (FileNotFoundError, ConnectionRefusedError):
         raise DaemonNotRunning(f"no daemon serves {state_dir}") from None
     except TimeoutError:
@@ -62,10 +62,14 @@ def request(state_dir: Path, message: protocol.Request, timeout: float = 10.0) -
         ) from None
     except (EOFError, OSError) as exc:
         raise DaemonLost(f"lost the daemon of {state_dir} mid-request ({exc})") from None
+    except ValueError as exc:
+        raise DaemonError(
+            f"the daemon of {state_dir} answered what this tandem cannot read ({exc})"
+        ) from None
     finally:
         _ipc.close_fds(list(body))
     try:
-        reply = protocol.read_reply(message.OP, protocol.decode(data))
+        reply = protocol.read_reply(message.OP, answer)
     except ValueError as exc:
         raise DaemonError(
             f"the daemon of {state_dir} answered what this tandem cannot read ({exc})"

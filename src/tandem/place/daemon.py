@@ -249,10 +249,16 @@ class Daemon:
                     reply = protocol.Failure(f"{type(exc).__name__}: {exc}")
             if reply is None:
                 return
+            try:  # a large reply (a sweep's ids) in a memory file: no reply is too large to send
+                data, body = protocol.pack(protocol.to_wire(reply))
+            except ValueError as exc:
+                data, body = protocol.encode(protocol.to_wire(protocol.Failure(str(exc)))), ()
             try:
-                _ipc.send_packet(conn, protocol.encode(protocol.to_wire(reply)), timeout=2.0)
+                _ipc.send_packet(conn, data, body, timeout=2.0)
             except (OSError, TimeoutError, ValueError):
                 pass
+            finally:
+                _ipc.close_fds(list(body))
 
     def handle(self, request: protocol.Request) -> protocol.Reply | None:
         """The reply to ``request`` (None: a wake, which has none)."""

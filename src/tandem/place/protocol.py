@@ -27,8 +27,10 @@ request         fields                       reply
 Share definitions are written by the daemon alone (the state's one writer): ``tandem share
 define`` and ``share rm`` send :class:`DefineShare` and :class:`RemoveShares`.
 
-A request over the packet limit (a job with a large environment or command) travels in an
-anonymous memory file whose descriptor the packet carries (:func:`pack`, :func:`unpack`).
+A message over the packet limit travels in an anonymous memory file whose descriptor the
+packet carries (:func:`pack`, :func:`unpack`), both ways: a request (a job with a large
+environment, a sweep's points) and a reply (a sweep's or a ``cancel --all``'s ids, any
+number of them). It takes no disk, so a reply is never lost to its size or to a full disk.
 """
 
 from __future__ import annotations
@@ -334,43 +336,65 @@ def socket_path(state_dir: Path) -> Path:
 
 
 def encode(message: dict[str, Any]) -> bytes:
+    """One packet's worth of ``message`` (a wake, a supervisor's note: always small); a message
+    that may be large goes by :func:`pack`."""
     data = json.dumps(message).encode()
     if len(data) > _ipc.MAX_PACKET:
         raise ValueError(
-            f"request of {len(data)} bytes is over the {_ipc.MAX_PACKET}-byte limit "
+            f"message of {len(data)} bytes is over the {_ipc.MAX_PACKET}-byte limit "
             "(a very large environment? pass fewer variables)"
         )
     return data
 
 
-MAX_BODY = 64 << 20  # a request passed in a memory file: a job's environment, at most this
+MAX_BODY = 64 << 20  # a message passed in a memory file (a job's environment, a reply's ids), at most this
 
 
 def pack(message: dict[str, Any]) -> tuple[bytes, tuple[int, ...]]:
-    """The packet for ``message`` and the descriptors it carries (close them after sending)."""
+    """The packet for ``message`` and the descriptors it carries (close them after sending).
+
+    Over the packet limit, the message is put in a memory file and the packet says so
+    (``body``). A reply's packet is then a refusal to a client that cannot read the file
+    (an older tandem's), rather than an empty answer it would take as the whole one."""
     data = json.dumps(message).encode()
     if len(data) <= _ipc.MAX_PACKET:
         return data, ()
+    what = "request" if "op" in message else "reply"
     if len(data) > MAX_BODY:
-        raise ValueError(
-            f"request of {len(data)} bytes is over the {MAX_BODY}-byte limit (pass fewer variables)"
-        )
-    fd = os.memfd_create("tandem-request", os.MFD_CLOEXEC)
-    os.write(fd, data)
-    return json.dumps({"op": message.get("op"), "body": "fd"}).encode(), (fd,)
+        raise ValueError(f"{what} of {len(data)} bytes is over the {MAX_BODY}-byte limit")
+    fd = os.memfd_create(f"tandem-{what}", os.MFD_CLOEXEC)
+    try:
+        view = memoryview(data)
+        while view:  # os.write may write part of it
+            view = view[os.write(fd, view) :]
+    except BaseException:
+        os.close(fd)
+        raise
+    if what == "request":
+        return json.dumps({"op": message.get("op"), "body": "fd"}).encode(), (fd,)
+    error = "the reply came in a memory file, which this tandem cannot read: update it"
+    stub = {"ok": False, "body": "fd", "error": error}
+    return json.dumps(stub).encode(), (fd,)
 
 
 def unpack(data: bytes, fds: list[int]) -> dict[str, Any]:
-    """The request a packet carries (its body read from the memory file it names)."""
+    """The message a packet carries (its body read from the memory file it names); the
+    descriptors are closed."""
     try:
         message = decode(data)
         if message.get("body") == "fd":
             if len(fds) != 1:
-                raise ValueError("a request body without its file")
+                raise ValueError("a message body without its file")
             size = os.fstat(fds[0]).st_size
             if size > MAX_BODY:
-                raise ValueError(f"request body of {size} bytes")
-            message = decode(os.pread(fds[0], size, 0))
+                raise ValueError(f"message body of {size} bytes")
+            body = bytearray()
+            while len(body) < size:  # os.pread may read part of it
+                chunk = os.pread(fds[0], size - len(body), len(body))
+                if not chunk:
+                    raise ValueError(f"message body cut short at {len(body)} of {size} bytes")
+                body += chunk
+            message = decode(bytes(body))
         return message
     finally:
         _ipc.close_fds(fds)

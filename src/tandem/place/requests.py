@@ -7,6 +7,7 @@
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import os
 import time
 import uuid
@@ -45,8 +46,9 @@ def submit_sweep(d: Daemon, request: p.SubmitSweep) -> p.SweepSubmitted | p.Fail
     if not request.points:
         return _refused("the sweep has no point")
     template = request.job
-    if not template.group:
-        template = dataclasses.replace(template, group=f"sweep-{uuid.uuid4().hex[:8]}")
+    if not template.group:  # from its token where it has one: a retried sweep is told the same group
+        name = hashlib.sha1(template.token.encode()).hexdigest() if template.token else uuid.uuid4().hex
+        template = dataclasses.replace(template, group=f"sweep-{name[:8]}")
     try:
         specs = [sweep.job_of(template, pt, i, request.fill_env) for i, pt in enumerate(request.points)]
     except sweep.SweepError as exc:
