@@ -22,7 +22,13 @@ request         fields                       reply
 :class:`Wake`   -                            none (a supervisor's result is ready: look now)
 :class:`DefineShare` ``spec``, ``select_job``  :class:`ShareDefined`: ``name``, ``select_job``
 :class:`RemoveShares` ``names``              :class:`SharesRemoved`: ``removed``, ``unknown``, ``in_use``
+:class:`NotStarted` ``job_id``, ``attempt``, ``why``  :class:`PutBack`: ``state`` (the job's now)
 ==============  ===========================  ==============================================
+
+A supervisor that could not start its job (the state's disk refused its first write) sends
+:class:`NotStarted`: the daemon puts the job back in the queue (or ends it, if it was
+cancelled meanwhile) and no job starts until the disk takes writes again. The socket needs no
+disk: the supervisor sends it again until the daemon has recorded it.
 
 Share definitions are written by the daemon alone (the state's one writer): ``tandem share
 define`` and ``share rm`` send :class:`DefineShare` and :class:`RemoveShares`.
@@ -119,9 +125,21 @@ class RemoveShares:
     names: list[str] = field(default_factory=list)
 
 
-Request = Union[Submit, SubmitSweep, Cancel, Status, Stop, Wake, DefineShare, RemoveShares]
+@dataclass(frozen=True)
+class NotStarted:
+    """From a supervisor: attempt ``attempt`` of job ``job_id`` never started its job (``why``:
+    the disk refused its first write); put the job back in the queue."""
+
+    OP: ClassVar[str] = "not-started"
+    job_id: int
+    attempt: int
+    why: str = ""
+
+
+Request = Union[Submit, SubmitSweep, Cancel, Status, Stop, Wake, DefineShare, RemoveShares, NotStarted]
 REQUESTS: dict[str, type] = {
-    cls.OP: cls for cls in (Submit, SubmitSweep, Cancel, Status, Stop, Wake, DefineShare, RemoveShares)
+    cls.OP: cls
+    for cls in (Submit, SubmitSweep, Cancel, Status, Stop, Wake, DefineShare, RemoveShares, NotStarted)
 }
 OPS = tuple(REQUESTS)
 
@@ -227,8 +245,21 @@ class SharesRemoved:
     in_use: dict[str, list[int]] = field(default_factory=dict)  # name: the jobs not yet ended that read it
 
 
+@dataclass(frozen=True)
+class PutBack:
+    state: str = ""  # the job's state now (queued, retrying, cancelled); "": no such attempt runs
+
+
 Reply = Union[
-    Failure, Submitted, SweepSubmitted, Cancelled, Stopping, DaemonStatus, ShareDefined, SharesRemoved
+    Failure,
+    Submitted,
+    SweepSubmitted,
+    Cancelled,
+    Stopping,
+    DaemonStatus,
+    ShareDefined,
+    SharesRemoved,
+    PutBack,
 ]
 REPLIES: dict[str, type] = {
     "submit": Submitted,
@@ -238,6 +269,7 @@ REPLIES: dict[str, type] = {
     "stop": Stopping,
     "define-share": ShareDefined,
     "remove-shares": SharesRemoved,
+    "not-started": PutBack,
 }
 
 

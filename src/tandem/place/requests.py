@@ -1,7 +1,7 @@
 """The daemon's requests, one handler each (pueue's design): ``submit``, ``submit_sweep``, ``cancel``,
-``status``, ``stop``, ``define-share``, ``remove-shares``. Each takes the daemon and its request record
-(:mod:`tandem.place.protocol`) and returns the reply record; a refusal says what to change
-(``refused``: the client's exit 2).
+``status``, ``stop``, ``define-share``, ``remove-shares``, and a supervisor's ``not-started``. Each
+takes the daemon and its request record (:mod:`tandem.place.protocol`) and returns the reply
+record; a refusal says what to change (``refused``: the client's exit 2).
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from tandem.place import protocol as p
 from tandem.place import sweep
-from tandem.place.model import FINAL_STATES, STATES, JobSpec, format_size
+from tandem.place.model import FINAL_STATES, RUNNING, STATES, JobSpec, format_size
 from tandem.place.scheduler import Waiting, fits_at_all
 
 if TYPE_CHECKING:
@@ -184,6 +184,30 @@ def remove_shares(d: Daemon, request: p.RemoveShares) -> p.SharesRemoved:
     return p.SharesRemoved(removed, unknown, in_use)
 
 
+def not_started(d: Daemon, request: p.NotStarted) -> p.PutBack:
+    """A supervisor that could not start its job (the disk refused its first write): the job
+    back in the queue, or ended if it was cancelled meanwhile, and no start until the disk takes
+    writes. Recorded before the answer: a supervisor that gets none (this write failed too, or
+    the daemon restarted) asks again, and stays alive until then, so it is never taken as lost."""
+    why = request.why or "its supervisor could not start it"
+    d.disk.hold(why)
+    a = d.attempts.active.get(request.job_id)
+    if a is None or a.n != request.attempt:
+        return p.PutBack("")  # not this daemon's to follow, or already dealt with
+    job = d.state.job(request.job_id, attempts=False)
+    now = time.time()
+    if job is not None and job.state == RUNNING:
+        if job.cancel_requested:
+            d.state.cancel(job.id, "cancelled", "before its attempt started", now, attempt=a.n)
+        else:
+            d.state.requeue(job.id, a.n, f"not started: {why}", now)
+    del d.attempts.active[request.job_id]
+    d.launcher.forget(a)
+    d.dirty = True
+    job = d.state.job(request.job_id, attempts=False)
+    return p.PutBack(job.state if job is not None else "")
+
+
 HANDLERS: dict[type, Callable[[Daemon, Any], p.Reply]] = {
     p.Submit: submit,
     p.SubmitSweep: submit_sweep,
@@ -192,4 +216,5 @@ HANDLERS: dict[type, Callable[[Daemon, Any], p.Reply]] = {
     p.Stop: stop,
     p.DefineShare: define_share,
     p.RemoveShares: remove_shares,
+    p.NotStarted: not_started,
 }
