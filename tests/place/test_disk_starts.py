@@ -31,10 +31,24 @@ def _fill(disk: Path, leave_kb: int = 0) -> Path:
     return filler
 
 
+OLDER = protocol.Failure("refused: unknown request 'not-started'; this daemon knows submit", refused=True)
+
+
+@pytest.mark.parametrize(
+    "replies",
+    [
+        # The first report meets a disk that refuses the daemon's record: it is sent again.
+        [protocol.Failure("disk full", disk=True), protocol.PutBack("retrying")],
+        # An older daemon, which will never understand it: not sent again.
+        [OLDER],
+    ],
+    ids=["recorded-on-the-second-try", "older-daemon"],
+)
 def test_a_supervisor_whose_first_write_fails_puts_its_job_back_unstarted(
     small_disk: Path,  # noqa: F811
     tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,
+    replies: list,
 ) -> None:
     adir = small_disk / "jobs" / "7" / "2"
     adir.mkdir(parents=True)
@@ -42,16 +56,16 @@ def test_a_supervisor_whose_first_write_fails_puts_its_job_back_unstarted(
     runtime = Path(f"/tmp/tt-ds-{os.getpid()}")
     runtime.mkdir(mode=0o700, exist_ok=True)
     sock_path = runtime / "d.sock"
+    sock_path.unlink(missing_ok=True)
     command = [sys.executable, "-c", f"open({str(ran)!r}, 'w')"]
-    save(
-        adir, AttemptSpec(command, str(tmp_path), {}, job_id=7, attempt=2, socket=str(sock_path), track=False)
-    )
+    spec = AttemptSpec(command, str(tmp_path), {}, job_id=7, attempt=2, socket=str(sock_path), track=False)
+    save(adir, spec)
     listener = _ipc.listen(sock_path)
     listener.setblocking(True)
     heard: list[dict] = []
 
-    def daemon() -> None:  # the first report meets a disk that refuses its record: asked again
-        for reply in (protocol.Failure("disk full", disk=True), protocol.PutBack("retrying")):
+    def daemon() -> None:
+        for reply in replies:
             conn, _ = listener.accept()
             with conn:
                 data, fds = _ipc.recv_packet(conn, timeout=scaled(30))
@@ -73,7 +87,7 @@ def test_a_supervisor_whose_first_write_fails_puts_its_job_back_unstarted(
         assert "Traceback" not in shim.stderr and "not started" in shim.stderr, shim.stderr
         assert not ran.exists(), "the job ran although its supervisor could not write"
         helper.join(scaled(10))
-        assert [h["op"] for h in heard] == ["not-started", "not-started"], heard
+        assert [h["op"] for h in heard] == ["not-started"] * len(replies), heard
         report = protocol.read_request(heard[0])
         assert isinstance(report, protocol.NotStarted) and (report.job_id, report.attempt) == (7, 2)
         assert "No space left" in report.why, report.why

@@ -120,10 +120,14 @@ def tell_not_started(socket: str, job_id: int, attempt: int, why: str, within: f
         try:
             request_at(Path(socket), report, timeout=10.0)
             return True
-        except DaemonError:  # not there (restarting), or its disk refused the record: again
+        except (DaemonNotRunning, DaemonTimeout, DaemonLost, DaemonDiskFull):
+            # Not there (restarting), or its disk refused the record: again. (Any other
+            # answer, an older daemon's "unknown request" say, will not change.)
             if time.monotonic() > deadline:
                 return False
             time.sleep(1.0)
+        except DaemonError:
+            return False
 
 
 def is_running(state_dir: Path) -> bool:

@@ -106,11 +106,13 @@ def _checked(d: Daemon, spec: JobSpec) -> tuple[JobSpec, int] | p.Failure:
 def cancel(d: Daemon, request: p.Cancel) -> p.Cancelled:
     cancelled, unknown, ended, waiting = [], [], [], []
     ids = [int(i) for i in request.ids]
+    listed = {}  # a group's or every job, read once, without their environments
     if request.group is not None or request.everything:
         live = tuple(s for s in STATES if s not in FINAL_STATES)
-        ids += [j.id for j in d.state.jobs(live, group=None if request.everything else request.group)]
+        listed = {j.id: j for j in d.state.jobs(live, group=None if request.everything else request.group)}
+        ids += list(listed)
     for job_id in ids:
-        job = d.state.job(job_id, attempts=False)
+        job = listed.get(job_id) or d.state.job(job_id, attempts=False)
         if job is None:
             unknown.append(job_id)
         elif job.state in FINAL_STATES:
