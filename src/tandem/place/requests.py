@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import logging
 import os
 import time
 import uuid
@@ -21,6 +22,8 @@ from tandem.place.scheduler import Waiting, fits_at_all
 
 if TYPE_CHECKING:
     from tandem.place.daemon import Daemon
+
+log = logging.getLogger(__name__)
 
 
 def _refused(error: str) -> p.Failure:
@@ -206,6 +209,16 @@ def not_started(d: Daemon, request: p.NotStarted) -> p.PutBack:
     del d.attempts.active[request.job_id]
     d.launcher.forget(a)
     d.dirty = True
+    if d.attempts.tracked:  # its MLflow run, opened as it started, is closed: it will have no other end
+        from tandem.place.run import tracking
+
+        try:
+            tags = {"tandem.state": "requeued", "tandem.cause": f"not started: {why}"}
+            tracking.run_ended(
+                d.state.dir, tracking.run_key(a.job.id, a.n), "KILLED", tags, {}, a.dir / "output.log"
+            )
+        except OSError as exc:  # the disk again: the run stays open, the job is queued all the same
+            log.warning("job %d attempt %d: its MLflow run not closed: %s", a.job.id, a.n, exc)
     job = d.state.job(request.job_id, attempts=False)
     return p.PutBack(job.state if job is not None else "")
 
