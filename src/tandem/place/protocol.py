@@ -393,7 +393,8 @@ def pack(message: dict[str, Any]) -> tuple[bytes, tuple[int, ...]]:
         return data, ()
     what = "request" if "op" in message else "reply"
     if len(data) > MAX_BODY:
-        raise ValueError(f"{what} of {len(data)} bytes is over the {MAX_BODY}-byte limit")
+        fix = " (pass fewer variables, or split the sweep)" if what == "request" else ""
+        raise ValueError(f"{what} of {len(data)} bytes is over the {MAX_BODY}-byte limit{fix}")
     fd = os.memfd_create(f"tandem-{what}", os.MFD_CLOEXEC)
     try:
         view = memoryview(data)
