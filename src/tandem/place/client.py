@@ -23,6 +23,8 @@ from tandem.place.model import JobSpec
 START_TIMEOUT_S = 30.0
 OTHER_START_S = 10.0  # how long another daemon that won the race to start may take to listen
 SUBMIT_WITHIN_S = 60.0  # how long a submit keeps trying while daemons die and start
+# A sweep's answer comes once every job is made: 100,000 took about a minute on a busy 2-core host.
+SWEEP_TIMEOUT_S, SWEEP_POINT_S = 120.0, 0.004
 
 
 class DaemonError(Exception):
@@ -160,11 +162,14 @@ def submit_sweep(
     spec: JobSpec,
     points: list[dict[str, Any]],
     fill_env: list[str],
-    timeout: float = 120.0,
+    timeout: float | None = None,
     within: float = SUBMIT_WITHIN_S,
 ) -> protocol.SweepSubmitted:
     """Submit one job per point (:mod:`tandem.place.sweep`), in one request, as
-    :func:`submit` does (a retry gets the jobs the first one made)."""
+    :func:`submit` does (a retry gets the jobs the first one made). The daemon makes them
+    all before it answers: ``timeout`` grows with the points (100,000: over 8 minutes)."""
+    if timeout is None:
+        timeout = SWEEP_TIMEOUT_S + SWEEP_POINT_S * len(points)
     if spec.token is None:
         spec = dataclasses.replace(spec, token=uuid.uuid4().hex)
     return _until_answered(state_dir, protocol.SubmitSweep(spec, points, fill_env), timeout, within)
