@@ -23,6 +23,8 @@ from tandem.place.model import JobSpec
 START_TIMEOUT_S = 30.0
 OTHER_START_S = 10.0  # how long another daemon that won the race to start may take to listen
 SUBMIT_WITHIN_S = 60.0  # how long a submit keeps trying while daemons die and start
+# A sweep's answer comes once every job is made: 100,000 took about a minute on a busy 2-core host.
+SWEEP_TIMEOUT_S, SWEEP_POINT_S = 120.0, 0.004
 
 
 class DaemonError(Exception):
@@ -43,7 +45,13 @@ def daemon_socket(state_dir: Path) -> Path:
 def request(state_dir: Path, message: protocol.Request, timeout: float = 10.0) -> Any:
     """Send ``message``; return its reply record (:mod:`tandem.place.protocol`), or raise
     :class:`DaemonError` (with the daemon's message)."""
-    path = daemon_socket(state_dir)
+    return request_at(daemon_socket(state_dir), message, timeout, state_dir)
+
+
+def request_at(path: Path, message: protocol.Request, timeout: float, state_dir: Path | None = None) -> Any:
+    """:func:`request` to the daemon listening at ``path`` (a supervisor knows its daemon's
+    socket, not its state directory)."""
+    daemon = f"the daemon of {state_dir}" if state_dir else f"the daemon at {path}"
     data, body = protocol.pack(protocol.to_wire(message))
     try:
         with _ipc.new_socket() as sock:
@@ -52,28 +60,28 @@ def request(state_dir: Path, message: protocol.Request, timeout: float = 10.0) -
             sock.settimeout(None)
             _ipc.send_packet(sock, data, body, timeout=timeout)
             data, fds = _ipc.recv_packet(sock, timeout=timeout)
-            _ipc.close_fds(fds)
+            answer = protocol.unpack(data, fds)  # a large reply: read from its memory file
     except (FileNotFoundError, ConnectionRefusedError):
-        raise DaemonNotRunning(f"no daemon serves {state_dir}") from None
+        raise DaemonNotRunning(f"no daemon serves {state_dir or path}") from None
     except TimeoutError:
         raise DaemonTimeout(
-            f"the daemon of {state_dir} did not answer within {timeout:g} s (busy or stuck; a request "
+            f"{daemon} did not answer within {timeout:g} s (busy or stuck; a request "
             "it has received may still be carried out: check `tandem ls` before repeating it)"
         ) from None
     except (EOFError, OSError) as exc:
-        raise DaemonLost(f"lost the daemon of {state_dir} mid-request ({exc})") from None
+        raise DaemonLost(f"lost {daemon} mid-request ({exc})") from None
+    except ValueError as exc:
+        raise DaemonError(f"{daemon} answered what this tandem cannot read ({exc})") from None
     finally:
         _ipc.close_fds(list(body))
     try:
-        reply = protocol.read_reply(message.OP, protocol.decode(data))
+        reply = protocol.read_reply(message.OP, answer)
     except ValueError as exc:
-        raise DaemonError(
-            f"the daemon of {state_dir} answered what this tandem cannot read ({exc})"
-        ) from None
+        raise DaemonError(f"{daemon} answered what this tandem cannot read ({exc})") from None
     if isinstance(reply, protocol.Failure):
         if reply.error.startswith(("unknown request", "refused: unknown request")):  # an older daemon
             raise DaemonError(
-                f"{reply.error}: the daemon of {state_dir} is from an older tandem; restart it "
+                f"{reply.error}: {daemon} is from an older tandem; restart it "
                 "(tandem daemon stop; tandem daemon start): running jobs go on"
             )
         if reply.disk:
@@ -100,6 +108,28 @@ class DaemonRefused(DaemonError):
 
 class DaemonDiskFull(DaemonError):
     """The state's disk would not take the request's write (full, failing): nothing was done."""
+
+
+def tell_not_started(socket: str, job_id: int, attempt: int, why: str, within: float) -> bool:
+    """A supervisor's word that attempt ``attempt`` of job ``job_id`` never started its job
+    (:class:`~tandem.place.protocol.NotStarted`): over the daemon's socket (no disk needed),
+    again each second until the daemon has recorded it, for up to ``within`` seconds. Until
+    then the supervisor lives on, so that its attempt is never taken for one that died (lost).
+    Whether the daemon recorded it."""
+    deadline = time.monotonic() + within
+    report = protocol.NotStarted(job_id, attempt, why)
+    while True:
+        try:
+            request_at(Path(socket), report, timeout=10.0)
+            return True
+        except (DaemonNotRunning, DaemonTimeout, DaemonLost, DaemonDiskFull):
+            # Not there (restarting), or its disk refused the record: again. (Any other
+            # answer, an older daemon's "unknown request" say, will not change.)
+            if time.monotonic() > deadline:
+                return False
+            time.sleep(1.0)
+        except DaemonError:
+            return False
 
 
 def is_running(state_dir: Path) -> bool:
@@ -132,11 +162,14 @@ def submit_sweep(
     spec: JobSpec,
     points: list[dict[str, Any]],
     fill_env: list[str],
-    timeout: float = 120.0,
+    timeout: float | None = None,
     within: float = SUBMIT_WITHIN_S,
 ) -> protocol.SweepSubmitted:
     """Submit one job per point (:mod:`tandem.place.sweep`), in one request, as
-    :func:`submit` does (a retry gets the jobs the first one made)."""
+    :func:`submit` does (a retry gets the jobs the first one made). The daemon makes them
+    all before it answers: ``timeout`` grows with the points (100,000: over 8 minutes)."""
+    if timeout is None:
+        timeout = SWEEP_TIMEOUT_S + SWEEP_POINT_S * len(points)
     if spec.token is None:
         spec = dataclasses.replace(spec, token=uuid.uuid4().hex)
     return _until_answered(state_dir, protocol.SubmitSweep(spec, points, fill_env), timeout, within)

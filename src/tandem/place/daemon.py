@@ -37,6 +37,7 @@ from tandem.place.admission import Admission
 from tandem.place.attempts import Attempts
 from tandem.place.config import DaemonConfig
 from tandem.place.devices import Monitor, Nvml, detect_capacity
+from tandem.place.diskwait import DiskWait
 from tandem.place.model import (
     RUNNING,
     WAITING_STATES,
@@ -100,6 +101,7 @@ class Daemon:
         self.wake = False
         self.dirty = True  # something changed since the last scheduling pass
         self.queue = WaitingJobs(state)
+        self.disk = DiskWait(state.dir)  # starts held while the disk refuses writes
         self._pass_cpu_s = 0.0  # the last scheduling pass's CPU time
         self._last_plan = 0.0
         self._next_sample = 0.0
@@ -249,10 +251,16 @@ class Daemon:
                     reply = protocol.Failure(f"{type(exc).__name__}: {exc}")
             if reply is None:
                 return
+            try:  # a large reply (a sweep's ids) in a memory file: no reply is too large to send
+                data, body = protocol.pack(protocol.to_wire(reply))
+            except ValueError as exc:
+                data, body = protocol.encode(protocol.to_wire(protocol.Failure(str(exc)))), ()
             try:
-                _ipc.send_packet(conn, protocol.encode(protocol.to_wire(reply)), timeout=2.0)
+                _ipc.send_packet(conn, data, body, timeout=2.0)
             except (OSError, TimeoutError, ValueError):
                 pass
+            finally:
+                _ipc.close_fds(list(body))
 
     def handle(self, request: protocol.Request) -> protocol.Reply | None:
         """The reply to ``request`` (None: a wake, which has none)."""
@@ -329,6 +337,10 @@ class Daemon:
         launched = False
         active = self.attempts.active
         queue = self.admission.waiting(waiting, deps, active, reasons)
+        held = self.disk.reason() if queue else None
+        if held:  # a start would meet the full disk again: none until it takes writes
+            reasons.update(dict.fromkeys((w.job_id for w in queue), held))
+            queue = []
         if queue:
             outcome = plan(
                 queue,
@@ -340,6 +352,8 @@ class Daemon:
             )
             reasons.update(outcome.reasons)
             for placement in outcome.placements:
+                if self.disk.why is not None:  # the disk stopped a start of this pass: the rest wait
+                    break
                 job = self.state.job(placement.job_id)  # with its environment: it starts now
                 if job is None or job.cancel_requested:
                     continue
@@ -350,6 +364,7 @@ class Daemon:
                     if disk_trouble(exc):  # the disk's failure, not the job's: it waits and is tried again
                         log.warning("could not start job %d: %s; it waits for the disk", job.id, exc)
                         self.attempts.put_back(job.id, f"could not start: {exc}; tried again", time.time())
+                        self.disk.hold(str(exc))
                         continue
                     log.exception("could not start job %d", job.id)
                     attempt = len(job.attempts) + 1  # recorded, or not yet: ended either way

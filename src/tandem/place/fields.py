@@ -16,6 +16,7 @@ unless the annotation allows None), listed (read when jobs are listed), and show
 from __future__ import annotations
 
 import dataclasses
+import functools
 import inspect
 import json
 from collections.abc import Callable
@@ -74,6 +75,7 @@ def meta(f: dataclasses.Field, key: str) -> Any:
     return f.metadata.get(key, _DEFAULTS[key])
 
 
+@functools.cache  # a few annotations, read for every column of every row written
 def _base(annotation: str) -> tuple[str, bool]:
     """The annotation without ``| None``, and whether it allowed None."""
     parts = [p.strip() for p in str(annotation).split("|")]
@@ -107,17 +109,27 @@ def sql_declaration(f: dataclasses.Field) -> str:
 
 
 def stored_fields(cls: type) -> list[dataclasses.Field]:
-    return [f for f in dataclasses.fields(cls) if meta(f, "stored")]
+    return list(_stored(cls))
+
+
+@functools.cache  # per record type: a sweep writes 100,000 rows
+def _stored(cls: type) -> tuple[dataclasses.Field, ...]:
+    return tuple(f for f in dataclasses.fields(cls) if meta(f, "stored"))
 
 
 def to_column(f: dataclasses.Field, value: Any) -> Any:
     """A field's value as its column holds it."""
+    return _writer(f)(value)
+
+
+@functools.cache  # per field: worked out once, not for every column of every row written
+def _writer(f: dataclasses.Field) -> Callable[[Any], Any]:
     encode = meta(f, "encode")
     if encode is not None:
-        return None if value is None else encode(value)
+        return lambda value: None if value is None else encode(value)
     if is_json(f):
-        return json.dumps(value)
-    return value
+        return json.dumps
+    return lambda value: value
 
 
 _EMPTY: dict[str, Callable[[], Any]] = {"[]": list, "{}": dict}  # no JSON parse for most rows

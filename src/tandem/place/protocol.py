@@ -22,13 +22,21 @@ request         fields                       reply
 :class:`Wake`   -                            none (a supervisor's result is ready: look now)
 :class:`DefineShare` ``spec``, ``select_job``  :class:`ShareDefined`: ``name``, ``select_job``
 :class:`RemoveShares` ``names``              :class:`SharesRemoved`: ``removed``, ``unknown``, ``in_use``
+:class:`NotStarted` ``job_id``, ``attempt``, ``why``  :class:`PutBack`: ``state`` (the job's now)
 ==============  ===========================  ==============================================
+
+A supervisor that could not start its job (the state's disk refused its first write) sends
+:class:`NotStarted`: the daemon puts the job back in the queue (or ends it, if it was
+cancelled meanwhile) and no job starts until the disk takes writes again. The socket needs no
+disk: the supervisor sends it again until the daemon has recorded it.
 
 Share definitions are written by the daemon alone (the state's one writer): ``tandem share
 define`` and ``share rm`` send :class:`DefineShare` and :class:`RemoveShares`.
 
-A request over the packet limit (a job with a large environment or command) travels in an
-anonymous memory file whose descriptor the packet carries (:func:`pack`, :func:`unpack`).
+A message over the packet limit travels in an anonymous memory file whose descriptor the
+packet carries (:func:`pack`, :func:`unpack`), both ways: a request (a job with a large
+environment, a sweep's points) and a reply (a sweep's or a ``cancel --all``'s ids, any
+number of them). It takes no disk, so a reply is never lost to its size or to a full disk.
 """
 
 from __future__ import annotations
@@ -117,9 +125,21 @@ class RemoveShares:
     names: list[str] = field(default_factory=list)
 
 
-Request = Union[Submit, SubmitSweep, Cancel, Status, Stop, Wake, DefineShare, RemoveShares]
+@dataclass(frozen=True)
+class NotStarted:
+    """From a supervisor: attempt ``attempt`` of job ``job_id`` never started its job (``why``:
+    the disk refused its first write); put the job back in the queue."""
+
+    OP: ClassVar[str] = "not-started"
+    job_id: int
+    attempt: int
+    why: str = ""
+
+
+Request = Union[Submit, SubmitSweep, Cancel, Status, Stop, Wake, DefineShare, RemoveShares, NotStarted]
 REQUESTS: dict[str, type] = {
-    cls.OP: cls for cls in (Submit, SubmitSweep, Cancel, Status, Stop, Wake, DefineShare, RemoveShares)
+    cls.OP: cls
+    for cls in (Submit, SubmitSweep, Cancel, Status, Stop, Wake, DefineShare, RemoveShares, NotStarted)
 }
 OPS = tuple(REQUESTS)
 
@@ -225,8 +245,21 @@ class SharesRemoved:
     in_use: dict[str, list[int]] = field(default_factory=dict)  # name: the jobs not yet ended that read it
 
 
+@dataclass(frozen=True)
+class PutBack:
+    state: str = ""  # the job's state now (queued, retrying, cancelled); "": no such attempt runs
+
+
 Reply = Union[
-    Failure, Submitted, SweepSubmitted, Cancelled, Stopping, DaemonStatus, ShareDefined, SharesRemoved
+    Failure,
+    Submitted,
+    SweepSubmitted,
+    Cancelled,
+    Stopping,
+    DaemonStatus,
+    ShareDefined,
+    SharesRemoved,
+    PutBack,
 ]
 REPLIES: dict[str, type] = {
     "submit": Submitted,
@@ -236,6 +269,7 @@ REPLIES: dict[str, type] = {
     "stop": Stopping,
     "define-share": ShareDefined,
     "remove-shares": SharesRemoved,
+    "not-started": PutBack,
 }
 
 
@@ -334,43 +368,66 @@ def socket_path(state_dir: Path) -> Path:
 
 
 def encode(message: dict[str, Any]) -> bytes:
+    """One packet's worth of ``message`` (a wake, a supervisor's note: always small); a message
+    that may be large goes by :func:`pack`."""
     data = json.dumps(message).encode()
     if len(data) > _ipc.MAX_PACKET:
         raise ValueError(
-            f"request of {len(data)} bytes is over the {_ipc.MAX_PACKET}-byte limit "
+            f"message of {len(data)} bytes is over the {_ipc.MAX_PACKET}-byte limit "
             "(a very large environment? pass fewer variables)"
         )
     return data
 
 
-MAX_BODY = 64 << 20  # a request passed in a memory file: a job's environment, at most this
+MAX_BODY = 64 << 20  # a message passed in a memory file (a job's environment, a reply's ids), at most this
 
 
 def pack(message: dict[str, Any]) -> tuple[bytes, tuple[int, ...]]:
-    """The packet for ``message`` and the descriptors it carries (close them after sending)."""
+    """The packet for ``message`` and the descriptors it carries (close them after sending).
+
+    Over the packet limit, the message is put in a memory file and the packet says so
+    (``body``). A reply's packet is then a refusal to a client that cannot read the file
+    (an older tandem's), rather than an empty answer it would take as the whole one."""
     data = json.dumps(message).encode()
     if len(data) <= _ipc.MAX_PACKET:
         return data, ()
+    what = "request" if "op" in message else "reply"
     if len(data) > MAX_BODY:
-        raise ValueError(
-            f"request of {len(data)} bytes is over the {MAX_BODY}-byte limit (pass fewer variables)"
-        )
-    fd = os.memfd_create("tandem-request", os.MFD_CLOEXEC)
-    os.write(fd, data)
-    return json.dumps({"op": message.get("op"), "body": "fd"}).encode(), (fd,)
+        fix = " (pass fewer variables, or split the sweep)" if what == "request" else ""
+        raise ValueError(f"{what} of {len(data)} bytes is over the {MAX_BODY}-byte limit{fix}")
+    fd = os.memfd_create(f"tandem-{what}", os.MFD_CLOEXEC)
+    try:
+        view = memoryview(data)
+        while view:  # os.write may write part of it
+            view = view[os.write(fd, view) :]
+    except BaseException:
+        os.close(fd)
+        raise
+    if what == "request":
+        return json.dumps({"op": message.get("op"), "body": "fd"}).encode(), (fd,)
+    error = "the reply came in a memory file, which this tandem cannot read: update it"
+    stub = {"ok": False, "body": "fd", "error": error}
+    return json.dumps(stub).encode(), (fd,)
 
 
 def unpack(data: bytes, fds: list[int]) -> dict[str, Any]:
-    """The request a packet carries (its body read from the memory file it names)."""
+    """The message a packet carries (its body read from the memory file it names); the
+    descriptors are closed."""
     try:
         message = decode(data)
         if message.get("body") == "fd":
             if len(fds) != 1:
-                raise ValueError("a request body without its file")
+                raise ValueError("a message body without its file")
             size = os.fstat(fds[0]).st_size
             if size > MAX_BODY:
-                raise ValueError(f"request body of {size} bytes")
-            message = decode(os.pread(fds[0], size, 0))
+                raise ValueError(f"message body of {size} bytes")
+            body = bytearray()
+            while len(body) < size:  # os.pread may read part of it
+                chunk = os.pread(fds[0], size - len(body), len(body))
+                if not chunk:
+                    raise ValueError(f"message body cut short at {len(body)} of {size} bytes")
+                body += chunk
+            message = decode(bytes(body))
         return message
     finally:
         _ipc.close_fds(fds)

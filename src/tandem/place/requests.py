@@ -1,12 +1,14 @@
 """The daemon's requests, one handler each (pueue's design): ``submit``, ``submit_sweep``, ``cancel``,
-``status``, ``stop``, ``define-share``, ``remove-shares``. Each takes the daemon and its request record
-(:mod:`tandem.place.protocol`) and returns the reply record; a refusal says what to change
-(``refused``: the client's exit 2).
+``status``, ``stop``, ``define-share``, ``remove-shares``, and a supervisor's ``not-started``. Each
+takes the daemon and its request record (:mod:`tandem.place.protocol`) and returns the reply
+record; a refusal says what to change (``refused``: the client's exit 2).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import hashlib
+import logging
 import os
 import time
 import uuid
@@ -15,11 +17,13 @@ from typing import TYPE_CHECKING, Any
 
 from tandem.place import protocol as p
 from tandem.place import sweep
-from tandem.place.model import FINAL_STATES, STATES, JobSpec, format_size
+from tandem.place.model import FINAL_STATES, RUNNING, STATES, JobSpec, format_size
 from tandem.place.scheduler import Waiting, fits_at_all
 
 if TYPE_CHECKING:
     from tandem.place.daemon import Daemon
+
+log = logging.getLogger(__name__)
 
 
 def _refused(error: str) -> p.Failure:
@@ -45,8 +49,9 @@ def submit_sweep(d: Daemon, request: p.SubmitSweep) -> p.SweepSubmitted | p.Fail
     if not request.points:
         return _refused("the sweep has no point")
     template = request.job
-    if not template.group:
-        template = dataclasses.replace(template, group=f"sweep-{uuid.uuid4().hex[:8]}")
+    if not template.group:  # from its token where it has one: a retried sweep is told the same group
+        name = hashlib.sha1(template.token.encode()).hexdigest() if template.token else uuid.uuid4().hex
+        template = dataclasses.replace(template, group=f"sweep-{name[:8]}")
     try:
         specs = [sweep.job_of(template, pt, i, request.fill_env) for i, pt in enumerate(request.points)]
     except sweep.SweepError as exc:
@@ -104,11 +109,13 @@ def _checked(d: Daemon, spec: JobSpec) -> tuple[JobSpec, int] | p.Failure:
 def cancel(d: Daemon, request: p.Cancel) -> p.Cancelled:
     cancelled, unknown, ended, waiting = [], [], [], []
     ids = [int(i) for i in request.ids]
+    listed = {}  # a group's or every job, read once, without their environments
     if request.group is not None or request.everything:
         live = tuple(s for s in STATES if s not in FINAL_STATES)
-        ids += [j.id for j in d.state.jobs(live, group=None if request.everything else request.group)]
+        listed = {j.id: j for j in d.state.jobs(live, group=None if request.everything else request.group)}
+        ids += list(listed)
     for job_id in ids:
-        job = d.state.job(job_id, attempts=False)
+        job = listed.get(job_id) or d.state.job(job_id, attempts=False)
         if job is None:
             unknown.append(job_id)
         elif job.state in FINAL_STATES:
@@ -182,6 +189,40 @@ def remove_shares(d: Daemon, request: p.RemoveShares) -> p.SharesRemoved:
     return p.SharesRemoved(removed, unknown, in_use)
 
 
+def not_started(d: Daemon, request: p.NotStarted) -> p.PutBack:
+    """A supervisor that could not start its job (the disk refused its first write): the job
+    back in the queue, or ended if it was cancelled meanwhile, and no start until the disk takes
+    writes. Recorded before the answer: a supervisor that gets none (this write failed too, or
+    the daemon restarted) asks again, and stays alive until then, so it is never taken as lost."""
+    why = request.why or "its supervisor could not start it"
+    d.disk.hold(why)
+    a = d.attempts.active.get(request.job_id)
+    if a is None or a.n != request.attempt:
+        return p.PutBack("")  # not this daemon's to follow, or already dealt with
+    job = d.state.job(request.job_id, attempts=False)
+    now = time.time()
+    if job is not None and job.state == RUNNING:
+        if job.cancel_requested:
+            d.state.cancel(job.id, "cancelled", "before its attempt started", now, attempt=a.n)
+        else:
+            d.state.requeue(job.id, a.n, f"not started: {why}", now)
+    del d.attempts.active[request.job_id]
+    d.launcher.forget(a)
+    d.dirty = True
+    if d.attempts.tracked:  # its MLflow run, opened as it started, is closed: it will have no other end
+        from tandem.place.run import tracking
+
+        try:
+            tags = {"tandem.state": "requeued", "tandem.cause": f"not started: {why}"}
+            tracking.run_ended(
+                d.state.dir, tracking.run_key(a.job.id, a.n), "KILLED", tags, {}, a.dir / "output.log"
+            )
+        except OSError as exc:  # the disk again: the run stays open, the job is queued all the same
+            log.warning("job %d attempt %d: its MLflow run not closed: %s", a.job.id, a.n, exc)
+    job = d.state.job(request.job_id, attempts=False)
+    return p.PutBack(job.state if job is not None else "")
+
+
 HANDLERS: dict[type, Callable[[Daemon, Any], p.Reply]] = {
     p.Submit: submit,
     p.SubmitSweep: submit_sweep,
@@ -190,4 +231,5 @@ HANDLERS: dict[type, Callable[[Daemon, Any], p.Reply]] = {
     p.Stop: stop,
     p.DefineShare: define_share,
     p.RemoveShares: remove_shares,
+    p.NotStarted: not_started,
 }

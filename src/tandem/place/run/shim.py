@@ -21,7 +21,8 @@ What it does for its job:
   one can be made, and a marker every descendant inherits): a cancel (SIGTERM here) or the
   end of the main process stops all of them, those that left the session too;
 - **outlives a full disk**: what cannot be written is said once and written when it can;
-  the result is written as soon as the disk takes it.
+  the result is written as soon as the disk takes it. A disk that refuses its first write
+  (before the job starts) puts the job back in the queue: the daemon is told over its socket.
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from tandem.place.paths import disk_trouble
 from tandem.place.run import failures
 from tandem.place.run.cgroups import OomWatch
 from tandem.place.run.files import AttemptSpec, Result, RunRef, ShimInfo, Started, Usage, load, save
@@ -43,6 +45,7 @@ from tandem.place.run.proctrack import JobProcesses, create_time, host_id, join,
 from tandem.watch.stores.base import absolute_uri, run_env, with_run_env
 
 RESULT_RETRY_S = 3600.0  # how long a result waits for a disk that refuses it
+EXIT_NOT_STARTED = 75  # EX_TEMPFAIL: the disk refused the first write; the job was put back, not run
 RUN_WAIT_S = 60.0  # how long a job waits for its MLflow run to be made (then starts without its id)
 # The run's points go to the spool every FLUSH_S, and the MLflow helper writes each batch in
 # one transaction: MLflow's SQL store costs about 5 ms a write and 0.06 ms a point, so every
@@ -125,10 +128,15 @@ class Shim:
 
     def run(self) -> int:
         me = os.getpid()
-        save(self.dir, ShimInfo(me, create_time(me), host_id()))
         signal.signal(signal.SIGTERM, self._on_term)
         signal.signal(signal.SIGINT, self._on_term)
         signal.signal(signal.SIGHUP, signal.SIG_IGN)  # a closed terminal is not a cancel
+        try:  # the first write, before the job starts: a full disk puts the job back, never fails it
+            save(self.dir, ShimInfo(me, create_time(me), host_id()))
+        except OSError as exc:
+            if not disk_trouble(exc):
+                raise
+            return self._not_started(f"its supervisor's first write failed ({exc.strerror})")
         spec = self.spec
         run_ids = self._run_env() if spec.mlflow_env else {}
         if self.cancelled:  # while it waited for its run: it never starts
@@ -204,6 +212,15 @@ class Shim:
         if pump.dropped:
             self.note(f"{pump.dropped} bytes of output were lost: the disk refused them")
         return self._write_result(ending, started, self.peak_mem or None, cpu_seconds, kernel)
+
+    def _not_started(self, why: str) -> int:
+        """The job was not started: the daemon is told, and puts it back in the queue."""
+        from tandem.place.client import tell_not_started
+
+        _say(f"the job was not started: {why}; the daemon puts it back in the queue")
+        if self.spec.socket:
+            tell_not_started(self.spec.socket, self.spec.job_id, self.spec.attempt, why, RESULT_RETRY_S)
+        return EXIT_NOT_STARTED
 
     def _run_env(self) -> dict[str, str]:
         """The job's MLflow run, once the manager's MLflow helper has made it (``mlflow.json``),
