@@ -221,7 +221,7 @@ def test_oom_retries_are_bounded(cli, tmp_path: Path) -> None:
 
 
 def _pids_from(path: Path, n: int, timeout: float = 20) -> list[int]:
-    deadline = time.monotonic() + timeout
+    deadline = time.monotonic() + scaled(timeout)
     while time.monotonic() < deadline:
         if path.exists() and len(path.read_text().split()) >= n:
             return [int(p) for p in path.read_text().split()]
@@ -230,7 +230,7 @@ def _pids_from(path: Path, n: int, timeout: float = 20) -> list[int]:
 
 
 def _gone(pids: list[int], timeout: float = 15) -> bool:
-    deadline = time.monotonic() + timeout
+    deadline = time.monotonic() + scaled(timeout)
     while time.monotonic() < deadline:
         alive = [
             p for p in pids if psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE
