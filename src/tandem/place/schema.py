@@ -20,7 +20,7 @@ from typing import Any
 from tandem.place.fields import meta, reader, same, sql_declaration, stored_fields, to_column
 from tandem.place.records import Attempt, Job, Share
 
-SCHEMA_VERSION = 4
+SCHEMA_VERSION = 5
 
 # Each record's table: its name and what is declared beyond its columns.
 TABLES: dict[type, tuple[str, str]] = {
@@ -164,6 +164,7 @@ MIGRATIONS: dict[int, list[Any]] = {
         "ALTER TABLE jobs ADD COLUMN params TEXT NOT NULL DEFAULT '{}'",
         _selections_in_state,
     ],
+    4: ["ALTER TABLE attempts ADD COLUMN folder TEXT"],
 }
 
 assert set(MIGRATIONS) == set(range(1, SCHEMA_VERSION)), "a schema version without its migration"

@@ -1,9 +1,9 @@
 """The files of one attempt, as typed records: the one definition of what the daemon, the
 supervisor (:mod:`tandem.place.run.shim`) and the Ray task pass each other.
 
-Everything goes through the attempt's directory (``<state dir>/jobs/<job>/<attempt>/``),
-each record written whole (write, then rename), so a reader sees the old file or the new
-one, never a part:
+Everything goes through the attempt's folder (``<state dir>/jobs/<job>/<n>.<random>/``: a name
+no other attempt has, of this database or a lost one), each record written whole (write,
+then rename), so a reader sees the old file or the new one, never a part:
 
 =================  =============  ===============================================
 file               written by     record
@@ -84,6 +84,7 @@ class AttemptSpec:
     track: bool = True  # write the run's points to metrics.jsonl for MLflow
     # wait for the attempt's MLflow run (mlflow.json) and tell the job its id before it starts
     mlflow_env: bool = False
+    db_id: str = ""  # the state database the attempt is of (tandem.place.identity)
 
 
 @dataclass(frozen=True)

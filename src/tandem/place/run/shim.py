@@ -108,6 +108,10 @@ class Shim:
         if spec is None:
             raise SystemExit(f"tandem shim: no readable {AttemptSpec.FILE} in {attempt_dir}")
         self.spec = spec
+        # Its attempt's own folder, held open: everything it writes goes there, wherever the
+        # folder is moved (a lost database's are set aside while their jobs run), never into
+        # a folder made at its path since.
+        self.path, self.dir = attempt_dir, _hold(attempt_dir)
         self.cancelled = False
         self.terms = 0  # SIGTERMs received (one more while its result waits for the disk: give up)
         self.notes: list[str] = []
@@ -404,11 +408,35 @@ def _wake_daemon(socket_path: str | None) -> None:
         pass
 
 
+def _hold(folder: Path) -> Path:
+    """A path to ``folder`` that follows it where it is moved: its open descriptor's (Linux
+    ``/proc``); ``folder`` itself where there is none."""
+    fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY)  # kept open as long as the supervisor runs
+    held = Path(f"/proc/self/fd/{fd}")
+    return held if os.path.samefile(held, folder) else folder
+
+
+def _moved_from(shim: Shim) -> str | None:
+    """Where its folder is now, if it is no longer at the path it was started on (the state
+    database was lost and the daemon set its jobs' folders aside, or it was removed)."""
+    if shim.dir == shim.path:
+        return None
+    now = os.readlink(shim.dir)
+    return None if now == str(shim.path) else now
+
+
 def main(argv: list[str]) -> int:
     if len(argv) != 1:
         print("usage: python -m tandem.place.run.shim ATTEMPT_DIR", file=sys.stderr)
         return 2
-    return Shim(Path(argv[0])).run()
+    shim = Shim(Path(argv[0]))
+    code = shim.run()
+    moved = _moved_from(shim)
+    if moved is not None:  # its files are its own still: said, so that no one looks for them there
+        _say(
+            f"its folder {shim.path} is now {moved}: its files (the result too) are there, not in {shim.path}"
+        )
+    return code
 
 
 if __name__ == "__main__":
