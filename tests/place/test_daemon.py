@@ -322,7 +322,8 @@ def test_corrupt_state_file_is_a_clear_error(cli) -> None:
 def test_locked_state_file_is_a_clear_error(cli) -> None:
     from tandem.place.state import State, StateError
 
-    cli("ls")  # creates it; readers are not blocked by a writer (write-ahead log) ...
+    cli.state.mkdir(mode=0o700)
+    State(cli.state).close()  # the writer makes it; readers are not blocked by a writer (write-ahead log) ...
     db = sqlite3.connect(cli.state / "place.db")
     db.execute("BEGIN EXCLUSIVE")
     try:

@@ -26,6 +26,7 @@ import psutil
 from tandem.place.active import STARTUP_SAMPLES, Active, AttemptEnd, Startup
 from tandem.place.config import DaemonConfig
 from tandem.place.devices import Monitor
+from tandem.place.identity import attempt_folder
 from tandem.place.model import CANCELLED, FAILED, RUNNING, SUCCEEDED, Capacity, GpuInfo, format_size
 from tandem.place.producers import selections_made
 from tandem.place.reserve import Measuring, mem_reservation
@@ -66,7 +67,7 @@ class Attempts:
     ) -> None:
         n = len(job.attempts) + 1
         # A folder of its own: no attempt before or after a lost database has this name.
-        record = Attempt(job.id, n, RUNNING, {}, 0.0, folder=self.state.new_attempt_folder(n))
+        record = Attempt(job.id, n, RUNNING, {}, 0.0, folder=attempt_folder(n))
         adir = self.state.attempt_dir(record)
         adir.mkdir(parents=True)
         env = {**env, "TANDEM_JOB_DIR": str(adir)}  # its attempt's own directory (what it may leave us)
@@ -436,9 +437,8 @@ _SUPERVISOR_MODULES = frozenset({"tandem.place.run.shim", "tandem.place.shim"})
 
 
 def _runs_in(attempt_dir: Path, recorded: float) -> bool:
-    """Is a supervisor for ``attempt_dir`` running, one whose pid the daemon did not get to
-    record? Only a process of this user, started after the attempt was recorded, over this
-    folder (a name no other attempt has): never any user's process by its command line."""
+    """Is a supervisor for ``attempt_dir`` running, its pid not recorded? Only a process of
+    this user started after the attempt was recorded, over this folder (no other has its name)."""
     me, target = os.getuid(), str(attempt_dir)
     for p in psutil.process_iter(["uids", "create_time", "cmdline"]):
         uids, born, cmdline = p.info.get("uids"), p.info.get("create_time"), p.info.get("cmdline") or []

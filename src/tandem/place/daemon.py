@@ -39,7 +39,7 @@ from tandem.place.admission import Admission
 from tandem.place.attempts import Attempts
 from tandem.place.config import DaemonConfig
 from tandem.place.devices import Monitor, Nvml, detect_capacity
-from tandem.place.identity import StateMoved, daemon_identity, keep_records
+from tandem.place.identity import StateMoved, daemon_identity, keep_records, moved
 from tandem.place.model import RUNNING, WAITING_STATES, Capacity, format_size
 from tandem.place.paths import StateError, disk_trouble, private_dir
 from tandem.place.policies import make_policy
@@ -146,6 +146,8 @@ class Daemon:
                         self._accept(sel, listener)
                     else:
                         self._answer(sel, key.fileobj)
+                if self.moved is not None:  # seen while answering: no tick writes on
+                    break
                 self._drop_idle(sel, listener)
                 self.wake = False
                 try:
@@ -159,9 +161,7 @@ class Daemon:
                 key.fileobj.close()  # type: ignore[union-attr]
             sel.close()
             self.socket_path.unlink(missing_ok=True)
-            if (
-                self.mps is not None
-            ):  # servers with clients stay: their jobs go on, the next daemon adopts them
+            if self.mps is not None:  # servers with clients stay: the next daemon adopts their jobs
                 self.mps.release_idle({u for a in self.attempts.active.values() for u in a.uuids})
             if self.nvml is not None:
                 self.nvml.close()
@@ -190,7 +190,7 @@ class Daemon:
     def _state_moved(self) -> bool:
         """Is ``place.db`` no longer the file we write (removed, or replaced)? Then our
         records are kept beside it, it is said, and we stop."""
-        how = self.state.moved()
+        how = moved(self.state.path, self.state.file)
         if how is not None:
             self.moved = keep_records(self.state.db, self.state.path, how)
             log.error("%s", self.moved)

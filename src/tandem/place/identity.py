@@ -53,6 +53,23 @@ def new_db_id() -> str:
     return secrets.token_hex(8)
 
 
+def attempt_folder(n: int) -> str:
+    """A name for attempt ``n``'s folder that no other attempt has had, of this database or
+    a lost one (whose job ids were the same): a lost database's supervisor, still running,
+    never writes into a new job's folder, nor is its result read as a new job's."""
+    return f"{n}.{secrets.token_hex(6)}"
+
+
+def moved(path: Path, opened: str | None) -> str | None:
+    """What happened to the database file ``path`` a writer opened as ``opened``
+    (:func:`file_id`), if it is no longer there: writing on would write into no file anyone
+    reads."""
+    now = file_id(path)
+    if now == opened:
+        return None
+    return "removed" if now is None else "replaced by another file"
+
+
 def file_id(path: Path) -> str | None:
     """``device:inode`` of ``path`` (None: there is no such file). A file removed and made
     again, or replaced by a rename, has another."""

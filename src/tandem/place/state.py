@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import secrets
 import sqlite3
 import time
 from collections.abc import Iterable, Iterator
@@ -88,7 +87,7 @@ class State(StateReads):
             self.db.executescript(SCHEMA + ";")
             self._check_version()
             self.id = self._database_id()
-            self.file = file_id(self.path)  # what the daemon checks its file against (moved())
+            self.file = file_id(self.path)  # what the daemon checks its file against (identity.moved)
             if fresh:
                 self._set_aside_lost_jobs()
             # After any migration: an old file's jobs table has neither column before it.
@@ -105,16 +104,10 @@ class State(StateReads):
 
     def _database_id(self) -> str:
         """The database's id: made with it (or, for one made by an older tandem, now)."""
-        self.db.execute("INSERT OR IGNORE INTO meta VALUES ('id', ?)", (new_db_id(),))
-        return str(self.db.execute("SELECT v FROM meta WHERE k = 'id'").fetchone()[0])
-
-    def moved(self) -> str | None:
-        """What happened to the file this connection writes, if it is no longer ``place.db``
-        (removed, or replaced by another): writing on would write into no file anyone reads."""
-        now = file_id(self.path)
-        if now == self.file:
-            return None
-        return "removed" if now is None else "replaced by another file"
+        if (row := self.db.execute("SELECT v FROM meta WHERE k = 'id'").fetchone()) is None:
+            self.db.execute("INSERT OR IGNORE INTO meta VALUES ('id', ?)", (new_db_id(),))
+            row = self.db.execute("SELECT v FROM meta WHERE k = 'id'").fetchone()
+        return str(row[0])
 
     def _error(self, exc: sqlite3.Error) -> StateError:
         text = str(exc)
@@ -443,14 +436,6 @@ class State(StateReads):
             "UPDATE shares SET pid = ?, ctime = ?, started = ?, cpus = ?, error = ? WHERE name = ?",
             (pid, ctime, time.time() if pid else None, cpus, error, name),
         )
-
-    @staticmethod
-    def new_attempt_folder(n: int) -> str:
-        """A name for attempt ``n``'s folder that no other attempt has had, in this database
-        or a lost one (whose job ids were the same): a supervisor of a lost database's job,
-        still running, never writes into a new job's folder, nor the daemon reads its result
-        as a new job's."""
-        return f"{n}.{secrets.token_hex(6)}"
 
 
 def _insert(db: sqlite3.Connection, table: str, values: dict[str, Any], conflict: str = "") -> int:

@@ -111,7 +111,9 @@ class Shim:
         # Its attempt's own folder, held open: everything it writes goes there, wherever the
         # folder is moved (a lost database's are set aside while their jobs run), never into
         # a folder made at its path since.
-        self.path, self.dir = attempt_dir, _hold(attempt_dir)
+        from tandem.place.run.files import hold
+
+        self.path, self.dir = attempt_dir, hold(attempt_dir)
         self.cancelled = False
         self.terms = 0  # SIGTERMs received (one more while its result waits for the disk: give up)
         self.notes: list[str] = []
@@ -232,7 +234,8 @@ class Shim:
         from tandem.watch.tracker import Run, default_samplers
 
         spec = self.spec
-        store = SpoolStore(self.dir / "metrics.jsonl", warn=self.note)
+        # By its path: the spool names its artifacts' files for the MLflow helper, another process.
+        store = SpoolStore(self.path / "metrics.jsonl", warn=self.note)
         tags = {"tandem.job_id": str(spec.job_id), "tandem.attempt": str(spec.attempt)} if spec.job_id else {}
         tree = _TreeOf()
         samplers = [_UsageWriter(self, tree), *default_samplers(tree, spec.env)]  # type: ignore[arg-type]
@@ -408,30 +411,15 @@ def _wake_daemon(socket_path: str | None) -> None:
         pass
 
 
-def _hold(folder: Path) -> Path:
-    """A path to ``folder`` that follows it where it is moved: its open descriptor's (Linux
-    ``/proc``); ``folder`` itself where there is none."""
-    fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY)  # kept open as long as the supervisor runs
-    held = Path(f"/proc/self/fd/{fd}")
-    return held if os.path.samefile(held, folder) else folder
-
-
-def _moved_from(shim: Shim) -> str | None:
-    """Where its folder is now, if it is no longer at the path it was started on (the state
-    database was lost and the daemon set its jobs' folders aside, or it was removed)."""
-    if shim.dir == shim.path:
-        return None
-    now = os.readlink(shim.dir)
-    return None if now == str(shim.path) else now
-
-
 def main(argv: list[str]) -> int:
     if len(argv) != 1:
         print("usage: python -m tandem.place.run.shim ATTEMPT_DIR", file=sys.stderr)
         return 2
+    from tandem.place.run.files import moved_from
+
     shim = Shim(Path(argv[0]))
     code = shim.run()
-    moved = _moved_from(shim)
+    moved = moved_from(shim.dir, shim.path)
     if moved is not None:  # its files are its own still: said, so that no one looks for them there
         _say(
             f"its folder {shim.path} is now {moved}: its files (the result too) are there, not in {shim.path}"
