@@ -4,10 +4,10 @@ A state database gets a random id when the daemon makes it (``meta.id``). The da
 that id, and the file's identity on disk (device and inode), in ``daemon.json``; each
 attempt's spec records it (:class:`~tandem.place.run.files.AttemptSpec`: which database a
 folder's attempt is of), and each attempt's folder has a name no other attempt has
-(:func:`attempt_folder`). A reader compares them: a database that was removed under its daemon, replaced by another
-file, or lost while no daemon ran (the jobs' folders are there, their records are not) is
-said, never read as if it were the state, and never made anew by a reader (only the daemon
-makes one, under its lock, setting the old jobs' folders aside).
+(:func:`attempt_folder`). A reader compares them: a database that was removed under its
+daemon, replaced by another file, or lost while no daemon ran (the jobs' folders are there,
+their records are not) is said, never read as if it were the state, and never made anew by
+a reader (only the daemon makes one, under its lock, setting the old jobs' folders aside).
 
 The daemon checks, before each batch of requests and each tick, that ``place.db`` is still
 the file it writes: removed or replaced under it, it keeps a copy of its records
