@@ -37,7 +37,7 @@ from tandem.place import client
 from tandem.place.model import FINAL_STATES, JobSpec, param_value, parse_size
 from tandem.place.protocol import Cancel
 from tandem.place.reserve import AUTO_CPUS
-from tandem.place.state import State, private_dir, state_dir
+from tandem.place.state import StateReader, private_dir, state_dir
 
 __all__ = ["Job", "JobFailed", "call", "job", "submit", "submit_many"]
 
@@ -76,7 +76,7 @@ class Job:
 
     def refresh(self) -> Job:
         """Read the job's record again (``state`` does, too)."""
-        record = State(self._dir).job(self.id)
+        record = StateReader(self._dir).job(self.id)
         if record is None:
             raise KeyError(f"job {self.id} is not in {self._dir} (moved aside, or another state directory)")
         self._record = record
@@ -113,10 +113,10 @@ class Job:
 
     def logs(self) -> str:
         """Its output so far, every attempt in order."""
-        st = State(self._dir)
+        st = StateReader(self._dir)
         parts = []
         for a in st.attempts(self.id):
-            path = st.attempt_dir(self.id, a.n) / "output.log"
+            path = st.attempt_dir(a) / "output.log"
             try:
                 parts.append(path.read_text(errors="replace"))
             except OSError:
@@ -126,7 +126,7 @@ class Job:
     def metrics(self) -> dict[str, float]:
         """The latest value of each metric of its last attempt's MLflow run (the job's own
         ``mlflow.log_metric`` calls land there, and tandem's ``system/*``, ``summary/*``)."""
-        attempts = State(self._dir).attempts(self.id)
+        attempts = StateReader(self._dir).attempts(self.id)
         run_id = next((a.mlflow_run_id for a in reversed(attempts) if a.mlflow_run_id), None)
         if run_id is None:
             return {}

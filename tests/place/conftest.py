@@ -77,6 +77,13 @@ class Cli:
             return None
 
 
+def attempt_dir(state: Path, job_id: int | str, n: int = 1) -> Path:
+    """The folder of job ``job_id``'s attempt ``n`` (``jobs/<id>/<n>.<random>``), made or not."""
+    found = sorted((state / "jobs" / str(job_id)).glob(f"{n}.*"))
+    assert len(found) <= 1, found
+    return found[0] if found else state / "jobs" / str(job_id) / f"{n}.not-yet"
+
+
 @pytest.fixture
 def cli(tmp_path: Path) -> Iterator[Cli]:
     state = tmp_path / "state"

@@ -14,6 +14,7 @@ from pathlib import Path
 import psutil
 import pytest
 
+from tests.place.conftest import attempt_dir
 from tests.timing import scaled
 
 FAST = ["--settle", "0.3", "--window", "2", "--grace", "1"]
@@ -321,7 +322,8 @@ def test_corrupt_state_file_is_a_clear_error(cli) -> None:
 def test_locked_state_file_is_a_clear_error(cli) -> None:
     from tandem.place.state import State, StateError
 
-    cli("ls")  # creates it; readers are not blocked by a writer (write-ahead log) ...
+    cli.state.mkdir(mode=0o700)
+    State(cli.state).close()  # the writer makes it; readers are not blocked by a writer (write-ahead log) ...
     db = sqlite3.connect(cli.state / "place.db")
     db.execute("BEGIN EXCLUSIVE")
     try:
@@ -437,7 +439,7 @@ def test_a_killed_supervisor_does_not_leave_its_job_running(cli, tmp_path: Path)
     job_id = cli.submit("--", "sh", "-c", f"echo $$ >> {pids}; sleep 300")
     (job_pid,) = _pids_from(pids, 1)
     shim = cli.job(job_id)
-    adir = cli.state / "jobs" / str(job_id) / "1"
+    adir = attempt_dir(cli.state, job_id)
     shim_pid = json.loads((adir / "shim.json").read_text())["pid"]
     os.kill(shim_pid, signal.SIGKILL)
     job = cli.wait_state(job_id, {"failed"})

@@ -17,6 +17,7 @@ from pathlib import Path
 import psutil
 import pytest
 
+from tests.place.conftest import attempt_dir
 from tests.place.test_daemon import DATASET, READER, _gone
 from tests.timing import scaled
 
@@ -203,7 +204,7 @@ def test_a_chatty_job_s_log_is_capped(cli, tmp_path: Path) -> None:
     cli("daemon", "start", "--cpus", "2", "--log-max", "1M", *FAST)
     job = cli.submit("--", sys.executable, "-c", "import sys\nfor i in range(200000): print('x' * 100)")
     assert cli("wait", str(job), timeout=120).returncode == 0
-    adir = cli.state / "jobs" / str(job) / "1"
+    adir = attempt_dir(cli.state, job)
     on_disk = sum(p.stat().st_size for p in adir.glob("output.log*"))
     assert on_disk <= (1 << 20) + (1 << 16), on_disk  # 20 MB printed
     assert cli("logs", str(job)).stdout.rstrip().endswith("x" * 100)  # the newest output is kept
@@ -251,13 +252,13 @@ def test_a_full_state_filesystem_kills_no_job_and_leaves_none_running(
     ids = [
         tandem("submit", "--cpus", "0.5", "--", sys.executable, "-c", script).stdout.strip() for _ in range(2)
     ]
-    started = _wait_for(lambda: len(list((state / "jobs").glob("*/1/started.json"))) == 2, 60)
+    started = _wait_for(lambda: len(list((state / "jobs").glob("*/1.*/started.json"))) == 2, 60)
     assert started, tandem("ls").stdout
-    pids = [json.loads(p.read_text())["pid"] for p in (state / "jobs").glob("*/1/started.json")]
+    pids = [json.loads(p.read_text())["pid"] for p in (state / "jobs").glob("*/1.*/started.json")]
     filler = small / "filler"
     subprocess.run(["dd", "if=/dev/zero", f"of={filler}", "bs=64k"], capture_output=True)  # until full
     # Jobs, supervisors and the daemon all meet ENOSPC while the jobs go on printing.
-    for output in (state / "jobs").glob("*/1/output.log"):
+    for output in (state / "jobs").glob("*/1.*/output.log"):
         size = output.stat().st_size
         assert _wait_for(lambda o=output, n=size: not psutil.pid_exists(pids[0]) or o.stat().st_size >= n, 10)
     assert all(psutil.pid_exists(p) for p in pids), "a job died of the full disk"
@@ -294,7 +295,7 @@ def test_a_full_disk_while_jobs_start_loses_none(cli, tmp_path: Path, small_disk
     stop, out = tmp_path / "stop", tmp_path / "ran"
     hold = f"import os, time\nwhile not os.path.exists({str(stop)!r}):\n    time.sleep(0.05)"
     blocker = tandem("submit", "--cpus", "2", "--", sys.executable, "-c", hold).stdout.strip()
-    assert _wait_for(lambda: (state / "jobs" / blocker / "1" / "started.json").exists(), 60)
+    assert _wait_for(lambda: (attempt_dir(state, blocker) / "started.json").exists(), 60)
     once = f"open({str(out)!r}, 'a').write(__import__('os').environ['TANDEM_JOB_ID'] + '\\n')"
     ids = [
         tandem("submit", "--cpus", "0.5", "--", sys.executable, "-c", once).stdout.strip() for _ in range(4)
@@ -307,7 +308,7 @@ def test_a_full_disk_while_jobs_start_loses_none(cli, tmp_path: Path, small_disk
     if r.returncode == 0:
         ids.append(r.stdout.strip())
     stop.touch()  # the blocker ends: the daemon starts the four on a full disk
-    pid = json.loads((state / "jobs" / blocker / "1" / "started.json").read_text())["pid"]
+    pid = json.loads((attempt_dir(state, blocker) / "started.json").read_text())["pid"]
     assert _wait_for(lambda: not psutil.pid_exists(pid), 60), "the blocker ended"
     # A few of the daemon's passes on the full disk: none of the four may fail meanwhile.
     deadline = time.monotonic() + 3.0

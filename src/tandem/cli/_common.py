@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 import click
 
 if TYPE_CHECKING:  # the state is imported when a command needs it: tandem --help stays light
-    from tandem.place.state import State
+    from tandem.place.state import StateReader
 
 # Exit codes: one table for every command (README, "Exit codes"), applied here: by
 # daemon_call (the daemon's answers), by the command group (a state or runtime directory that
@@ -75,14 +75,15 @@ def daemon_call(call: Any, *args: Any, **kwargs: Any) -> Any:
         raise click.ClickException(str(exc)) from None
 
 
-def open_state() -> State:
-    """The job manager's state (:class:`tandem.place.state.State`), or a clear error."""
-    from tandem.place.state import State, StateError, state_dir
+def open_state() -> StateReader:
+    """The job manager's state, read-only (:class:`tandem.place.reads.StateReader`: it
+    makes, migrates and moves nothing), or a clear error."""
+    from tandem.place.state import StateError, StateReader, state_dir
 
     directory = state_dir()  # one that may not be used: the command group's exit 2
     try:
-        return State(directory)
-    except StateError as exc:  # its file cannot be read (corrupt, locked, newer): an error of its own
+        return StateReader(directory)
+    except StateError as exc:  # its file cannot be read (corrupt, newer, lost): an error of its own
         raise click.ClickException(str(exc)) from None
 
 

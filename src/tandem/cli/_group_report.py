@@ -17,7 +17,7 @@ def sweep_reports(refs: tuple[str, ...], metrics: tuple[str, ...], best: str | N
     """The report of each ``group:G`` among ``refs`` that is a group of the job manager."""
     from tandem.dirs import state_dir_path
     from tandem.place.run.tracking import manager_store
-    from tandem.place.state import State, state_dir
+    from tandem.place.state import StateReader, state_dir
     from tandem.place.sweep_report import group_report
     from tandem.watch.stores.mlflow_store import sqlite_path
 
@@ -25,7 +25,7 @@ def sweep_reports(refs: tuple[str, ...], metrics: tuple[str, ...], best: str | N
     if not groups or not state_dir_path().exists():
         return []
     directory = state_dir()
-    state = State(directory)
+    state = StateReader(directory)
     try:
         runs_db = sqlite_path(manager_store(directory))
         found = (group_report(state, g, runs_db, metrics, best) for g in groups)

@@ -381,7 +381,7 @@ def logs(job_id: int, follow: bool) -> None:
     def dump() -> None:
         attempts = st.attempts(job_id)
         for a in attempts:
-            path = st.attempt_dir(job_id, a.n) / "output.log"
+            path = st.attempt_dir(a) / "output.log"
             if a.n not in shown:
                 if len(attempts) > 1:
                     out.write(f"== attempt {a.n} ==\n".encode())

@@ -345,9 +345,9 @@ def select_report(sel_id: str, baseline_run: str | None, as_json: bool) -> None:
 
 def _manager_state() -> Any:
     """The job manager's state, if it has one (None before its first job or share)."""
-    from tandem.place.state import State, state_dir_path
+    from tandem.place.state import StateReader, state_dir_path
 
-    return State(state_dir_path()) if (state_dir_path() / "place.db").exists() else None
+    return StateReader(state_dir_path()) if (state_dir_path() / "place.db").exists() else None
 
 
 def _state_or_none() -> Any:

@@ -16,6 +16,7 @@
 from __future__ import annotations
 
 import logging
+import os
 import time
 from pathlib import Path
 from typing import Any
@@ -25,6 +26,7 @@ import psutil
 from tandem.place.active import STARTUP_SAMPLES, Active, AttemptEnd, Startup
 from tandem.place.config import DaemonConfig
 from tandem.place.devices import Monitor
+from tandem.place.identity import attempt_folder
 from tandem.place.model import CANCELLED, FAILED, RUNNING, SUCCEEDED, Capacity, GpuInfo, format_size
 from tandem.place.producers import selections_made
 from tandem.place.reserve import Measuring, mem_reservation
@@ -64,9 +66,9 @@ class Attempts:
         self, job: Job, p: Placement, chosen: tuple[GpuInfo, ...], env: dict[str, str], extra: dict[str, Any]
     ) -> None:
         n = len(job.attempts) + 1
-        adir = self.state.attempt_dir(job.id, n)
-        if adir.exists():  # not this attempt's (a lost database's job of the same id): never read
-            adir.rename(adir.with_name(f"{n}.stale-{time.time():.0f}"))
+        # A folder of its own: no attempt before or after a lost database has this name.
+        record = Attempt(job.id, n, RUNNING, {}, 0.0, folder=attempt_folder(n))
+        adir = self.state.attempt_dir(record)
         adir.mkdir(parents=True)
         env = {**env, "TANDEM_JOB_DIR": str(adir)}  # its attempt's own directory (what it may leave us)
         uuids = tuple(g.uuid for g in chosen)
@@ -100,14 +102,11 @@ class Attempts:
                 socket=self.socket,
                 track=self.tracked,
                 mlflow_env=self.tracked,  # the job is told its run's id (one run per job)
+                db_id=self.state.id,
             ),
         )
-        started = time.time()
-        self.state.start(
-            Attempt(job.id, n, RUNNING, placement, started),
-            job.started,
-            f"attempt {n} on {placement['device']}",
-        )
+        record.placement, record.started = placement, (started := time.time())
+        self.state.start(record, job.started, f"attempt {n} on {placement['device']}")
         a = Active(job, n, p, uuids, adir, started, gpu_mem_reserved=None if p.probe else p.gpu_mem, cpu=cpu)
         a.mem_learned = placement["mem"]
         a.energy_start = {u: e for u in uuids if (e := self.monitor.gpus[u].energy_mj) is not None}
@@ -198,7 +197,7 @@ class Attempts:
                 result = Result(kind, state, None, None, cause, None, a.started, now)
             self.finish(a, result)
         elif a.shim_pid is None and now - a.started > LOST_AFTER_S and not self.launcher.pending(a):
-            if _runs_in(a.dir):
+            if _runs_in(a.dir, a.started):
                 return
             # The daemon died between recording the attempt and starting its supervisor: the
             # attempt never ran, so the job goes back to the queue (no attempt runs twice).
@@ -412,7 +411,7 @@ class Attempts:
                 att.n,
                 placement,
                 tuple(pl.get("uuids", ())),
-                self.state.attempt_dir(job.id, att.n),
+                self.state.attempt_dir(att),
                 att.started,
                 att.shim_pid,
                 att.shim_ctime,
@@ -437,11 +436,14 @@ class Attempts:
 _SUPERVISOR_MODULES = frozenset({"tandem.place.run.shim", "tandem.place.shim"})
 
 
-def _runs_in(attempt_dir: Path) -> bool:
-    """Is a supervisor for ``attempt_dir`` running (found by its command line)?"""
-    target = str(attempt_dir)
-    for p in psutil.process_iter(["cmdline"]):
-        cmdline = p.info.get("cmdline") or []
+def _runs_in(attempt_dir: Path, recorded: float) -> bool:
+    """Is a supervisor for ``attempt_dir`` running, its pid not recorded? Only a process of
+    this user started after the attempt was recorded, over this folder (no other has its name)."""
+    me, target = os.getuid(), str(attempt_dir)
+    for p in psutil.process_iter(["uids", "create_time", "cmdline"]):
+        uids, born, cmdline = p.info.get("uids"), p.info.get("create_time"), p.info.get("cmdline") or []
+        if uids is None or uids.real != me or born is None or born < recorded - 1.0:
+            continue
         # A supervisor started by a tandem from before the move to place.run has the old name.
         if _SUPERVISOR_MODULES.intersection(cmdline) and target in cmdline:
             return True

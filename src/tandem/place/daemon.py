@@ -16,6 +16,8 @@ Each tick (1 s, or at once when a request or a job's result arrives) it:
 
 Jobs do not depend on the daemon: each runs under a supervisor in its own session, and a
 restarted daemon re-adopts the attempts it finds running and goes on with the queue.
+It opens the state only once it holds the directory's lock, and stops, saying so, when
+``place.db`` is no longer the file it writes (:mod:`tandem.place.identity`).
 """
 
 from __future__ import annotations
@@ -38,13 +40,9 @@ from tandem.place.attempts import Attempts
 from tandem.place.config import DaemonConfig
 from tandem.place.devices import Monitor, Nvml, detect_capacity
 from tandem.place.diskwait import DiskWait
-from tandem.place.model import (
-    RUNNING,
-    WAITING_STATES,
-    Capacity,
-    format_size,
-)
-from tandem.place.paths import disk_trouble
+from tandem.place.identity import StateMoved, daemon_identity, keep_records, moved
+from tandem.place.model import RUNNING, WAITING_STATES, Capacity, format_size
+from tandem.place.paths import StateError, disk_trouble, private_dir
 from tandem.place.policies import make_policy
 from tandem.place.producers import Producers
 from tandem.place.queue import WaitingJobs
@@ -95,7 +93,7 @@ class Daemon:
         self.launcher = RayLauncher(backend) if backend is not None else LocalLauncher()
         self.monitor = Monitor(capacity, self.limits.window_s, nvml)
         self.socket_path = protocol.socket_path(state.dir)
-        self.lock = FileLock(str(state.dir / "daemon.lock"), mode=0o600)
+        self.moved: str | None = None  # what happened to the state's file, once it is not ours
         self.started = time.time()
         self.stop_requested = False
         self.wake = False
@@ -134,10 +132,7 @@ class Daemon:
     # --- life cycle -----------------------------------------------------------------------
 
     def serve(self) -> None:
-        try:
-            self.lock.acquire(timeout=0)
-        except Timeout:
-            raise DaemonRunning(f"a daemon already serves {self.state.dir}") from None
+        """Serve until stopped (the caller holds the directory's lock: :func:`run_daemon`)."""
         sel = selectors.DefaultSelector()
         try:
             listener = self._listen(sel)
@@ -145,11 +140,16 @@ class Daemon:
             self.attempts.adopt()
             log.info("serving %s with policy %s", self.state.dir, self.policy.name)
             while not self.stop_requested:
-                for key, _ in sel.select(timeout=0 if self.wake else PLAN_MIN_S if self.dirty else TICK_S):
+                ready = sel.select(timeout=0 if self.wake else PLAN_MIN_S if self.dirty else TICK_S)
+                if self._state_moved():
+                    break
+                for key, _ in ready:
                     if key.fileobj is listener:
                         self._accept(sel, listener)
                     else:
                         self._answer(sel, key.fileobj)
+                if self.moved is not None:  # seen while answering: no tick writes on
+                    break
                 self._drop_idle(sel, listener)
                 self.wake = False
                 try:
@@ -163,9 +163,7 @@ class Daemon:
                 key.fileobj.close()  # type: ignore[union-attr]
             sel.close()
             self.socket_path.unlink(missing_ok=True)
-            if (
-                self.mps is not None
-            ):  # servers with clients stay: their jobs go on, the next daemon adopts them
+            if self.mps is not None:  # servers with clients stay: the next daemon adopts their jobs
                 self.mps.release_idle({u for a in self.attempts.active.values() for u in a.uuids})
             if self.nvml is not None:
                 self.nvml.close()
@@ -174,7 +172,6 @@ class Daemon:
             if self.tracker is not None:
                 self.tracker.poke()  # what is left to write is written (a helper started if none runs)
                 self.tracker.stop()  # and then it ends
-            self.lock.release()
 
     def _listen(self, sel: selectors.BaseSelector) -> Any:
         self.socket_path.unlink(missing_ok=True)  # a dead daemon's; the lock says it is dead
@@ -187,9 +184,20 @@ class Daemon:
         store = self.tracker.uri if self.tracker is not None and not self.tracker.why_not else None
         write_json(
             self.state.dir / "daemon.json",
-            {"pid": os.getpid(), "started": self.started, "socket": str(self.socket_path), "store": store},
+            {"started": self.started, "socket": str(self.socket_path), "store": store}
+            | daemon_identity(self.state.id, self.state.file),
         )
         return listener
+
+    def _state_moved(self) -> bool:
+        """Is ``place.db`` no longer the file we write (removed, or replaced)? Then our
+        records are kept beside it, it is said, and we stop."""
+        how = moved(self.state.path, self.state.file)
+        if how is not None:
+            self.moved = keep_records(self.state.db, self.state.path, how)
+            log.error("%s", self.moved)
+            self.stop_requested = True
+        return how is not None
 
     def _check_socket(self, sel: selectors.BaseSelector, listener: Any) -> Any:
         """Listen again if our socket file was removed or replaced (logind removes the
@@ -238,9 +246,13 @@ class Daemon:
             except (EOFError, TimeoutError, ValueError, OSError):
                 return
             try:
+                if self.moved is not None or self._state_moved():  # nothing written into no file
+                    raise StateMoved(self.moved)
                 reply = self.handle(protocol.read_request(request))
             except protocol.ProtocolError as exc:
                 reply = protocol.Failure(f"refused: {exc}", refused=True)
+            except StateMoved as exc:
+                reply = protocol.Failure(str(exc))
             except Exception as exc:  # a bad request must not take the daemon down
                 if disk_trouble(exc):
                     log.warning("request %r: the state's disk would not take it: %s", request.get("op"), exc)
@@ -409,16 +421,28 @@ def _reap_children() -> None:
 
 def run_daemon(state_dir: Path, config: DaemonConfig) -> None:
     """Serve ``state_dir`` with ``config`` in this process until stopped (ValueError: a
-    configuration this machine cannot give)."""
-    nvml = Nvml() if config.gpus != "none" else None
-    capacity = detect_capacity(config.cpus, config.mem, config.gpus, nvml)
-    print(
-        f"tandem daemon {os.getpid()}: {capacity.cpus:g} cores, {format_size(capacity.mem)} RAM, "
-        f"{len(capacity.gpus)} GPU(s), policy {config.policy}, state {state_dir}",
-        file=sys.stderr,
-        flush=True,
-    )
-    Daemon(State(state_dir), capacity, config, nvml).serve()
+    configuration this machine cannot give; :class:`StateMoved`: its database was removed or
+    replaced under it)."""
+    lock = FileLock(str(private_dir(state_dir) / "daemon.lock"), mode=0o600)
+    try:  # before the state is opened: only the daemon that holds it makes or moves anything
+        lock.acquire(timeout=0)
+    except Timeout:
+        raise DaemonRunning(f"a daemon already serves {state_dir}") from None
+    try:
+        nvml = Nvml() if config.gpus != "none" else None
+        capacity = detect_capacity(config.cpus, config.mem, config.gpus, nvml)
+        print(
+            f"tandem daemon {os.getpid()}: {capacity.cpus:g} cores, {format_size(capacity.mem)} RAM, "
+            f"{len(capacity.gpus)} GPU(s), policy {config.policy}, state {state_dir}",
+            file=sys.stderr,
+            flush=True,
+        )
+        daemon = Daemon(State(state_dir), capacity, config, nvml)
+        daemon.serve()
+    finally:
+        lock.release()
+    if daemon.moved is not None:
+        raise StateMoved(daemon.moved)
 
 
 def main(argv: list[str]) -> int:
@@ -430,7 +454,7 @@ def main(argv: list[str]) -> int:
     state_dir = Path(argv[0])
     try:
         run_daemon(state_dir, DaemonConfig.load(state_dir))
-    except (ValueError, DaemonRunning, RuntimeError, ConnectionError) as exc:
+    except (ValueError, DaemonRunning, RuntimeError, ConnectionError, StateError) as exc:
         print(f"tandem daemon: {exc}", file=sys.stderr)
         return 1
     return 0

@@ -74,7 +74,28 @@ def set_aside_lost_jobs(directory: Path, database: Path) -> str | None:
         os.rename(directory / "track", aside / "track")
     except FileNotFoundError:
         pass
+    running = _still_running(aside)
     return (
         f"the state database {database} is new, but {jobs} held {len(known)} jobs' directories "
         f"(the database was lost?): they are kept in {aside}; new jobs' ids start again at 1"
+        + (
+            f". {len(running)} of those jobs still run, known to no queue now (supervisor pids "
+            f"{', '.join(map(str, running))}): their files, results too, go on into {aside}"
+            if running
+            else ""
+        )
     )
+
+
+def _still_running(aside: Path) -> list[int]:
+    """The pids of the supervisors still running over attempts set aside (each writes into its
+    own folder wherever it is moved: :mod:`tandem.place.run.shim`)."""
+    from tandem.place.run.files import ShimInfo, load
+    from tandem.place.run.proctrack import same_process
+
+    found = []
+    for folder in aside.glob("*/*"):
+        shim = load(folder, ShimInfo) if not (folder / "result.json").exists() else None
+        if shim is not None and same_process(shim.pid, shim.ctime):
+            found.append(shim.pid)
+    return sorted(found)

@@ -1,13 +1,19 @@
 """Reading the job manager's state: what ``tandem ls|show|wait``, the dashboard and each
-scheduling pass ask of it. The writes, and the connection, are :mod:`tandem.place.state`'s."""
+scheduling pass ask of it (:class:`StateReads`), and the readers' own connection
+(:class:`StateReader`): read-only, it never makes, migrates or moves anything, and says when
+the database was lost or replaced (:mod:`tandem.place.identity`). The writes, and the
+writer's connection, are :mod:`tandem.place.state`'s."""
 
 from __future__ import annotations
 
 import sqlite3
+from pathlib import Path
 
+from tandem.place.identity import DB_FILE, StateLost, file_id, missing, replaced, serving_daemon
 from tandem.place.model import QUEUED, RETRYING, RUNNING
+from tandem.place.paths import StateError, private_dir, state_dir
 from tandem.place.records import Attempt, Job, Share
-from tandem.place.schema import columns_of, decode, decode_all
+from tandem.place.schema import SCHEMA, SCHEMA_VERSION, columns_of, decode, decode_all
 
 NOT_ENDED = (QUEUED, RUNNING, RETRYING)
 _LISTED = columns_of(Job, listed=True)  # not the environment: most of a row, and secrets
@@ -15,10 +21,17 @@ _QUEUED = columns_of(Job, queued=True)  # a queue of thousands is read every pas
 
 
 class StateReads:
-    """The queries of :class:`tandem.place.state.State` (one connection, ``query``)."""
+    """The queries of the state (one connection, ``query``): the writer's
+    (:class:`tandem.place.state.State`) and the readers' (:class:`StateReader`)."""
+
+    jobs_dir: Path
 
     def query(self, sql: str, args: tuple = ()) -> list[sqlite3.Row]:
         raise NotImplementedError
+
+    def attempt_dir(self, attempt: Attempt) -> Path:
+        """The folder of ``attempt`` (its spec, output, result)."""
+        return self.jobs_dir / str(attempt.job_id) / (attempt.folder or str(attempt.n))
 
     def job(self, job_id: int, attempts: bool = True) -> Job | None:
         rows = self.query("SELECT * FROM jobs WHERE id = ?", (job_id,))
@@ -166,3 +179,95 @@ class StateReads:
         marks = ", ".join("?" for _ in NOT_ENDED)
         rows = self.query(f"SELECT id FROM jobs WHERE share = ? AND state IN ({marks})", (name, *NOT_ENDED))
         return [r[0] for r in rows]
+
+
+class StateReader(StateReads):
+    """A read-only connection to ``place.db`` (``tandem ls|show|logs|wait``, the dashboard,
+    :mod:`tandem.jobs`). Where there is no database yet, an empty state (nothing is made);
+    where it was lost, or removed or replaced under its daemon, :class:`StateLost` saying
+    so; errors that mean the file cannot be read, :class:`StateError` with what to do."""
+
+    def __init__(self, directory: Path | None = None, timeout: float = 10.0) -> None:
+        self.dir = private_dir(directory) if directory is not None else state_dir()
+        self.path = self.dir / DB_FILE
+        self.jobs_dir = self.dir / "jobs"
+        daemon = serving_daemon(self.dir)
+        self.file = file_id(self.path)
+        if self.file is None:
+            said = missing(self.dir, daemon)
+            if said is not None:
+                raise StateLost(said)
+            self.db = _empty()  # no state yet: nothing to read, and nothing made here
+            self.id = None
+            return
+        try:
+            # mode=ro: never makes the file (a reader opening it just as it went away gets an
+            # error, not a new database); its write-ahead log is read as the daemon left it.
+            self.db = sqlite3.connect(f"file:{self.path}?mode=ro", uri=True, timeout=timeout)
+            self.db.row_factory = sqlite3.Row
+            version, self.id = self._meta()
+        except sqlite3.DatabaseError as exc:
+            raise self._error(exc) from None
+        if version is None:  # made this instant by the daemon, its tables not yet there
+            self.db.close()
+            self.db = _empty()
+            return
+        if version != SCHEMA_VERSION:
+            self.db.close()
+            newer = version > SCHEMA_VERSION
+            raise StateError(
+                f"state file {self.path} is of schema {version}, this tandem reads {SCHEMA_VERSION}: "
+                + (
+                    "upgrade tandem, or set TANDEM_STATE_DIR elsewhere"
+                    if newer
+                    else "the daemon brings it up to date when it starts with this tandem "
+                    "(`tandem daemon stop; tandem daemon start`)"
+                )
+            )
+        said = replaced(self.path, self.id, daemon)
+        if said is not None:
+            self.db.close()
+            raise StateLost(said)
+
+    def _meta(self) -> tuple[int | None, str | None]:
+        try:
+            rows = dict(self.db.execute("SELECT k, v FROM meta WHERE k IN ('schema', 'id')").fetchall())
+        except sqlite3.OperationalError as exc:
+            if "no such table" in str(exc):
+                return None, None
+            raise
+        schema = rows.get("schema")
+        return (int(schema) if schema is not None else None), rows.get("id")
+
+    def stale(self) -> bool:
+        """Is ``place.db`` no longer the file this connection reads (removed, replaced, or
+        made since by a daemon)? A long-lived reader (the dashboard) opens it again."""
+        return file_id(self.path) != self.file
+
+    def query(self, sql: str, args: tuple = ()) -> list[sqlite3.Row]:
+        if self.file is not None and self.stale():  # what an open file shows after it was removed
+            said = missing(self.dir, serving_daemon(self.dir)) or (
+                f"the state database {self.path} was removed or replaced since it was opened; read it again"
+            )
+            raise StateLost(said)
+        try:
+            return self.db.execute(sql, args).fetchall()
+        except sqlite3.DatabaseError as exc:
+            raise self._error(exc) from None
+
+    def _error(self, exc: sqlite3.Error) -> StateError:
+        return StateError(
+            f"state file {self.path} cannot be read ({exc}); it may be corrupt. Move it away "
+            f"(mv {self.path} {self.path}.bad) to start with an empty queue"
+        )
+
+    def close(self) -> None:
+        self.db.close()
+
+
+def _empty() -> sqlite3.Connection:
+    """An empty state in memory: what a state directory without a database reads as."""
+    db = sqlite3.connect(":memory:", check_same_thread=False)
+    db.row_factory = sqlite3.Row
+    db.executescript(SCHEMA + ";")
+    return db

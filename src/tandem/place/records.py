@@ -37,6 +37,9 @@ class Attempt:
     peak_gpu_mem: int | None = None
     cpu_seconds: float | None = None
     mlflow_run_id: str | None = None
+    # Its folder's name in jobs/<job id>/ ("<n>.<random>": no attempt of another database,
+    # lost or not, has it); None for one made before the names were unique ("<n>").
+    folder: str | None = column(None, shown=False)
 
 
 @dataclass

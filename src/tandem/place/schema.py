@@ -20,7 +20,7 @@ from typing import Any
 from tandem.place.fields import meta, reader, same, sql_declaration, stored_fields, to_column
 from tandem.place.records import Attempt, Job, Share
 
-SCHEMA_VERSION = 4
+SCHEMA_VERSION = 5
 
 # Each record's table: its name and what is declared beyond its columns.
 TABLES: dict[type, tuple[str, str]] = {
@@ -146,6 +146,13 @@ def _selections_in_state(db: sqlite3.Connection) -> None:
             db.execute("UPDATE shares SET selection = ? WHERE name = ?", (given, name))
 
 
+def _attempt_folders(db: sqlite3.Connection) -> None:
+    """Schema 4 named an attempt's folder by its number alone (a file older than the
+    attempts table has it from the schema already)."""
+    if "folder" not in {r[1] for r in db.execute("PRAGMA table_info(attempts)")}:
+        db.execute("ALTER TABLE attempts ADD COLUMN folder TEXT")
+
+
 # MIGRATIONS[n]: what takes schema n to n + 1 (CREATE TABLE IF NOT EXISTS only makes what
 # is missing, not what an old table lacks): SQL statements, or functions of the database.
 MIGRATIONS: dict[int, list[Any]] = {
@@ -164,6 +171,7 @@ MIGRATIONS: dict[int, list[Any]] = {
         "ALTER TABLE jobs ADD COLUMN params TEXT NOT NULL DEFAULT '{}'",
         _selections_in_state,
     ],
+    4: [_attempt_folders],
 }
 
 assert set(MIGRATIONS) == set(range(1, SCHEMA_VERSION)), "a schema version without its migration"

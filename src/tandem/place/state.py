@@ -1,10 +1,14 @@
 """The job manager's state: jobs, attempts, measured peaks and events in one SQLite file.
 
 ``$TANDEM_STATE_DIR`` (default ``$XDG_STATE_HOME/tandem``, else ``~/.local/state/tandem``)
-holds ``place.db`` and a directory per job with each attempt's spec, output and result.
-The daemon is the only writer; ``tandem ls|show|logs|wait`` read the file directly
-(write-ahead logging lets them read while the daemon writes), so they work while no
-daemon is running. The directory is private (0700), as is the database.
+holds ``place.db`` and a folder per job with each attempt's spec, output and result.
+:class:`State` is the one writer, and only the daemon opens it, once it holds the state
+directory's lock: it alone makes the file (with a random id, :mod:`tandem.place.identity`),
+migrates it, and sets aside the folders of a lost database's jobs. ``tandem ls|show|logs|wait``,
+the dashboard and :mod:`tandem.jobs` open it read-only (:class:`~tandem.place.reads.StateReader`;
+write-ahead logging lets them read while the daemon writes), so they work while no daemon
+is running, and never make, change or move anything. The directory is private (0700), as
+is the database.
 
 A job's ``state`` changes only here, through the named transitions of :data:`TRANSITIONS`
 (:meth:`State.start`, ``requeue``, ``retry``, ``finish``, ``fail``, ``cancel``): each writes
@@ -25,9 +29,10 @@ from pathlib import Path
 from typing import Any
 
 from tandem.dirs import private_file
+from tandem.place.identity import file_id, new_db_id
 from tandem.place.model import CANCELLED, FAILED, OOM, QUEUED, RETRYING, RUNNING, SUCCEEDED, JobSpec
 from tandem.place.paths import StateError, private_dir, set_aside_lost_jobs, state_dir, state_dir_path  # noqa: F401 (re-exported)
-from tandem.place.reads import NOT_ENDED, StateReads
+from tandem.place.reads import NOT_ENDED, StateReader, StateReads  # noqa: F401 (re-exported)
 from tandem.place.records import Attempt, Job, Share
 from tandem.place.schema import (
     MIGRATIONS,
@@ -61,7 +66,8 @@ class IllegalTransition(StateError):
 
 
 class State(StateReads):
-    """One connection to ``place.db``. Errors that mean the file cannot be used become
+    """The writer's connection to ``place.db`` (the daemon's, under its lock; a test's),
+    which makes the file if there is none. Errors that mean the file cannot be used become
     :class:`StateError` with what to do."""
 
     def __init__(self, directory: Path | None = None, timeout: float = 10.0) -> None:
@@ -80,6 +86,8 @@ class State(StateReads):
             self.db.execute("PRAGMA synchronous=FULL")
             self.db.executescript(SCHEMA + ";")
             self._check_version()
+            self.id = self._database_id()
+            self.file = file_id(self.path)  # what the daemon checks its file against (identity.moved)
             if fresh:
                 self._set_aside_lost_jobs()
             # After any migration: an old file's jobs table has neither column before it.
@@ -93,6 +101,13 @@ class State(StateReads):
         if said is not None:
             log.warning("%s", said)
             self.event(None, "lost-state", said)
+
+    def _database_id(self) -> str:
+        """The database's id: made with it (or, for one made by an older tandem, now)."""
+        if (row := self.db.execute("SELECT v FROM meta WHERE k = 'id'").fetchone()) is None:
+            self.db.execute("INSERT OR IGNORE INTO meta VALUES ('id', ?)", (new_db_id(),))
+            row = self.db.execute("SELECT v FROM meta WHERE k = 'id'").fetchone()
+        return str(row[0])
 
     def _error(self, exc: sqlite3.Error) -> StateError:
         text = str(exc)
@@ -421,9 +436,6 @@ class State(StateReads):
             "UPDATE shares SET pid = ?, ctime = ?, started = ?, cpus = ?, error = ? WHERE name = ?",
             (pid, ctime, time.time() if pid else None, cpus, error, name),
         )
-
-    def attempt_dir(self, job_id: int, n: int) -> Path:
-        return self.jobs_dir / str(job_id) / str(n)
 
 
 def _insert(db: sqlite3.Connection, table: str, values: dict[str, Any], conflict: str = "") -> int:

@@ -35,6 +35,7 @@ from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
 from tandem.place.model import STATES
+from tandem.place.paths import StateError
 from tandem.place.views import json_safe
 from tandem.web.access import Access, Sessions
 from tandem.web.data import MAX_ID, NotFound, Reader, energy_of
@@ -108,6 +109,11 @@ def _job_id(request: Request) -> int:
 
 def _bad(why: str, status: int = 400) -> JSONResponse:
     return JSONResponse({"error": why}, status)
+
+
+async def _unreadable(_request: Request, exc: Exception) -> JSONResponse:
+    """The state lost, replaced under its daemon, or unreadable: said as the CLI says it."""
+    return _bad(str(exc), 503)
 
 
 def build(
@@ -255,7 +261,7 @@ def build(
         Route("/api/events", live),
         Mount("/static", StaticFiles(directory=STATIC), name="static"),
     ]
-    app = Starlette(routes=routes)
+    app = Starlette(routes=routes, exception_handlers={StateError: _unreadable})
     packed = GZipMiddleware(app, minimum_size=1024)
 
     async def compressed(scope: Any, receive: Any, send: Any) -> None:

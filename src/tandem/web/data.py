@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from tandem.place.model import WAITING_STATES
-from tandem.place.state import State
+from tandem.place.state import StateReader
 from tandem.place.views import job_json
 
 MAX_POINTS = 2000  # a metric series is downsampled to at most this many points
@@ -43,10 +43,15 @@ class Reader:
     # --- connections --------------------------------------------------------------------------
 
     @property
-    def state(self) -> State:
+    def state(self) -> StateReader:
+        """This thread's read-only connection, opened again once ``place.db`` is another file
+        (made by a daemon since; or removed, which the new one says)."""
         st = getattr(self._local, "state", None)
+        if st is not None and st.stale():
+            st.close()
+            st = self._local.state = None
         if st is None:
-            st = self._local.state = State(self.state_dir)
+            st = self._local.state = StateReader(self.state_dir)
         return st
 
     def _runs(self) -> sqlite3.Connection | None:
@@ -187,7 +192,10 @@ class Reader:
         if not job.attempts:
             return {"job": job_id, "attempt": None, "offset": 0, "text": "", "more": False}
         n = attempt if attempt is not None else job.attempts[-1].n
-        path = self.state.attempt_dir(job_id, n) / "output.log"
+        chosen = next((a for a in job.attempts if a.n == n), None)
+        if chosen is None:
+            raise NotFound(f"job {job_id} has no attempt {n}")
+        path = self.state.attempt_dir(chosen) / "output.log"
         try:
             with open(path, "rb") as f:
                 size = f.seek(0, 2)

@@ -1,9 +1,9 @@
 """The files of one attempt, as typed records: the one definition of what the daemon, the
 supervisor (:mod:`tandem.place.run.shim`) and the Ray task pass each other.
 
-Everything goes through the attempt's directory (``<state dir>/jobs/<job>/<attempt>/``),
-each record written whole (write, then rename), so a reader sees the old file or the new
-one, never a part:
+Everything goes through the attempt's folder (``<state dir>/jobs/<job>/<n>.<random>/``: a name
+no other attempt has, of this database or a lost one), each record written whole (write,
+then rename), so a reader sees the old file or the new one, never a part:
 
 =================  =============  ===============================================
 file               written by     record
@@ -50,6 +50,27 @@ def read_json(path: Path) -> dict[str, Any] | None:
     return data if isinstance(data, dict) else None
 
 
+def hold(folder: Path) -> Path:
+    """A path to ``folder`` that follows it where it is moved (the supervisor's: a lost
+    database's folders are set aside while their jobs run): its open descriptor's, in Linux's
+    ``/proc``, never a folder made at its old path since; ``folder`` itself where there is none."""
+    fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY)  # kept open as long as the process runs
+    held = Path(f"/proc/self/fd/{fd}")
+    try:
+        return held if os.path.samefile(held, folder) else folder
+    except OSError:  # no /proc
+        return folder
+
+
+def moved_from(held: Path, path: Path) -> str | None:
+    """Where the folder :func:`hold` gave ``held`` for is now, if no longer at ``path``."""
+    try:
+        now = os.readlink(held) if held != path else str(path)
+    except OSError:
+        return None
+    return None if now == str(path) else now
+
+
 def save(directory: Path, record: Any) -> None:
     """Write ``record`` to its file in ``directory`` (OSError if it cannot be written)."""
     write_json(directory / record.FILE, dataclasses.asdict(record))
@@ -84,6 +105,7 @@ class AttemptSpec:
     track: bool = True  # write the run's points to metrics.jsonl for MLflow
     # wait for the attempt's MLflow run (mlflow.json) and tell the job its id before it starts
     mlflow_env: bool = False
+    db_id: str = ""  # the state database the attempt is of (tandem.place.identity)
 
 
 @dataclass(frozen=True)

@@ -112,6 +112,12 @@ class Shim:
         if spec is None:
             raise SystemExit(f"tandem shim: no readable {AttemptSpec.FILE} in {attempt_dir}")
         self.spec = spec
+        # Its attempt's own folder, held open: everything it writes goes there, wherever the
+        # folder is moved (a lost database's are set aside while their jobs run), never into
+        # a folder made at its path since.
+        from tandem.place.run.files import hold
+
+        self.path, self.dir = attempt_dir, hold(attempt_dir)
         self.cancelled = False
         self.terms = 0  # SIGTERMs received (one more while its result waits for the disk: give up)
         self.notes: list[str] = []
@@ -249,7 +255,8 @@ class Shim:
         from tandem.watch.tracker import Run, default_samplers
 
         spec = self.spec
-        store = SpoolStore(self.dir / "metrics.jsonl", warn=self.note)
+        # By its path: the spool names its artifacts' files for the MLflow helper, another process.
+        store = SpoolStore(self.path / "metrics.jsonl", warn=self.note)
         tags = {"tandem.job_id": str(spec.job_id), "tandem.attempt": str(spec.attempt)} if spec.job_id else {}
         tree = _TreeOf()
         samplers = [_UsageWriter(self, tree), *default_samplers(tree, spec.env)]  # type: ignore[arg-type]
@@ -429,7 +436,16 @@ def main(argv: list[str]) -> int:
     if len(argv) != 1:
         print("usage: python -m tandem.place.run.shim ATTEMPT_DIR", file=sys.stderr)
         return 2
-    return Shim(Path(argv[0])).run()
+    from tandem.place.run.files import moved_from
+
+    shim = Shim(Path(argv[0]))
+    code = shim.run()
+    moved = moved_from(shim.dir, shim.path)
+    if moved is not None:  # its files are its own still: said, so that no one looks for them there
+        _say(
+            f"its folder {shim.path} is now {moved}: its files (the result too) are there, not in {shim.path}"
+        )
+    return code
 
 
 if __name__ == "__main__":

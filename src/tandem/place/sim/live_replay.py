@@ -26,7 +26,7 @@ from tandem.place.client import request, start_daemon, submit
 from tandem.place.config import DaemonConfig
 from tandem.place.model import FINAL_STATES, JobSpec
 from tandem.place.sim.trace import TraceJob
-from tandem.place.state import State, private_dir
+from tandem.place.state import StateReader, private_dir
 from tandem.place.views import job_json
 
 
@@ -86,7 +86,7 @@ def replay_live(
                 cwd=str(workdir),
             )
             ids[submit(state_dir, spec).id] = job
-        state = State(state_dir)
+        state = StateReader(state_dir)
         deadline = time.monotonic() + timeout
         while True:
             jobs = [state.job(i) for i in ids]

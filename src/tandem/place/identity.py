@@ -1,0 +1,181 @@
+"""Which database the state is, and whether it is still the one its daemon serves.
+
+A state database gets a random id when the daemon makes it (``meta.id``). The daemon writes
+that id, and the file's identity on disk (device and inode), in ``daemon.json``; each
+attempt's spec records it (:class:`~tandem.place.run.files.AttemptSpec`: which database a
+folder's attempt is of), and each attempt's folder has a name no other attempt has
+(:func:`attempt_folder`). A reader compares them: a database that was removed under its
+daemon, replaced by another file, or lost while no daemon ran (the jobs' folders are there,
+their records are not) is said, never read as if it were the state, and never made anew by
+a reader (only the daemon makes one, under its lock, setting the old jobs' folders aside).
+
+The daemon checks, before each batch of requests and each tick, that ``place.db`` is still
+the file it writes: removed or replaced under it, it keeps a copy of its records
+(``place.db.saved-*``) and stops, saying so (:class:`StateMoved`), rather than write on into
+a file no one reads; its running jobs go on.
+
+A daemon is alive when its pid still runs as the process that started then (its start time
+in clock ticks, :func:`~tandem.place.run.proctrack.create_time`) and belongs to this user:
+never by a command line, which any user's process may show.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import sqlite3
+import time
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+from tandem.dirs import private_file
+from tandem.place.paths import StateError
+from tandem.place.run.files import read_json
+from tandem.place.run.proctrack import create_time, same_process
+
+DB_FILE = "place.db"
+SAVED_GLOB = "place.db.saved-*"  # a daemon's copy of a database removed under it
+
+
+class StateMoved(RuntimeError):
+    """The state database was removed or replaced under the daemon, which stopped (what
+    happened, where its records were kept, and what to do)."""
+
+
+class StateLost(StateError):
+    """The state database was removed or replaced under its daemon, or lost: nothing is read
+    as the state, and nothing is made in its place (what happened and what to do)."""
+
+
+def new_db_id() -> str:
+    """A database's id, made once when the daemon creates it."""
+    return secrets.token_hex(8)
+
+
+def attempt_folder(n: int) -> str:
+    """A name for attempt ``n``'s folder that no other attempt has had, of this database or
+    a lost one (whose job ids were the same): a lost database's supervisor, still running,
+    never writes into a new job's folder, nor is its result read as a new job's."""
+    return f"{n}.{secrets.token_hex(6)}"
+
+
+def moved(path: Path, opened: str | None) -> str | None:
+    """What happened to the database file ``path`` a writer opened as ``opened``
+    (:func:`file_id`), if it is no longer there: writing on would write into no file anyone
+    reads."""
+    now = file_id(path)
+    if now == opened:
+        return None
+    return "removed" if now is None else "replaced by another file"
+
+
+def file_id(path: Path) -> str | None:
+    """``device:inode`` of ``path`` (None: there is no such file). A file removed and made
+    again, or replaced by a rename, has another."""
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        return None
+    return f"{st.st_dev}:{st.st_ino}"
+
+
+def own_process(pid: int | None, ctime: float | None) -> bool:
+    """Is ``pid`` the process that started at ``ctime``, alive, and this user's?"""
+    if not same_process(pid, ctime):
+        return False
+    try:
+        return psutil.Process(pid).uids().real == os.getuid()
+    except psutil.Error:
+        return False
+
+
+def daemon_identity(db_id: str, db_file: str | None) -> dict[str, Any]:
+    """What the daemon says of itself in ``daemon.json`` for readers to check: which process
+    (pid and start time) serves which database (its id) in which file."""
+    return {"pid": os.getpid(), "ctime": create_time(os.getpid()), "db_id": db_id, "db_file": db_file}
+
+
+def serving_daemon(directory: Path) -> dict[str, Any] | None:
+    """What the daemon serving ``directory`` wrote of itself in ``daemon.json`` (pid, start
+    time, the database's id and file), if that daemon is alive; None if none is."""
+    info = read_json(directory / "daemon.json")
+    if info is None or not own_process(info.get("pid"), info.get("ctime")):
+        return None
+    return info
+
+
+def _job_folders(directory: Path) -> int:
+    try:
+        return sum(1 for d in (directory / "jobs").iterdir() if d.is_dir())
+    except OSError:
+        return 0
+
+
+def _saved_hint(directory: Path) -> str:
+    saved = sorted(directory.glob(SAVED_GLOB))
+    if not saved:
+        return ""
+    return (
+        f" The daemon kept its records in {saved[-1]}: to go on with them, "
+        f"`mv {saved[-1]} {directory / DB_FILE}` before the daemon starts."
+    )
+
+
+def missing(directory: Path, daemon: dict[str, Any] | None) -> str | None:
+    """Why a missing database is not simply a new state directory (said to a reader), or
+    None: none was made yet and no job's folder is there."""
+    path = directory / DB_FILE
+    if daemon is not None:
+        return (
+            f"the state database {path} was removed while the daemon (pid {daemon['pid']}) serves "
+            f"{directory}: its jobs' records are not there, and none is made in its place. The daemon "
+            "stops when it sees it (its running jobs go on); then `tandem daemon start`."
+            + _saved_hint(directory)
+        )
+    folders = _job_folders(directory)
+    if not folders:
+        return None
+    return (
+        f"the state database {path} is missing, but {directory / 'jobs'} holds {folders} jobs' "
+        "folders: it was lost (deleted, or never written out). `tandem daemon start` sets those "
+        "folders aside (jobs.lost-*) and starts an empty queue." + _saved_hint(directory)
+    )
+
+
+def replaced(path: Path, db_id: str | None, daemon: dict[str, Any] | None) -> str | None:
+    """Why the database at ``path`` (its id ``db_id``) is not the one its live daemon
+    serves, or None (no daemon runs, or it is that one)."""
+    if daemon is None or not daemon.get("db_file"):
+        return None
+    if file_id(path) == daemon["db_file"] and (db_id == daemon.get("db_id") or not daemon.get("db_id")):
+        return None
+    return (
+        f"the state database {path} was replaced while the daemon (pid {daemon['pid']}) serves it: "
+        "the daemon writes another file, and what this one holds is not its jobs' state. "
+        "Restart the daemon (`tandem daemon stop; tandem daemon start`) to serve this file."
+    )
+
+
+def keep_records(db: sqlite3.Connection, path: Path, how: str) -> str:
+    """The daemon's database ``path`` was removed or replaced (``how``) under it: a copy of
+    its records, from the connection it still has open, beside it (``place.db.saved-*``);
+    what happened and what to do, to be said."""
+    saved = path.with_name(f"{path.name}.saved-{time.strftime('%Y%m%d-%H%M%S')}")
+    try:
+        private_file(saved)  # 0600: it holds every job's environment
+        copy = sqlite3.connect(saved)
+        try:
+            db.backup(copy)  # the file it had open is still read through the connection
+        finally:
+            copy.close()
+        kept = f"its records are kept in {saved} (to go on with them: `mv {saved} {path}`, then start it)"
+    except (OSError, sqlite3.Error) as exc:
+        saved.unlink(missing_ok=True)
+        kept = f"its records could not be kept ({exc})"
+    return (
+        f"the state database {path} was {how} while the daemon served it: the daemon stopped "
+        f"(its running jobs go on); {kept}, or else the next daemon sets the jobs' folders aside "
+        "(jobs.lost-*) and starts an empty queue"
+    )
