@@ -52,7 +52,7 @@ def _ended_run(cli: Cli, run_id: str, helper: int) -> Any:
 
     assert _alive(helper), "it goes on writing the running job's run"
     (cli.tmp / "stop").touch()
-    result = _until(lambda: list(cli.state.glob("jobs/*/1/result.json")), 30, "the job ended")[0]
+    result = _until(lambda: list(cli.state.glob("jobs/*/1.*/result.json")), 30, "the job ended")[0]
     _until(lambda: not _alive(helper), 60, (cli.state / "tracking.log").read_text())
     after = time.time() - result.stat().st_mtime
     print(f"the helper ended {after:.1f} s after the job's result")

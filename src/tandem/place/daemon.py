@@ -47,7 +47,7 @@ from tandem.place.policies import make_policy
 from tandem.place.producers import Producers
 from tandem.place.queue import WaitingJobs
 from tandem.place.run.files import write_json
-from tandem.place.run.launch import LocalLauncher, RayLauncher
+from tandem.place.run.launch import LocalLauncher, RayLauncher, reap_children
 from tandem.place.scheduler import Placement, plan
 from tandem.place.state import Job, State
 
@@ -105,16 +105,9 @@ class Daemon:
         self._next_sample = 0.0
         self.tracker = None
         if config.track:
-            from tandem.dirs import mlflow_store_uri, private_file
-            from tandem.place.run.tracking import Tracker
+            from tandem.place.run.tracking import daemon_tracker
 
-            if not (config.store or os.environ.get("MLFLOW_TRACKING_URI")):
-                private_file(state.dir / "mlflow.db")  # 0600 before SQLite makes it with the umask
-            self.tracker = Tracker(state.dir, config.store or mlflow_store_uri(state.dir))
-            if self.tracker.why_not:
-                log.warning("jobs are not tracked in MLflow: %s", self.tracker.why_not)
-            else:
-                self.tracker.warm()
+            self.tracker = daemon_tracker(state.dir, config.store)
         tracked = self.tracker is not None and not self.tracker.why_not
         self.attempts = Attempts(
             state, capacity, config, self.monitor, self.launcher, tracked, str(self.socket_path)
@@ -292,7 +285,7 @@ class Daemon:
             self.monitor.sample()
         before = set(self.attempts.active)
         self.attempts.follow_all(now)
-        _reap_children()
+        reap_children()
         if self.mps is not None:
             self.mps.release_idle({u for a in self.attempts.active.values() for u in a.uuids})
         self._fail_dead_producers()
@@ -406,17 +399,6 @@ class Daemon:
         if self.config.backend == "ray":
             extra["backend"] = "ray"
         self.attempts.start(job, p, chosen, env, extra)
-
-
-def _reap_children() -> None:
-    # Supervisors and producers this daemon started are its children until they exit.
-    while True:
-        try:
-            pid, _status = os.waitpid(-1, os.WNOHANG)
-        except ChildProcessError:
-            return
-        if pid == 0:
-            return
 
 
 def run_daemon(state_dir: Path, config: DaemonConfig) -> None:

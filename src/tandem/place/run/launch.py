@@ -127,3 +127,15 @@ class RayLauncher:
 
     def shutdown(self) -> None:
         self.backend.shutdown()
+
+
+def reap_children() -> None:
+    """Collect the exit of every child that ended: supervisors and producers the daemon
+    started are its children until they exit, and would stay zombies otherwise."""
+    while True:
+        try:
+            pid, _status = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if pid == 0:
+            return

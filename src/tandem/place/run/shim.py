@@ -32,7 +32,6 @@ import secrets
 import signal
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -41,6 +40,7 @@ from tandem.place.paths import disk_trouble
 from tandem.place.run import failures
 from tandem.place.run.cgroups import OomWatch
 from tandem.place.run.files import AttemptSpec, Result, RunRef, ShimInfo, Started, Usage, load, save
+from tandem.place.run.logpump import LogPump
 from tandem.place.run.proctrack import JobProcesses, create_time, host_id, join, leave, make_cgroup, wait_exit
 from tandem.watch.stores.base import absolute_uri, run_env, with_run_env
 
@@ -51,58 +51,6 @@ RUN_WAIT_S = 60.0  # how long a job waits for its MLflow run to be made (then st
 # one transaction: MLflow's SQL store costs about 5 ms a write and 0.06 ms a point, so every
 # 2 s made the helper's writes the largest part of the manager's own CPU on a sweep.
 FLUSH_S = 10.0
-
-
-class LogPump(threading.Thread):
-    """Copies the job's output from a pipe into ``output.log``, rotating at ``max_bytes / 2``
-    (one older part kept). A write that fails drops that output (counted, said once)."""
-
-    def __init__(self, fd: int, path: Path, max_bytes: int, note: Any) -> None:
-        super().__init__(name="tandem-log", daemon=True)
-        self.fd, self.path, self.part = fd, path, max(1 << 16, max_bytes // 2)
-        self.note = note
-        self.dropped = 0
-        self._failing = False
-
-    def run(self) -> None:
-        out = self._open()
-        size = out.tell() if out else 0
-        while True:
-            try:
-                data = os.read(self.fd, 1 << 16)
-            except OSError:
-                break
-            if not data:
-                break
-            if out is not None and size + len(data) > self.part and size > 0:
-                out.close()
-                try:
-                    os.replace(self.path, self.path.with_name(self.path.name + ".1"))
-                except OSError:
-                    pass
-                out, size = self._open(), 0
-            if out is None:
-                out = self._open()
-            try:
-                assert out is not None
-                out.write(data)
-                out.flush()
-                size += len(data)
-                self._failing = False
-            except (OSError, AssertionError) as exc:
-                self.dropped += len(data)
-                if not self._failing:
-                    self._failing = True
-                    self.note(f"output not kept while {self.path} cannot be written ({exc})")
-        os.close(self.fd)
-        if out is not None:
-            out.close()
-
-    def _open(self) -> Any:
-        try:
-            return open(self.path, "ab")  # noqa: SIM115 (kept open across reads, closed in run)
-        except OSError:
-            return None
 
 
 class Shim:

@@ -112,6 +112,22 @@ def run_ended(
     _put(state_dir, f"{key}.end.json", record)
 
 
+def daemon_tracker(state_dir: Path, store: str | None) -> Tracker:
+    """The daemon's tracker of its jobs' runs: into ``store``, else ``MLFLOW_TRACKING_URI``,
+    else the state directory's own ``mlflow.db`` (made 0600 before SQLite makes it with the
+    umask); its helper warmed at once, so that the first job does not wait for MLflow."""
+    from tandem.dirs import mlflow_store_uri, private_file
+
+    if not (store or os.environ.get("MLFLOW_TRACKING_URI")):
+        private_file(state_dir / "mlflow.db")
+    tracker = Tracker(state_dir, store or mlflow_store_uri(state_dir))
+    if tracker.why_not:
+        log.warning("jobs are not tracked in MLflow: %s", tracker.why_not)
+    else:
+        tracker.warm()
+    return tracker
+
+
 class Tracker:
     """The daemon's side: keep the helper running while runs are open, collect run ids."""
 
