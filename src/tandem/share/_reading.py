@@ -34,6 +34,7 @@ from tandem.share.errors import (
     ProducerGone,
     ProducerStopped,
     ProtocolError,
+    ShareError,
 )
 
 
@@ -120,11 +121,34 @@ class StreamReader:
         mine = self._k
         self._retire(keep=1)
         self._items.begin(self._samples_per_epoch, self.world_size)
-        for batch in self._batches(begin, end):
-            yield batch
-            if self._k != mine:
-                return  # a newer iter() has begun the next epoch: this one was left
+        try:
+            for batch in self._batches(begin, end):
+                yield batch
+                if self._k != mine:
+                    return  # a newer iter() has begun the next epoch: this one was left
+        except GeneratorExit:  # the client left the epoch (a break): hand back what we hold
+            if self._k == mine and not getattr(self, "_closed", False):
+                try:
+                    self._leave(end)
+                except (ShareError, OSError):
+                    pass  # the producer is gone: nothing to hand back to
+            raise
         self._items.end()
+
+    def _leave(self, end: Position) -> None:
+        """The epoch ending at ``end`` was left early: hand back what this consumer holds, so
+        that it does not hold the producer while the client does something else. A batch the
+        client still references is copied out (host memory); on a CUDA slab, where it cannot
+        be, the last batches delivered stay lent until the next epoch begins."""
+        if self._cuda_slab is not None:
+            if self._cur is not None and self._cur.lent_at is None and self._cur.end <= end:
+                self._done_with_current(keep=0)
+        else:
+            if self._cur is not None and self._cur.end <= end:  # else the next epoch starts in it
+                self._done_with_current(keep=0, quiet=True)
+            self._retire(keep=0, quiet=True)
+        if self._release or self._gate:
+            self._channel.release(self._release, self._holding())
 
     def _batches(self, begin: Position, end: Position) -> Iterator[Any]:
         self._skip_until(begin)
@@ -348,7 +372,10 @@ class StreamReader:
         released.
         """
         if self._cur is not None:
-            self._done_with_current(keep, quiet=keep == 0)
+            if keep:
+                self._done_with_current()
+            else:
+                self._done_with_current(0, quiet=True)
         if self._end is not None:
             return self._at_end(end, have)
         try:
