@@ -131,7 +131,7 @@ class StreamReader:
                 try:
                     self._leave(end)
                 except (ShareError, OSError):
-                    pass  # the producer is gone: nothing to hand back to
+                    pass  # the producer is gone (or this process is exiting): nothing to hand back
             raise
         self._items.end()
 
