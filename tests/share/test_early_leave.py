@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import platform
 import queue
 import signal
 import subprocess
@@ -163,10 +164,12 @@ LIGHTNING_WAITS = textwrap.dedent(
 
 
 def _in_poll(pid: int) -> bool:
-    """Whether the process's main thread is blocked in poll (x86-64: 7, ppoll 271)."""
+    """Whether the process's main thread is blocked in poll (x86-64: poll 7, ppoll 271;
+    aarch64: ppoll 73)."""
+    calls = ("73",) if platform.machine() == "aarch64" else ("7", "271")
     try:
         with open(f"/proc/{pid}/syscall") as f:
-            return f.read().split()[0] in ("7", "271")
+            return f.read().split()[0] in calls
     except (OSError, IndexError):
         return False
 
