@@ -73,20 +73,6 @@ def test_a_resumed_consumer_finishes_its_epoch_with_exactly_the_unseen_items(bat
         resumed.close()
 
 
-def test_a_state_of_another_dataset_is_refused():
-    with serving(Producer.from_dataset(Items(), "stateA", batch_size=32), epochs=None):
-        c = Consumer("stateA")
-        next(iter(c))
-        state = c.state_dict()
-        c.close()
-    small = torch.utils.data.Subset(Items(), range(100))
-    with serving(Producer.from_dataset(small, "stateB", batch_size=32), epochs=None), Consumer("stateB") as c:
-        with pytest.raises(ValueError, match="epoch of 640 items, but this producer's epoch has 100"):
-            c.load_state_dict(state)
-        with pytest.raises(ValueError, match="not a tandem consumer state"):
-            c.load_state_dict({"step": 3})
-
-
 def test_a_transform_runs_on_each_consumers_batches():
     producer = Producer.from_dataset(Items(), "tf", batch_size=32)
     with serving(producer, epochs=1):

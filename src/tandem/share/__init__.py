@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING
 from tandem.share._registry import live_producers
 from tandem.share.errors import (
     BatchKeptWarning,
+    ConsumerInterrupted,
     ConsumerTimeout,
     MissedBatchesWarning,
     ProducerError,
@@ -73,6 +74,7 @@ def __dir__() -> list[str]:
 
 __all__ = [
     "Consumer",
+    "ConsumerInterrupted",
     "ConsumerTimeout",
     "BatchKeptWarning",
     "MissedBatchesWarning",

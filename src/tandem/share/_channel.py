@@ -27,6 +27,7 @@ from collections.abc import Callable
 from tandem._ipc import close_fds, new_socket
 from tandem.share import _table, protocol
 from tandem.share._gate import ReleaseGate
+from tandem.share._interrupt import sigterm_ends_wait
 from tandem.share._segment_map import Segments
 from tandem.share._table import AnnouncementTable, ConsumerRecord
 from tandem.share.errors import ConsumerTimeout, ProducerGone, ProtocolError
@@ -71,7 +72,8 @@ class Connection:
             raise ConsumerTimeout(self._broken)
         wait = 0.5 if self._gone else timeout
         try:
-            message, fds = protocol.recv(self.sock, wait)
+            with sigterm_ends_wait(who, doing):
+                message, fds = protocol.recv(self.sock, wait)
         except TimeoutError:
             # A reply may still come and would answer a later request: this consumer is done.
             self._broken = (

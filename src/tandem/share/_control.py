@@ -81,6 +81,7 @@ class ControlServer:
         self.consumers: dict[int, Attached] = {}
         self.groups = Groups()
         self.ever_attached = False
+        self.dataset_id = ""  # the served dataset's fingerprint, for consumers' states
         self._stats = stats
         self._on_error = on_error
         self._free_indices = list(range(MAX_CONSUMERS - 1, -1, -1))
@@ -359,6 +360,7 @@ class ControlServer:
             table_index=index,
             slab=self.slab.kind,
             slab_device=getattr(self.slab, "uuid", ""),
+            dataset_id=self.dataset_id,
         )
         assert self.table.fd is not None
         try:

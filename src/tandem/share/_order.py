@@ -22,6 +22,7 @@ the same set every epoch.
 from __future__ import annotations
 
 import functools
+import hashlib
 import math
 import os
 from collections.abc import Iterable, Iterator
@@ -237,3 +238,29 @@ def selected(dataset: torch.utils.data.Dataset, selection: Any) -> torch.utils.d
     if not indices:
         raise ShareError("selection: it holds no items")
     return torch.utils.data.Subset(dataset, indices)
+
+
+def fingerprint(dataset: Any) -> str:
+    """A short fingerprint of a map-style dataset, for a consumer's state to name what it is
+    of: its class, length and, where it has them, the items a ``Subset`` keeps (a selection),
+    a Hugging Face dataset's own fingerprint and an image folder's root and files. Read
+    without loading an item (items may be random: augmented)."""
+    digest = hashlib.sha256()
+    for _ in range(16):  # Subsets of Subsets
+        digest.update(f"{type(dataset).__module__}.{type(dataset).__qualname__}:".encode())
+        try:
+            digest.update(str(len(dataset)).encode())
+        except TypeError:
+            pass
+        for attribute in ("_fingerprint", "root", "samples", "files"):
+            value = getattr(dataset, attribute, None)
+            if isinstance(value, (str, os.PathLike)):
+                digest.update(os.fsencode(value))
+            elif isinstance(value, list):  # paths (and labels): an image folder's 1.2M in a second
+                for i in range(0, len(value), 65536):
+                    digest.update("\n".join(map(repr, value[i : i + 65536])).encode())
+        if not isinstance(dataset, torch.utils.data.Subset):
+            break
+        digest.update(np.asarray(dataset.indices, dtype=np.int64).tobytes())
+        dataset = dataset.dataset
+    return digest.hexdigest()[:16]

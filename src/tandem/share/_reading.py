@@ -34,6 +34,7 @@ from tandem.share.errors import (
     ProducerGone,
     ProducerStopped,
     ProtocolError,
+    ShareError,
 )
 
 
@@ -117,10 +118,37 @@ class StreamReader:
     def _epoch(self) -> Iterator[Any]:
         begin, end = epoch_bounds(self.start, self._k)
         self._k += 1
+        mine = self._k
         self._retire(keep=1)
-        self._items.begin(self._samples_per_epoch)
-        yield from self._batches(begin, end)
+        self._items.begin(self._samples_per_epoch, self.world_size)
+        try:
+            for batch in self._batches(begin, end):
+                yield batch
+                if self._k != mine:
+                    return  # a newer iter() has begun the next epoch: this one was left
+        except GeneratorExit:  # the client left the epoch (a break): hand back what we hold
+            if self._k == mine and not getattr(self, "_closed", False):
+                try:
+                    self._leave(end)
+                except (ShareError, OSError):
+                    pass  # the producer is gone (or this process is exiting): nothing to hand back
+            raise
         self._items.end()
+
+    def _leave(self, end: Position) -> None:
+        """The epoch ending at ``end`` was left early: hand back what this consumer holds, so
+        that it does not hold the producer while the client does something else. A batch the
+        client still references is copied out (host memory); on a CUDA slab, where it cannot
+        be, the last batches delivered stay lent until the next epoch begins."""
+        if self._cuda_slab is not None:
+            if self._cur is not None and self._cur.lent_at is None and self._cur.end <= end:
+                self._done_with_current(keep=0)
+        else:
+            if self._cur is not None and self._cur.end <= end:  # else the next epoch starts in it
+                self._done_with_current(keep=0, quiet=True)
+            self._retire(keep=0, quiet=True)
+        if self._release or self._gate:
+            self._channel.release(self._release, self._holding())
 
     def _batches(self, begin: Position, end: Position) -> Iterator[Any]:
         self._skip_until(begin)
@@ -134,6 +162,7 @@ class StreamReader:
             a, b = self._readable_range(end)
             piece = self._take(a, b)
             if not piece.n:
+                del piece  # its views of the slot would count as the client's when it goes back
                 continue  # none of this consumer's samples (another rank's, or seen already)
             indices = piece.rows(piece.leaves[-1]) if self._indexed else None
             yield self._deliver(piece.view(), piece.n, piece.is_view, indices)
@@ -180,33 +209,51 @@ class StreamReader:
         depend on where the group joined (see :mod:`tandem.share._groups`)."""
         assert self._cur is not None
         msg = self._cur.msg
+        items = self._items
+        if items.skip is not None and self._indexed:  # a resumed epoch: unseen items only
+            return self._take_unseen(a, b, want)
         step, stop = self.world_size, b
         if step > 1:
             assert self._samples_per_epoch is not None
             a += (self.rank - (msg.offset + a)) % step
             b = min(b, self._samples_per_epoch // step * step - msg.offset)
-        items = self._items
         if items.skip_samples and a < b:  # a resumed epoch of a source without indices
             k = min(items.skip_samples, len(range(a, b, step)))
             items.skip_samples -= k
             a += k * step
-        pick = None
-        if items.skip is not None and self._indexed and a < b:  # a resumed epoch: unseen items only
-            rows = torch.arange(a, b, step)
-            pick = rows[items.unseen(self._cur.leaves[-1][rows])]
-            n = len(pick)
-            if want is not None and n > want:
-                pick, n = pick[:want], want
-                b = stop = int(pick[-1]) + 1
-        else:
-            n = len(range(a, b, step))
-            if want is not None and n > want:
-                n = want
-                b = stop = a + (n - 1) * step + 1
+        n = len(range(a, b, step))
+        if want is not None and n > want:
+            n = want
+            b = stop = a + (n - 1) * step + 1
         self._pos = (msg.epoch, msg.offset + stop)
         if not n:
-            b, pick = a, None
-        return Piece(self._cur.piece_spec, self._cur.leaves, msg.count, a, b, step, pick)
+            b = a
+        return Piece(self._cur.piece_spec, self._cur.leaves, msg.count, a, b, step)
+
+    def _take_unseen(self, a: int, b: int, want: int | None) -> Piece:
+        """:meth:`_take` in a resumed epoch: the items of ``[a, b)`` not delivered before the
+        resume; a group's ``j``-th unseen item of the epoch is rank ``j % W``'s, below the
+        limit that gives every rank as many (see :mod:`tandem.share._resume`)."""
+        assert self._cur is not None
+        msg, items = self._cur.msg, self._items
+        rows = torch.arange(a, b)
+        unseen = rows[items.unseen(self._cur.leaves[-1][rows])]
+        ordinals = items.ordinal + torch.arange(len(unseen))
+        mine = unseen
+        if self.world_size > 1 or items.limit is not None:
+            keep = ordinals % self.world_size == self.rank
+            if items.limit is not None:
+                keep &= ordinals < items.limit
+            mine = unseen[keep]
+        stop = b
+        if want is not None and len(mine) > want:
+            mine = mine[:want]
+            stop = int(mine[-1]) + 1
+        items.ordinal += int((unseen < stop).sum())
+        self._pos = (msg.epoch, msg.offset + stop)
+        if not len(mine):
+            return Piece(self._cur.piece_spec, self._cur.leaves, msg.count, a, a)
+        return Piece(self._cur.piece_spec, self._cur.leaves, msg.count, a, stop, 1, mine)
 
     @property
     def _indexed(self) -> bool:
@@ -241,9 +288,10 @@ class StreamReader:
                 return unflatten(spec, [t.to(self.device) for t in leaves])
         return batch
 
-    def _done_with_current(self, keep: int = 1) -> None:
+    def _done_with_current(self, keep: int = 1, quiet: bool = False) -> None:
         """This consumer has read the producer batch it holds. It goes back to the producer,
-        unless the last ``keep`` batches delivered still view it: then it is lent to them."""
+        unless the last ``keep`` batches delivered still view it: then it is lent to them.
+        ``quiet``: a batch still referenced is copied out without a warning."""
         assert self._cur is not None
         msg, lent_at = self._cur.msg, self._cur.lent_at
         self._cur = None  # its tensors go now: released() tells whether the client kept any
@@ -251,9 +299,9 @@ class StreamReader:
         if lent_at is not None and lent_at > self.batches - keep:
             self._lent.append((seq, lent_at, slot))
         else:
-            self._hand_back(seq, slot)
+            self._hand_back(seq, slot, quiet)
 
-    def _retire(self, keep: int) -> None:
+    def _retire(self, keep: int, quiet: bool = False) -> None:
         """Hand back the producer batches lent only to batches older than the last ``keep``.
 
         The consumer's contract: a batch stays valid while the next one is fetched (what
@@ -262,12 +310,13 @@ class StreamReader:
         lent = self._lent
         while lent and lent[0][1] <= self.batches - keep:
             seq, _lent_at, slot = lent.popleft()
-            self._hand_back(seq, slot)
+            self._hand_back(seq, slot, quiet)
 
-    def _hand_back(self, seq: int, slot: int) -> None:
+    def _hand_back(self, seq: int, slot: int, quiet: bool = False) -> None:
         """Release a producer batch: at once, or, where the GPU may still be reading its
-        slot, once the CUDA event recorded now has completed."""
-        if self._segments.released(slot):
+        slot, once the CUDA event recorded now has completed. ``quiet``: a batch still
+        referenced is copied out within the contract (an epoch left early), not warned of."""
+        if self._segments.released(slot) and not quiet:
             self.kept_batches += 1
             if self.kept_batches == 1:
                 warnings.warn(
@@ -293,7 +342,17 @@ class StreamReader:
         return cur is not None and cur.msg.epoch == self._pos[0] and self._pos[1] < cur.end[1]
 
     def _skip_until(self, begin: Position) -> None:
-        """Discard what is left of an epoch the caller abandoned, up to the next epoch."""
+        """Discard what is left of an epoch the caller left early (``break``, an exception,
+        a new ``iter()``), up to the next epoch.
+
+        Everything held goes back first: the producer reuses its slots in order, so a batch
+        kept back while this consumer reads past a window of others would hold it for ever.
+        The last batch delivered is still in its contract (valid through this fetch), so one
+        still referenced is copied out first, without a warning."""
+        if self._pos < begin:
+            if self._cur is not None and self._cur.end <= begin:  # else the next epoch starts in it
+                self._done_with_current(keep=0, quiet=True)
+            self._retire(keep=0, quiet=True)
         while self._pos < begin:
             if self._readable():
                 assert self._cur is not None
@@ -302,10 +361,10 @@ class StreamReader:
                 else:
                     self._pos = self._cur.end
                 continue
-            if not self._advance(begin, 0):
+            if not self._advance(begin, 0, keep=0):
                 return
 
-    def _advance(self, end: Position, have: int) -> bool:
+    def _advance(self, end: Position, have: int, keep: int = 1) -> bool:
         """Take the next producer entry. Returns True, or raises at the stream's end.
 
         The channel brings it (from the announcement table without a system call, or over
@@ -313,7 +372,10 @@ class StreamReader:
         released.
         """
         if self._cur is not None:
-            self._done_with_current()
+            if keep:
+                self._done_with_current()
+            else:
+                self._done_with_current(0, quiet=True)
         if self._end is not None:
             return self._at_end(end, have)
         try:

@@ -7,8 +7,11 @@ before its producer batch is released, so a consumer never holds more than the p
 batch it is reading plus the next. Pieces of a CUDA slab are assembled on their GPU.
 
 Per-sample elements are tensors whose first dimension equals the producer batch's sample
-count, and lists of plain values of that length; they are sliced and joined. Anything else
-(a scalar, a tensor of another length) is taken from the first piece.
+count, and lists or tuples of plain values of that length; they are sliced and joined.
+Anything else (a scalar, a tensor of another length) is taken from the first piece. A list or
+tuple of one element per sample that is not plain values (a detection model's targets: a
+dict of tensors per image) cannot be cut: cutting a batch that holds one is a clear error,
+never a batch whose parts belong to other samples.
 """
 
 from __future__ import annotations
@@ -63,6 +66,7 @@ class Piece:
         (a strided batch would surprise code that calls ``.view()`` on it)."""
         if self.a == 0 and self.b == self.count and self.is_view:
             return unflatten(self.spec, self.leaves)
+        check_cuttable(self)
         if self.is_view:
             leaves = [t.narrow(0, self.a, self.n) if self._per_sample(t) else t for t in self.leaves]
         else:
@@ -112,6 +116,7 @@ class Assembler:
         first = self._first
         if first is None:
             return
+        check_cuttable(first)
         self._first = None
         self._spec = first.spec
         self._out = []
@@ -133,6 +138,7 @@ class Assembler:
     def _copy_in(self, piece: Piece) -> None:
         assert self._out is not None
         m = piece.n
+        check_cuttable(piece)
         if len(piece.leaves) != len(self._out):
             raise ShareError(
                 "cannot join producer batches of different structure into one consumer batch; "
@@ -170,3 +176,58 @@ class Assembler:
         it = iter(self._lists)
         spec = map_plain_lists(self._spec, lambda _v: next(it))
         return unflatten(spec, leaves)
+
+
+def check_cuttable(piece: Piece) -> None:
+    """Raise if the piece's producer batch holds a per-sample element that cannot be cut."""
+    path = _uncuttable(piece.spec, piece.leaves, piece.count, "batch")
+    if path is not None:
+        raise ShareError(
+            f"{path} holds one element per sample ({piece.count}) that are not plain values "
+            "(int, float, bool, str, bytes, None), which a consumer cannot cut to its own batch "
+            "size: use batch_size=None (the producer's batches as they are), or collate them into "
+            "a tensor or a list of plain values"
+        )
+
+
+def _uncuttable(spec: Spec, leaves: list[torch.Tensor], count: int, path: str) -> str | None:
+    """Where ``spec`` holds a list or tuple of ``count`` elements none of which holds a
+    per-sample tensor or list (so: one per sample, not the batch's structure), if anywhere."""
+    kind = spec[0]
+    if kind == "I":
+        return _uncuttable(spec[1], leaves, count, path)
+    if kind in ("tuple", "list"):
+        children = [(f"{path}[{i}]", node) for i, node in enumerate(spec[1])]
+        structure = any(_per_sample(n, leaves, count) for _, n in children)
+        if count > 1 and len(children) == count and not structure:
+            return path
+    elif kind == "nt":
+        children = [(f"{path}.{f}", node) for f, node in zip(spec[1]._fields, spec[2])]
+    elif kind == "dict":
+        children = [(f"{path}[{k!r}]", node) for k, node in spec[1]]
+    elif kind == "dc":
+        children = [(f"{path}.{f}", node) for f, node in spec[2]]
+    else:
+        return None
+    for child_path, node in children:
+        found = _uncuttable(node, leaves, count, child_path)
+        if found is not None:
+            return found
+    return None
+
+
+def _per_sample(spec: Spec, leaves: list[torch.Tensor], count: int) -> bool:
+    """Whether ``spec`` holds a per-sample tensor or list of plain values."""
+    kind = spec[0]
+    if kind == "T":
+        t = leaves[spec[1]]
+        return t.dim() >= 1 and t.shape[0] == count
+    if kind == "P":
+        return len(spec[1]) == count
+    if kind in ("tuple", "list"):
+        return any(_per_sample(n, leaves, count) for n in spec[1])
+    if kind == "nt":
+        return any(_per_sample(n, leaves, count) for n in spec[2])
+    if kind in ("dict", "dc"):
+        return any(_per_sample(n, leaves, count) for _, n in spec[1 if kind == "dict" else 2])
+    return kind == "I" and _per_sample(spec[1], leaves, count)

@@ -9,6 +9,7 @@ Spec nodes (plain tuples so they pickle small and fast)::
     ("T", i)                 the i-th tensor leaf
     ("V", value)             a plain value
     ("P", [values])          a list of plain values (e.g. file names: one per sample)
+    ("P", [values], "tuple") the same as a tuple (``default_collate``'s strings)
     ("tuple", [nodes]) ("list", [nodes]) ("dict", [(key, node)])
     ("nt", cls, [nodes])     namedtuple
     ("dc", cls, [(field, node)])  dataclass
@@ -58,8 +59,9 @@ def _walk(obj: object, path: str, leaves: list[torch.Tensor]) -> Spec:
     if _is_namedtuple(obj):
         fields = zip(obj._fields, obj)  # type: ignore[attr-defined]
         return ("nt", type(obj), [_walk(v, f"{path}.{f}", leaves) for f, v in fields])
-    if isinstance(obj, list) and obj and all(isinstance(v, PLAIN) for v in obj):
-        return ("P", list(obj))
+    if isinstance(obj, (list, tuple)) and obj and all(isinstance(v, PLAIN) for v in obj):
+        # file names, keys: one per sample (default_collate makes str values a tuple)
+        return ("P", list(obj)) if isinstance(obj, list) else ("P", list(obj), "tuple")
     if isinstance(obj, (tuple, list)):
         kind = "tuple" if isinstance(obj, tuple) else "list"
         return (kind, [_walk(v, f"{path}[{i}]", leaves) for i, v in enumerate(obj)])
@@ -113,7 +115,7 @@ def unflatten(spec: Spec, leaves: list[torch.Tensor]) -> Any:
     if kind == "V":
         return spec[1]
     if kind == "P":
-        return list(spec[1])
+        return tuple(spec[1]) if len(spec) > 2 else list(spec[1])
     if kind == "tuple":
         return tuple(unflatten(s, leaves) for s in spec[1])
     if kind == "list":
@@ -133,7 +135,7 @@ def map_plain_lists(spec: Spec, fn: Callable[[list], list]) -> Spec:
     if kind == "I":
         return ("I", map_plain_lists(spec[1], fn))
     if kind == "P":
-        return ("P", fn(spec[1]))
+        return ("P", fn(spec[1]), *spec[2:])
     if kind in ("T", "V"):
         return spec
     if kind in ("tuple", "list"):

@@ -37,7 +37,7 @@ from tandem.share._gate import ReleaseGate
 from tandem.share._order import Position
 from tandem.share._reading import StreamReader
 from tandem.share._registry import live_producers, socket_path, validate_name
-from tandem.share._resume import EpochItems
+from tandem.share._resume import EpochItems, Identity, merge
 from tandem.share._segment_map import SegmentMap, Segments
 from tandem.share._tree import flatten, unflatten
 from tandem.share.errors import (
@@ -154,6 +154,7 @@ class Consumer(StreamReader):
         self.start: Position = (welcome.start_epoch, welcome.start_offset)
         self._pos: Position = self.start
         self._samples_per_epoch = welcome.samples_per_epoch
+        self._dataset_id = getattr(welcome, "dataset_id", "")  # a producer of an older tandem: none
         self._producer_batch = welcome.batch_size
         if self.world_size > 1 and self._samples_per_epoch is None:
             self.close()
@@ -298,19 +299,50 @@ class Consumer(StreamReader):
 
     def state_dict(self) -> dict[str, Any]:
         """Where this consumer is in its epoch: the items it has delivered of it (by dataset
-        index, where the producer owns the order; else a count). A consumer given it with
+        index, where the producer owns the order; else a count), with the share's name and
+        its dataset's length and fingerprint. A consumer given it with
         :meth:`load_state_dict` finishes that epoch with exactly the other items, then goes
-        on with whole epochs. Between epochs the state is empty. Small: a bit per item."""
-        per_epoch = self._samples_per_epoch
-        if per_epoch is not None:
-            per_epoch //= self.world_size
-        return {"name": self.name, "rank": self.rank, **self._items.state(per_epoch)}
+        on with whole epochs; at an epoch's end it says so, and resumes the next epoch.
+        Small: a bit per item.
+
+        The ranks of a distributed job: the state is the whole group's (the items every rank
+        has delivered), so any rank's resumes every rank. Taking it is then a collective over
+        ``torch.distributed``: every rank calls it, as Lightning does when it saves a
+        checkpoint. Without ``torch.distributed``, merge the ranks' states with
+        :meth:`merge_states`."""
+        state = self._items.state(self._identity(), self.rank, self._full_epoch())
+        if self.world_size > 1:
+            import torch.distributed as dist
+
+            if dist.is_available() and dist.is_initialized() and dist.get_world_size() == self.world_size:
+                states: list[Any] = [None] * self.world_size
+                dist.all_gather_object(states, state)
+                state = merge(states)
+        return state
+
+    @staticmethod
+    def merge_states(states: list[dict[str, Any]]) -> dict[str, Any]:
+        """The group's state of its ranks' own states, rank ``r``'s at ``states[r]``."""
+        return merge(states)
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Resume from :meth:`state_dict`: the next epoch is the rest of the interrupted one."""
-        if isinstance(state, dict) and state.get("rank", self.rank) != self.rank:
-            raise ValueError(f"the state is rank {state['rank']}'s; this consumer is rank {self.rank}")
-        self._items.load(state, self._samples_per_epoch)
+        """Resume from :meth:`state_dict`: the next epoch is the rest of the interrupted one
+        (the next whole one for a state taken at an epoch's end). A state of another share or
+        dataset, a malformed or out-of-range one, is a ``ValueError`` saying which."""
+        self._items.load(state, self._identity(), self._full_epoch())
+
+    def _identity(self) -> Identity:
+        return Identity(self.name, self._samples_per_epoch, self._dataset_id, self.world_size)
+
+    def _full_epoch(self) -> int | None:
+        """The samples this consumer delivers in a whole epoch, where known."""
+        n = self._samples_per_epoch
+        if n is None:
+            return None
+        n //= self.world_size
+        if self.drop_last and self.batch_size is not None:
+            n = n // self.batch_size * self.batch_size
+        return n
 
     @property
     def position(self) -> Position:

@@ -54,3 +54,9 @@ class MissedBatchesWarning(UserWarning):
 class BatchKeptWarning(UserWarning):
     """A batch was still referenced when its shared memory went back to the producer (past
     the consumer's contract); it was copied out so that it stays correct."""
+
+
+class ConsumerInterrupted(SystemExit):
+    """SIGTERM arrived while the consumer waited for the producer: the process ends (exit
+    status 143) as it would without a handler, once the handler it had (Lightning's, which
+    only notes the signal) has run. A ``SystemExit``, as Lightning's own ``SIGTERMException``."""

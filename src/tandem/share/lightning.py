@@ -10,7 +10,9 @@
 Training batches come from a :class:`~tandem.share.Consumer` made when Lightning asks for
 them: under DDP each rank gets its own part of every epoch (rank and world size from
 ``torch.distributed``), and the consumer's position goes into Lightning's checkpoints, so
-that a run resumed mid-epoch trains on exactly the items that epoch had not yet seen.
+that a run resumed mid-epoch trains on exactly the items that epoch had not yet seen. Under
+DDP the state is the whole job's (every rank's items, gathered when Lightning saves), so the
+one state Lightning keeps, rank 0's, resumes every rank.
 Validation and test data are the user's own loaders (``val_dataloader=``), since a share
 serves one stream.
 """

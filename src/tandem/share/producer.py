@@ -40,7 +40,7 @@ from tandem.share import protocol
 from tandem.share._control import ControlServer, rate
 from tandem.share._cuda import check_device
 from tandem.share._cuda_slab import CudaSlab
-from tandem.share._order import EpochPlanner, planned_loader, selected, source_shape
+from tandem.share._order import EpochPlanner, fingerprint, planned_loader, selected, source_shape
 from tandem.share._publishing import PublishingLoop
 from tandem.share._registry import Registration
 from tandem.share._slab import HostSlab, Slab
@@ -162,6 +162,7 @@ class Producer(PublishingLoop):
         if planner is not None:
             producer._planner = planner
             producer._window.samples_per_epoch = planner.sampler.size
+            producer._server.dataset_id = fingerprint(dataset)
         return producer
 
     @classmethod

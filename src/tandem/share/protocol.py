@@ -144,6 +144,7 @@ class Welcome:
     table_index: int  # this consumer's record in the table (transport "table")
     slab: str  # one of SLAB_KINDS: where the batches are
     slab_device: str  # the CUDA slab's GPU UUID ("" for the host slab)
+    dataset_id: str = ""  # the served dataset's fingerprint (see _order.fingerprint), if any
 
 
 @dataclass(frozen=True, slots=True)
