@@ -9,6 +9,7 @@ import pwd
 import secrets
 import shutil
 import site
+import stat
 import subprocess
 import sys
 import tempfile
@@ -30,7 +31,9 @@ class OtherUser:
     def env(self, **extra: str) -> dict[str, str]:
         """A clean environment of theirs (no runtime or state directory of the tests' user)."""
         keep = {k: v for k, v in os.environ.items() if k in ("PATH", "LANG", "TZ")}
-        path = os.pathsep.join([*os.environ.get("PYTHONPATH", "").split(os.pathsep), *site.getsitepackages()])
+        path = os.pathsep.join(
+            [*os.environ.get("PYTHONPATH", "").split(os.pathsep), str(SOURCE), *site.getsitepackages()]
+        )
         return {
             **keep,
             "PYTHONPATH": path.strip(os.pathsep),
@@ -57,6 +60,24 @@ class OtherUser:
         return subprocess.Popen(argv, user=self.uid, group=self.gid, extra_groups=[], **kwargs)
 
 
+SOURCE = Path(__file__).resolve().parents[1] / "src"  # the tree under test (an editable install's
+# .pth is not read from PYTHONPATH, so it goes there itself)
+
+
+def _open_the_way(paths: list[Path]) -> list[tuple[Path, int]]:
+    """Let others pass through (o+x, never list or read) every folder above ``paths`` that
+    stops them: a clone in ``mktemp -d`` (0700) or a venv under /root. Returns what to put
+    back."""
+    changed: dict[Path, int] = {}
+    for path in paths:
+        for folder in [path, *path.parents]:
+            mode = stat.S_IMODE(folder.stat().st_mode)
+            if not mode & stat.S_IXOTH and folder not in changed:
+                changed[folder] = mode
+                os.chmod(folder, mode | stat.S_IXOTH)
+    return list(changed.items())
+
+
 @pytest.fixture(scope="session")
 def other_user() -> Iterator[OtherUser]:
     if os.getuid() != 0:
@@ -81,6 +102,7 @@ def other_user() -> Iterator[OtherUser]:
     if made.returncode != 0:
         pytest.skip(f"useradd {name} failed: {made.stderr.strip()}")
     entry = pwd.getpwnam(name)
+    opened = _open_the_way([SOURCE, *map(Path, site.getsitepackages())])
     os.chown(home, entry.pw_uid, entry.pw_gid)
     os.chmod(home, 0o700)
     try:
@@ -98,6 +120,8 @@ def other_user() -> Iterator[OtherUser]:
                 pass
         psutil.wait_procs(left, timeout=10)
         subprocess.run(["userdel", name], capture_output=True)
+        for folder, mode in opened:
+            os.chmod(folder, mode)
         shutil.rmtree(home, ignore_errors=True)
         for made in Path("/tmp").glob(f"tandem-{entry.pw_uid}*"):  # their runtime directories
             if made.stat().st_uid == entry.pw_uid:
