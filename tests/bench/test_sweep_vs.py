@@ -1,0 +1,46 @@
+"""``benchmarks/sweep_vs.py`` on a tiny sweep: its trial checks its epochs, and a whole arm
+runs, is accounted and written (figures are not asserted: they are the benchmark's)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+BENCH = Path(__file__).resolve().parents[2] / "benchmarks"
+
+
+def env(tmp_path: Path, **extra: str) -> dict[str, str]:
+    e = dict(os.environ, SWEEPVS_ITEMS="40", SWEEPVS_CLIP_S="0.1", SWEEPVS_EPOCHS="2")
+    e.update(SWEEPVS_OUT=str(tmp_path / "trials"), **extra)
+    e.pop("TANDEM_SHARE", None)
+    return e
+
+
+def test_the_trial_reads_every_item_once_an_epoch(tmp_path):
+    done = subprocess.run([sys.executable, str(BENCH / "sweep_vs_trial.py"), "--lr", "0.1"],
+                          env=env(tmp_path), capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    result = json.loads((tmp_path / "trials" / "trial-private-lr0.1.json").read_text())
+    assert result["samples_per_epoch"] == [40, 40] and result["exact"] == [True, True]
+    assert result["end"] > result["start"] and result["loop_cpu_s"] > 0
+
+
+def test_an_arm_runs_every_trial_and_counts_its_cpu(tmp_path):
+    pytest.importorskip("submitit")
+    tiny = ["--items", "40", "--clip-s", "0.1", "--epochs", "2", "--out", str(tmp_path), "--label", "t"]
+    cmd = [sys.executable, str(BENCH / "sweep_vs.py"), "--arms", "submitit", "--lrs", "0.1,0.01", *tiny]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout + done.stderr
+    (r,) = json.loads((tmp_path / "sweep_vs-t.json").read_text())["results"]
+    assert r["ok"] and r["trials_finished_exact"] == 2 and not r["leftovers_killed"]
+    assert sorted(t["lr"] for t in r["per_trial"]) == [0.01, 0.1]
+    # Every process's CPU: the trials' loops and, beyond them, two submitit controllers and
+    # interpreters that import torch.
+    assert r["cpu_s"] > r["trial_loops_cpu_s"] + 1.0 > 1.0
+    assert 0 < r["makespan_s"] <= r["arm_wall_s"]
+    assert "| submitit |" in (tmp_path / "sweep_vs-t.md").read_text()
