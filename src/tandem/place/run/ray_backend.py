@@ -100,7 +100,9 @@ class RayBackend:
             _check_reachable(address)
             ray.init(address=address, **options)
         else:
-            resources: dict[str, float] = {GPU_MEM_RESOURCE.format(i): g.mem_total // MIB for i, g in enumerate(local_gpus)}
+            resources: dict[str, float] = {
+                GPU_MEM_RESOURCE.format(i): g.mem_total // MIB for i, g in enumerate(local_gpus)
+            }
             ray.init(
                 num_cpus=cpus,  # type: ignore[arg-type]  # a node's CPUs may be fractional; Ray says int
                 num_gpus=len(local_gpus),
