@@ -24,6 +24,7 @@ class StateReads:
     """The queries of the state (one connection, ``query``): the writer's
     (:class:`tandem.place.state.State`) and the readers' (:class:`StateReader`)."""
 
+    dir: Path
     jobs_dir: Path
 
     def query(self, sql: str, args: tuple = ()) -> list[sqlite3.Row]:
