@@ -26,6 +26,7 @@ demo: setup
 # Both passes run even when the first fails, and both are reported; the exit says whether all passed.
 test: setup
 	$(BIN)/ruff check src tests benchmarks
+	$(BIN)/mypy
 	@first=0; second=0; \
 	$(BIN)/python -m pytest -q || first=$$?; \
 	TANDEM_SHARE_TABLE=0 $(BIN)/python -m pytest -q tests/share || second=$$?; \
@@ -35,10 +36,11 @@ test: setup
 lint: setup
 	$(BIN)/ruff check src tests benchmarks
 	$(BIN)/ruff format --check src tests benchmarks
+	$(BIN)/mypy
 
 bench-share: setup
 	$(BIN)/python -m pip install -q "tensorsocket==0.0.5" || echo "tensorsocket not installed: its column is skipped"
 	$(BIN)/python benchmarks/share_bench.py
 
 clean:
-	rm -rf $(VENV) .pytest_cache .ruff_cache src/*.egg-info
+	rm -rf $(VENV) .pytest_cache .ruff_cache .mypy_cache src/*.egg-info

@@ -374,6 +374,21 @@ def test_pipeline_on_cpu_through_a_dataloader(dataset, images):
     assert "cpu" in pipeline.describe() and "RandomResizedCrop(16" in pipeline.describe()
 
 
+def test_pipeline_takes_a_plain_function(dataset):
+    # Producer.from_files passes the user's transform: any function of (images, indices)
+    seen = []
+
+    def half_size(images, indices):
+        seen.append(indices.tolist())
+        return torch.stack([torch.nn.functional.interpolate(i[None].float(), size=(8, 8))[0] for i in images])
+
+    pipeline = ImagePipeline("cpu", half_size)
+    pipeline.set_epoch(1)  # nothing to tell a plain function, and no AttributeError
+    out = pipeline(collate_encoded([dataset[0], dataset[1]]))
+    assert out["image"].shape == (2, 3, 8, 8) and seen == [[0, 1]]
+    assert "half_size" in pipeline.describe()
+
+
 def test_pipeline_default_transform():
     pipeline = ImagePipeline("cpu")
     assert pipeline.transform.size == 224

@@ -42,18 +42,19 @@ class ImageFolder(torch.utils.data.Dataset):
         path, label = self.samples[index]
         self._calls += 1
         rng = np.random.default_rng([index, self._calls])
-        with Image.open(path) as img:
-            img = img.convert("RGB")
+        with Image.open(path) as file:
+            img = file.convert("RGB")
             w, h = img.size
             scale = self.resize / min(w, h)
             img = img.resize(
-                (max(self.crop, round(w * scale)), max(self.crop, round(h * scale))), Image.BILINEAR
+                (max(self.crop, round(w * scale)), max(self.crop, round(h * scale))),
+                Image.Resampling.BILINEAR,
             )
             w, h = img.size
             x, y = int(rng.integers(0, w - self.crop + 1)), int(rng.integers(0, h - self.crop + 1))
             img = img.crop((x, y, x + self.crop, y + self.crop))
             if rng.random() < 0.5:
-                img = img.transpose(Image.FLIP_LEFT_RIGHT)
+                img = img.transpose(Image.Transpose.FLIP_LEFT_RIGHT)
             arr = np.asarray(img, dtype=np.float32)
         arr = (arr - MEAN) / STD
         return torch.from_numpy(np.ascontiguousarray(arr.transpose(2, 0, 1))), label

@@ -25,9 +25,12 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import psutil
+
+if TYPE_CHECKING:
+    from typing import Self  # Python 3.11+; annotations only, so 3.10 runs it too
 
 
 @dataclass
@@ -210,7 +213,7 @@ class Every:
         while not self._stop.wait(self._interval):
             self.tick()
 
-    def __enter__(self) -> Every:
+    def __enter__(self) -> Self:
         self._thread.start()
         return self
 

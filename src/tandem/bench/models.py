@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 from torch import nn
 
@@ -56,4 +58,8 @@ def mlp_mixer_lite(classes: int = 8, patch: int = 28, dim: int = 32) -> nn.Modul
     )
 
 
-MODELS = {"tiny_cnn": tiny_cnn, "small_resnet": small_resnet, "mixer_lite": mlp_mixer_lite}
+MODELS: dict[str, Callable[..., nn.Module]] = {
+    "tiny_cnn": tiny_cnn,
+    "small_resnet": small_resnet,
+    "mixer_lite": mlp_mixer_lite,
+}

@@ -27,6 +27,7 @@ import os
 import platform
 import statistics
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -157,6 +158,7 @@ def run_one(
 
     tracked: list[tuple[Any, int | None]] = []  # (run, job index or None for the producer)
     clock_ms = time.time() * 1000  # where the figures' clock starts (start-up is before it)
+    targets: list[tuple[Callable[..., Any], tuple[Any, ...]]]  # each job's function and arguments
     with PssSampler() as pss:
         try:
             if mode == "private":
@@ -225,11 +227,11 @@ def run_one(
         finally:
             run.close()
         by_label = {j.label: j for j in result.per_job}
-        for tracked_run, i in tracked:
-            job = by_label.get(specs[i].label(cfg)) if i is not None else None
-            if job is not None and job.samples:
-                tracked_run.log_step(samples=job.samples)
-            status = "FINISHED" if job is None or not job.error else "FAILED"
+        for tracked_run, index in tracked:
+            ran = by_label.get(specs[index].label(cfg)) if index is not None else None
+            if ran is not None and ran.samples:
+                tracked_run.log_step(samples=ran.samples)
+            status = "FINISHED" if ran is None or not ran.error else "FAILED"
             tracked_run.stop(status, tags={CLOCK_MARK: f"{clock_ms:.0f}"})
     result.peak_pss_mib = pss.peak / 2**20
     errors = [j.error for j in result.per_job if j.error]

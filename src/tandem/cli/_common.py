@@ -48,7 +48,7 @@ class Exit(click.ClickException):
 
     def __init__(self, message: str, code: int) -> None:
         super().__init__(message)
-        self.exit_code = code
+        self.exit_code = code  # type: ignore[misc]  # click reads it from the instance; types say ClassVar
 
 
 def daemon_call(call: Any, *args: Any, **kwargs: Any) -> Any:

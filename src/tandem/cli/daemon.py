@@ -196,7 +196,7 @@ def daemon_stop(timeout: float) -> None:
     # Stopped is when its process has ended (not when its socket closed), and its helper with it.
     while time.monotonic() < deadline and (daemon_call(is_running, directory) or _alive(pid)):
         time.sleep(0.1)
-    if _alive(pid):
+    if pid is not None and _alive(pid):
         os.kill(pid, signal.SIGTERM)
         while time.monotonic() < deadline + 10 and _alive(pid):
             time.sleep(0.1)

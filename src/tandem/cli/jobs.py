@@ -188,7 +188,10 @@ def submit(
     if as_json:
         from tandem.place.views import job_json, strict_json
 
-        click.echo(strict_json(job_json(open_state().job(reply.id)), indent=2))
+        job = open_state().job(reply.id)
+        if job is None:  # removed (tandem rm) between its submit and this read
+            raise unknown_job(reply.id)
+        click.echo(strict_json(job_json(job), indent=2))
     else:
         click.echo(reply.id)
 

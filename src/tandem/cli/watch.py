@@ -221,7 +221,7 @@ def _gate_until_exit(listener: Any, upstream: Path, server: subprocess.Popen) ->
         def wait() -> None:  # a daemon thread: Ctrl-C is never held up waiting on it
             code = server.wait()
             with contextlib.suppress(RuntimeError):  # the loop is gone already
-                loop.call_soon_threadsafe(lambda: exited.done() or exited.set_result(code))
+                loop.call_soon_threadsafe(lambda: None if exited.done() else exited.set_result(code))
 
         threading.Thread(target=wait, daemon=True).start()
         await gate.serve(listener, upstream, exited)

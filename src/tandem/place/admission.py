@@ -184,7 +184,7 @@ class Admission:
                     job.submitted,
                     cpus,
                     mem,
-                    job.gpus,
+                    job.gpus or 0,  # resolved at submit: a queued job's count is never None
                     gpu_mem,
                     job.escalation,
                     waiting_since=since,

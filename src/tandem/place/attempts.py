@@ -72,7 +72,7 @@ class Attempts:
         adir.mkdir(parents=True)
         env = {**env, "TANDEM_JOB_DIR": str(adir)}  # its attempt's own directory (what it may leave us)
         uuids = tuple(g.uuid for g in chosen)
-        placement = {
+        placement: dict[str, Any] = {
             "gpus": list(p.gpus),
             "uuids": list(uuids),
             "gpu_mem": p.gpu_mem,
@@ -84,7 +84,7 @@ class Attempts:
         }
         known = self.state.peak(job.job_key)
         placement["mem"], placement["mem_from"] = mem_reservation(
-            job.mem, known and known["peak_mem"], job.job_key
+            job.mem, known["peak_mem"] if known else None, job.job_key
         )
         name = job.name or Path(job.command[0]).name
         save(

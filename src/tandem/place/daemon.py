@@ -344,7 +344,7 @@ class Daemon:
         queue = self.admission.waiting(waiting, deps, active, reasons)
         held = self.disk.reason() if queue else None
         if held:  # a start would meet the full disk again: none until it takes writes
-            reasons.update(dict.fromkeys((w.job_id for w in queue), held))
+            reasons.update(dict.fromkeys((w.id for w in queue), held))
             queue = []
         if queue:
             outcome = plan(

@@ -84,7 +84,7 @@ def _base(annotation: str) -> tuple[str, bool]:
 
 def is_json(f: dataclasses.Field) -> bool:
     """Kept as JSON text: a list or a dict."""
-    base, _ = _base(f.type)
+    base, _ = _base(str(f.type))
     return base.startswith(("list", "dict", "tuple"))
 
 
@@ -93,7 +93,7 @@ def sql_declaration(f: dataclasses.Field) -> str:
     given = meta(f, "sql")
     if given:
         return f'"{f.name}" {given}'
-    base, optional = _base(f.type)
+    base, optional = _base(str(f.type))
     if is_json(f) or meta(f, "encode") is not None:
         kind = "TEXT"
     else:
@@ -103,7 +103,7 @@ def sql_declaration(f: dataclasses.Field) -> str:
     default = ""
     if f.default is not _MISSING:
         default = f" DEFAULT {int(f.default) if isinstance(f.default, bool) else repr(f.default)}"
-    elif f.default_factory is not _MISSING:
+    elif f.default_factory is not dataclasses.MISSING:
         default = f" DEFAULT '{json.dumps(f.default_factory())}'"
     return f'"{f.name}" {kind} NOT NULL{default}'
 
@@ -152,6 +152,6 @@ def reader(f: dataclasses.Field) -> Callable[[Any], Any]:
         return decode  # type: ignore[no-any-return]
     if is_json(f):
         return _json_value
-    if _base(f.type)[0] == "bool":
+    if _base(str(f.type))[0] == "bool":
         return bool
     return same

@@ -312,10 +312,10 @@ def read_request(data: dict[str, Any]) -> Request:
             raise ProtocolError("not a sweep: fill_env is a list of names")
         return SubmitSweep(job, points, fill_env)
     if cls is DefineShare:
-        job = fields.get("select_job")
+        select_job = fields.get("select_job")
         try:
             spec = ShareSpec.from_json(json.dumps(fields.get("spec")))
-            return DefineShare(spec, None if job is None else JobSpec.from_dict(job))
+            return DefineShare(spec, None if select_job is None else JobSpec.from_dict(select_job))
         except (TypeError, ValueError, AttributeError) as exc:
             raise ProtocolError(f"not a share definition: {exc}") from None
     return _build(cls, fields)
@@ -346,14 +346,14 @@ def _build(cls: type[T], data: Any) -> T:
 
 
 def _value(hint: Any, value: Any) -> Any:
-    if dataclasses.is_dataclass(hint):
+    if isinstance(hint, type) and dataclasses.is_dataclass(hint):
         return _build(hint, value)
     origin = typing.get_origin(hint)
     if origin is list and isinstance(value, list):
         (item,) = typing.get_args(hint)
         return [_value(item, v) for v in value]
     if origin in (Union, types.UnionType):
-        records = [a for a in typing.get_args(hint) if dataclasses.is_dataclass(a)]
+        records = [a for a in typing.get_args(hint) if isinstance(a, type) and dataclasses.is_dataclass(a)]
         if records and isinstance(value, dict):
             return _build(records[0], value)
     return value

@@ -24,6 +24,7 @@ class StateReads:
     """The queries of the state (one connection, ``query``): the writer's
     (:class:`tandem.place.state.State`) and the readers' (:class:`StateReader`)."""
 
+    dir: Path
     jobs_dir: Path
 
     def query(self, sql: str, args: tuple = ()) -> list[sqlite3.Row]:
@@ -57,7 +58,8 @@ class StateReads:
         (only a launch needs it; it is most of a row). ``last``: only the newest N (before
         job id ``before``, for paging). ``group``, ``shares``: of those only. ``changed_since``:
         only those whose row changed at or after that time (a live view's update)."""
-        where, args = [], []
+        where: list[str] = []
+        args: list[str | int | float] = []
         if states:
             where.append(f"state IN ({', '.join('?' for _ in states)})")
             args += list(states)

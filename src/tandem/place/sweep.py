@@ -142,15 +142,22 @@ def _point(line: str) -> dict[str, str] | None:
     if not isinstance(_DECODER.decode(line), dict):  # the whole line checked first
         return None
     point: dict[str, str] = {}
-    i = _WS.match(line, line.index("{") + 1).end()
+    i = _past_ws(line, line.index("{") + 1)
     while line[i] == '"':
         key, i = json.decoder.scanstring(line, i + 1)  # type: ignore[attr-defined]
-        i = _WS.match(line, _WS.match(line, i).end() + 1).end()  # past the ':'
+        i = _past_ws(line, _past_ws(line, i) + 1)  # past the ':'
         value, end = _DECODER.raw_decode(line, i)
         point[key] = value if isinstance(value, str) else line[i:end]
-        i = _WS.match(line, end).end()
-        i = _WS.match(line, i + 1).end() if line[i] == "," else i
+        i = _past_ws(line, end)
+        i = _past_ws(line, i + 1) if line[i] == "," else i
     return point
+
+
+def _past_ws(line: str, i: int) -> int:
+    """The index of the first character at or after ``i`` that is not JSON whitespace."""
+    match = _WS.match(line, i)
+    assert match is not None  # the pattern matches the empty string too
+    return match.end()
 
 
 def _lines(path: str | Path, max_bytes: int) -> Iterator[tuple[int, str]]:

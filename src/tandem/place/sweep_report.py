@@ -314,6 +314,7 @@ def _saving(
     if not readers or not producers:
         return None
     by_share: dict[str, dict[str, Any]] = {}
+    s: dict[str, Any] | None  # a share's sums (None below: a share no producer's figures came for)
     for p in producers:
         s = by_share.setdefault(p["share"], {"charged": {}, "cost": {}, "run_s": 0.0, "batches": 0.0})
         for k in COSTS:
@@ -322,7 +323,8 @@ def _saving(
         s["run_s"] += p["run_s"] or 0.0
         s["batches"] += p["published_batches"] or 0.0
     n = Counter(j.share for j, _ in readers)
-    per_job, bases = [], Counter()
+    per_job: list[dict[str, Any]] = []
+    bases: Counter[str] = Counter()
     for job, row in readers:
         s = by_share.get(job.share or "")
         if s is None:

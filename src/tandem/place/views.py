@@ -100,7 +100,7 @@ def _shown(cls: type) -> list[tuple[str, str | None, str]]:
 def record_json(record: Any) -> dict[str, Any]:
     """A record's shown fields, by their ``--json`` keys (:func:`tandem.place.fields.column`)."""
     out: dict[str, Any] = {}
-    for name, under, key in _shown(type(record)):
+    for name, under, key in _shown(type(record)):  # type: ignore[arg-type]  # mypy: a class is not Hashable
         into = out.setdefault(under, {}) if under else out
         into[key] = getattr(record, name)
     return out

@@ -24,8 +24,8 @@ from tandem.select.store import Selection, uses
 from tandem.watch.stores.mlflow_store import sqlite_path
 
 if TYPE_CHECKING:  # select may read place's state; place never imports select
+    from tandem.place.reads import StateReads
     from tandem.place.records import Job
-    from tandem.place.state import State
 
 SUMMARY = {
     "wall_s": "summary/duration_s",
@@ -83,20 +83,20 @@ def _break_even(cost: float | None, saving: float | None) -> float | str | None:
 # --- the jobs that trained on a selection: one definition for every view ---------------------
 
 
-def serving(state: State | None, sel_id: str) -> list[str]:
+def serving(state: StateReads | None, sel_id: str) -> list[str]:
     """The defined shares that serve the selection (given with ``--selection`` or made by
     their ``--select`` job: the state keeps which), by name."""
     return [] if state is None else sorted(s.name for s in state.shares() if s.selection == sel_id)
 
 
-def manager_jobs(state: State | None, sel_id: str) -> list[Job]:
+def manager_jobs(state: StateReads | None, sel_id: str) -> list[Job]:
     """Every job of the job manager's that reads the selection (of a share that serves it),
     in any state, by id."""
     shares = serving(state, sel_id)
     return [] if state is None or not shares else state.jobs(shares=tuple(shares))
 
 
-def jobs_of(sel_id: str, state: State | None) -> list[dict[str, Any]]:
+def jobs_of(sel_id: str, state: StateReads | None) -> list[dict[str, Any]]:
     """The jobs that trained on the selection: the manager's jobs of the shares that serve
     it that started (or have an MLflow run: the run is made as a job starts), then the
     runs noted among its uses that are none of those. Each is ``{job, state, share, group,
@@ -128,7 +128,7 @@ def jobs_of(sel_id: str, state: State | None) -> list[dict[str, Any]]:
     return out
 
 
-def report_for(sel: Selection, state: State | None, baseline_run: str | None = None) -> dict[str, Any]:
+def report_for(sel: Selection, state: StateReads | None, baseline_run: str | None = None) -> dict[str, Any]:
     """The report of ``sel`` (:func:`report`) over the jobs that trained on it
     (:func:`jobs_of`) in the job manager's ``state`` (None: it has none), their costs read
     from the store the manager's runs are in and from tandem's own: what ``tandem select

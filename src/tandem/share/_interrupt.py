@@ -15,6 +15,7 @@ import logging
 import signal
 import threading
 from collections.abc import Iterator
+from types import FrameType
 
 from tandem.share.errors import ConsumerInterrupted
 
@@ -33,7 +34,7 @@ def sigterm_ends_wait(who: str, doing: str) -> Iterator[None]:
         yield  # SIG_DFL ends the process already; SIG_IGN was asked for; None: not Python's
         return
 
-    def handler(signum: int, frame: object) -> None:
+    def handler(signum: int, frame: FrameType | None) -> None:
         previous(signum, frame)
         log.warning("SIGTERM while %s from %s: the consumer's process ends", doing, who)
         raise ConsumerInterrupted(EXIT_STATUS)

@@ -17,7 +17,7 @@ import contextlib
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Generator, Iterable
 from typing import Any
 
 import torch
@@ -115,7 +115,7 @@ class PublishingLoop:
             else:
                 self._publish_end(f"served {epochs} epoch(s)", finished=True)
 
-    def _transformed(self) -> Iterator[Any]:
+    def _transformed(self) -> Generator[Any, None, None]:
         """One epoch of the source, through ``batch_transform`` if any: on
         ``transform_threads`` threads, that many batches in flight, in the source's order."""
         if self._transform is None:

@@ -70,6 +70,7 @@ class StreamReader:
     batches: int
     missed_batches: int
     missed_samples: int
+    kept_batches: int
     start: Position  # where this consumer joined the stream: its epochs run from there
     _conn: Connection
     _channel: SocketChannel | TableChannel

@@ -17,7 +17,7 @@ never a batch whose parts belong to other samples.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import torch
 
@@ -175,7 +175,7 @@ class Assembler:
         leaves = [keep if out is None else out[: self.n] for out, keep in zip(self._out, self._keep)]
         it = iter(self._lists)
         spec = map_plain_lists(self._spec, lambda _v: next(it))
-        return unflatten(spec, leaves)
+        return unflatten(spec, cast("list[torch.Tensor]", leaves))  # kept wherever out is None
 
 
 def check_cuttable(piece: Piece) -> None:

@@ -12,6 +12,7 @@ import os
 import threading
 import time
 import warnings
+from collections.abc import Callable
 from typing import Protocol
 
 import torch
@@ -154,7 +155,7 @@ class SegmentMap:
         self._resetting: dict[int, int] = {}  # slot -> ticket of its pending copy-on-write reset
         self._resetter: _Resetter | None = None
         self.copied_out = 0  # bytes copied out of batches kept past their release
-        self.on_map = None  # hook (e.g. pin for CUDA): called with (mmap, tensor)
+        self.on_map: Callable[[mmap.mmap, torch.Tensor], None] | None = None  # hook (e.g. pin for CUDA)
 
     def add(self, segment: protocol.Segment, fd: int) -> None:
         self._wait_reset(segment.slot)

@@ -55,7 +55,7 @@ class Announcement(NamedTuple):
 
     epoch: int
     offset: int
-    count: int
+    count: int  # type: ignore[assignment]  # the field hides tuple.count
     kind: int  # EntryKind.BATCH or EntryKind.EPOCH_END
     slot: int
     segment_id: int

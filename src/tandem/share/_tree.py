@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable
-from typing import Any
+from typing import Any, TypeGuard
 
 import torch
 
@@ -31,7 +31,7 @@ PLAIN = (int, float, bool, str, bytes, type(None))
 Spec = tuple
 
 
-def _is_namedtuple(obj: object) -> bool:
+def _is_namedtuple(obj: object) -> TypeGuard[tuple[Any, ...]]:
     return isinstance(obj, tuple) and hasattr(type(obj), "_fields")
 
 
@@ -57,8 +57,8 @@ def _walk(obj: object, path: str, leaves: list[torch.Tensor]) -> Spec:
     if type(obj).__module__ == "numpy":
         return _walk(_from_numpy(obj, path), path, leaves)
     if _is_namedtuple(obj):
-        fields = zip(obj._fields, obj)  # type: ignore[attr-defined]
-        return ("nt", type(obj), [_walk(v, f"{path}.{f}", leaves) for f, v in fields])
+        members = zip(obj._fields, obj)  # type: ignore[attr-defined]
+        return ("nt", type(obj), [_walk(v, f"{path}.{f}", leaves) for f, v in members])
     if isinstance(obj, (list, tuple)) and obj and all(isinstance(v, PLAIN) for v in obj):
         # file names, keys: one per sample (default_collate makes str values a tuple)
         return ("P", list(obj)) if isinstance(obj, list) else ("P", list(obj), "tuple")

@@ -37,7 +37,7 @@ from __future__ import annotations
 import io
 import os
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, cast
 
@@ -212,8 +212,8 @@ def _decode_cpu(data: torch.Tensor) -> torch.Tensor:
     try:
         from PIL import Image
     except ImportError:
-        Image = None  # noqa: N806 (the module's name)
-    if Image is not None:
+        pass  # torchvision's decoder below
+    else:
         buf = data.cpu().numpy().tobytes()
         with Image.open(io.BytesIO(buf)) as img:
             pixels = np.array(img.convert("RGB"))  # HWC; a copy that torch may own
@@ -315,19 +315,22 @@ class ImagePipeline:
 
     Returns ``{"image": [N, 3, S, S], "label": int64, "index": int64}``, all on ``device``.
     ``transform=None`` means the default ``RandomResizedCropFlipNormalize()`` (224, ImageNet's
-    statistics, float32, seed 0).
+    statistics, float32, seed 0); any ``transform(images, indices) -> [N, 3, S, S]`` will do
+    (``Producer.from_files`` passes the user's), told the epoch where it has ``set_epoch``.
     """
 
     def __init__(
         self,
         device: torch.device | str,
-        transform: RandomResizedCropFlipNormalize | None = None,
+        transform: Callable[..., torch.Tensor] | None = None,
     ):
         self.device = _resolve_device(device)
         self.transform = transform if transform is not None else RandomResizedCropFlipNormalize()
 
     def set_epoch(self, epoch: int) -> None:
-        self.transform.set_epoch(epoch)
+        set_epoch = getattr(self.transform, "set_epoch", None)
+        if set_epoch is not None:  # a user's plain function has no epoch to be told
+            set_epoch(epoch)
 
     def __call__(self, batch: dict[str, Any]) -> dict[str, torch.Tensor]:
         index = batch["index"]
@@ -346,7 +349,9 @@ class ImagePipeline:
 
     def describe(self) -> str:
         decoder = "nvJPEG" if self.device.type == "cuda" else "Pillow"
-        return f"decode on {self.device} ({decoder}), {self.transform.describe()}"
+        describe = getattr(self.transform, "describe", None)
+        transform = describe() if describe is not None else repr(self.transform)
+        return f"decode on {self.device} ({decoder}), {transform}"
 
     def __repr__(self) -> str:
         return f"ImagePipeline({self.describe()})"

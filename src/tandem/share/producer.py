@@ -100,8 +100,9 @@ class Producer(PublishingLoop):
         self._transform = batch_transform
         self._transform_threads = transform_threads
         label = f"{name}:{os.getpid()}"
-        on_gpu = self.device is not None
-        self._slab: Slab = CudaSlab(label, self.device) if on_gpu else HostSlab(label, window)
+        self._slab: Slab = (
+            CudaSlab(label, self.device) if self.device is not None else HostSlab(label, window)
+        )
         self._server = ControlServer(name, self._window, self._slab, self._cond, self.stats, self.stop)
         self._stop_reason: str | None = None
         self._planner: EpochPlanner | None = None  # set by from_dataset: the producer owns the order

@@ -165,7 +165,7 @@ class Batch(NamedTuple):
     seq: int
     epoch: int
     offset: int  # position of the batch's first sample in the producer's epoch
-    count: int  # samples in the batch
+    count: int  # type: ignore[assignment]  # samples in the batch (the field hides tuple.count)
     segment: Segment
     meta_offset: int
     meta_len: int
@@ -249,7 +249,7 @@ class _BatchWire(NamedTuple):
     seq: int
     epoch: int
     offset: int
-    count: int
+    count: int  # type: ignore[assignment]  # the field hides tuple.count
     slab_kind: int  # index into SLAB_KINDS
     segment_id: int
     slot: int

@@ -25,7 +25,7 @@ import pkgutil
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, overload
 
 OBJECT_FORMS = "MODULE:FUNCTION or path/to/file.py:FUNCTION"
 SOURCES = ("dataset", "loader", "images")
@@ -85,6 +85,10 @@ def load_object(ref: str) -> Any:
         raise SpecError(f"cannot import {module_name!r}: {type(exc).__name__}: {exc}") from None
 
 
+@overload
+def _absolute(ref: str) -> str: ...
+@overload
+def _absolute(ref: None) -> None: ...
 def _absolute(ref: str | None) -> str | None:
     """A ``path/to/file.py:ATTR`` reference with its path made absolute (others as they are)."""
     if ref is None:
@@ -229,7 +233,7 @@ class ShareSpec:
 
         from tandem.share.producer import Producer
 
-        common = {"window": self.window, "policy": self.policy}
+        common: dict[str, Any] = {"window": self.window, "policy": self.policy}
         if self.source == "loader":
             return Producer(load_object(self.ref)(), self.name, device=self.device, **common)
         workers = self.num_workers

@@ -25,6 +25,7 @@ import textwrap
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 from rich.table import Table
@@ -203,11 +204,11 @@ def plot(
             squeeze=False,
         )
         row_top = [0.0] * len(shown)
-        legend: dict[str, object] = {}  # label -> handle, over all columns
+        legend: dict[str, Any] = {}  # label -> handle (a matplotlib Artist), over all columns
         for c, (group, group_runs) in enumerate(columns):
             marks = _marks(group_runs) if group != "runs" else {}
             aligned = zero in marks
-            t0 = int(marks[zero]) if aligned else min(_start(r) for r in group_runs)
+            t0 = int(marks[zero]) if aligned and zero is not None else min(_start(r) for r in group_runs)
             for row, panel in enumerate(shown):
                 ax = axes[row][c]
                 curves = []

@@ -90,7 +90,7 @@ def serve(
         access_log=False,
         lifespan="off",
         timeout_graceful_shutdown=1,
-        timeout_keep_alive=HEADER_TIMEOUT_S,
+        timeout_keep_alive=int(HEADER_TIMEOUT_S),
     )
     try:
         uvicorn.Server(config).run(sockets=[sock])

@@ -62,9 +62,9 @@ def label_mismatches(
 ) -> int:
     """Samples whose label is not the dataset's label of their index."""
     bad = 0
-    for idx, lab in zip(indices, labels):
-        idx = np.asarray(idx, dtype=np.int64).reshape(-1)
-        lab = np.asarray(lab, dtype=np.int64).reshape(-1)
+    for given_idx, given_lab in zip(indices, labels):
+        idx = np.asarray(given_idx, dtype=np.int64).reshape(-1)
+        lab = np.asarray(given_lab, dtype=np.int64).reshape(-1)
         if idx.size != lab.size:
             bad += max(idx.size, lab.size)
             continue

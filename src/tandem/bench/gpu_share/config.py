@@ -11,7 +11,7 @@ import torch
 
 # Jobs and producers are forked from a server that has imported torch and this module
 # once (spawn where there is no forkserver): a run starts in about a second, not three.
-CTX = mp.get_context("forkserver" if "forkserver" in mp.get_all_start_methods() else "spawn")
+CTX = mp.get_context("forkserver") if "forkserver" in mp.get_all_start_methods() else mp.get_context("spawn")
 # (torch._dynamo: the first optimiser imports it, 1.2 s; modules that do not import are skipped)
 PRELOAD = [
     "torch",

@@ -213,7 +213,8 @@ def _train(
     if cuda:
         torch.cuda.set_device(dev)
         torch.backends.cudnn.benchmark = True
-    model = build_model(cfg.model, cfg.classes).to(dev, memory_format=torch.channels_last)
+    # (Module.to takes memory_format, which torch's overloads leave out)
+    model = build_model(cfg.model, cfg.classes).to(dev, memory_format=torch.channels_last)  # type: ignore[call-overload]
     step = _train_step(model, dev)
     source, close = _sources(cfg, mode, root, endpoint, dev, jobs)
     built.put(os.getpid())
@@ -413,4 +414,8 @@ def tensorsocket_producer(
         queue.put(("producer-error", os.getpid(), f"{type(exc).__name__}: {exc}"[:500]))
 
 
-PRODUCERS = {"host": host_producer, "gpu": gpu_producer, "tensorsocket": tensorsocket_producer}
+PRODUCERS: dict[str, Callable[..., None]] = {
+    "host": host_producer,
+    "gpu": gpu_producer,
+    "tensorsocket": tensorsocket_producer,
+}

@@ -22,7 +22,7 @@ from tandem.bench.gpu_share.accounting import (
 )
 from tandem.bench.gpu_share.config import CTX, MODES, SAMPLE_INTERVAL_S, SHARED_MODES, GpuShareConfig
 from tandem.bench.gpu_share.jobs import PRODUCERS, GpuJobResult, _start, job_main
-from tandem.bench.harness import Every, JobProcesses, JobResult, free_ports, tensorsocket_available
+from tandem.bench.harness import Every, JobProcesses, free_ports, tensorsocket_available
 
 
 # --------------------------------------------------------------------------- measurement
@@ -204,7 +204,7 @@ def run_one(mode: str, n: int, cfg: GpuShareConfig, root: str, truth: np.ndarray
 
     def handle(item: Any) -> None:
         nonlocal serving
-        if isinstance(item, JobResult):
+        if isinstance(item, GpuJobResult):  # what every job of this bench sends
             results.append(item)
         elif item[0] == "serving":
             serving = True

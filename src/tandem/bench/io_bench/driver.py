@@ -7,6 +7,7 @@ import os
 import platform
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -118,6 +119,8 @@ def run(
             for block in block_sizes:
                 if cache.drop_caches:
                     drop_caches()
+                target: Callable[..., None]  # the path's worker, with its arguments
+                args: tuple[Any, ...]
                 if path in (CPU_PATH, HOST_PATH):
                     target = _cpu_worker
                     args = (fds, files.file_bytes, block, dev, path == CPU_PATH, driver_copy)

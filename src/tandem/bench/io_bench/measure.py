@@ -144,7 +144,7 @@ def _cpu_worker(
             dst, stream_handle = dev_buf.data_ptr(), stream.cuda_stream
         host = gpu_io.aligned_host_buffer(block, pin=cuda)
         src = host.data_ptr()
-        view = memoryview(host.numpy()).cast("B")
+        view = memoryview(host.numpy()).cast("B")  # type: ignore[arg-type]  # numpy types __buffer__ from 3.12
 
         def to_device() -> None:
             if driver_copy is not None:

@@ -34,9 +34,11 @@ class Launch:
 
 
 class Launched(Protocol):
-    """What a launcher needs of a followed attempt."""
+    """What a launcher needs of a followed attempt (`Active` derives its job id: read-only here)."""
 
-    job_id: int
+    @property
+    def job_id(self) -> int: ...
+
     n: int
     shim_pid: int | None
     shim_ctime: float | None

@@ -100,9 +100,11 @@ class RayBackend:
             _check_reachable(address)
             ray.init(address=address, **options)
         else:
-            resources = {GPU_MEM_RESOURCE.format(i): g.mem_total // MIB for i, g in enumerate(local_gpus)}
+            resources: dict[str, float] = {
+                GPU_MEM_RESOURCE.format(i): g.mem_total // MIB for i, g in enumerate(local_gpus)
+            }
             ray.init(
-                num_cpus=cpus,
+                num_cpus=cpus,  # type: ignore[arg-type]  # a node's CPUs may be fractional; Ray says int
                 num_gpus=len(local_gpus),
                 resources=resources,
                 include_dashboard=False,
@@ -114,7 +116,7 @@ class RayBackend:
 
     def cluster(self) -> tuple[float, int, tuple[GpuInfo, ...]]:
         """Cores, RAM and GPUs of the live nodes (GPUs: those that declare their memory)."""
-        cpus, mem, gpus = 0.0, 0, []
+        cpus, mem, gpus = 0.0, 0, list[GpuInfo]()
         for node in sorted(self.ray.nodes(), key=lambda n: n["NodeID"]):
             if not node.get("Alive"):
                 continue

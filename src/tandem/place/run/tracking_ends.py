@@ -89,7 +89,7 @@ def end_without_daemon(spool: Path, start: dict[str, Any], gone: bool) -> dict[s
         result = load(adir, Result)
         if result is None or not (gone or age >= RESULT_GRACE_S):
             return None
-        tags = {"tandem.state": result.state, "tandem.cause": result.cause}
+        tags: dict[str, Any] = {"tandem.state": result.state, "tandem.cause": result.cause}
         tags["tandem.exit_code"] = result.exit_code
         summary = {
             "run_s": result.ended - result.started,

@@ -395,7 +395,7 @@ class _Sim:
                 )
             )
         ok = [r for r in out if r.state == SUCCEEDED]
-        jct = np.array([r.jct_s for r in ok], dtype=float)
+        jcts = np.array([r.jct_s for r in ok], dtype=float)
         slow = np.array([r.slowdown for r in ok], dtype=float)
         ends = [j.end for j in self.jobs if j.end is not None and j.state != REFUSED]
         makespan = max(ends) - self.t0 if ends else 0.0
@@ -411,9 +411,9 @@ class _Sim:
             model=asdict(self.model),
             jobs=out,
             makespan_s=makespan,
-            jct_mean_s=stat(jct, np.mean),
-            jct_p50_s=stat(jct, np.median),
-            jct_p95_s=stat(jct, lambda v: np.percentile(v, 95)),
+            jct_mean_s=stat(jcts, np.mean),
+            jct_p50_s=stat(jcts, np.median),
+            jct_p95_s=stat(jcts, lambda v: np.percentile(v, 95)),
             wait_mean_s=stat(np.array([r.wait_s for r in ok], dtype=float), np.mean),
             slowdown_mean=stat(slow, np.mean),
             slowdown_max=stat(slow, np.max),

@@ -90,7 +90,7 @@ def pread_into(fd: int, out: torch.Tensor, offset: int, direct: bool = False) ->
     read, fewer than ``out.numel()`` only at the end of the file. ``direct`` (an O_DIRECT
     descriptor): a short read is the end of the file; reading on from an unaligned offset
     would fail with EINVAL."""
-    view = memoryview(out.numpy()).cast("B")
+    view = memoryview(out.numpy()).cast("B")  # type: ignore[arg-type]  # numpy types __buffer__ from 3.12
     total = 0
     while total < len(view):
         n = os.preadv(fd, [view[total:]], offset + total)

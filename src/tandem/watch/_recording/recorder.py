@@ -93,15 +93,16 @@ class Recorder:
                     continue
             if pending:  # flush on time, on size, and before any other operation
                 batch, pending = pending, []
-                self._guard(lambda b=batch: self.store.log(b), "write metrics")
+                # (each op runs before the loop goes on: no late binding, hence B023's noqa)
+                self._guard(lambda: self.store.log(batch), "write metrics")  # noqa: B023
             last_flush = time.monotonic()
             if kind == "tags":
                 self._tags.update(item)
-                self._try(lambda t=item: self.store.set_tags(t), "set tags")
+                self._try(lambda: self.store.set_tags(item), "set tags")  # noqa: B023
             elif kind == "artifact":
-                self._try(lambda p=item: self.store.log_artifact(p), f"store {item.name}")
+                self._try(lambda: self.store.log_artifact(item), f"store {item.name}")  # noqa: B023
             elif kind == "close":
-                self._guard(lambda s=item: self.store.close(s), "end the run")
+                self._guard(lambda: self.store.close(item), "end the run")  # noqa: B023
                 return
 
     def _try(self, op: Callable[[], None], what: str) -> None:

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -163,7 +163,7 @@ class NvmlSampler(Sampler):
         run_pids: Callable[[], Iterable[int]],
         visible: str | None = None,
         nvml: Any = None,
-        env: dict[str, str] | None = None,
+        env: Mapping[str, str] | None = None,
     ):
         """``visible`` is the run's CUDA_VISIBLE_DEVICES (default: from ``env``, which
         defaults to this process's environment)."""

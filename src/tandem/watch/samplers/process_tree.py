@@ -213,7 +213,7 @@ class ProcessTreeSampler(Sampler):
             self._base = (user, system)
         user, system = user - self._base[0], system - self._base[1]
         final = self.final_cpu is not None
-        if final:  # wait4's total includes children that lived between samples
+        if self.final_cpu is not None:  # wait4's total includes children that lived between samples
             user, system = max(user, self.final_cpu[0]), max(system, self.final_cpu[1])
         self._total_cpu = user + system
         metrics = {

@@ -60,7 +60,7 @@ class MlflowStore:
         self.experiment = experiment
         self.run_id = ""
         self.where = self.uri
-        self._client = None
+        self._client: Any = None  # an MlflowClient from open() on (mlflow is imported lazily)
 
     def prepare(self) -> tuple[Any, str]:
         """Import MLflow, create the store's tables and the experiment if new; return
