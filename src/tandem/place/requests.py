@@ -66,8 +66,7 @@ def submit_sweep(d: Daemon, request: p.SubmitSweep) -> p.SweepSubmitted | p.Fail
         problem = spec.problem()
         if problem:
             return _refused(problem)
-    # Its points are alike: what one is measured to use, the others reserve (tandem.place.reserve).
-    made = d.state.add_jobs(specs, gpus, time.time(), alike=sweep.alike_key(template))
+    made = d.state.add_jobs(specs, gpus, time.time())
     d.wake = d.dirty = True
     return p.SweepSubmitted([job_id for job_id, _ in made], template.group or "")
 
