@@ -13,14 +13,12 @@ import threading
 import time
 from pathlib import Path
 
-import psutil
 import pytest
 
 from tandem import _ipc
 from tandem.place import diskwait, protocol
 from tandem.place.run.files import AttemptSpec, save
-from tests.place.conftest import attempt_dir
-from tests.place.test_robust import FAST, _wait_for, small_disk  # noqa: F401 (a fixture)
+from tests.place.test_robust import _wait_for, queued_behind_a_blocker, small_disk  # noqa: F401 (a fixture)
 from tests.timing import scaled
 
 
@@ -112,26 +110,10 @@ def test_four_jobs_that_start_with_little_disk_left_each_run_once_when_space_ret
     small_disk: Path,  # noqa: F811
     free_kb: int,
 ) -> None:
-    state = small_disk / "state"
-    env = dict(cli.env, TANDEM_STATE_DIR=str(state))
-
-    def tandem(*args: str, timeout: float = 60) -> subprocess.CompletedProcess:
-        return subprocess.run([sys.executable, "-m", "tandem.cli", *args], env=env, cwd=tmp_path,
-                              capture_output=True, text=True, timeout=scaled(timeout))  # fmt: skip
-
-    assert tandem("daemon", "start", "--cpus", "2", "--no-track", "--no-host-load", *FAST).returncode == 0
-    stop, out = tmp_path / "stop", tmp_path / "ran"
-    hold = f"import os, time\nwhile not os.path.exists({str(stop)!r}):\n    time.sleep(0.05)"
-    blocker = tandem("submit", "--cpus", "2", "--", sys.executable, "-c", hold).stdout.strip()
-    assert _wait_for(lambda: (attempt_dir(state, blocker) / "started.json").exists(), 60)
-    once = f"open({str(out)!r}, 'a').write(__import__('os').environ['TANDEM_JOB_ID'] + '\\n')"
-    ids = [
-        tandem("submit", "--cpus", "0.5", "--", sys.executable, "-c", once).stdout.strip() for _ in range(4)
-    ]
+    held = queued_behind_a_blocker(cli, tmp_path, small_disk)
+    tandem, out, ids = held.tandem, held.out, held.ids
     filler = _fill(small_disk, free_kb)
-    stop.touch()  # the blocker ends: the daemon starts the four with free_kb left
-    pid = json.loads((attempt_dir(state, blocker) / "started.json").read_text())["pid"]
-    assert _wait_for(lambda: not psutil.pid_exists(pid), 60), "the blocker ended"
+    held.end_the_blocker()  # the daemon starts the four with free_kb left
     deadline = time.monotonic() + 5.0  # the daemon's passes on the full disk: none of the four fails
     while time.monotonic() < deadline:
         listed = json.loads(tandem("ls", "--json").stdout or "[]")

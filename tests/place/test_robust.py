@@ -12,6 +12,8 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 import psutil
@@ -280,16 +282,32 @@ def _wait_for(condition, timeout: float) -> bool:
     return bool(condition())
 
 
-def test_a_full_disk_while_jobs_start_loses_none(cli, tmp_path: Path, small_disk: Path) -> None:
-    """Jobs that start while the state's disk is full are neither failed nor left running
-    without a process: once space returns, every one runs and succeeds, once."""
-    small = small_disk
-    state = small / "state"
+@dataclass
+class QueuedBehindABlocker:
+    """A daemon on ``small_disk`` with a job holding both cores and four jobs queued behind it,
+    each of which appends its id to ``out`` when it runs."""
+
+    tandem: Callable[..., subprocess.CompletedProcess]
+    state: Path
+    stop: Path
+    out: Path
+    blocker: str
+    ids: list[str]
+
+    def end_the_blocker(self) -> None:
+        """The blocker ends, and the daemon starts the four (on whatever disk is left)."""
+        self.stop.touch()
+        pid = json.loads((attempt_dir(self.state, self.blocker) / "started.json").read_text())["pid"]
+        assert _wait_for(lambda: not psutil.pid_exists(pid), 60), "the blocker ended"
+
+
+def queued_behind_a_blocker(cli, tmp_path: Path, small_disk: Path) -> QueuedBehindABlocker:
+    state = small_disk / "state"
     env = dict(cli.env, TANDEM_STATE_DIR=str(state))
 
     def tandem(*args: str, timeout: float = 60) -> subprocess.CompletedProcess:
         return subprocess.run([sys.executable, "-m", "tandem.cli", *args], env=env, cwd=tmp_path,
-                              capture_output=True, text=True, timeout=timeout)  # fmt: skip
+                              capture_output=True, text=True, timeout=scaled(timeout))  # fmt: skip
 
     assert tandem("daemon", "start", "--cpus", "2", "--no-track", "--no-host-load", *FAST).returncode == 0
     stop, out = tmp_path / "stop", tmp_path / "ran"
@@ -300,6 +318,15 @@ def test_a_full_disk_while_jobs_start_loses_none(cli, tmp_path: Path, small_disk
     ids = [
         tandem("submit", "--cpus", "0.5", "--", sys.executable, "-c", once).stdout.strip() for _ in range(4)
     ]
+    return QueuedBehindABlocker(tandem, state, stop, out, blocker, ids)
+
+
+def test_a_full_disk_while_jobs_start_loses_none(cli, tmp_path: Path, small_disk: Path) -> None:
+    """Jobs that start while the state's disk is full are neither failed nor left running
+    without a process: once space returns, every one runs and succeeds, once."""
+    small = small_disk
+    held = queued_behind_a_blocker(cli, tmp_path, small)
+    tandem, out, ids = held.tandem, held.out, held.ids
     filler = small / "filler"
     subprocess.run(["dd", "if=/dev/zero", f"of={filler}", "bs=64k"], capture_output=True)  # until full
     r = tandem("submit", "--cpus", "0.5", "--", "true")  # taken, or refused saying why: never a traceback
@@ -307,9 +334,7 @@ def test_a_full_disk_while_jobs_start_loses_none(cli, tmp_path: Path, small_disk
     assert r.returncode == 0 or "would not take it" in r.stderr, r.stderr
     if r.returncode == 0:
         ids.append(r.stdout.strip())
-    stop.touch()  # the blocker ends: the daemon starts the four on a full disk
-    pid = json.loads((attempt_dir(state, blocker) / "started.json").read_text())["pid"]
-    assert _wait_for(lambda: not psutil.pid_exists(pid), 60), "the blocker ended"
+    held.end_the_blocker()  # the daemon starts the four on a full disk
     # A few of the daemon's passes on the full disk: none of the four may fail meanwhile.
     deadline = time.monotonic() + 3.0
     while time.monotonic() < deadline:
