@@ -5,7 +5,6 @@ consumer that waits for data even under a handler that only notes it (Lightning'
 
 from __future__ import annotations
 
-import json
 import os
 import platform
 import queue
@@ -250,7 +249,7 @@ def test_a_late_joiner_that_breaks_gets_its_next_epoch_whole():
 
 def test_lightning_ddp_of_two_ranks_with_limit_train_batches_finishes_every_epoch(tmp_path):
     pytest.importorskip("lightning")
-    from tests.share.test_ranks import LIGHTNING_DDP
+    from tests.share.test_ranks import LIGHTNING_DDP, run_lightning_ddp
     from tests.share.test_ranks import Items as Rows  # 8 features, as its model takes
 
     script = tmp_path / "train_ddp.py"
@@ -261,18 +260,7 @@ def test_lightning_ddp_of_two_ranks_with_limit_train_batches_finishes_every_epoc
     )
     producer = Producer.from_dataset(Rows(N), "ddplimit", batch_size=32, shuffle=True)
     with serving(producer, epochs=None):
-        env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
-        env.pop("TANDEM_JOB_ID", None)
-        run = subprocess.run(
-            [sys.executable, str(script), str(tmp_path)],
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=scaled(240),
-            cwd=tmp_path,
-        )
-        assert run.returncode == 0, run.stderr[-3000:]
-    ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1)]
+        ranks = run_lightning_ddp(script, tmp_path)
     for epoch in ("0", "1", "2"):  # 10% of each rank's 20 batches of 16, every epoch
         assert len(ranks[0][epoch]) == len(ranks[1][epoch]) == 2 * 16
         assert not set(ranks[0][epoch]) & set(ranks[1][epoch])

@@ -8,6 +8,7 @@ import os
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 import pytest
 import torch
@@ -132,26 +133,33 @@ LIGHTNING_DDP = textwrap.dedent(
 )
 
 
+def run_lightning_ddp(script: Path, tmp_path: Path) -> list[dict]:
+    """Run a 2-rank Lightning script (``LIGHTNING_DDP`` or a variant) against a producer
+    already serving; each rank's items per epoch, as it wrote them."""
+    import json
+
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    env.pop("TANDEM_JOB_ID", None)
+    run = subprocess.run(
+        [sys.executable, str(script), str(tmp_path)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=scaled(240),
+        cwd=tmp_path,
+    )
+    assert run.returncode == 0, run.stderr[-3000:]
+    return [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1)]
+
+
 def test_lightning_ddp_on_cpu_sees_each_item_once_per_epoch_across_two_ranks(tmp_path):
     pytest.importorskip("lightning")
-    import json
 
     script = tmp_path / "train_ddp.py"
     script.write_text(LIGHTNING_DDP)
     producer = Producer.from_dataset(Items(640), "ddp", batch_size=32, shuffle=True)
     with serving(producer, epochs=2):
-        env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
-        env.pop("TANDEM_JOB_ID", None)
-        run = subprocess.run(
-            [sys.executable, str(script), str(tmp_path)],
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=scaled(240),
-            cwd=tmp_path,
-        )
-        assert run.returncode == 0, run.stderr[-3000:]
-    ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1)]
+        ranks = run_lightning_ddp(script, tmp_path)
     for epoch in ("0", "1"):
         a, b = ranks[0][epoch], ranks[1][epoch]
         assert len(a) == len(b) == 320
