@@ -64,16 +64,16 @@ def test_whether_a_daemon_serves(tmp_path: Path) -> None:
     q.mkdir()
     parent = -1  # not this process's parent: the recorded daemon decides
     assert ends.daemon_gone(tmp_path, q, parent), "no daemon.json"
-    write_json(tmp_path / "daemon.json", {"pid": os.getpid(), "started": time.time()})
+    write_json(tmp_path / "daemon.json", {"pid": os.getpid(), "ctime": create_time(os.getpid())})
     assert not ends.daemon_gone(tmp_path, q, parent)
-    write_json(tmp_path / "daemon.json", {"pid": os.getpid(), "started": time.time() - 1e6})
+    write_json(tmp_path / "daemon.json", {"pid": os.getpid(), "ctime": create_time(os.getpid()) - 1e6})
     assert ends.daemon_gone(tmp_path, q, parent), "a pid reused since the daemon started"
     dead = subprocess.run(
         [sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True
     )
-    write_json(tmp_path / "daemon.json", {"pid": int(dead.stdout), "started": time.time()})
+    write_json(tmp_path / "daemon.json", {"pid": int(dead.stdout), "ctime": time.time()})
     assert ends.daemon_gone(tmp_path, q, parent)
-    write_json(tmp_path / "daemon.json", {"pid": os.getpid(), "started": time.time()})
+    write_json(tmp_path / "daemon.json", {"pid": os.getpid(), "ctime": create_time(os.getpid())})
     assert not ends.daemon_gone(tmp_path, q, os.getppid()), "its own parent still lives"
     (q / ends.STOPPED).touch()
     assert ends.daemon_gone(tmp_path, q, os.getppid()), "it said it stopped"

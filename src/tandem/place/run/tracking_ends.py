@@ -32,6 +32,7 @@ from typing import Any
 
 import psutil
 
+from tandem.place.identity import serving_daemon
 from tandem.place.run.files import Result, ShimInfo, load, read_json, write_json
 from tandem.place.run.proctrack import host_id, same_process
 
@@ -60,20 +61,13 @@ def mlflow_status(state: str) -> str:
 def daemon_gone(state_dir: Path, q: Path, parent: int) -> bool:
     """Does no daemon serve ``state_dir``: it said it stopped, or both the daemon that started
     this helper (``parent``, still its parent while it lives) and the one recorded in
-    ``daemon.json`` (pid, and when it started: a later daemon) are gone?"""
+    ``daemon.json`` (:func:`tandem.place.identity.serving_daemon`: its pid, start time and
+    user; a later daemon) are gone?"""
     if (q / STOPPED).exists():
         return True
     if os.getppid() == parent:
         return False
-    info = read_json(state_dir / "daemon.json")
-    if info is None or not isinstance(info.get("pid"), int):
-        return True
-    try:
-        proc = psutil.Process(info["pid"])
-        # A reused pid belongs to a process started after the daemon wrote its record.
-        return proc.status() == psutil.STATUS_ZOMBIE or proc.create_time() > float(info["started"]) + 1
-    except (psutil.Error, KeyError, TypeError, ValueError):
-        return True
+    return serving_daemon(state_dir) is None
 
 
 def end_without_daemon(spool: Path, start: dict[str, Any], gone: bool) -> dict[str, Any] | None:
