@@ -50,6 +50,7 @@ from tandem.place.run.files import write_json
 from tandem.place.run.launch import LocalLauncher, RayLauncher, reap_children
 from tandem.place.scheduler import Placement, plan
 from tandem.place.state import Job, State
+from tandem.place.threads import thread_env
 
 log = logging.getLogger(__name__)
 
@@ -385,6 +386,7 @@ class Daemon:
         )
         # The job sees its GPUs only (by UUID, immune to index reordering); a CPU-only job sees none.
         env["CUDA_VISIBLE_DEVICES"] = ",".join(g.visible_id for g in chosen)
+        env.update(thread_env(job.env, job.cpus, self.capacity.cpus, len(self.attempts.active) + 1))
         if job.share:
             env["TANDEM_SHARE"] = job.share
             self.producers.ensure(job, chosen)
