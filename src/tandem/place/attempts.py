@@ -16,12 +16,9 @@
 from __future__ import annotations
 
 import logging
-import os
 import time
 from pathlib import Path
 from typing import Any
-
-import psutil
 
 from tandem.place.active import STARTUP_SAMPLES, Active, AttemptEnd, Startup
 from tandem.place.config import DaemonConfig
@@ -34,7 +31,7 @@ from tandem.place.retry import retry
 from tandem.place.run import tracking
 from tandem.place.run.files import AttemptSpec, Result, ShimInfo, Started, Usage, load, save
 from tandem.place.run.launch import Launch, Launcher
-from tandem.place.run.proctrack import JobProcesses, host_id
+from tandem.place.run.proctrack import JobProcesses, host_id, supervisor_runs
 from tandem.place.scheduler import Placement
 from tandem.place.state import Attempt, Job, State
 
@@ -197,7 +194,7 @@ class Attempts:
                 result = Result(kind, state, None, None, cause, None, a.started, now)
             self.finish(a, result)
         elif a.shim_pid is None and now - a.started > LOST_AFTER_S and not self.launcher.pending(a):
-            if _runs_in(a.dir, a.started):
+            if supervisor_runs(a.dir, a.started):
                 return
             # The daemon died between recording the attempt and starting its supervisor: the
             # attempt never ran, so the job goes back to the queue (no attempt runs twice).
@@ -431,20 +428,3 @@ class Attempts:
             self.active[job.id] = a
             self.state.event(job.id, "adopted", f"attempt {att.n} (shim pid {a.shim_pid})")
         self.follow_all(time.time())
-
-
-_SUPERVISOR_MODULES = frozenset({"tandem.place.run.shim", "tandem.place.shim"})
-
-
-def _runs_in(attempt_dir: Path, recorded: float) -> bool:
-    """Is a supervisor for ``attempt_dir`` running, its pid not recorded? Only a process of
-    this user started after the attempt was recorded, over this folder (no other has its name)."""
-    me, target = os.getuid(), str(attempt_dir)
-    for p in psutil.process_iter(["uids", "create_time", "cmdline"]):
-        uids, born, cmdline = p.info.get("uids"), p.info.get("create_time"), p.info.get("cmdline") or []
-        if uids is None or uids.real != me or born is None or born < recorded - 1.0:
-            continue
-        # A supervisor started by a tandem from before the move to place.run has the old name.
-        if _SUPERVISOR_MODULES.intersection(cmdline) and target in cmdline:
-            return True
-    return False
