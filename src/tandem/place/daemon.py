@@ -388,17 +388,16 @@ class Daemon:
         if job.share:
             env["TANDEM_SHARE"] = job.share
             self.producers.ensure(job, chosen)
-        extra: dict[str, Any] = {"mps": False}
+        mps = False
         if self.mps is not None and len(chosen) == 1 and not p.alone:
             server = self.mps.ensure(chosen[0].uuid)
             if server is not None:
                 from tandem.place.run.mps import client_env
 
                 env.update(client_env(chosen[0].uuid, server.dirs, p.gpu_mem, job.gpu_share))
-                extra["mps"] = True
-        if self.config.backend == "ray":
-            extra["backend"] = "ray"
-        self.attempts.start(job, p, chosen, env, extra)
+                mps = True
+        backend = "ray" if self.config.backend == "ray" else None
+        self.attempts.start(job, p, chosen, env, mps=mps, backend=backend)
 
 
 def run_daemon(state_dir: Path, config: DaemonConfig) -> None:
