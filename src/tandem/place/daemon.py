@@ -46,6 +46,7 @@ from tandem.place.paths import StateError, disk_trouble, private_dir
 from tandem.place.policies import make_policy
 from tandem.place.producers import Producers
 from tandem.place.queue import WaitingJobs
+from tandem.place.requests import HANDLERS, Parts
 from tandem.place.run.files import write_json
 from tandem.place.run.launch import LocalLauncher, RayLauncher, reap_children
 from tandem.place.scheduler import Placement, plan
@@ -121,6 +122,8 @@ class Daemon:
             from tandem.place.run.mps import MpsManager
 
             self.mps = MpsManager(_ipc.runtime_dir())
+        parts = (self.attempts, self.admission, self.producers, self.disk, self.launcher)  # what handlers use
+        self.parts = Parts(state, capacity, config, *parts, self.policy.name, self.started, self.tracker)
 
     # --- life cycle -----------------------------------------------------------------------
 
@@ -268,13 +271,15 @@ class Daemon:
                 _ipc.close_fds(list(body))
 
     def handle(self, request: protocol.Request) -> protocol.Reply | None:
-        """The reply to ``request`` (None: a wake, which has none)."""
-        from tandem.place.requests import HANDLERS
-
+        """The reply to ``request`` (None: a wake, which has none); what it changed sets our flags."""
         if isinstance(request, protocol.Wake):
             self.wake = True
             return None
-        return HANDLERS[type(request)](self, request)
+        reply, changed = HANDLERS[type(request)](request, self.parts)
+        self.stop_requested |= changed.stop
+        self.dirty |= changed.queued or changed.queue or changed.shares
+        self.wake |= changed.queued
+        return reply
 
     # --- the tick ---------------------------------------------------------------------------
 
