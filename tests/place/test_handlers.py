@@ -69,3 +69,16 @@ def test_cancel_shares_status_and_stop_each_say_what_they_changed(daemon: Daemon
     daemon.handle(p.RemoveShares(["s"]))
     assert _flags(daemon) == (False, True, False), "a pass is due, not at once"
     assert isinstance(daemon.handle(p.Stop()), p.Stopping) and daemon.stop_requested
+
+
+def test_a_job_and_its_shares_producer_are_reserved_together(daemon: Daemon) -> None:
+    """What a job of a share needs is its own and its producer's (it starts it): refused where
+    the two do not fit together, with the producer's part said."""
+    daemon.handle(p.DefineShare(ShareSpec(name="s", source="dataset", ref="x:y", cpus=1.5)))
+    alone = HANDLERS[p.Submit](p.Submit(JobSpec(["true"], "/", cpus=1.0)), daemon.parts)[0]
+    assert isinstance(alone, p.Submitted)
+    reply, changed = HANDLERS[p.Submit](p.Submit(JobSpec(["true"], "/", cpus=1.0, share="s")), daemon.parts)
+    assert isinstance(reply, p.Failure) and reply.refused and changed == NOTHING
+    assert "asks for 2.5 cores" in reply.error and "producer reserves 1.5 cores" in reply.error, reply.error
+    fits = HANDLERS[p.Submit](p.Submit(JobSpec(["true"], "/", cpus=0.5, share="s")), daemon.parts)[0]
+    assert isinstance(fits, p.Submitted)

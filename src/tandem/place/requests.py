@@ -26,6 +26,7 @@ from tandem.place.config import DaemonConfig
 from tandem.place.diskwait import DiskWait
 from tandem.place.model import FINAL_STATES, RUNNING, STATES, Capacity, JobSpec, format_size
 from tandem.place.producers import Producers
+from tandem.place.resources import Resources
 from tandem.place.run.launch import Launcher
 from tandem.place.scheduler import Waiting, fits_at_all
 from tandem.place.state import State
@@ -115,7 +116,7 @@ def _checked(d: Parts, spec: JobSpec) -> tuple[JobSpec, int] | p.Failure:
     if problem:
         return _refused(problem)
     gpus = spec.gpus if spec.gpus is not None else (1 if d.capacity.gpus else 0)
-    cpus, mem = float(spec.cpus), int(spec.mem)
+    need = Resources(cores=float(spec.cpus), ram=int(spec.mem), gpus=gpus, gpu_mem=spec.gpu_mem or 0)
     share = d.state.share(spec.share) if spec.share else None
     if spec.share and share is None:
         return _refused(
@@ -124,14 +125,15 @@ def _checked(d: Parts, spec: JobSpec) -> tuple[JobSpec, int] | p.Failure:
         )
     fix = "ask for less, or start the daemon with more"
     if share is not None:
-        p_cpus, p_mem = d.producers.reservation(share)
-        cpus, mem = cpus + p_cpus, mem + p_mem
+        producer = Resources(*d.producers.reservation(share))
+        need += producer  # reserved with the job, which starts it
         fix = (
-            f"its share's producer reserves {p_cpus:g} cores and {format_size(p_mem or None)} RAM: "
+            f"its share's producer reserves {producer.cores:g} cores and "
+            f"{format_size(producer.ram or None)} RAM: "
             f"ask for less, redefine the share with less (tandem share define {share.name} ... "
             "--cpus N), or start the daemon with more"
         )
-    waiting = Waiting(0, 0, 0.0, cpus, mem, gpus, spec.gpu_mem, with_producer=share is not None)
+    waiting = Waiting(0, 0, 0.0, need.cores, need.ram, gpus, spec.gpu_mem, with_producer=share is not None)
     why = fits_at_all(waiting, d.admission.host_slot(()), d.admission.gpu_slots(()), d.config.limits)
     if why:
         return _refused(f"the job {why}; {fix}")
