@@ -82,3 +82,17 @@ def test_a_job_and_its_shares_producer_are_reserved_together(daemon: Daemon) -> 
     assert "asks for 2.5 cores" in reply.error and "producer reserves 1.5 cores" in reply.error, reply.error
     fits = HANDLERS[p.Submit](p.Submit(JobSpec(["true"], "/", cpus=0.5, share="s")), daemon.parts)[0]
     assert isinstance(fits, p.Submitted)
+
+
+def test_a_request_that_raised_is_answered_with_what_went_wrong(tmp_path: Path) -> None:
+    from tandem.place.identity import StateMoved
+    from tandem.place.requests import failure
+
+    refused = failure(p.ProtocolError("unknown request 'x'"), "x", tmp_path)
+    assert refused == p.Failure("refused: unknown request 'x'", refused=True)
+    assert failure(StateMoved("place.db was removed"), "submit", tmp_path) == p.Failure(
+        "place.db was removed"
+    )
+    full = failure(OSError(28, "No space left on device"), "submit", tmp_path)
+    assert full.disk and not full.refused and f"the disk of {tmp_path} would not take it" in full.error
+    assert failure(RuntimeError("boom"), "submit", tmp_path) == p.Failure("RuntimeError: boom")

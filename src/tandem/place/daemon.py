@@ -46,7 +46,7 @@ from tandem.place.paths import StateError, disk_trouble, private_dir
 from tandem.place.policies import make_policy
 from tandem.place.producers import Producers
 from tandem.place.queue import WaitingJobs
-from tandem.place.requests import HANDLERS, Parts
+from tandem.place.requests import HANDLERS, Parts, failure
 from tandem.place.run.files import write_json
 from tandem.place.run.launch import LocalLauncher, RayLauncher, reap_children
 from tandem.place.scheduler import Placement, plan
@@ -245,18 +245,8 @@ class Daemon:
                 if self.moved is not None or self._state_moved():  # nothing written into no file
                     raise StateMoved(self.moved)
                 reply = self.handle(protocol.read_request(request))
-            except protocol.ProtocolError as exc:
-                reply = protocol.Failure(f"refused: {exc}", refused=True)
-            except StateMoved as exc:
-                reply = protocol.Failure(str(exc))
             except Exception as exc:  # a bad request must not take the daemon down
-                if disk_trouble(exc):
-                    log.warning("request %r: the state's disk would not take it: %s", request.get("op"), exc)
-                    why = f"the disk of {self.state.dir} would not take it ({exc}): free space, try again"
-                    reply = protocol.Failure(why, disk=True)
-                else:
-                    log.exception("request %r failed", request.get("op"))
-                    reply = protocol.Failure(f"{type(exc).__name__}: {exc}")
+                reply = failure(exc, request.get("op"), self.state.dir)
             if reply is None:
                 return
             try:  # a large reply (a sweep's ids) in a memory file: no reply is too large to send

@@ -16,6 +16,7 @@ import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from tandem.place import protocol as p
@@ -24,7 +25,9 @@ from tandem.place.admission import Admission
 from tandem.place.attempts import Attempts
 from tandem.place.config import DaemonConfig
 from tandem.place.diskwait import DiskWait
+from tandem.place.identity import StateMoved
 from tandem.place.model import FINAL_STATES, RUNNING, STATES, Capacity, JobSpec, format_size
+from tandem.place.paths import disk_trouble
 from tandem.place.producers import Producers
 from tandem.place.resources import Resources
 from tandem.place.run.launch import Launcher
@@ -66,6 +69,22 @@ class Changed:
 
 NOTHING = Changed()
 Handled = tuple[p.Reply, Changed]
+
+
+def failure(exc: Exception, op: object, state_dir: Path) -> p.Failure:
+    """The reply to a request (``op``) that raised ``exc``: refused (a request this daemon
+    cannot read), the state's file gone, the disk full (free space, try again), or the error."""
+    if isinstance(exc, p.ProtocolError):
+        return p.Failure(f"refused: {exc}", refused=True)
+    if isinstance(exc, StateMoved):
+        return p.Failure(str(exc))
+    if disk_trouble(exc):
+        log.warning("request %r: the state's disk would not take it: %s", op, exc)
+        return p.Failure(
+            f"the disk of {state_dir} would not take it ({exc}): free space, try again", disk=True
+        )
+    log.error("request %r failed", op, exc_info=exc)
+    return p.Failure(f"{type(exc).__name__}: {exc}")
 
 
 def _refused(error: str) -> p.Failure:
