@@ -152,3 +152,49 @@ def test_a_placement_is_changed_only_by_replacing_it() -> None:
     assert AttemptPlacement.from_json(placed.to_json()) == placed
     # A name an earlier or later tandem wrote that this one does not know is not an error.
     assert AttemptPlacement.from_json('{"device": "cpu", "gone": 1}') == placed
+
+
+def test_a_probe_that_settles_is_written_whole_and_a_new_daemon_adopts_it_typed(tmp_path: Path) -> None:
+    """The GPU path without a GPU: a probe on GPU 0 that has used none for long settles; its
+    record keeps every other figure, and an adopting daemon reads back what it reserved."""
+    from tandem.place.active import Active
+    from tandem.place.attempts import Attempts
+    from tandem.place.config import DaemonConfig
+    from tandem.place.devices import Monitor
+    from tandem.place.model import Capacity, GpuInfo
+    from tandem.place.run.launch import LocalLauncher
+    from tandem.place.scheduler import Placement
+
+    capacity = Capacity(2.0, 1 << 30, (GpuInfo(0, "GPU-a", 8 << 30),))
+    config = DaemonConfig(track=False)
+    state = State(tmp_path)
+
+    def attempts() -> Attempts:
+        return Attempts(state, capacity, config, Monitor(capacity, 5.0, None), LocalLauncher(), False, "")
+
+    job_id, _ = state.add_job(JobSpec(["true"], "/", cpus=AUTO_CPUS, gpus=1), 1, time.time())
+    placed = AttemptPlacement(
+        device="cuda:0", gpus=(0,), uuids=("GPU-a",), probe=True, cpus=0.5, cpus_from="probe", mem=1 << 20
+    )
+    long_ago = time.time() - 3600
+    record = Attempt(job_id, 1, "running", placed, long_ago, folder="1.x")
+    state.start(record, None, "attempt 1")
+    job = state.job(job_id)
+    assert job is not None
+    follower = attempts()
+    a = Active(
+        job, 1, Placement(job_id, (0,), None, False, True), ("GPU-a",), state.attempt_dir(record), long_ago,
+        last_growth=long_ago, placed=placed,
+    )  # fmt: skip
+    follower._measure(a, time.time())
+    settled = replace(placed, gpu_mem=0, settled=True)
+    assert a.gpu_mem_reserved == 0 and a.placed == settled
+    stored = state.job(job_id)
+    assert stored is not None and stored.attempts[0].placement == settled
+    adopter = attempts()
+    adopter.follow_all = lambda _now: None  # type: ignore[method-assign]  # no supervisor to follow here
+    adopter.adopt()
+    adopted = adopter.active[job_id]
+    assert adopted.placed == settled and adopted.uuids == ("GPU-a",) and adopted.placement.probe
+    assert adopted.gpu_mem_reserved == 0, "settled: not a probe again"
+    assert adopted.mem_learned == 1 << 20
