@@ -105,6 +105,13 @@ def test_no_import_cycle_between_packages_lazy_imports_included(depth: int) -> N
     assert cycle is None, "an import cycle: " + " -> ".join(cycle or [])
 
 
+def test_request_handlers_do_not_import_the_daemon() -> None:
+    """A handler returns what it changed and the daemon sets its own flags: requests.py
+    reaches none of the daemon (no import, lazy or for types)."""
+    imports = _imports("tandem.place.requests", SRC / "place" / "requests.py")
+    assert not {m for m in imports if m.startswith("tandem.place.daemon")}, imports
+
+
 def test_share_imports_neither_select_nor_place_nor_watch() -> None:
     edges = _graph(1)
     assert not edges["tandem.share"] & {"tandem.select", "tandem.place", "tandem.watch"}, edges[

@@ -202,7 +202,7 @@ def test_a_replaced_database_and_a_dead_or_foreign_daemon_are_told_apart(tmp_pat
 
 
 def test_a_supervisor_is_found_by_its_user_and_start_time_not_its_command_line(tmp_path: Path) -> None:
-    from tandem.place.attempts import _runs_in
+    from tandem.place.run.proctrack import supervisor_runs
 
     folder = tmp_path / "jobs" / "1" / "1.abc"
     folder.mkdir(parents=True)
@@ -210,8 +210,8 @@ def test_a_supervisor_is_found_by_its_user_and_start_time_not_its_command_line(t
     looks_like = ["sh", "-c", "sleep 60; :", "tandem.place.run.shim", str(folder)]  # as a supervisor's shows
     mine = subprocess.Popen(looks_like)
     try:
-        assert _until(lambda: _runs_in(folder, recorded), 10, "found")
-        assert not _runs_in(folder, recorded + 60), (
+        assert _until(lambda: supervisor_runs(folder, recorded), 10, "found")
+        assert not supervisor_runs(folder, recorded + 60), (
             "a process started before the attempt is not its supervisor"
         )
     finally:
@@ -222,7 +222,7 @@ def test_a_supervisor_is_found_by_its_user_and_start_time_not_its_command_line(t
     other = subprocess.Popen(looks_like, user=65534, group=65534, cwd="/")
     try:
         _until(lambda: _cmdline(other.pid)[-1:] == [str(folder)], 10, "it runs")
-        assert not _runs_in(folder, recorded), "another user's process is never a supervisor of ours"
+        assert not supervisor_runs(folder, recorded), "another user's process is never a supervisor of ours"
     finally:
         other.kill()
         other.wait()

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from tandem.place.model import STATES, JobSpec
-from tandem.place.records import Attempt
+from tandem.place.records import Attempt, AttemptPlacement
 from tandem.place.state import TRANSITIONS, IllegalTransition, State, StateError
 from tandem.place.views import job_json
 
@@ -21,7 +21,7 @@ from tandem.place.views import job_json
 def _job_in(state: State, job_state: str) -> int:
     job_id, _ = state.add_job(JobSpec(["true"], "/", {"SECRET": "x"}), 0, time.time())
     if job_state == "running":  # with an attempt, as a running job has
-        state.start(Attempt(job_id, 1, "running", {"device": "cpu"}, time.time()), None, "attempt 1")
+        state.start(Attempt(job_id, 1, "running", AttemptPlacement(), time.time()), None, "attempt 1")
     else:  # a test's shortcut to any state: what the transitions below must respect
         state.db.execute("UPDATE jobs SET state = ? WHERE id = ?", (job_state, job_id))
     return job_id
@@ -31,7 +31,7 @@ def _apply(state: State, transition: str, job_id: int, to: str) -> None:
     now = time.time()
     ending = {"state": to, "ended": now, "exit_code": 0}
     if transition == "start":
-        state.start(Attempt(job_id, 9, "running", {"device": "cpu"}, now), None, "attempt 9")
+        state.start(Attempt(job_id, 9, "running", AttemptPlacement(), now), None, "attempt 9")
     elif transition == "requeue":
         state.requeue(job_id, 1, "never started", now)
     elif transition == "retry":
@@ -174,7 +174,7 @@ def test_a_write_that_fails_after_the_end_is_recorded_is_retried_alone(
     attempts = _attempts(state)
     job_id, _ = state.add_job(JobSpec(["true"], str(tmp_path), {"PATH": "/usr/bin:/bin"}), 0, time.time())
     attempts.start(
-        state.job(job_id), Placement(job_id, (), None, False, False), (), {"PATH": "/usr/bin:/bin"}, {}
+        state.job(job_id), Placement(job_id, (), None, False, False), (), {"PATH": "/usr/bin:/bin"}
     )
     failures = []
     real = state.record_peak
@@ -209,7 +209,7 @@ def test_a_job_whose_supervisor_cannot_start_fails_and_is_not_followed(
 
     monkeypatch.setattr(attempts.launcher, "start", cannot)
     with pytest.raises(OSError):
-        attempts.start(state.job(job_id), Placement(job_id, (), None, False, False), (), {}, {})
+        attempts.start(state.job(job_id), Placement(job_id, (), None, False, False), (), {})
     assert job_id not in attempts.active
     state.fail(job_id, "could not start: Too many open files", time.time(), attempt=1)  # as the daemon does
     job = state.job(job_id)
@@ -255,7 +255,7 @@ def test_a_full_disk_at_any_write_of_a_start_leaves_the_job_queued_then_run(
     with monkeypatch.context() as patch:
         patch.setattr(owner, name, failing)
         try:  # as the daemon's pass does: the disk's failure puts the job back
-            attempts.start(state.job(job_id), Placement(job_id, (), None, False, False), (), env, {})
+            attempts.start(state.job(job_id), Placement(job_id, (), None, False, False), (), env)
         except Exception as exc:
             assert disk_trouble(exc), exc
             attempts.put_back(job_id, f"could not start: {exc}", time.time())
@@ -268,7 +268,7 @@ def test_a_full_disk_at_any_write_of_a_start_leaves_the_job_queued_then_run(
     job = state.job(job_id)
     assert job is not None
     if job.state in ("queued", "retrying"):  # put back: the next pass starts it again
-        attempts.start(job, Placement(job_id, (), None, False, False), (), env, {})
+        attempts.start(job, Placement(job_id, (), None, False, False), (), env)
         _followed_until_ended(attempts, job_id)
         job = state.job(job_id)
     assert job is not None and job.state == "succeeded", job.state

@@ -19,7 +19,7 @@ from click.testing import CliRunner
 
 from tandem.cli.select import select_group
 from tandem.place.model import JobSpec
-from tandem.place.records import Attempt
+from tandem.place.records import Attempt, AttemptPlacement
 from tandem.place.state import State
 from tandem.select.store import load, record_use, save
 from tandem.share.spec import ShareSpec
@@ -81,7 +81,7 @@ def manager(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Manager:
             ((job_id, _),) = state.add_jobs(
                 [JobSpec(command=["true", group, str(i)], share="picked", group=group)], 0, now
             )
-            state.start(Attempt(job_id, 1, "running", {"device": "cpu", "gpus": []}, now), None, "test")
+            state.start(Attempt(job_id, 1, "running", AttemptPlacement(), now), None, "test")
             state.finish(job_id, 1, "succeeded", {"ended": now, "exit_code": 0}, {"ended": now}, "test")
             run = f"run-{job_id}"
             state.update_job(job_id, mlflow_run_id=run)

@@ -8,7 +8,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from tandem.place.records import Job
+from tandem.place.records import AttemptPlacement, Job
 from tandem.place.reserve import MEM_MARGIN, Learned, Measuring
 from tandem.place.scheduler import Placement
 
@@ -85,6 +85,7 @@ class Active:
     cpu: Measuring | None = None  # its reservation of cores as learnt (None: its job's --cpus)
     mem_learned: int = 0  # RAM reserved as it started (--mem auto: its key's peak plus a margin)
     mem_shown: int = 0  # the RAM reservation its attempt's record last said (--mem auto)
+    placed: AttemptPlacement = field(default_factory=AttemptPlacement)  # as its attempt's record has it
 
     @property
     def cpus(self) -> float:

@@ -16,12 +16,10 @@
 from __future__ import annotations
 
 import logging
-import os
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
-
-import psutil
 
 from tandem.place.active import STARTUP_SAMPLES, Active, AttemptEnd, Startup
 from tandem.place.config import DaemonConfig
@@ -29,12 +27,13 @@ from tandem.place.devices import Monitor
 from tandem.place.identity import attempt_folder
 from tandem.place.model import CANCELLED, FAILED, RUNNING, SUCCEEDED, Capacity, GpuInfo, format_size
 from tandem.place.producers import selections_made
+from tandem.place.records import AttemptPlacement
 from tandem.place.reserve import Measuring, mem_reservation
 from tandem.place.retry import retry
 from tandem.place.run import tracking
 from tandem.place.run.files import AttemptSpec, Result, ShimInfo, Started, Usage, load, save
 from tandem.place.run.launch import Launch, Launcher
-from tandem.place.run.proctrack import JobProcesses, host_id
+from tandem.place.run.proctrack import JobProcesses, host_id, supervisor_runs
 from tandem.place.scheduler import Placement
 from tandem.place.state import Attempt, Job, State
 
@@ -63,28 +62,36 @@ class Attempts:
     # --- start ------------------------------------------------------------------------------
 
     def start(
-        self, job: Job, p: Placement, chosen: tuple[GpuInfo, ...], env: dict[str, str], extra: dict[str, Any]
+        self,
+        job: Job,
+        p: Placement,
+        chosen: tuple[GpuInfo, ...],
+        env: dict[str, str],
+        mps: bool = False,
+        backend: str | None = None,
     ) -> None:
         n = len(job.attempts) + 1
         # A folder of its own: no attempt before or after a lost database has this name.
-        record = Attempt(job.id, n, RUNNING, {}, 0.0, folder=attempt_folder(n))
+        record = Attempt(job.id, n, RUNNING, AttemptPlacement(), 0.0, folder=attempt_folder(n))
         adir = self.state.attempt_dir(record)
         adir.mkdir(parents=True)
         env = {**env, "TANDEM_JOB_DIR": str(adir)}  # its attempt's own directory (what it may leave us)
         uuids = tuple(g.uuid for g in chosen)
-        placement: dict[str, Any] = {
-            "gpus": list(p.gpus),
-            "uuids": list(uuids),
-            "gpu_mem": p.gpu_mem,
-            "alone": p.alone,
-            "probe": p.probe,
-            "device": ",".join(f"cuda:{i}" for i in p.gpus) or "cpu",
-            **extra,
-            **(cpu := Measuring(job, self.startup.learned)).json(),
-        }
+        cpu = Measuring(job, self.startup.learned)
         known = self.state.peak(job.job_key)
-        placement["mem"], placement["mem_from"] = mem_reservation(
-            job.mem, known["peak_mem"] if known else None, job.job_key
+        mem, mem_from = mem_reservation(job.mem, known["peak_mem"] if known else None, job.job_key)
+        placement = AttemptPlacement(
+            device=",".join(f"cuda:{i}" for i in p.gpus) or "cpu",
+            gpus=tuple(p.gpus),
+            uuids=uuids,
+            gpu_mem=p.gpu_mem,
+            mps=mps,
+            alone=p.alone,
+            probe=p.probe,
+            **_cores(cpu),
+            mem=mem,
+            mem_from=mem_from,
+            backend=backend,
         )
         name = job.name or Path(job.command[0]).name
         save(
@@ -106,9 +113,9 @@ class Attempts:
             ),
         )
         record.placement, record.started = placement, (started := time.time())
-        self.state.start(record, job.started, f"attempt {n} on {placement['device']}")
+        self.state.start(record, job.started, f"attempt {n} on {placement.device}")
         a = Active(job, n, p, uuids, adir, started, gpu_mem_reserved=None if p.probe else p.gpu_mem, cpu=cpu)
-        a.mem_learned = placement["mem"]
+        a.mem_learned, a.placed = mem, placement
         a.energy_start = {u: e for u in uuids if (e := self.monitor.gpus[u].energy_mj) is not None}
         if self.tracked:
             tags = {
@@ -116,8 +123,8 @@ class Attempts:
                 "tandem.attempt": n,
                 "group": job.group or "",
                 "tandem.share": job.share or "",
-                "tandem.placement": placement["device"],
-                "tandem.mps": bool(extra.get("mps")),
+                "tandem.placement": placement.device,
+                "tandem.mps": mps,
                 "tandem.command": " ".join(job.command)[:5000],
             }
             share = self.state.share(job.share) if job.share else None
@@ -139,7 +146,7 @@ class Attempts:
             raise
         try:
             if node:
-                self.state.update_attempt(job.id, n, placement={**placement, "node": node})
+                self._placed(a, node=node)
             if a.shim_pid is not None:
                 self.state.update_attempt(job.id, n, shim_pid=a.shim_pid, shim_ctime=a.shim_ctime)
         except Exception as exc:  # it runs: follow records its supervisor from its own files
@@ -197,7 +204,7 @@ class Attempts:
                 result = Result(kind, state, None, None, cause, None, a.started, now)
             self.finish(a, result)
         elif a.shim_pid is None and now - a.started > LOST_AFTER_S and not self.launcher.pending(a):
-            if _runs_in(a.dir, a.started):
+            if supervisor_runs(a.dir, a.started):
                 return
             # The daemon died between recording the attempt and starting its supervisor: the
             # attempt never ran, so the job goes back to the queue (no attempt runs twice).
@@ -217,14 +224,12 @@ class Attempts:
             if a.samples <= STARTUP_SAMPLES and a.cpus_used is not None:
                 self.startup.seen(a.job.command, a.cpus_used)
             elif a.cpus_used is not None and a.cpu is not None and a.cpu.sample(a.cpus_used):
-                placement = {**self._placement_json(a), **a.cpu.json()}
-                self.state.update_attempt(a.job.id, a.n, placement=placement)
+                self._placed(a, **_cores(a.cpu))
             grown = usage.peak_mem > a.peak_mem * 1.02 + (1 << 20)
             a.peak_mem = max(a.peak_mem, usage.peak_mem)
             if not a.job.mem and a.mem > a.mem_shown * 1.1:  # --mem auto: its reservation follows its peak
                 a.mem_shown = a.mem
-                placement = {**self._placement_json(a), "mem": a.mem, "mem_from": "measured, this run"}
-                self.state.update_attempt(a.job.id, a.n, placement=placement)
+                self._placed(a, mem=a.mem, mem_from="measured, this run")
             gpu_mem = max((self.monitor.job_gpu_mem(u, a.pids) for u in a.uuids), default=0)
             if gpu_mem > a.peak_gpu_mem * 1.02 + (1 << 20):
                 grown = True
@@ -242,13 +247,15 @@ class Attempts:
             and (a.peak_gpu_mem > 0 or now - a.started > long_s)
         ):
             a.gpu_mem_reserved = int(a.peak_gpu_mem * (1 + limits.gpu_mem_margin))
-            placement = {**self._placement_json(a), "gpu_mem": a.gpu_mem_reserved, "settled": True}
-            self.state.update_attempt(a.job.id, a.n, placement=placement, peak_gpu_mem=a.peak_gpu_mem)
+            a.placed = replace(a.placed, gpu_mem=a.gpu_mem_reserved, settled=True)
+            self.state.update_attempt(a.job.id, a.n, placement=a.placed, peak_gpu_mem=a.peak_gpu_mem)
             self.state.event(a.job.id, "settled", f"GPU memory {format_size(a.peak_gpu_mem)}")
 
-    def _placement_json(self, a: Active) -> dict[str, Any]:
-        attempt = next((x for x in self.state.attempts(a.job.id) if x.n == a.n), None)
-        return dict(attempt.placement) if attempt is not None else {}
+    def _placed(self, a: Active, **changes: Any) -> None:
+        """A figure of the attempt's placement learnt: its record written whole (the one
+        the daemon holds, so that no write reads the stored one back)."""
+        a.placed = replace(a.placed, **changes)
+        self.state.update_attempt(a.job.id, a.n, placement=a.placed)
 
     def _stop_orphan(self, a: Active) -> None:
         """The supervisor died without a result (killed): stop the job it supervised, so that
@@ -399,25 +406,20 @@ class Attempts:
                 continue
             att = job.attempts[-1]
             pl = att.placement
-            placement = Placement(
-                job.id,
-                tuple(pl.get("gpus", ())),
-                pl.get("gpu_mem"),
-                bool(pl.get("alone")),
-                bool(pl.get("probe")),
-            )
+            placement = Placement(job.id, pl.gpus, pl.gpu_mem, pl.alone, pl.probe)
             a = Active(
                 job,
                 att.n,
                 placement,
-                tuple(pl.get("uuids", ())),
+                pl.uuids,
                 self.state.attempt_dir(att),
                 att.started,
                 att.shim_pid,
                 att.shim_ctime,
-                gpu_mem_reserved=pl.get("gpu_mem"),
+                gpu_mem_reserved=pl.gpu_mem,
                 cpu=Measuring(job, self.startup.learned),
-                mem_learned=int(pl.get("mem") or 0),
+                mem_learned=pl.mem or 0,
+                placed=pl,
             )
             shim = load(a.dir, ShimInfo)
             if shim is not None:
@@ -426,25 +428,13 @@ class Attempts:
                     a.shim_pid, a.shim_ctime = shim.pid, shim.ctime
             a.peak_gpu_mem = att.peak_gpu_mem or 0
             a.peak_mem = att.peak_mem or 0
-            if placement.probe and not pl.get("settled"):
+            if placement.probe and not pl.settled:
                 a.gpu_mem_reserved = None
             self.active[job.id] = a
             self.state.event(job.id, "adopted", f"attempt {att.n} (shim pid {a.shim_pid})")
         self.follow_all(time.time())
 
 
-_SUPERVISOR_MODULES = frozenset({"tandem.place.run.shim", "tandem.place.shim"})
-
-
-def _runs_in(attempt_dir: Path, recorded: float) -> bool:
-    """Is a supervisor for ``attempt_dir`` running, its pid not recorded? Only a process of
-    this user started after the attempt was recorded, over this folder (no other has its name)."""
-    me, target = os.getuid(), str(attempt_dir)
-    for p in psutil.process_iter(["uids", "create_time", "cmdline"]):
-        uids, born, cmdline = p.info.get("uids"), p.info.get("create_time"), p.info.get("cmdline") or []
-        if uids is None or uids.real != me or born is None or born < recorded - 1.0:
-            continue
-        # A supervisor started by a tandem from before the move to place.run has the old name.
-        if _SUPERVISOR_MODULES.intersection(cmdline) and target in cmdline:
-            return True
-    return False
+def _cores(cpu: Measuring) -> dict[str, Any]:
+    """The placement's figures of the cores an attempt reserves, as learnt so far."""
+    return {"cpus": round(cpu.cores, 3), "cpus_from": cpu.source}

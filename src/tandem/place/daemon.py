@@ -46,6 +46,7 @@ from tandem.place.paths import StateError, disk_trouble, private_dir
 from tandem.place.policies import make_policy
 from tandem.place.producers import Producers
 from tandem.place.queue import WaitingJobs
+from tandem.place.requests import HANDLERS, Parts, failure
 from tandem.place.run.files import write_json
 from tandem.place.run.launch import LocalLauncher, RayLauncher, reap_children
 from tandem.place.scheduler import Placement, plan
@@ -122,6 +123,8 @@ class Daemon:
             from tandem.place.run.mps import MpsManager
 
             self.mps = MpsManager(_ipc.runtime_dir())
+        parts = (self.attempts, self.admission, self.producers, self.disk, self.launcher)  # what handlers use
+        self.parts = Parts(state, capacity, config, *parts, self.policy.name, self.started, self.tracker)
 
     # --- life cycle -----------------------------------------------------------------------
 
@@ -243,18 +246,8 @@ class Daemon:
                 if self.moved is not None or self._state_moved():  # nothing written into no file
                     raise StateMoved(self.moved)
                 reply = self.handle(protocol.read_request(request))
-            except protocol.ProtocolError as exc:
-                reply = protocol.Failure(f"refused: {exc}", refused=True)
-            except StateMoved as exc:
-                reply = protocol.Failure(str(exc))
             except Exception as exc:  # a bad request must not take the daemon down
-                if disk_trouble(exc):
-                    log.warning("request %r: the state's disk would not take it: %s", request.get("op"), exc)
-                    why = f"the disk of {self.state.dir} would not take it ({exc}): free space, try again"
-                    reply = protocol.Failure(why, disk=True)
-                else:
-                    log.exception("request %r failed", request.get("op"))
-                    reply = protocol.Failure(f"{type(exc).__name__}: {exc}")
+                reply = failure(exc, request.get("op"), self.state.dir)
             if reply is None:
                 return
             try:  # a large reply (a sweep's ids) in a memory file: no reply is too large to send
@@ -269,13 +262,15 @@ class Daemon:
                 _ipc.close_fds(list(body))
 
     def handle(self, request: protocol.Request) -> protocol.Reply | None:
-        """The reply to ``request`` (None: a wake, which has none)."""
-        from tandem.place.requests import HANDLERS
-
+        """The reply to ``request`` (None: a wake, which has none); what it changed sets our flags."""
         if isinstance(request, protocol.Wake):
             self.wake = True
             return None
-        return HANDLERS[type(request)](self, request)
+        reply, changed = HANDLERS[type(request)](request, self.parts)
+        self.stop_requested |= changed.stop
+        self.dirty |= changed.queued or changed.queue or changed.shares
+        self.wake |= changed.queued
+        return reply
 
     # --- the tick ---------------------------------------------------------------------------
 
@@ -390,17 +385,16 @@ class Daemon:
         if job.share:
             env["TANDEM_SHARE"] = job.share
             self.producers.ensure(job, chosen)
-        extra: dict[str, Any] = {"mps": False}
+        mps = False
         if self.mps is not None and len(chosen) == 1 and not p.alone:
             server = self.mps.ensure(chosen[0].uuid)
             if server is not None:
                 from tandem.place.run.mps import client_env
 
                 env.update(client_env(chosen[0].uuid, server.dirs, p.gpu_mem, job.gpu_share))
-                extra["mps"] = True
-        if self.config.backend == "ray":
-            extra["backend"] = "ray"
-        self.attempts.start(job, p, chosen, env, extra)
+                mps = True
+        backend = "ray" if self.config.backend == "ray" else None
+        self.attempts.start(job, p, chosen, env, mps=mps, backend=backend)
 
 
 def run_daemon(state_dir: Path, config: DaemonConfig) -> None:

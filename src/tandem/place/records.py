@@ -1,5 +1,6 @@
 """The job manager's stored records: a job (its request and what happened to it), each of
-its attempts, and a defined share with its running producer.
+its attempts (with where it was placed: :class:`AttemptPlacement`), and a defined share with
+its running producer.
 
 Each field is declared here once (with :func:`tandem.place.fields.column` where its storage
 or display is not the default); the SQL tables (:mod:`tandem.place.schema`) and the
@@ -9,12 +10,59 @@ a field: README, "Development".
 
 from __future__ import annotations
 
+import dataclasses
+import json
 from dataclasses import dataclass
-from typing import Any
 
 from tandem.place.fields import column
 from tandem.place.model import QUEUED, JobSpec
 from tandem.share.spec import ShareSpec
+
+
+@dataclass(frozen=True, slots=True)
+class AttemptPlacement:
+    """Where an attempt runs and what it reserves, as its attempt's record keeps it (one
+    JSON object in the attempt's ``placement`` column, under these names; ``--json`` shows
+    the fields declared shown, under their ``json_key``). Changed only by replacing it:
+    the daemon writes the whole record each time a figure is learnt."""
+
+    device: str = "cpu"  # "cpu" or "cuda:0,1"
+    gpus: tuple[int, ...] = ()
+    uuids: tuple[str, ...] = column((), json_key="gpu_uuids")
+    gpu_mem: int | None = column(None, json_key="gpu_mem_bytes")  # per GPU; a probe's, once settled
+    mps: bool = False  # through an MPS server
+    alone: bool = False  # its GPUs (or the host's cores) not shared
+    probe: bool = False  # its GPU memory measured as it runs
+    cpus: float | None = None  # the cores it reserves, as last learnt (tandem.place.reserve)
+    cpus_from: str | None = None
+    mem: int | None = column(None, shown=False)  # RAM reserved (shown in the job's reservation)
+    mem_from: str | None = column(None, shown=False)
+    settled: bool = column(False, shown=False)  # a probe's GPU memory stopped growing
+    backend: str | None = column(None, shown=False)  # "ray" where a Ray node runs it
+    node: str | None = column(None, shown=False)  # that node
+
+    def to_json(self) -> str:
+        """Its figures by name, those it has not (None) left out, as earlier tandems wrote them."""
+        values = ((f.name, getattr(self, f.name)) for f in dataclasses.fields(self))
+        return json.dumps({k: v for k, v in values if v is not None})
+
+    @classmethod
+    def from_json(cls, text: str) -> AttemptPlacement:
+        """The record a column holds; one written by an earlier tandem (a dict that lacks
+        the newer names: their defaults; ``None`` where there is none) reads the same."""
+        values = json.loads(text) if text else {}
+        known = {k: v for k, v in values.items() if k in _PLACEMENT_FIELDS and v is not None}
+        if "gpus" in known:
+            known["gpus"] = tuple(int(g) for g in known["gpus"])
+        if "uuids" in known:
+            known["uuids"] = tuple(str(u) for u in known["uuids"])
+        for name in ("mps", "alone", "probe", "settled"):
+            if name in known:
+                known[name] = bool(known[name])
+        return cls(**known)
+
+
+_PLACEMENT_FIELDS = frozenset(f.name for f in dataclasses.fields(AttemptPlacement))
 
 
 @dataclass
@@ -22,8 +70,10 @@ class Attempt:
     job_id: int
     n: int
     state: str
-    placement: dict[str, Any]
-    started: float
+    placement: AttemptPlacement = column(encode=AttemptPlacement.to_json, decode=AttemptPlacement.from_json)
+    # Given, as the placement is; through column() because mypy takes a field of column() as
+    # one with a default (it is not), and a plain field after it as an error.
+    started: float = column()
     ended: float | None = None
     exit_code: int | None = None
     signal: str | None = None

@@ -1,7 +1,9 @@
 """The daemon's requests, one handler each (pueue's design): ``submit``, ``submit_sweep``, ``cancel``,
 ``status``, ``stop``, ``define-share``, ``remove-shares``, and a supervisor's ``not-started``. Each
-takes the daemon and its request record (:mod:`tandem.place.protocol`) and returns the reply
-record; a refusal says what to change (``refused``: the client's exit 2).
+is a function of its request record (:mod:`tandem.place.protocol`) and of what it may read and
+write (:class:`Parts`: the state, the running attempts, ...; not the daemon), and returns the
+reply record and what it changed (:class:`Changed`), which the daemon acts on (a scheduling
+pass, a stop). A refusal says what to change (``refused``: the client's exit 2).
 """
 
 from __future__ import annotations
@@ -13,41 +15,98 @@ import os
 import time
 import uuid
 from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from tandem.place import protocol as p
 from tandem.place import sweep
-from tandem.place.model import FINAL_STATES, RUNNING, STATES, JobSpec, format_size
+from tandem.place.admission import Admission
+from tandem.place.attempts import Attempts
+from tandem.place.config import DaemonConfig
+from tandem.place.diskwait import DiskWait
+from tandem.place.identity import StateMoved
+from tandem.place.model import FINAL_STATES, RUNNING, STATES, Capacity, JobSpec, format_size
+from tandem.place.paths import disk_trouble
+from tandem.place.producers import Producers
+from tandem.place.resources import Resources
+from tandem.place.run.launch import Launcher
 from tandem.place.scheduler import Waiting, fits_at_all
+from tandem.place.state import State
 
 if TYPE_CHECKING:
-    from tandem.place.daemon import Daemon
+    from tandem.place.run.tracking import Tracker
 
 log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Parts:
+    """What a handler may read and write: the daemon's parts, made once with it."""
+
+    state: State
+    capacity: Capacity
+    config: DaemonConfig
+    attempts: Attempts
+    admission: Admission
+    producers: Producers
+    disk: DiskWait
+    launcher: Launcher
+    policy: str  # its name
+    started: float  # when the daemon started
+    tracker: Tracker | None
+
+
+@dataclass(frozen=True, slots=True)
+class Changed:
+    """What a request changed, for the daemon to act on."""
+
+    queued: bool = False  # jobs were queued: a scheduling pass at once
+    queue: bool = False  # jobs left the queue, or what they wait on changed: a pass is due
+    shares: bool = False  # a share was defined or removed: a pass is due
+    stop: bool = False  # the daemon is asked to stop
+
+
+NOTHING = Changed()
+Handled = tuple[p.Reply, Changed]
+
+
+def failure(exc: Exception, op: object, state_dir: Path) -> p.Failure:
+    """The reply to a request (``op``) that raised ``exc``: refused (a request this daemon
+    cannot read), the state's file gone, the disk full (free space, try again), or the error."""
+    if isinstance(exc, p.ProtocolError):
+        return p.Failure(f"refused: {exc}", refused=True)
+    if isinstance(exc, StateMoved):
+        return p.Failure(str(exc))
+    if disk_trouble(exc):
+        log.warning("request %r: the state's disk would not take it: %s", op, exc)
+        return p.Failure(
+            f"the disk of {state_dir} would not take it ({exc}): free space, try again", disk=True
+        )
+    log.error("request %r failed", op, exc_info=exc)
+    return p.Failure(f"{type(exc).__name__}: {exc}")
 
 
 def _refused(error: str) -> p.Failure:
     return p.Failure(f"refused: {error}", refused=True)
 
 
-def stop(d: Daemon, _request: p.Stop) -> p.Stopping:
-    d.stop_requested = True
-    return p.Stopping()
+def stop(_request: p.Stop, _d: Parts) -> Handled:
+    return p.Stopping(), Changed(stop=True)
 
 
-def submit(d: Daemon, request: p.Submit) -> p.Submitted | p.Failure:
+def submit(request: p.Submit, d: Parts) -> Handled:
     checked = _checked(d, request.job)
     if isinstance(checked, p.Failure):
-        return checked
+        return checked, NOTHING
     spec, gpus = checked
     job_id, new = d.state.add_job(spec, gpus, time.time())
-    d.wake = d.dirty = True
-    return p.Submitted(job_id, new)
+    return p.Submitted(job_id, new), Changed(queued=True)
 
 
-def submit_sweep(d: Daemon, request: p.SubmitSweep) -> p.SweepSubmitted | p.Failure:
+def submit_sweep(request: p.SubmitSweep, d: Parts) -> Handled:
     if not request.points:
-        return _refused("the sweep has no point")
+        return _refused("the sweep has no point"), NOTHING
     template = request.job
     if not template.group:  # from its token where it has one: a retried sweep is told the same group
         name = hashlib.sha1(template.token.encode()).hexdigest() if template.token else uuid.uuid4().hex
@@ -55,29 +114,28 @@ def submit_sweep(d: Daemon, request: p.SubmitSweep) -> p.SweepSubmitted | p.Fail
     try:
         specs = [sweep.job_of(template, pt, i, request.fill_env) for i, pt in enumerate(request.points)]
     except sweep.SweepError as exc:
-        return _refused(str(exc))
+        return _refused(str(exc)), NOTHING
     checked = _checked(d, specs[0])  # one request, one reservation: the first stands for all
     if isinstance(checked, p.Failure):
-        return checked
+        return checked, NOTHING
     first, gpus = checked
     after = first.after  # with the share's selection job, where it has one
     specs = [dataclasses.replace(s, after=after) for s in specs]
     for spec in specs:
         problem = spec.problem()
         if problem:
-            return _refused(problem)
+            return _refused(problem), NOTHING
     made = d.state.add_jobs(specs, gpus, time.time())
-    d.wake = d.dirty = True
-    return p.SweepSubmitted([job_id for job_id, _ in made], template.group or "")
+    return p.SweepSubmitted([job_id for job_id, _ in made], template.group or ""), Changed(queued=True)
 
 
-def _checked(d: Daemon, spec: JobSpec) -> tuple[JobSpec, int] | p.Failure:
+def _checked(d: Parts, spec: JobSpec) -> tuple[JobSpec, int] | p.Failure:
     """The job as it will be queued, and its GPUs; or why it is refused."""
     problem = spec.problem()
     if problem:
         return _refused(problem)
     gpus = spec.gpus if spec.gpus is not None else (1 if d.capacity.gpus else 0)
-    cpus, mem = float(spec.cpus), int(spec.mem)
+    need = Resources(cores=float(spec.cpus), ram=int(spec.mem), gpus=gpus, gpu_mem=spec.gpu_mem or 0)
     share = d.state.share(spec.share) if spec.share else None
     if spec.share and share is None:
         return _refused(
@@ -86,15 +144,16 @@ def _checked(d: Daemon, spec: JobSpec) -> tuple[JobSpec, int] | p.Failure:
         )
     fix = "ask for less, or start the daemon with more"
     if share is not None:
-        p_cpus, p_mem = d.producers.reservation(share)
-        cpus, mem = cpus + p_cpus, mem + p_mem
+        producer = Resources(*d.producers.reservation(share))
+        need += producer  # reserved with the job, which starts it
         fix = (
-            f"its share's producer reserves {p_cpus:g} cores and {format_size(p_mem or None)} RAM: "
+            f"its share's producer reserves {producer.cores:g} cores and "
+            f"{format_size(producer.ram or None)} RAM: "
             f"ask for less, redefine the share with less (tandem share define {share.name} ... "
             "--cpus N), or start the daemon with more"
         )
-    waiting = Waiting(0, 0, 0.0, cpus, mem, gpus, spec.gpu_mem, with_producer=share is not None)
-    why = fits_at_all(waiting, d.admission.host_slot(()), d.admission.gpu_slots(()), d.limits)
+    waiting = Waiting(0, 0, 0.0, need.cores, need.ram, gpus, spec.gpu_mem, with_producer=share is not None)
+    why = fits_at_all(waiting, d.admission.host_slot(()), d.admission.gpu_slots(()), d.config.limits)
     if why:
         return _refused(f"the job {why}; {fix}")
     if share is not None and share.spec.select_job is not None and share.spec.select_job not in spec.after:
@@ -106,7 +165,7 @@ def _checked(d: Daemon, spec: JobSpec) -> tuple[JobSpec, int] | p.Failure:
     return spec, gpus
 
 
-def cancel(d: Daemon, request: p.Cancel) -> p.Cancelled:
+def cancel(request: p.Cancel, d: Parts) -> Handled:
     cancelled, unknown, ended, waiting = [], [], [], []
     ids = [int(i) for i in request.ids]
     listed = {}  # a group's or every job, read once, without their environments
@@ -129,11 +188,10 @@ def cancel(d: Daemon, request: p.Cancel) -> p.Cancelled:
     # The waiting ones in one transaction: a sweep's thousands in well under a second.
     d.state.cancel_waiting(waiting, "cancelled", "while waiting", time.time())
     cancelled += waiting
-    d.dirty = True
-    return p.Cancelled(sorted(cancelled), unknown, ended)
+    return p.Cancelled(sorted(cancelled), unknown, ended), Changed(queue=True)
 
 
-def status(d: Daemon, _request: p.Status) -> p.DaemonStatus:
+def status(_request: p.Status, d: Parts) -> Handled:
     active = d.attempts.active.values()
     host = d.admission.host_slot(active)
     gpus = [p.GpuCapacity(g.index, g.uuid, g.mem_total) for g in d.capacity.gpus]
@@ -141,12 +199,12 @@ def status(d: Daemon, _request: p.Status) -> p.DaemonStatus:
         p.GpuUse(g.index, g.jobs, g.mem_reserved, g.mem_used, g.activity_mean, g.probing)
         for g in d.admission.gpu_slots(active)
     ]
-    return p.DaemonStatus(
+    reply = p.DaemonStatus(
         pid=os.getpid(),
-        policy=d.policy.name,
+        policy=d.policy,
         state_dir=str(d.state.dir),
         started=d.started,
-        limits=dict(d.limits.__dict__),
+        limits=dict(d.config.limits.__dict__),
         mps=d.config.mps,
         backend=d.config.backend,
         tracking=None if d.tracker is None else (d.tracker.why_not or d.tracker.uri),
@@ -161,22 +219,23 @@ def status(d: Daemon, _request: p.Status) -> p.DaemonStatus:
         ),
         jobs=d.state.counts(),
     )
+    return reply, NOTHING
 
 
-def define_share(d: Daemon, request: p.DefineShare) -> p.ShareDefined | p.Failure:
+def define_share(request: p.DefineShare, d: Parts) -> Handled:
     job = request.select_job
     if job is not None:
         problem = job.problem()
         if problem:
-            return _refused(f"its selection job: {problem}")
+            return _refused(f"its selection job: {problem}"), NOTHING
     # As submit resolves it: a selection job that trains a proxy gets a GPU where there is one.
     gpus = 0 if job is None else (job.gpus if job.gpus is not None else (1 if d.capacity.gpus else 0))
     job_id = d.state.define_share(request.spec, job, gpus)
-    d.wake = d.dirty = True
-    return p.ShareDefined(request.spec.name, job_id)
+    # Its selection job, where it has one, is queued: a pass at once, as after a submit.
+    return p.ShareDefined(request.spec.name, job_id), Changed(queued=True, shares=True)
 
 
-def remove_shares(d: Daemon, request: p.RemoveShares) -> p.SharesRemoved:
+def remove_shares(request: p.RemoveShares, d: Parts) -> Handled:
     removed, unknown, in_use = [], [], {}
     for name in request.names:
         if d.state.share(name) is None:
@@ -185,11 +244,10 @@ def remove_shares(d: Daemon, request: p.RemoveShares) -> p.SharesRemoved:
             in_use[name] = users
         else:
             removed.append(name)
-    d.dirty = True
-    return p.SharesRemoved(removed, unknown, in_use)
+    return p.SharesRemoved(removed, unknown, in_use), Changed(shares=True)
 
 
-def not_started(d: Daemon, request: p.NotStarted) -> p.PutBack:
+def not_started(request: p.NotStarted, d: Parts) -> Handled:
     """A supervisor that could not start its job (the disk refused its first write): the job
     back in the queue, or ended if it was cancelled meanwhile, and no start until the disk takes
     writes. Recorded before the answer: a supervisor that gets none (this write failed too, or
@@ -198,7 +256,7 @@ def not_started(d: Daemon, request: p.NotStarted) -> p.PutBack:
     d.disk.hold(why)
     a = d.attempts.active.get(request.job_id)
     if a is None or a.n != request.attempt:
-        return p.PutBack("")  # not this daemon's to follow, or already dealt with
+        return p.PutBack(""), NOTHING  # not this daemon's to follow, or already dealt with
     job = d.state.job(request.job_id, attempts=False)
     now = time.time()
     if job is not None and job.state == RUNNING:
@@ -208,7 +266,6 @@ def not_started(d: Daemon, request: p.NotStarted) -> p.PutBack:
             d.state.requeue(job.id, a.n, f"not started: {why}", now)
     del d.attempts.active[request.job_id]
     d.launcher.forget(a)
-    d.dirty = True
     if d.attempts.tracked:  # its MLflow run, opened as it started, is closed: it will have no other end
         from tandem.place.run import tracking
 
@@ -220,10 +277,11 @@ def not_started(d: Daemon, request: p.NotStarted) -> p.PutBack:
         except OSError as exc:  # the disk again: the run stays open, the job is queued all the same
             log.warning("job %d attempt %d: its MLflow run not closed: %s", a.job.id, a.n, exc)
     job = d.state.job(request.job_id, attempts=False)
-    return p.PutBack(job.state if job is not None else "")
+    return p.PutBack(job.state if job is not None else ""), Changed(queue=True)
 
 
-HANDLERS: dict[type, Callable[[Daemon, Any], p.Reply]] = {
+# Each request's handler: (the request, the daemon's parts) -> (its reply, what it changed).
+HANDLERS: dict[type, Callable[[Any, Parts], Handled]] = {
     p.Submit: submit,
     p.SubmitSweep: submit_sweep,
     p.Cancel: cancel,

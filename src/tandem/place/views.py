@@ -12,43 +12,34 @@ from typing import Any
 
 from tandem.place.fields import meta
 from tandem.place.model import WAITING_STATES, format_size, param_value
-from tandem.place.records import Attempt, Job
+from tandem.place.records import Attempt, AttemptPlacement, Job
 from tandem.place.reserve import AUTO_CPUS
 
 
 def _placement(attempt: Attempt | None) -> dict[str, Any] | None:
+    """An attempt's placement as ``--json`` shows it (its shown fields; lists, not tuples)."""
     if attempt is None:
         return None
-    p = attempt.placement
-    return {
-        "device": p.get("device", "cpu"),
-        "gpus": p.get("gpus", []),
-        "gpu_uuids": p.get("uuids", []),
-        "gpu_mem_bytes": p.get("gpu_mem"),
-        "mps": bool(p.get("mps")),
-        "alone": bool(p.get("alone")),
-        "probe": bool(p.get("probe")),
-        "cpus": p.get("cpus"),  # the cores it reserved, as last learnt (tandem.place.reserve)
-        "cpus_from": p.get("cpus_from"),
-    }
+    shown = record_json(attempt.placement)
+    return {k: list(v) if isinstance(v, tuple) else v for k, v in shown.items()}
 
 
 def _reservation(job: Job, last: Attempt | None) -> dict[str, Any]:
     """The cores and RAM a job reserves and where each comes from: given (--cpus N, --mem
     SIZE), or for auto what its attempt was given (learnt for its job key, a probe, its
     measurement; RAM: its key's peak, raised to its own as it grows)."""
-    p = last.placement if last is not None else {}
+    p = last.placement if last is not None else AttemptPlacement()
     if job.mem:
         mem: dict[str, Any] = {"mem_bytes": job.mem, "mem_from": "given"}
-    elif "mem_from" in p:  # as its attempt started, or raised to its measurement since
-        mem = {"mem_bytes": p.get("mem") or None, "mem_from": p["mem_from"]}
+    elif p.mem_from is not None:  # as its attempt started, or raised to its measurement since
+        mem = {"mem_bytes": p.mem or None, "mem_from": p.mem_from}
     else:
         mem = {"mem_bytes": None, "mem_from": "auto: learnt when it starts"}
     if job.cpus != AUTO_CPUS:
         return {"cpus": job.cpus, "from": "given", **mem}
-    if p.get("cpus") is None:
+    if p.cpus is None:
         return {"cpus": None, "from": "auto: learnt when it starts", **mem}
-    return {"cpus": p["cpus"], "from": p.get("cpus_from") or "auto", **mem}
+    return {"cpus": p.cpus, "from": p.cpus_from or "auto", **mem}
 
 
 def attempt_json(a: Attempt) -> dict[str, Any]:
@@ -168,8 +159,8 @@ def ls_row(job: Job, now: float | None = None) -> list[str]:
     ``ls`` prints thousands)."""
     now = time.time() if now is None else now
     placement = job.attempts[-1].placement if job.attempts else None
-    where = placement.get("device", "cpu") if placement is not None else "-"
-    if placement is not None and placement.get("mps"):
+    where = placement.device if placement is not None else "-"
+    if placement is not None and placement.mps:
         where += " mps"
     cause = "" if job.state in ("running", "succeeded") else (job.cause or "")
     if job.state in WAITING_STATES:

@@ -68,6 +68,23 @@ def same_process(pid: int | None, ctime: float | None) -> bool:
     return _alive(pid)
 
 
+_SUPERVISOR_MODULES = frozenset({"tandem.place.run.shim", "tandem.place.shim"})
+
+
+def supervisor_runs(attempt_dir: Path, recorded: float) -> bool:
+    """Is a supervisor for ``attempt_dir`` running, its pid not recorded? Only a process of
+    this user started after the attempt was recorded, over this folder (no other has its name)."""
+    me, target = os.getuid(), str(attempt_dir)
+    for p in psutil.process_iter(["uids", "create_time", "cmdline"]):
+        uids, born, cmdline = p.info.get("uids"), p.info.get("create_time"), p.info.get("cmdline") or []
+        if uids is None or uids.real != me or born is None or born < recorded - 1.0:
+            continue
+        # A supervisor started by a tandem from before the move to place.run has the old name.
+        if _SUPERVISOR_MODULES.intersection(cmdline) and target in cmdline:
+            return True
+    return False
+
+
 def _cgroup2_root() -> Path | None:
     """Where the cgroup2 hierarchy is mounted, if it is."""
     try:

@@ -1,0 +1,200 @@
+"""An attempt's placement is a typed record (:class:`~tandem.place.records.AttemptPlacement`):
+a state file whose attempts the previous tandem wrote (the same schema, placements as loose
+JSON objects) opens and reads typed, and what ``--json`` shows of it is what it was."""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import time
+from dataclasses import FrozenInstanceError, replace
+from pathlib import Path
+
+import pytest
+
+from tandem.place.model import JobSpec
+from tandem.place.records import Attempt, AttemptPlacement
+from tandem.place.reserve import AUTO_CPUS
+from tandem.place.schema import SCHEMA_VERSION
+from tandem.place.state import State
+from tandem.place.views import job_json, ls_row
+
+# As the previous tandem wrote them: a GPU attempt under MPS that settled, on a Ray node; a
+# CPU attempt of before cores were learnt (no cpus, no mem); keys it never had are absent.
+OLD_GPU = {
+    "gpus": [1],
+    "uuids": ["GPU-b"],
+    "gpu_mem": 3 << 30,
+    "alone": False,
+    "probe": True,
+    "device": "cuda:1",
+    "mps": True,
+    "backend": "ray",
+    "cpus": 1.5,
+    "cpus_from": "measured, this run",
+    "mem": 2 << 30,
+    "mem_from": "measured, this run",
+    "node": "node-2",
+    "settled": True,
+}
+OLD_CPU = {"gpus": [], "uuids": [], "gpu_mem": None, "alone": True, "probe": False, "device": "cpu"}
+
+
+def _state_with_old_placements(tmp_path: Path) -> tuple[int, int]:
+    state = State(tmp_path)
+    ids = []
+    for placement in (OLD_GPU, OLD_CPU):
+        job_id, _ = state.add_job(JobSpec(["true"], "/", cpus=AUTO_CPUS), 0, time.time())
+        state.start(Attempt(job_id, 1, "running", AttemptPlacement(), time.time()), None, "attempt 1")
+        ids.append(job_id)
+        state.db.execute(
+            "UPDATE attempts SET placement = ? WHERE job_id = ?", (json.dumps(placement), job_id)
+        )
+    state.db.commit()
+    state.close()
+    return ids[0], ids[1]
+
+
+def test_placements_the_previous_tandem_wrote_read_typed(tmp_path: Path) -> None:
+    gpu_job, cpu_job = _state_with_old_placements(tmp_path)
+    db = sqlite3.connect(tmp_path / "place.db")
+    assert db.execute("SELECT v FROM meta WHERE k = 'schema'").fetchone() == (str(SCHEMA_VERSION),)
+    db.close()
+    state = State(tmp_path)
+    job = state.job(gpu_job)
+    assert job is not None
+    gpu = job.attempts[0].placement
+    assert gpu == AttemptPlacement(
+        device="cuda:1",
+        gpus=(1,),
+        uuids=("GPU-b",),
+        gpu_mem=3 << 30,
+        mps=True,
+        alone=False,
+        probe=True,
+        cpus=1.5,
+        cpus_from="measured, this run",
+        mem=2 << 30,
+        mem_from="measured, this run",
+        settled=True,
+        backend="ray",
+        node="node-2",
+    )
+    shown = job_json(job)
+    # The --json object as the previous tandem showed it, key for key (the dashboard reads it).
+    assert shown["placement"] == {
+        "device": "cuda:1",
+        "gpus": [1],
+        "gpu_uuids": ["GPU-b"],
+        "gpu_mem_bytes": 3 << 30,
+        "mps": True,
+        "alone": False,
+        "probe": True,
+        "cpus": 1.5,
+        "cpus_from": "measured, this run",
+    }
+    assert shown["attempts"][0]["placement"] == shown["placement"]
+    assert shown["reservation"] == {
+        "cpus": 1.5,
+        "from": "measured, this run",
+        "mem_bytes": 2 << 30,
+        "mem_from": "measured, this run",
+    }
+    assert ls_row(job)[4] == "cuda:1 mps"
+    old_cpu = state.job(cpu_job)
+    assert old_cpu is not None
+    cpu = old_cpu.attempts[0].placement
+    assert (cpu.device, cpu.gpus, cpu.alone, cpu.cpus, cpu.mem, cpu.settled) == (
+        "cpu",
+        (),
+        True,
+        None,
+        None,
+        False,
+    )
+    assert job_json(old_cpu)["reservation"] == {
+        "cpus": None,
+        "from": "auto: learnt when it starts",
+        "mem_bytes": None,
+        "mem_from": "auto: learnt when it starts",
+    }
+
+
+def test_a_placement_this_tandem_writes_is_what_the_previous_one_read(tmp_path: Path) -> None:
+    """The column keeps the names and JSON types the previous tandem read with ``.get``: a
+    state file goes back and forth between the two (same schema)."""
+    state = State(tmp_path)
+    job_id, _ = state.add_job(JobSpec(["true"], "/"), 0, time.time())
+    placed = AttemptPlacement(device="cuda:0", gpus=(0,), uuids=("GPU-a",), gpu_mem=1 << 30, cpus=0.5)
+    state.start(Attempt(job_id, 1, "running", placed, time.time()), None, "attempt 1")
+    state.update_attempt(job_id, 1, placement=replace(placed, settled=True, node="n1"))
+    (text,) = state.db.execute("SELECT placement FROM attempts WHERE job_id = ?", (job_id,)).fetchone()
+    assert json.loads(text) == {
+        "device": "cuda:0",
+        "gpus": [0],
+        "uuids": ["GPU-a"],
+        "gpu_mem": 1 << 30,
+        "mps": False,
+        "alone": False,
+        "probe": False,
+        "cpus": 0.5,
+        "settled": True,
+        "node": "n1",
+    }, "names and JSON types as before; a figure it has not is left out (the previous read .get)"
+    job = state.job(job_id)
+    assert job is not None and job.attempts[0].placement == replace(placed, settled=True, node="n1")
+
+
+def test_a_placement_is_changed_only_by_replacing_it() -> None:
+    placed = AttemptPlacement()
+    with pytest.raises(FrozenInstanceError):
+        placed.cpus = 2.0  # type: ignore[misc]
+    assert AttemptPlacement.from_json(placed.to_json()) == placed
+    # A name an earlier or later tandem wrote that this one does not know is not an error.
+    assert AttemptPlacement.from_json('{"device": "cpu", "gone": 1}') == placed
+
+
+def test_a_probe_that_settles_is_written_whole_and_a_new_daemon_adopts_it_typed(tmp_path: Path) -> None:
+    """The GPU path without a GPU: a probe on GPU 0 that has used none for long settles; its
+    record keeps every other figure, and an adopting daemon reads back what it reserved."""
+    from tandem.place.active import Active
+    from tandem.place.attempts import Attempts
+    from tandem.place.config import DaemonConfig
+    from tandem.place.devices import Monitor
+    from tandem.place.model import Capacity, GpuInfo
+    from tandem.place.run.launch import LocalLauncher
+    from tandem.place.scheduler import Placement
+
+    capacity = Capacity(2.0, 1 << 30, (GpuInfo(0, "GPU-a", 8 << 30),))
+    config = DaemonConfig(track=False)
+    state = State(tmp_path)
+
+    def attempts() -> Attempts:
+        return Attempts(state, capacity, config, Monitor(capacity, 5.0, None), LocalLauncher(), False, "")
+
+    job_id, _ = state.add_job(JobSpec(["true"], "/", cpus=AUTO_CPUS, gpus=1), 1, time.time())
+    placed = AttemptPlacement(
+        device="cuda:0", gpus=(0,), uuids=("GPU-a",), probe=True, cpus=0.5, cpus_from="probe", mem=1 << 20
+    )
+    long_ago = time.time() - 3600
+    record = Attempt(job_id, 1, "running", placed, long_ago, folder="1.x")
+    state.start(record, None, "attempt 1")
+    job = state.job(job_id)
+    assert job is not None
+    follower = attempts()
+    a = Active(
+        job, 1, Placement(job_id, (0,), None, False, True), ("GPU-a",), state.attempt_dir(record), long_ago,
+        last_growth=long_ago, placed=placed,
+    )  # fmt: skip
+    follower._measure(a, time.time())
+    settled = replace(placed, gpu_mem=0, settled=True)
+    assert a.gpu_mem_reserved == 0 and a.placed == settled
+    stored = state.job(job_id)
+    assert stored is not None and stored.attempts[0].placement == settled
+    adopter = attempts()
+    adopter.follow_all = lambda _now: None  # type: ignore[method-assign]  # no supervisor to follow here
+    adopter.adopt()
+    adopted = adopter.active[job_id]
+    assert adopted.placed == settled and adopted.uuids == ("GPU-a",) and adopted.placement.probe
+    assert adopted.gpu_mem_reserved == 0, "settled: not a probe again"
+    assert adopted.mem_learned == 1 << 20
