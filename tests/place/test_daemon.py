@@ -425,15 +425,18 @@ def test_a_killed_supervisor_does_not_leave_its_job_running(cli, tmp_path: Path)
     assert shim["state"] == "running"
 
 
-def test_share_define_checks_and_stores_a_spec(cli, tmp_path: Path) -> None:
+def test_share_define_checks_and_stores_a_spec(
+    inproc, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     from tandem.place.state import State
 
     (tmp_path / "imgs" / "cls").mkdir(parents=True)
-    cli("daemon", "start", "--cpus", "2", *FAST)  # share define and rm ask the daemon: the one writer
+    h = inproc("--cpus", "2", *FAST)  # share define and rm ask the daemon: the one writer
+    cli = h.cli
     define = ("share", "define", "pics", "--images", "imgs", "--device", "cuda:0", "--batch-size", "64")
     out = cli(*define, "--crop", "96", "--dtype", "bfloat16", "--worker-nice", "5").stdout
     assert "defined 'pics'" in out
-    (share,) = State(cli.state).shares()
+    (share,) = State(h.state_dir).shares()
     spec = share.spec
     assert spec.source == "images" and spec.ref == str((tmp_path / "imgs").resolve())  # absolute
     assert (spec.device, spec.batch_size, spec.crop, spec.dtype, spec.worker_nice) == (
@@ -446,6 +449,10 @@ def test_share_define_checks_and_stores_a_spec(cli, tmp_path: Path) -> None:
     both = cli("share", "define", "x", "--images", "imgs", "--dataset", "m:f", check=False)
     assert both.returncode == 2 and "exactly one of" in both.stderr
     # A typo is refused where it is typed, with the import's own error; nothing is defined.
+    # The CLI imports it in this process (as the user's shell would in its own): gone after the test.
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    monkeypatch.setitem(sys.modules, "data", None)
+    monkeypatch.delitem(sys.modules, "data")
     (tmp_path / "data.py").write_text(
         "def train_set():\n    return list(range(8))\n\ndef needs(n):\n    return n\n"
     )
@@ -453,16 +460,17 @@ def test_share_define_checks_and_stores_a_spec(cli, tmp_path: Path) -> None:
     assert typo.returncode == 2 and "has no attribute 'trian_set'" in typo.stderr
     args = cli("share", "define", "args", "--dataset", "data.py:needs", check=False)
     assert args.returncode == 2 and "cannot be called with no arguments" in args.stderr
-    assert [s.name for s in State(cli.state).shares()] == ["pics"]
+    assert [s.name for s in State(h.state_dir).shares()] == ["pics"]
     cli("share", "define", "ok", "--dataset", "data:train_set")
     # rm: refused while a job waits on it, then removed.
-    blocker = cli.submit("--cpus", "2", "--", "sleep", "30")
-    waiting = cli.submit("--share", "ok", "--cpus", "0.5", "--", "true")
+    blocker = h.submit("--cpus", "2", "--", "sleep", "30")
+    waiting = h.submit("--share", "ok", "--cpus", "0.5", "--", "true")
+    h.wait_state(blocker, {"running"})
     r = cli("share", "rm", "ok", check=False)
     assert r.returncode == 2 and f"job(s) {waiting}" in r.stderr
     cli("cancel", str(waiting), str(blocker))
     cli("share", "rm", "ok", "pics")
-    assert State(cli.state).shares() == []
+    assert State(h.state_dir).shares() == []
     r = cli("share", "rm", "ok", check=False)
     assert r.returncode == 2 and "no shared dataset" in r.stderr
 
