@@ -225,7 +225,10 @@ class InProc:
         self.config.save(self.state_dir)
         self.launcher = FakeLauncher(self.clock, self.config.interval_s)
         capacity = detect_capacity(self.config.cpus, self.config.mem, "none", None)
-        self.daemon = Daemon(State(self.state_dir), capacity, self.config, launcher=self.launcher)
+        # The daemon's own launcher is the fake one (a local daemon makes a LocalLauncher).
+        monkeypatch.setattr("tandem.place.daemon.LocalLauncher", lambda: self.launcher)
+        self.daemon = Daemon(State(self.state_dir), capacity, self.config)
+        assert self.daemon.launcher is self.launcher
         self.daemon.monitor.sample = self._measure  # type: ignore[method-assign]
         self.sel = selectors.DefaultSelector()
         self.listener = self.daemon._listen(self.sel)

@@ -1,5 +1,8 @@
-"""The job manager end to end: a real daemon, real shims, real jobs, real signals, a real
-SQLite state. Fast settings (settle 0.3 s) so that the scheduling is exercised in seconds."""
+"""The job manager: end to end where the behaviour is the CLI's and real processes' (a real
+daemon, real shims, real jobs, real signals: submit, logs, wait, cancel, a crash and restart),
+in this process (tests/place/inproc.py: the real state, handlers and scheduler, a fake launcher
+and clock) where it is the scheduler's, the state's or a handler's. Fast settings (settle
+0.3 s) so that the scheduling is exercised in seconds."""
 
 from __future__ import annotations
 

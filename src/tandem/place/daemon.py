@@ -47,7 +47,7 @@ from tandem.place.policies import make_policy
 from tandem.place.producers import Producers
 from tandem.place.queue import WaitingJobs
 from tandem.place.run.files import write_json
-from tandem.place.run.launch import Launcher, LocalLauncher, RayLauncher, reap_children
+from tandem.place.run.launch import LocalLauncher, RayLauncher, reap_children
 from tandem.place.scheduler import Placement, plan
 from tandem.place.state import Job, State
 
@@ -77,12 +77,7 @@ class DaemonRunning(Exception):
 
 class Daemon:
     def __init__(
-        self,
-        state: State,
-        capacity: Capacity,
-        config: DaemonConfig,
-        nvml: Nvml | None = None,
-        launcher: Launcher | None = None,  # tests: a fake one (tests/place/inproc.py)
+        self, state: State, capacity: Capacity, config: DaemonConfig, nvml: Nvml | None = None
     ) -> None:
         self.state, self.config, self.nvml = state, config, nvml
         self.limits = config.limits
@@ -95,7 +90,7 @@ class Daemon:
             capacity = Capacity(*backend.cluster())
             nvml = None  # GPUs are Ray's now: measured only where the daemon runs NVML (not yet)
         self.capacity = capacity
-        self.launcher = launcher or (RayLauncher(backend) if backend is not None else LocalLauncher())
+        self.launcher = RayLauncher(backend) if backend is not None else LocalLauncher()
         self.monitor = Monitor(capacity, self.limits.window_s, nvml)
         self.socket_path = protocol.socket_path(state.dir)
         self.moved: str | None = None  # what happened to the state's file, once it is not ours
