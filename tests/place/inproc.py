@@ -115,10 +115,11 @@ class FakeLauncher:
     clock: FakeClock
     interval_s: float = 1.0  # between an attempt's samples, as the supervisor takes them
     scripts: dict[int, list[Step]] = field(default_factory=dict)  # job id: its attempts, in turn
+    default: Step = field(default_factory=Step)  # how a job without a script runs
     runs: dict[tuple[int, int], FakeRun] = field(default_factory=dict)
 
     def start(self, a: Launched, what: Launch) -> str:
-        script = self.scripts.get(a.job_id) or [Step()]
+        script = self.scripts.get(a.job_id) or [self.default]
         step = script[min(a.n, len(script)) - 1]
         # The supervisor's own record of itself (this process stands in for it).
         a.shim_pid, a.shim_ctime = os.getpid(), psutil.Process().create_time()
