@@ -9,12 +9,13 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import psutil
 import pytest
 
+from tests.place.inproc import InProc
 from tests.timing import scaled
 
 TANDEM = [sys.executable, "-m", "tandem.cli"]
@@ -109,3 +110,18 @@ def cli(tmp_path: Path) -> Iterator[Cli]:
                 pass
     psutil.wait_procs(leftovers, timeout=10)
     subprocess.run(["rm", "-rf", str(runtime)], check=False)
+
+
+@pytest.fixture
+def inproc(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Callable[..., InProc]]:
+    """``inproc(*daemon_args)``: a daemon in this process (tests/place/inproc.py), as
+    ``tandem daemon start ARGS`` configures it; closed after the test."""
+    made: list[InProc] = []
+
+    def start(*daemon_args: str) -> InProc:
+        made.append(InProc(tmp_path, monkeypatch, daemon_args))
+        return made[-1]
+
+    yield start
+    for daemon in made:
+        daemon.close()

@@ -10,6 +10,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from tests.place.inproc import Step
 from tests.place.test_daemon import DATASET, FAST
 from tests.timing import scaled
 
@@ -34,12 +35,6 @@ SLEEPER = (
     "with open(out / 'done', 'a') as f:\n"
     "    f.write(f\"{os.environ['TANDEM_JOB_ID']} {n}\\n\")\n"
     "c.close()\n"
-)
-BUSY = (
-    "import sys, time\nfrom pathlib import Path\n"
-    "deadline = time.monotonic() + 300\n"
-    "while not Path(sys.argv[1]).exists() and time.monotonic() < deadline:\n"
-    "    sum(range(10000))\n"
 )
 
 
@@ -109,43 +104,41 @@ def test_readme_sweep_with_default_reservations_runs_three_at_once(cli, tmp_path
     assert producer["group_jobs"] == 4 and sweep["totals"]["producers_cpu_s"] == producer["cpu_s"]  # type: ignore[index]
 
 
-def test_a_cpu_bound_job_reserves_its_measurement_and_its_key_learns(cli, tmp_path: Path) -> None:
-    (tmp_path / "busy.py").write_text(BUSY)
-    stop = tmp_path / "stop"
-    cli("daemon", "start", "--cpus", "2", *FAST)
-    busy = cli.submit("--name", "busy", "--", sys.executable, "busy.py", str(stop))
-    assert cli.job(busy)["request"]["cpus"] == "auto"
-    reserved = _until(
-        lambda: (r := cli.job(busy)["reservation"])["from"] == "measured, this run" and r,
-        60,
-        f"the busy job's reservation was not raised: {cli.job(busy)['reservation']}",
+def test_a_cpu_bound_job_reserves_its_measurement_and_its_key_learns(inproc) -> None:
+    h = inproc("--cpus", "2", *FAST)
+    busy_core = Step(cores=1.0)  # a CPU-bound loop: a whole core, until the test ends it
+    busy = h.submit("--name", "busy", "--", sys.executable, "busy.py", "stop", steps=busy_core)
+    assert h.job(busy)["request"]["cpus"] == "auto"
+    reserved = h.run_until(
+        lambda: (r := h.job(busy)["reservation"])["from"] == "measured, this run" and r, within=60
     )
-    assert reserved["cpus"] >= 0.8, reserved  # type: ignore[index]
-    assert "measured" in cli("show", str(busy)).stdout
-    stop.write_text("")
-    cli.wait_state(busy, {"succeeded"}, timeout=60)
-    stop.unlink()
-    again = cli.submit("--name", "busy", "--", sys.executable, "busy.py", str(stop))
-    job = cli.wait_state(again, {"running"}, timeout=60)
+    assert reserved["cpus"] >= 0.8, reserved
+    assert "measured" in h.cli("show", str(busy)).stdout
+    h.finish(busy)
+    h.wait_state(busy, {"succeeded"}, within=60)
+    again = h.submit("--name", "busy", "--", sys.executable, "busy.py", "stop", steps=busy_core)
+    h.wait_state(again, {"running"}, within=60)
+    job = h.job(again)
     assert job["reservation"]["from"] == "measured, job key busy, 1 run", job["reservation"]
     assert job["reservation"]["cpus"] >= 0.8
-    stop.write_text("")
-    cli.wait_state(again, {"succeeded"}, timeout=60)
+    h.finish(again)
+    h.wait_state(again, {"succeeded"}, within=60)
 
 
-def test_an_explicit_cpus_is_a_hard_reservation(cli, tmp_path: Path) -> None:
-    cli("daemon", "start", "--cpus", "2", *FAST)
-    stop = tmp_path / "stop"
-    wait_for = f"import time, pathlib\nwhile not pathlib.Path({str(stop)!r}).exists(): time.sleep(0.1)\n"
-    first = cli.submit("--cpus", "1.5", "--", sys.executable, "-c", wait_for)
-    second = cli.submit("--cpus", "1.5", "--", sys.executable, "-c", wait_for)
-    job = cli.wait_state(first, {"running"})
+def test_an_explicit_cpus_is_a_hard_reservation(inproc) -> None:
+    h = inproc("--cpus", "2", *FAST)
+    first = h.submit("--cpus", "1.5", "--", sys.executable, "-c", "wait")
+    second = h.submit("--cpus", "1.5", "--", sys.executable, "-c", "wait")
+    h.wait_state(first, {"running"})
+    job = h.job(first)
     assert {k: job["reservation"][k] for k in ("cpus", "from")} == {"cpus": 1.5, "from": "given"}
     assert job["request"]["cpus"] == 1.5
-    _until(lambda: "cores: needs 1.5" in (cli.job(second)["reason"] or ""), 30, str(cli.job(second)))
-    assert cli.job(second)["state"] == "queued"
-    stop.write_text("")
-    cli.wait_state(second, {"succeeded"}, timeout=60)
+    h.run_until(lambda: "cores: needs 1.5" in (h.jobs()[second].reason or ""), within=30)
+    assert h.job(second)["state"] == "queued"
+    h.finish(first)
+    h.wait_state(second, {"running"}, within=60)
+    h.finish(second)
+    h.wait_state(second, {"succeeded"}, within=60)
 
 
 def test_a_start_up_burst_is_not_what_a_job_reserves() -> None:
@@ -174,48 +167,37 @@ def test_a_start_up_burst_is_not_what_a_job_reserves() -> None:
     assert not given.sample(1.0) and given.cores == 0.5  # --cpus N is a hard reservation
 
 
-# Holds about 200 MB until told to stop (a job of --mem auto's RAM to learn).
-HOLDER = (
-    "import sys, time\nfrom pathlib import Path\n"
-    "block = bytearray(200 << 20)\n"
-    "for i in range(0, len(block), 4096):\n    block[i] = 1\n"
-    "deadline = time.monotonic() + 300\n"
-    "while not Path(sys.argv[1]).exists() and time.monotonic() < deadline:\n    time.sleep(0.1)\n"
-)
-
-
-def test_mem_auto_reserves_what_the_job_key_used_and_mem_given_is_hard(cli, tmp_path: Path) -> None:
-    (tmp_path / "hold.py").write_text(HOLDER)
-    stop = tmp_path / "stop"
-    cli("daemon", "start", "--cpus", "2", "--no-host-load", *FAST)
-    first = cli.submit("--name", "holder", "--", sys.executable, "hold.py", str(stop))
-    job = cli.wait_state(first, {"running"})
+def test_mem_auto_reserves_what_the_job_key_used_and_mem_given_is_hard(inproc) -> None:
+    h = inproc("--cpus", "2", "--no-host-load", *FAST)
+    holds = Step(mem=210 << 20)  # about 200 MB held until the test ends it
+    first = h.submit("--name", "holder", "--", sys.executable, "hold.py", "stop", steps=holds)
+    h.wait_state(first, {"running"})
+    job = h.job(first)
     assert job["request"]["mem_bytes"] == 0  # auto
     assert job["reservation"]["mem_from"] in ("auto: none until measured", "measured, this run")
-    raised = _until(
+    raised = h.run_until(
         lambda: (
-            (r := cli.job(first)["reservation"])["mem_from"] == "measured, this run"
+            (r := h.job(first)["reservation"])["mem_from"] == "measured, this run"
             and (r["mem_bytes"] or 0) > 200 << 20
             and r
         ),
-        60,
-        f"its RAM reservation was not raised to its measurement: {cli.job(first)['reservation']}",
+        within=60,
     )
-    assert raised["mem_bytes"] > 220 << 20  # type: ignore[index]  # its peak plus 10%
-    stop.write_text("")
-    cli.wait_state(first, {"succeeded"}, timeout=60)
-    peak = cli.job(first)["peak_mem_bytes"]
+    assert raised["mem_bytes"] > 220 << 20  # its peak plus 10%
+    h.finish(first)
+    h.wait_state(first, {"succeeded"}, within=60)
+    peak = h.job(first)["peak_mem_bytes"]
     assert peak and peak > 200 << 20, peak
-    stop.unlink()
-    again = cli.submit("--name", "holder", "--", sys.executable, "hold.py", str(stop))
-    job = cli.wait_state(again, {"running"})
-    r = job["reservation"]
+    again = h.submit("--name", "holder", "--", sys.executable, "hold.py", "stop", steps=holds)
+    h.wait_state(again, {"running"})
+    r = h.job(again)["reservation"]
     assert r["mem_from"] == "measured, job key holder" and r["mem_bytes"] == int(peak * 1.1), r
-    assert "RAM auto:" in cli("show", str(again)).stdout
-    stop.write_text("")
-    cli.wait_state(again, {"succeeded"}, timeout=60)
-    given = cli.submit("--mem", "300M", "--name", "holder", "--", sys.executable, "-c", "pass")
-    job = cli.wait_state(given, {"succeeded"}, timeout=60)
+    assert "RAM auto:" in h.cli("show", str(again)).stdout
+    h.finish(again)
+    h.wait_state(again, {"succeeded"}, within=60)
+    given = h.submit("--mem", "300M", "--name", "holder", "--", sys.executable, "-c", "pass", steps=Step(0.1))
+    h.wait_state(given, {"succeeded"}, within=60)
+    job = h.job(given)
     assert job["reservation"]["mem_bytes"] == 300 << 20 and job["reservation"]["mem_from"] == "given"
 
 

@@ -151,7 +151,8 @@ def test_a_grid_is_one_request_one_group_with_each_jobs_params(cli):
     assert cli("logs", "4").stdout.strip() == "0.01 2"
 
 
-def test_a_params_file_and_clear_refusals(cli, tmp_path):
+def test_a_params_file_and_clear_refusals(inproc, tmp_path):
+    cli = inproc().cli  # the daemon a first submit starts, with its defaults, in this process
     points = tmp_path / "points.jsonl"
     points.write_text("\n".join(json.dumps({"lr": lr}) for lr in (0.1, 0.2, 0.3)))
     made = json.loads(
@@ -182,7 +183,9 @@ def test_a_params_file_and_clear_refusals(cli, tmp_path):
         assert "Traceback" not in run.stderr
 
 
-def test_cancel_a_group_and_then_everything(cli):
+def test_cancel_a_group_and_then_everything(inproc):
+    h = inproc()
+    cli = h.cli
     cli(
         "submit", "--cpus", "2", "--", sys.executable, "-c", "import time; time.sleep(600)"
     )  # holds the cores
@@ -191,10 +194,10 @@ def test_cancel_a_group_and_then_everything(cli):
     assert a[1] == "submitted 30 job(s): 2-31"
     out = cli("cancel", "group:a").stdout
     assert "cancelled 30 jobs" in out
-    states = {j["id"]: j["state"] for j in cli.json("ls", "--all")}
+    states = {j["id"]: j["state"] for j in h.json("ls", "--all")}
     assert all(states[i] == "cancelled" for i in range(2, 32))
     assert all(states[i] == "queued" for i in range(32, 35))
     cli("cancel", "--all")
-    assert all(j["state"] == "cancelled" for j in cli.json("ls", "--all"))
+    assert all(j["state"] == "cancelled" for j in h.json("ls", "--all"))
     run = cli("cancel", check=False)
     assert run.returncode == 2 and "--all" in run.stderr
