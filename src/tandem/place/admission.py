@@ -20,7 +20,7 @@ from tandem.place.devices import Monitor
 from tandem.place.model import FINAL_STATES, QUEUED, SUCCEEDED, Capacity
 from tandem.place.policies import GpuSlot, HostSlot, Limits
 from tandem.place.producers import Producers
-from tandem.place.reserve import mem_reservation
+from tandem.place.reserve import key_words, mem_reservation, probing_keys, running_figures
 from tandem.place.scheduler import Waiting
 from tandem.place.state import Job, State
 
@@ -142,6 +142,8 @@ class Admission:
         # One job of --cpus auto never seen before is measured at a time (tandem.place.reserve).
         probing = next((a.job.id for a in active.values() if a.probing), None)
         probe_reason = _probe_reason(probing, active)
+        # A job alike to a running one (its learning key) starts at that one's measurement.
+        figures, probes = running_figures(active.values()), probing_keys(active.values())
         for job in jobs:
             if job.id in active or job.cancel_requested:
                 continue
@@ -152,14 +154,20 @@ class Admission:
                     reasons[job.id] = "after job " + ", ".join(str(d) for d in pending)
                     continue
                 since = max([since] + [ended[d][1] or 0.0 for d in job.after])
-            cpus, _, probe = self.startup.learned.reserve(job)
+            cpus, source, probe = self.startup.learned.reserve(job, figures)
+            if probe and job.learning_key in probes:
+                reasons[job.id] = (
+                    f"cores: --cpus auto; waits for job {probes[job.learning_key]}'s measurement, a job "
+                    f"alike (job key {key_words(job.learning_key)}), then starts at it"
+                )
+                continue
             if probe and probe_reason is not None:
                 reasons[job.id] = probe_reason  # one string for the whole queue behind it
                 continue
             if probe:
                 probe_reason = _probe_reason(job.id, active)
-            known = peaks.get(job.job_key)
-            mem = job.mem or mem_reservation(0, known and known["peak_mem"], job.job_key)[0]
+            known = peaks.get(job.learning_key)
+            mem = job.mem or mem_reservation(0, known and known["peak_mem"], job.learning_key)[0]
             share = shares.get(job.share or "")
             with_producer = False
             if share is not None and not running[share.name]:
@@ -191,7 +199,12 @@ class Admission:
                     prefer_gpus=prefer,
                     with_producer=with_producer,
                     gpu_share=job.gpu_share,
-                    startup_cpus=None if job.gpus else self.startup.cores(job.command),
+                    # A job whose use is known (learnt for its key, or a running job alike's) is
+                    # not held back by the start-up of the jobs starting with it: a sweep's
+                    # points start together, their imports sharing the cores for seconds.
+                    startup_cpus=None
+                    if job.gpus or source.startswith("measured")
+                    else self.startup.cores(job.command),
                 )
             )
         return out

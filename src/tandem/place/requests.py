@@ -66,7 +66,8 @@ def submit_sweep(d: Daemon, request: p.SubmitSweep) -> p.SweepSubmitted | p.Fail
         problem = spec.problem()
         if problem:
             return _refused(problem)
-    made = d.state.add_jobs(specs, gpus, time.time())
+    # Its points are alike: what one is measured to use, the others reserve (tandem.place.reserve).
+    made = d.state.add_jobs(specs, gpus, time.time(), alike=sweep.alike_key(template))
     d.wake = d.dirty = True
     return p.SweepSubmitted([job_id for job_id, _ in made], template.group or "")
 
