@@ -8,7 +8,8 @@ processes: a share's producer is supervised and charged apart), times 1.2 plus 0
 least 0.1. A job never seen before is a *probe*: it reserves :data:`PROBE_CORES`, starts only
 while the host's measured load leaves room, one probe at a time, and once it has
 :data:`PROBE_SAMPLES` samples past its start-up its reservation becomes its measurement
-(a CPU-bound job reserves about a core within seconds and blocks further packing). The
+(a CPU-bound job reserves about a core within seconds). A running job's reservation then
+follows its use over its last :data:`FOLLOW_SAMPLES` samples, down as well as up. The
 samples of its start-up burst (imports) are not counted: while it lasts, what the job uses
 beyond its reservation holds other jobs back, and once it is over the job's measurement is
 what it goes on to use (see :data:`STARTUP_MAX_SAMPLES`). Jobs alike to a running one wait
@@ -34,6 +35,10 @@ PROBE_SAMPLES = 2  # samples (one a second) past start-up before a probe counts 
 # uses beyond its reservation holds other jobs back (tandem.place.admission).
 STARTUP_MAX_SAMPLES = 20
 KEEP_RUNS = 5  # the recent runs of a key that decide its reservation
+# A running job's reservation follows its use over its last samples (one a second), down as
+# well as up, and is written only when it moves by more than this (not every second).
+FOLLOW_SAMPLES = 45
+FOLLOW_STEP = 0.1  # cores, or this share of the reservation where that is more
 
 
 def margin(cores: float) -> float:
@@ -184,11 +189,16 @@ class Measuring:
         self.samples.append(cores)
         if len(self.samples) < PROBE_SAMPLES:
             return False
-        measured = margin(p95(self.samples))
+        recent = self.samples[-FOLLOW_SAMPLES:]
+        measured = margin(p95(recent))
         if self.probe:
             self.cores, self.source, self.probe = measured, "measured, this run", False
             return True
-        if measured > self.cores + 0.05:  # it uses more than its key did before: follow it up
+        # Up at once where it uses more than its key did before; down only once a whole
+        # window says so (a figure lent or learnt is not dropped on a few quiet seconds).
+        step = max(FOLLOW_STEP, FOLLOW_STEP * self.cores)
+        down = len(recent) >= FOLLOW_SAMPLES and measured < self.cores - step
+        if measured > self.cores + 0.05 or down:
             self.cores, self.source = measured, "measured, this run"
             return True
         return False
