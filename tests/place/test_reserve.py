@@ -120,15 +120,19 @@ def test_a_cpu_bound_job_reserves_its_measurement_and_its_key_learns(cli, tmp_pa
         60,
         f"the busy job's reservation was not raised: {cli.job(busy)['reservation']}",
     )
-    assert reserved["cpus"] >= 0.8, reserved  # type: ignore[index]
     assert "measured" in cli("show", str(busy)).stdout
     stop.write_text("")
-    cli.wait_state(busy, {"succeeded"}, timeout=60)
+    (attempt,) = cli.wait_state(busy, {"succeeded"}, timeout=60)["attempts"]
+    # What it was measured at is what it got: a core on an idle host, less where other work
+    # keeps the cores busy (about 0.67 with both cores busy from outside). Its reservation
+    # is that use with the margin (p95 x 1.2 + 0.05), never a probe's 0.25.
+    got = attempt["cpu_seconds"] / (attempt["ended"] - attempt["started"])
+    assert reserved["cpus"] >= min(0.8, 0.9 * got) and reserved["cpus"] > 0.25, (reserved, got)  # type: ignore[index]
     stop.unlink()
     again = cli.submit("--name", "busy", "--", sys.executable, "busy.py", str(stop))
     job = cli.wait_state(again, {"running"}, timeout=60)
     assert job["reservation"]["from"] == "measured, job key busy, 1 run", job["reservation"]
-    assert job["reservation"]["cpus"] >= 0.8
+    assert job["reservation"]["cpus"] >= min(0.8, 0.9 * got), (job["reservation"], got)
     stop.write_text("")
     cli.wait_state(again, {"succeeded"}, timeout=60)
 
