@@ -5,9 +5,14 @@ they are now (:class:`~tandem.place.policies.HostSlot`, ``GpuSlot``), a policy a
 limits, and returns placements. The daemon calls it every tick with measured state; the
 simulator calls it with modelled state. Rules every policy keeps, here and nowhere else:
 
-- Reservations never exceed capacity: the sum of running jobs' cores, RAM and GPU memory
-  stays within what the daemon has, and a job's memory must also fit what is measured free
-  (once the jobs already there have settled).
+- RAM and GPU memory reservations never exceed capacity, and a job's memory must also fit
+  what is measured free (once the jobs already there have settled).
+- Cores are elastic: a job fits where its cores are unreserved, or (its cores learnt,
+  :attr:`Waiting.elastic`) where the host's measured use leaves room for it
+  (:attr:`~tandem.place.policies.HostSlot.cpus_busy`), or where it joins its share group,
+  whose producer runs or starts, under :func:`share_bound`. Cores given as a number stay a
+  hard reservation. A share's producer not yet running is charged once a pass, to the
+  first job of its share placed (which starts it).
 - A GPU whose newest job has unknown memory that is still growing (``probing``) takes no
   one; nor does a GPU or host running a job that must run alone.
 - At most ``max_per_gpu`` jobs per GPU.
