@@ -27,9 +27,10 @@ class Startup:
     whatever the job declared, and jobs that start together would otherwise all take it. A
     program never seen is counted at :data:`UNSEEN_STARTUP_CORES`."""
 
-    def __init__(self) -> None:
+    def __init__(self, learned: Learned | None = None) -> None:
         self._cores: dict[tuple[str, ...], float] = {}
-        self.learned = Learned()  # what each job key used (reservations of --cpus auto)
+        # What each learning key used (reservations of --cpus auto), kept in the state.
+        self.learned = learned if learned is not None else Learned()
 
     @staticmethod
     def program(command: list[str]) -> tuple[str, ...]:

@@ -4,9 +4,10 @@ waiting.
 From the running attempts, the live producers and the measurements it builds the host and
 GPU slots (:class:`~tandem.place.policies.HostSlot`, ``GpuSlot``); from the waiting jobs
 the scheduler's :class:`~tandem.place.scheduler.Waiting` (a job of a share group whose
-producer is not running is charged for it: whichever job starts first starts the
-producer); it resolves dependencies (a job after one that failed is cancelled); and it
-keeps why each waiting job waits, writing only what changed.
+producer is not running carries its charge apart: the pass charges it to whichever job of
+the group it starts first, which starts the producer); it resolves dependencies (a job
+after one that failed is cancelled); and it keeps why each waiting job waits, writing only
+what changed.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from tandem.place.devices import Monitor
 from tandem.place.model import FINAL_STATES, QUEUED, SUCCEEDED, Capacity
 from tandem.place.policies import GpuSlot, HostSlot, Limits
 from tandem.place.producers import Producers
-from tandem.place.reserve import mem_reservation
+from tandem.place.reserve import AUTO_CPUS, key_words, mem_reservation, probing_keys, running_figures
 from tandem.place.scheduler import Waiting
 from tandem.place.state import Job, State
 
@@ -44,6 +45,24 @@ def _over_declared(active: list[Active], startup: Startup) -> tuple[float, int |
         if used > a.cpus:
             over.append((used - a.cpus, a.job.id))
     return (sum(o for o, _ in over), max(over)[1]) if over else (0.0, None)
+
+
+def _busy_cores(active: list[Active], startup: Startup, measured: float | None, now: float) -> float | None:
+    """The cores a waiting job of learnt cores must leave to the others: the host's measured
+    busy cores over the last seconds (load from outside the manager too), plus each job
+    started within that window at its figure (its reservation, or what its program used at
+    start where its use is not known: the window has not seen it yet), plus what each job of
+    given cores reserved and does not use now (a hard reservation is kept for it)."""
+    if measured is None:
+        return None
+    busy = measured
+    for a in active:
+        if now - a.started < HOST_WINDOW_S or a.samples < STARTUP_SAMPLES:
+            known = a.cpu is not None and a.cpu.source.startswith("measured")
+            busy += a.cpus if known else max(a.cpus, startup.cores(a.job.command))
+        elif a.cpu is None or not a.cpu.auto:
+            busy += max(0.0, a.cpus - (a.cpus_used or 0.0))
+    return busy
 
 
 def _probe_reason(probing: int | None, active: dict[int, Active]) -> str | None:
@@ -88,6 +107,8 @@ class Admission:
     def host_slot(self, active: Iterable[Active]) -> HostSlot:
         active = list(active)
         cpu_jobs = [a for a in active if not a.placement.gpus]
+        mean = self.monitor.cpu.mean(HOST_WINDOW_S)
+        measured = None if mean is None else mean * self.capacity.cpus
         live = [self.producers.reservation(s, True) for s in self.state.shares() if self.producers.running(s)]
         return HostSlot(
             cpus_total=self.capacity.cpus,
@@ -101,6 +122,7 @@ class Admission:
             jobs=len(cpu_jobs),
             all_jobs=len(active),
             alone=any(a.placement.alone for a in cpu_jobs),
+            cpus_busy=_busy_cores(active, self.startup, measured, time.time()),
         )
 
     def gpu_slots(self, active: Iterable[Active]) -> list[GpuSlot]:
@@ -138,10 +160,19 @@ class Admission:
         out = []
         shares = {s.name: s for s in self.state.shares()}
         running = {name: self.producers.running(s) for name, s in shares.items()}  # once a pass, not a job
+        in_share: dict[str, int] = {}  # its running jobs, per share
+        for a in active.values():
+            if a.job.share:
+                in_share[a.job.share] = in_share.get(a.job.share, 0) + 1
         peaks = self.peaks()
-        # One job of --cpus auto never seen before is measured at a time (tandem.place.reserve).
-        probing = next((a.job.id for a in active.values() if a.probing), None)
+        # One job of --cpus auto never seen before is measured at a time (tandem.place.reserve),
+        # but the jobs of a share group: they run together whatever their cores (their group
+        # is bounded: scheduler.share_bound), so they are not probed one after another.
+        probing = next((a.job.id for a in active.values() if a.probing and not a.job.share), None)
         probe_reason = _probe_reason(probing, active)
+        # A job alike to a running one (its learning key) starts at that one's measurement;
+        # one alike to a probe queued before it waits for that one, not a probe itself.
+        figures, probes = running_figures(active.values()), probing_keys(active.values())
         for job in jobs:
             if job.id in active or job.cancel_requested:
                 continue
@@ -152,24 +183,34 @@ class Admission:
                     reasons[job.id] = "after job " + ", ".join(str(d) for d in pending)
                     continue
                 since = max([since] + [ended[d][1] or 0.0 for d in job.after])
-            cpus, _, probe = self.startup.learned.reserve(job)
-            if probe and probe_reason is not None:
+            cpus, source, probe = self.startup.learned.reserve(job, figures)
+            if probe and job.learning_key in probes:
+                first = probes[job.learning_key]
+                measured = f"job {first}'s measurement" if first in active else f"job {first}, to be measured"
+                reasons[job.id] = (
+                    f"cores: --cpus auto; waits for {measured}, a job "
+                    f"alike (job key {key_words(job.learning_key)}), then starts at it"
+                )
+                continue
+            if probe and not job.share and probe_reason is not None:
                 reasons[job.id] = probe_reason  # one string for the whole queue behind it
                 continue
             if probe:
-                probe_reason = _probe_reason(job.id, active)
-            known = peaks.get(job.job_key)
-            mem = job.mem or mem_reservation(0, known and known["peak_mem"], job.job_key)[0]
+                probes[job.learning_key] = job.id  # the others of its key wait for it
+                if not job.share:
+                    probe_reason = _probe_reason(job.id, active)
+            known = peaks.get(job.learning_key)
+            mem = job.mem or mem_reservation(0, known and known["peak_mem"], job.learning_key)[0]
             share = shares.get(job.share or "")
-            with_producer = False
+            with_producer, p_cpus, p_mem = False, 0.0, 0
             if share is not None and not running[share.name]:
                 if self.producers.stopping(share.name):
                     reasons[job.id] = f"share {share.name}: its previous producer is still stopping"
                     continue  # a new producer could not take the name yet
-                # Whichever job of the group starts first also starts its producer: each is
-                # charged for it until then, so the producer never overbooks the host.
+                # Whichever job of the group starts first also starts its producer: the pass
+                # charges it to that one, once (scheduler.plan), so it never overbooks the host.
                 p_cpus, p_mem = self.producers.reservation(share, running=False)
-                cpus, mem, with_producer = cpus + p_cpus, mem + p_mem, True
+                with_producer = True
             gpu_mem = job.gpu_mem
             if job.gpus and gpu_mem is None and known is not None and known["peak_gpu_mem"]:
                 gpu_mem = int(known["peak_gpu_mem"] * (1 + self.limits.gpu_mem_margin))
@@ -191,7 +232,19 @@ class Admission:
                     prefer_gpus=prefer,
                     with_producer=with_producer,
                     gpu_share=job.gpu_share,
-                    startup_cpus=None if job.gpus else self.startup.cores(job.command),
+                    share=share.name if share is not None else None,
+                    producer_cpus=p_cpus,
+                    producer_mem=p_mem,
+                    share_jobs=in_share.get(share.name, 0)
+                    if share is not None and running[share.name]
+                    else None,
+                    elastic=job.cpus == AUTO_CPUS,
+                    # A job whose use is known (learnt for its key, or a running job alike's) is
+                    # not held back by the start-up of the jobs starting with it: a sweep's
+                    # points start together, their imports sharing the cores for seconds.
+                    startup_cpus=None
+                    if job.gpus or source.startswith("measured")
+                    else self.startup.cores(job.command),
                 )
             )
         return out

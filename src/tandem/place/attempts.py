@@ -28,7 +28,7 @@ from tandem.place.identity import attempt_folder
 from tandem.place.model import CANCELLED, FAILED, RUNNING, SUCCEEDED, Capacity, GpuInfo, format_size
 from tandem.place.producers import selections_made
 from tandem.place.records import AttemptPlacement
-from tandem.place.reserve import Measuring, mem_reservation
+from tandem.place.reserve import Learned, Measuring, mem_reservation, running_figures
 from tandem.place.retry import retry
 from tandem.place.run import tracking
 from tandem.place.run.files import AttemptSpec, Result, ShimInfo, Started, Usage, load, save
@@ -57,7 +57,7 @@ class Attempts:
         self.monitor, self.launcher, self.tracked, self.socket = monitor, launcher, tracked, socket
         self.active: dict[int, Active] = {}
         self.host = host_id()
-        self.startup = Startup()
+        self.startup = Startup(Learned(state.learnt_cores(), state.record_cores))
 
     # --- start ------------------------------------------------------------------------------
 
@@ -77,9 +77,9 @@ class Attempts:
         adir.mkdir(parents=True)
         env = {**env, "TANDEM_JOB_DIR": str(adir)}  # its attempt's own directory (what it may leave us)
         uuids = tuple(g.uuid for g in chosen)
-        cpu = Measuring(job, self.startup.learned)
-        known = self.state.peak(job.job_key)
-        mem, mem_from = mem_reservation(job.mem, known["peak_mem"] if known else None, job.job_key)
+        cpu = Measuring(job, self.startup.learned, running_figures(self.active.values()))
+        known = self.state.peak(job.learning_key)
+        mem, mem_from = mem_reservation(job.mem, known["peak_mem"] if known else None, job.learning_key)
         placement = AttemptPlacement(
             device=",".join(f"cuda:{i}" for i in p.gpus) or "cpu",
             gpus=tuple(p.gpus),
@@ -295,9 +295,9 @@ class Attempts:
             totals = result.cpu_seconds / run_s if result.cpu_seconds and run_s > 1 else None
             used = a.cpu.measured() or totals
             if used is not None:
-                self.startup.learned.seen(a.job.job_key, used)
+                self.startup.learned.seen(a.job.learning_key, used)
         if end.peak_mem or end.peak_gpu_mem:
-            self.state.record_peak(a.job.job_key, end.peak_mem, end.peak_gpu_mem, end.ended - a.started)
+            self.state.record_peak(a.job.learning_key, end.peak_mem, end.peak_gpu_mem, end.ended - a.started)
         if self.tracked:
             status = {"succeeded": "FINISHED", "cancelled": "KILLED"}.get(end.state, "FAILED")
             tags = {

@@ -100,6 +100,10 @@ class HostSlot:
     jobs: int = 0  # CPU-only jobs running
     all_jobs: int = 0  # every job running (GPU jobs use the host's cores and RAM too)
     alone: bool = False  # a job that must run alone on the host is running
+    # Cores measured busy (from outside the manager too) over the last seconds, with the jobs
+    # still starting at their figure and jobs of hard (given) cores at least at it; None:
+    # not measured. A job of learnt cores may start where this leaves room (scheduler).
+    cpus_busy: float | None = None
 
 
 @dataclass(frozen=True)

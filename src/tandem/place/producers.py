@@ -234,9 +234,11 @@ class Producers:
     def shutdown(self) -> None:
         """The daemon stops: the producers it told to stop have their MLflow runs ended now
         (their group is done; no later daemon knows it stopped them), so that nothing waits
-        on them; producers still serving jobs go on, as the jobs do."""
+        on them; producers still serving jobs go on, as the jobs do. What one that ended used
+        is learnt (kept in the state: the next daemon reserves it)."""
         for name in list(self._stopping):
             del self._stopping[name]
+            self._learn(name, self._dir(name))
             self._end_run(name, "FINISHED")
 
 

@@ -6,6 +6,7 @@ writer's connection, are :mod:`tandem.place.state`'s."""
 
 from __future__ import annotations
 
+import json
 import sqlite3
 from pathlib import Path
 
@@ -146,6 +147,11 @@ class StateReads:
 
     def peaks(self) -> list[sqlite3.Row]:
         return self.query("SELECT * FROM peaks")
+
+    def learnt_cores(self) -> dict[str, list[float]]:
+        """Every learning key's recent runs' cores (:meth:`tandem.place.state.State.record_cores`)."""
+        rows = self.query("SELECT job_key, cpu_runs FROM peaks WHERE cpu_runs IS NOT NULL")
+        return {r[0]: [float(c) for c in json.loads(r[1])] for r in rows}
 
     def events(self, job_id: int) -> list[sqlite3.Row]:
         return self.query("SELECT t, kind, detail FROM events WHERE job_id = ? ORDER BY id", (job_id,))

@@ -100,6 +100,9 @@ class Job(JobSpec):
 
     id: int = column(0, sql="INTEGER PRIMARY KEY AUTOINCREMENT", queued=True)
     job_key: str = column("", queued=True, shown=False)
+    # What its reservations are learnt under (tandem.place.reserve): a sweep's point has its
+    # template's key (its --name, else command, before {KEY} is filled), so its points are alike.
+    learn_key: str = column("", queued=True, shown=False)
     state: str = column(QUEUED, queued=True)
     submitted: float = column(0.0, queued=True)
     cause: str | None = None
@@ -120,6 +123,11 @@ class Job(JobSpec):
     )  # why it waits, as the daemon's last pass saw it (shown: views)
     updated: float | None = None  # when its row last changed (what a live view asks for)
     attempts: list[Attempt] = column(default_factory=list, stored=False, shown=False)
+
+    @property
+    def learning_key(self) -> str:
+        """The key its cores, RAM and GPU memory are learnt under (its own where none was set)."""
+        return self.learn_key or self.job_key
 
 
 @dataclass

@@ -125,7 +125,8 @@ def submit_sweep(request: p.SubmitSweep, d: Parts) -> Handled:
         problem = spec.problem()
         if problem:
             return _refused(problem), NOTHING
-    made = d.state.add_jobs(specs, gpus, time.time())
+    # Its points are alike: what one is measured to use, the others reserve (tandem.place.reserve).
+    made = d.state.add_jobs(specs, gpus, time.time(), alike=sweep.alike_key(template))
     return p.SweepSubmitted([job_id for job_id, _ in made], template.group or ""), Changed(queued=True)
 
 

@@ -1,22 +1,28 @@
 """Reservations that learn: the cores a job of ``--cpus auto`` reserves.
 
 A job submitted without ``--cpus`` (stored as :data:`AUTO_CPUS`) reserves what jobs of its
-key (:func:`tandem.place.model.job_key`: its ``--name``, else its command line) were
+learning key (:attr:`tandem.place.records.Job.learning_key`: its ``--name``, else its command
+line; a sweep's point, its template's, so the points of a sweep are alike) were
 measured to use: the 95th percentile of its process tree's cores over a run (its own
 processes: a share's producer is supervised and charged apart), times 1.2 plus 0.05, at
 least 0.1. A job never seen before is a *probe*: it reserves :data:`PROBE_CORES`, starts only
 while the host's measured load leaves room, one probe at a time, and once it has
 :data:`PROBE_SAMPLES` samples past its start-up its reservation becomes its measurement
-(a CPU-bound job reserves about a core within seconds and blocks further packing). The
+(a CPU-bound job reserves about a core within seconds). A running job's reservation then
+follows its use over its last :data:`FOLLOW_SAMPLES` samples, down as well as up. The
 samples of its start-up burst (imports) are not counted: while it lasts, what the job uses
 beyond its reservation holds other jobs back, and once it is over the job's measurement is
-what it goes on to use (see :data:`STARTUP_MAX_SAMPLES`).
-What was learnt lives in the daemon's memory (a restarted daemon probes again).
+what it goes on to use (see :data:`STARTUP_MAX_SAMPLES`). Jobs alike to a running one wait
+for its measurement, then start at once at that figure (:func:`running_figures`: each
+follows its own use up from there), not probed one after another.
+What was learnt is kept in the state (``peaks.cpu_runs``): a restarted daemon knows it.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Iterable
+from typing import Protocol
 
 from tandem.place.records import Job
 
@@ -29,6 +35,10 @@ PROBE_SAMPLES = 2  # samples (one a second) past start-up before a probe counts 
 # uses beyond its reservation holds other jobs back (tandem.place.admission).
 STARTUP_MAX_SAMPLES = 20
 KEEP_RUNS = 5  # the recent runs of a key that decide its reservation
+# A running job's reservation follows its use over its last samples (one a second), down as
+# well as up, and is written only when it moves by more than this (not every second).
+FOLLOW_SAMPLES = 45
+FOLLOW_STEP = 0.1  # cores, or this share of the reservation where that is more
 
 
 def margin(cores: float) -> float:
@@ -64,29 +74,70 @@ def key_words(key: str) -> str:
 
 
 class Learned:
-    """The cores each job key was measured to use, over its recent successful runs."""
+    """The cores each learning key was measured to use, over its recent successful runs:
+    ``stored`` (what the state kept) to begin with, each new run written through ``write``
+    (the daemon's state) before it counts."""
 
-    def __init__(self) -> None:
-        self._runs: dict[str, list[float]] = {}
+    def __init__(
+        self,
+        stored: dict[str, list[float]] | None = None,
+        write: Callable[[str, list[float]], None] | None = None,
+    ) -> None:
+        self._runs: dict[str, list[float]] = {k: v[-KEEP_RUNS:] for k, v in (stored or {}).items()}
+        self._write = write
 
     def seen(self, key: str, cores: float) -> None:
-        runs = self._runs.setdefault(key, [])
-        runs.append(cores)
-        del runs[:-KEEP_RUNS]
+        runs = [*self._runs.get(key, ()), cores][-KEEP_RUNS:]
+        if self._write is not None:  # a write that fails leaves it unlearnt (the caller retries)
+            self._write(key, runs)
+        self._runs[key] = runs
 
     def runs(self, key: str) -> list[float]:
         return list(self._runs.get(key, ()))
 
-    def reserve(self, job: Job) -> tuple[float, str, bool]:
-        """What ``job`` reserves, where that comes from, and whether it is a probe."""
+    def reserve(
+        self, job: Job, running: dict[str, tuple[float, int]] | None = None
+    ) -> tuple[float, str, bool]:
+        """What ``job`` reserves, where that comes from, and whether it is a probe.
+        ``running``: what running jobs of each key were measured at (:func:`running_figures`),
+        for a key with no run learnt yet."""
         if job.cpus != AUTO_CPUS:
             return job.cpus, "given", False
-        runs = self._runs.get(job.job_key)
+        key = job.learning_key
+        runs = self._runs.get(key)
         if runs:
             n = len(runs)
-            source = f"measured, job key {key_words(job.job_key)}, {n} run{'s' * (n != 1)}"
+            source = f"measured, job key {key_words(key)}, {n} run{'s' * (n != 1)}"
             return margin(max(runs)), source, False
+        alike = (running or {}).get(key)
+        if alike is not None:
+            return alike[0], f"measured, job key {key_words(key)}, job {alike[1]} running", False
         return PROBE_CORES, "probe", True
+
+
+class Running(Protocol):
+    """A running attempt as these functions read it (:class:`tandem.place.active.Active`)."""
+
+    job: Job
+    cpu: Measuring | None
+
+
+def running_figures(running: Iterable[Running]) -> dict[str, tuple[float, int]]:
+    """Per learning key, the most cores a running job of ``--cpus auto`` reserves that is not
+    a probe (measured this run, or started at such a figure), and which job: what a waiting
+    job alike to it starts at."""
+    out: dict[str, tuple[float, int]] = {}
+    for r in running:
+        if r.cpu is not None and r.cpu.auto and not r.cpu.probe:
+            key = r.job.learning_key
+            if key not in out or r.cpu.cores > out[key][0]:
+                out[key] = (r.cpu.cores, r.job.id)
+    return out
+
+
+def probing_keys(running: Iterable[Running]) -> dict[str, int]:
+    """Per learning key, the running job that is its probe (not yet measured)."""
+    return {r.job.learning_key: r.job.id for r in running if r.cpu is not None and r.cpu.probe}
 
 
 def producer_key(share: str) -> str:
@@ -110,8 +161,10 @@ def producer_reservation(defined: float, given: bool, learned: Learned, share: s
 class Measuring:
     """One running attempt's reservation of cores and the samples behind it."""
 
-    def __init__(self, job: Job, learned: Learned) -> None:
-        self.cores, self.source, self.probe = learned.reserve(job)
+    def __init__(
+        self, job: Job, learned: Learned, running: dict[str, tuple[float, int]] | None = None
+    ) -> None:
+        self.cores, self.source, self.probe = learned.reserve(job, running)
         self.auto = job.cpus == AUTO_CPUS
         self.samples: list[float] = []
         self.starting = True
@@ -136,11 +189,16 @@ class Measuring:
         self.samples.append(cores)
         if len(self.samples) < PROBE_SAMPLES:
             return False
-        measured = margin(p95(self.samples))
+        recent = self.samples[-FOLLOW_SAMPLES:]
+        measured = margin(p95(recent))
         if self.probe:
             self.cores, self.source, self.probe = measured, "measured, this run", False
             return True
-        if measured > self.cores + 0.05:  # it uses more than its key did before: follow it up
+        # Up at once where it uses more than its key did before; down only once a whole
+        # window says so (a figure lent or learnt is not dropped on a few quiet seconds).
+        step = max(FOLLOW_STEP, FOLLOW_STEP * self.cores)
+        down = len(recent) >= FOLLOW_SAMPLES and measured < self.cores - step
+        if measured > self.cores + 0.05 or down:
             self.cores, self.source = measured, "measured, this run"
             return True
         return False

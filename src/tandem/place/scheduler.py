@@ -5,9 +5,14 @@ they are now (:class:`~tandem.place.policies.HostSlot`, ``GpuSlot``), a policy a
 limits, and returns placements. The daemon calls it every tick with measured state; the
 simulator calls it with modelled state. Rules every policy keeps, here and nowhere else:
 
-- Reservations never exceed capacity: the sum of running jobs' cores, RAM and GPU memory
-  stays within what the daemon has, and a job's memory must also fit what is measured free
-  (once the jobs already there have settled).
+- RAM and GPU memory reservations never exceed capacity, and a job's memory must also fit
+  what is measured free (once the jobs already there have settled).
+- Cores are elastic: a job fits where its cores are unreserved, or (its cores learnt,
+  :attr:`Waiting.elastic`) where the host's measured use leaves room for it
+  (:attr:`~tandem.place.policies.HostSlot.cpus_busy`), or where it joins its share group,
+  whose producer runs or starts, under :func:`share_bound`. Cores given as a number stay a
+  hard reservation. A share's producer not yet running is charged once a pass, to the
+  first job of its share placed (which starts it).
 - A GPU whose newest job has unknown memory that is still growing (``probing``) takes no
   one; nor does a GPU or host running a job that must run alone.
 - At most ``max_per_gpu`` jobs per GPU.
@@ -52,9 +57,16 @@ class Waiting:
     escalation: int = 0  # 0 first try; 1 most-free GPU; 2 alone
     waiting_since: float | None = None  # since when it could start (queued, requeued, deps met)
     prefer_gpus: tuple[int, ...] = ()  # where its shared data is (a GPU-slab producer's GPU)
-    with_producer: bool = False  # cpus and mem include its share's producer (which it would start)
+    with_producer: bool = False  # it would start its share's producer (charged below, or in cpus and mem)
     gpu_share: int | None = None  # its declared share of a GPU's compute (percent)
     startup_cpus: float | None = None  # what its program used at start before (measured)
+    share: str | None = None  # its share group
+    # Its share's producer, where that is not running: charged once per share a pass, to the
+    # first job of the share the pass places (which starts it), never to the others.
+    producer_cpus: float = 0.0
+    producer_mem: int = 0
+    share_jobs: int | None = None  # its share's jobs running now; None: its producer is not running
+    elastic: bool = False  # its cores are learnt (--cpus auto): it may start on measured room
 
 
 @dataclass(frozen=True)
@@ -102,14 +114,19 @@ def plan(
     # either (a pass only ever fills the host further): a sweep of 10,000 alike jobs is
     # looked at once, not 10,000 times.
     refused: dict[tuple[object, ...], str] = {}
+    # Per share: its jobs placed this pass (whose producer is then charged, or runs).
+    placed: dict[str, int] = {}
     for job in order(queue):
         if blocker is not None:
             out.reasons[job.id] = blocker
             continue
+        job = _this_pass(job, placed)
         need = _need_key(job)
         placement = refused.get(need) or _place(job, host, slots, policy, limits)
         if isinstance(placement, Placement):
             _reserve(job, placement, host, slots)
+            if job.share is not None:
+                placed[job.share] = placed.get(job.share, 0) + 1
             out.placements.append(placement)
             continue
         out.reasons[job.id] = refused[need] = placement
@@ -124,12 +141,35 @@ def plan(
     return out
 
 
+def _this_pass(job: Waiting, placed: dict[str, int]) -> Waiting:
+    """``job`` as this pass sees it: with its producer's charge in its cores and RAM unless a
+    job of its share was placed before it this pass (that one carries it), and with the jobs
+    of its share placed this pass counted beside those running."""
+    if job.share is None or (not job.producer_cpus and not job.producer_mem and job.share_jobs is None):
+        return job
+    before = placed.get(job.share, 0)
+    if job.share_jobs is not None:  # its producer runs (and is in the host's reserved)
+        return dataclasses.replace(job, share_jobs=job.share_jobs + before) if before else job
+    if before:  # a job of its share placed this pass starts the producer, charged to that one
+        return dataclasses.replace(
+            job, producer_cpus=0.0, producer_mem=0, share_jobs=before, with_producer=False
+        )
+    return dataclasses.replace(
+        job,
+        cpus=job.cpus + job.producer_cpus,
+        mem=job.mem + job.producer_mem,
+        producer_cpus=0.0,
+        producer_mem=0,
+    )
+
+
 def fits_at_all(
     job: Waiting, host: HostSlot, gpus: Sequence[GpuSlot], limits: Limits | None = None
 ) -> str | None:
     """Why ``job`` can never run on this machine (its needs exceed the capacity), or None."""
     usable = int(host.mem_total * (1 - (limits or Limits()).host_mem_headroom))
     producer = " with its share's producer" if job.with_producer else ""
+    job = dataclasses.replace(job, cpus=job.cpus + job.producer_cpus, mem=job.mem + job.producer_mem)
     if job.cpus > host.cpus_total + 1e-9:
         return f"asks for {job.cpus:g} cores{producer}; the manager has {host.cpus_total:g}"
     if job.mem > usable:
@@ -158,6 +198,8 @@ def _need_key(job: Waiting) -> tuple[object, ...]:
         job.with_producer,
         job.gpu_share,
         job.startup_cpus,
+        job.share_jobs,
+        job.elastic,
     )
 
 
@@ -165,12 +207,9 @@ def _need(job: Waiting) -> Need:
     return Need(job.cpus, job.mem, job.gpus, job.gpu_mem, alone=job.escalation >= 2, gpu_share=job.gpu_share)
 
 
-def _host_short(job: Waiting, host: HostSlot, limits: Limits) -> str | None:
-    """Which of the host's cores or RAM is short for ``job``, with the figures, or None."""
+def _ram_short(job: Waiting, host: HostSlot, limits: Limits) -> str | None:
+    """Whether the host's RAM (a strict reservation) is short for ``job``, with the figures."""
     producer = " with its share's producer" if job.with_producer else ""
-    free_cpus = max(0.0, host.cpus_total - host.cpus_reserved)
-    if job.cpus > free_cpus + 1e-9:
-        return f"cores: needs {job.cpus:g}{producer}, {free_cpus:g} of {host.cpus_total:g} free"
     free_mem = max(0, host.mem_total - host.mem_reserved)
     if job.mem > free_mem:
         return (
@@ -187,22 +226,65 @@ def _host_short(job: Waiting, host: HostSlot, limits: Limits) -> str | None:
     return None
 
 
+def _cores_short(job: Waiting, host: HostSlot) -> str | None:
+    """Whether the host's unreserved cores are short for ``job``, with the figures."""
+    producer = " with its share's producer" if job.with_producer else ""
+    free_cpus = max(0.0, host.cpus_total - host.cpus_reserved)
+    if job.cpus > free_cpus + 1e-9:
+        return f"cores: needs {job.cpus:g}{producer}, {free_cpus:g} of {host.cpus_total:g} free"
+    return None
+
+
+def share_bound(host: HostSlot) -> float:
+    """How many jobs of one share group run together whatever their cores: twice the host's
+    cores. Their loading is the producer's; each late joiner makes it serve its epochs again,
+    so running them together costs less than running them in turn, and the kernel's CPU
+    weights share the cores among them. Past two a core each, time-slicing costs more than
+    a late joiner does."""
+    return 2 * host.cpus_total
+
+
+def _room_anyway(job: Waiting, host: HostSlot, policy: Policy) -> str | None:
+    """Cores are elastic: why ``job`` may start where reservations (or the policy's load gate)
+    say no, or None. A job of a share group whose producer runs or starts, while its group
+    is under :func:`share_bound`; a job of learnt cores where the host's measured use (its
+    jobs that are starting counted at their figure) leaves room for it. RAM is never elastic."""
+    if not policy.collocate:
+        return None
+    if job.share_jobs is not None and job.share_jobs < share_bound(host):
+        return "share"
+    need = max(job.cpus, job.startup_cpus or 0.0)
+    if job.elastic and host.cpus_busy is not None and host.cpus_busy + need <= host.cpus_total + 1e-9:
+        return "measured"
+    return None
+
+
+def _measured_words(job: Waiting, host: HostSlot) -> str:
+    if not job.elastic or host.cpus_busy is None:
+        return ""
+    free = max(0.0, host.cpus_total - host.cpus_busy)
+    return f"; {free:.2f} of {host.cpus_total:g} cores measured idle"
+
+
 def _place(
     job: Waiting, host: HostSlot, gpus: list[GpuSlot], policy: Policy, limits: Limits
 ) -> Placement | str:
     """Where ``job`` goes, or why it cannot start now."""
-    short = _host_short(job, host, limits)
-    if short:
-        return short
     need = _need(job)
+    short = _ram_short(job, host, limits)  # RAM is strict
+    if short is not None:
+        return short
+    short = _cores_short(job, host)  # cores are elastic (_room_anyway)
+    if short is not None and _room_anyway(job, host, policy) is None:
+        return short + _measured_words(job, host)
     if host.alone:
         return "host: a job that must run alone (after running out of host memory) is running"
     if job.gpus == 0:
         if need.alone and host.all_jobs > 0:
             return f"alone: this retry runs alone on the host; {host.all_jobs} job(s) still run"
         blocked = None if need.alone else policy.host_blocks(host, need, limits)
-        if blocked:
-            return blocked
+        if blocked and _room_anyway(job, host, policy) is None:
+            return blocked + _measured_words(job, host)
         return Placement(job.id, (), None, need.alone, probe=False)
     admissible, refused = [], []
     for g in gpus:
@@ -259,6 +341,8 @@ def _gpu_blocks(gpu: GpuSlot, need: Need, policy: Policy, limits: Limits) -> str
 
 def _reserve(job: Waiting, p: Placement, host: HostSlot, gpus: list[GpuSlot]) -> None:
     host.cpus_reserved += job.cpus
+    if host.cpus_busy is not None:  # counted at its figure for the rest of the pass
+        host.cpus_busy += max(job.cpus, job.startup_cpus or 0.0)
     host.mem_reserved += job.mem
     if host.mem_available is not None:
         host.mem_available -= job.mem

@@ -2,7 +2,8 @@
 
 The ``jobs``, ``attempts`` and ``shares`` tables are made from the fields the records declare
 (:mod:`tandem.place.records`, :mod:`tandem.place.fields`); ``peaks``, ``events`` and ``meta``
-hold no record and are written out here. :data:`MIGRATIONS` takes a file of schema ``n`` to
+hold no record and are written out here (``peaks``: what each learning key was measured
+to use: RAM and GPU memory peaks, the recent runs' cores). :data:`MIGRATIONS` takes a file of schema ``n`` to
 ``n + 1``; :func:`missing_columns` says which declared fields a file still lacks after them
 (a field added to a record without its migration is caught when the state is opened, and by
 the tests, not by a failing INSERT in a user's daemon).
@@ -20,7 +21,7 @@ from typing import Any
 from tandem.place.fields import meta, reader, same, sql_declaration, stored_fields, to_column
 from tandem.place.records import Attempt, Job, Share
 
-SCHEMA_VERSION = 5
+SCHEMA_VERSION = 6
 
 # Each record's table: its name and what is declared beyond its columns.
 TABLES: dict[type, tuple[str, str]] = {
@@ -42,10 +43,23 @@ SCHEMA = ";\n".join(
         *(create_table(cls) for cls in TABLES),
         "CREATE INDEX IF NOT EXISTS jobs_state ON jobs(state)",
         "CREATE TABLE IF NOT EXISTS peaks (job_key TEXT PRIMARY KEY, peak_mem INTEGER, "
-        "peak_gpu_mem INTEGER, run_s REAL, updated REAL)",
+        "peak_gpu_mem INTEGER, run_s REAL, updated REAL, cpu_runs TEXT)",
         "CREATE TABLE IF NOT EXISTS events (id INTEGER PRIMARY KEY AUTOINCREMENT, t REAL NOT NULL, "
         "job_id INTEGER, kind TEXT NOT NULL, detail TEXT NOT NULL DEFAULT '')",
     ]
+)
+
+# What a learning key's runs were measured to use (the largest peaks seen; its recent runs' cores).
+RECORD_PEAK = (
+    "INSERT INTO peaks (job_key, peak_mem, peak_gpu_mem, run_s, updated) VALUES (?, ?, ?, ?, ?) "
+    "ON CONFLICT(job_key) DO UPDATE SET "
+    "peak_mem = max(coalesce(excluded.peak_mem, 0), coalesce(peak_mem, 0)), "
+    "peak_gpu_mem = max(coalesce(excluded.peak_gpu_mem, 0), coalesce(peak_gpu_mem, 0)), "
+    "run_s = excluded.run_s, updated = excluded.updated"
+)
+RECORD_CORES = (
+    "INSERT INTO peaks (job_key, cpu_runs, updated) VALUES (?, ?, ?) "
+    "ON CONFLICT(job_key) DO UPDATE SET cpu_runs = excluded.cpu_runs, updated = excluded.updated"
 )
 
 
@@ -153,6 +167,17 @@ def _attempt_folders(db: sqlite3.Connection) -> None:
         db.execute("ALTER TABLE attempts ADD COLUMN folder TEXT")
 
 
+def _learning_keys(db: sqlite3.Connection) -> None:
+    """Schema 5 learnt a job's use under its own key, and its cores in the daemon's memory
+    only: a job's learning key (its own, for the jobs already made) and each key's recent
+    runs' cores (``peaks.cpu_runs``; a file older than the peaks table has it already)."""
+    if "learn_key" not in {r[1] for r in db.execute("PRAGMA table_info(jobs)")}:
+        db.execute("ALTER TABLE jobs ADD COLUMN learn_key TEXT NOT NULL DEFAULT ''")
+        db.execute("UPDATE jobs SET learn_key = job_key")
+    if "cpu_runs" not in {r[1] for r in db.execute("PRAGMA table_info(peaks)")}:
+        db.execute("ALTER TABLE peaks ADD COLUMN cpu_runs TEXT")
+
+
 # MIGRATIONS[n]: what takes schema n to n + 1 (CREATE TABLE IF NOT EXISTS only makes what
 # is missing, not what an old table lacks): SQL statements, or functions of the database.
 MIGRATIONS: dict[int, list[Any]] = {
@@ -172,6 +197,7 @@ MIGRATIONS: dict[int, list[Any]] = {
         _selections_in_state,
     ],
     4: [_attempt_folders],
+    5: [_learning_keys],
 }
 
 assert set(MIGRATIONS) == set(range(1, SCHEMA_VERSION)), "a schema version without its migration"

@@ -1,4 +1,4 @@
-"""The job manager's state: jobs, attempts, measured peaks and events in one SQLite file.
+"""The job manager's state: jobs, attempts, what was learnt and events in one SQLite file.
 
 ``$TANDEM_STATE_DIR`` (default ``$XDG_STATE_HOME/tandem``, else ``~/.local/state/tandem``)
 holds ``place.db`` and a folder per job with each attempt's spec, output and result.
@@ -20,6 +20,7 @@ overwritten). The tables come from the records (:mod:`tandem.place.schema`).
 from __future__ import annotations
 
 import dataclasses
+import json
 import logging
 import sqlite3
 import time
@@ -36,6 +37,8 @@ from tandem.place.reads import NOT_ENDED, StateReader, StateReads  # noqa: F401 
 from tandem.place.records import Attempt, Job, Share
 from tandem.place.schema import (
     MIGRATIONS,
+    RECORD_CORES,
+    RECORD_PEAK,
     SCHEMA,
     SCHEMA_VERSION,
     encode,
@@ -192,21 +195,23 @@ class State(StateReads):
         with self.transaction() as db:
             return self._add_job(db, spec, gpus, now)
 
-    def add_jobs(self, specs: list[JobSpec], gpus: int, now: float) -> list[tuple[int, bool]]:
-        """Queue a sweep's jobs: one transaction, all of them or none."""
+    def add_jobs(
+        self, specs: list[JobSpec], gpus: int, now: float, alike: str = ""
+    ) -> list[tuple[int, bool]]:
+        """Queue a sweep's jobs: one transaction, all of them or none; ``alike``: the learning
+        key they share (their template's, :func:`tandem.place.sweep.alike_key`)."""
         with self.transaction() as db:
-            return [self._add_job(db, spec, gpus, now) for spec in specs]
+            return [self._add_job(db, spec, gpus, now, alike=alike) for spec in specs]
 
     def _add_job(
-        self, db: sqlite3.Connection, spec: JobSpec, gpus: int, now: float, detail: str = ""
+        self, db: sqlite3.Connection, spec: JobSpec, gpus: int, now: float, detail: str = "", alike: str = ""
     ) -> tuple[int, bool]:
         if spec.token:
             known = db.execute("SELECT id FROM jobs WHERE token = ?", (spec.token,)).fetchone()
             if known is not None:
                 return int(known[0]), False
-        values = row_values(
-            Job(**spec.to_dict()), gpus=gpus, job_key=spec.job_key, submitted=now, queued_at=now, updated=now
-        )
+        key, times = spec.job_key, {"submitted": now, "queued_at": now, "updated": now}
+        values = row_values(Job(**spec.to_dict()), gpus=gpus, job_key=key, learn_key=alike or key, **times)
         del values["id"]
         job_id = _insert(db, "jobs", values)
         self._event(db, job_id, "submitted", detail)
@@ -370,13 +375,11 @@ class State(StateReads):
     # --- measured peaks, events, settings -------------------------------------------------
 
     def record_peak(self, job_key: str, peak_mem: int | None, peak_gpu_mem: int | None, run_s: float) -> None:
-        self._write(
-            "INSERT INTO peaks VALUES (?, ?, ?, ?, ?) ON CONFLICT(job_key) DO UPDATE SET "
-            "peak_mem = max(coalesce(excluded.peak_mem, 0), coalesce(peak_mem, 0)), "
-            "peak_gpu_mem = max(coalesce(excluded.peak_gpu_mem, 0), coalesce(peak_gpu_mem, 0)), "
-            "run_s = excluded.run_s, updated = excluded.updated",
-            (job_key, peak_mem, peak_gpu_mem, run_s, time.time()),
-        )
+        self._write(RECORD_PEAK, (job_key, peak_mem, peak_gpu_mem, run_s, time.time()))
+
+    def record_cores(self, key: str, runs: list[float]) -> None:
+        """The cores learning key ``key``'s recent runs used: a restarted daemon knows them."""
+        self._write(RECORD_CORES, (key, json.dumps(runs), time.time()))
 
     def event(self, job_id: int | None, kind: str, detail: str = "") -> None:
         with self.transaction() as db:

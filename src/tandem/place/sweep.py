@@ -23,7 +23,7 @@ from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-from tandem.place.model import JobSpec, param_value
+from tandem.place.model import JobSpec, job_key, param_value
 
 MAX_POINTS = 100_000
 MAX_LINE = 1 << 20  # bytes of one --params line: a point, not a data set
@@ -281,6 +281,12 @@ def unused(
     text = " ".join([*command, name or "", *env.values()])
     keys = {k for p in points for k in p}
     return sorted(k for k in keys if "{" + k + "}" not in text)
+
+
+def alike_key(template: JobSpec) -> str:
+    """The learning key of a sweep's points: its template's ``--name``, else its command, as
+    given (``{KEY}`` not filled), so each point reserves what the others were measured at."""
+    return job_key(template.name, template.command)
 
 
 def job_of(template: JobSpec, point: dict[str, Any], index: int, fill_env: Sequence[str] = ()) -> JobSpec:

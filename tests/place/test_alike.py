@@ -1,0 +1,170 @@
+"""Jobs of a sweep are alike: its points share one learning key (its template's), the first
+is measured and the others start at its figure, and what was learnt survives a restart of
+the daemon (kept in the state, not its memory)."""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import sys
+import time
+from pathlib import Path
+
+from tandem.place.model import JobSpec
+from tandem.place.state import State, StateReader
+from tests.place.test_daemon import DATASET, FAST
+from tests.place.test_reserve import SLEEPER, _lines, _until
+from tests.timing import scaled
+
+LRS = ("0.1", "0.03", "0.01", "0.003")
+
+
+def test_a_sweeps_points_share_its_templates_key_and_plain_jobs_keep_their_own(tmp_path: Path) -> None:
+    from tandem.place import sweep
+
+    template = JobSpec(["python", "train.py", "--lr", "{lr}"], "/", name="r18-lr{lr}", group="g")
+    points = [sweep.job_of(template, {"lr": lr}, i) for i, lr in enumerate(LRS)]
+    assert len({p.job_key for p in points}) == 4  # each point's own text differs...
+    state = State(tmp_path)
+    made = state.add_jobs(points, 0, 1.0, alike=sweep.alike_key(template))
+    plain, _ = state.add_job(JobSpec(["python", "train.py", "--lr", "0.1"], "/"), 0, 2.0)
+    jobs = {j.id: j for j in state.jobs()}
+    assert {jobs[i].learning_key for i, _ in made} == {"name:r18-lr{lr}"}  # ...its key does not
+    assert jobs[plain].learning_key == jobs[plain].job_key == "cmd:python train.py --lr 0.1"
+    unnamed = JobSpec(["python", "train.py", "--lr", "{lr}"], "/")
+    assert sweep.alike_key(unnamed) == "cmd:python train.py --lr {lr}"
+
+
+def test_what_was_learnt_is_kept_in_the_state_and_a_running_figure_is_lent() -> None:
+    """Learned writes each run through to the state before it counts; a new Learned made
+    from the state (a restarted daemon) reserves the same. A job alike to a running one that
+    was measured starts at its figure; one alike to a running probe is a probe (it waits)."""
+    import tempfile
+
+    from tandem.place.active import Active
+    from tandem.place.records import Job
+    from tandem.place.reserve import AUTO_CPUS, Learned, Measuring, probing_keys, running_figures
+    from tandem.place.scheduler import Placement
+
+    with tempfile.TemporaryDirectory() as d:
+        state = State(Path(d))
+        learned = Learned(state.learnt_cores(), state.record_cores)
+        point = Job(["python", "t.py"], "/", cpus=AUTO_CPUS, id=7, learn_key="name:r{lr}")
+        other = Job(["python", "t.py"], "/", cpus=AUTO_CPUS, id=8, learn_key="name:r{lr}")
+        first = Measuring(point, learned)
+        assert first.probe
+        active = [Active(point, 1, Placement(7, (), None, False, False), (), Path(d), 0.0, cpu=first)]
+        assert probing_keys(active) == {"name:r{lr}": 7}
+        assert Measuring(other, learned, running_figures(active)).probe  # nothing measured yet
+        for c in (0.1, 0.1):  # past its start-up: measured
+            first.sample(c)
+        assert not first.probe and probing_keys(active) == {}
+        lent = Measuring(other, learned, running_figures(active))
+        assert (lent.cores, lent.probe) == (first.cores, False)
+        assert lent.source == "measured, job key r{lr}, job 7 running"
+        learned.seen("name:r{lr}", 0.1)
+        state.close()
+        again = Learned(State(Path(d)).learnt_cores())  # what a restarted daemon reads
+        assert again.runs("name:r{lr}") == [0.1]
+        cores, source, probe = again.reserve(other)
+        assert (round(cores, 3), source, probe) == (0.17, "measured, job key r{lr}, 1 run", False)
+
+
+def test_a_state_file_of_schema_5_gains_learning_keys_and_cores(tmp_path: Path) -> None:
+    from tandem.place.schema import SCHEMA_VERSION
+
+    state = State(tmp_path)
+    state.add_job(JobSpec(["true"], "/", name="a"), 0, 1.0)
+    state.record_peak("name:a", 100 << 20, None, 5.0)
+    state.close()
+    db = sqlite3.connect(tmp_path / "place.db")  # back to schema 5
+    db.execute("ALTER TABLE jobs DROP COLUMN learn_key")
+    db.execute("ALTER TABLE peaks DROP COLUMN cpu_runs")
+    db.execute("UPDATE meta SET v = '5' WHERE k = 'schema'")
+    db.commit()
+    db.close()
+    state = State(tmp_path)
+    assert state.setting("schema") == str(SCHEMA_VERSION)
+    (job,) = state.jobs()
+    assert job.learn_key == job.learning_key == "name:a"
+    assert state.learnt_cores() == {}
+    state.record_cores("name:a", [0.5])
+    assert state.learnt_cores() == {"name:a": [0.5]}
+    peak = state.peak("name:a")
+    assert peak is not None and peak["peak_mem"] == 100 << 20  # kept beside the cores
+
+
+def _sweep(cli, tmp_path: Path) -> list[int]:  # type: ignore[no-untyped-def]
+    out = cli(
+        "submit", "--json", "--share", "toy", "--group", "lr-sweep", "--grid", "lr=" + ",".join(LRS),
+        "--name", "r18-lr{lr}", "--", sys.executable, "train.py", str(tmp_path), "{lr}",
+    ).stdout  # fmt: skip
+    return list(json.loads(out)["ids"])
+
+
+def _started(cli, ids: list[int], path: Path, deadline_s: float, least: int = 4) -> list[int]:  # type: ignore[no-untyped-def]
+    """The points that started, once ``least`` of them did within ``deadline_s`` (scaled)."""
+    _until(
+        lambda: len(set(_lines(path)) & {str(i) for i in ids}) >= least,
+        deadline_s,
+        f"fewer than {least} points started within {scaled(deadline_s):.0f} s: {cli('ls').stdout}",
+    )
+    return sorted(int(i) for i in set(_lines(path)) & {str(i) for i in ids})
+
+
+def test_a_sweep_measures_one_point_and_after_a_restart_starts_all_at_what_it_learnt(
+    cli, tmp_path: Path
+) -> None:
+    (tmp_path / "toy_data.py").write_text(DATASET)
+    (tmp_path / "train.py").write_text(SLEEPER)
+    started, release = tmp_path / "started", tmp_path / "release"
+    cli("daemon", "start", "--cpus", "2", "--no-host-load", *FAST)
+    cli("share", "define", "toy", "--dataset", "toy_data.py:make", "--batch-size", "4")
+    ids = _sweep(cli, tmp_path)
+    assert len(ids) == 4, ids
+    t0 = time.monotonic()
+    # One point is the probe; the others wait for its measurement, not each for its own...
+    alike = "waits for job 1's measurement, a job alike (job key r18-lr{lr}), then starts at it"
+    _until(
+        lambda: any(alike in (j["reason"] or "") for j in cli.json("ls")),  # type: ignore[attr-defined]
+        60,
+        f"no point waits for the first's measurement: {cli('ls').stdout}",
+    )
+    # ...then start at its figure (each raised to its own use where that is more).
+    sources = {i: cli.job(i)["reservation"]["from"] for i in _started(cli, ids, started, 120, least=3)}
+    first_took = time.monotonic() - t0
+    lent = "measured, job key r18-lr{lr}, job 1 running"
+    assert set(sources.values()) <= {lent, "measured, this run"}, sources
+    reader = StateReader(cli.state)
+    share = reader.share("toy")
+    assert share is not None and share.started is not None
+    # The producer's run long enough to say what it uses (10 s or more), then the points end.
+    _until(lambda: time.time() - share.started > 11, 30, "")
+    reader.close()
+    release.write_text("")
+    assert cli("wait", *map(str, ids), timeout=180).returncode == 0, cli("ls").stdout
+    # Its producer stopped after the last point (what it used is learnt as it ends).
+    _until(lambda: list(cli.state.glob("shares/toy/*/result.json")), 60, "the producer did not end")
+    cli("daemon", "stop")
+    _until(lambda: cli("daemon", "status", check=False).returncode != 0, 60, "the daemon did not stop")
+    release.unlink()
+    cli("daemon", "start", "--cpus", "2", "--no-host-load", *FAST)
+    again = _sweep(cli, tmp_path)
+    t0 = time.monotonic()
+    # At once, nothing to probe: as many as their learnt reservations fit on 2 cores (4 where
+    # these jobs are measured at under 0.4 core; a loaded host measures them at more).
+    began = _started(cli, again, started, 10, least=3)
+    took = time.monotonic() - t0
+    for i in again:  # no probe: what the first sweep's points were measured at, from the state
+        job = cli.job(i)
+        shown = job["reservation"]
+        if i in began or job["state"] == "running":
+            assert shown["from"] in ("measured, job key r18-lr{lr}, 4 runs", "measured, this run"), job
+        else:
+            assert (job["reason"] or "").startswith("cores: needs"), job  # not "waits for ... measurement"
+    assert "measured, 1 producer run" in cli("show", str(again[0])).stdout
+    print(f"points started: 3 within {first_took:.1f} s, {len(began)} within {took:.1f} s after a restart")
+    release.write_text("")
+    assert cli("wait", *map(str, again), timeout=180).returncode == 0, cli("ls").stdout
+    done = [line.split() for line in (tmp_path / "done").read_text().splitlines()]
+    assert len(done) == 8 and all(int(n) == 64 for _, n in done), done  # every epoch exact
