@@ -278,10 +278,13 @@ class InProc:
 
     # --- what tests call ---------------------------------------------------------------
 
-    def cli(self, *args: str, check: bool = True, stepping: bool = False) -> CliResult:
+    def cli(
+        self, *args: str, check: bool = True, stepping: bool = False, answering: bool = True
+    ) -> CliResult:
         """``tandem ARGS`` in a thread of this process; its requests are answered here
         meanwhile (``stepping``: the clock moves on and the daemon ticks as it waits, for
-        ``tandem wait``)."""
+        ``tandem wait``; not ``answering``: as a stopped daemon, whose socket takes the
+        connection and never answers)."""
         out: dict[str, Any] = {}
 
         def invoke() -> None:
@@ -296,8 +299,9 @@ class InProc:
             assert time.monotonic() < deadline, f"tandem {shlex.join(args)} did not return"
             if stepping:
                 self.step()
-            self._serve(0.005)
-            thread.join(0.001)
+            if answering:
+                self._serve(0.005)
+            thread.join(0.001 if answering else 0.05)
         r = out["r"]
         if r.exception is not None and not isinstance(r.exception, SystemExit):
             raise r.exception

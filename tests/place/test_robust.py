@@ -1,4 +1,5 @@
-"""The job manager under faults and misuse, each with real processes: escaped processes,
+"""The job manager under faults and misuse, with real processes (a stopped daemon: one in
+this process that does not answer, tests/place/inproc.py): escaped processes,
 restarts that keep the configuration, another runtime directory, unsafe directories, a
 stopped daemon, idle connections, large requests, retried submits, a dead producer, a
 share group on two cores with the defaults, capped logs and a full disk."""
@@ -110,18 +111,24 @@ def test_shared_or_linked_directories_are_refused_and_left_as_they_are(cli, tmp_
     assert list(target.iterdir()) == []  # nothing put there
 
 
-def test_a_stopped_daemon_is_a_clear_message_and_its_own_exit_code(cli) -> None:
-    cli("daemon", "start", "--cpus", "2", *FAST)
-    job = cli.submit("--", "sleep", "30")
-    pid = cli.daemon_pid()
-    os.kill(pid, signal.SIGSTOP)
-    try:
-        for args in (("wait", str(job)), ("daemon", "status"), ("cancel", str(job))):
-            r = cli(*args, check=False, timeout=60)
-            assert r.returncode == 69, (args, r.returncode, r.stderr)
-            assert "did not answer" in r.stderr and "Traceback" not in r.stderr
-    finally:
-        os.kill(pid, signal.SIGCONT)
+def test_a_stopped_daemon_is_a_clear_message_and_its_own_exit_code(inproc, monkeypatch) -> None:
+    """A daemon that takes connections and never answers (stopped: SIGSTOP), in this
+    process: its socket is not served while the commands run. Their waits for an answer
+    (10 s, 120 s for a cancel) are cut to 1 s: what is tested is what they say when it runs out."""
+    from tandem.place import client
+
+    h = inproc("--cpus", "2", *FAST)
+    job = h.submit("--", "sleep", "30")
+    real = client.request_at
+    monkeypatch.setattr(
+        client,
+        "request_at",
+        lambda path, message, timeout, state_dir=None: real(path, message, 1.0, state_dir),
+    )
+    for args in (("wait", str(job)), ("daemon", "status"), ("cancel", str(job))):
+        r = h.cli(*args, check=False, answering=False)
+        assert r.returncode == 69, (args, r.returncode, r.stderr)
+        assert "did not answer" in r.stderr and "Traceback" not in r.stderr
 
 
 def test_idle_connections_do_not_block_the_daemon(cli) -> None:
