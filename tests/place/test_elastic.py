@@ -16,8 +16,16 @@ import pytest
 from tandem.place.policies import HostSlot, Limits, Packing
 from tandem.place.scheduler import Waiting, plan, share_bound
 from tests.place.test_daemon import DATASET
-from tests.place.test_reserve import BUSY, _lines, _until
+from tests.place.test_reserve import _lines, _until
 from tests.timing import scaled
+
+# A CPU-bound loop until the file named by its argument exists (a core busy from outside).
+BUSY = (
+    "import sys, time\nfrom pathlib import Path\n"
+    "deadline = time.monotonic() + 300\n"
+    "while not Path(sys.argv[1]).exists() and time.monotonic() < deadline:\n"
+    "    sum(range(10000))\n"
+)
 
 GIB = 1 << 30
 
