@@ -126,7 +126,7 @@ def planned_loader(
     collate_fn: Any,
     seed: int,
     prefetch_factor: int | None,
-    worker_nice: int | None = 10,
+    worker_nice: int | None = 0,
     pin_memory: bool = False,
 ) -> tuple[torch.utils.data.DataLoader, EpochPlanner | None]:
     """A ``DataLoader`` over ``dataset`` whose order an :class:`EpochPlanner` sets (None for

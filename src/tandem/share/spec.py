@@ -114,10 +114,11 @@ class ShareSpec:
     batch_size: int = 32
     shuffle: bool = False
     num_workers: int | None = None  # loader worker processes; None: auto
-    worker_nice: int = 10
+    worker_nice: int = 0
     seed: int = 0
     epochs: int | None = None  # None: serve until stopped
-    window: int = 8
+    window: int | None = None  # at most this many batches in flight (alone: this many)
+    window_mem: int | None = None  # bytes the batches in flight may take (None: a share of free memory)
     policy: str = "wait"
     cpus: float | None = None
     mem: int = 0
@@ -233,7 +234,11 @@ class ShareSpec:
 
         from tandem.share.producer import Producer
 
-        common: dict[str, Any] = {"window": self.window, "policy": self.policy}
+        common: dict[str, Any] = {
+            "window": self.window,
+            "window_mem": self.window_mem,
+            "policy": self.policy,
+        }
         if self.source == "loader":
             return Producer(load_object(self.ref)(), self.name, device=self.device, **common)
         workers = self.num_workers
