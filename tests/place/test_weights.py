@@ -11,9 +11,11 @@ import sys
 import time
 from pathlib import Path
 
+import psutil
 import pytest
 
 from tandem.place.run import weights
+from tests.timing import scaled
 
 pytestmark = pytest.mark.skipif(not weights.available()[0], reason=weights.available()[1])
 
@@ -93,3 +95,58 @@ def test_sweep_removes_empty_leftovers_only() -> None:
                 path.rmdir()
             except OSError:
                 pass
+
+
+def test_under_the_manager_a_producer_weighs_as_much_as_its_running_jobs(cli, tmp_path: Path) -> None:
+    """Two jobs of a share group: each in a cpu cgroup of its own at the default weight, their
+    producer's at twice it while both run; every cgroup goes when its attempt ends."""
+    (tmp_path / "toy_data.py").write_text("import torch\n\ndef make():\n    return [torch.zeros(1)] * 64\n")
+    stop = tmp_path / "stop"
+    cli("daemon", "start", "--cpus", "2", "--no-track", "--no-host-load", "--settle", "0.3", "--grace", "1")
+    cli("share", "define", "toy", "--dataset", "toy_data.py:make", "--batch-size", "4", "--cpus", "0.5")
+    cpu_line = "grep -E '^[0-9]+:([^:]*,)?cpu(,[^:]*)?:' /proc/self/cgroup"
+    said = f"{cpu_line} > {tmp_path}/at.$$ && mv {tmp_path}/at.$$ {tmp_path}/cg.$$"
+    job = f"{said}; while [ ! -e {stop} ]; do sleep 0.2; done"
+    ids = [cli.submit("--share", "toy", "--cpus", "0.5", "--", "sh", "-c", job) for _ in range(2)]
+    for i in ids:
+        cli.wait_state(i, {"running"})
+    deadline = time.monotonic() + scaled(30)
+    while len(found := list(tmp_path.glob("cg.*"))) < 2:
+        assert time.monotonic() < deadline, "the jobs did not say where they run"
+        time.sleep(0.1)
+    groups = {f.read_text().strip().rsplit("/", 1)[-1] for f in found}
+    assert len(groups) == 2 and all(g.startswith(weights.PREFIX) for g in groups), groups
+    parent = weights._v1_parent()
+    if parent is not None:
+        for g in groups:
+            assert int((parent / g / "cpu.shares").read_text()) == weights.DEFAULT_SHARES
+    supervisor = _producer_supervisor(cli.state)
+    while (weight := _weight_of(supervisor)) != 2 * weights.DEFAULT_SHARES:
+        assert time.monotonic() < deadline, f"the producer weighs {weight}, not two jobs' worth"
+        time.sleep(0.2)
+    stop.touch()
+    assert cli("wait", *map(str, ids), timeout=60).returncode == 0
+    if parent is not None:
+        while any((parent / g).exists() for g in groups):
+            assert time.monotonic() < deadline + scaled(30), "a job's cgroup outlived its attempt"
+            time.sleep(0.2)
+
+
+def _producer_supervisor(state: Path) -> int:
+    """The pid of the supervisor the daemon started the share's producer under."""
+    deadline = time.monotonic() + scaled(30)
+    while True:
+        for p in psutil.process_iter(["cmdline"]):
+            cmdline = p.info.get("cmdline") or []
+            if "tandem.place.run.shim" in cmdline and any(str(state / "shares") in a for a in cmdline):
+                return p.pid
+        assert time.monotonic() < deadline, "no producer supervisor"
+        time.sleep(0.2)
+
+
+def _weight_of(pid: int) -> int | None:
+    name = _cpu_cgroup(pid).rsplit("/", 1)[-1]
+    parent = weights._v1_parent()
+    if parent is None or not name.startswith(weights.PREFIX):
+        return None
+    return int((parent / name / "cpu.shares").read_text())
