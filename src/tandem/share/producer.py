@@ -58,6 +58,11 @@ class Producer(PublishingLoop):
     ``source`` is any re-iterable of batches (a ``DataLoader`` or any iterable): each
     ``iter(source)`` is one epoch. Use :meth:`from_dataset` to let the producer own the
     sample order, which late joiners need to see every sample exactly once when shuffling.
+
+    The window (the batches in flight) is bounded by memory: ``window_mem`` bytes (default:
+    a tenth of the RAM available at start, or of the GPU's free memory for a GPU slab), at
+    most ``window`` batches (default 64); ``window`` alone: exactly that many batches.
+    Consumers drift apart within it; under ``"wait"`` a fast one waits only when it is full.
     """
 
     def __init__(
@@ -108,7 +113,11 @@ class Producer(PublishingLoop):
         self._transform = batch_transform
         self._transform_threads = transform_threads
         label = f"{name}:{os.getpid()}"
-        self._slab: Slab = CudaSlab(label, self.device) if self.device is not None else HostSlab(label, cap)
+        self._slab: Slab = (
+            CudaSlab(label, self.device)
+            if self.device is not None
+            else HostSlab(label, cap if self.window_mem is None else MIN_SLOTS)
+        )
         self._server = ControlServer(name, self._window, self._slab, self._cond, self.stats, self.stop)
         self._stop_reason: str | None = None
         self._planner: EpochPlanner | None = None  # set by from_dataset: the producer owns the order
