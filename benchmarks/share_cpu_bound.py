@@ -260,13 +260,16 @@ def run_arm(arm: str, args: argparse.Namespace, data: Path) -> dict:
 
 def table(results: list[dict]) -> str:
     base = next((r for r in results if r["arm"] == "private"), None)
-    lines = ["| arm | wall s | vs private | CPU-s | jobs exact | job ends (s) |", "|---|---|---|---|---|---|"]
+    lines = [
+        "| arm | wall s | vs private | CPU-s | jobs exact | job start-end (s) | others CPU-s |",
+        "|---|---|---|---|---|---|---|",
+    ]
     for r in results:
         ratio = f"{r['wall_s'] / base['wall_s']:.2f}x" if base and base["wall_s"] else "-"
-        ends = ", ".join(f"{j['end_s']:.0f}" for j in r["per_job"])
+        spans = ", ".join(f"{j['start_s']:.0f}-{j['end_s']:.0f}" for j in r["per_job"])
         lines.append(
             f"| {r['arm']} | {r['wall_s']:.1f} | {ratio} | {r['cpu_s']:.1f} | "
-            f"{r['jobs_exact']}/{JOBS} | {ends} |"
+            f"{r['jobs_exact']}/{JOBS} | {spans} | {r['other_load_cpu_s']:.0f} |"
         )
     return "\n".join(lines)
 
