@@ -80,3 +80,14 @@ def test_the_fast_consumer_waits_where_the_memory_bound_is_reached() -> None:
         fast.close()  # it leaves early; the slow one reads every item still
         assert sorted(_ids(slow)) == list(range(ITEMS))
     assert not errors
+
+
+def test_a_window_bound_that_holds_nothing_is_refused() -> None:
+    from tandem.share.spec import ShareSpec, SpecError
+
+    with pytest.raises(SpecError, match="window-mem 0"):
+        ShareSpec(name="w", source="loader", ref="m:f", window_mem=0)
+    with pytest.raises(ValueError, match="window_mem must be a positive number of bytes"):
+        Producer([[1]], "w", window_mem=0)
+    with pytest.raises(ValueError, match="window must be an integer >= 2"):
+        Producer([[1]], "w", window=1)

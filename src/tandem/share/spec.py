@@ -148,6 +148,8 @@ class ShareSpec:
             raise SpecError("--select makes a selection of a --dataset; give --dataset, and not --selection")
         if self.selection is not None and self.source == "loader":
             raise SpecError("a selection picks items of a dataset: give --dataset or --images, not --loader")
+        if self.window_mem is not None and self.window_mem < 1:
+            raise SpecError(f"window-mem {self.window_mem!r}: the window's memory must be above 0 bytes")
         if self.cpus is not None and not (math.isfinite(self.cpus) and self.cpus > 0):
             raise SpecError(f"cpus {self.cpus!r}: the producer's cores must be above 0")
 
