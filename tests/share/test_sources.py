@@ -38,7 +38,8 @@ class Stream(torch.utils.data.IterableDataset):
 @pytest.mark.parametrize("length", [True, False])
 def test_an_iterable_dataset_with_numpy_items_gives_every_item_once_an_epoch(length):
     name = f"iter{length}"
-    producer = Producer.from_dataset(Stream(length), name, batch_size=32)
+    # a window shorter than a pass: the first pass cannot be counted before the consumer reads
+    producer = Producer.from_dataset(Stream(length), name, batch_size=32, window=4)
     with serving(producer, epochs=3), Consumer(name, batch_size=25) as c:
         if length:
             assert len(c) == 12

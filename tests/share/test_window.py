@@ -8,7 +8,7 @@ import pytest
 
 from tandem.share._table import AnnouncementTable, ConsumerRecord
 from tandem.share._transport import SocketLink, TableLink
-from tandem.share._window import Window
+from tandem.share._window import MIN_SLOTS, Window, slots_for
 from tandem.share.protocol import EntryKind, Segment
 
 
@@ -173,3 +173,35 @@ def test_random_runs_keep_the_invariants(policy):
                 assert seq in w.entries, "an entry a consumer holds was evicted"
             if policy == "wait":
                 assert all(s in w.entries for s in range(other.cursor(), w.next_seq)), "wait: nothing missed"
+
+
+def test_a_memory_sized_window_lets_consumers_drift_apart_until_it_is_full():
+    # a bound of 5 slots' bytes: the fast consumer runs 5 batches ahead of one that took nothing
+    w = Window("wait", MIN_SLOTS, cap=64)
+    assert (w.slots, w.free) == (0, []), "slots are numbered as they are first needed"
+    w.resize(slots_for(5 << 20, 1 << 20, w.cap))
+    assert w.size == 5
+    fast, slow = SocketLink(0, (0, 0)), SocketLink(0, (0, 0))
+    for _ in range(5):
+        slot, _ = w.take_slot([fast, slow], 99)
+        assert slot is not None
+        _publish_batch(w, slot)
+        _take(fast, w)
+        fast.released((fast.cursor() - 1,))
+    assert w.drift([fast, slow]) == 5 and w.drift([fast]) == 0
+    assert w.take_slot([fast, slow], 99) == (None, None), "full: the memory ran out"
+    _take(slow, w)
+    slow.released((0,))
+    slot, _ = w.take_slot([fast, slow], 99)
+    assert slot == 0, "the slowest released the oldest: its slot again"
+    _publish_batch(w, slot)
+    _check_slots(w)
+
+
+def test_slots_for_a_budget():
+    assert slots_for(100 << 20, 1 << 20, 64) == 64, "at most the cap"
+    assert slots_for(10 << 20, 1 << 20, 64) == 10
+    assert slots_for(1 << 20, 4 << 20, 64) == MIN_SLOTS, "at least two, however large a batch"
+    w = Window("wait", MIN_SLOTS, cap=8)
+    w.resize(100)
+    assert w.size == 8

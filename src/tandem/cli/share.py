@@ -87,7 +87,7 @@ _SHARE_OPTIONS = [
     click.option(
         "--worker-nice",
         type=click.IntRange(0, 19),
-        default=10,
+        default=0,
         show_default=True,
         help="How much lower the workers' CPU priority is than the jobs' (0: the same).",
     ),
@@ -99,11 +99,19 @@ _SHARE_OPTIONS = [
         help="Stop after this many epochs (default: serve until stopped).",
     ),
     click.option(
+        "--window-mem",
+        callback=to_size,
+        metavar="SIZE",
+        default=None,
+        help="Memory the batches in flight may take (e.g. 2G); consumers drift apart within it "
+        "[default: a tenth of the RAM free at start, or of the GPU's for a GPU slab].",
+    ),
+    click.option(
         "--window",
         type=click.IntRange(min=2, max=1024),
-        default=8,
-        show_default=True,
-        help="Batches in flight (shared-memory slots).",
+        default=None,
+        help="At most this many batches in flight (alone: exactly this many, as before "
+        "--window-mem) [default: up to 64, as memory allows].",
     ),
     click.option(
         "--policy",
@@ -315,6 +323,10 @@ def share_rm(names: tuple[str, ...]) -> None:
         raise Exit("; ".join(problems), EXIT_USAGE)
 
 
+def _bound(window_mem: int | None) -> str:
+    return f" (bound {format_size(window_mem)})" if window_mem is not None else ""
+
+
 @share.command("ls")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
 @click.option(
@@ -352,10 +364,11 @@ def share_ls(as_json: bool, timeout: float) -> None:
             continue
         # Two short lines and only the columns that say something, so that it reads in 80 columns.
         console.print(
-            f"[bold]{r.name}[/]  pid {r.pid}  policy {r.policy}  window {r.window}  "
-            f"slab {r.slab_bytes / 2**20:.1f} MiB\n"
+            f"[bold]{r.name}[/]  pid {r.pid}  policy {r.policy}  window {r.window_used}/{r.window}"
+            f"{_bound(r.window_mem)}  slab {r.slab_bytes / 2**20:.1f} MiB\n"
             f"  epoch {r.epoch}  published {r.published}  {r.batches_per_s:.1f} batches/s  "
             f"blocked {r.blocked_s:.1f} s"
+            + (f"  drift {r.drift} ({r.drift_bytes / 2**20:.1f} MiB)" if len(r.consumers) > 1 else "")
         )
         if not r.consumers:
             console.print("  no consumers")

@@ -135,6 +135,7 @@ class Daemon:
             listener = self._listen(sel)
             self._install_signals()
             self.attempts.adopt()
+            self.producers.start_weights()
             log.info("serving %s with policy %s", self.state.dir, self.policy.name)
             while not self.stop_requested:
                 ready = sel.select(timeout=0 if self.wake else PLAN_MIN_S if self.dirty else TICK_S)
@@ -302,6 +303,7 @@ class Daemon:
                 a.job.share for a in self.attempts.active.values() if a.job.share
             }
             self.producers.stop_idle(now, busy)  # type: ignore[arg-type]
+            self.producers.weigh(a.job.share for a in self.attempts.active.values())
             if not launched:  # what a pass that only looks costs (a start costs more, once)
                 self._pass_cpu_s = time.process_time() - started
         if self.tracker is not None:

@@ -14,23 +14,27 @@ the daemon's cores (:meth:`ShareSpec.producer_cpus`).
 
 from __future__ import annotations
 
+import collections
 import dataclasses
+import logging
 import os
 import re
 import signal
 import sys
 import time
+from collections.abc import Iterable
 from pathlib import Path
 
 from tandem.place.config import DaemonConfig
 from tandem.place.model import GpuInfo
 from tandem.place.reserve import Learned, producer_key, producer_reservation
-from tandem.place.run import tracking
+from tandem.place.run import tracking, weights
 from tandem.place.run.files import AttemptSpec, Result, load, read_json, save, write_json
 from tandem.place.run.launch import Launch, LocalLauncher
 from tandem.place.run.proctrack import same_process
 from tandem.place.state import Job, Share, State
 
+log = logging.getLogger(__name__)
 LEARN_AFTER_S = 10.0  # a producer's run shorter than this teaches nothing of its use
 
 
@@ -52,6 +56,7 @@ class Producers:
         self._runs: dict[str, Path] = {}  # share -> the directory of the producer this daemon started
         self._gpus: dict[str, int] = {}  # share -> the GPU its producer keeps batches on
         self._stopping: dict[str, tuple[int, float, float]] = {}  # name -> pid, ctime, SIGKILL deadline
+        self._weights: dict[str, tuple[int, int]] = {}  # name -> its supervisor's pid, its CPU weight
 
     def _dir(self, name: str) -> Path | None:
         """The directory of the share's newest producer (``shares/<name>/<n>``)."""
@@ -230,6 +235,26 @@ class Producers:
                     os.kill(pid, signal.SIGKILL)
                 except ProcessLookupError:
                     pass
+
+    @staticmethod
+    def start_weights() -> None:
+        """At the daemon's start: sweep the CPU cgroups a killed daemon's attempts left, and
+        say once how jobs and producers are weighted (:mod:`tandem.place.run.weights`)."""
+        weights.sweep()
+        weighted, how = weights.available()
+        (log.info if weighted else log.warning)("CPU weights: %s", how)
+
+    def weigh(self, running_shares: Iterable[str | None]) -> None:
+        """Each running producer weighs as much as the running jobs of its share (one
+        ``running_shares`` entry each), at least one; set again only when that changes."""
+        jobs = collections.Counter(running_shares)
+        for share in self.state.shares():
+            if not self.running(share) or share.pid is None:
+                continue
+            want = (share.pid, max(1, jobs[share.name]))
+            if self._weights.get(share.name) != want:
+                self._weights[share.name] = want
+                weights.set_weight(*want)
 
     def shutdown(self) -> None:
         """The daemon stops: the producers it told to stop have their MLflow runs ended now

@@ -76,7 +76,7 @@ class ControlServer:
         self.slab = slab
         self.cond = cond
         self.table = _table.AnnouncementTable.create(
-            f"{name}:{os.getpid()}", 4 * window.size + 64, MAX_CONSUMERS
+            f"{name}:{os.getpid()}", 4 * window.cap + 64, MAX_CONSUMERS
         )
         self.consumers: dict[int, Attached] = {}
         self.groups = Groups()

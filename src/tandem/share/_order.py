@@ -95,7 +95,9 @@ def auto_workers(reserved_cpus: float | None = None) -> int:
     """How many loader workers to run when not told: the cores the producer was given less
     one for itself (``reserved_cpus``, as the job manager reserves them), else the cores the
     jobs leave free now (this process's cores less those busy over a quarter second), less
-    one; at most 8."""
+    one, but at least one where there are two cores: the jobs it feeds are often that load,
+    and with none the producer's one thread decoded for all of them (measured on a busy
+    2-core machine: auto gave 0); at most 8."""
     if reserved_cpus is not None:
         return max(0, min(MAX_AUTO_WORKERS, math.ceil(reserved_cpus) - 1))
     import psutil
@@ -105,7 +107,7 @@ def auto_workers(reserved_cpus: float | None = None) -> int:
     except (AttributeError, OSError):
         cores = psutil.cpu_count() or 1
     busy = psutil.cpu_percent(interval=0.25) / 100.0 * (psutil.cpu_count() or cores)
-    return max(0, min(MAX_AUTO_WORKERS, int(cores - busy) - 1))
+    return max(1 if cores >= 2 else 0, min(MAX_AUTO_WORKERS, int(cores - busy) - 1))
 
 
 def lower_priority(increment: int, _worker_id: int) -> None:
@@ -126,7 +128,7 @@ def planned_loader(
     collate_fn: Any,
     seed: int,
     prefetch_factor: int | None,
-    worker_nice: int | None = 10,
+    worker_nice: int | None = 0,
     pin_memory: bool = False,
 ) -> tuple[torch.utils.data.DataLoader, EpochPlanner | None]:
     """A ``DataLoader`` over ``dataset`` whose order an :class:`EpochPlanner` sets (None for

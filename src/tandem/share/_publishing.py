@@ -26,7 +26,7 @@ from tandem.share._control import TICK, WARN_BLOCKED_S, ControlServer
 from tandem.share._order import EpochPlanner
 from tandem.share._slab import Slab
 from tandem.share._tree import flatten, sample_count
-from tandem.share._window import Entry, Window
+from tandem.share._window import Entry, Window, slots_for
 
 log = logging.getLogger("tandem.share")
 
@@ -38,7 +38,7 @@ class PublishingLoop:
     publishes (under the lock). The producer sets the attributes below when it is made."""
 
     name: str
-    window: int  # the window's size, in batches (``_window`` is the window itself)
+    window_mem: int | None  # the window's bound in bytes (None: ``_window.size`` batches)
     device: torch.device | None  # the slab's GPU, if the slab is on one
     blocked_s: float
     epochs_served: int
@@ -169,7 +169,7 @@ class PublishingLoop:
         with self._cond:
             while self._stop_reason is None:
                 links = self._server.links()
-                slot, skipped = self._window.take_slot(links, self.window + 2 * len(links) + 1)
+                slot, skipped = self._window.take_slot(links, self._window.size + 2 * len(links) + 1)
                 if skipped is not None:
                     self._server.missed(skipped.seq, 1, skipped.count)
                 if slot is not None:
@@ -192,6 +192,8 @@ class PublishingLoop:
 
     def _publish_batch(self, epoch: int, offset: int, count: int, slot: int, meta: tuple[int, int]) -> None:
         self._published_batches += 1
+        if self.window_mem is not None:  # now that a batch's bytes are known
+            self._window.resize(slots_for(self.window_mem, self._slab.slot_bytes, self._window.cap))
         self._progress.append((time.monotonic(), self._published_batches))
         self._publish(self._window.batch_entry(epoch, offset, count, self._slab.segment(slot), *meta))
 

@@ -146,6 +146,9 @@ class Slab(Protocol):
     @property
     def nbytes(self) -> int: ...
 
+    @property
+    def slot_bytes(self) -> int: ...
+
     def write(self, slot: int, spec: Spec, leaves: list[torch.Tensor]) -> tuple[int, int]: ...
 
     def segment(self, slot: int) -> protocol.Segment: ...
@@ -177,6 +180,11 @@ class SlotPool(Generic[SegmentT]):
     def nbytes(self) -> int:
         return sum(s.size for s in self._segments if s is not None)
 
+    @property
+    def slot_bytes(self) -> int:
+        """The largest slot's bytes (0 before the first write): what one more slot costs."""
+        return max((s.size for s in self._segments if s is not None), default=0)
+
     def _segment(self, slot: int) -> SegmentT:
         seg = self._segments[slot]
         if seg is None:
@@ -191,6 +199,20 @@ class SlotPool(Generic[SegmentT]):
         if slot >= len(self._segments):
             self._segments.extend([None] * (slot + 1 - len(self._segments)))
         return self._segments[slot]
+
+
+WINDOW_MEM_SHARE = 0.1  # of the memory free at start where the slab is: a window's default bound
+
+
+def window_budget(device: torch.device | None) -> int:
+    """A window's default bound in bytes: :data:`WINDOW_MEM_SHARE` of the RAM available now
+    (or of the free memory of ``device``, for a slab on a GPU)."""
+    if device is not None:
+        free, _total = torch.cuda.mem_get_info(device)
+        return int(WINDOW_MEM_SHARE * free)
+    import psutil
+
+    return int(WINDOW_MEM_SHARE * psutil.virtual_memory().available)
 
 
 LARGE_SLAB_FRACTION = 0.25  # of the machine's RAM: a slab projected past this is warned about

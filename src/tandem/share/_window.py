@@ -18,6 +18,11 @@ Invariants (checked by ``tests/share/test_window.py``):
   evicted; consumers whose cursor had not reached it miss it (:meth:`Window.take_slot`
   returns who). The window grows instead, up to ``slot_cap``, when no such entry exists.
 * With no consumer attached nothing is evicted: the first consumer to attach gets the window.
+* Slots are numbered as they are first needed: ``slots`` never passes ``size`` under "wait"
+  (nor ``slot_cap`` under "skip") unless ``size`` shrank after they were numbered, and
+  ``size`` never passes ``cap``. The producer sets
+  ``size`` from memory once it knows a batch's bytes (:func:`slots_for`); consumers of
+  different speeds drift apart within it and wait only where it is full.
 """
 
 from __future__ import annotations
@@ -45,17 +50,29 @@ class Entry:
     message: object = None  # the protocol message sent for it (a segment's fd goes beside it)
 
 
+MIN_SLOTS = 2  # one batch read while the next is written
+MAX_SLOTS = 64  # a memory-sized window's most batches (each slot's segment is an fd per consumer)
+
+
+def slots_for(budget: int, slot_bytes: int, cap: int) -> int:
+    """How many slots of ``slot_bytes`` a window of ``budget`` bytes holds: at least
+    :data:`MIN_SLOTS`, at most ``cap``."""
+    fits = budget // slot_bytes if slot_bytes > 0 else cap
+    return max(MIN_SLOTS, min(cap, fits))
+
+
 class Window:
     """Entries published and not yet evicted, and the slots they hold."""
 
-    def __init__(self, policy: str, slots: int):
+    def __init__(self, policy: str, slots: int, cap: int | None = None):
         if policy not in PACING_POLICIES:
             raise ValueError(f"policy must be one of {PACING_POLICIES}, got {policy!r}")
         self.policy = policy
-        self.size = slots  # the window: slots ahead of the fastest consumer ("skip")
-        self.slots = slots  # slots in the slab ("skip" may grow it past ``size``)
+        self.cap = max(slots, cap or slots)  # the most ``size`` may become
+        self.size = slots  # the window: slots in use ("wait"), ahead of the fastest ("skip")
+        self.slots = 0  # slots numbered so far ("skip" may grow it past ``size``)
         self.entries: collections.OrderedDict[int, Entry] = collections.OrderedDict()
-        self.free: list[int] = list(range(slots - 1, -1, -1))
+        self.free: list[int] = []
         self.next_seq = 0
         self.end_seq: int | None = None
         # where production is: the epoch being produced and the samples published in it
@@ -147,7 +164,7 @@ class Window:
             return None, skipped
         if self.free:
             return self.free.pop(), skipped
-        if self.policy == "skip" and self.slots < slot_cap:
+        if self.slots < self.size or (self.policy == "skip" and self.slots < slot_cap):
             self.slots += 1
             return self.slots - 1, skipped
         return None, skipped
@@ -175,7 +192,7 @@ class Window:
                 break
             if seq < slowest and not any(link.holds(seq) for link in links):
                 self._drop(seq)
-        if self.free:
+        if self.free or self.slots < self.size:
             return None
         # Reuse the oldest slot the fastest consumer has taken and nobody reads now;
         # consumers that had not taken it miss it. Without one, take_slot grows the slab.
@@ -192,6 +209,18 @@ class Window:
         entry = self.entries.pop(seq)
         if entry.slot is not None:
             self.free.append(entry.slot)
+
+    def resize(self, size: int) -> None:
+        """Set the window's size in slots (kept within ``MIN_SLOTS..cap``). Slots already
+        numbered stay in use (their memory is held already): a smaller size stops growth."""
+        self.size = max(MIN_SLOTS, min(self.cap, size))
+
+    def drift(self, links: Collection[Link]) -> int:
+        """Entries between the fastest consumer's cursor and the slowest's (0 with fewer than two)."""
+        if len(links) < 2:
+            return 0
+        cursors = [link.cursor() for link in links]
+        return max(cursors) - min(cursors)
 
     def holds_back(self, link: Link) -> bool:
         """Whether this consumer keeps the oldest entry in the window (it has not taken it,

@@ -43,8 +43,8 @@ from tandem.share._cuda_slab import CudaSlab
 from tandem.share._order import EpochPlanner, fingerprint, planned_loader, selected, source_shape
 from tandem.share._publishing import PublishingLoop
 from tandem.share._registry import Registration
-from tandem.share._slab import HostSlab, Slab
-from tandem.share._window import PACING_POLICIES, Window
+from tandem.share._slab import HostSlab, Slab, window_budget
+from tandem.share._window import MAX_SLOTS, MIN_SLOTS, PACING_POLICIES, Window
 from tandem.share.errors import UnsupportedBatch
 
 log = logging.getLogger("tandem.share")
@@ -58,6 +58,11 @@ class Producer(PublishingLoop):
     ``source`` is any re-iterable of batches (a ``DataLoader`` or any iterable): each
     ``iter(source)`` is one epoch. Use :meth:`from_dataset` to let the producer own the
     sample order, which late joiners need to see every sample exactly once when shuffling.
+
+    The window (the batches in flight) is bounded by memory: ``window_mem`` bytes (default:
+    a tenth of the RAM available at start, or of the GPU's free memory for a GPU slab), at
+    most ``window`` batches (default 64); ``window`` alone: exactly that many batches.
+    Consumers drift apart within it; under ``"wait"`` a fast one waits only when it is full.
     """
 
     def __init__(
@@ -65,7 +70,8 @@ class Producer(PublishingLoop):
         source: Iterable[Any],
         name: str,
         *,
-        window: int = 8,
+        window: int | None = None,
+        window_mem: int | None = None,
         policy: str = "wait",
         drain_timeout: float | None = None,
         device: str | None = None,
@@ -81,27 +87,36 @@ class Producer(PublishingLoop):
             )
         if policy not in PACING_POLICIES:
             raise ValueError(f"policy must be one of {PACING_POLICIES}, got {policy!r}")
-        if not isinstance(window, int) or window < 2:
-            raise ValueError(f"window must be an integer >= 2, got {window!r}")
+        if window is not None and (type(window) is not int or window < MIN_SLOTS):
+            raise ValueError(f"window must be an integer >= {MIN_SLOTS} (batches) or None, got {window!r}")
+        if window_mem is not None and (type(window_mem) is not int or window_mem < 1):
+            raise ValueError(f"window_mem must be a positive number of bytes or None, got {window_mem!r}")
         if batch_transform is not None and not callable(batch_transform):
             raise TypeError(f"batch_transform must be callable, got {type(batch_transform).__name__}")
         if type(transform_threads) is not int or transform_threads < 1:
             raise ValueError(f"transform_threads must be a positive integer, got {transform_threads!r}")
         slab_device = check_device(device) if device is not None else None
         self.name = name
-        self.window = window
         self.policy = policy
         self.drain_timeout = drain_timeout
         self._source = source
         self._registration = Registration(name)
         self._cond = threading.Condition(threading.RLock())
-        self._window = Window(policy, window)
         self.device = slab_device if slab_device is not None and slab_device.type == "cuda" else None
+        # The window: batches up to ``window_mem`` bytes (default: a share of the memory free
+        # now where the slab is), at most ``window`` of them; ``window`` alone: that many.
+        cap = window if window is not None else MAX_SLOTS
+        self.window_mem: int | None = None
+        if window_mem is not None or window is None:
+            self.window_mem = window_mem if window_mem is not None else window_budget(self.device)
+        self._window = Window(policy, cap if self.window_mem is None else MIN_SLOTS, cap)
         self._transform = batch_transform
         self._transform_threads = transform_threads
         label = f"{name}:{os.getpid()}"
         self._slab: Slab = (
-            CudaSlab(label, self.device) if self.device is not None else HostSlab(label, window)
+            CudaSlab(label, self.device)
+            if self.device is not None
+            else HostSlab(label, cap if self.window_mem is None else MIN_SLOTS)
         )
         self._server = ControlServer(name, self._window, self._slab, self._cond, self.stats, self.stop)
         self._stop_reason: str | None = None
@@ -127,7 +142,7 @@ class Producer(PublishingLoop):
         collate_fn: Any = None,
         seed: int = 0,
         prefetch_factor: int | None = None,
-        worker_nice: int | None = 10,
+        worker_nice: int | None = 0,
         selection: Any = None,
         **kwargs: Any,
     ) -> Producer:
@@ -145,10 +160,10 @@ class Producer(PublishingLoop):
 
         ``num_workers="auto"`` runs as many loader workers as the cores the jobs leave free
         (less one, at most 8). The workers run ``worker_nice`` levels below normal CPU
-        priority (default 10; 0 for the same), so that they yield cores to the training
-        processes. Where the kernel groups processes by session (autogroup), nice only
-        orders processes within one session: it then ranks the workers below the producer's
-        own thread, not below jobs started from other terminals."""
+        priority (default 0: the same as the jobs they feed, which wait for them when they
+        lose the cores; a higher value yields cores to the training processes). Where the
+        kernel groups processes by session (autogroup), nice only orders processes within
+        one session."""
         if selection is not None:
             if isinstance(dataset, torch.utils.data.IterableDataset):
                 raise TypeError(
@@ -341,15 +356,20 @@ class Producer(PublishingLoop):
     def stats(self) -> protocol.StatsReply:
         now = time.monotonic()
         with self._cond:
+            drift = self._window.drift([c.link for c in self._server.consumers.values()])
             return protocol.StatsReply(
                 name=self.name,
                 pid=os.getpid(),
                 policy=self.policy,
-                window=self.window,
+                window=self._window.size,
                 epoch=self._window.epoch,
                 published=self._published_batches,
                 batches_per_s=rate(self._progress),
                 blocked_s=self.blocked_s,
                 slab_bytes=self._slab.nbytes,
                 consumers=self._server.consumer_stats(now),
+                window_mem=self.window_mem,
+                window_used=sum(1 for e in self._window.entries.values() if e.slot is not None),
+                drift=drift,
+                drift_bytes=drift * self._slab.slot_bytes,
             )

@@ -226,6 +226,10 @@ class StatsReply:
     blocked_s: float  # time the producer waited for consumers to free a slot
     slab_bytes: int
     consumers: tuple[ConsumerStats, ...] = field(default_factory=tuple)
+    window_mem: int | None = None  # the window's bound in bytes (None: ``window`` batches)
+    window_used: int = 0  # batches in the window now (its fill)
+    drift: int = 0  # entries between the fastest consumer and the slowest
+    drift_bytes: int = 0  # about what those hold in the slab
 
 
 ToProducer = Hello | Next | Release | Bye | Stats

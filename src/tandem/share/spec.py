@@ -114,10 +114,11 @@ class ShareSpec:
     batch_size: int = 32
     shuffle: bool = False
     num_workers: int | None = None  # loader worker processes; None: auto
-    worker_nice: int = 10
+    worker_nice: int = 0
     seed: int = 0
     epochs: int | None = None  # None: serve until stopped
-    window: int = 8
+    window: int | None = None  # at most this many batches in flight (alone: this many)
+    window_mem: int | None = None  # bytes the batches in flight may take (None: a share of free memory)
     policy: str = "wait"
     cpus: float | None = None
     mem: int = 0
@@ -147,6 +148,8 @@ class ShareSpec:
             raise SpecError("--select makes a selection of a --dataset; give --dataset, and not --selection")
         if self.selection is not None and self.source == "loader":
             raise SpecError("a selection picks items of a dataset: give --dataset or --images, not --loader")
+        if self.window_mem is not None and self.window_mem < 1:
+            raise SpecError(f"window-mem {self.window_mem!r}: the window's memory must be above 0 bytes")
         if self.cpus is not None and not (math.isfinite(self.cpus) and self.cpus > 0):
             raise SpecError(f"cpus {self.cpus!r}: the producer's cores must be above 0")
 
@@ -233,7 +236,11 @@ class ShareSpec:
 
         from tandem.share.producer import Producer
 
-        common: dict[str, Any] = {"window": self.window, "policy": self.policy}
+        common: dict[str, Any] = {
+            "window": self.window,
+            "window_mem": self.window_mem,
+            "policy": self.policy,
+        }
         if self.source == "loader":
             return Producer(load_object(self.ref)(), self.name, device=self.device, **common)
         workers = self.num_workers

@@ -37,7 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from tandem.place.paths import disk_trouble
-from tandem.place.run import failures
+from tandem.place.run import failures, weights
 from tandem.place.run.cgroups import OomWatch
 from tandem.place.run.files import AttemptSpec, Result, RunRef, ShimInfo, Started, Usage, load, save
 from tandem.place.run.logpump import LogPump
@@ -101,6 +101,8 @@ class Shim:
             cgroup = None
         if cgroup is not None:
             oom.add_job_cgroup(cgroup)
+        # its CPU weight (a producer's is raised by the daemon as its jobs come and go)
+        weighted = weights.enter(f"{os.getuid()}-{spec.job_id}-{spec.attempt}-{me}", 1.0, cgroup)
         procs = JobProcesses(f"{spec.job_id}.{spec.attempt}.{secrets.token_hex(6)}", cgroup)
         started = time.time()
         log_path = self.dir / "output.log"
@@ -121,6 +123,8 @@ class Shim:
             if cgroup is not None:
                 leave(cgroup)
             procs.close()
+            if weighted is not None:
+                weighted.close()
             code = 127 if isinstance(exc, (FileNotFoundError, NotADirectoryError)) else 126
             return self._finish(code, f"{spec.command[0]}: {exc.strerror}", started)
         os.close(write_fd)
@@ -149,6 +153,8 @@ class Shim:
         pump.join(10.0)
         oom_kills, oom_where = oom.kills() or (0, None)  # before its own cgroup (and count) goes
         procs.close()
+        if weighted is not None:
+            weighted.close()
         kernel = failures.kernel_oom_killed(proc.pid) if returncode == -signal.SIGKILL else None
         ending = failures.classify(
             returncode,
