@@ -354,6 +354,7 @@ class Daemon:
                 now,
             )
             reasons.update(outcome.reasons)
+            on_host = len(active) + len(outcome.placements)  # once this pass's jobs run
             for placement in outcome.placements:
                 if self.disk.why is not None:  # the disk stopped a start of this pass: the rest wait
                     break
@@ -362,7 +363,7 @@ class Daemon:
                     continue
                 launched = True
                 try:
-                    self._launch(job, placement)
+                    self._launch(job, placement, on_host)
                 except Exception as exc:
                     if disk_trouble(exc):  # the disk's failure, not the job's: it waits and is tried again
                         log.warning("could not start job %d: %s; it waits for the disk", job.id, exc)
@@ -375,7 +376,8 @@ class Daemon:
         self.admission.write_reasons(reasons)
         return launched
 
-    def _launch(self, job: Job, p: Placement) -> None:
+    def _launch(self, job: Job, p: Placement, on_host: int) -> None:
+        """Start ``job`` where ``p`` says; ``on_host``: the jobs running once this pass's are."""
         chosen = tuple(g for g in self.capacity.gpus if g.index in p.gpus)
         env = dict(job.env)
         env.update(
@@ -383,7 +385,7 @@ class Daemon:
         )
         # The job sees its GPUs only (by UUID, immune to index reordering); a CPU-only job sees none.
         env["CUDA_VISIBLE_DEVICES"] = ",".join(g.visible_id for g in chosen)
-        env.update(thread_env(job.env, job.cpus, self.capacity.cpus, len(self.attempts.active) + 1))
+        env.update(thread_env(job.env, job.cpus, self.capacity.cpus, on_host))
         if job.share:
             env["TANDEM_SHARE"] = job.share
             self.producers.ensure(job, chosen)

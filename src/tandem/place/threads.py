@@ -10,9 +10,11 @@ torchrun for its ranks: a job started by the daemon gets the thread variables be
 its own environment (as submitted) already sets any of them, which always wins.
 
 - ``--cpus N`` given: ``ceil(N)`` threads (what it reserved).
-- ``--cpus auto``: the host's cores divided among the jobs running on it once this one
-  starts (itself included), rounded down, at least 1: one job alone on 16 cores gets 16, the
-  eight points of a sweep on 2 cores get 1 each.
+- ``--cpus auto``: the host's cores divided among the jobs running on it once the jobs of
+  its scheduling pass have started (itself included), rounded down, at least 1: one job
+  alone on 16 cores gets 16; the eight points of a sweep on 2 cores get 1 each, the first
+  placed as well as the last (measured: three CPU-bound jobs started in one pass, the one
+  given 2 threads used 13.5 CPU-s where the others used 8.6).
 
 Pure: the daemon calls it as it starts an attempt.
 """
@@ -28,7 +30,7 @@ THREAD_VARS = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")
 
 def thread_count(given_cpus: float | None, host_cpus: float, jobs_on_host: int) -> int:
     """Threads for a job that reserved ``given_cpus`` (None: auto) on a host of ``host_cpus``
-    cores where ``jobs_on_host`` jobs run once it starts (itself included)."""
+    cores where ``jobs_on_host`` jobs run once its pass's jobs start (itself included)."""
     if given_cpus:
         return max(1, math.ceil(given_cpus - 1e-9))
     return max(1, int(host_cpus // max(1, jobs_on_host)))
