@@ -112,7 +112,7 @@ def _started(cli, ids: list[int], path: Path, deadline_s: float, least: int = 4)
     return sorted(int(i) for i in set(_lines(path)) & {str(i) for i in ids})
 
 
-def test_a_sweep_measures_one_point_and_after_a_restart_starts_all_at_what_it_learnt(
+def test_a_share_sweeps_points_start_together_and_after_a_restart_at_what_they_learnt(
     cli, tmp_path: Path
 ) -> None:
     (tmp_path / "toy_data.py").write_text(DATASET)
@@ -123,18 +123,16 @@ def test_a_sweep_measures_one_point_and_after_a_restart_starts_all_at_what_it_le
     ids = _sweep(cli, tmp_path)
     assert len(ids) == 4, ids
     t0 = time.monotonic()
-    # One point is the probe; the others wait for its measurement, not each for its own...
-    alike = "waits for job 1's measurement, a job alike (job key r18-lr{lr}), then starts at it"
-    _until(
-        lambda: any(alike in (j["reason"] or "") for j in cli.json("ls")),  # type: ignore[attr-defined]
-        60,
-        f"no point waits for the first's measurement: {cli('ls').stdout}",
-    )
-    # ...then start at its figure (each raised to its own use where that is more).
-    sources = {i: cli.job(i)["reservation"]["from"] for i in _started(cli, ids, started, 120, least=3)}
+    # A share group's points start together (each late joiner would make the producer serve
+    # its epochs again), none waiting for the first one's measurement...
+    began = _started(cli, ids, started, 120, least=3)
     first_took = time.monotonic() - t0
-    lent = "measured, job key r18-lr{lr}, job 1 running"
-    assert set(sources.values()) <= {lent, "measured, this run"}, sources
+    reasons = [j["reason"] or "" for j in cli.json("ls")]  # type: ignore[attr-defined]
+    assert not any("measurement" in r for r in reasons), reasons
+    # ...each measured on its own run (or lent the figure of a point already measured).
+    sources = {i: cli.job(i)["reservation"]["from"] for i in began}
+    lent = "measured, job key r18-lr{lr}"
+    assert all(s in ("probe", "measured, this run") or s.startswith(lent) for s in sources.values()), sources
     reader = StateReader(cli.state)
     share = reader.share("toy")
     assert share is not None and share.started is not None
@@ -168,3 +166,15 @@ def test_a_sweep_measures_one_point_and_after_a_restart_starts_all_at_what_it_le
     assert cli("wait", *map(str, again), timeout=180).returncode == 0, cli("ls").stdout
     done = [line.split() for line in (tmp_path / "done").read_text().splitlines()]
     assert len(done) == 8 and all(int(n) == 64 for _, n in done), done  # every epoch exact
+
+
+def test_a_sweep_without_a_share_measures_one_point_and_the_others_start_at_its_figure(inproc) -> None:
+    h = inproc("--cpus", "2", *FAST)
+    h.cli("submit", "--name", "p-{lr}", "--grid", "lr=1,2,3", "--", sys.executable, "train.py", "{lr}")
+    first, *others = sorted(h.jobs())
+    h.run_until(lambda: h.state_of(first) == "running", within=30)
+    alike = f"waits for job {first}'s measurement, a job alike (job key p-{{lr}}), then starts at it"
+    h.run_until(lambda: all(alike in (h.jobs()[i].reason or "") for i in others), within=30)
+    # Once the first is measured (a few samples past its start-up), the others start at it.
+    h.run_until(lambda: all(h.state_of(i) == "running" for i in others), within=120)
+    assert all(h.job(i)["reservation"]["from"].startswith("measured, job key p-{lr}") for i in others)

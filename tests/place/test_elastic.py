@@ -79,12 +79,12 @@ def test_learnt_cores_start_on_measured_room_given_cores_wait_for_reservations()
     assert _plan([starting], _host(cpus_reserved=2.0, jobs=2, all_jobs=2, cpus_busy=1.2)).placements == []
 
 
-def test_a_share_groups_jobs_run_together_up_to_twice_the_cores_ram_still_strict() -> None:
+def test_a_share_groups_jobs_run_together_up_to_four_a_core_ram_still_strict() -> None:
     host = _host(cpus_reserved=2.0, jobs=3, all_jobs=3, cpus_busy=2.0)
-    assert share_bound(host) == 4
-    queue = [Waiting(i, 0, float(i), 0.5, GIB, 0, None, share="s", share_jobs=2) for i in range(1, 5)]
+    assert share_bound(host) == 8
+    queue = [Waiting(i, 0, float(i), 0.5, GIB, 0, None, share="s", share_jobs=6) for i in range(1, 5)]
     out = _plan(queue, host)
-    assert [p.job_id for p in out.placements] == [1, 2]  # 2 running + 2 placed = the bound
+    assert [p.job_id for p in out.placements] == [1, 2]  # 6 running + 2 placed = the bound
     assert out.reasons[3].startswith("cores: needs 0.5"), out.reasons
     out = _plan(queue, _host(cpus_reserved=2.0, mem_reserved=15 * GIB + GIB // 2))
     assert out.placements == [] and out.reasons[1].startswith("RAM: needs 1.0G")

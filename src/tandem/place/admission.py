@@ -184,7 +184,9 @@ class Admission:
                     continue
                 since = max([since] + [ended[d][1] or 0.0 for d in job.after])
             cpus, source, probe = self.startup.learned.reserve(job, figures)
-            if probe and job.learning_key in probes:
+            # A share group's points do not wait for the first one's measurement: each that
+            # joins late makes the producer serve its epochs again (scheduler.share_bound).
+            if probe and job.learning_key in probes and not job.share:
                 first = probes[job.learning_key]
                 measured = f"job {first}'s measurement" if first in active else f"job {first}, to be measured"
                 reasons[job.id] = (
