@@ -121,6 +121,7 @@ def test_under_the_manager_a_producer_weighs_as_much_as_its_running_jobs(cli, tm
         for g in groups:
             assert int((parent / g / "cpu.shares").read_text()) == weights.DEFAULT_SHARES
     supervisor = _producer_supervisor(cli.state)
+    deadline = time.monotonic() + scaled(30)
     while (weight := _weight_of(supervisor)) != 2 * weights.DEFAULT_SHARES:
         assert time.monotonic() < deadline, f"the producer weighs {weight}, not two jobs' worth"
         time.sleep(0.2)

@@ -252,9 +252,10 @@ class Producers:
             if not self.running(share) or share.pid is None:
                 continue
             want = (share.pid, max(1, jobs[share.name]))
-            if self._weights.get(share.name) != want:
+            # kept only once written: a supervisor just started may not have entered its
+            # cgroup yet, and the next pass tries again
+            if self._weights.get(share.name) != want and weights.set_weight(*want):
                 self._weights[share.name] = want
-                weights.set_weight(*want)
 
     def shutdown(self) -> None:
         """The daemon stops: the producers it told to stop have their MLflow runs ended now
