@@ -15,8 +15,9 @@ Each scenario runs in a fresh ``HOME``, runtime and state directory, as a new us
 MLflow, reads the share (``Consumer.from_env``), sleeps 0.15 s a batch (standing for the
 GPU step: the host stays under half busy), logs a metric per epoch, and writes the indices
 of every epoch, which this script checks (each epoch is the dataset, exactly once). While the
-sweep runs, ``tandem submit -- python -c 'print(1)'`` is the trivial job. Then ``tandem
-daemon stop``, ``tandem daemon start`` and the same sweep again (``r18-lr$lr``).
+sweep runs (3 or more of its jobs running and the host under half busy over a second, or 60
+s after the sweep's submission), ``tandem submit -- python -c 'print(1)'`` is the trivial
+job. Then ``tandem daemon stop``, ``tandem daemon start`` and the same sweep again.
 
 Scenarios: ``quiet`` (nothing else on the host), ``busy`` (one core held busy from outside by
 ``python -c 'while 1: pass'``).
@@ -39,7 +40,9 @@ import tempfile
 import time
 from pathlib import Path
 
-ITEMS = 256 * 24  # 24 batches an epoch: 3.6 s of "GPU steps" an epoch
+import psutil
+
+ITEMS = 256 * 40  # 40 batches an epoch: 6 s of "GPU steps" an epoch
 LRS = ["0.1", "0.03", "0.01", "0.003"]
 
 DATA = """
@@ -130,7 +133,7 @@ def _id_of(out: str) -> int:
 def watch(sweep: Sweep, ids: list[int], trivial_after: bool) -> dict:
     """Poll until the jobs end: the most running at once, when each started; submit the
     trivial job once all of ``ids`` that will run together run (or 20 s passed)."""
-    most, started, trivial, reasons = 0, {}, None, {}
+    most, started, trivial, reasons, host_busy = 0, {}, None, {}, None
     t0 = time.time()
     while True:
         jobs = {j["id"]: j for j in sweep.jobs()}
@@ -140,8 +143,12 @@ def watch(sweep: Sweep, ids: list[int], trivial_after: bool) -> dict:
         for j in ours:
             if j.get("started") and j["id"] not in started:
                 started[j["id"]] = j["started"] - j["submitted"]
-        if trivial_after and trivial is None and (len(running) >= 3 or time.time() - t0 > 20):
-            trivial = _id_of(sweep.tandem("submit", "--", sys.executable, "-c", "print(1)"))
+        if trivial_after and trivial is None and len(running) >= 3:
+            # beside the sweep once it runs, the host under half busy (its imports are over)
+            busy = psutil.cpu_percent(interval=1.0)
+            if busy < 50 or time.time() - t0 > 60:
+                trivial = _id_of(sweep.tandem("submit", "--", sys.executable, "-c", "print(1)"))
+                host_busy = busy
         elif trivial is not None and jobs.get(trivial, {}).get("reason"):
             reasons[jobs[trivial]["reason"]] = None  # why it waited, in order
         live = ("queued", "running", "retrying", "waiting")
@@ -156,6 +163,7 @@ def watch(sweep: Sweep, ids: list[int], trivial_after: bool) -> dict:
         result["trivial_wait_s"] = round(t["started"] - t["submitted"], 1) if t.get("started") else None
         result["trivial_state"] = t["state"]
         result["trivial_reasons"] = list(reasons)
+        result["host_busy_percent_at_trivial_submit"] = host_busy
     return result
 
 
