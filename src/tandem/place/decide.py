@@ -68,12 +68,14 @@ class RunningAttempt(Protocol):
 
     job: Job
     placement: Placement
-    uuids: tuple[str, ...]
     started: float
     samples: int
     cpus_used: float | None
     cpu: Measuring | None
     gpu_mem_reserved: int | None
+
+    @property
+    def uuids(self) -> tuple[str, ...]: ...
 
     @property
     def cpus(self) -> float: ...
