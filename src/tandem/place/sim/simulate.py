@@ -45,7 +45,7 @@ from tandem.place.active import STARTUP_SAMPLES, Startup
 from tandem.place.decide import HOST_WINDOW_S, Pass, Peak, gpu_views, host_view
 from tandem.place.model import OOM, RETRYING, RUNNING, SUCCEEDED, GpuInfo
 from tandem.place.policies import GpuSlot, HostSlot, Limits, make_policy
-from tandem.place.reserve import PROBE_SAMPLES, STARTUP_MAX_SAMPLES, Learned, Measuring
+from tandem.place.reserve import FOLLOW_SAMPLES, STARTUP_MAX_SAMPLES, Learned, Measuring
 from tandem.place.retry import retry
 from tandem.place.scheduler import Placement, Waiting, fits_at_all, plan
 from tandem.place.sim.simmodel import (  # noqa: F401 (AGGREGATE_KEYS, JobResult: the simulator's API)
@@ -63,10 +63,10 @@ from tandem.place.sim.trace import GiB, TraceJob
 
 _EPS = 1e-9
 # A run is sampled once a second while a sample may change what a pass decides: its start-up
-# and the host's window, and, for --cpus auto, until its start-up is over and it is measured
-# (a trace's use is constant from then on: later samples change nothing).
+# and the host's window, and, for --cpus auto, until its start-up is over and a whole window
+# of samples has followed (a trace's use is constant: later samples change nothing).
 _SAMPLES_FIXED = max(STARTUP_SAMPLES, math.ceil(HOST_WINDOW_S))
-_SAMPLES_AUTO = max(_SAMPLES_FIXED, STARTUP_MAX_SAMPLES + PROBE_SAMPLES)
+_SAMPLES_AUTO = STARTUP_SAMPLES + STARTUP_MAX_SAMPLES + FOLLOW_SAMPLES
 
 # --- simulated state -----------------------------------------------------------------------------
 
