@@ -149,3 +149,38 @@ def test_the_simulator_probes_a_new_key_then_starts_the_alike_jobs_at_its_measur
     assert start[2] == start[3] and start[2] is not None and start[2] >= 20.0  # after job 1's measurement
     assert start[4] is not None and start[4] > 0.0  # one probe at a time
     assert start[5] == 3000.0  # its key learnt: no probe, no wait
+
+
+def test_a_reservation_says_where_each_figure_came_from() -> None:
+    """decide.reserve: given figures are given; --cpus auto learnt for its key, or a probe;
+    GPU memory auto from its key's peak plus the margin, else a GPU probe (None)."""
+    from tandem.place.decide import reserve
+    from tandem.place.records import Job
+    from tandem.place.reserve import AUTO_CPUS, PROBE_CORES, margin
+    from tandem.place.resources import GIVEN, LEARNT, PROBE
+
+    learned = Learned({"name:seen": [0.5]})
+    given = reserve(
+        Job(["x"], "/", cpus=2.0, mem=GiB, gpus=1, gpu_mem=3 * GiB, id=1), learned, None, None, 0.1
+    )
+    assert (given.cores, given.ram, given.gpu_mem, given.probe) == (2.0, GiB, 3 * GiB, False)
+    r = given.reservation
+    assert (r.cores_from, r.ram_from, r.gpu_mem_from) == (GIVEN, GIVEN, GIVEN)
+    seen = Job(
+        ["x"], "/", name="seen", cpus=AUTO_CPUS, mem=0, gpus=1, gpu_mem=None, id=2, job_key="name:seen"
+    )
+    learnt = reserve(seen, learned, None, Peak(2 * GiB, 10 * GiB), 0.1)
+    assert (
+        learnt.cores == margin(0.5)
+        and learnt.gpu_mem == int(10 * GiB * 1.1)
+        and learnt.ram == int(2 * GiB * 1.1)
+    )
+    r = learnt.reservation
+    assert (r.cores_from, r.ram_from, r.gpu_mem_from) == (LEARNT, LEARNT, LEARNT)
+    new = Job(["y"], "/", cpus=AUTO_CPUS, mem=0, gpus=1, gpu_mem=None, id=3, job_key="cmd:y")
+    probe = reserve(new, learned, None, None, 0.1)
+    assert probe.probe and probe.cores == PROBE_CORES and probe.gpu_mem is None
+    r = probe.reservation
+    assert (r.cores_from, r.ram_from, r.gpu_mem_from) == (PROBE, PROBE, PROBE)
+    alike = reserve(new, learned, {"cmd:y": (0.7, 9)}, None, 0.1)  # a running job alike measured
+    assert not alike.probe and alike.cores == 0.7 and "job 9 running" in alike.cores_why

@@ -89,23 +89,29 @@ class RunningAttempt(Protocol):
 
 @dataclass(frozen=True, slots=True)
 class Reserved:
-    """What a job reserves as it would start now: the typed :class:`Reservation` (where
-    each figure came from), and the words for ``tandem ls``/``show`` (``cores_why``,
-    ``ram_why``); ``probe``: its cores were never measured for its key."""
+    """What a job reserves as it would start now: its figures, where each came from
+    (:attr:`reservation`, typed) and the words for ``tandem ls``/``show`` (``cores_why``,
+    ``ram_why``); ``probe``: its cores were never measured for its key. Plain fields: one
+    is made for every waiting job each pass."""
 
-    reservation: Reservation
+    job: Job
+    cores: float
+    ram: int
+    gpu_mem: int | None  # per GPU; None: unknown (a GPU probe)
     probe: bool
     cores_why: str
     ram_why: str
-    gpu_mem: int | None  # per GPU; None: unknown (a GPU probe)
 
     @property
-    def cores(self) -> float:
-        return self.reservation.resources.cores
-
-    @property
-    def ram(self) -> int:
-        return self.reservation.resources.ram
+    def reservation(self) -> Reservation:
+        """Its :class:`Resources` and where each figure came from (given, learnt, probe)."""
+        job = self.job
+        return Reservation(
+            Resources(self.cores, self.ram, job.gpus or 0, self.gpu_mem or 0, job.gpu_share or 0),
+            cores_from=GIVEN if job.cpus != AUTO_CPUS else PROBE if self.probe else LEARNT,
+            ram_from=GIVEN if job.mem else LEARNT if self.ram else PROBE,
+            gpu_mem_from=GIVEN if job.gpu_mem is not None else LEARNT if self.gpu_mem is not None else PROBE,
+        )
 
     @property
     def cores_start(self) -> tuple[float, str, bool]:
@@ -129,13 +135,7 @@ def reserve(
     gpu_mem = job.gpu_mem
     if job.gpus and gpu_mem is None and peak is not None and peak.peak_gpu_mem:
         gpu_mem = int(peak.peak_gpu_mem * (1 + gpu_mem_margin))
-    reservation = Reservation(
-        Resources(cores, ram, job.gpus or 0, gpu_mem or 0, job.gpu_share or 0),
-        cores_from=GIVEN if job.cpus != AUTO_CPUS else PROBE if probe else LEARNT,
-        ram_from=GIVEN if job.mem else LEARNT if ram else PROBE,
-        gpu_mem_from=GIVEN if job.gpu_mem is not None else LEARNT if gpu_mem is not None else PROBE,
-    )
-    return Reserved(reservation, probe, cores_why, ram_why, gpu_mem)
+    return Reserved(job, cores, ram, gpu_mem, probe, cores_why, ram_why)
 
 
 def _probe_reason(probing: int | None, running: set[int]) -> str | None:
