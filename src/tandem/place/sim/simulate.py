@@ -249,17 +249,17 @@ class _Sim:
         wanted = {w.id: w for w in queue}
         outcome = plan(queue, self._host_slot(), self._gpu_slots(), self.policy, self.limits, self.now)
         self.reasons.update(outcome.reasons)
-        decide = self._decisions(self.runs)  # an attempt's start decides with what runs before it
         for p in outcome.placements:
-            self._start(self.waiting.pop(p.job_id), p, wanted[p.job_id], decide)
+            self._start(self.waiting.pop(p.job_id), p, wanted[p.job_id])
 
-    def _start(self, job: SimJob, p: Placement, w: Waiting, decide: Pass) -> None:
+    def _start(self, job: SimJob, p: Placement, w: Waiting) -> None:
         job.attempts += 1
         job.state = RUNNING
         job.gpus = p.gpus
         job.first_start = self.now if job.first_start is None else job.first_start
         job.last_start = self.now
-        reserved = decide.reserve(job.job)  # as the daemon's attempt start (tandem.place.attempts)
+        # As the daemon's attempt start (tandem.place.attempts), with what runs as it starts.
+        reserved = self._decisions(self.runs).reserve(job.job)
         run = SimRun(
             job.job,
             job.trace,
