@@ -96,6 +96,7 @@ class _Sim:
         self.cpus = cpus
         self.mem = mem
         self.infos = [GpuInfo(g, uuid_of(g), gpu_mem) for g in range(gpus)]
+        self.empty_gpus = gpu_views(self.infos, [], {}, limits.settle_s, 0.0)  # the submit check's
         order = sorted(range(len(jobs)), key=lambda i: jobs[i].offset_s)  # stable: file order on ties
         self.jobs = [SimJob(jobs[i], record(n + 1, jobs[i])) for n, i in enumerate(order)]
         self.t0 = self.jobs[0].trace.offset_s if self.jobs else 0.0
@@ -218,11 +219,10 @@ class _Sim:
         """The daemon's submit check: whether it could never fit this machine, empty."""
         decide = self._decisions([])
         w = decide.waiting(job.job, decide.reserve(job.job), job.trace.offset_s)
-        empty = [gpu_views([g], [], {}, self.limits.settle_s, self.now)[0] for g in self.infos]
         host = host_view(
             self.cpus, self.mem, [], self.startup, self.now, mem_available=None, cpu_mean=None, cpu_p95=None
         )
-        return fits_at_all(w, host, empty) is not None
+        return fits_at_all(w, host, self.empty_gpus) is not None
 
     def _queue(self) -> list[Waiting]:
         """What the daemon's pass shows the scheduler of the waiting jobs (in its order:
