@@ -119,7 +119,7 @@ class Sweep:
                 "submit", "--share", "imagenet", "--group", "lr-sweep", "--name", f"r18-lr{lr}",
                 "--", sys.executable, "train.py", "--lr", lr,
             )  # fmt: skip
-            ids.append(int(out.split()[-1]) if out.split()[-1].isdigit() else _id_of(out))
+            ids.append(_id_of(out))
         return ids
 
 
