@@ -3,13 +3,13 @@ and a producer that dies fails its group's jobs at once with its own error.
 
 A share is defined once (``tandem share define``: a :class:`~tandem.share.spec.ShareSpec`
 in the state file). Its producer is started from that spec with its own entry point
-(``tandem share serve-spec SPEC.json RESERVED``), in the first job's environment (so
+(``tandem share serve-spec SPEC.json``), in the first job's environment (so
 both find the same runtime directory), under the same supervisor as a job
 (:mod:`tandem.place.run.shim`, in ``shares/<name>/<n>/``): it outlives a daemon crash, its
 loader workers end with it, and it is tracked as an MLflow run of its own (tags
 ``tandem.role=producer`` and ``tandem.share``), which ``tandem report`` counts with the
 group it fed. Its reservation (cores, RAM) and loader workers come from the spec, sized to
-the daemon's cores (:meth:`ShareSpec.producer_cpus`).
+the daemon's cores (:meth:`ShareSpec.producer_cpus`, :meth:`ShareSpec.loader_workers`).
 """
 
 from __future__ import annotations
@@ -80,12 +80,10 @@ class Producers:
             return share.cpus, share.spec.mem
         return self._cores(share)[0], share.spec.mem
 
-    def _cores(self, share: Share) -> tuple[float, str, float]:
-        """What a new producer of ``share`` reserves and why (tandem.place.reserve), and the
-        cores its definition gives it (its loader workers follow these)."""
+    def _cores(self, share: Share) -> tuple[float, str]:
+        """What a new producer of ``share`` reserves and why (tandem.place.reserve)."""
         defined = share.spec.producer_cpus(self.capacity_cpus)
-        cpus, why = producer_reservation(defined, share.spec.cpus is not None, self.learned, share.name)
-        return cpus, why, defined
+        return producer_reservation(defined, share.spec.cpus is not None, self.learned, share.name)
 
     def _learn(self, name: str, folder: Path | None) -> None:
         """What the share's producer that ended used: its mean cores over its run (a run of a
@@ -118,7 +116,7 @@ class Producers:
             self._gpus[share.name] = gpus[0].index
         else:
             self._gpus.pop(share.name, None)
-        cpus, why, defined = self._cores(share)
+        cpus, why = self._cores(share)
         last = self._dir(share.name)
         n = int(last.name) + 1 if last is not None else 1
         folder = self.state.dir / "shares" / share.name / str(n)
@@ -129,6 +127,8 @@ class Producers:
         served = (
             dataclasses.replace(spec, selection=share.selection, select=None) if share.selection else spec
         )
+        if spec.source != "loader":
+            served = dataclasses.replace(served, num_workers=spec.loader_workers(self.capacity_cpus))
         write_json(folder / "share.json", dataclasses.asdict(served))
         command = [
             sys.executable,
@@ -137,7 +137,6 @@ class Producers:
             "share",
             "serve-spec",
             str(folder / "share.json"),
-            f"{defined:g}",
         ]
         cwd = job.cwd if os.path.isdir(job.cwd) else "/"
         c = self.config
