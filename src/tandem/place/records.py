@@ -15,7 +15,7 @@ import json
 from dataclasses import dataclass
 
 from tandem.place.fields import column
-from tandem.place.model import QUEUED, JobSpec
+from tandem.place.model import JOB_ROLE, QUEUED, JobSpec
 from tandem.share.spec import ShareSpec
 
 
@@ -104,6 +104,9 @@ class Job(JobSpec):
     # template's key (its --name, else command, before {KEY} is filled), so its points are alike.
     learn_key: str = column("", queued=True, shown=False)
     state: str = column(QUEUED, queued=True)
+    # What it is: a job ("job": submitted) or a share group's producer ("producer": made by
+    # the daemon, never by tandem submit).
+    role: str = column(JOB_ROLE, queued=True)
     submitted: float = column(0.0, queued=True)
     cause: str | None = None
     cause_line: str | None = None

@@ -21,7 +21,7 @@ from typing import Any
 from tandem.place.fields import meta, reader, same, sql_declaration, stored_fields, to_column
 from tandem.place.records import Attempt, Job, Share
 
-SCHEMA_VERSION = 6
+SCHEMA_VERSION = 7
 
 # Each record's table: its name and what is declared beyond its columns.
 TABLES: dict[type, tuple[str, str]] = {
@@ -178,6 +178,13 @@ def _learning_keys(db: sqlite3.Connection) -> None:
         db.execute("ALTER TABLE peaks ADD COLUMN cpu_runs TEXT")
 
 
+def _job_roles(db: sqlite3.Connection) -> None:
+    """Schema 6 had only submitted jobs: each is a job of role "job" (a share group's
+    producer is a job row of role "producer" from schema 7)."""
+    if "role" not in {r[1] for r in db.execute("PRAGMA table_info(jobs)")}:
+        db.execute("ALTER TABLE jobs ADD COLUMN role TEXT NOT NULL DEFAULT 'job'")
+
+
 # MIGRATIONS[n]: what takes schema n to n + 1 (CREATE TABLE IF NOT EXISTS only makes what
 # is missing, not what an old table lacks): SQL statements, or functions of the database.
 MIGRATIONS: dict[int, list[Any]] = {
@@ -198,6 +205,7 @@ MIGRATIONS: dict[int, list[Any]] = {
     ],
     4: [_attempt_folders],
     5: [_learning_keys],
+    6: [_job_roles],
 }
 
 assert set(MIGRATIONS) == set(range(1, SCHEMA_VERSION)), "a schema version without its migration"
