@@ -4,6 +4,7 @@ row."""
 
 from __future__ import annotations
 
+import dataclasses
 import sqlite3
 from pathlib import Path
 
@@ -32,7 +33,9 @@ def test_a_state_file_of_schema_6_opens_with_its_jobs_of_role_job(tmp_path: Path
     assert job.role == JOB_ROLE
 
 
-def test_a_producer_row_is_marked_in_ls(tmp_path: Path) -> None:
+def test_a_producer_row_is_marked_in_ls_and_no_submit_makes_one(tmp_path: Path) -> None:
+    # A submit sends a JobSpec: the role is the stored Job's only, so no request can set it.
+    assert "role" not in {f.name for f in dataclasses.fields(JobSpec)}
     state = State(tmp_path)
     job_id, _ = state.add_job(JobSpec(["true"], "/", name="toy"), 0, 1.0)
     job = state.job(job_id)
