@@ -52,23 +52,45 @@ class Cli:
         return self.json("show", str(job_id))  # type: ignore[return-value]
 
     def wait_state(self, job_id: int, states: set[str], timeout: float = 30) -> dict:
+        """Until job ``job_id``'s state is one of ``states``: then what ``tandem show --json``
+        says. It reads the state file in this process, read-only and through the same view as
+        ``show`` (no interpreter started for each poll); through the CLI where that read fails."""
         timeout = scaled(timeout)
         deadline = time.monotonic() + timeout
         while True:
-            job = self.job(job_id)
-            if job["state"] in states:
+            try:
+                job = self._shown(job_id)
+            except Exception:  # lost, unreadable: the CLI says so (its error is the test's)
+                job = self.job(job_id)
+            if job is not None and job["state"] in states:
                 return job
             if time.monotonic() > deadline:
-                raise AssertionError(f"job {job_id} is {job['state']}, not in {states}, after {timeout} s")
-            time.sleep(0.2)
+                state = job["state"] if job is not None else None
+                raise AssertionError(f"job {job_id} is {state}, not in {states}, after {timeout} s")
+            time.sleep(0.05)
+
+    def _shown(self, job_id: int) -> dict | None:
+        """``tandem show JOB --json``'s object, read in this process (None: no such job)."""
+        from tandem.place.state import StateReader
+        from tandem.place.views import job_json, strict_json
+
+        reader = StateReader(self.state)
+        try:
+            job = reader.job(job_id)
+            if job is None:
+                return None
+            data = job_json(job)
+            share = reader.share(job.share) if job.share else None
+            data["selection"] = share.selection if share is not None else None
+            return json.loads(strict_json(data))
+        finally:
+            reader.close()
 
     def stop_daemon(self) -> None:
         """Cancel the jobs still listed and stop the daemon, if one is running."""
         if self("daemon", "status", check=False).returncode != 0:
             return
-        listed = [str(j["id"]) for j in self.json("ls")]
-        if listed:
-            self("cancel", *listed, check=False)
+        self("cancel", "--all", check=False)  # every waiting and running job, as `ls` lists them
         self("daemon", "stop", check=False)
 
     def daemon_pid(self) -> int | None:
@@ -85,8 +107,7 @@ def attempt_dir(state: Path, job_id: int | str, n: int = 1) -> Path:
     return found[0] if found else state / "jobs" / str(job_id) / f"{n}.not-yet"
 
 
-@pytest.fixture
-def cli(tmp_path: Path) -> Iterator[Cli]:
+def _cli_in(tmp_path: Path) -> Iterator[Cli]:
     state = tmp_path / "state"
     runtime = Path(f"/tmp/tt-{os.getpid()}-{tmp_path.name[-12:]}")  # short: a Unix socket path
     env = dict(os.environ, TANDEM_STATE_DIR=str(state), TANDEM_RUNTIME_DIR=str(runtime))
@@ -110,6 +131,18 @@ def cli(tmp_path: Path) -> Iterator[Cli]:
                 pass
     psutil.wait_procs(leftovers, timeout=10)
     subprocess.run(["rm", "-rf", str(runtime)], check=False)
+
+
+@pytest.fixture
+def cli(tmp_path: Path) -> Iterator[Cli]:
+    yield from _cli_in(tmp_path)
+
+
+@pytest.fixture(scope="module")
+def module_cli(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cli]:
+    """One state directory (and daemon) for a module's tests, where each test makes and reads
+    only its own jobs: a daemon and its MLflow helper started once, not per test."""
+    yield from _cli_in(tmp_path_factory.mktemp("module"))
 
 
 @pytest.fixture

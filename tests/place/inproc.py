@@ -36,7 +36,7 @@ from click.testing import CliRunner
 from tandem.place.run.failures import classify
 from tandem.place.run.files import Result, ShimInfo, Usage, save
 from tandem.place.run.launch import Launch, Launched
-from tandem.place.run.proctrack import host_id
+from tandem.place.run.proctrack import host_id, same_process
 
 # The daemon's modules that read the clock: their ``time`` is the fake one in a test.
 CLOCKED = (
@@ -237,6 +237,21 @@ class InProc:
         self.step(0.0)
 
     def close(self) -> None:
+        # A share's producer is a real process under a real supervisor (Producers starts it
+        # with its own launcher): end its whole tree, or it outlives the test.
+        for share in self.daemon.state.shares():
+            if share.pid is not None and share.ctime is not None and same_process(share.pid, share.ctime):
+                try:
+                    tree = psutil.Process(share.pid)
+                    procs = [tree, *tree.children(recursive=True)]
+                except psutil.NoSuchProcess:
+                    continue
+                for proc in procs:
+                    try:
+                        proc.kill()
+                    except psutil.NoSuchProcess:
+                        pass
+                psutil.wait_procs(procs, timeout=30)
         for key in list(self.sel.get_map().values()):
             key.fileobj.close()  # type: ignore[union-attr]
         self.sel.close()

@@ -37,3 +37,33 @@ def test_a_job_of_the_daemon_gets_its_share_and_keeps_its_own(cli) -> None:
     # auto: 2 cores among the jobs running once it starts (itself, perhaps the other)
     assert any(f"threads {n} {n}" in cli("logs", str(auto)).stdout for n in (1, 2))
     assert "threads 5 None" in cli("logs", str(own)).stdout
+
+
+def test_a_job_on_a_share_counts_its_producer(inproc, tmp_path, monkeypatch) -> None:
+    """On 2 cores, the first job of a share submitted alone gets 1 thread, not 2: its producer
+    decodes beside it (measured: the one given 2 threads used 10.7 CPU-s, the others 6.9)."""
+    import sys
+
+    from tandem.place.run.files import AttemptSpec, load
+
+    for var in THREAD_VARS:
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    (tmp_path / "thr_data.py").write_text("def train_set():\n    return list(range(8))\n")
+    h = inproc("--cpus", "2", "--settle", "0.3", "--window", "2", "--grace", "1")
+    h.cli("share", "define", "thr", "--dataset", "thr_data:train_set", "--batch-size", "4")
+    alone = h.submit("--", "true")
+    h.wait_state(alone, {"running", "done"})
+    h.cli("cancel", str(alone))
+    h.wait_state(alone, {"cancelled", "done"})
+    on_share = h.submit("--share", "thr", "--", "true")
+    h.wait_state(on_share, {"running"})
+
+    def threads(job_id: int) -> str:
+        (run,) = [r for (j, _), r in h.launcher.runs.items() if j == job_id]
+        spec = load(run.dir, AttemptSpec)
+        assert spec is not None
+        return spec.env["OMP_NUM_THREADS"]
+
+    assert threads(alone) == "2"  # alone, no share: both cores
+    assert threads(on_share) == "1"  # alone but for its producer

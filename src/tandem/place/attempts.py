@@ -23,12 +23,13 @@ from typing import Any
 
 from tandem.place.active import STARTUP_SAMPLES, Active, AttemptEnd, Startup
 from tandem.place.config import DaemonConfig
+from tandem.place.decide import Peak, reserve
 from tandem.place.devices import Monitor
 from tandem.place.identity import attempt_folder
 from tandem.place.model import CANCELLED, FAILED, RUNNING, SUCCEEDED, Capacity, GpuInfo, format_size
 from tandem.place.producers import selections_made
 from tandem.place.records import AttemptPlacement
-from tandem.place.reserve import Learned, Measuring, mem_reservation, running_figures
+from tandem.place.reserve import Learned, Measuring, running_figures
 from tandem.place.retry import retry
 from tandem.place.run import tracking
 from tandem.place.run.files import AttemptSpec, Result, ShimInfo, Started, Usage, load, save
@@ -77,9 +78,9 @@ class Attempts:
         adir.mkdir(parents=True)
         env = {**env, "TANDEM_JOB_DIR": str(adir)}  # its attempt's own directory (what it may leave us)
         uuids = tuple(g.uuid for g in chosen)
-        cpu = Measuring(job, self.startup.learned, running_figures(self.active.values()))
-        known = self.state.peak(job.learning_key)
-        mem, mem_from = mem_reservation(job.mem, known["peak_mem"] if known else None, job.learning_key)
+        figures, known = running_figures(self.active.values()), Peak.of(self.state.peak(job.learning_key))
+        r = reserve(job, self.startup.learned, figures, known, self.config.limits.gpu_mem_margin)
+        cpu, mem, mem_from = Measuring(job, self.startup.learned, start=r.cores_start), r.ram, r.ram_why
         placement = AttemptPlacement(
             device=",".join(f"cuda:{i}" for i in p.gpus) or "cpu",
             gpus=tuple(p.gpus),

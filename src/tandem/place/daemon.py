@@ -385,7 +385,7 @@ class Daemon:
         )
         # The job sees its GPUs only (by UUID, immune to index reordering); a CPU-only job sees none.
         env["CUDA_VISIBLE_DEVICES"] = ",".join(g.visible_id for g in chosen)
-        env.update(thread_env(job.env, job.cpus, self.capacity.cpus, on_host))
+        env.update(thread_env(job.env, job.cpus, self.capacity.cpus, on_host + bool(job.share)))
         if job.share:
             env["TANDEM_SHARE"] = job.share
             self.producers.ensure(job, chosen)

@@ -32,7 +32,7 @@ from tandem.place.producers import Producers
 from tandem.place.resources import Resources
 from tandem.place.run.launch import Launcher
 from tandem.place.scheduler import Waiting, fits_at_all
-from tandem.place.state import State
+from tandem.place.state import Job, State
 
 if TYPE_CHECKING:
     from tandem.place.run.tracking import Tracker
@@ -136,7 +136,8 @@ def _checked(d: Parts, spec: JobSpec) -> tuple[JobSpec, int] | p.Failure:
     if problem:
         return _refused(problem)
     gpus = spec.gpus if spec.gpus is not None else (1 if d.capacity.gpus else 0)
-    need = Resources(cores=float(spec.cpus), ram=int(spec.mem), gpus=gpus, gpu_mem=spec.gpu_mem or 0)
+    # What it would reserve as it starts (tandem.place.decide, as each pass decides it).
+    need = d.admission.decisions(()).reserve(Job(**{**spec.to_dict(), "gpus": gpus})).reservation.resources
     share = d.state.share(spec.share) if spec.share else None
     if spec.share and share is None:
         return _refused(
@@ -153,7 +154,9 @@ def _checked(d: Parts, spec: JobSpec) -> tuple[JobSpec, int] | p.Failure:
             f"ask for less, redefine the share with less (tandem share define {share.name} ... "
             "--cpus N), or start the daemon with more"
         )
-    waiting = Waiting(0, 0, 0.0, need.cores, need.ram, gpus, spec.gpu_mem, with_producer=share is not None)
+    waiting = Waiting(
+        0, 0, 0.0, need.cores, need.ram, gpus, need.gpu_mem or None, with_producer=share is not None
+    )
     why = fits_at_all(waiting, d.admission.host_slot(()), d.admission.gpu_slots(()), d.config.limits)
     if why:
         return _refused(f"the job {why}; {fix}")

@@ -21,7 +21,7 @@ What was learnt is kept in the state (``peaks.cpu_runs``): a restarted daemon kn
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from typing import Protocol
 
 from tandem.place.records import Job
@@ -96,7 +96,7 @@ class Learned:
         return list(self._runs.get(key, ()))
 
     def reserve(
-        self, job: Job, running: dict[str, tuple[float, int]] | None = None
+        self, job: Job, running: Mapping[str, tuple[float, int]] | None = None
     ) -> tuple[float, str, bool]:
         """What ``job`` reserves, where that comes from, and whether it is a probe.
         ``running``: what running jobs of each key were measured at (:func:`running_figures`),
@@ -162,9 +162,14 @@ class Measuring:
     """One running attempt's reservation of cores and the samples behind it."""
 
     def __init__(
-        self, job: Job, learned: Learned, running: dict[str, tuple[float, int]] | None = None
+        self,
+        job: Job,
+        learned: Learned,
+        running: Mapping[str, tuple[float, int]] | None = None,
+        start: tuple[float, str, bool] | None = None,
     ) -> None:
-        self.cores, self.source, self.probe = learned.reserve(job, running)
+        # ``start``: (cores, source, probe) as decided already (tandem.place.decide.reserve)
+        self.cores, self.source, self.probe = start or learned.reserve(job, running)
         self.auto = job.cpus == AUTO_CPUS
         self.samples: list[float] = []
         self.starting = True

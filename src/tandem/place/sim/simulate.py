@@ -2,24 +2,28 @@
 
 :func:`simulate` replays a trace (:mod:`tandem.place.sim.trace`) on a modelled server. At each
 event (an arrival, a job's end, a job's memory settling, an out-of-memory check, a waiting
-job crossing the starvation limit) it builds the scheduler's view of the devices
-(:class:`~tandem.place.policies.GpuSlot`, ``HostSlot``) from the simulated state, exactly
-as the daemon builds it from measurements, and calls the real
-:func:`tandem.place.scheduler.plan` with the real policy object: no placement logic lives
-here. What is modelled instead of measured:
+job crossing the starvation limit, a job's samples) it decides through the daemon's own
+functions (:mod:`tandem.place.decide`: what each waiting job reserves, given, learnt from
+the runs of its key before or from a running job alike, or a probe measured one at a time;
+the host's and GPUs' views) and calls the real :func:`tandem.place.scheduler.plan` with the
+real policy object: no admission or placement logic lives here. Only the measurements are
+modelled (:mod:`tandem.place.sim.simrun`: cores, the host's window, SM activity), and:
 
-- **Activity.** A GPU's SM activity is ``min(1, sum of its jobs' compute)``; it is
-  reported to the policy (mean and 95th percentile alike: a steady state) once no job there
-  is fresh, and as unknown before, when a real window would still mix old and new load.
 - **Memory.** A job reaches its true peak (:attr:`TraceJob.true_gpu_mem`) as it starts.
   The measured use of a GPU is the sum of its jobs' peaks. A job of unknown memory (a
   probe) reserves nothing until it has settled (``settle_s`` after its start), then its
   peak plus the margin, as the daemon does.
+- **Cores.** A job of ``--cpus auto`` (``cpus`` 0 in its trace) reserves what its key was
+  measured at (its learnt runs, or a running job alike), else starts as a probe and is
+  measured from its samples (:attr:`TraceJob.cores_used`), as in the daemon.
 - **Out of memory.** ``oom_after_s`` after a job starts, its GPUs are checked: while the
   true memory there exceeds the GPU's, the newest job there crashes (GPU OOM) and, like
   in the daemon, is retried (at most :data:`RETRIES` times) with escalation 1 then 2,
   declaring its peak plus the margin. Its work is lost.
 - **Collocation slowdown** (:class:`SlowdownModel`).
+
+Traces carry no share groups nor dependencies: those parts of the daemon's admission are
+not simulated.
 
 The daemon re-plans on its tick (and at once after a change); here every input of
 :func:`plan` that changes with time has its own event (a GPU stops being fresh when its
@@ -32,15 +36,18 @@ from __future__ import annotations
 import heapq
 import math
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, replace
 from typing import Any
 
 import numpy as np
 
-from tandem.place.model import OOM, QUEUED, RETRYING, RUNNING, SUCCEEDED, job_key
+from tandem.place.active import STARTUP_SAMPLES, Startup
+from tandem.place.decide import HOST_WINDOW_S, Pass, Peak, gpu_views, host_view
+from tandem.place.model import OOM, RETRYING, RUNNING, SUCCEEDED, GpuInfo
 from tandem.place.policies import GpuSlot, HostSlot, Limits, make_policy
+from tandem.place.reserve import FOLLOW_SAMPLES, STARTUP_MAX_SAMPLES, Learned, Measuring
 from tandem.place.retry import retry
-from tandem.place.scheduler import Waiting, fits_at_all, plan
+from tandem.place.scheduler import Placement, Waiting, fits_at_all, plan
 from tandem.place.sim.simmodel import (  # noqa: F401 (AGGREGATE_KEYS, JobResult: the simulator's API)
     AGGREGATE_KEYS,
     GPU_IDLE_W,
@@ -51,50 +58,22 @@ from tandem.place.sim.simmodel import (  # noqa: F401 (AGGREGATE_KEYS, JobResult
     SimResult,
     SlowdownModel,
 )
-from tandem.place.sim.trace import GiB, TraceJob, command_args
+from tandem.place.sim.simrun import RETRIES, SimJob, SimRun, all_given, gpu_reading, record, uuid_of
+from tandem.place.sim.trace import GiB, TraceJob
 
-RETRIES = 2  # the daemon's default retries per job (``tandem submit --retries``)
 _EPS = 1e-9
+# A run is sampled once a second while a sample may change what a pass decides: its start-up
+# and the host's window, and, for --cpus auto, until its start-up is over and a whole window
+# of samples has followed (a trace's use is constant: later samples change nothing).
+_SAMPLES_FIXED = max(STARTUP_SAMPLES, math.ceil(HOST_WINDOW_S))
+_SAMPLES_AUTO = STARTUP_SAMPLES + STARTUP_MAX_SAMPLES + FOLLOW_SAMPLES
 
 # --- simulated state -----------------------------------------------------------------------------
 
 
-@dataclass
-class _Job:
-    id: int
-    trace: TraceJob
-    key: str
-    gpu_mem: int | None  # declared per GPU; raised after an OOM
-    state: str = QUEUED
-    escalation: int = 0
-    attempts: int = 0
-    first_start: float | None = None
-    last_start: float | None = None
-    end: float | None = None
-    ran_s: float = 0.0  # running time over all attempts
-    gpus: tuple[int, ...] = ()
-    waiting: Waiting | None = None  # what the scheduler is shown, while it cannot change
-
-
-@dataclass
-class _Run:
-    """A running attempt."""
-
-    job: _Job
-    gpus: tuple[int, ...]
-    start: float
-    settled_at: float
-    reserved: int | None  # per GPU; None while a probe has not settled
-    alone: bool
-    remaining: float  # seconds of work at the speed alone
-    peak: int  # true GPU memory per GPU
-    slowdown: float = 1.0
-    end_at: float = math.inf
-
-
 # Event kinds, in the order they are handled when they fall at the same time (after the
 # jobs that end then, which are not events: their times change with every rate change).
-_OOM, _SETTLE, _ARRIVE, _STARVE = range(4)
+_OOM, _SETTLE, _ARRIVE, _STARVE, _SAMPLE = range(5)
 
 
 class _Sim:
@@ -116,19 +95,21 @@ class _Sim:
         self.gpu_mem = gpu_mem
         self.cpus = cpus
         self.mem = mem
+        self.infos = [GpuInfo(g, uuid_of(g), gpu_mem) for g in range(gpus)]
+        self.empty_gpus = gpu_views(self.infos, [], {}, limits.settle_s, 0.0)  # the submit check's
         order = sorted(range(len(jobs)), key=lambda i: jobs[i].offset_s)  # stable: file order on ties
-        self.jobs = [
-            _Job(n + 1, jobs[i], job_key(jobs[i].name or None, command_args(jobs[i])), jobs[i].gpu_mem)
-            for n, i in enumerate(order)
-        ]
+        self.jobs = [SimJob(jobs[i], record(n + 1, jobs[i])) for n, i in enumerate(order)]
         self.t0 = self.jobs[0].trace.offset_s if self.jobs else 0.0
         self.now = self.t0
         self.events: list[tuple[float, int, int, int]] = []  # (time, kind, seq, payload)
         self._seq = 0
-        self.waiting: dict[int, _Job] = {}
-        self.runs: list[_Run] = []
-        self.on_gpu: list[list[_Run]] = [[] for _ in range(gpus)]
-        self.peaks: dict[str, int] = {}  # job key -> peak GPU memory, as the daemon's peaks table
+        self.waiting: dict[int, SimJob] = {}
+        self.runs: list[SimRun] = []
+        self.on_gpu: list[list[SimRun]] = [[] for _ in range(gpus)]
+        # What the daemon learns as jobs end: peaks per learning key, cores of --cpus auto.
+        self.peaks: dict[str, Peak] = {}
+        self.startup = Startup(Learned())
+        self.reasons: dict[int, str] = {}  # why each job waited at the last pass
         self.slots: list[GpuSlot | None] = [None] * gpus  # the scheduler's view of each GPU; None: stale
         self.changed = False  # something a plan reads has changed since the last plan
         self.runs_changed = False  # the set of running jobs has changed: rates too
@@ -162,7 +143,7 @@ class _Sim:
                 self._handle(kind, payload)
             # Plan only after a change. Not after a plan's own placements: its pass ended with
             # the state they made, and no more fits in it (a GPU or host that just took a job is
-            # fresh); what changes next (a settling, an end) is an event.
+            # fresh); what changes next (a settling, an end, a sample) is an event.
             if self.changed:
                 self.changed = False
                 self._schedule()
@@ -190,8 +171,7 @@ class _Sim:
         if kind == _ARRIVE:
             self.arrivals_left -= 1
             job = self.jobs[payload - 1]
-            why = fits_at_all(self._waiting_of(job), self._host_slot(), self._gpu_slots())
-            if why:
+            if self._refused(job):
                 job.state, job.end = REFUSED, self.now
                 return
             self.waiting[job.id] = job
@@ -203,67 +183,107 @@ class _Sim:
         elif kind == _SETTLE:
             for r in self.runs:
                 if r.job.id == payload and r.settled_at <= self.now:
-                    if r.reserved is None and r.gpus:
+                    if r.gpu_mem_reserved is None and r.gpus:
                         # A probe has settled: from now on it holds its peak plus the margin.
-                        r.reserved = int(r.peak * (1 + self.limits.gpu_mem_margin))
+                        r.gpu_mem_reserved = int(r.peak * (1 + self.limits.gpu_mem_margin))
                     self._touch(r.gpus)  # no longer fresh
                     self.changed = True
         elif kind == _STARVE and payload in self.waiting:
             self.changed = True  # only the clock moved, but past this job's starvation limit
+        elif kind == _SAMPLE:
+            self._sample(payload)
+
+    def _sample(self, job_id: int) -> None:
+        """A run's sample (one a second), as the daemon's sampler gives it: its first few are
+        its program's start-up, the next ones its --cpus auto reservation's measurement."""
+        r = next((r for r in self.runs if r.job.id == job_id), None)
+        if r is None:
+            return
+        r.samples += 1
+        r.cpus_used = used = r.trace.cores_used
+        if r.samples <= STARTUP_SAMPLES:
+            self.startup.seen(r.job.command, used)
+        elif r.cpu is not None and r.cpu.sample(used):
+            self.changed = True
+        if r.samples in (STARTUP_SAMPLES, _SAMPLES_FIXED):  # its start-up, the host's window: over
+            self.changed = True
+        if r.samples < (_SAMPLES_AUTO if r.cpu is not None and r.cpu.auto else _SAMPLES_FIXED):
+            self._push(self.now + 1.0, _SAMPLE, job_id)
 
     # --- scheduling -------------------------------------------------------------------------------
 
-    def _waiting_of(self, job: _Job) -> Waiting:
-        if job.waiting is not None:
-            return job.waiting
-        gpu_mem = job.gpu_mem
-        if job.trace.gpus and gpu_mem is None and self.peaks.get(job.key):
-            gpu_mem = int(self.peaks[job.key] * (1 + self.limits.gpu_mem_margin))  # as the daemon's _waiting
-        t = job.trace
-        w = Waiting(job.id, t.priority, t.offset_s, t.cpus, t.mem, t.gpus, gpu_mem, job.escalation)
-        if gpu_mem is not None or not t.gpus:  # an auto job's may change with each peak recorded
-            job.waiting = w
-        return w
+    def _decisions(self, runs: list[SimRun]) -> Pass:
+        return Pass(runs, self.startup.learned, self.peaks, self.startup, self.limits.gpu_mem_margin)
+
+    def _refused(self, job: SimJob) -> bool:
+        """The daemon's submit check: whether it could never fit this machine, empty."""
+        decide = self._decisions([])
+        w = decide.waiting(job.job, decide.reserve(job.job), job.trace.offset_s)
+        host = host_view(
+            self.cpus, self.mem, [], self.startup, self.now, mem_available=None, cpu_mean=None, cpu_p95=None
+        )
+        return fits_at_all(w, host, self.empty_gpus) is not None
+
+    def _queue(self) -> list[Waiting]:
+        """What the daemon's pass shows the scheduler of the waiting jobs (in its order:
+        job ids), through the same decisions; why the others wait goes to ``reasons``."""
+        decide = self._decisions(self.runs)
+        out = []
+        for job in sorted(self.waiting.values(), key=lambda j: j.id):
+            reserved = job.fixed or decide.admit(job.job)
+            if isinstance(reserved, str):
+                self.reasons[job.id] = reserved
+                continue
+            if job.fixed is None and all_given(job.job):
+                job.fixed = reserved  # learnt figures never change it: not decided again
+            out.append(decide.waiting(job.job, reserved, job.job.queued_at or job.job.submitted))
+        return out
 
     def _schedule(self) -> None:
         if not self.waiting:
             return
-        queue = [self._waiting_of(j) for j in self.waiting.values()]
+        self.reasons = {}
+        queue = self._queue()
+        if not queue:
+            return
         wanted = {w.id: w for w in queue}
-        for p in plan(
-            queue, self._host_slot(), self._gpu_slots(), self.policy, self.limits, self.now
-        ).placements:
-            job = self.waiting.pop(p.job_id)
-            w = wanted[p.job_id]
-            job.attempts += 1
-            job.state = RUNNING
-            job.gpus = p.gpus
-            job.first_start = self.now if job.first_start is None else job.first_start
-            job.last_start = self.now
-            run = _Run(
-                job,
-                p.gpus,
-                self.now,
-                self.now + self.limits.settle_s,
-                None if p.probe else w.gpu_mem,
-                p.alone,
-                job.trace.duration_s,
-                job.trace.true_gpu_mem,
-            )
-            self.runs.append(run)
-            for g in p.gpus:
-                self.on_gpu[g].append(run)
-            self._touch(p.gpus)
-            self.runs_changed = True
-            self._push(run.settled_at, _SETTLE, job.id)
-            for g in p.gpus:
-                self._push(self.now + self.model.oom_after_s, _OOM, g)
+        outcome = plan(queue, self._host_slot(), self._gpu_slots(), self.policy, self.limits, self.now)
+        self.reasons.update(outcome.reasons)
+        for p in outcome.placements:
+            self._start(self.waiting.pop(p.job_id), p, wanted[p.job_id])
 
-    def _fresh(self, runs: list[_Run]) -> bool:
-        return any(self.now < r.settled_at for r in runs)
+    def _start(self, job: SimJob, p: Placement, w: Waiting) -> None:
+        job.attempts += 1
+        job.state = RUNNING
+        job.gpus = p.gpus
+        job.first_start = self.now if job.first_start is None else job.first_start
+        job.last_start = self.now
+        # As the daemon's attempt start (tandem.place.attempts), with what runs as it starts.
+        reserved = self._decisions(self.runs).reserve(job.job)
+        run = SimRun(
+            job.job,
+            job.trace,
+            p,
+            self.now,
+            self.now + self.limits.settle_s,
+            None if p.probe else w.gpu_mem,
+            job.trace.duration_s,
+            job.trace.true_gpu_mem,
+            Measuring(job.job, self.startup.learned, start=reserved.cores_start),
+            mem_learned=reserved.ram,
+        )
+        self.runs.append(run)
+        for g in p.gpus:
+            self.on_gpu[g].append(run)
+        self._touch(p.gpus)
+        self.runs_changed = True
+        self._push(run.settled_at, _SETTLE, job.id)
+        self._push(self.now + 1.0, _SAMPLE, job.id)
+        for g in p.gpus:
+            self._push(self.now + self.model.oom_after_s, _OOM, g)
 
-    def _activity(self, runs: list[_Run]) -> float:
-        return min(1.0, sum(r.job.trace.compute for r in runs))
+    def _activity(self, runs: list[SimRun]) -> float:
+        return min(1.0, sum(r.trace.compute for r in runs))
 
     def _touch(self, gpus: tuple[int, ...]) -> None:
         for g in gpus:
@@ -273,54 +293,27 @@ class _Sim:
         # A GPU's view changes only when a job starts, ends or settles there (each touches it).
         for g, slot in enumerate(self.slots):
             if slot is None:
-                self.slots[g] = self._gpu_slot(g)
+                runs = self.on_gpu[g]
+                reading = {uuid_of(g): gpu_reading(runs, self.gpu_mem, self.now)}
+                self.slots[g] = gpu_views([self.infos[g]], runs, reading, self.limits.settle_s, self.now)[0]
         return self.slots  # type: ignore[return-value]
 
-    def _gpu_slot(self, g: int) -> GpuSlot:
-        runs = self.on_gpu[g]
-        fresh = self._fresh(runs)
-        activity = None if fresh else self._activity(runs)
-        return GpuSlot(
-            index=g,
-            uuid=f"sim-gpu-{g}",
-            mem_total=self.gpu_mem,
-            mem_reserved=sum(r.reserved or 0 for r in runs),
-            mem_used=min(self.gpu_mem, sum(r.peak for r in runs)),
-            jobs=len(runs),
-            probing=any(r.reserved is None for r in runs),
-            compute_declared=None if runs else 0,  # traces declare no --gpu-share
-            fresh=fresh,
-            alone=any(r.alone for r in runs),
-            activity_mean=activity,
-            activity_p95=activity,
-        )
-
     def _host_slot(self) -> HostSlot:
-        cpu_runs = [r for r in self.runs if not r.gpus]
-        fresh = self._fresh(cpu_runs)
-        busy = None if fresh else min(1.0, self._busy_cores(cpu_runs) / self.cpus)
-        mem_reserved = sum(r.job.trace.mem for r in self.runs)
-        return HostSlot(
-            cpus_total=self.cpus,
-            mem_total=self.mem,
-            cpus_reserved=sum(r.job.trace.cpus for r in self.runs),
-            mem_reserved=mem_reserved,
-            mem_available=self.mem - mem_reserved,  # jobs are taken to use the RAM they reserve
+        busy = min(1.0, sum(r.window_cores(self.now) for r in self.runs) / self.cpus)
+        return host_view(
+            self.cpus,
+            self.mem,
+            self.runs,
+            self.startup,
+            self.now,
+            mem_available=self.mem - sum(r.mem for r in self.runs),  # jobs use the RAM they reserve
             cpu_mean=busy,
             cpu_p95=busy,
-            jobs=len(cpu_runs),
-            all_jobs=len(self.runs),
-            alone=any(r.alone for r in cpu_runs),
         )
 
-    @staticmethod
-    def _busy_cores(cpu_runs: list[_Run]) -> float:
-        # Only CPU-only jobs count: GPU jobs' own CPU use (data loading) is not modelled.
-        return sum(r.job.trace.cpus * r.job.trace.compute for r in cpu_runs)
-
     def _rates(self) -> None:
-        per_gpu = [self.model.gpu(sum(r.job.trace.compute for r in runs), len(runs)) for runs in self.on_gpu]
-        host = self.model.host(self._busy_cores([r for r in self.runs if not r.gpus]), self.cpus)
+        per_gpu = [self.model.gpu(sum(r.trace.compute for r in runs), len(runs)) for runs in self.on_gpu]
+        host = self.model.host(sum(r.trace.cores_used for r in self.runs), self.cpus)
         for r in self.runs:
             r.slowdown = max(per_gpu[g] for g in r.gpus) if r.gpus else host
             r.end_at = self.now + max(0.0, r.remaining) * r.slowdown
@@ -330,20 +323,28 @@ class _Sim:
     def _check_memory(self, g: int) -> None:
         runs = self.on_gpu[g]
         while runs and sum(r.peak for r in runs) > self.gpu_mem:
-            newest = max(runs, key=lambda r: (r.start, r.job.id))
+            newest = max(runs, key=lambda r: (r.started, r.job.id))
             self._end(newest, OOM)
 
-    def _end(self, r: _Run, how: str) -> None:
+    def _end(self, r: SimRun, how: str) -> None:
         self.runs.remove(r)
         for g in r.gpus:
             self.on_gpu[g].remove(r)
         self._touch(r.gpus)
         self.changed = self.runs_changed = True
-        job = r.job
-        job.ran_s += self.now - r.start
-        if r.gpus:
-            self.peaks[job.key] = max(self.peaks.get(job.key, 0), r.peak)
+        job = self.jobs[r.job.id - 1]
+        job.ran_s += self.now - r.started
+        key = job.job.learning_key
+        # What the daemon records of its run (tandem.place.attempts): its peaks.
+        old = self.peaks.get(key, Peak())
+        self.peaks[key] = Peak(
+            max(old.peak_mem or 0, r.trace.mem) or None,
+            max(old.peak_gpu_mem or 0, r.peak if r.gpus else 0) or None,
+        )
         if how == SUCCEEDED:
+            measured = r.cpu.measured() if r.cpu is not None and r.cpu.auto else None
+            if measured is not None:  # what its key reserves next
+                self.startup.learned.seen(key, measured)
             job.state, job.end = SUCCEEDED, self.now
             return
         self.crashes += 1
@@ -351,17 +352,17 @@ class _Sim:
             "gpu_oom",
             job.attempts,
             RETRIES,
-            job.escalation,
-            job.gpu_mem,
+            job.job.escalation,
+            job.job.gpu_mem,
             job.trace.mem,
             r.peak,
             None,
             self.limits.gpu_mem_margin,
         )
         if again is not None:  # as the daemon: the GPU with most free memory, then alone
-            job.escalation, job.gpu_mem = again.escalation, again.gpu_mem
-            job.waiting = None
-            if fits_at_all(self._waiting_of(job), self._host_slot(), self._gpu_slots()) is None:
+            job.job = replace(job.job, escalation=again.escalation, gpu_mem=again.gpu_mem, queued_at=self.now)
+            job.fixed = None
+            if not self._refused(job):
                 job.state = RETRYING
                 self.retries += 1
                 self.waiting[job.id] = job

@@ -6,8 +6,9 @@ sources:
 
 - tandem's own CSV (:func:`read_trace`, :func:`write_trace`): one row per job, columns
   ``offset_s,name,command,cpus,mem,gpus,gpu_mem,duration_s,compute,kind`` and, optionally,
-  ``priority`` and ``peak_gpu_mem`` (the GPU memory the job really reaches, when it is not
-  what it declares: an under-declared job, or an ``auto`` one).
+  ``priority``, ``peak_gpu_mem`` (the GPU memory the job really reaches, when it is not
+  what it declares: an under-declared job, or an ``auto`` one) and ``gpu_share`` (its
+  ``--gpu-share``, percent). ``cpus`` 0 is ``auto``, as for ``tandem submit``.
 - Microsoft's Philly trace (:func:`read_philly`, msr-fiddle/philly-traces, CC-BY-4.0, not
   shipped): arrivals, run times and GPU counts; memory and compute are not in it and are
   drawn from the job mix below.
@@ -39,7 +40,7 @@ from tandem.place.model import parse_size
 from tandem.units import GiB, MiB, exact_size
 
 COLUMNS = ("offset_s", "name", "command", "cpus", "mem", "gpus", "gpu_mem", "duration_s", "compute", "kind")
-OPTIONAL_COLUMNS = ("priority", "peak_gpu_mem")
+OPTIONAL_COLUMNS = ("priority", "peak_gpu_mem", "gpu_share")
 
 # Philly: 117,325 jobs submitted between 2017-08-07 and 2017-12-22 (its README), one every
 # ~101 s on average over the whole cluster. The sample's arrivals are exponential gaps with
@@ -96,6 +97,17 @@ class TraceJob:
     kind: str = ""
     priority: int = 0
     peak_gpu_mem: int | None = None
+    gpu_share: int | None = None  # its declared share of a GPU's compute, percent (--gpu-share)
+
+    @property
+    def cores_used(self) -> float:
+        """The cores it keeps busy, as the daemon's sampler would measure them: a CPU-only
+        job ``compute`` of each core it asks for (of its kind's cores where it asks for
+        ``auto``, 0); a GPU job's own CPU use (data loading) is not modelled."""
+        if self.gpus:
+            return 0.0
+        cores = self.cpus or (KINDS[self.kind].cpus if self.kind in KINDS else 1.0)
+        return cores * self.compute
 
     @property
     def true_gpu_mem(self) -> int:
@@ -178,6 +190,7 @@ def _row(row: dict[str, Any], where: str) -> TraceJob:
         kind=(row.get("kind") or "").strip(),
         priority=field("priority", number(-math.inf, integer=True), empty=0),
         peak_gpu_mem=field("peak_gpu_mem", parse_size, empty=None),
+        gpu_share=field("gpu_share", number(1, 100, integer=True), empty=None),
     )
 
 
@@ -201,6 +214,7 @@ def write_trace(jobs: Iterable[TraceJob], path: str | Path) -> None:
                     j.kind,
                     j.priority,
                     "" if j.peak_gpu_mem is None else exact_size(j.peak_gpu_mem),
+                    "" if j.gpu_share is None else j.gpu_share,
                 ]
             )
 

@@ -1,0 +1,334 @@
+"""The decisions of admission, pure: what a job reserves (:func:`reserve`), whether a waiting
+job may be considered this pass and what the scheduler is shown of it (:class:`Pass`), and
+the host's and GPUs' views (:func:`host_view`, :func:`gpu_views`), from plain inputs: the
+job's fields, what was learnt, the running attempts' measured figures and the clock. No I/O,
+no state.
+
+The daemon calls these at submit (:mod:`tandem.place.requests`), on each pass
+(:mod:`tandem.place.admission`), at an attempt's start (:mod:`tandem.place.attempts`) and
+for ``tandem status``; the simulator (:mod:`tandem.place.sim.simulate`) calls the same
+functions, faking only the measurements (its trace's cores and memory stand in for the
+samplers): what one decides on the same inputs, the other does.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from tandem.place.active import STARTUP_SAMPLES, Startup
+from tandem.place.model import GpuInfo
+from tandem.place.policies import GpuSlot, HostSlot
+from tandem.place.records import Job
+from tandem.place.reserve import (
+    AUTO_CPUS,
+    Learned,
+    Measuring,
+    key_words,
+    mem_reservation,
+    probing_keys,
+    running_figures,
+)
+from tandem.place.resources import GIVEN, LEARNT, PROBE, Reservation, Resources
+from tandem.place.scheduler import Placement, Waiting
+
+# The host's load from outside the reservations is judged over the last few seconds, not the
+# GPU's 30-s window: a start-up burst (an import) is over in seconds, and a long window held
+# jobs back for its length and then let them all in at once. Jobs over their declaration
+# are counted at once from their own last sample (HostSlot.cpus_over).
+HOST_WINDOW_S = 5.0
+
+
+@dataclass(frozen=True, slots=True)
+class Peak:
+    """What was measured for a learning key before (the state's ``peaks`` row)."""
+
+    peak_mem: int | None = None
+    peak_gpu_mem: int | None = None
+
+    @classmethod
+    def of(cls, row: Any) -> Peak | None:
+        """From a ``peaks`` row (a mapping, or sqlite3.Row), or None."""
+        return None if row is None else cls(row["peak_mem"], row["peak_gpu_mem"])
+
+
+@dataclass(frozen=True, slots=True)
+class GpuReading:
+    """One GPU as last measured (NVML, or the simulator's model)."""
+
+    mem_used: int | None = None
+    activity_mean: float | None = None
+    activity_p95: float | None = None
+
+
+class RunningAttempt(Protocol):
+    """A running attempt as these functions read it (:class:`tandem.place.active.Active`,
+    the simulator's run)."""
+
+    job: Job
+    placement: Placement
+    started: float
+    samples: int
+    cpus_used: float | None
+    cpu: Measuring | None
+    gpu_mem_reserved: int | None
+
+    @property
+    def uuids(self) -> tuple[str, ...]: ...
+
+    @property
+    def cpus(self) -> float: ...
+
+    @property
+    def mem(self) -> int: ...
+
+    @property
+    def probing(self) -> bool: ...
+
+
+@dataclass(frozen=True, slots=True)
+class Reserved:
+    """What a job reserves as it would start now: its figures, where each came from
+    (:attr:`reservation`, typed) and the words for ``tandem ls``/``show`` (``cores_why``,
+    ``ram_why``); ``probe``: its cores were never measured for its key. Plain fields: one
+    is made for every waiting job each pass."""
+
+    job: Job
+    cores: float
+    ram: int
+    gpu_mem: int | None  # per GPU; None: unknown (a GPU probe)
+    probe: bool
+    cores_why: str
+    ram_why: str
+
+    @property
+    def reservation(self) -> Reservation:
+        """Its :class:`Resources` and where each figure came from (given, learnt, probe)."""
+        job = self.job
+        return Reservation(
+            Resources(self.cores, self.ram, job.gpus or 0, self.gpu_mem or 0, job.gpu_share or 0),
+            cores_from=GIVEN if job.cpus != AUTO_CPUS else PROBE if self.probe else LEARNT,
+            ram_from=GIVEN if job.mem else LEARNT if self.ram else PROBE,
+            gpu_mem_from=GIVEN if job.gpu_mem is not None else LEARNT if self.gpu_mem is not None else PROBE,
+        )
+
+    @property
+    def cores_start(self) -> tuple[float, str, bool]:
+        """Its cores as a running attempt's :class:`~tandem.place.reserve.Measuring` starts."""
+        return self.cores, self.cores_why, self.probe
+
+
+def reserve(
+    job: Job,
+    learned: Learned,
+    alike: Mapping[str, tuple[float, int]] | None,
+    peak: Peak | None,
+    gpu_mem_margin: float,
+) -> Reserved:
+    """What ``job`` reserves: its given figures, else what its learning key was measured
+    to use (``learned`` cores, ``peak`` RAM and GPU memory plus their margins), else what a
+    running job alike reserves (``alike``: :func:`~tandem.place.reserve.running_figures`),
+    else a probe's."""
+    cores, cores_why, probe = learned.reserve(job, alike)
+    ram, ram_why = mem_reservation(job.mem, peak.peak_mem if peak else None, job.learning_key)
+    gpu_mem = job.gpu_mem
+    if job.gpus and gpu_mem is None and peak is not None and peak.peak_gpu_mem:
+        gpu_mem = int(peak.peak_gpu_mem * (1 + gpu_mem_margin))
+    return Reserved(job, cores, ram, gpu_mem, probe, cores_why, ram_why)
+
+
+def _probe_reason(probing: int | None, running: set[int]) -> str | None:
+    """Why a job of --cpus auto never seen before waits while job ``probing`` is measured."""
+    if probing is None:
+        return None
+    measured = (
+        f"job {probing}'s measurement"
+        if probing in running
+        else f"job {probing}, the next new job to be measured"
+    )
+    return (
+        f"cores: --cpus auto, a job not seen before; waits for {measured} (one new job is measured at a time)"
+    )
+
+
+class Pass:
+    """One scheduling pass's decisions on the waiting jobs, in queue order: what each
+    reserves and whether it may be considered (:meth:`admit`), and what the scheduler is
+    shown of it (:meth:`waiting`). Jobs of ``--cpus auto`` never seen before are measured
+    one at a time (:mod:`tandem.place.reserve`), but the jobs of a share group: they run
+    together whatever their cores (scheduler.share_bound). A job alike to a running one (its
+    learning key) starts at that one's measurement; one alike to a probe queued before it
+    waits for that one, not a probe itself."""
+
+    def __init__(
+        self,
+        running: Iterable[RunningAttempt],
+        learned: Learned,
+        peaks: Mapping[str, Peak],
+        startup: Startup,
+        gpu_mem_margin: float,
+    ) -> None:
+        running = list(running)
+        self.learned, self.peaks, self.startup = learned, peaks, startup
+        self.gpu_mem_margin = gpu_mem_margin
+        self.running = {r.job.id for r in running}
+        self.figures, self.probes = running_figures(running), probing_keys(running)
+        probing = next((r.job.id for r in running if r.probing and not r.job.share), None)
+        self.probe_reason = _probe_reason(probing, self.running)
+
+    def reserve(self, job: Job) -> Reserved:
+        return reserve(job, self.learned, self.figures, self.peaks.get(job.learning_key), self.gpu_mem_margin)
+
+    def admit(self, job: Job) -> Reserved | str:
+        """What ``job`` reserves, or why it waits for a measurement (a probe of its key, or
+        the one probe at a time). A probe admitted holds back the ones queued behind it."""
+        reserved = self.reserve(job)
+        if not reserved.probe:
+            return reserved
+        # A share group's points do not wait for the first one's measurement: each that
+        # joins late makes the producer serve its epochs again (scheduler.share_bound).
+        if job.learning_key in self.probes and not job.share:
+            first = self.probes[job.learning_key]
+            measured = (
+                f"job {first}'s measurement" if first in self.running else f"job {first}, to be measured"
+            )
+            return (
+                f"cores: --cpus auto; waits for {measured}, a job "
+                f"alike (job key {key_words(job.learning_key)}), then starts at it"
+            )
+        if not job.share and self.probe_reason is not None:
+            return self.probe_reason  # one string for the whole queue behind it
+        self.probes[job.learning_key] = job.id  # the others of its key wait for it
+        if not job.share:
+            self.probe_reason = _probe_reason(job.id, self.running)
+        return reserved
+
+    def waiting(self, job: Job, reserved: Reserved, since: float, **share: Any) -> Waiting:
+        """What the scheduler is shown of ``job``; ``share``: its share group's fields of
+        :class:`~tandem.place.scheduler.Waiting` (the admission's)."""
+        return Waiting(
+            job.id,
+            job.priority,
+            job.submitted,
+            reserved.cores,
+            reserved.ram,
+            job.gpus or 0,  # resolved at submit: a queued job's count is never None
+            reserved.gpu_mem,
+            job.escalation,
+            waiting_since=since,
+            gpu_share=job.gpu_share,
+            elastic=job.cpus == AUTO_CPUS,
+            # A job whose use is known (learnt for its key, or a running job alike's) is
+            # not held back by the start-up of the jobs starting with it: a sweep's
+            # points start together, their imports sharing the cores for seconds.
+            startup_cpus=None
+            if job.gpus or reserved.cores_why.startswith("measured")
+            else self.startup.cores(job.command),
+            **share,
+        )
+
+
+def _over_declared(running: list[RunningAttempt], startup: Startup) -> tuple[float, int | None]:
+    """Cores the running jobs use beyond what they declared (a job that declared too little,
+    a start-up burst), and the job most over its share: as last measured, and for a job
+    still starting, at least what its program used at start before."""
+    over = []
+    for a in running:
+        used = a.cpus_used or 0.0
+        if a.samples < STARTUP_SAMPLES:
+            used = max(used, startup.cores(a.job.command))
+        if used > a.cpus:
+            over.append((used - a.cpus, a.job.id))
+    return (sum(o for o, _ in over), max(over)[1]) if over else (0.0, None)
+
+
+def _busy_cores(
+    running: list[RunningAttempt], startup: Startup, measured: float | None, now: float
+) -> float | None:
+    """The cores a waiting job of learnt cores must leave to the others: the host's measured
+    busy cores over the last seconds (load from outside the manager too), plus each job
+    started within that window at its figure (its reservation, or what its program used at
+    start where its use is not known: the window has not seen it yet), plus what each job of
+    given cores reserved and does not use now (a hard reservation is kept for it)."""
+    if measured is None:
+        return None
+    busy = measured
+    for a in running:
+        if now - a.started < HOST_WINDOW_S or a.samples < STARTUP_SAMPLES:
+            known = a.cpu is not None and a.cpu.source.startswith("measured")
+            busy += a.cpus if known else max(a.cpus, startup.cores(a.job.command))
+        elif a.cpu is None or not a.cpu.auto:
+            busy += max(0.0, a.cpus - (a.cpus_used or 0.0))
+    return busy
+
+
+def host_view(
+    cpus_total: float,
+    mem_total: int,
+    running: Iterable[RunningAttempt],
+    startup: Startup,
+    now: float,
+    *,
+    mem_available: int | None,
+    cpu_mean: float | None,
+    cpu_p95: float | None,
+    also_reserved: tuple[float, int] = (0.0, 0),
+) -> HostSlot:
+    """The host as the scheduler sees it: the running jobs' reservations (and
+    ``also_reserved``: cores and RAM of what runs beside them, the live producers), the
+    measured free RAM and busy share of the cores over :data:`HOST_WINDOW_S`, what jobs use
+    over their declaration, and the busy cores a job of learnt cores must leave."""
+    running = list(running)
+    cpu_jobs = [a for a in running if not a.placement.gpus]
+    return HostSlot(
+        cpus_total=cpus_total,
+        mem_total=mem_total,
+        cpus_reserved=sum(a.cpus for a in running) + also_reserved[0],
+        mem_reserved=sum(a.mem for a in running) + also_reserved[1],
+        mem_available=mem_available,
+        cpu_mean=cpu_mean,
+        cpu_p95=cpu_p95,
+        cpus_over=_over_declared(running, startup),
+        jobs=len(cpu_jobs),
+        all_jobs=len(running),
+        alone=any(a.placement.alone for a in cpu_jobs),
+        cpus_busy=_busy_cores(running, startup, None if cpu_mean is None else cpu_mean * cpus_total, now),
+    )
+
+
+def gpu_views(
+    gpus: Sequence[GpuInfo],
+    running: Iterable[RunningAttempt],
+    measured: Mapping[str, GpuReading],
+    settle_s: float,
+    now: float,
+) -> list[GpuSlot]:
+    """Each GPU as the scheduler sees it: its jobs' reservations and declared compute, the
+    measured memory and activity (``measured``, by uuid), whether a job of unknown memory
+    (a probe) is on it or one started within ``settle_s``."""
+    running = list(running)
+    slots = []
+    for g in gpus:
+        on = [a for a in running if g.uuid in a.uuids]
+        m = measured.get(g.uuid)
+        probing = [a.job.id for a in on if a.gpu_mem_reserved is None]
+        shares = [a.job.gpu_share for a in on]
+        slots.append(
+            GpuSlot(
+                index=g.index,
+                uuid=g.uuid,
+                mem_total=g.mem_total,
+                mem_reserved=sum(a.gpu_mem_reserved or 0 for a in on),
+                mem_used=m.mem_used if m else None,
+                jobs=len(on),
+                probing=bool(probing),
+                probing_job=probing[0] if probing else None,
+                compute_declared=None if None in shares else sum(shares),  # type: ignore[arg-type]
+                fresh=any(now - a.started < settle_s for a in on),
+                alone=any(a.placement.alone for a in on),
+                activity_mean=m.activity_mean if m else None,
+                activity_p95=m.activity_p95 if m else None,
+            )
+        )
+    return slots

@@ -1,0 +1,186 @@
+"""The simulator and the daemon reach their decisions through the same functions
+(tandem.place.decide): on one job set, with the same running jobs, the same things learnt and
+the same measurements, the daemon's admission and the simulator's pass start the same jobs
+in the same places and give the others the same reasons. And the simulator gains what the
+shared core does: probes of --cpus auto measured one at a time, alike jobs starting at the
+first one's figure, what was learnt reserved by the next job of the key."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+from tandem.place.active import Active, Startup
+from tandem.place.admission import Admission
+from tandem.place.decide import Peak
+from tandem.place.model import RUNNING, SUCCEEDED, Capacity, GpuInfo
+from tandem.place.policies import Limits, make_policy
+from tandem.place.reserve import Learned, Measuring
+from tandem.place.scheduler import Placement, plan
+from tandem.place.sim.simrun import SimRun, gpu_reading, uuid_of
+from tandem.place.sim.simulate import SlowdownModel, _Sim, simulate
+from tandem.place.sim.trace import TraceJob
+from tandem.place.state import State
+from tandem.units import GiB
+
+T = 200.0  # the clock at the pass (the jobs were submitted at 0: none starves yet)
+
+
+def _job(
+    name: str, cpus: float, mem: int = GiB, gpus: int = 0, gpu_mem: int | None = None, **kw: Any
+) -> TraceJob:
+    return TraceJob(0.0, name, f"python {name}.py", cpus, mem, gpus, gpu_mem, 600.0, 0.5, **kw)
+
+
+TRACE = [
+    _job("given", 1.0),  # 1: runs
+    _job("auto-a", 0.0),  # 2: runs, a probe of its key
+    _job("gpu-share", 1.0, gpus=1, gpu_mem=10 * GiB, gpu_share=60),  # 3: runs on the GPU
+    _job("auto-a", 0.0),  # 4: alike to 2: waits for its measurement
+    _job("auto-new", 0.0),  # 5: another probe: waits (one measured at a time)
+    _job("learnt", 0.0),  # 6: its key's cores learnt: starts at them
+    _job("gpu-learnt", 1.0, gpus=1, gpu_mem=None),  # 7: GPU memory learnt for its key
+    _job("gpu-share2", 0.5, gpus=1, gpu_mem=4 * GiB, gpu_share=50),  # 8: 60 + 50 > 100: waits
+    _job("too-big", 1.0, mem=15 * GiB),  # 9: RAM short
+]
+RUNNING_IDS = (1, 2, 3)
+
+
+class _Window:
+    def __init__(self, value: float | None) -> None:
+        self.value = value
+
+    def mean(self, *_: Any) -> float | None:
+        return self.value
+
+    def p95(self, *_: Any) -> float | None:
+        return self.value
+
+
+class _Monitor:
+    """The daemon's samplers, reading what the simulator's model says they would."""
+
+    def __init__(self, sim: _Sim) -> None:
+        host = sim._host_slot()
+        self.cpu, self.mem_available = _Window(host.cpu_mean), host.mem_available
+        reading = gpu_reading(sim.on_gpu[0], sim.gpu_mem, sim.now)
+        gpu = type("Gpu", (), {"mem_used": reading.mem_used, "activity": _Window(reading.activity_mean)})
+        self.gpus = {uuid_of(0): gpu}
+
+
+class _NoProducers:
+    def running(self, _share: Any) -> bool:
+        return False
+
+
+def _learnt() -> Startup:
+    return Startup(Learned({"name:learnt": [0.4]}))
+
+
+def _simulator() -> _Sim:
+    sim = _Sim(TRACE, "packing", 1, 80 * GiB, 8.0, 16 * GiB, Limits(), SlowdownModel())
+    sim.now = T
+    sim.startup = _learnt()
+    sim.peaks = {"name:gpu-learnt": Peak(GiB, 6 * GiB)}
+    for job in sim.jobs:
+        if job.id in RUNNING_IDS:
+            t, rec = job.trace, job.job
+            p = Placement(job.id, (0,) if t.gpus else (), t.gpu_mem, False, False)
+            run = SimRun(rec, t, p, T - 100, T - 70, t.gpu_mem, 600.0, t.true_gpu_mem, None)
+            run.cpu = Measuring(rec, sim.startup.learned)
+            run.samples, run.cpus_used, job.state = 30, 0.5, RUNNING
+            sim.runs.append(run)
+            if t.gpus:
+                sim.on_gpu[0].append(run)
+        else:
+            sim.waiting[job.id] = job
+    return sim
+
+
+def test_the_simulator_and_the_daemons_admission_reach_the_same_decisions(tmp_path: Path) -> None:
+    sim = _simulator()
+    monitor = _Monitor(sim)  # what the daemon's samplers read: the simulator's measurements
+    waiting = {j.id: j for j in sim.waiting.values()}
+    sim._schedule()
+    sim_started = {i: j.gpus for i, j in waiting.items() if j.state == RUNNING}
+
+    state = State(tmp_path)
+    state.record_peak("name:gpu-learnt", GiB, 6 * GiB, 60.0)
+    startup, limits = _learnt(), Limits()
+    capacity = Capacity(8.0, 16 * GiB, (GpuInfo(0, uuid_of(0), 80 * GiB),))
+    admission = Admission(state, capacity, limits, monitor, _NoProducers(), startup)  # type: ignore[arg-type]
+    now = time.time()
+    active = {}
+    for job in _simulator().jobs:
+        if job.id in RUNNING_IDS:
+            t = job.trace
+            p = Placement(job.id, (0,) if t.gpus else (), t.gpu_mem, False, False)
+            uuids = (uuid_of(0),) if t.gpus else ()
+            a = Active(job.job, 1, p, uuids, tmp_path, now - 100, gpu_mem_reserved=t.gpu_mem)
+            a.cpu, a.samples, a.cpus_used = Measuring(job.job, startup.learned), 30, 0.5
+            active[job.id] = a
+    reasons: dict[int, str] = {}
+    queue = admission.waiting([w.job for w in waiting.values()], {}, active, reasons)
+    host, gpus = admission.host_slot(active.values()), admission.gpu_slots(active.values())
+    outcome = plan(queue, host, gpus, make_policy("packing"), limits, T)  # the same clock
+    reasons.update(outcome.reasons)
+    daemon_started = {p.job_id: p.gpus for p in outcome.placements}
+
+    assert daemon_started == sim_started
+    assert reasons == sim.reasons
+    # The job set exercises each decision: the learnt ones start, the rest wait for a reason.
+    assert set(daemon_started) == {6, 7}, (daemon_started, reasons)
+    assert "waits for job 2's measurement" in reasons[4] and "one new job is measured at a time" in reasons[5]
+    assert reasons[8].startswith("GPU") or "compute" in reasons[8], reasons[8]
+    assert "RAM" in reasons[9], reasons[9]
+
+
+def test_the_simulator_probes_a_new_key_then_starts_the_alike_jobs_at_its_measurement() -> None:
+    """Three alike jobs of --cpus auto: the first runs alone as a probe until measured (its
+    start-up, then its samples), the other two then start together at its figure; a job of
+    the key submitted after they ended starts at once at what was learnt."""
+    trace = [_job("sweep", 0.0) for _ in range(3)] + [_job("other", 0.0)]
+    trace.append(TraceJob(3000.0, "sweep", "python sweep.py", 0.0, GiB, 0, None, 60.0, 0.5))
+    result = simulate(trace, "packing", 0, cpus=8.0, mem=64 * GiB)
+    start = {j.id: j.start for j in result.jobs}
+    assert all(j.state == SUCCEEDED for j in result.jobs), result.jobs
+    assert start[1] == 0.0
+    assert start[2] == start[3] and start[2] is not None and start[2] >= 20.0  # after job 1's measurement
+    assert start[4] is not None and start[4] > 0.0  # one probe at a time
+    assert start[5] == 3000.0  # its key learnt: no probe, no wait
+
+
+def test_a_reservation_says_where_each_figure_came_from() -> None:
+    """decide.reserve: given figures are given; --cpus auto learnt for its key, or a probe;
+    GPU memory auto from its key's peak plus the margin, else a GPU probe (None)."""
+    from tandem.place.decide import reserve
+    from tandem.place.records import Job
+    from tandem.place.reserve import AUTO_CPUS, PROBE_CORES, margin
+    from tandem.place.resources import GIVEN, LEARNT, PROBE
+
+    learned = Learned({"name:seen": [0.5]})
+    given = reserve(
+        Job(["x"], "/", cpus=2.0, mem=GiB, gpus=1, gpu_mem=3 * GiB, id=1), learned, None, None, 0.1
+    )
+    assert (given.cores, given.ram, given.gpu_mem, given.probe) == (2.0, GiB, 3 * GiB, False)
+    r = given.reservation
+    assert (r.cores_from, r.ram_from, r.gpu_mem_from) == (GIVEN, GIVEN, GIVEN)
+    seen = Job(
+        ["x"], "/", name="seen", cpus=AUTO_CPUS, mem=0, gpus=1, gpu_mem=None, id=2, job_key="name:seen"
+    )
+    learnt = reserve(seen, learned, None, Peak(2 * GiB, 10 * GiB), 0.1)
+    assert (
+        learnt.cores == margin(0.5)
+        and learnt.gpu_mem == int(10 * GiB * 1.1)
+        and learnt.ram == int(2 * GiB * 1.1)
+    )
+    r = learnt.reservation
+    assert (r.cores_from, r.ram_from, r.gpu_mem_from) == (LEARNT, LEARNT, LEARNT)
+    new = Job(["y"], "/", cpus=AUTO_CPUS, mem=0, gpus=1, gpu_mem=None, id=3, job_key="cmd:y")
+    probe = reserve(new, learned, None, None, 0.1)
+    assert probe.probe and probe.cores == PROBE_CORES and probe.gpu_mem is None
+    r = probe.reservation
+    assert (r.cores_from, r.ram_from, r.gpu_mem_from) == (PROBE, PROBE, PROBE)
+    alike = reserve(new, learned, {"cmd:y": (0.7, 9)}, None, 0.1)  # a running job alike measured
+    assert not alike.probe and alike.cores == 0.7 and "job 9 running" in alike.cores_why
