@@ -82,6 +82,7 @@ class Active:
     cpus_used: float | None = None  # cores its processes used over the last sample
     samples: int = 0  # usage samples seen (a job is "starting" until STARTUP_SAMPLES)
     fail_cause: str | None = None  # the daemon stopped it for this (its share's producer died)
+    stop_cause: str | None = None  # the daemon stopped it as done (a producer after its group): succeeded
     ending: AttemptEnd | None = None  # its end, once recorded (a later write that fails is retried alone)
     cpu: Measuring | None = None  # its reservation of cores as learnt (None: its job's --cpus)
     mem_learned: int = 0  # RAM reserved as it started (--mem auto: its key's peak plus a margin)

@@ -21,6 +21,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from tandem.place import model
 from tandem.place.active import STARTUP_SAMPLES, Active, AttemptEnd, Startup
 from tandem.place.config import DaemonConfig
 from tandem.place.decide import Peak, reserve
@@ -94,7 +95,7 @@ class Attempts:
             mem_from=mem_from,
             backend=backend,
         )
-        name = job.name or Path(job.command[0]).name
+        name, producer = job.name or Path(job.command[0]).name, job.role == model.PRODUCER_ROLE
         save(
             adir,
             AttemptSpec(
@@ -109,7 +110,7 @@ class Attempts:
                 log_max=self.config.log_max,
                 socket=self.socket,
                 track=self.tracked,
-                mlflow_env=self.tracked,  # the job is told its run's id (one run per job)
+                mlflow_env=self.tracked and not producer,  # a job is told its run's id (one run per job)
                 db_id=self.state.id,
             ),
         )
@@ -127,7 +128,7 @@ class Attempts:
                 "tandem.placement": placement.device,
                 "tandem.mps": mps,
                 "tandem.command": " ".join(job.command)[:5000],
-            }
+            } | ({"tandem.role": "producer"} if producer else {})
             share = self.state.share(job.share) if job.share else None
             selection = share.selection if share is not None else None
             if selection:  # the data selection it trains on (tandem select show ID)
@@ -276,11 +277,11 @@ class Attempts:
 
     # --- cancel, fail ------------------------------------------------------------------------
 
-    def stop(self, job_id: int, cause: str | None = None) -> None:
-        """Stop a running attempt (a cancel; with ``cause``, a failure the daemon decided)."""
+    def stop(self, job_id: int, cause: str | None = None, succeeded: str | None = None) -> None:
+        """Stop a running attempt (a cancel; with ``cause``, a failure the daemon decided;
+        with ``succeeded``, an end it decided: a producer whose group is done)."""
         a = self.active[job_id]
-        if cause is not None:
-            a.fail_cause = cause
+        a.fail_cause, a.stop_cause = cause or a.fail_cause, succeeded or a.stop_cause
         self.launcher.cancel(a)
 
     # --- finish -----------------------------------------------------------------------------
@@ -328,6 +329,10 @@ class Attempts:
         state, cause = result.state, result.cause
         if a.fail_cause is not None and state == CANCELLED:
             state, cause = FAILED, a.fail_cause
+        elif (
+            a.stop_cause is not None and state != model.OOM
+        ):  # however it took the stop (or the kill after it)
+            state, cause = SUCCEEDED, a.stop_cause
         ending = {
             "state": state,
             "ended": ended,
