@@ -15,12 +15,17 @@ from tandem.place.views import job_json, ls_row
 
 def test_a_state_file_of_schema_6_opens_with_its_jobs_of_role_job(tmp_path: Path) -> None:
     from tandem.place.schema import SCHEMA_VERSION
+    from tandem.share.spec import ShareSpec
 
     state = State(tmp_path)
     state.add_job(JobSpec(["true"], "/", name="a"), 0, 1.0)
+    state.define_share(ShareSpec("toy", "dataset", "m:f", batch_size=4))
     state.close()
-    db = sqlite3.connect(tmp_path / "place.db")  # back to schema 6: no roles
+    db = sqlite3.connect(tmp_path / "place.db")  # back to schema 6: no roles, producers in shares
     db.execute("ALTER TABLE jobs DROP COLUMN role")
+    for column in ("pid INTEGER", "ctime REAL", "started REAL", "cpus REAL", "error TEXT"):
+        db.execute(f"ALTER TABLE shares ADD COLUMN {column}")
+    db.execute("UPDATE shares SET pid = 4242, error = 'old'")
     db.execute("UPDATE meta SET v = '6' WHERE k = 'schema'")
     db.commit()
     db.close()
@@ -31,6 +36,10 @@ def test_a_state_file_of_schema_6_opens_with_its_jobs_of_role_job(tmp_path: Path
     assert job_json(job)["role"] == "job"
     (job,) = state.jobs(states=("queued",))  # the scheduler's read has it too
     assert job.role == JOB_ROLE
+    # The share's producer columns went (its producer is a job row now); the share is kept.
+    (share,) = state.shares()
+    assert share.name == "toy" and share.spec.batch_size == 4
+    assert "pid" not in {r[1] for r in state.query("PRAGMA table_info(shares)")}
 
 
 def test_a_producer_row_is_marked_in_ls_and_no_submit_makes_one(tmp_path: Path) -> None:

@@ -135,17 +135,12 @@ class Job(JobSpec):
 
 @dataclass
 class Share:
-    """A dataset defined with ``tandem share define`` (its :class:`ShareSpec`), the data
+    """A dataset defined with ``tandem share define`` (its :class:`ShareSpec`) and the data
     selection it serves (``selection``: an id of ``tandem.select``'s store, given at define or
-    written by the daemon when the share's selection job succeeds) and the producer now
-    running for it, if any: pid, start time and the cores reserved for it."""
+    written by the daemon when the share's selection job succeeds). Its producer is a job row
+    of its own (role ``producer``, :mod:`tandem.place.producers`)."""
 
     name: str = column(sql="TEXT PRIMARY KEY")
     spec: ShareSpec = column(encode=ShareSpec.to_json, decode=ShareSpec.from_json)
     defined: float = 0.0
     selection: str | None = None
-    pid: int | None = None
-    ctime: float | None = None
-    started: float | None = None
-    cpus: float | None = None  # reserved by the running producer
-    error: str | None = None  # how its last producer died, if it died

@@ -179,10 +179,18 @@ def _learning_keys(db: sqlite3.Connection) -> None:
 
 
 def _job_roles(db: sqlite3.Connection) -> None:
-    """Schema 6 had only submitted jobs: each is a job of role "job" (a share group's
-    producer is a job row of role "producer" from schema 7)."""
+    """Schema 6 had only submitted jobs, and a share's row held its running producer (pid,
+    ctime, started, cpus, error): each job is of role "job", and from schema 7 a share
+    group's producer is a job row of role "producer", so those columns go (the table made
+    again: an old SQLite has no DROP COLUMN)."""
     if "role" not in {r[1] for r in db.execute("PRAGMA table_info(jobs)")}:
         db.execute("ALTER TABLE jobs ADD COLUMN role TEXT NOT NULL DEFAULT 'job'")
+    if "pid" in {r[1] for r in db.execute("PRAGMA table_info(shares)")}:
+        db.execute("ALTER TABLE shares RENAME TO shares_6")
+        db.execute(create_table(Share))
+        kept = columns_of(Share)
+        db.execute(f"INSERT INTO shares ({kept}) SELECT {kept} FROM shares_6")
+        db.execute("DROP TABLE shares_6")
 
 
 # MIGRATIONS[n]: what takes schema n to n + 1 (CREATE TABLE IF NOT EXISTS only makes what

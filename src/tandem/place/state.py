@@ -411,12 +411,12 @@ class State(StateReads):
                 what = f"makes the selection of share {spec.name!r}"
                 job_id, _ = self._add_job(db, select_job, gpus, now, what)
                 spec = dataclasses.replace(spec, select_job=job_id)
-            _insert(  # a running producer's row (pid, ...) is kept: the daemon still owns it
+            _insert(  # a redefinition: the same row, its spec and selection replaced
                 db,
                 "shares",
                 row_values(Share(spec.name, spec, now, selection=spec.selection)),
                 "ON CONFLICT(name) DO UPDATE SET spec = excluded.spec, defined = excluded.defined, "
-                "selection = excluded.selection, error = NULL",
+                "selection = excluded.selection",
             )
         return job_id
 
