@@ -121,3 +121,44 @@ def test_a_producer_is_not_cancelled_under_its_running_group_but_cancel_all_ends
     assert {h.state_of(i) for i in ids} == {"cancelled"}
     assert h.state_of(producer["id"]) == "cancelled"
     assert not h.launcher.running()
+
+
+def test_a_producer_stopped_by_a_daemon_that_then_died_ends_succeeded(inproc, tmp_path, monkeypatch):
+    """Its stop was asked, its supervisor ended it (a result: cancelled), and the daemon died
+    before it read that: the next daemon records the stop as one (succeeded), not a cancel."""
+    h = _group(inproc, tmp_path, monkeypatch)
+    job = h.submit("--share", "toy", "--cpus", "0.5", "--", "true")
+    h.run_until(lambda: h.state_of(job) == "running", within=10)
+    (producer,) = _producers(h)
+    h.finish(job)
+    h.run_until(lambda: h.run_of(producer["id"]).cancelled, within=10)
+    assert h.state_of(producer["id"]) == "running"  # its end not yet read
+    h2 = h.restart()
+    assert h2.wait_state(producer["id"], {"succeeded", "failed", "cancelled"}, within=10) == "succeeded"
+    assert "its group's last job ended" in h2.job(producer["id"])["cause"]
+
+
+def test_a_gpu_slab_producer_row_reserves_a_gpu_not_its_memory(tmp_path: Path) -> None:
+    """A share that keeps its batches on a GPU: its producer's row asks for a GPU (its own
+    placement, cuda:0 to it) with no GPU memory reserved (its slab is in the GPU's measured
+    use), learnt under the share's key, retried once, in the group of the job that asked."""
+    from tandem.place.config import DaemonConfig
+    from tandem.place.model import Capacity, GpuInfo, JobSpec
+    from tandem.place.producers import Producers
+    from tandem.place.reserve import Learned
+    from tandem.place.state import State
+    from tandem.share.spec import ShareSpec
+
+    (tmp_path / "s").mkdir(mode=0o700)
+    state = State(tmp_path / "s")
+    state.define_share(ShareSpec("pics", "images", str(tmp_path), device="cuda:0"))
+    capacity = Capacity(2.0, 8 << 30, (GpuInfo(0, "GPU-0", 80 << 30),))
+    producers = Producers(state, capacity, DaemonConfig(), Learned())
+    asked, _ = state.add_job(JobSpec(["true"], str(tmp_path), share="pics", group="sweep"), 1, 1.0)
+    share, job = state.share("pics"), state.job(asked)
+    assert share is not None and job is not None
+    row = state.job(producers.make(share, job))
+    assert row is not None and row.role == "producer" and row.name == "producer pics"
+    assert (row.gpus, row.gpu_mem, row.share, row.group) == (1, 0, "pics", "sweep")
+    assert row.learning_key == producer_key("pics") and row.retries == 1
+    state.close()

@@ -5,6 +5,7 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -113,3 +114,20 @@ class Active:
 
     def settled(self, now: float, settle_s: float) -> bool:
         return now - self.started >= settle_s and now - self.last_growth >= settle_s
+
+
+def energy_of(a: Active, running: Iterable[Active], energy_mj: Callable[[str], int | None]) -> float | None:
+    """Joules of ``a``'s GPUs over the attempt (shared among collocated jobs: the whole
+    device's counter, ``energy_mj`` by uuid, split by how many of ``running`` were on it at
+    the end)."""
+    if not a.energy_start:
+        return None
+    running = list(running)
+    total = 0.0
+    for uuid, start in a.energy_start.items():
+        end = energy_mj(uuid)
+        if end is None:
+            return None
+        sharers = sum(1 for o in running if uuid in o.uuids)
+        total += (end - start) / 1000.0 / max(1, sharers)
+    return total

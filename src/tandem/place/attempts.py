@@ -22,13 +22,13 @@ from pathlib import Path
 from typing import Any
 
 from tandem.place import model
-from tandem.place.active import STARTUP_SAMPLES, Active, AttemptEnd, Startup
+from tandem.place.active import STARTUP_SAMPLES, Active, AttemptEnd, Startup, energy_of
 from tandem.place.config import DaemonConfig
 from tandem.place.decide import Peak, reserve
 from tandem.place.devices import Monitor
 from tandem.place.identity import attempt_folder
 from tandem.place.model import CANCELLED, FAILED, RUNNING, SUCCEEDED, Capacity, GpuInfo, format_size
-from tandem.place.producers import selections_made
+from tandem.place.producers import STOPPED, selections_made
 from tandem.place.records import AttemptPlacement
 from tandem.place.reserve import Learned, Measuring, running_figures
 from tandem.place.retry import retry
@@ -271,6 +271,11 @@ class Attempts:
             self.state.event(a.job.id, "stopped", "its supervisor died; the job was stopped")
         procs.close()  # its cgroup, which the supervisor could not remove
 
+    def _stopped_before(self, a: Active, state: str) -> str | None:
+        """A producer that a daemon before this one stopped (no one else cancels it unasked)."""
+        producer = a.job.role == model.PRODUCER_ROLE and state == CANCELLED
+        return STOPPED if producer and not self._cancel_requested(a.job.id) else None
+
     def _cancel_requested(self, job_id: int) -> bool:
         job = self.state.job(job_id, attempts=False)
         return bool(job and job.cancel_requested)
@@ -329,10 +334,8 @@ class Attempts:
         state, cause = result.state, result.cause
         if a.fail_cause is not None and state == CANCELLED:
             state, cause = FAILED, a.fail_cause
-        elif (
-            a.stop_cause is not None and state != model.OOM
-        ):  # however it took the stop (or the kill after it)
-            state, cause = SUCCEEDED, a.stop_cause
+        elif (stop := a.stop_cause or self._stopped_before(a, state)) is not None and state != model.OOM:
+            state, cause = SUCCEEDED, stop  # the daemon stopped it: however it took the stop
         ending = {
             "state": state,
             "ended": ended,
@@ -346,7 +349,7 @@ class Attempts:
         }
         job = self.state.job(a.job.id, attempts=False)
         assert job is not None
-        energy = self._energy(a)
+        energy = energy_of(a, self.active.values(), lambda uuid: self.monitor.gpus[uuid].energy_mj)
         common = {
             "exit_code": result.exit_code,
             "signal": result.signal,
@@ -387,20 +390,6 @@ class Attempts:
             )
         wait_s = (job.started or a.started) - job.submitted
         return AttemptEnd(state, cause, again is not None, ended, peak_mem, peak_gpu, energy, wait_s)
-
-    def _energy(self, a: Active) -> float | None:
-        """Joules of the job's GPUs over the attempt (shared among collocated jobs: the
-        whole device's counter, split by how many jobs were on it at the end)."""
-        if not a.energy_start:
-            return None
-        total = 0.0
-        for uuid, start in a.energy_start.items():
-            end = self.monitor.gpus[uuid].energy_mj
-            if end is None:
-                return None
-            sharers = sum(1 for o in self.active.values() if uuid in o.uuids)
-            total += (end - start) / 1000.0 / max(1, sharers)
-        return total
 
     # --- after a restart ----------------------------------------------------------------------
 

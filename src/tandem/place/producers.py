@@ -82,6 +82,8 @@ class Producers:
         and so runtime directory, and working directory it runs in); its id."""
         full = self.state.job(asked.id, attempts=False) or asked  # with its environment
         cpus, why, defined = self._cores(share)
+        # A GPU slab's producer keeps its batches on a GPU of its own placement (cuda:0 to it).
+        gpus = 1 if share.spec.slab_on_gpu and self.capacity.gpus else 0
         folder = self.state.dir / "shares" / share.name / uuid.uuid4().hex[:12]
         command = [sys.executable, "-m", "tandem.cli", "share", "serve-spec", str(folder / "share.json")]
         spec = JobSpec(
@@ -91,14 +93,12 @@ class Producers:
             name=f"producer {share.name}",
             cpus=cpus,
             mem=share.spec.mem,
-            gpu_mem=None,
+            gpu_mem=0 if gpus else None,  # its slab is seen in the GPU's measured use, not reserved
             priority=full.priority,
             retries=PRODUCER_RETRIES,
             share=share.name,
             group=full.group or share.name,
         )
-        # A GPU slab's producer keeps its batches on a GPU of its own placement.
-        gpus = 1 if share.spec.slab_on_gpu and self.capacity.gpus else 0
         job_id = self.state.add_producer(spec, gpus, time.time(), producer_key(share.name))
         self.state.event(
             job_id, "producer", f"share {share.name!r}: for job {asked.id}, reserving {cpus:g} cores ({why})"
