@@ -7,6 +7,7 @@ launcher's, as the group's jobs are."""
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 from pathlib import Path
@@ -36,16 +37,15 @@ def test_the_producer_is_a_job_row_its_group_waits_for_and_it_ends_succeeded(inp
     ids = [h.submit("--share", "toy", "--group", "g", "--cpus", "0.5", "--", "true") for _ in range(2)]
     (producer,) = h.run_until(lambda: _producers(h), within=5)
     assert producer["name"] == "producer toy" and producer["share"] == "toy" and producer["group"] == "g"
-    assert producer["command"][-3:-1] == ["serve-spec", producer["command"][-2]]
-    assert (
-        producer["command"][-2].endswith("/share.json") and producer["request"]["cpus"] == 1
-    )  # its definition's, on 2 cores
+    assert producer["command"][-2] == "serve-spec" and producer["command"][-1].endswith("/share.json")
+    assert producer["request"]["cpus"] == 1  # its definition's, on 2 cores
     # Its group's jobs wait for it, saying which job it is, until it runs.
     for i in ids:
         assert h.job(i)["reason"] == f"waits for its share's producer (job {producer['id']})"
     pid = producer["id"]
     h.wait_state(pid, {"running"})
-    assert Path(producer["command"][-2]).is_file()  # the spec it serves, written as it starts
+    spec = json.loads(Path(producer["command"][-1]).read_text())  # the spec it serves, written as it starts
+    assert spec["name"] == "toy" and spec["num_workers"] == 2  # its loader workers: the daemon's cores
     h.run_until(lambda: all(h.state_of(i) == "running" for i in ids), within=10)
     assert (pid, 1) in h.launcher.runs and len(_producers(h)) == 1  # one producer feeds both
     # It weighs as much as the jobs it feeds.

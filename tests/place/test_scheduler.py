@@ -219,10 +219,14 @@ def test_a_share_producers_default_reservation_leaves_room_for_a_job() -> None:
     assert ShareSpec("a", "dataset", "m:f", num_workers=3).producer_cpus(16) == 4  # its workers + 1
     assert ShareSpec("a", "dataset", "m:f", num_workers=3).producer_cpus(2) == 1  # ... but room kept
     assert ShareSpec("a", "dataset", "m:f", cpus=1.5).producer_cpus(2) == 1.5  # as defined
-    # one core reserved: still a worker where there are two cores (decoding at one torch thread)
+    # Loader workers: one per core of the manager (cores are elastic; the producer's weight
+    # settles who runs), at most 8; with --cpus, those less one; as defined with --num-workers.
+    assert [auto.loader_workers(c) for c in (1, 2, 4, 64)] == [1, 2, 4, 8]
     least = 1 if len(os.sched_getaffinity(0)) >= 2 else 0
-    assert auto.loader_workers(1) == least and auto.loader_workers(4) == 3
-    assert ShareSpec("a", "images", "/d").loader_workers(1) == 1
+    assert ShareSpec("a", "dataset", "m:f", cpus=3).loader_workers(16) == 2
+    assert ShareSpec("a", "dataset", "m:f", cpus=1).loader_workers(16) == least
+    assert ShareSpec("a", "dataset", "m:f", num_workers=0).loader_workers(16) == 0
+    assert ShareSpec("a", "images", "/d", cpus=1).loader_workers(2) == 1
 
 
 def test_packing_counts_what_jobs_use_beyond_their_declaration() -> None:

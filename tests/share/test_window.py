@@ -8,7 +8,7 @@ import pytest
 
 from tandem.share._table import AnnouncementTable, ConsumerRecord
 from tandem.share._transport import SocketLink, TableLink
-from tandem.share._window import MIN_SLOTS, Window, slots_for
+from tandem.share._window import IDLE_SLOTS, MIN_SLOTS, Window, slots_for
 from tandem.share.protocol import EntryKind, Segment
 
 
@@ -205,3 +205,25 @@ def test_slots_for_a_budget():
     w = Window("wait", MIN_SLOTS, cap=8)
     w.resize(100)
     assert w.size == 8
+
+
+@pytest.mark.parametrize("policy", ["wait", "skip"])
+def test_with_no_consumer_attached_only_a_few_batches_are_made_ahead(policy: str) -> None:
+    # A whole window made before anyone attaches is read by the first consumer alone; the
+    # jobs attaching a moment later start where production is, and the producer makes those
+    # epochs again for them (an 8-trial sweep: 7 epochs made for 3).
+    w = Window(policy, 32)
+    made = 0
+    while w.take_slot([], 99)[0] is not None:
+        _publish_batch(w, made)
+        made += 1
+        assert made <= 32, "no bound"
+    assert made == IDLE_SLOTS
+    link = SocketLink(0, (0, 0))  # a consumer attaches: the window grows as it reads
+    slot, _ = w.take_slot([link], 99)
+    assert slot == IDLE_SLOTS
+    _publish_batch(w, slot)
+    _check_slots(w)
+    small = Window(policy, MIN_SLOTS)  # a window smaller than that: its own size bounds it
+    _fill(small, [], MIN_SLOTS, 99)
+    assert small.take_slot([], 99)[0] is None

@@ -61,3 +61,25 @@ def test_no_template_where_the_directory_is_open_to_others(
     store = MlflowStore(f"sqlite:///{db}", "e")  # MLflow makes its tables itself
     store.open("run", {})
     assert store.run_id and list((tmp_path / f"tandem-{os.getuid()}").iterdir()) == []
+
+
+def test_the_empty_0600_file_the_job_manager_makes_first_is_seeded(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The daemon makes its mlflow.db empty and 0600 before its MLflow helper opens it; that
+    # file had kept the seed from ever applying under the manager (MLflow's migrations ran).
+    from tandem.dirs import private_file
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "tmp"))
+    (tmp_path / "tmp").mkdir()
+    MlflowStore(f"sqlite:///{tmp_path / 'first' / 'mlflow.db'}", "e").prepare()  # the template
+    (tmp_path / "s").mkdir()
+    db = private_file(tmp_path / "s" / "mlflow.db")
+    assert db.stat().st_size == 0
+    migrations = []
+    monkeypatch.setattr("mlflow.store.db.utils._initialize_tables", lambda *a: migrations.append(a))
+    store = MlflowStore(f"sqlite:///{db}", "e")
+    store.open("run", {})
+    assert store.run_id and not migrations, "a copy of the template, not MLflow's migrations"
+    assert os.stat(db).st_mode & 0o777 == 0o600
+    assert _sqlite_seed.seed(db) is False, "a store with tables is never replaced"

@@ -83,7 +83,7 @@ _SHARE_OPTIONS = [
         show_default=True,
         metavar="N|auto",
         help="Loader worker processes; auto: the cores the jobs leave free, less one (under the "
-        "job manager: its reserved cores less one).",
+        "job manager: one per core it has, at most 8; with --cpus, those less one).",
     ),
     click.option(
         "--worker-nice",
@@ -190,13 +190,13 @@ def _items(spec: ShareSpec) -> Any:
         raise Exit(f"{spec.name}: {exc}", EXIT_USAGE) from None
 
 
-def _serve(spec: ShareSpec, reserved_cpus: float | None = None) -> None:
+def _serve(spec: ShareSpec) -> None:
     from tandem.share import ShareError
     from tandem.share.spec import serve
 
     items = _items(spec)
     try:
-        serve(spec, reserved_cpus, say=lambda m: click.echo(m, err=True), selection=items)
+        serve(spec, say=lambda m: click.echo(m, err=True), selection=items)
     except (TypeError, ValueError, FileNotFoundError) as exc:  # SpecError among them
         raise click.UsageError(str(exc)) from None
     except ShareError as exc:
@@ -219,15 +219,14 @@ def share_serve(**options: Any) -> None:
 
 @share.command("serve-spec", hidden=True)
 @click.argument("spec_file", type=click.Path(exists=True, dir_okay=False, path_type=Path))
-@click.argument("reserved_cpus", type=float, required=False)
-def share_serve_spec(spec_file: Path, reserved_cpus: float | None) -> None:
-    """The job manager's producer: serve the share SPEC_FILE holds (its selection resolved
-    by the daemon), with loader workers sized to RESERVED_CPUS."""
+def share_serve_spec(spec_file: Path) -> None:
+    """The job manager's producer: serve the share SPEC_FILE holds (its selection and its
+    loader workers resolved by the daemon)."""
     import logging
 
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s %(levelname)s: %(message)s")
     try:
-        _serve(ShareSpec.from_json(spec_file.read_text()), reserved_cpus)
+        _serve(ShareSpec.from_json(spec_file.read_text()))
     except KeyboardInterrupt:
         raise SystemExit(130) from None
 

@@ -5,9 +5,10 @@ its runs tagged ``tandem.role=producer`` and ``tandem.share``, which ``tandem re
 with the group it fed). This module holds what is a producer's own:
 
 - its row (:meth:`Producers.make`): ``producer <share>``, in the group of the job that asked
-  for it (else the share's name), running ``tandem share serve-spec SPEC.json CORES`` (the
-  spec written as it starts, :meth:`Producers.prepare`: the selection it serves is the
-  state's then), reserving its definition's cores or what its earlier producers used
+  for it (else the share's name), running ``tandem share serve-spec SPEC.json`` (the spec
+  written as it starts, :meth:`Producers.prepare`: the selection it serves is the state's
+  then, its loader workers sized to the daemon's cores, :meth:`ShareSpec.loader_workers`),
+  reserving its definition's cores or what its earlier producers used
   (:func:`~tandem.place.reserve.producer_reservation`, learnt under
   :func:`~tandem.place.reserve.producer_key`);
 - the group's side of it, once a pass (:meth:`Producers.tend`): it is stopped (its
@@ -70,24 +71,22 @@ class Producers:
         """Cores and RAM a new producer of ``share`` reserves."""
         return self._cores(share)[0], share.spec.mem
 
-    def _cores(self, share: Share) -> tuple[float, str, float]:
-        """What a new producer of ``share`` reserves and why, and the cores its definition
-        gives it (its loader workers follow these)."""
+    def _cores(self, share: Share) -> tuple[float, str]:
+        """What a new producer of ``share`` reserves and why (tandem.place.reserve)."""
         defined = share.spec.producer_cpus(self.capacity.cpus)
-        cpus, why = producer_reservation(defined, share.spec.cpus is not None, self.learned, share.name)
-        return cpus, why, defined
+        return producer_reservation(defined, share.spec.cpus is not None, self.learned, share.name)
 
     def make(self, share: Share, asked: Job) -> int:
         """Queue the producer of ``share`` for the waiting job ``asked`` (whose environment,
         and so runtime directory, and working directory it runs in); its id."""
         full = self.state.job(asked.id, attempts=False) or asked  # with its environment
-        cpus, why, defined = self._cores(share)
+        cpus, why = self._cores(share)
         # A GPU slab's producer keeps its batches on a GPU of its own placement (cuda:0 to it).
         gpus = 1 if share.spec.slab_on_gpu and self.capacity.gpus else 0
         folder = self.state.dir / "shares" / share.name / uuid.uuid4().hex[:12]
         command = [sys.executable, "-m", "tandem.cli", "share", "serve-spec", str(folder / "share.json")]
         spec = JobSpec(
-            command=[*command, f"{defined:g}"],
+            command=command,
             cwd=full.cwd if os.path.isdir(full.cwd) else "/",
             env=dict(full.env),
             name=f"producer {share.name}",
@@ -116,6 +115,8 @@ class Producers:
         served = (
             dataclasses.replace(spec, selection=share.selection, select=None) if share.selection else spec
         )
+        if spec.source != "loader":  # its loader workers: the manager's cores' worth (ShareSpec)
+            served = dataclasses.replace(served, num_workers=spec.loader_workers(self.capacity.cpus))
         path = Path(job.command[5])
         path.parent.mkdir(parents=True, exist_ok=True)
         write_json(path, dataclasses.asdict(served))

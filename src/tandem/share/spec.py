@@ -10,7 +10,8 @@ a producer dies in the background.
 
 The producer's reservation under the job manager comes from here too
 (:meth:`ShareSpec.producer_cpus`, :meth:`ShareSpec.loader_workers`): scaled to the cores
-the manager hands out, always leaving room for a job beside it.
+the manager hands out, always leaving room for a job beside it; the job manager writes the
+loader worker count into the spec it starts the producer with.
 """
 
 from __future__ import annotations
@@ -213,19 +214,28 @@ class ShareSpec:
         room = min(1.0, capacity_cpus / 2)
         return max(min(0.5, capacity_cpus / 2), min(wanted, capacity_cpus - room))
 
-    def loader_workers(self, reserved_cpus: float | None) -> int:
-        """Loader worker processes: as defined, else the reserved cores less one for the
-        producer itself (images: at least one, to read files beside the decode)."""
+    def loader_workers(self, capacity_cpus: float) -> int:
+        """Loader worker processes of its producer on a manager with ``capacity_cpus``: as
+        defined (``--num-workers``); else, with ``--cpus``, those cores less one for the
+        producer itself; else one per core of the manager, at most 8 (images: at least one,
+        to read files beside the decode). The manager's cores are elastic: the producer's
+        CPU weight (as much as the jobs it feeds together) settles who runs when every
+        process wants a core, and workers that are a window ahead wait at no cost. Sized to
+        its reserved core less one instead, an 8-trial sweep's producer on 2 cores decoded
+        with one worker while the trials used a third of the other core."""
         if self.num_workers is not None:
             return self.num_workers
-        from tandem.share._order import auto_workers
+        from tandem.share._order import MAX_AUTO_WORKERS, auto_workers
 
-        workers = auto_workers(reserved_cpus)
+        if self.cpus is not None:
+            workers = auto_workers(self.cpus)
+        else:
+            workers = max(1, min(MAX_AUTO_WORKERS, int(capacity_cpus)))
         return max(1, workers) if self.source == "images" else workers
 
     # --- the producer -----------------------------------------------------------------------
 
-    def build_producer(self, reserved_cpus: float | None = None, selection: Any = None) -> Any:
+    def build_producer(self, selection: Any = None) -> Any:
         """The :class:`~tandem.share.Producer` this spec describes (not yet serving).
         ``selection``: the items it serves, as :meth:`Producer.from_dataset` takes them (the
         caller resolves the spec's ``selection`` id or ``select`` into them: share does not
@@ -243,9 +253,7 @@ class ShareSpec:
         }
         if self.source == "loader":
             return Producer(load_object(self.ref)(), self.name, device=self.device, **common)
-        workers = self.num_workers
-        if workers is None and reserved_cpus is not None:  # under the job manager: from its cores
-            workers = self.loader_workers(reserved_cpus)
+        workers = self.num_workers  # the job manager writes its count (loader_workers) here
         if self.source == "dataset":
             dataset = load_object(self.ref)()
             return Producer.from_dataset(
@@ -276,11 +284,9 @@ class ShareSpec:
         )
 
 
-def serve(
-    spec: ShareSpec, reserved_cpus: float | None = None, say: Any = print, selection: Any = None
-) -> int:
+def serve(spec: ShareSpec, say: Any = print, selection: Any = None) -> int:
     """Build the producer and serve until stopped or ``spec.epochs`` are done; the epochs served."""
-    producer = spec.build_producer(reserved_cpus, selection)
+    producer = spec.build_producer(selection)
     with producer:  # claims the name (ProducerExists if it is live) before saying so
         say(f"serving {spec.name!r} (pid {os.getpid()}); Ctrl-C to stop")
         producer.serve(epochs=spec.epochs)

@@ -55,11 +55,22 @@ def _make_template(path: Path) -> None:
         Path(tmp).unlink(missing_ok=True)
 
 
+def fresh(db: Path) -> bool:
+    """Whether the store file ``db`` has no tables yet: absent, or empty (the job manager
+    makes it empty and 0600 before anything else opens it; SQLite reads an empty file as
+    an empty database)."""
+    try:
+        return db.stat().st_size == 0
+    except FileNotFoundError:
+        return True
+
+
 def seed(db: Path) -> bool:
-    """Start the store file ``db``, which does not exist yet, as a copy of the template of
-    this MLflow version (made first if there is none). The caller holds the store's init
-    lock. Whether it did; False leaves ``db`` absent and MLflow makes the tables."""
-    if db.exists():
+    """Start the store file ``db``, which has no tables yet (:func:`fresh`), as a copy of
+    the template of this MLflow version (made first if there is none), keeping the mode of
+    an empty file that is there (0600 if none). The caller holds the store's init lock.
+    Whether it did; False leaves ``db`` as it was and MLflow makes the tables."""
+    if not fresh(db):
         return False
     try:
         import mlflow
@@ -72,7 +83,11 @@ def seed(db: Path) -> bool:
             _make_template(template)
         part = db.with_name(f".{db.name}.seeding")
         shutil.copyfile(template, part)
-        os.chmod(part, 0o600)
+        try:
+            mode = stat.S_IMODE(os.stat(db).st_mode)
+        except FileNotFoundError:
+            mode = 0o600
+        os.chmod(part, mode)
         os.replace(part, db)
         return True
     except Exception as exc:  # MLflow's own way still works: only slower

@@ -73,10 +73,10 @@ class MlflowStore:
 
         _quiet_mlflow()  # after the import: mlflow sets its logger up when imported
         with _sqlite_init_lock(self.uri):
-            if (db := sqlite_path(self.uri)) is not None and not db.exists():
+            if (db := sqlite_path(self.uri)) is not None:
                 from tandem.watch.stores._sqlite_seed import seed
 
-                seed(db)  # a copy of MLflow's tables: seconds less than its migrations
+                seed(db)  # where it has no tables yet: a copy of MLflow's, seconds less than its migrations
             client = MlflowClient(tracking_uri=self.uri)
             return client, self._experiment_id(client)
 
