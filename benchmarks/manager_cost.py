@@ -305,7 +305,10 @@ def account(run: dict) -> dict:
         tree = p.kids if p.kids > 0 else written
         jobs.append(
             {
-                "what": "producer" if "shares" in attempt.parts else f"job {spec.get('job_id')}",
+                # a share's producer is a job row of its own ("producer NAME", serve-spec)
+                "what": "producer"
+                if "serve-spec" in spec.get("command", [])
+                else f"job {spec.get('job_id')}",
                 "name": spec.get("name"),
                 "state": result.get("state"),
                 "tree_cpu_s": tree,

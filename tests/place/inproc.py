@@ -36,7 +36,7 @@ from click.testing import CliRunner
 from tandem.place.run.failures import classify
 from tandem.place.run.files import Result, ShimInfo, Usage, save
 from tandem.place.run.launch import Launch, Launched
-from tandem.place.run.proctrack import host_id, same_process
+from tandem.place.run.proctrack import host_id
 
 # The daemon's modules that read the clock: their ``time`` is the fake one in a test.
 CLOCKED = (
@@ -204,28 +204,43 @@ class CliResult:
 class InProc:
     """One daemon in this process over ``state`` (see the module's docstring)."""
 
-    def __init__(self, tmp: Path, monkeypatch: Any, daemon_args: Iterable[str]) -> None:
+    def __init__(
+        self,
+        tmp: Path,
+        monkeypatch: Any,
+        daemon_args: Iterable[str],
+        launcher: FakeLauncher | None = None,
+        clock: FakeClock | None = None,
+    ) -> None:
         from tandem.cli.daemon import _config, daemon_start
         from tandem.place.daemon import Daemon
         from tandem.place.devices import detect_capacity
         from tandem.place.state import State
 
         self.tmp, self.state_dir = tmp, tmp / "state"
+        self.monkeypatch, self.daemon_args, self.closed = monkeypatch, tuple(daemon_args), False
         self.env = {"TANDEM_STATE_DIR": str(self.state_dir)}
         monkeypatch.setenv("TANDEM_STATE_DIR", str(self.state_dir))
         monkeypatch.chdir(tmp)  # where jobs are submitted from, as the CLI fixture runs it
-        self.clock = FakeClock()
+        self.clock = clock or FakeClock()
         self.clock.install(monkeypatch)
         self.outside_cores = 0.0  # the host's use by processes the manager does not run
         # The configuration as `tandem daemon start ARGS` makes it (not tracked in MLflow:
         # a helper process; the tests of tracking run a real daemon).
-        ctx = daemon_start.make_context("start", [*daemon_args, "--no-track"])
+        ctx = daemon_start.make_context("start", [*self.daemon_args, "--no-track"])
         options = {k: v for k, v in ctx.params.items() if k not in ("foreground", "as_json")}
         self.config = _config(options)
         self.state_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
         self.config.save(self.state_dir)
-        self.launcher = FakeLauncher(self.clock, self.config.interval_s)
+        # A restarted daemon's (restart): the attempts go on, as their supervisors do.
+        self.launcher = launcher or FakeLauncher(self.clock, self.config.interval_s)
         capacity = detect_capacity(self.config.cpus, self.config.mem, "none", None)
+        # A producer's CPU weight, as the daemon sets it (its fake supervisor is this process,
+        # whose own cgroup must not be reweighed): supervisor pid -> weight.
+        self.weights: dict[int, float] = {}
+        monkeypatch.setattr(
+            "tandem.place.run.weights.set_weight", lambda pid, w: self.weights.update({pid: w}) or True
+        )
         # The daemon's own launcher is the fake one (a local daemon makes a LocalLauncher).
         monkeypatch.setattr("tandem.place.daemon.LocalLauncher", lambda: self.launcher)
         self.daemon = Daemon(State(self.state_dir), capacity, self.config)
@@ -237,26 +252,20 @@ class InProc:
         self.step(0.0)
 
     def close(self) -> None:
-        # A share's producer is a real process under a real supervisor (Producers starts it
-        # with its own launcher): end its whole tree, or it outlives the test.
-        for share in self.daemon.state.shares():
-            if share.pid is not None and share.ctime is not None and same_process(share.pid, share.ctime):
-                try:
-                    tree = psutil.Process(share.pid)
-                    procs = [tree, *tree.children(recursive=True)]
-                except psutil.NoSuchProcess:
-                    continue
-                for proc in procs:
-                    try:
-                        proc.kill()
-                    except psutil.NoSuchProcess:
-                        pass
-                psutil.wait_procs(procs, timeout=30)
+        if self.closed:
+            return
+        self.closed = True
         for key in list(self.sel.get_map().values()):
             key.fileobj.close()  # type: ignore[union-attr]
         self.sel.close()
         self.daemon.socket_path.unlink(missing_ok=True)
         self.daemon.state.close()
+
+    def restart(self) -> InProc:
+        """This daemon killed and a new one started over the same state directory: the fake
+        attempts go on (as supervisors outlive their daemon), and the new one adopts them."""
+        self.close()
+        return InProc(self.tmp, self.monkeypatch, self.daemon_args, self.launcher, self.clock)
 
     # --- the clock and the loop ----------------------------------------------------------
 

@@ -11,9 +11,9 @@ import time
 from pathlib import Path
 
 from tandem.place.model import JobSpec
-from tandem.place.state import State, StateReader
+from tandem.place.state import State
 from tests.place.test_daemon import DATASET, FAST
-from tests.place.test_reserve import SLEEPER, _lines, _until
+from tests.place.test_reserve import SLEEPER, _lines, _producers, _producers_ended, _until
 from tests.timing import scaled
 
 LRS = ("0.1", "0.03", "0.01", "0.003")
@@ -133,16 +133,14 @@ def test_a_share_sweeps_points_start_together_and_after_a_restart_at_what_they_l
     sources = {i: cli.job(i)["reservation"]["from"] for i in began}
     lent = "measured, job key r18-lr{lr}"
     assert all(s in ("probe", "measured, this run") or s.startswith(lent) for s in sources.values()), sources
-    reader = StateReader(cli.state)
-    share = reader.share("toy")
-    assert share is not None and share.started is not None
+    (producer,) = _producers(cli)  # a job row of its own, running
+    assert producer["state"] == "running" and producer["started"] is not None
     # The producer's run long enough to say what it uses (10 s or more), then the points end.
-    _until(lambda: time.time() - share.started > 11, 30, "")
-    reader.close()
+    _until(lambda: time.time() - producer["started"] > 11, 30, "")
     release.write_text("")
     assert cli("wait", *map(str, ids), timeout=180).returncode == 0, cli("ls").stdout
     # Its producer stopped after the last point (what it used is learnt as it ends).
-    _until(lambda: list(cli.state.glob("shares/toy/*/result.json")), 60, "the producer did not end")
+    _until(lambda: _producers_ended(cli), 60, "the producer did not end")
     cli("daemon", "stop")
     _until(lambda: cli("daemon", "status", check=False).returncode != 0, 60, "the daemon did not stop")
     release.unlink()
@@ -160,7 +158,7 @@ def test_a_share_sweeps_points_start_together_and_after_a_restart_at_what_they_l
             assert shown["from"] in ("measured, job key r18-lr{lr}, 4 runs", "measured, this run"), job
         else:
             assert (job["reason"] or "").startswith("cores: needs"), job  # not "waits for ... measurement"
-    assert "measured, 1 producer run" in cli("show", str(again[0])).stdout
+    assert "measured, 1 producer run" in cli("show", str(_producers(cli)[-1]["id"])).stdout
     print(f"points started: 3 within {first_took:.1f} s, {len(began)} within {took:.1f} s after a restart")
     release.write_text("")
     assert cli("wait", *map(str, again), timeout=180).returncode == 0, cli("ls").stdout

@@ -368,8 +368,14 @@ def test_share_group_runs_one_producer_that_stops_after_its_last_job(cli, tmp_pa
     assert all(int(r[2]) == 64 for r in rows)  # each read a whole epoch
     producer = int(rows[0][1])
     assert _gone([producer], timeout=20), "the producer outlived its last job"
-    events = cli("show", str(ids[0])).stdout
-    assert "producer" in events
+    # The producer is a job row of its own (role producer), ended as succeeded once stopped.
+    (row,) = [j for j in json.loads(cli("ls", "--json").stdout) if j["role"] == "producer"]
+    assert row["name"] == "producer toy" and row["share"] == "toy", row
+    deadline = time.monotonic() + scaled(30)
+    while (state := cli.job(row["id"])["state"]) != "succeeded":
+        assert state == "running" and time.monotonic() < deadline, cli.job(row["id"])
+        time.sleep(0.2)
+    assert f"producer share 'toy': for job {ids[0]}" in cli("show", str(row["id"])).stdout
     assert all(cli.job(i)["share"] == "toy" for i in ids)
 
 

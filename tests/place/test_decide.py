@@ -70,8 +70,11 @@ class _Monitor:
 
 
 class _NoProducers:
-    def running(self, _share: Any) -> bool:
-        return False
+    """A daemon's producers where no share is defined (the queue's jobs read none)."""
+
+    @staticmethod
+    def rows(_waiting: Any, _active: Any) -> tuple[dict[str, int], dict[str, Any]]:
+        return {}, {}
 
 
 def _learnt() -> Startup:

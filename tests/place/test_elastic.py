@@ -1,5 +1,5 @@
-"""Cores are elastic, RAM is strict (issue 33, point 4): a share's producer is charged once a
-pass, a job of learnt cores starts where the host's measured use leaves room, the jobs of a
+"""Cores are elastic, RAM is strict (issue 33, point 4): a share's producer is reserved as a
+job of its own, a job of learnt cores starts where the host's measured use leaves room, the jobs of a
 share group run together up to a bound, and a running job's reservation follows its use
 down as well as up. The pure scheduler first (the simulator calls the same), then the
 README's sweep as printed under a real daemon."""
@@ -16,7 +16,7 @@ import pytest
 from tandem.place.policies import HostSlot, Limits, Packing
 from tandem.place.scheduler import Waiting, plan, share_bound
 from tests.place.test_daemon import DATASET
-from tests.place.test_reserve import _lines, _until
+from tests.place.test_reserve import _lines, _producers_ended, _until
 from tests.timing import scaled
 
 # A CPU-bound loop until the file named by its argument exists (a core busy from outside).
@@ -39,22 +39,13 @@ def _plan(queue: list[Waiting], host: HostSlot):  # type: ignore[no-untyped-def]
     return plan(queue, host, [], Packing(), Limits(), now=100.0)
 
 
-def test_a_shares_producer_is_charged_once_a_pass_to_the_first_job_it_places() -> None:
-    # RAM is strict (no share group passes it): four jobs of 1 GiB with a producer of 8 GiB
-    # fit 16 GiB only if the producer is charged once, not to each of them.
-    queue = [
-        Waiting(i, 0, float(i), 0.2, GIB, 0, None, with_producer=True, share="s", producer_mem=8 * GIB)
-        for i in range(1, 5)
-    ]
-    out = _plan(queue, _host())
-    assert [p.job_id for p in out.placements] == [1, 2, 3, 4], out.reasons
-    # Without room for the producer, none starts, each saying it needs the producer too.
-    out = _plan(queue, _host(mem_reserved=8 * GIB))
-    assert out.placements == []
-    assert out.reasons[1].startswith("RAM: needs 9.0G with its share's producer"), out.reasons
-    # A running producer is in the host's reserved: never charged to its jobs.
+def test_a_running_producer_is_in_the_hosts_reserved_never_charged_to_its_jobs() -> None:
+    # RAM is strict (no share group passes it): the producer, a job of its own, is reserved
+    # as it runs (8 GiB here), and four jobs of 1 GiB of its group fit the 16 GiB beside it.
     running = [Waiting(i, 0, float(i), 0.2, GIB, 0, None, share="s", share_jobs=0) for i in range(1, 5)]
     assert len(_plan(running, _host(mem_reserved=8 * GIB)).placements) == 4
+    out = _plan(running, _host(mem_reserved=13 * GIB))
+    assert len(out.placements) == 3 and out.reasons[4].startswith("RAM: needs 1.0G"), out.reasons
 
 
 def test_learnt_cores_start_on_measured_room_given_cores_wait_for_reservations() -> None:
@@ -88,13 +79,6 @@ def test_a_share_groups_jobs_run_together_up_to_four_a_core_ram_still_strict() -
     assert out.reasons[3].startswith("cores: needs 0.5"), out.reasons
     out = _plan(queue, _host(cpus_reserved=2.0, mem_reserved=15 * GIB + GIB // 2))
     assert out.placements == [] and out.reasons[1].startswith("RAM: needs 1.0G")
-    # A share whose producer is not running: the first job placed starts it, the others join.
-    starting = [
-        Waiting(i, 0, float(i), 0.5, GIB, 0, None, with_producer=True, share="s", producer_cpus=1.0)
-        for i in range(1, 5)
-    ]
-    out = _plan(starting, _host(cpus_reserved=0.5, jobs=1, all_jobs=1, cpus_busy=0.5))
-    assert [p.job_id for p in out.placements] == [1, 2, 3, 4], out.reasons
     # The exclusive policy keeps its one CPU job at a time.
     from tandem.place.policies import Exclusive
 
@@ -224,7 +208,7 @@ def test_the_readme_sweep_runs_three_of_four_at_once(cli, tmp_path: Path, outsid
         _all_done(cli, tmp_path, ids)
         if not outside:
             assert cli("wait", timeout=scaled(60)).returncode == 0, cli("ls").stdout
-        _until(lambda: list(cli.state.glob("shares/imagenet/*/result.json")), 60, "the producer did not end")
+        _until(lambda: _producers_ended(cli), 60, "the producer did not end")
         cli("daemon", "stop")
         _until(lambda: cli("daemon", "status", check=False).returncode != 0, 60, "the daemon did not stop")
         cli("daemon", "start", "--cpus", "2")

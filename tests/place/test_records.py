@@ -122,7 +122,7 @@ def test_a_pass_sees_what_each_waiting_job_s_program_used_at_start(tmp_path: Pat
         capacity,
         Limits(),
         Monitor(capacity, 30.0, None),
-        Producers(state, 2.0, DaemonConfig(), False),
+        Producers(state, capacity, DaemonConfig(), startup.learned),
         startup,
     )
     for command in (["python", "-m", "train", "--lr", "1"], ["sleep", "3"]):

@@ -49,6 +49,17 @@ def _until(what: Callable[[], object], timeout: float, message: str) -> object:
         time.sleep(0.2)
 
 
+def _producers(cli) -> list[dict]:  # type: ignore[no-untyped-def]
+    """The share groups' producers: job rows of role producer, oldest first."""
+    return [j for j in json.loads(cli("ls", "--all", "--json").stdout) if j["role"] == "producer"]
+
+
+def _producers_ended(cli) -> bool:  # type: ignore[no-untyped-def]
+    """Whether every producer made so far ended, as one stopped after its group's last job does."""
+    rows = _producers(cli)
+    return bool(rows) and all(j["state"] == "succeeded" for j in rows)
+
+
 def _lines(path: Path) -> list[str]:
     return path.read_text().split() if path.exists() else []
 
@@ -205,34 +216,25 @@ def test_a_shares_producer_reserves_what_its_earlier_producers_used(cli, tmp_pat
     """The producer's reservation is learnt as a job's is: its definition's the first time,
     then what its earlier producers used (a producer of a tiny dataset: a fraction of a core),
     its loader workers still as defined; a definition's --cpus stays a hard reservation."""
-    from tandem.place.state import State
-
     (tmp_path / "toy_data.py").write_text(DATASET)
     (tmp_path / "train.py").write_text(SLEEPER)
     cli("daemon", "start", "--cpus", "2", "--no-host-load", *FAST)
     cli("share", "define", "toy", "--dataset", "toy_data.py:make", "--batch-size", "4")
-
-    def share():  # type: ignore[no-untyped-def]
-        state = State(cli.state)
-        try:
-            return state.share("toy")
-        finally:
-            state.close()
-
     first = cli.submit("--share", "toy", "--", sys.executable, "train.py", str(tmp_path))
     _until(lambda: _lines(tmp_path / "started"), 120, f"the job did not start: {cli('ls').stdout}")
-    assert share().cpus == 1.0  # as defined: on 2 cores, one
-    started = share().started
+    (producer,) = _producers(cli)  # a job row of its own
+    assert producer["request"]["cpus"] == 1.0 and producer["state"] == "running"  # as defined: on 2 cores
     # The producer's run must be long enough to say what it uses (not its start-up alone).
-    _until(lambda: time.time() - started > 11, 30, "")
+    _until(lambda: time.time() - producer["started"] > 11, 30, "")
     (tmp_path / "release").write_text("")
     assert cli("wait", str(first), timeout=120).returncode == 0
-    # Stopped after its last job; what it used is learnt once it is gone, before a new one starts.
-    _until(lambda: share().pid is None, 60, "the producer was not stopped after its last job")
+    # Stopped after its last job (as succeeded); what it used is learnt once it is gone.
+    _until(lambda: _producers_ended(cli), 60, "the producer was not stopped after its last job")
     (tmp_path / "release").unlink()
     second = cli.submit("--share", "toy", "--", sys.executable, "train.py", str(tmp_path))
-    _until(lambda: share().pid is not None and share().cpus is not None, 120, cli("ls").stdout)
-    assert share().cpus < 0.5, share()  # what it used (a tiny dataset), not the definition's core
-    assert "measured, 1 producer run" in cli("show", str(second)).stdout
+    _until(lambda: len(_producers(cli)) == 2, 120, cli("ls").stdout)
+    newer = _producers(cli)[-1]
+    assert newer["request"]["cpus"] < 0.5, newer  # what it used (a tiny dataset), not the definition's core
+    assert "measured, 1 producer run" in cli("show", str(newer["id"])).stdout
     (tmp_path / "release").write_text("")
     assert cli("wait", str(second), timeout=120).returncode == 0

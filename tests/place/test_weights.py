@@ -11,7 +11,6 @@ import sys
 import time
 from pathlib import Path
 
-import psutil
 import pytest
 
 from tandem.place.run import weights
@@ -134,13 +133,19 @@ def test_under_the_manager_a_producer_weighs_as_much_as_its_running_jobs(cli, tm
 
 
 def _producer_supervisor(state: Path) -> int:
-    """The pid of the supervisor the daemon started the share's producer under."""
+    """The pid of the supervisor the daemon started the share's producer (a job) under."""
+    from tandem.place.producers import newest
+    from tandem.place.state import StateReader
+
     deadline = time.monotonic() + scaled(30)
     while True:
-        for p in psutil.process_iter(["cmdline"]):
-            cmdline = p.info.get("cmdline") or []
-            if "tandem.place.run.shim" in cmdline and any(str(state / "shares") in a for a in cmdline):
-                return p.pid
+        reader = StateReader(state)
+        try:
+            producer = newest(reader, "toy")
+        finally:
+            reader.close()
+        if producer is not None and producer.attempts and producer.attempts[-1].shim_pid:
+            return producer.attempts[-1].shim_pid
         assert time.monotonic() < deadline, "no producer supervisor"
         time.sleep(0.2)
 

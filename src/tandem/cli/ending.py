@@ -65,15 +65,20 @@ def cancel(ids: tuple[str, ...], everything: bool) -> None:
 @click.argument("ids", nargs=-1)  # and group:G
 @click.option("--timeout", type=float, help="Give up after this many seconds (exit 124).")
 def wait(ids: tuple[str, ...], timeout: float | None) -> None:
-    """Block until the jobs end (default: every job now waiting or running). Exit with the
-    job's exit code (one job), or 1 if any of several did not succeed."""
+    """Block until the jobs end (default: every job now waiting or running; a share's producer
+    only where named). Exit with the job's exit code (one job), or 1 if any of several did
+    not succeed."""
     st = open_state()
     groups, ids = _groups(ids)
+    # A share's producer (a job row, role producer) is not waited for unless named: it ends
+    # after its group's last job, and one that fails fails its jobs.
     wanted = (
-        job_ids(ids, "'IDS'") if ids or groups else [j.id for j in st.jobs() if j.state not in FINAL_STATES]
+        job_ids(ids, "'IDS'")
+        if ids or groups
+        else [j.id for j in st.jobs() if j.state not in FINAL_STATES and j.role != "producer"]
     )
     for group in groups:
-        members = [j.id for j in st.jobs(group=group)]
+        members = [j.id for j in st.jobs(group=group) if j.role != "producer"]
         if not members:
             raise click.BadParameter(f"group {group!r} has no job", param_hint="'IDS'")
         wanted += members

@@ -287,21 +287,24 @@ def _aligned(columns: list[str], rows: list[list[str]], right: tuple[str, ...]) 
 
 
 def _print_share_groups(st: Any, jobs: list[Any]) -> None:
-    """One line per shared dataset that jobs here use: its producer and its jobs."""
-    from tandem.place.run.proctrack import same_process
+    """One line per shared dataset that jobs here use: its producer (a job) and its jobs."""
+    from tandem.place import producers
 
     used = {j.share for j in jobs if j.share}
     for share in st.shares():
         if share.name not in used:
             continue
-        members = [j for j in jobs if j.share == share.name]
+        members = [j for j in jobs if j.share == share.name and j.role != "producer"]
         running = sum(j.state == "running" for j in members)
         waiting = sum(j.state in WAITING_STATES for j in members)
+        p = producers.status(st, share.name)
         producer = (
-            f"producer pid {share.pid}" if same_process(share.pid, share.ctime) else "no producer running"
+            f"producer job {p['job']} (pid {p['pid']})"
+            if p["pid"]
+            else f"producer job {p['job']} {p['state']}"
         )
-        if share.error:
-            producer += f" (last one: {share.error})"
+        if p["job"] is None or p["state"] not in ("running", *WAITING_STATES):
+            producer = "no producer running" + (f" (last one: {p['error']})" if p["error"] else "")
         ids = ", ".join(str(j.id) for j in members[:20]) + (
             f" and {len(members) - 20} more" if len(members) > 20 else ""
         )

@@ -5,6 +5,7 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -82,6 +83,7 @@ class Active:
     cpus_used: float | None = None  # cores its processes used over the last sample
     samples: int = 0  # usage samples seen (a job is "starting" until STARTUP_SAMPLES)
     fail_cause: str | None = None  # the daemon stopped it for this (its share's producer died)
+    stop_cause: str | None = None  # the daemon stopped it as done (a producer after its group): succeeded
     ending: AttemptEnd | None = None  # its end, once recorded (a later write that fails is retried alone)
     cpu: Measuring | None = None  # its reservation of cores as learnt (None: its job's --cpus)
     mem_learned: int = 0  # RAM reserved as it started (--mem auto: its key's peak plus a margin)
@@ -112,3 +114,20 @@ class Active:
 
     def settled(self, now: float, settle_s: float) -> bool:
         return now - self.started >= settle_s and now - self.last_growth >= settle_s
+
+
+def energy_of(a: Active, running: Iterable[Active], energy_mj: Callable[[str], int | None]) -> float | None:
+    """Joules of ``a``'s GPUs over the attempt (shared among collocated jobs: the whole
+    device's counter, ``energy_mj`` by uuid, split by how many of ``running`` were on it at
+    the end)."""
+    if not a.energy_start:
+        return None
+    running = list(running)
+    total = 0.0
+    for uuid, start in a.energy_start.items():
+        end = energy_mj(uuid)
+        if end is None:
+            return None
+        sharers = sum(1 for o in running if uuid in o.uuids)
+        total += (end - start) / 1000.0 / max(1, sharers)
+    return total

@@ -22,9 +22,9 @@ from tandem.place.decide import HOST_WINDOW_S, GpuReading, Pass, Peak, gpu_views
 from tandem.place.devices import Monitor
 from tandem.place.model import FINAL_STATES, QUEUED, SUCCEEDED, Capacity
 from tandem.place.policies import GpuSlot, HostSlot, Limits
-from tandem.place.producers import Producers
+from tandem.place.producers import Producers, is_producer
 from tandem.place.scheduler import Waiting
-from tandem.place.state import Job, State
+from tandem.place.state import Job, Share, State
 
 Ended = dict[int, tuple[str, float | None]]  # job id -> (state, ended) of dependencies
 
@@ -55,7 +55,6 @@ class Admission:
         return self._peaks
 
     def host_slot(self, active: Iterable[Active]) -> HostSlot:
-        live = [self.producers.reservation(s, True) for s in self.state.shares() if self.producers.running(s)]
         return host_view(
             self.capacity.cpus,
             self.capacity.mem,
@@ -65,7 +64,6 @@ class Admission:
             mem_available=self.monitor.mem_available,
             cpu_mean=self.monitor.cpu.mean(HOST_WINDOW_S),
             cpu_p95=self.monitor.cpu.p95(HOST_WINDOW_S),
-            also_reserved=(sum(c for c, _ in live), sum(m for _, m in live)),
         )
 
     def gpu_slots(self, active: Iterable[Active]) -> list[GpuSlot]:
@@ -82,13 +80,15 @@ class Admission:
     def waiting(
         self, jobs: list[Job], ended: Ended, active: dict[int, Active], reasons: dict[int, str]
     ) -> list[Waiting]:
-        """The jobs the scheduler may consider; why each other one waits goes into ``reasons``."""
+        """The jobs the scheduler may consider; why each other one waits goes into ``reasons``.
+        A job of a share group waits for its producer (a job row, made here when none is
+        queued or running) until that runs; then it joins its group."""
         out = []
         shares = {s.name: s for s in self.state.shares()}
-        running = {name: self.producers.running(s) for name, s in shares.items()}  # once a pass, not a job
-        in_share: dict[str, int] = {}  # its running jobs, per share
+        queued, running = self.producers.rows(jobs, active.values())
+        in_share: dict[str, int] = {}  # its running jobs, per share (not its producer)
         for a in active.values():
-            if a.job.share:
+            if a.job.share and not is_producer(a.job):
                 in_share[a.job.share] = in_share.get(a.job.share, 0) + 1
         decide = self.decisions(active.values())
         for job in jobs:
@@ -101,40 +101,47 @@ class Admission:
                     reasons[job.id] = "after job " + ", ".join(str(d) for d in pending)
                     continue
                 since = max([since] + [ended[d][1] or 0.0 for d in job.after])
+            share = shares.get(job.share or "")
+            if share is None and is_producer(job):  # its share was removed: cancelled (Producers.tend)
+                reasons[job.id] = f"share {job.share}: not defined"
+                continue
+            why = self._producer_wait(job, share, queued, running) if share is not None else None
+            if why is not None:
+                reasons[job.id] = why
+                continue
             reserved = decide.admit(job)  # what it reserves, or why it waits for a measurement
             if isinstance(reserved, str):
                 reasons[job.id] = reserved
                 continue
-            share = shares.get(job.share or "")
-            with_producer, p_cpus, p_mem = False, 0.0, 0
-            if share is not None and not running[share.name]:
-                if self.producers.stopping(share.name):
-                    reasons[job.id] = f"share {share.name}: its previous producer is still stopping"
-                    continue  # a new producer could not take the name yet
-                # Whichever job of the group starts first also starts its producer: the pass
-                # charges it to that one, once (scheduler.plan), so it never overbooks the host.
-                p_cpus, p_mem = self.producers.reservation(share, running=False)
-                with_producer = True
-            # Where its shared batches are: a running producer's GPU, if it keeps them on one.
-            prefer = (
-                self.producers.prefer_gpus(share.name) if share is not None and running[share.name] else ()
-            )
+            # Its group's producer runs: it joins the group (where its batches are, too).
+            feeding = running.get(share.name) if share is not None and not is_producer(job) else None
             out.append(
                 decide.waiting(
                     job,
                     reserved,
                     since,
-                    prefer_gpus=prefer,
-                    with_producer=with_producer,
-                    share=share.name if share is not None else None,
-                    producer_cpus=p_cpus,
-                    producer_mem=p_mem,
-                    share_jobs=in_share.get(share.name, 0)
-                    if share is not None and running[share.name]
-                    else None,
+                    prefer_gpus=feeding.placement.gpus if feeding is not None else (),
+                    share=feeding.job.share if feeding is not None else None,
+                    share_jobs=in_share.get(feeding.job.share or "", 0) if feeding is not None else None,
                 )
             )
         return out
+
+    def _producer_wait(
+        self, job: Job, share: Share, queued: dict[str, int], running: dict[str, Active]
+    ) -> str | None:
+        """Why ``job`` of ``share`` waits for the group's producer (made here, queued, if
+        none is queued or running), or None: its producer runs (or it is the producer)."""
+        producer = running.get(share.name)
+        if producer is not None and self.producers.stopping(producer.job.id):
+            # a new producer could not take the share's name yet
+            return f"share {share.name}: its previous producer (job {producer.job.id}) is still stopping"
+        if producer is not None or is_producer(job):
+            return None
+        row = queued.get(share.name)
+        if row is None:
+            row = queued[share.name] = self.producers.make(share, job)
+        return f"waits for its share's producer (job {row})"
 
     def write_reasons(self, reasons: dict[int, str]) -> None:
         """Store why each job waits: only what changed (a long queue costs no write per tick)."""

@@ -21,13 +21,14 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from tandem.place.active import STARTUP_SAMPLES, Active, AttemptEnd, Startup
+from tandem.place import model
+from tandem.place.active import STARTUP_SAMPLES, Active, AttemptEnd, Startup, energy_of
 from tandem.place.config import DaemonConfig
 from tandem.place.decide import Peak, reserve
 from tandem.place.devices import Monitor
 from tandem.place.identity import attempt_folder
 from tandem.place.model import CANCELLED, FAILED, RUNNING, SUCCEEDED, Capacity, GpuInfo, format_size
-from tandem.place.producers import selections_made
+from tandem.place.producers import STOPPED, selections_made
 from tandem.place.records import AttemptPlacement
 from tandem.place.reserve import Learned, Measuring, running_figures
 from tandem.place.retry import retry
@@ -94,7 +95,7 @@ class Attempts:
             mem_from=mem_from,
             backend=backend,
         )
-        name = job.name or Path(job.command[0]).name
+        name, producer = job.name or Path(job.command[0]).name, job.role == model.PRODUCER_ROLE
         save(
             adir,
             AttemptSpec(
@@ -109,7 +110,7 @@ class Attempts:
                 log_max=self.config.log_max,
                 socket=self.socket,
                 track=self.tracked,
-                mlflow_env=self.tracked,  # the job is told its run's id (one run per job)
+                mlflow_env=self.tracked and not producer,  # a job is told its run's id (one run per job)
                 db_id=self.state.id,
             ),
         )
@@ -127,7 +128,7 @@ class Attempts:
                 "tandem.placement": placement.device,
                 "tandem.mps": mps,
                 "tandem.command": " ".join(job.command)[:5000],
-            }
+            } | ({"tandem.role": "producer"} if producer else {})
             share = self.state.share(job.share) if job.share else None
             selection = share.selection if share is not None else None
             if selection:  # the data selection it trains on (tandem select show ID)
@@ -270,17 +271,22 @@ class Attempts:
             self.state.event(a.job.id, "stopped", "its supervisor died; the job was stopped")
         procs.close()  # its cgroup, which the supervisor could not remove
 
+    def _stopped_before(self, a: Active, state: str) -> str | None:
+        """A producer that a daemon before this one stopped (no one else cancels it unasked)."""
+        producer = a.job.role == model.PRODUCER_ROLE and state == CANCELLED
+        return STOPPED if producer and not self._cancel_requested(a.job.id) else None
+
     def _cancel_requested(self, job_id: int) -> bool:
         job = self.state.job(job_id, attempts=False)
         return bool(job and job.cancel_requested)
 
     # --- cancel, fail ------------------------------------------------------------------------
 
-    def stop(self, job_id: int, cause: str | None = None) -> None:
-        """Stop a running attempt (a cancel; with ``cause``, a failure the daemon decided)."""
+    def stop(self, job_id: int, cause: str | None = None, succeeded: str | None = None) -> None:
+        """Stop a running attempt (a cancel; with ``cause``, a failure the daemon decided;
+        with ``succeeded``, an end it decided: a producer whose group is done)."""
         a = self.active[job_id]
-        if cause is not None:
-            a.fail_cause = cause
+        a.fail_cause, a.stop_cause = cause or a.fail_cause, succeeded or a.stop_cause
         self.launcher.cancel(a)
 
     # --- finish -----------------------------------------------------------------------------
@@ -328,6 +334,8 @@ class Attempts:
         state, cause = result.state, result.cause
         if a.fail_cause is not None and state == CANCELLED:
             state, cause = FAILED, a.fail_cause
+        elif (stop := a.stop_cause or self._stopped_before(a, state)) is not None and state != model.OOM:
+            state, cause = SUCCEEDED, stop  # the daemon stopped it: however it took the stop
         ending = {
             "state": state,
             "ended": ended,
@@ -341,7 +349,7 @@ class Attempts:
         }
         job = self.state.job(a.job.id, attempts=False)
         assert job is not None
-        energy = self._energy(a)
+        energy = energy_of(a, self.active.values(), lambda uuid: self.monitor.gpus[uuid].energy_mj)
         common = {
             "exit_code": result.exit_code,
             "signal": result.signal,
@@ -382,20 +390,6 @@ class Attempts:
             )
         wait_s = (job.started or a.started) - job.submitted
         return AttemptEnd(state, cause, again is not None, ended, peak_mem, peak_gpu, energy, wait_s)
-
-    def _energy(self, a: Active) -> float | None:
-        """Joules of the job's GPUs over the attempt (shared among collocated jobs: the
-        whole device's counter, split by how many jobs were on it at the end)."""
-        if not a.energy_start:
-            return None
-        total = 0.0
-        for uuid, start in a.energy_start.items():
-            end = self.monitor.gpus[uuid].energy_mj
-            if end is None:
-                return None
-            sharers = sum(1 for o in self.active.values() if uuid in o.uuids)
-            total += (end - start) / 1000.0 / max(1, sharers)
-        return total
 
     # --- after a restart ----------------------------------------------------------------------
 

@@ -10,9 +10,10 @@ Each tick (1 s, or at once when a request or a job's result arrives) it:
 2. measures the host and GPUs each second (:class:`~tandem.place.devices.Monitor`);
 3. follows the running attempts (:mod:`tandem.place.attempts`): usage, settling, endings
    and out-of-memory retries;
-4. fails the jobs of a share whose producer died (:mod:`tandem.place.producers`);
-5. plans (:func:`tandem.place.scheduler.plan`) from what :mod:`tandem.place.admission`
-   sees, starts what it placed, and stores why every other job waits.
+4. plans (:func:`tandem.place.scheduler.plan`) from what :mod:`tandem.place.admission`
+   sees, starts what it placed, and stores why every other job waits;
+5. tends the share groups' producers, jobs of their own (:mod:`tandem.place.producers`):
+   stopped after their group's last job, and one that died fails its group.
 
 Jobs do not depend on the daemon: each runs under a supervisor in its own session, and a
 restarted daemon re-adopts the attempts it finds running and goes on with the queue.
@@ -41,10 +42,10 @@ from tandem.place.config import DaemonConfig
 from tandem.place.devices import Monitor, Nvml, detect_capacity
 from tandem.place.diskwait import DiskWait
 from tandem.place.identity import StateMoved, daemon_identity, keep_records, moved
-from tandem.place.model import RUNNING, WAITING_STATES, Capacity, format_size
+from tandem.place.model import Capacity, format_size
 from tandem.place.paths import StateError, disk_trouble, private_dir
 from tandem.place.policies import make_policy
-from tandem.place.producers import Producers
+from tandem.place.producers import Producers, is_producer
 from tandem.place.queue import WaitingJobs
 from tandem.place.requests import HANDLERS, Parts, failure
 from tandem.place.run.files import write_json
@@ -114,7 +115,7 @@ class Daemon:
         self.attempts = Attempts(
             state, capacity, config, self.monitor, self.launcher, tracked, str(self.socket_path)
         )
-        self.producers = Producers(state, capacity.cpus, config, tracked, self.attempts.startup.learned)
+        self.producers = Producers(state, capacity, config, self.attempts.startup.learned)
         self.admission = Admission(
             state, capacity, self.limits, self.monitor, self.producers, self.attempts.startup
         )
@@ -166,7 +167,6 @@ class Daemon:
             if self.nvml is not None:
                 self.nvml.close()
             self.launcher.shutdown()
-            self.producers.shutdown()
             if self.tracker is not None:
                 self.tracker.poke()  # what is left to write is written (a helper started if none runs)
                 self.tracker.stop()  # and then it ends
@@ -285,7 +285,6 @@ class Daemon:
         reap_children()
         if self.mps is not None:
             self.mps.release_idle({u for a in self.attempts.active.values() for u in a.uuids})
-        self._fail_dead_producers()
         self.dirty |= set(self.attempts.active) != before
         since = time.monotonic() - self._last_plan
         every = max(PLAN_EVERY_S, self._pass_cpu_s / IDLE_PASS_SHARE)
@@ -299,11 +298,7 @@ class Daemon:
             deps = self.admission.dependencies(waiting)
             waiting = self.admission.resolve(waiting, deps)
             launched = self._schedule(now, waiting, deps)
-            busy = {j.share for j in waiting if j.share} | {
-                a.job.share for a in self.attempts.active.values() if a.job.share
-            }
-            self.producers.stop_idle(now, busy)  # type: ignore[arg-type]
-            self.producers.weigh(a.job.share for a in self.attempts.active.values())
+            self.dirty |= self.producers.tend(now, waiting, self.attempts)
             if not launched:  # what a pass that only looks costs (a start costs more, once)
                 self._pass_cpu_s = time.process_time() - started
         if self.tracker is not None:
@@ -318,20 +313,6 @@ class Daemon:
                     self.state.event(
                         done["job_id"], "tracking", f"not recorded in MLflow: {done.get('error')}"
                     )
-
-    def _fail_dead_producers(self) -> None:
-        """A share whose producer died: its waiting jobs fail at once, its running ones are
-        stopped, each with the producer's own error and log (not a timeout a minute later)."""
-        for share, error in self.producers.dead():
-            log.warning("%s", error)
-            self.dirty = True
-            for job in self.state.jobs((*WAITING_STATES, RUNNING)):
-                if job.share != share.name:
-                    continue
-                if job.id in self.attempts.active:
-                    self.attempts.stop(job.id, cause=error)
-                else:
-                    self.state.fail(job.id, error, time.time())
 
     def _schedule(self, now: float, waiting: list[Job], deps: Any) -> bool:
         """One pass over the waiting jobs: start what fits, say why the others wait. Whether
@@ -385,10 +366,12 @@ class Daemon:
         )
         # The job sees its GPUs only (by UUID, immune to index reordering); a CPU-only job sees none.
         env["CUDA_VISIBLE_DEVICES"] = ",".join(g.visible_id for g in chosen)
-        env.update(thread_env(job.env, job.cpus, self.capacity.cpus, on_host + bool(job.share)))
-        if job.share:
+        if is_producer(job):
+            self.producers.prepare(job)  # the spec it serves (its loader workers are its own)
+        else:  # on_host counts its share's producer: its jobs start once it runs
+            env.update(thread_env(job.env, job.cpus, self.capacity.cpus, on_host))
+        if job.share and not is_producer(job):
             env["TANDEM_SHARE"] = job.share
-            self.producers.ensure(job, chosen)
         mps = False
         if self.mps is not None and len(chosen) == 1 and not p.alone:
             server = self.mps.ensure(chosen[0].uuid)

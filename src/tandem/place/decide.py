@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from tandem.place.active import STARTUP_SAMPLES, Startup
-from tandem.place.model import GpuInfo
+from tandem.place.model import PRODUCER_ROLE, GpuInfo
 from tandem.place.policies import GpuSlot, HostSlot
 from tandem.place.records import Job
 from tandem.place.reserve import (
@@ -218,7 +218,8 @@ class Pass:
             job.escalation,
             waiting_since=since,
             gpu_share=job.gpu_share,
-            elastic=job.cpus == AUTO_CPUS,
+            # A producer's cores are its definition's or learnt: it may start on measured room.
+            elastic=job.cpus == AUTO_CPUS or job.role == PRODUCER_ROLE,
             # A job whose use is known (learnt for its key, or a running job alike's) is
             # not held back by the start-up of the jobs starting with it: a sweep's
             # points start together, their imports sharing the cores for seconds.
@@ -258,7 +259,7 @@ def _busy_cores(
         if now - a.started < HOST_WINDOW_S or a.samples < STARTUP_SAMPLES:
             known = a.cpu is not None and a.cpu.source.startswith("measured")
             busy += a.cpus if known else max(a.cpus, startup.cores(a.job.command))
-        elif a.cpu is None or not a.cpu.auto:
+        elif (a.cpu is None or not a.cpu.auto) and a.job.role != PRODUCER_ROLE:
             busy += max(0.0, a.cpus - (a.cpus_used or 0.0))
     return busy
 
@@ -273,25 +274,27 @@ def host_view(
     mem_available: int | None,
     cpu_mean: float | None,
     cpu_p95: float | None,
-    also_reserved: tuple[float, int] = (0.0, 0),
 ) -> HostSlot:
-    """The host as the scheduler sees it: the running jobs' reservations (and
-    ``also_reserved``: cores and RAM of what runs beside them, the live producers), the
-    measured free RAM and busy share of the cores over :data:`HOST_WINDOW_S`, what jobs use
-    over their declaration, and the busy cores a job of learnt cores must leave."""
+    """The host as the scheduler sees it: the running jobs' reservations (share groups'
+    producers among them), the measured free RAM and busy share of the cores over
+    :data:`HOST_WINDOW_S`, what jobs use over their declaration, and the busy cores a job
+    of learnt cores must leave."""
     running = list(running)
-    cpu_jobs = [a for a in running if not a.placement.gpus]
+    # A producer is reserved as a job is, but it is no job of the policies' counts (one CPU
+    # job at a time, alone): its group's jobs run beside it.
+    jobs = [a for a in running if a.job.role != PRODUCER_ROLE]
+    cpu_jobs = [a for a in jobs if not a.placement.gpus]
     return HostSlot(
         cpus_total=cpus_total,
         mem_total=mem_total,
-        cpus_reserved=sum(a.cpus for a in running) + also_reserved[0],
-        mem_reserved=sum(a.mem for a in running) + also_reserved[1],
+        cpus_reserved=sum(a.cpus for a in running),
+        mem_reserved=sum(a.mem for a in running),
         mem_available=mem_available,
         cpu_mean=cpu_mean,
         cpu_p95=cpu_p95,
-        cpus_over=_over_declared(running, startup),
+        cpus_over=_over_declared(jobs, startup),
         jobs=len(cpu_jobs),
-        all_jobs=len(running),
+        all_jobs=len(jobs),
         alone=any(a.placement.alone for a in cpu_jobs),
         cpus_busy=_busy_cores(running, startup, None if cpu_mean is None else cpu_mean * cpus_total, now),
     )

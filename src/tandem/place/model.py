@@ -19,6 +19,9 @@ SUCCEEDED, FAILED, OOM, CANCELLED = "succeeded", "failed", "oom", "cancelled"
 STATES = (QUEUED, RUNNING, RETRYING, SUCCEEDED, FAILED, OOM, CANCELLED)
 FINAL_STATES = frozenset({SUCCEEDED, FAILED, OOM, CANCELLED})
 WAITING_STATES = frozenset({QUEUED, RETRYING})
+# A job row's role: a submitted job, or a share group's producer (made by the daemon only).
+JOB_ROLE, PRODUCER_ROLE = "job", "producer"
+ROLES = (JOB_ROLE, PRODUCER_ROLE)
 
 
 def parse_cpus(text: str | float) -> float:

@@ -1,20 +1,25 @@
-"""The share groups' producers: started with a group's first job, stopped after its last,
-and a producer that dies fails its group's jobs at once with its own error.
+"""A share group's producer is a job row of its own (role ``producer``): made by the daemon
+when a job of the share waits and no producer of it is queued or running, then reserved,
+started, followed, retried and tracked in MLflow like any job (:mod:`tandem.place.attempts`,
+its runs tagged ``tandem.role=producer`` and ``tandem.share``, which ``tandem report`` counts
+with the group it fed). This module holds what is a producer's own:
 
-A share is defined once (``tandem share define``: a :class:`~tandem.share.spec.ShareSpec`
-in the state file). Its producer is started from that spec with its own entry point
-(``tandem share serve-spec SPEC.json``), in the first job's environment (so
-both find the same runtime directory), under the same supervisor as a job
-(:mod:`tandem.place.run.shim`, in ``shares/<name>/<n>/``): it outlives a daemon crash, its
-loader workers end with it, and it is tracked as an MLflow run of its own (tags
-``tandem.role=producer`` and ``tandem.share``), which ``tandem report`` counts with the
-group it fed. Its reservation (cores, RAM) and loader workers come from the spec, sized to
-the daemon's cores (:meth:`ShareSpec.producer_cpus`, :meth:`ShareSpec.loader_workers`).
+- its row (:meth:`Producers.make`): ``producer <share>``, in the group of the job that asked
+  for it (else the share's name), running ``tandem share serve-spec SPEC.json`` (the spec
+  written as it starts, :meth:`Producers.prepare`: the selection it serves is the state's
+  then, its loader workers sized to the daemon's cores, :meth:`ShareSpec.loader_workers`),
+  reserving its definition's cores or what its earlier producers used
+  (:func:`~tandem.place.reserve.producer_reservation`, learnt under
+  :func:`~tandem.place.reserve.producer_key`);
+- the group's side of it, once a pass (:meth:`Producers.tend`): it is stopped (its
+  supervisor's SIGTERM, SIGKILL after a grace) once no job of its share waits or runs, and
+  that stop ends it as succeeded; one that ends by itself fails its group's running jobs
+  with its own error (and the waiting ones, unless it is retried); it weighs as much as its
+  group's running jobs (:mod:`tandem.place.run.weights`); what a stopped one used is learnt.
 """
 
 from __future__ import annotations
 
-import collections
 import dataclasses
 import logging
 import os
@@ -22,218 +27,207 @@ import re
 import signal
 import sys
 import time
+import uuid
 from collections.abc import Iterable
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from tandem.place.config import DaemonConfig
-from tandem.place.model import GpuInfo
+from tandem.place.model import FAILED, OOM, PRODUCER_ROLE, RUNNING, WAITING_STATES, Capacity, JobSpec
+from tandem.place.reads import StateReads
 from tandem.place.reserve import Learned, producer_key, producer_reservation
-from tandem.place.run import tracking, weights
-from tandem.place.run.files import AttemptSpec, Result, load, read_json, save, write_json
-from tandem.place.run.launch import Launch, LocalLauncher
-from tandem.place.run.proctrack import same_process
+from tandem.place.run import weights
+from tandem.place.run.files import read_json, write_json
+from tandem.place.run.launch import signal_shim
 from tandem.place.state import Job, Share, State
+
+if TYPE_CHECKING:
+    from tandem.place.active import Active
+    from tandem.place.attempts import Attempts
 
 log = logging.getLogger(__name__)
 LEARN_AFTER_S = 10.0  # a producer's run shorter than this teaches nothing of its use
+STOPPED = "stopped: its group's last job ended"  # the cause of a producer the daemon stopped
+# One retry (after running out of memory, on the GPU with most free memory), never the
+# escalation that runs a job alone: a producer alone on the host would hold back its group.
+PRODUCER_RETRIES = 1
+
+
+def is_producer(job: Job) -> bool:
+    return job.role == PRODUCER_ROLE
 
 
 class Producers:
-    def __init__(
-        self,
-        state: State,
-        capacity_cpus: float,
-        config: DaemonConfig,
-        tracked: bool,
-        learned: Learned | None = None,
-    ) -> None:
-        self.state = state
-        self.learned = learned if learned is not None else Learned()  # what producers used (reserve.py)
-        self.capacity_cpus = capacity_cpus
-        self.config = config
-        self.tracked = tracked
-        self._launcher = LocalLauncher()
-        self._runs: dict[str, Path] = {}  # share -> the directory of the producer this daemon started
-        self._gpus: dict[str, int] = {}  # share -> the GPU its producer keeps batches on
-        self._stopping: dict[str, tuple[int, float, float]] = {}  # name -> pid, ctime, SIGKILL deadline
-        self._weights: dict[str, tuple[int, int]] = {}  # name -> its supervisor's pid, its CPU weight
+    def __init__(self, state: State, capacity: Capacity, config: DaemonConfig, learned: Learned) -> None:
+        self.state, self.capacity, self.config = state, capacity, config
+        self.learned = learned  # what producers used, kept in the state (reserve.py)
+        self._stopping: dict[int, float] = {}  # producer job id -> when its supervisor is killed
+        self._weights: dict[int, tuple[int, int]] = {}  # producer job id -> supervisor pid, weight
+        self._followed: set[int] = set()  # the producers running at the last pass
 
-    def _dir(self, name: str) -> Path | None:
-        """The directory of the share's newest producer (``shares/<name>/<n>``)."""
-        known = self._runs.get(name)
-        if known is not None:
-            return known
-        folder = self.state.dir / "shares" / name
-        numbered = [int(p.name) for p in folder.glob("*") if p.name.isdigit()] if folder.is_dir() else []
-        return folder / str(max(numbered)) if numbered else None
+    # --- its row --------------------------------------------------------------------------
 
-    def log_path(self, name: str) -> Path:
-        folder = self._dir(name)
-        return folder / "output.log" if folder is not None else self.state.dir / "shares" / name
-
-    def reservation(self, share: Share, running: bool | None = None) -> tuple[float, int]:
-        """Cores and RAM a producer of ``share`` reserves (the running one's, else a new one's).
-        ``running``: whether its producer runs, where the caller has just looked."""
-        if running is None:
-            running = self.running(share)
-        if share.cpus is not None and running:
-            return share.cpus, share.spec.mem
+    def reservation(self, share: Share) -> tuple[float, int]:
+        """Cores and RAM a new producer of ``share`` reserves."""
         return self._cores(share)[0], share.spec.mem
 
     def _cores(self, share: Share) -> tuple[float, str]:
         """What a new producer of ``share`` reserves and why (tandem.place.reserve)."""
-        defined = share.spec.producer_cpus(self.capacity_cpus)
+        defined = share.spec.producer_cpus(self.capacity.cpus)
         return producer_reservation(defined, share.spec.cpus is not None, self.learned, share.name)
 
-    def _learn(self, name: str, folder: Path | None) -> None:
-        """What the share's producer that ended used: its mean cores over its run (a run of a
-        few seconds is mostly its start-up, and says nothing of its use)."""
-        result = load(folder, Result) if folder is not None else None
-        if result is None or not result.cpu_seconds or result.ended - result.started < LEARN_AFTER_S:
-            return
-        self.learned.seen(producer_key(name), result.cpu_seconds / (result.ended - result.started))
+    def make(self, share: Share, asked: Job) -> int:
+        """Queue the producer of ``share`` for the waiting job ``asked`` (whose environment,
+        and so runtime directory, and working directory it runs in); its id."""
+        full = self.state.job(asked.id, attempts=False) or asked  # with its environment
+        cpus, why = self._cores(share)
+        # A GPU slab's producer keeps its batches on a GPU of its own placement (cuda:0 to it).
+        gpus = 1 if share.spec.slab_on_gpu and self.capacity.gpus else 0
+        folder = self.state.dir / "shares" / share.name / uuid.uuid4().hex[:12]
+        command = [sys.executable, "-m", "tandem.cli", "share", "serve-spec", str(folder / "share.json")]
+        spec = JobSpec(
+            command=command,
+            cwd=full.cwd if os.path.isdir(full.cwd) else "/",
+            env=dict(full.env),
+            name=f"producer {share.name}",
+            cpus=cpus,
+            mem=share.spec.mem,
+            gpu_mem=0 if gpus else None,  # its slab is seen in the GPU's measured use, not reserved
+            priority=full.priority,
+            retries=PRODUCER_RETRIES,
+            share=share.name,
+            group=full.group or share.name,
+        )
+        job_id = self.state.add_producer(spec, gpus, time.time(), producer_key(share.name))
+        self.state.event(
+            job_id, "producer", f"share {share.name!r}: for job {asked.id}, reserving {cpus:g} cores ({why})"
+        )
+        return job_id
 
-    @staticmethod
-    def running(share: Share) -> bool:
-        return same_process(share.pid, share.ctime)
-
-    def stopping(self, name: str) -> bool:
-        return name in self._stopping
-
-    def ensure(self, job: Job, gpus: tuple[GpuInfo, ...]) -> None:
-        """Start the producer of ``job``'s share unless one runs. On the CPU, unless the share
-        keeps its batches on a GPU: then it sees the job's first GPU, as ``cuda:0``, and later
-        jobs of the share prefer that GPU."""
+    def prepare(self, job: Job) -> None:
+        """Before producer ``job`` starts: the spec it serves, written where its command reads
+        it, with the selection the state has now (given at define, or made by its selection
+        job; one from before tandem kept it: its producer makes it, or finds it stored)."""
         share = self.state.share(job.share or "")
         if share is None:
             raise RuntimeError(f"shared dataset {job.share!r} is not defined (tandem share define)")
-        if self.running(share):
-            return
         spec = share.spec
-        on_gpu = bool(gpus) and spec.slab_on_gpu
-        env = dict(job.env, CUDA_VISIBLE_DEVICES=gpus[0].visible_id if on_gpu else "")
-        if on_gpu:
-            self._gpus[share.name] = gpus[0].index
-        else:
-            self._gpus.pop(share.name, None)
-        cpus, why = self._cores(share)
-        last = self._dir(share.name)
-        n = int(last.name) + 1 if last is not None else 1
-        folder = self.state.dir / "shares" / share.name / str(n)
-        folder.mkdir(parents=True, exist_ok=True)
-        # The selection it serves is the state's (given at define, or made by its selection
-        # job). A share whose selection job left none (one from before tandem kept it in the
-        # state): its producer makes it, or finds it stored (the same inputs, the same one).
         served = (
             dataclasses.replace(spec, selection=share.selection, select=None) if share.selection else spec
         )
-        if spec.source != "loader":
-            served = dataclasses.replace(served, num_workers=spec.loader_workers(self.capacity_cpus))
-        write_json(folder / "share.json", dataclasses.asdict(served))
-        command = [
-            sys.executable,
-            "-m",
-            "tandem.cli",
-            "share",
-            "serve-spec",
-            str(folder / "share.json"),
+        if spec.source != "loader":  # its loader workers: the manager's cores' worth (ShareSpec)
+            served = dataclasses.replace(served, num_workers=spec.loader_workers(self.capacity.cpus))
+        path = Path(job.command[5])
+        path.parent.mkdir(parents=True, exist_ok=True)
+        write_json(path, dataclasses.asdict(served))
+
+    @staticmethod
+    def rows(waiting: Iterable[Job], active: Iterable[Active]) -> tuple[dict[str, int], dict[str, Active]]:
+        """This pass's producers, by share: the queued ones' ids, and the running ones."""
+        queued = {j.share or "": j.id for j in waiting if is_producer(j) and not j.cancel_requested}
+        running = {a.job.share or "": a for a in active if is_producer(a.job)}
+        return queued, running
+
+    def stopping(self, job_id: int) -> bool:
+        """Whether producer ``job_id`` was told to stop (its group is done)."""
+        return job_id in self._stopping
+
+    # --- the group's side, once a pass ------------------------------------------------------
+
+    def tend(self, now: float, waiting: list[Job], attempts: Attempts) -> bool:
+        """Stop the producers whose group is done, cancel the queued ones no job waits for,
+        fail the groups whose producer ended by itself, learn what stopped ones used, weigh
+        the running ones. Whether it changed a job (a pass is due)."""
+        active = attempts.active
+        busy = {j.share for j in waiting if j.share and not is_producer(j)}
+        busy |= {a.job.share for a in active.values() if a.job.share and not is_producer(a.job)}
+        changed = False
+        idle = [
+            j.id
+            for j in waiting
+            if is_producer(j) and (j.share not in busy or self.state.share(j.share or "") is None)
         ]
-        cwd = job.cwd if os.path.isdir(job.cwd) else "/"
-        c = self.config
-        save(
-            folder,
-            AttemptSpec(
-                command,
-                cwd,
-                env,
-                job_id=0,
-                attempt=n,
-                name=f"producer {share.name}",
-                grace_s=c.grace_s,
-                interval_s=c.interval_s,
-                log_max=c.log_max,
-                socket=None,
-                track=self.tracked,
-            ),
-        )
-        handle = _Handle(0, n)
-        self._launcher.start(handle, Launch(folder, cwd, cpus))
-        self._runs[share.name] = folder
-        self.state.set_producer(share.name, handle.shim_pid, handle.shim_ctime, cpus=cpus)
-        self.state.event(
-            job.id,
-            "producer",
-            f"started producer of {share.name!r} (pid {handle.shim_pid}), reserving {cpus:g} cores ({why})",
-        )
-        if self.tracked:
-            tags = {"tandem.role": "producer", "tandem.share": share.name, "group": job.group or ""}
-            spool = folder / "metrics.jsonl"
-            tracking.run_started(
-                self.state.dir,
-                _run_key(share.name, folder),
-                f"producer {share.name}",
-                tags,
-                spool,
-                time.time(),
-            )
+        if idle:  # its jobs were cancelled, or failed, before it started
+            self.state.cancel_waiting(idle, "cancelled", "no job of its share waits for it", now)
+            changed = True
+        running = {a.job.id: a for a in active.values() if is_producer(a.job)}
+        for job_id, a in running.items():
+            if job_id in self._stopping:
+                if now >= self._stopping[job_id]:  # its supervisor did not end it within its grace
+                    signal_shim(a, signal.SIGKILL)
+            elif a.job.share not in busy and not a.job.cancel_requested:
+                attempts.stop(job_id, succeeded=STOPPED)  # the supervisor's SIGTERM
+                self._stopping[job_id] = now + 2 * self.config.grace_s + 5
+                self.state.event(job_id, "producer", f"stopping producer of {a.job.share!r}: {STOPPED}")
+        for job_id in self._followed - set(running):
+            changed |= self._ended(job_id, now)
+        self._followed = set(running)
+        changed |= self._orphans(running.values(), active.values(), attempts)
+        self._weigh(running.values(), active.values())
+        return changed
 
-    def prefer_gpus(self, name: str) -> tuple[int, ...]:
-        """The GPU a running producer of share ``name`` keeps its batches on, if any."""
-        index = self._gpus.get(name)
-        return () if index is None else (index,)
+    def _ended(self, job_id: int, now: float) -> bool:
+        """Producer ``job_id`` ended (or went back to the queue): learn what a stopped one used;
+        one that failed for good fails its group's waiting jobs with its error."""
+        self._stopping.pop(job_id, None)
+        self._weights.pop(job_id, None)
+        job = self.state.job(job_id)
+        if job is None or not job.attempts:
+            return False
+        last = job.attempts[-1]
+        if job.state not in (FAILED, OOM):
+            run_s = (last.ended or now) - last.started
+            if last.cause == STOPPED and last.cpu_seconds and run_s >= LEARN_AFTER_S:
+                self.learned.seen(producer_key(job.share or ""), last.cpu_seconds / run_s)
+            return False
+        error = self.error(job)
+        log.warning("%s", error)
+        for waiting in self.state.jobs(tuple(WAITING_STATES), shares=(job.share or "",)):
+            if not is_producer(waiting) and not waiting.cancel_requested:
+                self.state.fail(waiting.id, error, now)
+        return True
 
-    def _end_run(self, name: str, status: str) -> None:
-        """Close the MLflow run of the share's newest producer (one a previous daemon started too)."""
-        folder = self._dir(name)
-        self._runs.pop(name, None)
-        if folder is not None and self.tracked:
-            tracking.run_ended(self.state.dir, _run_key(name, folder), status, {}, {}, folder / "output.log")
-
-    def dead(self) -> list[tuple[Share, str]]:
-        """Producers that died on their own (not stopped by us): each share with the error
-        it ended with. Their record is cleared and the error kept with the share."""
-        out = []
-        for share in self.state.shares():
-            if share.pid is None or share.name in self._stopping or self.running(share):
+    def _orphans(self, running: Iterable[Active], active: Iterable[Active], attempts: Attempts) -> bool:
+        """The running jobs of a share whose producer is not running (it ended by itself, or
+        before this daemon adopted them): stopped, failed with its producer's error."""
+        fed = {a.job.share for a in running}
+        orphans = [
+            a
+            for a in active
+            if a.job.share and not is_producer(a.job) and a.job.share not in fed and a.fail_cause is None
+        ]
+        for a in orphans:
+            if a.job.cancel_requested:
                 continue
-            folder = self._dir(share.name)
-            result = load(folder, Result) if folder is not None else None
-            if result is not None:
-                error = f"the producer of share {share.name!r} ended ({result.cause})"
-                error += f": {result.line}" if result.line and result.line not in (result.cause or "") else ""
-            else:
-                error = f"the producer of share {share.name!r} died (its supervisor was killed)"
-            self.state.set_producer(share.name, None, None, error=error)
-            self._end_run(share.name, "FAILED")
-            out.append((share, f"{error}; its log: {self.log_path(share.name)}"))
-        return out
+            newest = self.newest(a.job.share or "")
+            why = self.error(newest) if newest is not None else f"share {a.job.share!r} has no producer"
+            attempts.stop(a.job.id, cause=why)
+        return bool(orphans)
 
-    def stop_idle(self, now: float, busy: set[str]) -> None:
-        """Stop the producers whose shares no waiting or running job reads."""
-        for share in self.state.shares():
-            if share.name in busy or not self.running(share):
+    def newest(self, share: str) -> Job | None:
+        return newest(self.state, share)
+
+    def error(self, producer: Job) -> str:
+        """How producer ``producer`` ended, in words for its group's jobs, with its log."""
+        error = f"the producer of share {producer.share!r} (job {producer.id}) ended ({ended(producer)})"
+        if producer.attempts:
+            error += f"; its log: {self.state.attempt_dir(producer.attempts[-1]) / 'output.log'}"
+        return error
+
+    def _weigh(self, running: Iterable[Active], active: Iterable[Active]) -> None:
+        """Each running producer weighs as much as its group's running jobs, at least one; set
+        again only when that changes (and kept only once written: a supervisor just started
+        may not have entered its cgroup yet, and the next pass tries again)."""
+        jobs: dict[str | None, int] = {}
+        for a in active:
+            if not is_producer(a.job):
+                jobs[a.job.share] = jobs.get(a.job.share, 0) + 1
+        for a in running:
+            if a.shim_pid is None or a.job.id in self._stopping:
                 continue
-            try:
-                os.kill(share.pid or 0, signal.SIGTERM)  # its supervisor stops it and its workers
-            except ProcessLookupError:
-                pass
-            self._stopping[share.name] = (
-                share.pid or 0,
-                share.ctime or 0.0,
-                now + 2 * self.config.grace_s + 5,
-            )
-            self.state.set_producer(share.name, None, None)
-            self.state.event(None, "producer", f"stopped producer of {share.name!r}: its last job ended")
-        for name, (pid, ctime, deadline) in list(self._stopping.items()):
-            if not same_process(pid, ctime):
-                del self._stopping[name]
-                self._learn(name, self._dir(name))
-                self._end_run(name, "FINISHED")
-            elif now >= deadline:
-                try:
-                    os.kill(pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
+            want = (a.shim_pid, max(1, jobs.get(a.job.share, 0)))
+            if self._weights.get(a.job.id) != want and weights.set_weight(*want):
+                self._weights[a.job.id] = want
 
     @staticmethod
     def start_weights() -> None:
@@ -243,43 +237,43 @@ class Producers:
         weighted, how = weights.available()
         (log.info if weighted else log.warning)("CPU weights: %s", how)
 
-    def weigh(self, running_shares: Iterable[str | None]) -> None:
-        """Each running producer weighs as much as the running jobs of its share (one
-        ``running_shares`` entry each), at least one; set again only when that changes."""
-        jobs = collections.Counter(running_shares)
-        for share in self.state.shares():
-            if not self.running(share) or share.pid is None:
-                continue
-            want = (share.pid, max(1, jobs[share.name]))
-            # kept only once written: a supervisor just started may not have entered its
-            # cgroup yet, and the next pass tries again
-            if self._weights.get(share.name) != want and weights.set_weight(*want):
-                self._weights[share.name] = want
 
-    def shutdown(self) -> None:
-        """The daemon stops: the producers it told to stop have their MLflow runs ended now
-        (their group is done; no later daemon knows it stopped them), so that nothing waits
-        on them; producers still serving jobs go on, as the jobs do. What one that ended used
-        is learnt (kept in the state: the next daemon reserves it)."""
-        for name in list(self._stopping):
-            del self._stopping[name]
-            self._learn(name, self._dir(name))
-            self._end_run(name, "FINISHED")
+def newest(state: StateReads, share: str) -> Job | None:
+    """The newest producer row of ``share``, with its attempts."""
+    rows = state.query(
+        "SELECT id FROM jobs WHERE share = ? AND role = ? ORDER BY id DESC LIMIT 1", (share, PRODUCER_ROLE)
+    )
+    return state.job(rows[0][0]) if rows else None
 
 
-def _run_key(name: str, folder: Path) -> str:
-    """The tracking queue's key of the producer of ``name`` started in ``folder``."""
-    return f"share-{name}-{folder.name}"
+def ended(producer: Job) -> str:
+    """How ``producer`` (its last attempt) ended: its cause and log line."""
+    last = producer.attempts[-1] if producer.attempts else None
+    cause = (last.cause if last else None) or producer.cause or producer.state
+    line = (last.cause_line if last else None) or producer.cause_line
+    return cause + (f": {line}" if line and line not in cause else "")
 
 
-class _Handle:
-    """What the launcher fills in for a producer's supervisor."""
+def status(state: StateReads, share: str) -> dict[str, Any]:
+    """The newest producer of ``share`` as ``tandem ls`` and the dashboard show it: its job,
+    state, supervisor's pid and cores while it runs, and how it ended where it failed."""
+    job = newest(state, share)
+    last = job.attempts[-1] if job is not None and job.attempts else None
+    running = job is not None and job.state == RUNNING and last is not None
+    return {
+        "job": job.id if job is not None else None,
+        "state": job.state if job is not None else None,
+        "pid": last.shim_pid if running and last is not None else None,
+        "cpus": last.placement.cpus if running and last is not None else None,
+        "started": last.started if running and last is not None else None,
+        "error": ended(job) if job is not None and job.state in (FAILED, OOM) else None,
+    }
 
-    def __init__(self, job_id: int, n: int) -> None:
-        self.job_id, self.n = job_id, n
-        self.shim_pid: int | None = None
-        self.shim_ctime: float | None = None
-        self.remote = False
+
+def group_jobs(state: State, producer: Job) -> list[Job]:
+    """The jobs of ``producer``'s share not yet ended (what a cancel of it would leave unfed)."""
+    live = (*WAITING_STATES, RUNNING)
+    return [j for j in state.jobs(live, shares=(producer.share or "",)) if not is_producer(j)]
 
 
 def selections_made(state: State, job_id: int, adir: Path) -> dict[str, str | None]:

@@ -15,7 +15,7 @@ import json
 from dataclasses import dataclass
 
 from tandem.place.fields import column
-from tandem.place.model import QUEUED, JobSpec
+from tandem.place.model import JOB_ROLE, QUEUED, JobSpec
 from tandem.share.spec import ShareSpec
 
 
@@ -104,6 +104,9 @@ class Job(JobSpec):
     # template's key (its --name, else command, before {KEY} is filled), so its points are alike.
     learn_key: str = column("", queued=True, shown=False)
     state: str = column(QUEUED, queued=True)
+    # What it is: a job ("job": submitted) or a share group's producer ("producer": made by
+    # the daemon, never by tandem submit).
+    role: str = column(JOB_ROLE, queued=True)
     submitted: float = column(0.0, queued=True)
     cause: str | None = None
     cause_line: str | None = None
@@ -132,17 +135,12 @@ class Job(JobSpec):
 
 @dataclass
 class Share:
-    """A dataset defined with ``tandem share define`` (its :class:`ShareSpec`), the data
+    """A dataset defined with ``tandem share define`` (its :class:`ShareSpec`) and the data
     selection it serves (``selection``: an id of ``tandem.select``'s store, given at define or
-    written by the daemon when the share's selection job succeeds) and the producer now
-    running for it, if any: pid, start time and the cores reserved for it."""
+    written by the daemon when the share's selection job succeeds). Its producer is a job row
+    of its own (role ``producer``, :mod:`tandem.place.producers`)."""
 
     name: str = column(sql="TEXT PRIMARY KEY")
     spec: ShareSpec = column(encode=ShareSpec.to_json, decode=ShareSpec.from_json)
     defined: float = 0.0
     selection: str | None = None
-    pid: int | None = None
-    ctime: float | None = None
-    started: float | None = None
-    cpus: float | None = None  # reserved by the running producer
-    error: str | None = None  # how its last producer died, if it died

@@ -28,7 +28,7 @@ from tandem.place.diskwait import DiskWait
 from tandem.place.identity import StateMoved
 from tandem.place.model import FINAL_STATES, RUNNING, STATES, Capacity, JobSpec, format_size
 from tandem.place.paths import disk_trouble
-from tandem.place.producers import Producers
+from tandem.place.producers import Producers, group_jobs, is_producer
 from tandem.place.resources import Resources
 from tandem.place.run.launch import Launcher
 from tandem.place.scheduler import Waiting, fits_at_all
@@ -177,6 +177,9 @@ def cancel(request: p.Cancel, d: Parts) -> Handled:
         live = tuple(s for s in STATES if s not in FINAL_STATES)
         listed = {j.id: j for j in d.state.jobs(live, group=None if request.everything else request.group)}
         ids += list(listed)
+    refused = None if request.everything else _feeds(d, ids, listed)
+    if refused is not None:
+        return _refused(refused), NOTHING
     for job_id in ids:
         job = listed.get(job_id) or d.state.job(job_id, attempts=False)
         if job is None:
@@ -193,6 +196,26 @@ def cancel(request: p.Cancel, d: Parts) -> Handled:
     d.state.cancel_waiting(waiting, "cancelled", "while waiting", time.time())
     cancelled += waiting
     return p.Cancelled(sorted(cancelled), unknown, ended), Changed(queue=True)
+
+
+def _feeds(d: Parts, ids: list[int], listed: dict[int, Job]) -> str | None:
+    """Why the cancel of ``ids`` is refused: one is a share group's producer whose group has
+    jobs not ended that it leaves unfed (it stops by itself after their last), or None."""
+    for job_id in ids:
+        job = listed.get(job_id) or d.state.job(job_id, attempts=False)
+        if job is None or not is_producer(job) or job.state in FINAL_STATES:
+            continue
+        unfed = [j.id for j in group_jobs(d.state, job) if j.id not in ids]
+        if unfed:
+            named = ", ".join(map(str, unfed[:10])) + (
+                f" and {len(unfed) - 10} more" if len(unfed) > 10 else ""
+            )
+            return (
+                f"job {job_id} is the producer of share {job.share!r}: its group's jobs {named} still "
+                f"read it; cancel them (or the group: tandem cancel --group {job.group}) and it stops "
+                "after the last"
+            )
+    return None
 
 
 def status(_request: p.Status, d: Parts) -> Handled:

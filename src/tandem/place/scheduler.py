@@ -10,9 +10,9 @@ simulator calls it with modelled state. Rules every policy keeps, here and nowhe
 - Cores are elastic: a job fits where its cores are unreserved, or (its cores learnt,
   :attr:`Waiting.elastic`) where the host's measured use leaves room for it
   (:attr:`~tandem.place.policies.HostSlot.cpus_busy`), or where it joins its share group,
-  whose producer runs or starts, under :func:`share_bound`. Cores given as a number stay a
-  hard reservation. A share's producer not yet running is charged once a pass, to the
-  first job of its share placed (which starts it).
+  whose producer runs, under :func:`share_bound`. Cores given as a number stay a hard
+  reservation. A share's producer is a job of its own (:mod:`tandem.place.producers`),
+  reserved before its group's jobs start.
 - A GPU whose newest job has unknown memory that is still growing (``probing``) takes no
   one; nor does a GPU or host running a job that must run alone.
 - At most ``max_per_gpu`` jobs per GPU.
@@ -57,15 +57,11 @@ class Waiting:
     escalation: int = 0  # 0 first try; 1 most-free GPU; 2 alone
     waiting_since: float | None = None  # since when it could start (queued, requeued, deps met)
     prefer_gpus: tuple[int, ...] = ()  # where its shared data is (a GPU-slab producer's GPU)
-    with_producer: bool = False  # it would start its share's producer (charged below, or in cpus and mem)
+    with_producer: bool = False  # the submit check's: its cores and RAM include its share's producer's
     gpu_share: int | None = None  # its declared share of a GPU's compute (percent)
     startup_cpus: float | None = None  # what its program used at start before (measured)
-    share: str | None = None  # its share group
-    # Its share's producer, where that is not running: charged once per share a pass, to the
-    # first job of the share the pass places (which starts it), never to the others.
-    producer_cpus: float = 0.0
-    producer_mem: int = 0
-    share_jobs: int | None = None  # its share's jobs running now; None: its producer is not running
+    share: str | None = None  # its share group, whose producer runs
+    share_jobs: int | None = None  # its share's jobs running now; None: not of a share group
     elastic: bool = False  # its cores are learnt (--cpus auto): it may start on measured room
 
 
@@ -114,7 +110,7 @@ def plan(
     # either (a pass only ever fills the host further): a sweep of 10,000 alike jobs is
     # looked at once, not 10,000 times.
     refused: dict[tuple[object, ...], str] = {}
-    # Per share: its jobs placed this pass (whose producer is then charged, or runs).
+    # Per share: its jobs placed this pass.
     placed: dict[str, int] = {}
     for job in order(queue):
         if blocker is not None:
@@ -142,25 +138,12 @@ def plan(
 
 
 def _this_pass(job: Waiting, placed: dict[str, int]) -> Waiting:
-    """``job`` as this pass sees it: with its producer's charge in its cores and RAM unless a
-    job of its share was placed before it this pass (that one carries it), and with the jobs
-    of its share placed this pass counted beside those running."""
-    if job.share is None or (not job.producer_cpus and not job.producer_mem and job.share_jobs is None):
-        return job
-    before = placed.get(job.share, 0)
-    if job.share_jobs is not None:  # its producer runs (and is in the host's reserved)
-        return dataclasses.replace(job, share_jobs=job.share_jobs + before) if before else job
-    if before:  # a job of its share placed this pass starts the producer, charged to that one
-        return dataclasses.replace(
-            job, producer_cpus=0.0, producer_mem=0, share_jobs=before, with_producer=False
-        )
-    return dataclasses.replace(
-        job,
-        cpus=job.cpus + job.producer_cpus,
-        mem=job.mem + job.producer_mem,
-        producer_cpus=0.0,
-        producer_mem=0,
-    )
+    """``job`` as this pass sees it: the jobs of its share group placed this pass counted
+    beside those running."""
+    before = placed.get(job.share, 0) if job.share is not None else 0
+    if before and job.share_jobs is not None:
+        return dataclasses.replace(job, share_jobs=job.share_jobs + before)
+    return job
 
 
 def fits_at_all(
@@ -169,7 +152,6 @@ def fits_at_all(
     """Why ``job`` can never run on this machine (its needs exceed the capacity), or None."""
     usable = int(host.mem_total * (1 - (limits or Limits()).host_mem_headroom))
     producer = " with its share's producer" if job.with_producer else ""
-    job = dataclasses.replace(job, cpus=job.cpus + job.producer_cpus, mem=job.mem + job.producer_mem)
     if job.cpus > host.cpus_total + 1e-9:
         return f"asks for {job.cpus:g} cores{producer}; the manager has {host.cpus_total:g}"
     if job.mem > usable:

@@ -21,7 +21,7 @@ from typing import Any
 from tandem.place.fields import meta, reader, same, sql_declaration, stored_fields, to_column
 from tandem.place.records import Attempt, Job, Share
 
-SCHEMA_VERSION = 6
+SCHEMA_VERSION = 7
 
 # Each record's table: its name and what is declared beyond its columns.
 TABLES: dict[type, tuple[str, str]] = {
@@ -178,6 +178,21 @@ def _learning_keys(db: sqlite3.Connection) -> None:
         db.execute("ALTER TABLE peaks ADD COLUMN cpu_runs TEXT")
 
 
+def _job_roles(db: sqlite3.Connection) -> None:
+    """Schema 6 had only submitted jobs, and a share's row held its running producer (pid,
+    ctime, started, cpus, error): each job is of role "job", and from schema 7 a share
+    group's producer is a job row of role "producer", so those columns go (the table made
+    again: an old SQLite has no DROP COLUMN)."""
+    if "role" not in {r[1] for r in db.execute("PRAGMA table_info(jobs)")}:
+        db.execute("ALTER TABLE jobs ADD COLUMN role TEXT NOT NULL DEFAULT 'job'")
+    if "pid" in {r[1] for r in db.execute("PRAGMA table_info(shares)")}:
+        db.execute("ALTER TABLE shares RENAME TO shares_6")
+        db.execute(create_table(Share))
+        kept = columns_of(Share)
+        db.execute(f"INSERT INTO shares ({kept}) SELECT {kept} FROM shares_6")
+        db.execute("DROP TABLE shares_6")
+
+
 # MIGRATIONS[n]: what takes schema n to n + 1 (CREATE TABLE IF NOT EXISTS only makes what
 # is missing, not what an old table lacks): SQL statements, or functions of the database.
 MIGRATIONS: dict[int, list[Any]] = {
@@ -198,6 +213,7 @@ MIGRATIONS: dict[int, list[Any]] = {
     ],
     4: [_attempt_folders],
     5: [_learning_keys],
+    6: [_job_roles],
 }
 
 assert set(MIGRATIONS) == set(range(1, SCHEMA_VERSION)), "a schema version without its migration"

@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from tandem.dirs import private_file
+from tandem.place import model
 from tandem.place.identity import file_id, new_db_id
 from tandem.place.model import CANCELLED, FAILED, OOM, QUEUED, RETRYING, RUNNING, SUCCEEDED, JobSpec
 from tandem.place.paths import StateError, private_dir, set_aside_lost_jobs, state_dir, state_dir_path  # noqa: F401 (re-exported)
@@ -202,6 +203,13 @@ class State(StateReads):
         key they share (their template's, :func:`tandem.place.sweep.alike_key`)."""
         with self.transaction() as db:
             return [self._add_job(db, spec, gpus, now, alike=alike) for spec in specs]
+
+    def add_producer(self, spec: JobSpec, gpus: int, now: float, key: str) -> int:
+        """Queue a share group's producer: a job row of role producer (the daemon's own)."""
+        with self.transaction() as db:
+            job_id = self._add_job(db, spec, gpus, now, "a share group's producer", key)[0]
+            db.execute("UPDATE jobs SET role = ? WHERE id = ?", (model.PRODUCER_ROLE, job_id))
+            return job_id
 
     def _add_job(
         self, db: sqlite3.Connection, spec: JobSpec, gpus: int, now: float, detail: str = "", alike: str = ""
@@ -403,12 +411,12 @@ class State(StateReads):
                 what = f"makes the selection of share {spec.name!r}"
                 job_id, _ = self._add_job(db, select_job, gpus, now, what)
                 spec = dataclasses.replace(spec, select_job=job_id)
-            _insert(  # a running producer's row (pid, ...) is kept: the daemon still owns it
+            _insert(  # a redefinition: the same row, its spec and selection replaced
                 db,
                 "shares",
                 row_values(Share(spec.name, spec, now, selection=spec.selection)),
                 "ON CONFLICT(name) DO UPDATE SET spec = excluded.spec, defined = excluded.defined, "
-                "selection = excluded.selection, error = NULL",
+                "selection = excluded.selection",
             )
         return job_id
 
@@ -420,25 +428,13 @@ class State(StateReads):
             users = [
                 r[0]
                 for r in db.execute(
-                    f"SELECT id FROM jobs WHERE share = ? AND state IN ({marks})", (name, *_NOT_ENDED)
+                    f"SELECT id FROM jobs WHERE share = ? AND role = 'job' AND state IN ({marks})",
+                    (name, *_NOT_ENDED),
                 )
             ]
             if not users:
                 db.execute("DELETE FROM shares WHERE name = ?", (name,))
         return users
-
-    def set_producer(
-        self,
-        name: str,
-        pid: int | None,
-        ctime: float | None,
-        cpus: float | None = None,
-        error: str | None = None,
-    ) -> None:
-        self._write(
-            "UPDATE shares SET pid = ?, ctime = ?, started = ?, cpus = ?, error = ? WHERE name = ?",
-            (pid, ctime, time.time() if pid else None, cpus, error, name),
-        )
 
 
 def _insert(db: sqlite3.Connection, table: str, values: dict[str, Any], conflict: str = "") -> int:

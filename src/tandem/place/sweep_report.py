@@ -31,7 +31,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from tandem.place.model import params_text
+from tandem.place.model import PRODUCER_ROLE, params_text
 from tandem.place.records import Job
 from tandem.place.views import run_seconds
 from tandem.watch.report import energy_totals
@@ -165,7 +165,8 @@ def group_report(
     docstring. ``state``: a :class:`tandem.place.state.State`; ``runs_db``: the manager's
     MLflow store's SQLite file (None: no metrics, CPU-seconds from the manager alone)."""
     goal = parse_best(best)
-    jobs: list[Job] = state.jobs(group=group, attempts=True)
+    # A share's producer (a job row of its own) is counted as what fed the group, not a point.
+    jobs: list[Job] = [j for j in state.jobs(group=group, attempts=True) if j.role != PRODUCER_ROLE]
     if not jobs:
         return None
     with _runs_db(runs_db) as db:
@@ -238,7 +239,9 @@ def _fed(state: Any, producer_runs: list[tuple[str, str, float, float | None]]) 
     by_share: dict[str, list[Job]] = {}
     for run, share, start, end in producer_runs:
         if share not in by_share:
-            by_share[share] = state.jobs(shares=(share,), attempts=True)
+            by_share[share] = [
+                j for j in state.jobs(shares=(share,), attempts=True) if j.role != PRODUCER_ROLE
+            ]
         out[run] = [
             j.id
             for j in by_share[share]

@@ -11,7 +11,7 @@ from dataclasses import fields
 from typing import Any
 
 from tandem.place.fields import meta
-from tandem.place.model import WAITING_STATES, format_size, param_value
+from tandem.place.model import PRODUCER_ROLE, WAITING_STATES, format_size, param_value
 from tandem.place.records import Attempt, AttemptPlacement, Job
 from tandem.place.reserve import AUTO_CPUS
 
@@ -169,7 +169,7 @@ def ls_row(job: Job, now: float | None = None) -> list[str]:
         cause = f"{job.attempts[-1].cause} (retry {len(job.attempts)}/{job.retries}); {cause}"
     return [
         str(job.id),
-        job.name or "-",
+        (job.name or "-") + (" [producer]" if job.role == PRODUCER_ROLE else ""),
         job.state,
         job.group or job.share or "-",
         where,

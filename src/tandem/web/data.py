@@ -16,6 +16,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from tandem.place import producers
 from tandem.place.model import WAITING_STATES
 from tandem.place.state import StateReader
 from tandem.place.views import job_json
@@ -141,16 +142,18 @@ class Reader:
     def shares(self) -> list[dict[str, Any]]:
         out = []
         for share in self.state.shares():
+            producer = producers.status(self.state, share.name)  # a job row of its own
             out.append(
                 {
                     "name": share.name,
                     "source": share.spec.source,
                     "ref": share.spec.ref,
                     "batch_size": share.spec.batch_size,
-                    "producer_pid": share.pid,
-                    "cpus": share.cpus,
-                    "started": share.started,
-                    "error": share.error,
+                    "producer_job": producer["job"],
+                    "producer_pid": producer["pid"],
+                    "cpus": producer["cpus"],
+                    "started": producer["started"],
+                    "error": producer["error"],
                     "jobs": self.state.share_users(share.name),
                 }
             )

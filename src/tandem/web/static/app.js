@@ -69,7 +69,9 @@ function dur(s) {
 function when(t) { return t ? new Date(t * 1000).toLocaleTimeString() : "-"; }
 function joules(j) { return j === undefined || j === null ? "-" : j >= 3600 ? `${(j / 3600).toFixed(2)} Wh` : `${j.toFixed(1)} J`; }
 function stateCell(state) { return el("span", { class: `state state-${state}` }, state); }
-function jobLink(job) { return el("a", { href: `#/job/${job.id}` }, job.name ? `${job.id} ${job.name}` : String(job.id)); }
+// A share group's producer is a job row of role "producer": a badge says so.
+function roleBadge(job) { return job.role === "producer" ? el("span", { class: "badge role" }, " producer") : ""; }
+function jobLink(job) { return el("span", {}, el("a", { href: `#/job/${job.id}` }, job.name ? `${job.id} ${job.name}` : String(job.id)), roleBadge(job)); }
 
 // --- the live stream ----------------------------------------------------------------------
 let stream = null;
@@ -290,7 +292,7 @@ async function jobPage(id) {
     } }, "Cancel");
     const r = j.request;
     header.replaceChildren(
-      el("h2", { "data-job-id": j.id, "data-state": j.state, id: "job-head" }, `job ${j.id}${j.name ? ` ${j.name}` : ""} `, stateCell(j.state), " ", cancel),
+      el("h2", { "data-job-id": j.id, "data-state": j.state, id: "job-head" }, `job ${j.id}${j.name ? ` ${j.name}` : ""} `, roleBadge(j), " ", stateCell(j.state), " ", cancel),
       el("dl", {}, el("dt", {}, "command"), el("dd", { class: "cmd" }, j.command.join(" ")),
         el("dt", {}, "request"), el("dd", {}, `${r.cpus === "auto" ? `cores auto${j.reservation && j.reservation.cpus !== null ? ` (${j.reservation.cpus}: ${j.reservation.from})` : ""}` : `${r.cpus} cores`}, RAM ${size(r.mem_bytes || null)}, GPUs ${r.gpus === null ? "auto" : r.gpus}, GPU memory ${r.gpu_mem_bytes === null ? "auto" : size(r.gpu_mem_bytes)}`),
         el("dt", {}, "placement"), el("dd", {}, j.placement ? `${j.placement.device}${j.placement.gpus.length ? ` GPU ${j.placement.gpus.join(",")}` : ""}` : "-"),
