@@ -131,8 +131,8 @@ class Attempts:
             } | ({"tandem.role": "producer"} if producer else {})
             share = self.state.share(job.share) if job.share else None
             selection = share.selection if share is not None else None
-            if selection:  # the data selection it trains on (tandem select show ID)
-                tags["tandem.selection"] = selection
+            if selection and not producer:  # the data selection it trains on (tandem select
+                tags["tandem.selection"] = selection  # show ID); its producer serves it, trains on none
             key = tracking.run_key(job.id, n)
             tracking.run_started(
                 self.state.dir, key, name, tags, adir / "metrics.jsonl", started, job.id, n, job.params

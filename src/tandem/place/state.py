@@ -310,7 +310,7 @@ class State(StateReads):
                 if sel_id is None:
                     self._event(db, job_id, "note", f"made no selection for share {share!r}")
                     continue
-                db.execute("UPDATE shares SET selection = ?, error = NULL WHERE name = ?", (sel_id, share))
+                db.execute("UPDATE shares SET selection = ? WHERE name = ?", (sel_id, share))
                 self._event(db, job_id, "note", f"made selection {sel_id} of share {share!r}")
 
     def fail(self, job_id: int, cause: str, now: float, attempt: int | None = None) -> None:

@@ -91,9 +91,12 @@ def serving(state: StateReads | None, sel_id: str) -> list[str]:
 
 def manager_jobs(state: StateReads | None, sel_id: str) -> list[Job]:
     """Every job of the job manager's that reads the selection (of a share that serves it),
-    in any state, by id."""
+    in any state, by id: its training jobs, not the share's producer rows, which serve it."""
+    from tandem.place.model import JOB_ROLE
+
     shares = serving(state, sel_id)
-    return [] if state is None or not shares else state.jobs(shares=tuple(shares))
+    found = [] if state is None or not shares else state.jobs(shares=tuple(shares))
+    return [j for j in found if j.role == JOB_ROLE]
 
 
 def jobs_of(sel_id: str, state: StateReads | None) -> list[dict[str, Any]]:
