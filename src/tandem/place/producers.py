@@ -117,7 +117,7 @@ class Producers:
         )
         if spec.source != "loader":  # its loader workers: the manager's cores' worth (ShareSpec)
             served = dataclasses.replace(served, num_workers=spec.loader_workers(self.capacity.cpus))
-        path = Path(job.command[5])
+        path = Path(job.command[job.command.index("serve-spec") + 1])  # as make() wrote it
         path.parent.mkdir(parents=True, exist_ok=True)
         write_json(path, dataclasses.asdict(served))
 
