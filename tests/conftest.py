@@ -1,4 +1,5 @@
-"""Shared fixtures: every test gets its own private runtime directory for producers."""
+"""Shared fixtures: every test gets its own private runtime directory for producers; how many
+workers ``-n auto`` (pyproject's addopts) starts."""
 
 from __future__ import annotations
 
@@ -7,6 +8,12 @@ import shutil
 import tempfile
 
 import pytest
+
+
+def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
+    """One worker per core this process may use, at most 4: the tests start daemons, jobs and
+    producers of their own, so more workers than that only contend for the same cores."""
+    return max(1, min(4, len(os.sched_getaffinity(0))))
 
 
 @pytest.fixture(autouse=True)

@@ -173,7 +173,8 @@ def test_sigterm_stops_producer_cleanly_and_consumer_is_told(procs, dev_shm_befo
     (msg,) = procs.errors(1, timeout=10)
     assert msg[1] == ProducerStopped.__name__ and "SIGTERM" in msg[2]
     assert not socket_path("term").exists() and not lock_path("term").exists()
-    assert set(os.listdir("/dev/shm")) - dev_shm_before == set(), "nothing left in /dev/shm"
+    # Tests on other workers may hold files there for a moment: what stays is a leak.
+    wait_for(lambda: not set(os.listdir("/dev/shm")) - dev_shm_before, what="nothing left in /dev/shm")
 
 
 def test_producer_memory_is_flat_over_20_epochs(procs):
