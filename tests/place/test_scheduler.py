@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 
 import pytest
 
@@ -227,6 +229,21 @@ def test_a_share_producers_default_reservation_leaves_room_for_a_job() -> None:
     assert ShareSpec("a", "dataset", "m:f", cpus=1).loader_workers(16) == least
     assert ShareSpec("a", "dataset", "m:f", num_workers=0).loader_workers(16) == 0
     assert ShareSpec("a", "images", "/d", cpus=1).loader_workers(2) == 1
+
+
+def test_sizing_a_producer_imports_no_torch_into_the_daemon() -> None:
+    """The daemon sizes a producer's workers in its loop when the producer starts: with torch
+    imported for it, that pass took 1.8 CPU-s and a sweep's jobs waited for it."""
+    sized = (
+        "import sys, tandem.place.daemon, tandem.place.producers;"
+        "from tandem.share.spec import ShareSpec;"
+        "[ShareSpec('a', s, 'm:f', cpus=c).loader_workers(2)"
+        " for s in ('dataset', 'images') for c in (None, 3)];"
+        "print(sorted(m for m in ('torch', 'numpy') if m in sys.modules))"
+    )
+    out = subprocess.run([sys.executable, "-c", sized], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "[]"
 
 
 def test_packing_counts_what_jobs_use_beyond_their_declaration() -> None:

@@ -9,7 +9,8 @@ import os
 import pytest
 import torch
 
-from tandem.share._order import MAX_AUTO_WORKERS, auto_workers, planned_loader
+from tandem.share._order import planned_loader
+from tandem.share._workers import MAX_AUTO_WORKERS, auto_workers
 
 
 class NiceDataset(torch.utils.data.Dataset):

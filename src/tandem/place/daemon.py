@@ -299,6 +299,7 @@ class Daemon:
             waiting = self.admission.resolve(waiting, deps)
             launched = self._schedule(now, waiting, deps)
             self.dirty |= self.producers.tend(now, waiting, self.attempts)
+            self.dirty |= self.producers.moved()
             if not launched:  # what a pass that only looks costs (a start costs more, once)
                 self._pass_cpu_s = time.process_time() - started
         if self.tracker is not None:

@@ -64,6 +64,15 @@ class Producers:
         self._stopping: dict[int, float] = {}  # producer job id -> when its supervisor is killed
         self._weights: dict[int, tuple[int, int]] = {}  # producer job id -> supervisor pid, weight
         self._followed: set[int] = set()  # the producers running at the last pass
+        self._moved = False  # a row made or a producer started since the daemon last asked
+
+    def moved(self) -> bool:
+        """Whether a producer row was made or a producer started since the last call. The
+        pass that did it could not move its group (the row was made after the queue was read;
+        the jobs wait for a running producer): the daemon runs the next pass at once, not at
+        its idle interval (seconds, with a long queue), which a sweep's first start waited."""
+        moved, self._moved = self._moved, False
+        return moved
 
     # --- its row --------------------------------------------------------------------------
 
@@ -99,6 +108,7 @@ class Producers:
             group=full.group or share.name,
         )
         job_id = self.state.add_producer(spec, gpus, time.time(), producer_key(share.name))
+        self._moved = True
         self.state.event(
             job_id, "producer", f"share {share.name!r}: for job {asked.id}, reserving {cpus:g} cores ({why})"
         )
@@ -120,6 +130,7 @@ class Producers:
         path = Path(job.command[job.command.index("serve-spec") + 1])  # as make() wrote it
         path.parent.mkdir(parents=True, exist_ok=True)
         write_json(path, dataclasses.asdict(served))
+        self._moved = True
 
     @staticmethod
     def rows(waiting: Iterable[Job], active: Iterable[Active]) -> tuple[dict[str, int], dict[str, Active]]:

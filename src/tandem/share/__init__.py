@@ -45,7 +45,7 @@ from tandem.share.errors import (
 )
 
 if TYPE_CHECKING:  # for type checkers and IDEs; at run time they load on first use
-    from tandem.share._order import auto_workers
+    from tandem.share._workers import auto_workers
     from tandem.share.consumer import Consumer, clone_batch
     from tandem.share.producer import Producer
 
@@ -55,7 +55,7 @@ _LAZY = {
     "Consumer": "consumer",
     "clone_batch": "consumer",
     "Producer": "producer",
-    "auto_workers": "_order",
+    "auto_workers": "_workers",
 }
 
 

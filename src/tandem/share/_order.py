@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import functools
 import hashlib
-import math
 import os
 from collections.abc import Iterable, Iterator
 from typing import Any
@@ -31,6 +30,7 @@ from typing import Any
 import numpy as np
 import torch.utils.data
 
+from tandem.share._workers import auto_workers
 from tandem.share.errors import ShareError
 
 
@@ -86,32 +86,6 @@ class EpochPlanner:
     def count(self, batch_size: int, offset: int) -> int:
         """Samples in the batch at ``offset`` (the last one may be partial)."""
         return min(batch_size, self.sampler.limit - offset)
-
-
-MAX_AUTO_WORKERS = 8
-
-
-def auto_workers(reserved_cpus: float | None = None) -> int:
-    """How many loader workers to run when not told: the cores the producer was given less
-    one for itself (``reserved_cpus``, as the job manager reserves them), else the cores the
-    jobs leave free now (this process's cores less those busy over a quarter second), less
-    one, but at least one where there are two cores: the jobs it feeds are often that load,
-    and with none the producer's one thread decoded for all of them (measured on a busy
-    2-core machine: auto gave 0); at most 8."""
-    import psutil
-
-    try:
-        cores = len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):
-        cores = psutil.cpu_count() or 1
-    # A worker decodes with one torch thread; the producer's own thread decoding with torch's
-    # default threads (one per core) spins them against the jobs it feeds: under the manager
-    # (one core reserved on 2 cores, no worker) it used 33 CPU-s where one worker used 19.
-    least = 1 if cores >= 2 else 0
-    if reserved_cpus is not None:
-        return max(least, min(MAX_AUTO_WORKERS, math.ceil(reserved_cpus) - 1))
-    busy = psutil.cpu_percent(interval=0.25) / 100.0 * (psutil.cpu_count() or cores)
-    return max(least, min(MAX_AUTO_WORKERS, int(cores - busy) - 1))
 
 
 def lower_priority(increment: int, _worker_id: int) -> None:

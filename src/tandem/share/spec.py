@@ -225,7 +225,7 @@ class ShareSpec:
         with one worker while the trials used a third of the other core."""
         if self.num_workers is not None:
             return self.num_workers
-        from tandem.share._order import MAX_AUTO_WORKERS, auto_workers
+        from tandem.share._workers import MAX_AUTO_WORKERS, auto_workers
 
         if self.cpus is not None:
             workers = auto_workers(self.cpus)
