@@ -8,7 +8,7 @@ import pytest
 
 from tandem.share._table import AnnouncementTable, ConsumerRecord
 from tandem.share._transport import SocketLink, TableLink
-from tandem.share._window import IDLE_SLOTS, MIN_SLOTS, Window, slots_for
+from tandem.share._window import AHEAD_SLOTS, IDLE_SLOTS, MIN_SLOTS, Window, slots_for
 from tandem.share.protocol import EntryKind, Segment
 
 
@@ -196,6 +196,28 @@ def test_a_memory_sized_window_lets_consumers_drift_apart_until_it_is_full():
     assert slot == 0, "the slowest released the oldest: its slot again"
     _publish_batch(w, slot)
     _check_slots(w)
+
+
+def test_a_memory_sized_window_is_made_only_a_few_batches_ahead_of_the_fastest_consumer():
+    # The window (32 slots) is room for drift; past the fastest reader, batches wait for a
+    # reader that may never come (a sweep's last epoch): at most AHEAD_SLOTS are made there.
+    w = Window("wait", 32, ahead=AHEAD_SLOTS)
+    fast, slow = SocketLink(0, (0, 0)), SocketLink(0, (0, 0))
+    made = 0
+    while w.take_slot([fast, slow], 99)[0] is not None:
+        _publish_batch(w, made)
+        made += 1
+        assert made <= 32, "no bound"
+    assert made == AHEAD_SLOTS, "made ahead of a fastest consumer that took nothing"
+    for _ in range(3):
+        _take(fast, w)
+    _fill(w, [fast, slow], 3, 99)  # the fastest took three: three more may be made
+    assert w.take_slot([fast, slow], 99) == (None, None)
+    assert w.drift([fast, slow]) == 3 and w.next_seq - fast.cursor() == AHEAD_SLOTS
+    _check_slots(w)
+    given = Window("wait", 32)  # a window given in batches: made that far ahead
+    _fill(given, [SocketLink(0, (0, 0))], 32, 99)
+    assert given.take_slot([SocketLink(0, (0, 0))], 99)[0] is None
 
 
 def test_slots_for_a_budget():

@@ -17,6 +17,9 @@ Invariants (checked by ``tests/share/test_window.py``):
   none is free, the oldest entry that the fastest consumer has taken and nobody holds is
   evicted; consumers whose cursor had not reached it miss it (:meth:`Window.take_slot`
   returns who). The window grows instead, up to ``slot_cap``, when no such entry exists.
+* Under "wait", at most ``ahead`` entries are published past the fastest consumer's cursor
+  (the producer's memory-sized window: :data:`AHEAD_SLOTS`; a window given in batches: no
+  bound but its size).
 * With no consumer attached nothing is evicted: the first consumer to attach gets the window;
   and at most :data:`IDLE_SLOTS` entries are made ahead (more would be read by the first
   consumer alone).
@@ -60,6 +63,11 @@ MAX_SLOTS = 64  # a memory-sized window's most batches (each slot's segment is a
 # starting jobs need: an 8-trial sweep's producer made 2.7 epochs while its jobs imported
 # torch, then 7 epochs in all for a 3-epoch sweep.
 IDLE_SLOTS = 4
+# Batches made ahead of the fastest consumer in a memory-sized window ("wait"). The window
+# bounds how far consumers drift apart; made further ahead than this, batches wait for a
+# reader that may never come: when a sweep's jobs end their last epoch, everything made
+# past them is thrown away (an 8-trial sweep's producer: up to 64 batches, 2.7 epochs).
+AHEAD_SLOTS = 8
 
 
 def slots_for(budget: int, slot_bytes: int, cap: int) -> int:
@@ -72,12 +80,13 @@ def slots_for(budget: int, slot_bytes: int, cap: int) -> int:
 class Window:
     """Entries published and not yet evicted, and the slots they hold."""
 
-    def __init__(self, policy: str, slots: int, cap: int | None = None):
+    def __init__(self, policy: str, slots: int, cap: int | None = None, ahead: int | None = None):
         if policy not in PACING_POLICIES:
             raise ValueError(f"policy must be one of {PACING_POLICIES}, got {policy!r}")
         self.policy = policy
         self.cap = max(slots, cap or slots)  # the most ``size`` may become
         self.size = slots  # the window: slots in use ("wait"), ahead of the fastest ("skip")
+        self.ahead = ahead  # "wait": the most entries published past the fastest consumer
         self.slots = 0  # slots numbered so far ("skip" may grow it past ``size``)
         self.entries: collections.OrderedDict[int, Entry] = collections.OrderedDict()
         self.free: list[int] = []
@@ -180,10 +189,10 @@ class Window:
     def _policy_allows(self, links: Collection[Link]) -> bool:
         if not links:
             return self.slots - len(self.free) < min(self.size, IDLE_SLOTS)
+        fastest = max(link.cursor() for link in links)
         if self.policy == "wait":
-            return True
-        fastest = max(link.cursor() for link in links)  # "skip": keep pace with the fastest
-        return self.next_seq - fastest < self.size
+            return self.ahead is None or self.next_seq - fastest < self.ahead
+        return self.next_seq - fastest < self.size  # "skip": keep pace with the fastest
 
     def _evict(self, links: Collection[Link]) -> Entry | None:
         if not links:

@@ -44,7 +44,7 @@ from tandem.share._order import EpochPlanner, fingerprint, planned_loader, selec
 from tandem.share._publishing import PublishingLoop
 from tandem.share._registry import Registration
 from tandem.share._slab import HostSlab, Slab, window_budget
-from tandem.share._window import MAX_SLOTS, MIN_SLOTS, PACING_POLICIES, Window
+from tandem.share._window import AHEAD_SLOTS, MAX_SLOTS, MIN_SLOTS, PACING_POLICIES, Window
 from tandem.share.errors import UnsupportedBatch
 
 log = logging.getLogger("tandem.share")
@@ -109,7 +109,10 @@ class Producer(PublishingLoop):
         self.window_mem: int | None = None
         if window_mem is not None or window is None:
             self.window_mem = window_mem if window_mem is not None else window_budget(self.device)
-        self._window = Window(policy, cap if self.window_mem is None else MIN_SLOTS, cap)
+        # Sized by memory, it is made only a few batches ahead of the fastest consumer (the
+        # rest is room for the slower ones to drift behind); given in batches, that many.
+        ahead = AHEAD_SLOTS if self.window_mem is not None else None
+        self._window = Window(policy, cap if self.window_mem is None else MIN_SLOTS, cap, ahead)
         self._transform = batch_transform
         self._transform_threads = transform_threads
         label = f"{name}:{os.getpid()}"
