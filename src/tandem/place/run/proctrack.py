@@ -25,6 +25,7 @@ import signal
 import subprocess
 import time
 from collections.abc import Callable
+from collections.abc import Set as AbstractSet
 from pathlib import Path
 
 import psutil
@@ -193,13 +194,25 @@ class JobProcesses:
         pids.discard(os.getpid())
         return {p for p in pids if _alive(p)}
 
-    def stop(self, grace: float, exclude: set[int] = frozenset()) -> None:  # type: ignore[assignment]
+    def stop(self, grace: float, exclude: AbstractSet[int] = frozenset(), first: int | None = None) -> None:
         """SIGTERM every process of the job, SIGKILL (``cgroup.kill``) what is left after
         ``grace`` seconds. ``exclude``: pids not to touch (the job's main process before it
-        has been reaped, whose parent must still see how it ended)."""
+        has been reaped, whose parent must still see how it ended). ``first``: the job's main
+        process, signalled alone for up to half the grace before the others: a training
+        script or a share's producer then ends its own DataLoader workers, where a SIGTERM
+        to all at once killed the workers under it and torch raised "DataLoader worker (pid
+        N) is killed by signal: Terminated" in it, a traceback in the job's log."""
+        deadline = time.monotonic() + grace
+        if first is not None and _alive(first):
+            try:
+                os.kill(first, signal.SIGTERM)
+            except OSError:
+                pass
+            alone = time.monotonic() + grace / 2
+            while time.monotonic() < alone and _alive(first):
+                time.sleep(0.05)
         procs = self._procs(exclude)
         self._signal(procs, signal.SIGTERM)
-        deadline = time.monotonic() + grace
         while time.monotonic() < deadline:
             procs = [p for p in procs if _running(p)] + self._procs(exclude, known=procs)
             if not procs:
@@ -216,7 +229,7 @@ class JobProcesses:
             while time.monotonic() < deadline and self._procs(exclude):
                 time.sleep(0.05)
 
-    def _procs(self, exclude: set[int], known: list[psutil.Process] = ()) -> list[psutil.Process]:  # type: ignore[assignment]
+    def _procs(self, exclude: AbstractSet[int], known: list[psutil.Process] = ()) -> list[psutil.Process]:  # type: ignore[assignment]
         seen = {p.pid for p in known}
         out = []
         for pid in self.pids() - set(exclude) - seen:

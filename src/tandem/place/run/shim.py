@@ -145,7 +145,7 @@ class Shim:
         if cgroup is not None:
             leave(cgroup)  # before any kill of the cgroup
         if self.cancelled:  # every process of the job; the main one is reaped below
-            procs.stop(spec.grace_s)
+            procs.stop(spec.grace_s, first=proc.pid)
         returncode = proc.wait()
         rusage = _child_cpu()
         if procs.pids():  # what the job left running, in its session or outside it
