@@ -47,11 +47,13 @@ def test_a_cancel_lets_the_main_process_end_its_dataloader_workers(cli, tmp_path
     cli("daemon", "start", "--cpus", "2", "--settle", "0.3", "--grace", "20")
     job_id = cli.submit("--", sys.executable, str(script))
     cli.wait_state(job_id, {"running"})
+    attempt = attempt_dir(cli.state, job_id)
+    output = attempt / "output.log"  # read as its supervisor writes it: no CLI started per poll
     deadline = time.monotonic() + scaled(60)
-    while "training" not in cli("logs", str(job_id)).stdout:
+    while not (output.exists() and "training" in output.read_text()):
         assert time.monotonic() < deadline, "the job never trained"
         time.sleep(0.1)
-    pid = json.loads((attempt_dir(cli.state, job_id) / "started.json").read_text())["pid"]
+    pid = json.loads((attempt / "started.json").read_text())["pid"]
     workers = psutil.Process(pid).children()
     assert len(workers) == 2, "two DataLoader workers"
     cli("cancel", str(job_id))
