@@ -118,6 +118,9 @@ def select_run(
     as_json: bool,
 ) -> None:
     """Compute a selection (or find it stored) and print its id."""
+    from tandem.dirs import state_dir
+
+    state_dir()  # one that may not be used is said before torch and the dataset are loaded (seconds)
     from tandem.select import SelectError, select
 
     dataset = _load_ref(dataset_ref, "--dataset", call=True)

@@ -191,12 +191,9 @@ def _lookup(client, ref: str) -> list:  # type: ignore[no-untyped-def,type-arg]
         )
         return found + _producers_of(client, found, group)
     if ref.startswith("job:"):
-        job = ref.removeprefix("job:")
-        if not job.isdigit():
-            raise RunNotFound(f"{ref!r}: a job is named by its number, as `tandem ls` shows it (job:12)")
         return client.search_runs(
             experiments,
-            filter_string=f"tags.`{JOB_TAG}` = '{int(job)}'",
+            filter_string=f"tags.`{JOB_TAG}` = '{int(ref.removeprefix('job:'))}'",
             order_by=["attributes.start_time ASC"],
         )
     if _RUN_ID.match(ref):
@@ -220,6 +217,9 @@ def load_runs(
     ``uri``: the store (default: ``$MLFLOW_TRACKING_URI``, else ``./mlflow.db``); ``also``:
     further stores (``tandem report`` adds the job manager's). A store that does not exist
     is passed over; RunNotFound if none exists."""
+    for ref in refs:  # said before any store is opened (opening one imports MLflow: seconds)
+        if ref.startswith("job:") and not ref.removeprefix("job:").isdigit():
+            raise RunNotFound(f"{ref!r}: a job is named by its number, as `tandem ls` shows it (job:12)")
     out: list[RunData] = []
     clients: list[tuple[str, Any]] | None = None
     for ref in refs:
