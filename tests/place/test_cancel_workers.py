@@ -44,7 +44,7 @@ for n, batch in enumerate(loader):
 def test_a_cancel_lets_the_main_process_end_its_dataloader_workers(cli, tmp_path: Path) -> None:
     script = tmp_path / "train.py"
     script.write_text(TRAIN)
-    cli("daemon", "start", "--cpus", "2", "--settle", "0.3", "--grace", "20")
+    cli("daemon", "start", "--cpus", "2", "--no-track", "--settle", "0.3", "--grace", "20")
     job_id = cli.submit("--", sys.executable, str(script))
     cli.wait_state(job_id, {"running"})
     attempt = attempt_dir(cli.state, job_id)

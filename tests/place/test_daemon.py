@@ -21,7 +21,9 @@ from tests.place.conftest import attempt_dir
 from tests.place.inproc import Step, max_overlap
 from tests.timing import scaled
 
-FAST = ["--settle", "0.3", "--window", "2", "--grace", "1"]
+# Short settle, window and grace; no MLflow helper (a process that imports MLflow: seconds of
+# a core per daemon). The tests of tracking start their daemons without it.
+FAST = ["--no-track", "--settle", "0.3", "--window", "2", "--grace", "1"]
 
 
 def intervals(path: Path) -> list[tuple[float, float]]:
@@ -425,7 +427,7 @@ def test_each_job_is_an_mlflow_run_written_while_it_runs(cli, tmp_path: Path) ->
 
 
 def test_a_killed_supervisor_does_not_leave_its_job_running(cli, tmp_path: Path) -> None:
-    cli("daemon", "start", "--cpus", "2", "--no-track", *FAST)
+    cli("daemon", "start", "--cpus", "2", *FAST)
     assert cli.json("daemon", "status")["tracking"] is None  # --no-track reached the background daemon
     pids = tmp_path / "pids"
     job_id = cli.submit("--", "sh", "-c", f"echo $$ >> {pids}; sleep 300")

@@ -56,7 +56,7 @@ def _ended_run(client, run_id: str):  # type: ignore[no-untyped-def]
 def test_a_job_logs_into_its_own_run_and_report_reads_the_managers_store(cli: Cli) -> None:
     from mlflow.tracking import MlflowClient
 
-    cli("daemon", "start", "--cpus", "2", "--settle", "0.3", "--grace", "1")
+    cli("daemon", "start", "--cpus", "2", "--no-host-load", "--settle", "0.3", "--grace", "1")
     (cli.tmp / "job.py").write_text(JOB)
     job_id = cli.submit("--name", "logged", "--group", "gx", "--", sys.executable, "job.py")
     r = cli("wait", str(job_id), timeout=180)

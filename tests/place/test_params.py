@@ -62,7 +62,7 @@ def _sweep(cli: Cli, group: str, *command: str) -> list[dict]:
 def test_grid_values_are_the_text_typed_and_a_job_logging_its_own_params_succeeds(cli: Cli) -> None:
     from mlflow.tracking import MlflowClient
 
-    cli("daemon", "start", "--cpus", "2", "--settle", "0.3", "--grace", "1")
+    cli("daemon", "start", "--cpus", "2", "--no-host-load", "--settle", "0.3", "--grace", "1")
     (cli.tmp / "job.py").write_text(SELF_LOGGING)
     plain = _sweep(cli, "plain", sys.executable, "-c", "import sys; print(sys.argv[1])", "{x}")
     logging = _sweep(cli, "own", sys.executable, "job.py", "{x}")

@@ -1,10 +1,10 @@
-"""Reservations that learn (``--cpus auto``, the default): the README's sweep packs on two
-cores, a CPU-bound job's reservation rises to its measurement, a job key seen before
-reserves what it used, and an explicit ``--cpus`` stays a hard reservation."""
+"""Reservations that learn (``--cpus auto``, the default): a CPU-bound job's reservation
+rises to its measurement, a job key seen before reserves what it used, a share's producer
+reserves what its earlier producers used, and an explicit ``--cpus`` stays a hard
+reservation. The README's sweep on two cores, as printed: tests/place/test_elastic.py."""
 
 from __future__ import annotations
 
-import json
 import sys
 import time
 from collections.abc import Callable
@@ -16,10 +16,11 @@ from tests.timing import scaled
 
 # A training job that mostly waits on a (simulated) accelerator: it reads a batch from its
 # share, says it started, then "steps" (sleeps) until the test releases it, and reads the
-# rest of its epoch.
+# rest of its epoch. It imports no MLflow and its daemons track nothing (``--no-track``):
+# what is tested here is what was learnt; the README's sweep, whose jobs import MLflow under
+# a tracking daemon, is test_elastic.py's.
 SLEEPER = (
     "import os, sys, time\n"
-    "import mlflow  # as a training script does: seconds of a whole core at start\n"
     "from pathlib import Path\n"
     "from tandem.share import Consumer\n"
     "c = Consumer.from_env(batch_size=8)\n"
@@ -51,7 +52,7 @@ def _until(what: Callable[[], object], timeout: float, message: str) -> object:
 
 def _producers(cli) -> list[dict]:  # type: ignore[no-untyped-def]
     """The share groups' producers: job rows of role producer, oldest first."""
-    return [j for j in json.loads(cli("ls", "--all", "--json").stdout) if j["role"] == "producer"]
+    return [j for j in cli.rows() if j["role"] == "producer"]
 
 
 def _producers_ended(cli) -> bool:  # type: ignore[no-untyped-def]
@@ -62,57 +63,6 @@ def _producers_ended(cli) -> bool:  # type: ignore[no-untyped-def]
 
 def _lines(path: Path) -> list[str]:
     return path.read_text().split() if path.exists() else []
-
-
-def test_readme_sweep_with_default_reservations_runs_three_at_once(cli, tmp_path: Path) -> None:
-    """The README's sweep as printed (a share with its defaults, no --cpus) on two cores."""
-    (tmp_path / "toy_data.py").write_text(DATASET)
-    (tmp_path / "train.py").write_text(SLEEPER)
-    # Load from outside the manager (another test suite, a busy CI host) rightly holds new
-    # jobs back; what is tested here is what the reservations alone allow.
-    cli("daemon", "start", "--cpus", "2", "--no-host-load", *FAST)
-    cli("share", "define", "imagenet", "--dataset", "toy_data.py:make", "--batch-size", "4")
-    ids = [
-        cli.submit(
-            "--share",
-            "imagenet",
-            "--group",
-            "lr-sweep",
-            "--name",
-            f"r18-lr{lr}",
-            "--",
-            sys.executable,
-            "train.py",
-            str(tmp_path),
-        )
-        for lr in ("0.1", "0.03", "0.01", "0.003")
-    ]
-    started = tmp_path / "started"
-    _until(
-        lambda: len(_lines(started)) >= 3,
-        120,
-        f"fewer than 3 of 4 ran at once: {cli('ls').stdout}",
-    )
-    # Each says what it reserves and why: a probe's measurement (a few samples of its tree).
-    shown = cli.job(int(_lines(started)[0]))["reservation"]
-    assert shown["cpus"] is not None and shown["from"] in ("probe", "measured, this run"), shown
-    (tmp_path / "release").write_text("")
-    assert cli("wait", *map(str, ids), timeout=180).returncode == 0, cli("ls").stdout
-    done = [line.split() for line in (tmp_path / "done").read_text().splitlines()]
-    assert sorted(int(j) for j, _ in done) == ids and all(int(n) == 64 for _, n in done)  # every epoch exact
-    # The group's report counts its producer (charged to it: it fed only these jobs).
-    sweep = _until(
-        lambda: (
-            (g := json.loads(cli("report", "group:lr-sweep", "--json").stdout)["groups"])
-            and g[0]["producers"]
-            and g[0]["producers"][0]["cpu_s"]
-            and g[0]
-        ),
-        60,
-        "no producer in the group's report",
-    )
-    (producer,) = sweep["producers"]  # type: ignore[index]
-    assert producer["group_jobs"] == 4 and sweep["totals"]["producers_cpu_s"] == producer["cpu_s"]  # type: ignore[index]
 
 
 def test_a_cpu_bound_job_reserves_its_measurement_and_its_key_learns(inproc) -> None:

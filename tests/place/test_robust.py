@@ -36,7 +36,7 @@ def _with_arg(arg: str) -> list[psutil.Process]:
 
 
 def test_processes_that_left_the_session_end_with_the_job_and_with_a_cancel(cli) -> None:
-    cli("daemon", "start", "--cpus", "2", *FAST)
+    cli("daemon", "start", "--cpus", "2", "--no-track", *FAST)
     done = cli.submit("--", "bash", "-c", "( setsid sleep 601.25 & ); sleep 1")
     cancelled = cli.submit("--", "bash", "-c", "( setsid sleep 602.25 & ); sleep 300")
     assert cli("wait", str(done), timeout=60).returncode == 0
@@ -135,7 +135,7 @@ def test_idle_connections_do_not_block_the_daemon(cli) -> None:
     from tandem import _ipc
     from tandem.place.client import daemon_socket
 
-    cli("daemon", "start", "--cpus", "2", *FAST)
+    cli("daemon", "start", "--cpus", "2", "--no-track", *FAST)
     idle = []
     for _ in range(30):
         s = _ipc.new_socket()
@@ -154,7 +154,7 @@ def test_a_large_environment_and_a_retried_submit(cli, tmp_path: Path) -> None:
     from tandem.place.client import submit
     from tandem.place.model import JobSpec
 
-    cli("daemon", "start", "--cpus", "2", *FAST)
+    cli("daemon", "start", "--cpus", "2", "--no-track", *FAST)
     big = "x" * 100_000  # 8 of these: 800 KB, over the 64 KB packet (one variable may hold 128 KB)
     out = tmp_path / "len.txt"
     env = dict(cli.env, BIG=big, **{f"BIG{i}": big for i in range(7)})
@@ -195,7 +195,7 @@ def test_a_share_group_with_the_defaults_runs_on_two_cores(cli, tmp_path: Path) 
 
 def test_a_producer_that_dies_fails_its_jobs_at_once_with_its_error(cli, tmp_path: Path) -> None:
     (tmp_path / "bad_data.py").write_text("def make():\n    raise ValueError('no such bucket: s3://typo')\n")
-    cli("daemon", "start", "--cpus", "2", *FAST)
+    cli("daemon", "start", "--cpus", "2", "--no-track", *FAST)
     cli("share", "define", "bad", "--dataset", "bad_data:make")  # imports and is callable: accepted
     t0 = time.monotonic()
     job = cli.submit(
@@ -210,7 +210,7 @@ def test_a_producer_that_dies_fails_its_jobs_at_once_with_its_error(cli, tmp_pat
 
 
 def test_a_chatty_job_s_log_is_capped(cli, tmp_path: Path) -> None:
-    cli("daemon", "start", "--cpus", "2", "--log-max", "1M", *FAST)
+    cli("daemon", "start", "--cpus", "2", "--log-max", "1M", "--no-track", *FAST)
     job = cli.submit("--", sys.executable, "-c", "import sys\nfor i in range(200000): print('x' * 100)")
     assert cli("wait", str(job), timeout=120).returncode == 0
     adir = attempt_dir(cli.state, job)
@@ -357,19 +357,19 @@ def test_a_full_disk_while_jobs_start_loses_none(cli, tmp_path: Path, small_disk
 
 
 def test_submits_while_the_daemon_is_killed_every_third_all_land_once(cli, tmp_path: Path) -> None:
-    """60 submits through 20 daemon SIGKILLs (before every third): each submit starts a
+    """30 submits through 10 daemon SIGKILLs (before every third): each submit starts a
     daemon where none answers, and its token keeps a retried one from making a second job."""
     cli("daemon", "start", "--cpus", "2", "--no-track", *FAST)
     out = tmp_path / "ran"
     ids, kills = [], 0
-    for i in range(60):
-        if i % 3 == 0:  # before the 1st, 4th, ... 58th submit
+    for i in range(30):
+        if i % 3 == 0:  # before the 1st, 4th, ... 28th submit
             pid = cli.daemon_pid()
             assert pid is not None and psutil.pid_exists(pid), "a submit started the daemon again"
             os.kill(pid, signal.SIGKILL)
             kills += 1
         ids.append(cli.submit("--cpus", "0.1", "--", "sh", "-c", f"echo $TANDEM_JOB_ID >> {out}"))
-    assert kills == 20 and len(set(ids)) == 60
+    assert kills == 10 and len(set(ids)) == 30
     r = cli("wait", *map(str, ids), timeout=300)
     assert r.returncode == 0, (r.stdout, r.stderr)
     ran = out.read_text().split()

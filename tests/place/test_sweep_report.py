@@ -44,11 +44,27 @@ def _report(cli: Cli, *args: str) -> dict:
     return sweep
 
 
+def _computed(cli: Cli) -> dict:
+    """The group's report as ``tandem report group:sweep --json`` computes it, here in this
+    process (the CLI loads every run with MLflow: seconds of a core for each poll)."""
+    from tandem.place.state import StateReader
+    from tandem.place.sweep_report import group_report
+    from tandem.place.views import strict_json
+
+    state = StateReader(cli.state)
+    try:
+        report = group_report(state, "sweep", cli.state / "mlflow.db")
+    finally:
+        state.close()
+    assert report is not None
+    return json.loads(strict_json(report))  # as the CLI prints it: a NaN is null
+
+
 def _written(cli: Cli, ids: list[int]) -> None:
     """Until the manager's MLflow helper has written every job's run whole (summary, metric)."""
     deadline = time.monotonic() + scaled(90)
     while True:
-        rows = {r["id"]: r for r in _report(cli)["jobs"]}
+        rows = {r["id"]: r for r in _computed(cli)["jobs"]}
         if all(rows[i]["cpu_s"] is not None and "val_loss" in rows[i]["metrics"] for i in ids if i in rows):
             return
         assert time.monotonic() < deadline, rows
@@ -59,7 +75,7 @@ def _settled(cli: Cli) -> None:
     """Until the MLflow helper has written the runs whole: two reports a second apart agree."""
     deadline = time.monotonic() + scaled(90)
     last = None
-    while (now := _report(cli)) != last or any(r["energy_estimated_joules"] is None for r in now["jobs"]):
+    while (now := _computed(cli)) != last or any(r["energy_estimated_joules"] is None for r in now["jobs"]):
         assert time.monotonic() < deadline, now
         last = now
         time.sleep(1.0)
