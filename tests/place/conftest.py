@@ -11,6 +11,7 @@ import sys
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import psutil
 import pytest
@@ -61,14 +62,20 @@ class Cli:
     def rows(self) -> list[dict]:
         """Every job row, oldest first, as ``tandem ls --all --json`` gives them, read in this
         process through the same view."""
-        from tandem.place.state import StateReader
-        from tandem.place.views import job_json, strict_json
+        from tandem.place.views import job_json
 
         if not (self.state / "place.db").exists():
             return []
+        return self._read(lambda reader: [job_json(j) for j in reader.jobs(attempts=True)])
+
+    def _read(self, what: Callable[[Any], object]) -> Any:
+        """``what(reader)`` on a read-only reader of the state, as a ``--json`` prints it."""
+        from tandem.place.state import StateReader
+        from tandem.place.views import strict_json
+
         reader = StateReader(self.state)
         try:
-            return json.loads(strict_json([job_json(j) for j in reader.jobs(attempts=True)]))
+            return json.loads(strict_json(what(reader)))
         finally:
             reader.close()
 
@@ -92,20 +99,18 @@ class Cli:
 
     def _shown(self, job_id: int) -> dict | None:
         """``tandem show JOB --json``'s object, read in this process (None: no such job)."""
-        from tandem.place.state import StateReader
-        from tandem.place.views import job_json, strict_json
+        from tandem.place.views import job_json
 
-        reader = StateReader(self.state)
-        try:
+        def shown(reader: Any) -> dict | None:
             job = reader.job(job_id)
             if job is None:
                 return None
             data = job_json(job)
             share = reader.share(job.share) if job.share else None
             data["selection"] = share.selection if share is not None else None
-            return json.loads(strict_json(data))
-        finally:
-            reader.close()
+            return data
+
+        return self._read(shown)
 
     def stop_daemon(self) -> None:
         """Cancel the jobs still listed and stop the daemon, if one is running."""

@@ -21,9 +21,11 @@ from tests.place.conftest import attempt_dir
 from tests.place.inproc import Step, max_overlap
 from tests.timing import scaled
 
-# Short settle, window and grace; no MLflow helper (a process that imports MLflow: seconds of
-# a core per daemon). The tests of tracking start their daemons without it.
-FAST = ["--no-track", "--settle", "0.3", "--window", "2", "--grace", "1"]
+# Short settle, window and grace, for the tests' daemons.
+SHORT = ["--settle", "0.3", "--window", "2", "--grace", "1"]
+# The same without an MLflow helper (a process that imports MLflow: seconds of a core per
+# daemon): the tests that read no MLflow run. The tests of tracking start theirs with SHORT.
+FAST = ["--no-track", *SHORT]
 
 
 def intervals(path: Path) -> list[tuple[float, float]]:

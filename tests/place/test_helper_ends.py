@@ -15,9 +15,8 @@ from typing import Any
 import psutil
 
 from tests.place.conftest import Cli
+from tests.place.test_daemon import SHORT
 from tests.timing import scaled
-
-FAST = ["--settle", "0.3", "--window", "2", "--grace", "1"]
 
 
 def _until(what: Callable[[], Any], seconds: float, why: str) -> Any:
@@ -37,7 +36,7 @@ def _alive(pid: int) -> bool:
 
 def _running_job(cli: Cli) -> tuple[int, str, int]:
     """A daemon serving one job that runs until ``stop`` appears: the job, its run, the helper."""
-    cli("daemon", "start", "--cpus", "2", *FAST)
+    cli("daemon", "start", "--cpus", "2", *SHORT)
     stop = cli.tmp / "stop"
     job_id = cli.submit("--name", "held", "--", "sh", "-c", f"while [ ! -e {stop} ]; do sleep 0.05; done")
     run_id = _until(lambda: cli.job(job_id)["mlflow_run_id"], 120, "the job's run was made")
@@ -84,7 +83,7 @@ def test_a_daemon_stopped_while_its_job_runs_returns_at_once_and_its_helper_ends
     assert (track / f"{job_id}-1.closed.json").exists(), "kept for a daemon's later end"
 
     # A daemon started again adopts the ended attempt: its end amends the run, and nothing waits.
-    cli("daemon", "start", "--cpus", "2", *FAST)
+    cli("daemon", "start", "--cpus", "2", *SHORT)
     assert cli.wait_state(job_id, {"succeeded"})["state"] == "succeeded"
     _until(
         lambda: not list(track.glob("*.end.json")) and not list(track.glob("*.closed.json")), 60, "amended"
@@ -116,7 +115,7 @@ def test_with_its_daemon_serving_the_helper_ends_after_its_idle_time_and_comes_b
 
     assert IDLE_EXIT_S <= 60, "the default meets the minute"
     cli.env["TANDEM_TRACKING_IDLE_S"] = "2"
-    cli("daemon", "start", "--cpus", "2", *FAST)
+    cli("daemon", "start", "--cpus", "2", *SHORT)
     first = cli.submit("--", "true")
     assert cli("wait", str(first), timeout=120).returncode == 0
     pid_file = cli.state / "track" / "helper.pid"  # kept while it runs

@@ -16,10 +16,10 @@ import pytest
 
 from tandem.place.run.cgroups import Cgroups
 from tests.place.conftest import TANDEM, Cli
+from tests.place.test_daemon import FAST
 from tests.timing import scaled
 
 GIB = 1 << 30
-FAST = ["--settle", "0.3", "--window", "2", "--grace", "1"]
 
 
 class Cgroup:
@@ -125,7 +125,7 @@ def test_inside_a_1_core_3g_cgroup_the_daemon_reports_and_packs_1_core_and_3g(
     r = group.run([*daemon, "--mem", "4G", "--no-track"], cli.env, cli.tmp)
     assert r.returncode == 2 and "cgroup's memory limit of 3.0G" in r.stderr, r.stderr
 
-    r = group.run([*daemon, "--no-track", *FAST], cli.env, cli.tmp)
+    r = group.run([*daemon, *FAST], cli.env, cli.tmp)
     assert r.returncode == 0, r.stderr
     status = cli.json("daemon", "status")
     assert status["capacity"]["cpus"] == 1 and status["capacity"]["mem_bytes"] == 3 * GIB, status
@@ -156,7 +156,7 @@ def test_an_oom_kill_in_a_small_cgroup_is_a_host_oom_and_retried(cli: Cli) -> No
     the kill from its memory cgroup's counter: a host OOM, retried as any other."""
     group = Cgroup(f"tandemtest-{os.getpid()}-oom", cpus=1.0, mem=600 << 20)
     try:
-        r = group.run([*TANDEM, "daemon", "start", "--no-track", *FAST], cli.env, cli.tmp)
+        r = group.run([*TANDEM, "daemon", "start", *FAST], cli.env, cli.tmp)
         assert r.returncode == 0, r.stderr
         grow = "chunks = []\nwhile True:\n    chunks.append(b'x' * (64 << 20))\n"
         (cli.tmp / "grow.py").write_text(grow)

@@ -19,9 +19,8 @@ from pathlib import Path
 import pytest
 
 from tests.place.conftest import Cli, attempt_dir
+from tests.place.test_daemon import FAST
 from tests.timing import scaled
-
-FAST = ["--no-track", "--settle", "0.3", "--window", "2", "--grace", "1"]
 
 
 def _until(check: Callable[[], object], seconds: float, what: str) -> object:

@@ -11,10 +11,11 @@ from pathlib import Path
 
 import pytest
 
+from tests.place.test_daemon import FAST
+
 pytest.importorskip("ray")
 
 RAY = [sys.executable, "-m", "ray.scripts.scripts"]
-FAST = ["--settle", "0.3", "--window", "2", "--grace", "1", "--no-track"]
 
 
 @pytest.fixture

@@ -21,10 +21,8 @@ import psutil
 import pytest
 
 from tests.place.conftest import attempt_dir
-from tests.place.test_daemon import DATASET, READER, _gone
+from tests.place.test_daemon import DATASET, FAST, READER, SHORT, _gone
 from tests.timing import scaled
-
-FAST = ["--settle", "0.3", "--window", "2", "--grace", "1"]
 
 
 def _with_arg(arg: str) -> list[psutil.Process]:
@@ -36,7 +34,7 @@ def _with_arg(arg: str) -> list[psutil.Process]:
 
 
 def test_processes_that_left_the_session_end_with_the_job_and_with_a_cancel(cli) -> None:
-    cli("daemon", "start", "--cpus", "2", "--no-track", *FAST)
+    cli("daemon", "start", "--cpus", "2", *FAST)
     done = cli.submit("--", "bash", "-c", "( setsid sleep 601.25 & ); sleep 1")
     cancelled = cli.submit("--", "bash", "-c", "( setsid sleep 602.25 & ); sleep 300")
     assert cli("wait", str(done), timeout=60).returncode == 0
@@ -51,7 +49,7 @@ def test_processes_that_left_the_session_end_with_the_job_and_with_a_cancel(cli)
 
 
 def test_a_restarted_daemon_keeps_its_configuration_and_any_runtime_dir_finds_it(cli, tmp_path: Path) -> None:
-    cli("daemon", "start", "--cpus", "1", "--mem", "2G", "--policy", "first-fit", *FAST)
+    cli("daemon", "start", "--cpus", "1", "--mem", "2G", "--policy", "first-fit", *SHORT)
     os.kill(cli.daemon_pid(), signal.SIGKILL)
     time.sleep(0.5)
     job = cli.submit("--cpus", "0.5", "--", "true")  # starts a new daemon
@@ -135,7 +133,7 @@ def test_idle_connections_do_not_block_the_daemon(cli) -> None:
     from tandem import _ipc
     from tandem.place.client import daemon_socket
 
-    cli("daemon", "start", "--cpus", "2", "--no-track", *FAST)
+    cli("daemon", "start", "--cpus", "2", *FAST)
     idle = []
     for _ in range(30):
         s = _ipc.new_socket()
@@ -154,7 +152,7 @@ def test_a_large_environment_and_a_retried_submit(cli, tmp_path: Path) -> None:
     from tandem.place.client import submit
     from tandem.place.model import JobSpec
 
-    cli("daemon", "start", "--cpus", "2", "--no-track", *FAST)
+    cli("daemon", "start", "--cpus", "2", *FAST)
     big = "x" * 100_000  # 8 of these: 800 KB, over the 64 KB packet (one variable may hold 128 KB)
     out = tmp_path / "len.txt"
     env = dict(cli.env, BIG=big, **{f"BIG{i}": big for i in range(7)})
@@ -195,7 +193,7 @@ def test_a_share_group_with_the_defaults_runs_on_two_cores(cli, tmp_path: Path) 
 
 def test_a_producer_that_dies_fails_its_jobs_at_once_with_its_error(cli, tmp_path: Path) -> None:
     (tmp_path / "bad_data.py").write_text("def make():\n    raise ValueError('no such bucket: s3://typo')\n")
-    cli("daemon", "start", "--cpus", "2", "--no-track", *FAST)
+    cli("daemon", "start", "--cpus", "2", *FAST)
     cli("share", "define", "bad", "--dataset", "bad_data:make")  # imports and is callable: accepted
     t0 = time.monotonic()
     job = cli.submit(
@@ -210,7 +208,7 @@ def test_a_producer_that_dies_fails_its_jobs_at_once_with_its_error(cli, tmp_pat
 
 
 def test_a_chatty_job_s_log_is_capped(cli, tmp_path: Path) -> None:
-    cli("daemon", "start", "--cpus", "2", "--log-max", "1M", "--no-track", *FAST)
+    cli("daemon", "start", "--cpus", "2", "--log-max", "1M", *FAST)
     job = cli.submit("--", sys.executable, "-c", "import sys\nfor i in range(200000): print('x' * 100)")
     assert cli("wait", str(job), timeout=120).returncode == 0
     adir = attempt_dir(cli.state, job)
@@ -252,7 +250,7 @@ def test_a_full_state_filesystem_kills_no_job_and_leaves_none_running(
         )
 
     # The reservations alone decide (two jobs at once, whatever else loads the machine).
-    assert tandem("daemon", "start", "--cpus", "2", "--no-track", "--no-host-load", *FAST).returncode == 0
+    assert tandem("daemon", "start", "--cpus", "2", "--no-host-load", *FAST).returncode == 0
     stop = tmp_path / "stop"
     script = (
         f"import os, time\nwhile not os.path.exists({str(stop)!r}):\n"
@@ -316,7 +314,7 @@ def queued_behind_a_blocker(cli, tmp_path: Path, small_disk: Path) -> QueuedBehi
         return subprocess.run([sys.executable, "-m", "tandem.cli", *args], env=env, cwd=tmp_path,
                               capture_output=True, text=True, timeout=scaled(timeout))  # fmt: skip
 
-    assert tandem("daemon", "start", "--cpus", "2", "--no-track", "--no-host-load", *FAST).returncode == 0
+    assert tandem("daemon", "start", "--cpus", "2", "--no-host-load", *FAST).returncode == 0
     stop, out = tmp_path / "stop", tmp_path / "ran"
     hold = f"import os, time\nwhile not os.path.exists({str(stop)!r}):\n    time.sleep(0.05)"
     blocker = tandem("submit", "--cpus", "2", "--", sys.executable, "-c", hold).stdout.strip()
@@ -359,7 +357,7 @@ def test_a_full_disk_while_jobs_start_loses_none(cli, tmp_path: Path, small_disk
 def test_submits_while_the_daemon_is_killed_every_third_all_land_once(cli, tmp_path: Path) -> None:
     """30 submits through 10 daemon SIGKILLs (before every third): each submit starts a
     daemon where none answers, and its token keeps a retried one from making a second job."""
-    cli("daemon", "start", "--cpus", "2", "--no-track", *FAST)
+    cli("daemon", "start", "--cpus", "2", *FAST)
     out = tmp_path / "ran"
     ids, kills = [], 0
     for i in range(30):
@@ -377,7 +375,7 @@ def test_submits_while_the_daemon_is_killed_every_third_all_land_once(cli, tmp_p
 
 
 def test_daemon_stop_returns_once_the_daemon_and_its_mlflow_helper_have_ended(cli, tmp_path: Path) -> None:
-    cli("daemon", "start", "--cpus", "2", *FAST)
+    cli("daemon", "start", "--cpus", "2", *SHORT)
     job = cli.submit("--", "echo", "hi")
     assert cli("wait", str(job)).returncode == 0
     helper_file = cli.state / "track" / "helper.pid"
