@@ -129,6 +129,20 @@ def test_share_statistics_are_read_without_torch() -> None:
     assert out.split() == ["False", "False"]
 
 
+def test_a_stored_selection_is_read_without_torch() -> None:
+    """The dashboard's group page and ``select report`` read stored selections: importing
+    torch for that cost a group page 3-10 s (it timed out under CI's load)."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, tandem.select, tandem.select.report, tandem.web.data; tandem.select.load; "
+        "print('torch' in sys.modules)"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.split() == ["False"]
+
+
 def test_no_module_over_the_size_bound() -> None:
     big = {
         str(p.relative_to(ROOT)): n

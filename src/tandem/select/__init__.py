@@ -20,15 +20,16 @@ from tandem.select.errors import SelectError
 from tandem.select.methods import METHODS
 
 if TYPE_CHECKING:
-    from tandem.select.core import load, select
-    from tandem.select.store import Selection, ids, remove, uses
+    from tandem.select.core import select
+    from tandem.select.store import Selection, ids, load, remove, uses
 
 __all__ = ["METHODS", "SelectError", "Selection", "ids", "load", "remove", "select", "uses"]
 
 # Imported when first used: the registry and the error above need neither torch nor numpy,
-# so ``tandem --help`` and ``tandem select run --help`` can list the methods at once.
+# so ``tandem --help`` and ``tandem select run --help`` can list the methods at once; and
+# reading a stored selection (``load``: the dashboard, ``select report``) needs no torch.
 _LAZY = {
-    "load": "core",
+    "load": "store",
     "select": "core",
     "Selection": "store",
     "ids": "store",

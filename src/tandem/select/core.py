@@ -123,8 +123,3 @@ def select(
         },
     }
     return store.save(sel_id, indices, scores, meta)
-
-
-def load(sel_id: str) -> Selection:
-    """A stored selection by id (its files verified)."""
-    return store.load(sel_id)
