@@ -6,7 +6,8 @@ share define`` stores for the job manager, and how either builds and runs its pr
 ``tandem share serve-spec SPEC.json`` (no command line rebuilt, no flags looked for),
 and :meth:`ShareSpec.check` resolves the dataset or loader reference (import, and a call
 with no arguments must be possible) so that a typo is refused where it is typed, not when
-a producer dies in the background.
+a producer dies in the background (``define`` reads a plain function's source rather than
+importing its module: :mod:`tandem.share._locate`).
 
 The producer's reservation under the job manager comes from here too
 (:meth:`ShareSpec.producer_cpus`, :meth:`ShareSpec.loader_workers`): scaled to the cores
@@ -27,6 +28,8 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, overload
+
+from tandem.share._locate import confirmed
 
 OBJECT_FORMS = "MODULE:FUNCTION or path/to/file.py:FUNCTION"
 SOURCES = ("dataset", "loader", "images")
@@ -173,12 +176,16 @@ class ShareSpec:
 
     # --- checks ---------------------------------------------------------------------------
 
-    def check(self) -> None:
+    def check(self, import_module: bool = True) -> None:
         """Resolve the reference as the producer will: the folder exists, or the function
-        imports and can be called with no arguments. :class:`SpecError` otherwise."""
+        imports and can be called with no arguments. :class:`SpecError` otherwise.
+        ``import_module=False`` (``share define``): a reference its module's source confirms
+        (:mod:`tandem.share._locate`) is not imported here; its producer imports it."""
         if self.source == "images":
             if not Path(self.ref).is_dir():
                 raise SpecError(f"--images {self.ref}: no such directory")
+            return
+        if not import_module and confirmed(self.ref):
             return
         fn = load_object(self.ref)
         if not callable(fn):
