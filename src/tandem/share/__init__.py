@@ -47,6 +47,7 @@ from tandem.share.errors import (
 if TYPE_CHECKING:  # for type checkers and IDEs; at run time they load on first use
     from tandem.share._workers import auto_workers
     from tandem.share.consumer import Consumer, clone_batch
+    from tandem.share.loader import DataLoader, shared
     from tandem.share.producer import Producer
 
 # Producer and Consumer import torch (seconds); loaded on first use (PEP 562), so that
@@ -55,6 +56,8 @@ _LAZY = {
     "Consumer": "consumer",
     "clone_batch": "consumer",
     "Producer": "producer",
+    "DataLoader": "loader",
+    "shared": "loader",
     "auto_workers": "_workers",
 }
 
@@ -74,6 +77,8 @@ def __dir__() -> list[str]:
 
 
 __all__ = [
+    "DataLoader",
+    "shared",
     "Consumer",
     "ConsumerInterrupted",
     "ConsumerTimeout",

@@ -24,7 +24,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import os
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 import numpy as np
@@ -98,6 +98,13 @@ def lower_priority(increment: int, _worker_id: int) -> None:
         pass
 
 
+def _init_worker(nice: int | None, user_init: Callable[[int], None] | None, worker_id: int) -> None:
+    if nice:
+        lower_priority(nice, worker_id)
+    if user_init is not None:
+        user_init(worker_id)
+
+
 def planned_loader(
     dataset: torch.utils.data.Dataset,
     batch_size: int,
@@ -108,11 +115,13 @@ def planned_loader(
     prefetch_factor: int | None,
     worker_nice: int | None = 0,
     pin_memory: bool = False,
+    worker_init_fn: Callable[[int], None] | None = None,
 ) -> tuple[torch.utils.data.DataLoader, EpochPlanner | None]:
     """A ``DataLoader`` over ``dataset`` whose order an :class:`EpochPlanner` sets (None for
     an ``IterableDataset``: its passes are the epochs, in the order it yields them).
     ``num_workers="auto"``: :func:`auto_workers`. ``worker_nice``: how much lower the workers'
-    CPU priority is (None or 0: the same). ``pin_memory``: batches go to a GPU next."""
+    CPU priority is (None or 0: the same). ``pin_memory``: batches go to a GPU next.
+    ``worker_init_fn``: run in each worker as it starts, as ``DataLoader`` runs it."""
     if num_workers == "auto":
         num_workers = auto_workers()
     if not isinstance(num_workers, int) or isinstance(num_workers, bool) or num_workers < 0:
@@ -139,8 +148,8 @@ def planned_loader(
     loader_kwargs: dict[str, Any] = {}
     if num_workers > 0:
         loader_kwargs["persistent_workers"] = True
-        if worker_nice:
-            loader_kwargs["worker_init_fn"] = functools.partial(lower_priority, worker_nice)
+        if worker_nice or worker_init_fn is not None:
+            loader_kwargs["worker_init_fn"] = functools.partial(_init_worker, worker_nice, worker_init_fn)
         if prefetch_factor is not None:
             loader_kwargs["prefetch_factor"] = prefetch_factor
     # An iterable dataset: one pass is an epoch, in its own order (see the module docstring);

@@ -71,6 +71,8 @@ class StreamReader:
     missed_batches: int
     missed_samples: int
     kept_batches: int
+    warn_kept: bool
+    last_indices: torch.Tensor | None
     start: Position  # where this consumer joined the stream: its epochs run from there
     _conn: Connection
     _channel: SocketChannel | TableChannel
@@ -185,7 +187,7 @@ class StreamReader:
             if asm.n < size and self.drop_last:
                 return
             views = asm.holds_views
-            indices = asm.last_rows() if self._indexed else None
+            indices = asm.last_rows() if asm.indexed else None
             yield self._deliver(asm.result(), asm.n, views, indices)
             del indices
             self._retire(keep=1)
@@ -268,6 +270,7 @@ class StreamReader:
         self.samples += samples
         self.batches += 1
         self._items.delivered(indices, samples)
+        self.last_indices = indices
         batch = self._to_device(batch, views)
         return batch if self.transform is None else self.transform(batch)
 
@@ -319,7 +322,7 @@ class StreamReader:
         referenced is copied out within the contract (an epoch left early), not warned of."""
         if self._segments.released(slot) and not quiet:
             self.kept_batches += 1
-            if self.kept_batches == 1:
+            if self.kept_batches == 1 and self.warn_kept:
                 warnings.warn(
                     f"consumer of {self.name!r}: a batch was still referenced when its shared memory "
                     "went back to the producer (a batch is valid until the batch after the next one "

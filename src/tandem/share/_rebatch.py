@@ -93,6 +93,11 @@ class Assembler:
         return self.n == 0
 
     @property
+    def indexed(self) -> bool:
+        """Whether its pieces carry the items' dataset indices (as their last tensor)."""
+        return self._spec is not None and self._spec[0] == "I"
+
+    @property
     def holds_views(self) -> bool:
         """True while the batch still points into a producer slot (not yet copied)."""
         return self._first is not None
@@ -102,6 +107,7 @@ class Assembler:
             return
         if self._first is None and self._out is None:
             self._first = piece
+            self._spec = piece.spec
             self.n = piece.n
             if piece.is_view:
                 return

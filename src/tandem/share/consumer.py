@@ -28,6 +28,8 @@ import weakref
 from collections.abc import Callable
 from typing import Any
 
+import torch
+
 from tandem._ipc import close_fds
 from tandem.share import _table, protocol
 from tandem.share._channel import Connection, SocketChannel, TableChannel, connect, say_bye
@@ -121,6 +123,12 @@ class Consumer(StreamReader):
         self._gate: ReleaseGate | None = None  # GPU consumers: releases wait for CUDA events
         self.samples = 0
         self.batches = 0
+        # The dataset indices of the last batch handed over (a tensor; None where the producer
+        # sends none: a source it does not order), for logging or weighting per sample.
+        self.last_indices: torch.Tensor | None = None
+        # Whether a batch kept past the contract (copied out) is warned of: the drop-in
+        # DataLoader's batches are its user's to keep, as torch's are.
+        self.warn_kept = True
         self.missed_batches = 0
         self.missed_samples = 0
         self._cur = None  # the producer batch being read

@@ -147,6 +147,7 @@ class Producer(PublishingLoop):
         prefetch_factor: int | None = None,
         worker_nice: int | None = 0,
         selection: Any = None,
+        worker_init_fn: Callable[[int], None] | None = None,
         **kwargs: Any,
     ) -> Producer:
         """A producer over a map-style dataset whose sample order it owns (see ``_order``),
@@ -166,7 +167,8 @@ class Producer(PublishingLoop):
         priority (default 0: the same as the jobs they feed, which wait for them when they
         lose the cores; a higher value yields cores to the training processes). Where the
         kernel groups processes by session (autogroup), nice only orders processes within
-        one session."""
+        one session. ``worker_init_fn``: run in each loader worker as it starts (as a
+        ``DataLoader`` runs it)."""
         if selection is not None:
             if isinstance(dataset, torch.utils.data.IterableDataset):
                 raise TypeError(
@@ -175,7 +177,16 @@ class Producer(PublishingLoop):
             dataset = selected(dataset, selection)
         on_gpu = kwargs.get("device") not in (None, "cpu")
         loader, planner = planned_loader(
-            dataset, batch_size, shuffle, num_workers, collate_fn, seed, prefetch_factor, worker_nice, on_gpu
+            dataset,
+            batch_size,
+            shuffle,
+            num_workers,
+            collate_fn,
+            seed,
+            prefetch_factor,
+            worker_nice,
+            on_gpu,
+            worker_init_fn,
         )
         producer = cls(loader, name, **kwargs)
         if planner is not None:

@@ -1,0 +1,314 @@
+"""The drop-in: ``from tandem.share import DataLoader`` in place of torch's, nothing else changed.
+
+Every process on this host that builds the same loader (the same dataset and transforms,
+collate and worker-init functions and order options: a fingerprint of what a
+``DataLoader`` would send its workers) reads one producer: the first to iterate starts it
+(:mod:`tandem.share._autoserve`, a process of the user's own that ends once its last reader
+has been gone for a minute, ``$TANDEM_SHARE_LINGER_S``), the others attach, each with its
+own batch size. Every epoch of every reader is every item exactly once (the producer's
+order; late readers wrap around).
+
+It *is* a ``torch.utils.data.DataLoader`` (``isinstance`` holds: Lightning, Accelerate and
+the Hugging Face ``Trainer`` take it), built from the same arguments: ``len``, ``dataset``,
+``batch_size``, ``sampler`` (and its ``set_epoch``) are torch's own. A ``DistributedSampler``
+(Lightning's injection, a hand-made one) maps to the consumer's rank and world size. What a
+producer cannot reproduce (a sampler or batch sampler of the user's, a dataset that does not
+pickle) falls back to torch's loader with one warning that says why; ``share=False`` asks
+for that. ``loader.last_indices``: the dataset indices of the last batch.
+
+:func:`shared` does the same for a loader a library built (timm's ``create_loader``, the
+``Trainer``'s): ``shared(loader)`` returns a drop-in with its options.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import subprocess
+import sys
+import threading
+import time
+import warnings
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch.utils.data as tud
+
+from tandem.share._autoserve import LINGER_S, AutoSpec
+from tandem.share._registry import lock_path, runtime_dir
+from tandem.share.errors import ShareError
+
+log = logging.getLogger("tandem.share")
+START_TIMEOUT_S = 300.0  # for the producer to claim its name (it imports torch and the dataset)
+
+
+class NotShared(Exception):
+    """Why a loader reads privately (said once, as a warning)."""
+
+
+@dataclass(frozen=True)
+class _Plan:
+    """How a loader reads from a producer: its name and what to start it with (None: the
+    job manager's share, which its daemon runs)."""
+
+    name: str
+    spec: AutoSpec | None
+    rank: int | None
+    world_size: int | None
+
+
+class DataLoader(tud.DataLoader):
+    """``torch.utils.data.DataLoader``'s arguments, and ``share`` (default True: read from
+    the host's one producer of this data; False: torch's own loading). See the module."""
+
+    def __init__(self, dataset: Any, *args: Any, share: bool = True, **kwargs: Any) -> None:
+        super().__init__(dataset, *args, **kwargs)
+        self.share = share
+        self.last_indices: Any = None
+        self._plan: _Plan | None | bool = None  # False: private (said once, if not asked for)
+        self._consumer: Any = None
+        self._given_shuffle = _shuffle_given(args, kwargs)
+
+    # --- what torch's loader has and a consumer adds ------------------------------------------
+
+    def __iter__(self) -> Iterator[Any]:  # type: ignore[override]
+        plan = self._planned()
+        if plan is None:
+            return super().__iter__()
+        return self._shared_epoch(plan)
+
+    def state_dict(self) -> dict[str, Any]:
+        """Where this loader's reading is (a consumer's state; {} before it reads)."""
+        return self._consumer.state_dict() if self._consumer is not None else {}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        if state:
+            self._consumer_for(self._require_plan()).load_state_dict(state)
+
+    def close(self) -> None:
+        """Detach from the producer now (it goes on serving the others)."""
+        if self._consumer is not None:
+            self._consumer.close()
+            self._consumer = None
+
+    # --- sharing ---------------------------------------------------------------------------------
+
+    def _planned(self) -> _Plan | None:
+        if self._plan is None and not self.share:
+            self._plan = False  # asked for: nothing to say
+        if self._plan is None:
+            try:
+                self._plan = _plan(self)
+            except NotShared as why:
+                self._plan = False
+                warnings.warn(
+                    f"tandem.share.DataLoader reads privately (torch's own loading), not from a "
+                    f"shared producer: {why}",
+                    stacklevel=3,
+                )
+        return self._plan if isinstance(self._plan, _Plan) else None
+
+    def _require_plan(self) -> _Plan:
+        plan = self._planned()
+        if plan is None:
+            raise ShareError("this loader reads privately (see the warning): it has no shared state")
+        return plan
+
+    def _consumer_for(self, plan: _Plan) -> Any:
+        if self._consumer is None:
+            from tandem.share.consumer import Consumer
+
+            if plan.spec is not None:
+                start_producer(plan.spec)
+            self._consumer = Consumer(
+                plan.name,
+                batch_size=self.batch_size,
+                drop_last=self.drop_last,
+                rank=plan.rank,
+                world_size=plan.world_size,
+                timeout=START_TIMEOUT_S,
+            )
+            self._consumer.warn_kept = False  # torch's batches are theirs to keep: so are these
+        return self._consumer
+
+    def _shared_epoch(self, plan: _Plan) -> Iterator[Any]:
+        consumer = self._consumer_for(plan)
+        for batch in consumer:
+            self.last_indices = consumer.last_indices
+            yield batch
+
+
+def shared(loader: tud.DataLoader, share: bool = True) -> DataLoader:
+    """A drop-in loader with the options of ``loader`` (one a library built)."""
+    if isinstance(loader, DataLoader):
+        return loader
+    sampler = loader.sampler
+    kwargs: dict[str, Any] = {
+        "num_workers": loader.num_workers,
+        "collate_fn": loader.collate_fn,
+        "pin_memory": loader.pin_memory,
+        "timeout": loader.timeout,
+        "worker_init_fn": loader.worker_init_fn,
+        "generator": loader.generator,
+        "persistent_workers": loader.persistent_workers,
+    }
+    if loader.num_workers > 0:
+        kwargs["prefetch_factor"] = loader.prefetch_factor
+    if loader.batch_size is None:  # a batch sampler of its own
+        kwargs["batch_sampler"] = loader.batch_sampler
+        kwargs["batch_size"] = None
+    else:
+        kwargs.update(batch_size=loader.batch_size, drop_last=loader.drop_last, sampler=sampler)
+    return DataLoader(loader.dataset, share=share, **kwargs)
+
+
+# --- the plan: what would be sent to a worker, and in which order -----------------------------
+
+
+def _shuffle_given(args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
+    """``shuffle`` as given to ``DataLoader(dataset, batch_size, shuffle, ...)``."""
+    return bool(args[1] if len(args) > 1 else kwargs.get("shuffle"))
+
+
+def _order(loader: DataLoader) -> tuple[bool, int, int | None, int | None]:
+    """``(shuffle, seed, rank, world size)`` from the loader's sampler, or :class:`NotShared`."""
+    if loader.batch_size is None:
+        raise NotShared("it has a batch_sampler of its own, which a producer cannot reproduce")
+    sampler = loader.sampler
+    if isinstance(sampler, tud.SequentialSampler):
+        return False, 0, None, None
+    if isinstance(sampler, tud.RandomSampler):
+        if sampler.replacement or sampler._num_samples is not None:
+            raise NotShared("its RandomSampler draws with replacement or a num_samples of its own")
+        return True, 0, None, None
+    if isinstance(sampler, tud.DistributedSampler):
+        return bool(sampler.shuffle), int(sampler.seed), int(sampler.rank), int(sampler.num_replicas)
+    if isinstance(loader.dataset, tud.IterableDataset):  # its passes are its epochs, in its order
+        return False, 0, None, None
+    raise NotShared(f"its sampler ({type(sampler).__name__}) is its own, which a producer cannot reproduce")
+
+
+def _plan(loader: DataLoader) -> _Plan:
+    shuffle, seed, rank, world = _order(loader)
+    if os.environ.get("TANDEM_SHARE"):  # a job of `tandem submit --share NAME`: that share
+        return _Plan(os.environ["TANDEM_SHARE"], None, rank, world)
+    if os.environ.get("TANDEM_JOB_ID"):
+        raise NotShared(
+            "under tandem's job manager a producer this loader started would end with its job; "
+            "submit with --share NAME (tandem share define NAME ...) to share"
+        )
+    collate = loader.collate_fn if loader.collate_fn is not tud.default_collate else None
+    payload = _pickled((loader.dataset, collate, loader.worker_init_fn))
+    digest = hashlib.sha256(payload)
+    digest.update(repr((shuffle, seed)).encode())
+    name = f"auto-{digest.hexdigest()[:16]}"
+    workers: int | str = loader.num_workers or "auto"
+    spec = AutoSpec(name, payload, loader.batch_size or 1, shuffle, seed, workers, _linger_s())
+    return _Plan(name, spec, rank, world)
+
+
+_PICKLING = threading.Lock()
+
+
+def _pickled(objects: Any) -> bytes:
+    """``objects`` as cloudpickle writes them (what the training script defined, by value),
+    the same bytes in every process that builds them alike: the fingerprint. cloudpickle
+    names each class it writes by value with a random id (which keeps one class one when
+    read back); here the id is the class's name and its rank among the classes of that name
+    met in this pickle, so distinct classes stay distinct and equal runs write equal bytes."""
+    import cloudpickle
+    from cloudpickle import cloudpickle as internals
+
+    seen: dict[type, str] = {}
+
+    def tracker_id(cls: type) -> str:
+        if cls not in seen:
+            same = sum(1 for c in seen if c.__qualname__ == cls.__qualname__)
+            seen[cls] = f"tandem:{cls.__module__}.{cls.__qualname__}#{same}"
+        return seen[cls]
+
+    if not hasattr(internals, "_get_or_create_tracker_id"):
+        raise NotShared("this cloudpickle names classes in a way tandem does not know (pin cloudpickle<4)")
+    with _PICKLING:
+        original = internals._get_or_create_tracker_id
+        internals._get_or_create_tracker_id = tracker_id
+        try:
+            return cloudpickle.dumps(objects)
+        except Exception as exc:  # noqa: BLE001 - whatever the user's objects raise
+            raise NotShared(f"its dataset or functions do not pickle ({type(exc).__name__}: {exc})") from None
+        finally:
+            internals._get_or_create_tracker_id = original
+
+
+def _linger_s() -> float:
+    """How long a producer this loader starts waits for a reader: ``$TANDEM_SHARE_LINGER_S``
+    (seconds), else a minute."""
+    given = os.environ.get("TANDEM_SHARE_LINGER_S")
+    if given is None:
+        return LINGER_S
+    try:
+        value = float(given)
+    except ValueError:
+        value = -1.0
+    if not 0 <= value < float("inf"):
+        raise ShareError(f"TANDEM_SHARE_LINGER_S must be a number of seconds (0 or more), not {given!r}")
+    return value
+
+
+# --- the producer: found, else started ---------------------------------------------------------
+
+
+def _live(name: str) -> bool:
+    from tandem.share._registry import _is_live
+
+    return _is_live(lock_path(name))
+
+
+def start_producer(spec: AutoSpec) -> None:
+    """Start the producer of ``spec`` unless one serves it: one process at a time decides
+    (a file lock), and holds the decision until the one it started has claimed the name."""
+    if _live(spec.name):
+        return
+    from filelock import FileLock
+
+    folder = runtime_dir()
+    with FileLock(str(folder / f"{spec.name}.start.lock"), mode=0o600):
+        if _live(spec.name):
+            return
+        spec_file = folder / f"{spec.name}.spec"
+        spec.write(spec_file)
+        log_file = spec_file.with_suffix(".log")
+        # Its torch runs one compute thread (its loader workers do already): its main thread
+        # only batches the items, and idle threads of a thread pool spin on the cores the
+        # readers train on. The user's own setting wins.
+        env = {**os.environ, **{v: os.environ.get(v, "1") for v in ("OMP_NUM_THREADS", "MKL_NUM_THREADS")}}
+        with log_file.open("ab") as out:
+            process = subprocess.Popen(
+                [sys.executable, "-m", "tandem.share._autoserve", str(spec_file)],
+                stdin=subprocess.DEVNULL,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,  # it outlives this process (the next reader attaches)
+                cwd=os.getcwd(),
+                env=env,
+            )
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while not _live(spec.name):
+            if process.poll() is not None:
+                raise ShareError(
+                    f"the producer this loader started ended (exit {process.returncode}): "
+                    f"{_tail(log_file)} (its log: {log_file})"
+                )
+            if time.monotonic() > deadline:
+                raise ShareError(f"the producer this loader started did not serve in {START_TIMEOUT_S:g} s")
+            time.sleep(0.05)
+
+
+def _tail(path: Path, lines: int = 3) -> str:
+    try:
+        return " | ".join(path.read_text(errors="replace").strip().splitlines()[-lines:])
+    except OSError:
+        return "no output"
