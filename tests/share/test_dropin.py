@@ -207,3 +207,23 @@ def test_a_job_of_the_manager_reads_its_share_or_privately_said_why(monkeypatch)
     monkeypatch.delenv("TANDEM_SHARE")
     with pytest.warns(UserWarning, match="submit with --share NAME"):
         assert len(list(DataLoader(Squares(), batch_size=4))) == 10
+
+
+def test_a_dataset_module_beside_the_script_is_found_from_another_directory(tmp_path: Path) -> None:
+    """``python src/train.py`` from the project's root: the dataset's module is found beside
+    the script (the reader's sys.path), in the producer too."""
+    (tmp_path / "src").mkdir()
+    (tmp_path / "src" / "mydata.py").write_text(
+        "import torch\n\nclass Items(torch.utils.data.Dataset):\n"
+        "    def __len__(self):\n        return 30\n"
+        "    def __getitem__(self, i):\n        return i\n"
+    )
+    (tmp_path / "src" / "train.py").write_text(
+        "from mydata import Items\nfrom tandem.share import DataLoader\n"
+        "print(sorted(i for b in DataLoader(Items(), batch_size=7, shuffle=True) for i in b.tolist()))\n"
+    )
+    run = subprocess.run(
+        [sys.executable, "src/train.py"], cwd=tmp_path, capture_output=True, text=True, timeout=scaled(120)
+    )
+    assert run.returncode == 0, run.stderr
+    assert json.loads(run.stdout.strip().splitlines()[-1]) == list(range(30))

@@ -70,7 +70,6 @@ class DataLoader(tud.DataLoader):
         self.last_indices: Any = None
         self._plan: _Plan | None | bool = None  # False: private (said once, if not asked for)
         self._consumer: Any = None
-        self._given_shuffle = _shuffle_given(args, kwargs)
 
     # --- what torch's loader has and a consumer adds ------------------------------------------
 
@@ -166,11 +165,6 @@ def shared(loader: tud.DataLoader, share: bool = True) -> DataLoader:
 
 
 # --- the plan: what would be sent to a worker, and in which order -----------------------------
-
-
-def _shuffle_given(args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
-    """``shuffle`` as given to ``DataLoader(dataset, batch_size, shuffle, ...)``."""
-    return bool(args[1] if len(args) > 1 else kwargs.get("shuffle"))
 
 
 def _order(loader: DataLoader) -> tuple[bool, int, int | None, int | None]:
@@ -285,6 +279,9 @@ def start_producer(spec: AutoSpec) -> None:
         # only batches the items, and idle threads of a thread pool spin on the cores the
         # readers train on. The user's own setting wins.
         env = {**os.environ, **{v: os.environ.get(v, "1") for v in ("OMP_NUM_THREADS", "MKL_NUM_THREADS")}}
+        # What the reader imports by name (its dataset's module beside the script, run from
+        # another directory: sys.path[0]) the producer finds where the reader found it.
+        env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p and os.path.isdir(p))
         with log_file.open("ab") as out:
             process = subprocess.Popen(
                 [sys.executable, "-m", "tandem.share._autoserve", str(spec_file)],
