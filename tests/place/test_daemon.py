@@ -57,7 +57,10 @@ def test_submit_run_show_logs_wait(cli) -> None:
     bad = cli.submit("--", "sh", "-c", "echo about to fail; echo 'ValueError: bad config' >&2; exit 3")
     missing = cli.submit("--", "no-such-command-xyz")
     assert cli("wait", str(ok)).returncode == 0
-    assert cli("wait", str(bad), check=False).returncode == 3
+    assert cli("wait", str(bad), check=False).returncode == 3  # the job's own code
+    assert cli("wait", "--timeout", "soon", check=False).returncode == 125  # wait's own: apart
+    two = cli.submit("--", "sh", "-c", "exit 2")
+    assert cli("wait", str(two), check=False).returncode == 2  # a job's 2 is not "no such job"
     assert cli("wait", str(ok), str(bad), check=False).returncode == 1
     cli("wait", str(missing), check=False)
     assert "hello from the job" in cli("logs", str(ok)).stdout
@@ -91,7 +94,7 @@ def test_submit_run_show_logs_wait(cli) -> None:
     nf = cli.job(missing)
     assert nf["state"] == "failed" and nf["exit_code"] == 127 and "not found" in nf["cause"]
     listed = cli.json("ls", "--all")
-    assert [j["id"] for j in listed] == [ok, bad, missing]
+    assert [j["id"] for j in listed] == [ok, bad, missing, two]
     status = cli.json("daemon", "status")
     assert status["policy"] == "packing" and status["capacity"]["cpus"] == 2 and "used" in status
     table = cli("ls").stdout
@@ -278,9 +281,10 @@ def test_bad_input_is_a_clear_error(inproc) -> None:
     assert r.returncode == 2 and "No such option" in r.stderr
     r = h.cli("submit", check=False)
     assert r.returncode == 2 and "no command given" in r.stderr
-    for command in ("show", "logs", "wait", "cancel"):  # an unknown job: one message, one code, everywhere
+    for command in ("show", "logs", "wait", "cancel"):  # an unknown job: one message everywhere
         r = h.cli(command, "12", check=False)
-        assert r.returncode == 2 and "no job 12 (see tandem ls --all)" in r.stderr, (command, r)
+        code = 125 if command == "wait" else 2  # wait passes a job's own 2 on: its own is apart
+        assert r.returncode == code and "no job 12 (see tandem ls --all)" in r.stderr, (command, r)
     r = h.cli("submit", "--cpus", "64", "--", "true", check=False)
     assert r.returncode == 2 and "asks for 64 cores" in r.stderr  # refused: can never fit
     r = h.cli("submit", "--gpus", "1", "--", "true", check=False)

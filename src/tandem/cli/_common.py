@@ -24,6 +24,9 @@ EXIT_CANCELLED = 4  # the job was cancelled
 EXIT_NO_ANSWER = 69  # the daemon did not answer in time (EX_UNAVAILABLE)
 EXIT_DISK_FULL = 75  # the state's disk would not take the write: nothing was done, try again (EX_TEMPFAIL)
 EXIT_TIMEOUT = 124  # tandem wait --timeout ran out
+# tandem wait's own failure (no such job, bad input, no daemon), apart from any code a job
+# exits with, which wait passes on (as docker run's 125 is apart from its container's codes).
+EXIT_WAIT_ERROR = 125
 EXIT_INTERRUPTED = 130  # Ctrl-C
 
 # The extra each command needs ([bench] includes [watch]); pyproject.toml lists what each brings.

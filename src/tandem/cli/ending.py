@@ -15,6 +15,9 @@ from tandem.cli._common import (
     EXIT_INTERRUPTED,
     EXIT_NO_DAEMON,
     EXIT_TIMEOUT,
+    EXIT_UNKNOWN_JOB,
+    EXIT_USAGE,
+    EXIT_WAIT_ERROR,
     daemon_call,
     job_ids,
     open_state,
@@ -61,13 +64,38 @@ def cancel(ids: tuple[str, ...], everything: bool) -> None:
         raise unknown_job(reply.unknown[0])
 
 
-@click.command("wait")
+class _OwnErrorsApart(click.Command):
+    """A command whose own usage errors and unknown jobs exit :data:`EXIT_WAIT_ERROR`, not
+    2: ``tandem wait`` passes a job's exit code on, and a job may exit 2 itself."""
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        try:
+            return super().parse_args(ctx, args)
+        except click.ClickException as exc:
+            raise _apart(exc) from None
+
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except click.ClickException as exc:
+            raise _apart(exc) from None
+
+
+def _apart(exc: click.ClickException) -> click.ClickException:
+    if exc.exit_code in (EXIT_UNKNOWN_JOB, EXIT_USAGE, EXIT_NO_DAEMON):
+        exc.exit_code = EXIT_WAIT_ERROR  # type: ignore[misc]  # an instance's, as Exit sets it
+    return exc
+
+
+@click.command("wait", cls=_OwnErrorsApart)
 @click.argument("ids", nargs=-1)  # and group:G
 @click.option("--timeout", type=float, help="Give up after this many seconds (exit 124).")
 def wait(ids: tuple[str, ...], timeout: float | None) -> None:
     """Block until the jobs end (default: every job now waiting or running; a share's producer
-    only where named). Exit with the job's exit code (one job), or 1 if any of several did
-    not succeed."""
+    only where named). Exit with the job's exit code (one job), 1 if any of several did not
+    succeed, 4 if the one job was cancelled, 124 if --timeout ran out, and 125 if tandem wait
+    itself could not wait (no such job, bad input, no daemon): a job's own exit 2 is not
+    tandem's "no such job"."""
     st = open_state()
     groups, ids = _groups(ids)
     # A share's producer (a job row, role producer) is not waited for unless named: it ends
@@ -114,7 +142,7 @@ def _groups(args: tuple[str, ...]) -> tuple[list[str], tuple[str, ...]]:
 
 
 def _wait_for(state: Any, wanted: list[int], timeout: float | None) -> list[Any]:
-    """The jobs once all have ended; exits 124 after ``timeout`` s, 3 when no daemon runs."""
+    """The jobs once all have ended; exits 124 after ``timeout`` s, 125 when no daemon runs."""
     from tandem.place.client import is_running
     from tandem.place.state import state_dir
 
@@ -136,7 +164,7 @@ def _wait_for(state: Any, wanted: list[int], timeout: float | None) -> list[Any]
                     "start one with `tandem daemon start` (it adopts running jobs)",
                     err=True,
                 )
-                sys.exit(EXIT_NO_DAEMON)
+                sys.exit(EXIT_WAIT_ERROR)
         time.sleep(0.3)
 
 
