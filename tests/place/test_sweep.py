@@ -81,6 +81,9 @@ def test_a_range_is_counted_before_anything_is_listed():
         (["a=1..1234567890123456789"], "up to 18 digits"),
         (["a=1..3,7"], "stands alone"),
         (["a=1,2,1"], "'1' is given twice"),
+        (["lr=[0.1,0.01]"], r"listed bare, comma-separated: lr=0.1,0.01"),
+        (["lr=(0.1, 0.01)"], r"lr=0.1, 0.01"),
+        (["lr=0.1;0.01"], r"by commas, not ';': lr=0.1,0.01"),
     ]:
         with pytest.raises(SweepError, match=said):
             parse_grid(bad)

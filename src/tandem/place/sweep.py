@@ -77,6 +77,16 @@ def parse_grid(items: Sequence[str]) -> dict[str, Sequence[str]]:
             width = _padded(values.strip().partition("..")[0])
             axes[key] = _Range(span, width)
             continue
+        listed = values.strip()
+        if listed[:1] in ("[", "(") or listed[-1:] in ("]", ")"):
+            # A Python or JSON list (lr=[0.1,0.01]) would give the points "[0.1" and "0.01]".
+            raise SweepError(
+                f"--grid {item!r}: values are listed bare, comma-separated: {key}={listed.strip('[]()')}"
+            )
+        if ";" in listed:  # lr=0.1;0.01: one value with a ';' in it, surely not what was meant
+            raise SweepError(
+                f"--grid {item!r}: values are separated by commas, not ';': {key}={listed.replace(';', ',')}"
+            )
         parts = [v.strip() for v in values.split(",")]
         if not values.strip() or any(not p for p in parts):
             raise SweepError(f"--grid {item!r}: an empty value; give KEY=V1,V2,...")
