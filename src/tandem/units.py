@@ -37,6 +37,13 @@ def format_size(n: int | float | None) -> str:
     return f"{int(n)}B"
 
 
+def format_cores(cores: float) -> str:
+    """A number of cores for people: two decimals under one core, one above, trailing zeros
+    dropped (``0.01``, ``0.25``, ``1.5``, ``2``): a learnt reservation is a measurement
+    (``0.00966509``), and no one schedules by its fifth digit."""
+    return f"{round(cores, 2 if abs(cores) < 1 else 1):g}"
+
+
 def exact_size(n: int) -> str:
     """Text that :func:`parse_size` reads back as exactly ``n``: whole units as such
     (``4K``, ``64G``), anything else in bytes."""

@@ -23,6 +23,7 @@ from tandem.cli._common import EXIT_NO_DAEMON, daemon_call, request, to_cpus, to
 from tandem.place.config import DaemonConfig
 from tandem.place.model import format_size
 from tandem.place.policies import POLICIES, Limits
+from tandem.units import format_cores
 
 _DEFAULT = DaemonConfig()
 _LIMITS = Limits()
@@ -251,7 +252,7 @@ def daemon_status(as_json: bool) -> None:
     cap, used = reply.capacity, reply.used
     click.echo(f"daemon {reply.pid}  policy {reply.policy}  state {reply.state_dir}")
     click.echo(
-        f"  cores {used.cpus:g}/{cap.cpus:g} reserved   RAM {format_size(used.mem_bytes)}/"
+        f"  cores {format_cores(used.cpus)}/{cap.cpus:g} reserved   RAM {format_size(used.mem_bytes)}/"
         f"{format_size(cap.mem_bytes)} reserved   jobs running {used.jobs}"
     )
     for g, u in zip(cap.gpus, used.gpus):

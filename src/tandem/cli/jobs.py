@@ -37,6 +37,7 @@ from tandem.place.model import (
     param_value,
 )
 from tandem.place.reserve import AUTO_CPUS
+from tandem.units import format_cores
 
 
 def _reserved(value: str | None, source: str, what: str) -> str:
@@ -328,7 +329,7 @@ def show(job_id: int, as_json: bool) -> None:
     share = st.share(job.share) if job.share else None
     data["selection"] = share.selection if share is not None else None
     r = data["reservation"]
-    cores = None if r["cpus"] is None else f"{r['cpus']:g}"
+    cores = None if r["cpus"] is None else format_cores(r["cpus"])
     ram = format_size(r["mem_bytes"]) if r["mem_bytes"] else None
     unserved = _unserved([job])
     if as_json:

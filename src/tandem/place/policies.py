@@ -34,6 +34,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar
 
+from tandem.units import format_cores
+
 
 @dataclass(frozen=True)
 class Limits:
@@ -232,7 +234,7 @@ class Packing(Policy):
             return None
         return (
             f"held back: host measured {host.cpu_mean:.0%} busy ({busy:.1f} cores), more than the "
-            f"{host.cpus_reserved:g} cores reserved"
+            f"{format_cores(host.cpus_reserved)} cores reserved"
         )
 
 

@@ -40,6 +40,7 @@ from tandem.place.run import weights
 from tandem.place.run.files import read_json, write_json
 from tandem.place.run.launch import signal_shim
 from tandem.place.state import Job, Share, State
+from tandem.units import format_cores
 
 if TYPE_CHECKING:
     from tandem.place.active import Active
@@ -110,7 +111,9 @@ class Producers:
         job_id = self.state.add_producer(spec, gpus, time.time(), producer_key(share.name))
         self._moved = True
         self.state.event(
-            job_id, "producer", f"share {share.name!r}: for job {asked.id}, reserving {cpus:g} cores ({why})"
+            job_id,
+            "producer",
+            f"share {share.name!r}: for job {asked.id}, reserving {format_cores(cpus)} cores ({why})",
         )
         return job_id
 

@@ -33,6 +33,7 @@ from tandem.place.resources import Resources
 from tandem.place.run.launch import Launcher
 from tandem.place.scheduler import Waiting, fits_at_all
 from tandem.place.state import Job, State
+from tandem.units import format_cores
 
 if TYPE_CHECKING:
     from tandem.place.run.tracking import Tracker
@@ -149,7 +150,7 @@ def _checked(d: Parts, spec: JobSpec) -> tuple[JobSpec, int] | p.Failure:
         producer = Resources(*d.producers.reservation(share))
         need += producer  # reserved with the job, which starts it
         fix = (
-            f"its share's producer reserves {producer.cores:g} cores and "
+            f"its share's producer reserves {format_cores(producer.cores)} cores and "
             f"{format_size(producer.ram or None)} RAM: "
             f"ask for less, redefine the share with less (tandem share define {share.name} ... "
             "--cpus N), or start the daemon with more"

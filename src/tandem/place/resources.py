@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, fields, replace
 
-from tandem.units import format_size
+from tandem.units import format_cores, format_size
 
 # Where a reserved figure came from.
 GIVEN = "given"  # the job's request (--cpus 2, --mem 4G, --gpu-mem 10G)
@@ -103,7 +103,7 @@ class Resources:
         ]
 
     def __str__(self) -> str:
-        parts = [f"{self.cores:g} cores", f"{format_size(self.ram)} RAM"]
+        parts = [f"{format_cores(self.cores)} cores", f"{format_size(self.ram)} RAM"]
         if self.gpus:
             parts.append(f"{self.gpus} GPU(s) with {format_size(self.gpu_mem)} each")
         if self.gpu_share:
@@ -144,7 +144,10 @@ class Reservation:
 
     def __str__(self) -> str:
         r = self.resources
-        parts = [f"{r.cores:g} cores ({self.cores_from})", f"{format_size(r.ram)} RAM ({self.ram_from})"]
+        parts = [
+            f"{format_cores(r.cores)} cores ({self.cores_from})",
+            f"{format_size(r.ram)} RAM ({self.ram_from})",
+        ]
         if r.gpus:
             parts.append(f"{r.gpus} GPU(s) with {format_size(r.gpu_mem)} each ({self.gpu_mem_from})")
         if r.gpu_share:

@@ -40,6 +40,7 @@ from operator import attrgetter
 
 from tandem.place.model import format_size
 from tandem.place.policies import GpuSlot, HostSlot, Limits, MostFreeMemory, Need, Policy
+from tandem.units import format_cores
 
 
 @dataclass(slots=True)  # not frozen: made for every waiting job each pass, and a frozen init is slow
@@ -153,7 +154,7 @@ def fits_at_all(
     usable = int(host.mem_total * (1 - (limits or Limits()).host_mem_headroom))
     producer = " with its share's producer" if job.with_producer else ""
     if job.cpus > host.cpus_total + 1e-9:
-        return f"asks for {job.cpus:g} cores{producer}; the manager has {host.cpus_total:g}"
+        return f"asks for {format_cores(job.cpus)} cores{producer}; the manager has {host.cpus_total:g}"
     if job.mem > usable:
         return (
             f"asks for {format_size(job.mem)} of RAM{producer}; the manager hands out at most "
@@ -213,7 +214,8 @@ def _cores_short(job: Waiting, host: HostSlot) -> str | None:
     producer = " with its share's producer" if job.with_producer else ""
     free_cpus = max(0.0, host.cpus_total - host.cpus_reserved)
     if job.cpus > free_cpus + 1e-9:
-        return f"cores: needs {job.cpus:g}{producer}, {free_cpus:g} of {host.cpus_total:g} free"
+        free = format_cores(free_cpus)
+        return f"cores: needs {format_cores(job.cpus)}{producer}, {free} of {host.cpus_total:g} free"
     return None
 
 
