@@ -39,10 +39,6 @@ class Shortfall:
         return f"{label}: needs {show(self.needed)}, {show(max(self.free, 0))} free ({show(self.by)} short)"
 
 
-def _cores(value: float) -> str:
-    return f"{value:g}"
-
-
 def _bytes(value: float) -> str:
     return format_size(int(value))
 
@@ -56,7 +52,7 @@ def _percent(value: float) -> str:
 
 
 _WORDS = {
-    "cores": ("cores", _cores),
+    "cores": ("cores", format_cores),
     "ram": ("RAM", _bytes),
     "gpus": ("GPUs", _count),
     "gpu_mem": ("GPU memory", _bytes),

@@ -65,8 +65,9 @@ def _source_file(module: str) -> Path | None:
 
 
 def _callable_without_arguments(tree: ast.Module, name: str) -> bool:
-    bindings = [_bound(node) for node in _top_level(tree)]
-    found = [node for node, names in zip(_top_level(tree), bindings) if name in names]
+    statements = _top_level(tree)
+    bindings = [_bound(node) for node in statements]
+    found = [node for node, names in zip(statements, bindings) if name in names]
     if len(found) != 1 or any("*" in names for names in bindings):
         return False  # absent, bound again (assigned, imported, redefined, deleted) or unknown
     if any(isinstance(n, ast.Global) and name in n.names for n in ast.walk(tree)):

@@ -38,7 +38,7 @@ from typing import Any
 import torch.utils.data as tud
 
 from tandem.share._autoserve import LINGER_S, AutoSpec
-from tandem.share._registry import lock_path, runtime_dir
+from tandem.share._registry import _is_live, lock_path, runtime_dir
 from tandem.share.errors import ShareError
 
 log = logging.getLogger("tandem.share")
@@ -256,8 +256,6 @@ def _linger_s() -> float:
 
 
 def _live(name: str) -> bool:
-    from tandem.share._registry import _is_live
-
     return _is_live(lock_path(name))
 
 
