@@ -88,6 +88,21 @@ def test_every_request_and_reply_is_a_record_that_survives_the_wire() -> None:
         protocol.read_reply("submit", {"ok": True})  # no id
 
 
+def test_a_dropin_loaders_request_carries_an_auto_share_and_its_job() -> None:
+    from tandem.share.spec import ShareSpec
+
+    spec = ShareSpec("auto-0123456789abcdef", "auto", "/run/x.managed.spec", batch_size=6, shuffle=True)
+    ask = protocol.AutoShare(12, spec)
+    wire = json.loads(protocol.encode(protocol.to_wire(ask)))
+    assert protocol.read_request(wire) == ask
+    answer = protocol.AutoShared(spec.name, 13, [14, 15])
+    assert protocol.read_reply("auto-share", protocol.to_wire(answer)) == answer
+    with pytest.raises(protocol.ProtocolError, match="source auto"):
+        protocol.read_request({**wire, "spec": {**wire["spec"], "source": "dataset"}})
+    with pytest.raises(protocol.ProtocolError, match="its id"):
+        protocol.read_request({**wire, "job_id": "12"})
+
+
 def test_the_supervisor_files_are_typed_and_a_partial_one_is_none(tmp_path: Path) -> None:
     usage = Usage(1.0, [1, 2], 10, 20, 0.5, None)
     save(tmp_path, usage)

@@ -20,6 +20,7 @@ from typing import Any
 
 import click
 
+from tandem.cli._auto_share import share_auto
 from tandem.cli._common import EXIT_USAGE, Exit, daemon_call, to_cpus, to_size
 from tandem.place.model import format_size
 from tandem.share.spec import DTYPES, OBJECT_FORMS, ShareSpec, SpecError
@@ -395,4 +396,5 @@ def share_ls(as_json: bool, timeout: float) -> None:
         console.print(table)
 
 
+share.add_command(share_auto)  # hidden: a job's drop-in loader asks the daemon for its producer
 COMMANDS = [share]

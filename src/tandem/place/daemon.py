@@ -23,6 +23,7 @@ It opens the state only once it holds the directory's lock, and stops, saying so
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import selectors
@@ -45,7 +46,7 @@ from tandem.place.identity import StateMoved, daemon_identity, keep_records, mov
 from tandem.place.model import Capacity, format_size
 from tandem.place.paths import StateError, disk_trouble, private_dir
 from tandem.place.policies import make_policy
-from tandem.place.producers import Producers, is_producer
+from tandem.place.producers import Producers, auto_share_command, is_producer
 from tandem.place.queue import WaitingJobs
 from tandem.place.requests import HANDLERS, Parts, failure
 from tandem.place.run.files import write_json
@@ -373,6 +374,9 @@ class Daemon:
             env.update(thread_env(job.env, job.cpus, self.capacity.cpus, on_host))
         if job.share and not is_producer(job):
             env["TANDEM_SHARE"] = job.share
+        if not is_producer(job) and self.config.backend != "ray":  # on this host: its drop-in
+            # loaders ask this daemon for a producer job (tandem.share.loader), not start their own
+            env["TANDEM_SHARE_STARTER"] = json.dumps(auto_share_command(self.state.dir))
         mps = False
         if self.mps is not None and len(chosen) == 1 and not p.alone:
             server = self.mps.ensure(chosen[0].uuid)

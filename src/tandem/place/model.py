@@ -114,7 +114,7 @@ class JobSpec:
     priority: int = column(0, queued=True)
     retries: int = column(2, queued=True)
     share: str | None = column(None, queued=True)
-    group: str | None = None
+    group: str | None = column(None, queued=True)  # a pass needs it: an auto share lives with its group
     after: list[int] = column(default_factory=list, queued=True)
     token: str | None = column(None, shown=False)
     params: dict[str, Any] = field(default_factory=dict)  # the job's parameters (a sweep's point)

@@ -12,7 +12,8 @@ with the group it fed). This module holds what is a producer's own:
   (:func:`~tandem.place.reserve.producer_reservation`, learnt under
   :func:`~tandem.place.reserve.producer_key`);
 - the group's side of it, once a pass (:meth:`Producers.tend`): it is stopped (its
-  supervisor's SIGTERM, SIGKILL after a grace) once no job of its share waits or runs, and
+  supervisor's SIGTERM, SIGKILL after a grace) once no job of its share waits or runs (an
+  ``auto`` share's, a drop-in loader's: no job of its group either), and
   that stop ends it as succeeded; one that ends by itself fails its group's running jobs
   with its own error (and the waiting ones, unless it is retried); it weighs as much as its
   group's running jobs (:mod:`tandem.place.run.weights`); what a stopped one used is learnt.
@@ -153,13 +154,24 @@ class Producers:
         fail the groups whose producer ended by itself, learn what stopped ones used, weigh
         the running ones. Whether it changed a job (a pass is due)."""
         active = attempts.active
-        busy = {j.share for j in waiting if j.share and not is_producer(j)}
-        busy |= {a.job.share for a in active.values() if a.job.share and not is_producer(a.job)}
+        jobs = [j for j in waiting if not is_producer(j)] + [
+            a.job for a in active.values() if not is_producer(a.job)
+        ]
+        busy = {j.share for j in jobs if j.share}
+        groups = {j.group for j in jobs if j.group is not None}
+
+        def needed(producer: Job) -> bool:
+            # An auto share (a drop-in loader's) is read by jobs that do not say so (the job
+            # that asked for it, another loader of its jobs): it lives while its group does.
+            share = self.state.share(producer.share or "")
+            auto = share is not None and share.spec.source == "auto"
+            return producer.share in busy or (auto and producer.group in groups)
+
         changed = False
         idle = [
             j.id
             for j in waiting
-            if is_producer(j) and (j.share not in busy or self.state.share(j.share or "") is None)
+            if is_producer(j) and (not needed(j) or self.state.share(j.share or "") is None)
         ]
         if idle:  # its jobs were cancelled, or failed, before it started
             self.state.cancel_waiting(idle, "cancelled", "no job of its share waits for it", now)
@@ -169,7 +181,7 @@ class Producers:
             if job_id in self._stopping:
                 if now >= self._stopping[job_id]:  # its supervisor did not end it within its grace
                     signal_shim(a, signal.SIGKILL)
-            elif a.job.share not in busy and not a.job.cancel_requested:
+            elif not a.job.cancel_requested and not needed(a.job):
                 attempts.stop(job_id, succeeded=STOPPED)  # the supervisor's SIGTERM
                 self._stopping[job_id] = now + 2 * self.config.grace_s + 5
                 self.state.event(job_id, "producer", f"stopping producer of {a.job.share!r}: {STOPPED}")
@@ -250,6 +262,12 @@ class Producers:
         weights.sweep()
         weighted, how = weights.available()
         (log.info if weighted else log.warning)("CPU weights: %s", how)
+
+
+def auto_share_command(state_dir: Path) -> list[str]:
+    """What a job's drop-in loader runs to have this daemon serve its data (``tandem share
+    auto SPEC``, told to the job in ``$TANDEM_SHARE_STARTER``): share knows no job manager."""
+    return [sys.executable, "-m", "tandem.cli", "share", "auto", "--state-dir", str(state_dir)]
 
 
 def newest(state: StateReads, share: str) -> Job | None:

@@ -42,17 +42,14 @@ number of them). It takes no disk, so a reply is never lost to its size or to a 
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import json
-import os
 import types
 import typing
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, ClassVar, TypeVar, Union
 
-from tandem import _ipc
 from tandem.place.model import JobSpec
+from tandem.place.packets import MAX_BODY, decode, encode, pack, socket_path, unpack  # noqa: F401 (re-exported)
 from tandem.share.spec import ShareSpec
 
 T = TypeVar("T")
@@ -136,10 +133,34 @@ class NotStarted:
     why: str = ""
 
 
-Request = Union[Submit, SubmitSweep, Cancel, Status, Stop, Wake, DefineShare, RemoveShares, NotStarted]
+@dataclass(frozen=True)
+class AutoShare:
+    """From a running job's drop-in loader (:class:`tandem.share.DataLoader`, through
+    ``tandem share auto``): serve ``spec`` (source ``auto``: what the loader would send its
+    workers) to it and its sweep, from a producer job of the daemon's."""
+
+    OP: ClassVar[str] = "auto-share"
+    job_id: int
+    spec: ShareSpec
+
+
+Request = Union[
+    Submit, SubmitSweep, Cancel, Status, Stop, Wake, DefineShare, RemoveShares, NotStarted, AutoShare
+]
 REQUESTS: dict[str, type] = {
     cls.OP: cls
-    for cls in (Submit, SubmitSweep, Cancel, Status, Stop, Wake, DefineShare, RemoveShares, NotStarted)
+    for cls in (
+        Submit,
+        SubmitSweep,
+        Cancel,
+        Status,
+        Stop,
+        Wake,
+        DefineShare,
+        RemoveShares,
+        NotStarted,
+        AutoShare,
+    )
 }
 OPS = tuple(REQUESTS)
 
@@ -239,6 +260,13 @@ class ShareDefined:
 
 
 @dataclass(frozen=True)
+class AutoShared:
+    name: str
+    producer: int  # its producer's job (queued, or running)
+    bound: list[int] = field(default_factory=list)  # the sweep's waiting jobs that now read it too
+
+
+@dataclass(frozen=True)
 class SharesRemoved:
     removed: list[str] = field(default_factory=list)
     unknown: list[str] = field(default_factory=list)
@@ -258,6 +286,7 @@ Reply = Union[
     Stopping,
     DaemonStatus,
     ShareDefined,
+    AutoShared,
     SharesRemoved,
     PutBack,
 ]
@@ -270,6 +299,7 @@ REPLIES: dict[str, type] = {
     "define-share": ShareDefined,
     "remove-shares": SharesRemoved,
     "not-started": PutBack,
+    "auto-share": AutoShared,
 }
 
 
@@ -311,6 +341,17 @@ def read_request(data: dict[str, Any]) -> Request:
         if not isinstance(fill_env, list) or not all(isinstance(k, str) for k in fill_env):
             raise ProtocolError("not a sweep: fill_env is a list of names")
         return SubmitSweep(job, points, fill_env)
+    if cls is AutoShare:
+        try:
+            spec = ShareSpec.from_json(json.dumps(fields.get("spec")))
+        except (TypeError, ValueError, AttributeError) as exc:
+            raise ProtocolError(f"not a share definition: {exc}") from None
+        if spec.source != "auto":
+            raise ProtocolError("an auto-share request carries a share of source auto")
+        job_id = fields.get("job_id")
+        if not isinstance(job_id, int) or isinstance(job_id, bool):
+            raise ProtocolError("an auto-share request names its job by its id (a number)")
+        return AutoShare(job_id, spec)
     if cls is DefineShare:
         select_job = fields.get("select_job")
         try:
@@ -357,84 +398,3 @@ def _value(hint: Any, value: Any) -> Any:
         if records and isinstance(value, dict):
             return _build(records[0], value)
     return value
-
-
-# --- packets --------------------------------------------------------------------------------
-
-
-def socket_path(state_dir: Path) -> Path:
-    digest = hashlib.sha1(str(state_dir).encode()).hexdigest()[:10]
-    return _ipc.socket_file(f"{digest}.sock", subdir="place")
-
-
-def encode(message: dict[str, Any]) -> bytes:
-    """One packet's worth of ``message`` (a wake, a supervisor's note: always small); a message
-    that may be large goes by :func:`pack`."""
-    data = json.dumps(message).encode()
-    if len(data) > _ipc.MAX_PACKET:
-        raise ValueError(
-            f"message of {len(data)} bytes is over the {_ipc.MAX_PACKET}-byte limit "
-            "(a very large environment? pass fewer variables)"
-        )
-    return data
-
-
-MAX_BODY = 64 << 20  # a message passed in a memory file (a job's environment, a reply's ids), at most this
-
-
-def pack(message: dict[str, Any]) -> tuple[bytes, tuple[int, ...]]:
-    """The packet for ``message`` and the descriptors it carries (close them after sending).
-
-    Over the packet limit, the message is put in a memory file and the packet says so
-    (``body``). A reply's packet is then a refusal to a client that cannot read the file
-    (an older tandem's), rather than an empty answer it would take as the whole one."""
-    data = json.dumps(message).encode()
-    if len(data) <= _ipc.MAX_PACKET:
-        return data, ()
-    what = "request" if "op" in message else "reply"
-    if len(data) > MAX_BODY:
-        fix = " (pass fewer variables, or split the sweep)" if what == "request" else ""
-        raise ValueError(f"{what} of {len(data)} bytes is over the {MAX_BODY}-byte limit{fix}")
-    fd = os.memfd_create(f"tandem-{what}", os.MFD_CLOEXEC)
-    try:
-        view = memoryview(data)
-        while view:  # os.write may write part of it
-            view = view[os.write(fd, view) :]
-    except BaseException:
-        os.close(fd)
-        raise
-    if what == "request":
-        return json.dumps({"op": message.get("op"), "body": "fd"}).encode(), (fd,)
-    error = "the reply came in a memory file, which this tandem cannot read: update it"
-    stub = {"ok": False, "body": "fd", "error": error}
-    return json.dumps(stub).encode(), (fd,)
-
-
-def unpack(data: bytes, fds: list[int]) -> dict[str, Any]:
-    """The message a packet carries (its body read from the memory file it names); the
-    descriptors are closed."""
-    try:
-        message = decode(data)
-        if message.get("body") == "fd":
-            if len(fds) != 1:
-                raise ValueError("a message body without its file")
-            size = os.fstat(fds[0]).st_size
-            if size > MAX_BODY:
-                raise ValueError(f"message body of {size} bytes")
-            body = bytearray()
-            while len(body) < size:  # os.pread may read part of it
-                chunk = os.pread(fds[0], size - len(body), len(body))
-                if not chunk:
-                    raise ValueError(f"message body cut short at {len(body)} of {size} bytes")
-                body += chunk
-            message = decode(bytes(body))
-        return message
-    finally:
-        _ipc.close_fds(fds)
-
-
-def decode(data: bytes) -> dict[str, Any]:
-    message = json.loads(data)
-    if not isinstance(message, dict):
-        raise ValueError("a message must be a JSON object")
-    return message

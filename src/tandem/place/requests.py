@@ -26,7 +26,7 @@ from tandem.place.attempts import Attempts
 from tandem.place.config import DaemonConfig
 from tandem.place.diskwait import DiskWait
 from tandem.place.identity import StateMoved
-from tandem.place.model import FINAL_STATES, RUNNING, STATES, Capacity, JobSpec, format_size
+from tandem.place.model import FINAL_STATES, RUNNING, STATES, WAITING_STATES, Capacity, JobSpec, format_size
 from tandem.place.paths import disk_trouble
 from tandem.place.producers import Producers, group_jobs, is_producer
 from tandem.place.resources import Resources
@@ -263,6 +263,43 @@ def define_share(request: p.DefineShare, d: Parts) -> Handled:
     return p.ShareDefined(request.spec.name, job_id), Changed(queued=True, shares=True)
 
 
+def auto_share(request: p.AutoShare, d: Parts) -> Handled:
+    """A running job's drop-in loader asks for its data to be shared: the share defined (the
+    loader's fingerprint names it), its producer queued unless one is queued or runs, and the
+    waiting jobs of the asker's sweep (its group, alike by job key) bound to it: they start
+    together once it runs, as a ``--share`` group does. The producer lives while a job of the
+    asker's group waits or runs (:meth:`Producers.tend`): the asker reads it without saying so
+    (it may read another share, or two auto shares). An asker of no group joins the share's,
+    the producer's (:meth:`Producers.make`)."""
+    job = d.state.job(request.job_id, attempts=False)
+    if job is None or job.state != RUNNING or is_producer(job):
+        return _refused(f"job {request.job_id} is not a running job of this daemon's"), NOTHING
+    spec = request.spec
+    if job.group is None:  # its producer's group (Producers.make), in which its reports count it
+        d.state.update_job(job.id, group=spec.name)
+        job = dataclasses.replace(job, group=spec.name)
+        followed = d.attempts.active.get(job.id)
+        if followed is not None:  # what the passes see of it (its producers live while it runs)
+            followed.job = dataclasses.replace(followed.job, group=spec.name)
+    share = d.state.share(spec.name)
+    if share is None or share.spec != spec:
+        d.state.define_share(spec)
+        share = d.state.share(spec.name)
+    assert share is not None  # defined just now, by the state's one writer
+    queued, running = d.producers.rows(d.state.jobs(tuple(WAITING_STATES)), d.attempts.active.values())
+    producer = running[spec.name].job.id if spec.name in running else queued.get(spec.name)
+    if producer is None:
+        producer = d.producers.make(share, job)
+    alike = [
+        j.id
+        for j in d.state.jobs(tuple(WAITING_STATES), group=job.group)
+        if j.learning_key == job.learning_key
+    ]
+    bound = d.state.bind_share(alike, spec.name) if alike else []
+    d.state.event(job.id, "share", f"its loader reads auto share {spec.name!r} (producer: job {producer})")
+    return p.AutoShared(spec.name, producer, bound), Changed(queued=True, shares=True)
+
+
 def remove_shares(request: p.RemoveShares, d: Parts) -> Handled:
     removed, unknown, in_use = [], [], {}
     for name in request.names:
@@ -318,4 +355,5 @@ HANDLERS: dict[type, Callable[[Any, Parts], Handled]] = {
     p.DefineShare: define_share,
     p.RemoveShares: remove_shares,
     p.NotStarted: not_started,
+    p.AutoShare: auto_share,
 }

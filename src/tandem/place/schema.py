@@ -19,6 +19,7 @@ from collections.abc import Callable
 from typing import Any
 
 from tandem.place.fields import meta, reader, same, sql_declaration, stored_fields, to_column
+from tandem.place.model import WAITING_STATES
 from tandem.place.records import Attempt, Job, Share
 
 SCHEMA_VERSION = 7
@@ -60,6 +61,14 @@ RECORD_PEAK = (
 RECORD_CORES = (
     "INSERT INTO peaks (job_key, cpu_runs, updated) VALUES (?, ?, ?) "
     "ON CONFLICT(job_key) DO UPDATE SET cpu_runs = excluded.cpu_runs, updated = excluded.updated"
+)
+
+# A sweep's waiting jobs that read no share, bound to a drop-in loader's (its ids: one JSON
+# list, since a sweep's may be more than SQLite's variables); the ids bound.
+BIND_SHARE = (
+    "UPDATE jobs SET share = ?, updated = ? WHERE id IN (SELECT value FROM json_each(?)) "
+    f"AND share IS NULL AND role = 'job' AND state IN ({', '.join(map(repr, sorted(WAITING_STATES)))}) "
+    "RETURNING id"
 )
 
 

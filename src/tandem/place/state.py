@@ -10,11 +10,10 @@ write-ahead logging lets them read while the daemon writes), so they work while 
 is running, and never make, change or move anything. The directory is private (0700), as
 is the database.
 
-A job's ``state`` changes only here, through the named transitions of :data:`TRANSITIONS`
-(:meth:`State.start`, ``requeue``, ``retry``, ``finish``, ``fail``, ``cancel``): each writes
-the job's row, its attempt's and its event in one transaction, and only from the states the
-table allows (a job that has moved on meanwhile is :class:`IllegalTransition`, not
-overwritten). The tables come from the records (:mod:`tandem.place.schema`).
+A job's ``state`` changes only here, by the transitions of :data:`TRANSITIONS` (``start``,
+``requeue``, ``retry``, ``finish``, ``fail``, ``cancel``): each writes the job's row, its
+attempt's and its event in one transaction, only from the states the table allows (a job
+moved on meanwhile is :class:`IllegalTransition`). Tables: :mod:`tandem.place.schema`.
 """
 
 from __future__ import annotations
@@ -37,6 +36,7 @@ from tandem.place.paths import StateError, private_dir, set_aside_lost_jobs, sta
 from tandem.place.reads import NOT_ENDED, StateReader, StateReads  # noqa: F401 (re-exported)
 from tandem.place.records import Attempt, Job, Share
 from tandem.place.schema import (
+    BIND_SHARE,
     MIGRATIONS,
     RECORD_CORES,
     RECORD_PEAK,
@@ -419,6 +419,11 @@ class State(StateReads):
                 "selection = excluded.selection",
             )
         return job_id
+
+    def bind_share(self, job_ids: list[int], name: str) -> list[int]:
+        """Of ``job_ids``, those waiting and reading no share now read ``name``: their ids."""
+        with self.transaction() as db:
+            return sorted(r[0] for r in db.execute(BIND_SHARE, (name, time.time(), json.dumps(job_ids))))
 
     def remove_share(self, name: str) -> list[int]:
         """Remove ``name``'s definition unless a job not yet ended reads it: those jobs (the

@@ -36,6 +36,21 @@ class AutoSpec:
     num_workers: int | str
     linger_s: float = LINGER_S
 
+    @staticmethod
+    def read(path: Path) -> AutoSpec:
+        with path.open("rb") as f:
+            spec = pickle.load(f)
+        if not isinstance(spec, AutoSpec):
+            raise ValueError(f"{path}: not a drop-in loader's spec")
+        return spec
+
+    def objects(self) -> tuple[Any, Any, Any]:
+        """``(dataset, collate_fn, worker_init_fn)`` as the loader pickled them."""
+        import cloudpickle  # noqa: F401 - what the payload's by-value parts need to load
+
+        dataset, collate_fn, worker_init_fn = pickle.loads(self.payload)
+        return dataset, collate_fn, worker_init_fn
+
     def write(self, path: Path) -> None:
         import os
 
@@ -59,14 +74,11 @@ def _linger(producer: Any, linger_s: float, done: threading.Event) -> None:
 
 def main(spec_file: str) -> int:
     path = Path(spec_file)
-    with path.open("rb") as f:
-        spec: AutoSpec = pickle.load(f)
-    import cloudpickle  # noqa: F401 - what the payload's by-value parts need to load
-
+    spec = AutoSpec.read(path)
     from tandem.share.errors import ProducerExists
     from tandem.share.producer import Producer
 
-    dataset, collate_fn, worker_init_fn = pickle.loads(spec.payload)
+    dataset, collate_fn, worker_init_fn = spec.objects()
     producer = Producer.from_dataset(
         dataset,
         spec.name,
@@ -93,4 +105,7 @@ def main(spec_file: str) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1]))
+    # As the module it is, not __main__: the spec unpickles as tandem.share._autoserve.AutoSpec.
+    from tandem.share._autoserve import main as module_main
+
+    sys.exit(module_main(sys.argv[1]))

@@ -8,6 +8,12 @@ has been gone for a minute, ``$TANDEM_SHARE_LINGER_S``), the others attach, each
 own batch size. Every epoch of every reader is every item exactly once (the producer's
 order; late readers wrap around).
 
+Under tandem's job manager (``tandem submit``, no ``--share``), the producer is a job of
+its daemon's instead, reserved and recorded as a ``--share`` producer is: the loader runs
+the command the daemon gave its job (``$TANDEM_SHARE_STARTER``: ``tandem share auto``), and
+the daemon binds the job's waiting sweep to that share, so that they start together and
+read it. Under ``--share NAME`` every drop-in loader of the job reads ``NAME``.
+
 It *is* a ``torch.utils.data.DataLoader`` (``isinstance`` holds: Lightning, Accelerate and
 the Hugging Face ``Trainer`` take it), built from the same arguments: ``len``, ``dataset``,
 ``batch_size``, ``sampler`` (and its ``set_epoch``) are torch's own. A ``DistributedSampler``
@@ -23,6 +29,7 @@ for that. ``loader.last_indices``: the dataset indices of the last batch.
 from __future__ import annotations
 
 import hashlib
+import json
 import logging
 import os
 import subprocess
@@ -43,6 +50,7 @@ from tandem.share.errors import ShareError
 
 log = logging.getLogger("tandem.share")
 START_TIMEOUT_S = 300.0  # for the producer to claim its name (it imports torch and the dataset)
+AUTO_PREFIX = "auto-"  # a drop-in loader's share: auto-<its fingerprint>
 
 
 class NotShared(Exception):
@@ -51,13 +59,15 @@ class NotShared(Exception):
 
 @dataclass(frozen=True)
 class _Plan:
-    """How a loader reads from a producer: its name and what to start it with (None: the
-    job manager's share, which its daemon runs)."""
+    """How a loader reads from a producer: its name, what to start it with (None: one the
+    job manager runs for this job already), and how (``starter``: the job manager's command
+    that has its daemon run it; None: a process of the user's own)."""
 
     name: str
     spec: AutoSpec | None
     rank: int | None
     world_size: int | None
+    starter: list[str] | None = None
 
 
 class DataLoader(tud.DataLoader):
@@ -120,7 +130,9 @@ class DataLoader(tud.DataLoader):
         if self._consumer is None:
             from tandem.share.consumer import Consumer
 
-            if plan.spec is not None:
+            if plan.spec is not None and plan.starter is not None:
+                ask_manager(plan.spec, plan.starter)
+            elif plan.spec is not None:
                 start_producer(plan.spec)
             self._consumer = Consumer(
                 plan.name,
@@ -187,21 +199,47 @@ def _order(loader: DataLoader) -> tuple[bool, int, int | None, int | None]:
 
 def _plan(loader: DataLoader) -> _Plan:
     shuffle, seed, rank, world = _order(loader)
-    if os.environ.get("TANDEM_SHARE"):  # a job of `tandem submit --share NAME`: that share
-        return _Plan(os.environ["TANDEM_SHARE"], None, rank, world)
+    given = os.environ.get("TANDEM_SHARE")
+    if given and not given.startswith(AUTO_PREFIX):  # a job of `tandem submit --share NAME`
+        return _Plan(given, None, rank, world)
+    spec = _spec(loader, shuffle, seed)
+    if given == spec.name:  # the manager's producer of this data feeds this job's sweep
+        return _Plan(spec.name, None, rank, world)
     if os.environ.get("TANDEM_JOB_ID"):
-        raise NotShared(
-            "under tandem's job manager a producer this loader started would end with its job; "
-            "submit with --share NAME (tandem share define NAME ...) to share"
-        )
+        starter = _starter()
+        if starter is None:
+            raise NotShared(
+                "this job's manager does not run producers for drop-in loaders (a job on another "
+                "host of a Ray cluster, or an older daemon): submit with --share NAME to share"
+            )
+        return _Plan(spec.name, spec, rank, world, starter)
+    return _Plan(spec.name, spec, rank, world)
+
+
+def _starter() -> list[str] | None:
+    """The job manager's command to have its daemon serve a loader's spec
+    (``$TANDEM_SHARE_STARTER``, a JSON list), or None."""
+    given = os.environ.get("TANDEM_SHARE_STARTER")
+    if not given:
+        return None
+    try:
+        argv = json.loads(given)
+    except ValueError:
+        argv = None
+    if not (isinstance(argv, list) and argv and all(isinstance(a, str) for a in argv)):
+        raise ShareError(f"TANDEM_SHARE_STARTER must be a JSON list of strings (a command), not {given!r}")
+    return argv
+
+
+def _spec(loader: DataLoader, shuffle: bool, seed: int) -> AutoSpec:
+    """What a producer of ``loader``'s data is started with, named by its fingerprint."""
     collate = loader.collate_fn if loader.collate_fn is not tud.default_collate else None
     payload = _pickled((loader.dataset, collate, loader.worker_init_fn))
     digest = hashlib.sha256(payload)
     digest.update(repr((shuffle, seed)).encode())
-    name = f"auto-{digest.hexdigest()[:16]}"
+    name = f"{AUTO_PREFIX}{digest.hexdigest()[:16]}"
     workers: int | str = loader.num_workers or "auto"
-    spec = AutoSpec(name, payload, loader.batch_size or 1, shuffle, seed, workers, _linger_s())
-    return _Plan(name, spec, rank, world)
+    return AutoSpec(name, payload, loader.batch_size or 1, shuffle, seed, workers, _linger_s())
 
 
 _PICKLING = threading.Lock()
@@ -300,6 +338,23 @@ def start_producer(spec: AutoSpec) -> None:
             if time.monotonic() > deadline:
                 raise ShareError(f"the producer this loader started did not serve in {START_TIMEOUT_S:g} s")
             time.sleep(0.05)
+
+
+def ask_manager(spec: AutoSpec, starter: list[str]) -> None:
+    """Have the job manager serve ``spec`` from a producer job of its daemon's (``starter``:
+    ``tandem share auto``, which returns once it serves, or fails with its producer's error)."""
+    if _live(spec.name):
+        return
+    spec_file = runtime_dir() / f"{spec.name}.managed.spec"  # the producer job reads it
+    spec.write(spec_file)
+    done = subprocess.run(
+        [*starter, str(spec_file)], capture_output=True, text=True, stdin=subprocess.DEVNULL
+    )
+    if done.returncode != 0:
+        said = (done.stderr.strip() or done.stdout.strip()).removeprefix("Error: ")
+        raise ShareError(
+            f"the job manager could not serve this loader's data: {said or f'exit {done.returncode}'}"
+        )
 
 
 def _tail(path: Path, lines: int = 3) -> str:

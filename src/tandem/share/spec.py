@@ -32,7 +32,9 @@ from typing import Any, overload
 from tandem.share._locate import confirmed
 
 OBJECT_FORMS = "MODULE:FUNCTION or path/to/file.py:FUNCTION"
-SOURCES = ("dataset", "loader", "images")
+# "auto": what a drop-in loader (tandem.share.DataLoader) would send its workers, as the
+# loader wrote it to the file ``ref`` (an AutoSpec); defined by the job manager, never typed.
+SOURCES = ("dataset", "loader", "images", "auto")
 DTYPES = ("float32", "bfloat16", "float16")
 MAX_AUTO_PRODUCER_CPUS = 8.0
 
@@ -106,7 +108,8 @@ def _absolute(ref: str | None) -> str | None:
 @dataclass(frozen=True)
 class ShareSpec:
     """One shared dataset. ``source`` says what ``ref`` is: a ``dataset`` or ``loader``
-    function (:data:`OBJECT_FORMS`), or an ``images`` folder. ``cpus``/``mem`` are what its
+    function (:data:`OBJECT_FORMS`), an ``images`` folder, or the file of an ``auto`` share
+    (a drop-in loader's :class:`~tandem.share._autoserve.AutoSpec`). ``cpus``/``mem`` are what its
     producer reserves under the job manager (``cpus`` None: sized from the manager's cores)."""
 
     name: str
@@ -150,7 +153,7 @@ class ShareSpec:
         # does, before defining); here only what the share itself must be.
         if self.select is not None and (self.source != "dataset" or self.selection is not None):
             raise SpecError("--select makes a selection of a --dataset; give --dataset, and not --selection")
-        if self.selection is not None and self.source == "loader":
+        if self.selection is not None and self.source in ("loader", "auto"):
             raise SpecError("a selection picks items of a dataset: give --dataset or --images, not --loader")
         if self.window_mem is not None and self.window_mem < 1:
             raise SpecError(f"window-mem {self.window_mem!r}: the window's memory must be above 0 bytes")
@@ -170,7 +173,7 @@ class ShareSpec:
 
     def resolved(self) -> ShareSpec:
         """The same, with file paths absolute: the producer runs in another directory."""
-        if self.source == "images":
+        if self.source in ("images", "auto"):
             return dataclasses.replace(self, ref=str(Path(self.ref).resolve()))
         return dataclasses.replace(self, ref=_absolute(self.ref), select_model=_absolute(self.select_model))
 
@@ -184,6 +187,10 @@ class ShareSpec:
         if self.source == "images":
             if not Path(self.ref).is_dir():
                 raise SpecError(f"--images {self.ref}: no such directory")
+            return
+        if self.source == "auto":
+            if not Path(self.ref).is_file():
+                raise SpecError(f"{self.ref}: no such file (the drop-in loader's spec)")
             return
         if not import_module and confirmed(self.ref):
             return
@@ -261,6 +268,24 @@ class ShareSpec:
         if self.source == "loader":
             return Producer(load_object(self.ref)(), self.name, device=self.device, **common)
         workers = self.num_workers  # the job manager writes its count (loader_workers) here
+        if self.source == "auto":
+            from tandem.share._autoserve import AutoSpec
+
+            auto = AutoSpec.read(Path(self.ref))
+            dataset, collate_fn, worker_init_fn = auto.objects()
+            return Producer.from_dataset(
+                dataset,
+                self.name,
+                batch_size=auto.batch_size,
+                shuffle=auto.shuffle,
+                seed=auto.seed,
+                device=self.device,
+                num_workers=auto.num_workers if workers is None else workers,
+                worker_nice=self.worker_nice,
+                collate_fn=collate_fn,
+                worker_init_fn=worker_init_fn,
+                **common,
+            )
         if self.source == "dataset":
             dataset = load_object(self.ref)()
             return Producer.from_dataset(

@@ -1,0 +1,77 @@
+"""``tandem share auto SPEC`` (hidden): how a job's drop-in loader has the job manager serve
+its data. The daemon tells its jobs this command in ``$TANDEM_SHARE_STARTER``
+(:func:`tandem.place.producers.auto_share_command`); :class:`tandem.share.DataLoader` runs
+it with the file it wrote its :class:`~tandem.share._autoserve.AutoSpec` to, since share
+knows no job manager. The daemon defines the share (source ``auto``), queues its producer
+job (reserved, recorded and stopped as ``--share`` producers are) and binds the job's
+waiting sweep to it; this command waits until the producer serves, then prints the share's
+name, or fails with the producer's own error and log."""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+import click
+
+from tandem.cli._common import EXIT_FAILED, EXIT_USAGE, Exit, daemon_call
+
+SERVE_WITHIN_S = 600.0  # for the producer job to be admitted, import the dataset and serve
+
+
+@click.command("auto", hidden=True)
+@click.argument("spec_file", type=click.Path(exists=True, dir_okay=False, path_type=Path))
+@click.option("--state-dir", required=True, type=click.Path(file_okay=False, path_type=Path))
+def share_auto(spec_file: Path, state_dir: Path) -> None:
+    """Have the daemon of STATE_DIR serve SPEC_FILE (a drop-in loader's) to this job
+    ($TANDEM_JOB_ID) and its sweep; print the share's name once its producer serves."""
+    from tandem.place import protocol
+    from tandem.place.client import request
+    from tandem.share._autoserve import AutoSpec
+    from tandem.share.spec import ShareSpec
+
+    job = os.environ.get("TANDEM_JOB_ID", "")
+    if not job.isdigit():
+        raise Exit("tandem share auto is run by a job's loader (TANDEM_JOB_ID is not set)", EXIT_USAGE)
+    try:
+        auto = AutoSpec.read(spec_file)
+    except (OSError, ValueError, EOFError) as exc:
+        raise Exit(f"{spec_file}: {exc}", EXIT_USAGE) from None
+    # The loader's batch size is the producer's (each reader rebatches to its own); its
+    # workers are the manager's to size, as a defined share's are.
+    ref = str(spec_file.resolve())
+    spec = ShareSpec(auto.name, "auto", ref, batch_size=auto.batch_size, shuffle=auto.shuffle, seed=auto.seed)
+    reply = daemon_call(request, state_dir, protocol.AutoShare(int(job), spec))
+    _until_served(state_dir, reply.name, reply.producer)
+    click.echo(reply.name)
+
+
+def _until_served(state_dir: Path, name: str, producer: int) -> None:
+    """Wait until share ``name`` is served, or its producer job has ended (its error)."""
+    from tandem.place.model import FINAL_STATES
+    from tandem.place.producers import ended
+    from tandem.place.state import StateReader
+    from tandem.share._registry import _is_live, lock_path
+
+    reader = StateReader(state_dir)
+    deadline = time.monotonic() + SERVE_WITHIN_S
+    try:
+        while not _is_live(lock_path(name)):
+            job = reader.job(producer)
+            if job is None or job.state in FINAL_STATES:
+                how = ended(job) if job is not None else "it is gone"
+                log = ""
+                if job is not None and job.attempts:
+                    log = f"; its log: {reader.attempt_dir(job.attempts[-1]) / 'output.log'}"
+                raise Exit(f"the producer of share {name!r} (job {producer}) ended ({how}){log}", EXIT_FAILED)
+            if time.monotonic() > deadline:
+                why = f": {job.reason}" if job.reason else ""
+                raise Exit(
+                    f"the producer of share {name!r} (job {producer}, {job.state}{why}) did not serve "
+                    f"within {SERVE_WITHIN_S:g} s",
+                    EXIT_FAILED,
+                )
+            time.sleep(0.2)
+    finally:
+        reader.close()
