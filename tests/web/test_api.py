@@ -7,6 +7,7 @@ import http.client
 import json
 import os
 import stat
+import sys
 from urllib.parse import urlsplit
 
 import psutil
@@ -108,6 +109,44 @@ def test_the_api_speaks_ls_json_and_never_sends_an_environment(dashboard: Dashbo
     for path in ("/api/jobs", f"/api/jobs/{printer}", "/api/queue", "/api/groups/g", "/api/timeline"):
         assert secret not in _call(d, path)[2].decode(), path
     assert "env" not in one
+
+
+# A training loop that logs its own metrics into the job's MLflow run: ``loss`` at steps
+# 0..STEPS-1, and a ``lr`` logged with no step (MLflow's 0 for each point).
+STEPS = 12
+LOGS_LOSS = f"""\
+import mlflow
+for i in range({STEPS}):
+    mlflow.log_metric("loss", 1.0 / (i + 1), step=i)
+for lr in (0.1, 0.05, 0.01):
+    mlflow.log_metric("lr", lr)
+"""
+
+
+def test_a_jobs_own_metrics_come_back_by_step_apart_from_the_hardware_series(dashboard: Dashboard) -> None:
+    d = dashboard
+    script = d.cli.tmp / "train.py"
+    script.write_text(LOGS_LOSS)
+    job = d.cli.submit("--cpus", "0.5", "--", sys.executable, str(script))
+    assert d.cli("wait", str(job), timeout=180).returncode == 0, d.cli("logs", str(job)).stdout
+    hardware = "system/process_tree/cpu_percent"  # forwarded to the run every 2 s: maybe after the job
+    wait_for(lambda: hardware in _json(d, f"/api/jobs/{job}/metrics?points=1")["keys"], 30, "its samples")
+    m = _json(d, f"/api/jobs/{job}/metrics?by=step&key=loss")
+    assert m["series"] == {"loss": [[float(i), 1.0 / (i + 1)] for i in range(STEPS)]}
+    assert m["axis"] == {"loss": "step"} and m["run_id"] == _json(d, f"/api/jobs/{job}")["mlflow_run_id"]
+    # The job's own keys, and only those (tandem.watch's system/ and summary/ are its, not the job's).
+    assert m["logged_keys"] == ["loss", "lr"] and hardware in m["keys"]
+    assert _json(d, f"/api/jobs/{job}/metrics?by=step&key=loss&attempt=1")["series"] == m["series"]
+    few = _json(d, f"/api/jobs/{job}/metrics?by=step&key=loss&points=4")["series"]["loss"]
+    assert [s for s, _ in few] == [1.0, 4.0, 7.0, 10.0]  # buckets of 3 steps, averaged
+    # Points that all share one step are charted over time: MLflow's own timestamps, in seconds.
+    lr = _json(d, f"/api/jobs/{job}/metrics?by=step&key=lr")
+    assert lr["axis"] == {"lr": "time"} and all(t > 1e9 for t, _ in lr["series"]["lr"])
+    assert _call(d, f"/api/jobs/{job}/metrics?attempt=2")[0] == 404
+    assert _call(d, f"/api/jobs/{job}/metrics?by=epoch")[0] == 400
+    # The live stream says which of a run's new points are the job's own: the page asks anew.
+    followed = _events(d, f"/api/events?job={job}", None, '"logged_keys": ["loss", "lr"]')
+    assert "event: metrics" in followed and '"logged_keys": ["loss", "lr"]' in followed
 
 
 def _events(d: Dashboard, path: str, headers: dict | None, until: str, timeout: float = 15.0) -> str:

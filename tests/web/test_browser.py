@@ -12,12 +12,14 @@ import json
 import os
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 from urllib.parse import urlsplit
 
 import pytest
 
 from tests.other_user import OtherUser, other_user  # noqa: F401 (the fixture)
+from tests.timing import scaled
 from tests.web.conftest import Dashboard
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
@@ -124,6 +126,49 @@ def test_a_user_follows_jobs_cancels_one_and_reads_a_log_tail_without_a_reload(b
     assert seen["errors"] == []
     outside = [u for u in seen["requests"] if not u.startswith((d.base, "data:", d.login_url))]
     assert outside == [], outside  # everything the page needs comes from the server
+
+
+# A training loop that waits for the test's word (the file GO), then logs its own metrics
+# into the job's MLflow run, step by step.
+STEPS = 25
+TRAINS = """\
+import os, sys, time
+import mlflow
+deadline = time.monotonic() + 300
+while not os.path.exists(sys.argv[1]):
+    assert time.monotonic() < deadline, "no word from the test"
+    time.sleep(0.05)
+for i in range({steps}):
+    mlflow.log_metrics({{"loss": 1.0 / (i + 1), "accuracy": i / {steps}}}, step=i)
+"""
+
+
+def test_a_jobs_page_charts_the_loss_the_job_logs_live(browser_page) -> None:
+    page, d, shots, seen = browser_page
+    script, go = d.cli.tmp / "train.py", d.cli.tmp / "go"
+    script.write_text(TRAINS.format(steps=STEPS))
+    job = d.cli.submit("--cpus", "0.5", "--", sys.executable, str(script), str(go))
+    page.goto(d.login_url)
+    page.wait_for_selector("body[data-ready='/']")
+    page.goto(f"{d.base}#/job/{job}")
+    page.wait_for_selector(f"#job-head[data-job-id='{job}'][data-state='running']", timeout=scaled(20) * 1000)
+    page.evaluate("window.__sameLoad = 1")  # gone if the page reloads
+    page.locator("#logged", has_text="no metrics logged by the job yet").wait_for()
+    assert page.locator("#logged-chart .uplot").count() == 0
+
+    go.touch()  # the job logs loss and accuracy at steps 0..STEPS-1: the page charts them, live
+    loss = f"#logged-chart[data-key='loss'][data-axis='step'][data-points='{STEPS}'] .uplot"
+    page.wait_for_selector(loss, timeout=scaled(20) * 1000)
+    assert page.locator("#logged-metric option").all_inner_texts() == ["accuracy", "loss"]  # its own only
+    assert page.locator("#logged-metric").input_value() == "loss"
+    assert "attempt 1" in page.inner_text("#logged-chart")  # its line, named in the legend
+    page.screenshot(path=str(shots / "dashboard-job-logged.png"), full_page=True)
+    page.select_option("#logged-metric", "accuracy")
+    page.wait_for_selector(f"#logged-chart[data-key='accuracy'][data-points='{STEPS}'] .uplot")
+    assert page.evaluate("window.__sameLoad") == 1
+    assert "no metrics logged by the job yet" not in page.inner_text("#logged")
+    assert _non_blank(shots / "dashboard-job-logged.png")
+    assert seen["errors"] == []
 
 
 def test_another_users_server_on_another_port_gets_nothing_that_opens_the_dashboard(

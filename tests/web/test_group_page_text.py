@@ -2,14 +2,15 @@
 raw object, whether the group has a data selection or not, and whatever of its numbers are
 not known yet.
 
-The page's own script (``app.js``) runs under Node with a small stand-in for the browser's
-document that, like the real one, writes a ``null`` handed to ``append`` or
-``replaceChildren`` as the text "null" (where Chromium is, ``test_browser`` drives the real
-thing). Skipped where there is no ``node``."""
+The page's own scripts (``charts.js``, ``app.js``, as ``index.html`` loads them) run under
+Node with a small stand-in for the browser's document that, like the real one, writes a
+``null`` handed to ``append`` or ``replaceChildren`` as the text "null" (where Chromium is,
+``test_browser`` drives the real thing). Skipped where there is no ``node``."""
 
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import subprocess
 from pathlib import Path
@@ -17,12 +18,16 @@ from pathlib import Path
 import pytest
 
 NODE = shutil.which("node")
-APP = Path(__file__).resolve().parents[2] / "src" / "tandem" / "web" / "static" / "app.js"
+STATIC = Path(__file__).resolve().parents[2] / "src" / "tandem" / "web" / "static"
+# The page's own scripts (uPlot, in vendor/, is stood in for), in the order index.html loads
+# them: they share one global scope.
+PAGE = (STATIC / "index.html").read_text()
+SCRIPTS = [STATIC / name for name in re.findall(r'<script src="/static/([\w.]+\.js)"', PAGE)]
 
-# The browser's document, as far as app.js's group page uses it: elements, text, fragments.
+# The browser's document, as far as the group page uses it: elements, text, fragments.
 HARNESS = r"""
 const fs = require("fs"); const vm = require("vm");
-const [appPath, groupJson] = process.argv.slice(2);
+const [scripts, groupJson] = process.argv.slice(2);
 class Node {
   constructor(tag) {
     this.tag = tag; this.childNodes = []; this.attrs = {}; this.dataset = {}; this.style = {};
@@ -71,7 +76,7 @@ const context = { document, Node, window: { addEventListener() {} }, location: {
   fetch, sessionStorage, history: { replaceState() {} }, AbortController,
   uPlot: class {}, URLSearchParams, setTimeout, clearTimeout, console };
 vm.createContext(context);
-vm.runInContext(fs.readFileSync(appPath, "utf8"), context);
+for (const path of JSON.parse(scripts)) vm.runInContext(fs.readFileSync(path, "utf8"), context);
 const wait = () => {
   const failed = byId.view.childNodes.some((c) => c.attrs.id === "error");
   if (!document.body.dataset.ready && !failed) return setTimeout(wait, 10);
@@ -139,7 +144,7 @@ def _page_text(tmp_path: Path, selections: list[dict]) -> str:
     harness.write_text(HARNESS)
     group = {"group": "g", "jobs": [JOB], "report": _report(tmp_path), "selections": selections}
     out = subprocess.run(
-        [NODE or "node", str(harness), str(APP), json.dumps(group)],
+        [NODE or "node", str(harness), json.dumps([str(s) for s in SCRIPTS]), json.dumps(group)],
         capture_output=True,
         text=True,
         timeout=60,

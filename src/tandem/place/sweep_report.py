@@ -26,7 +26,7 @@ import re
 import sqlite3
 import time
 from collections import Counter
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -145,7 +145,7 @@ def _cost(job: Job, latest: dict[str, dict[str, float]]) -> dict[str, float | No
 
 def _picked(keys: set[str], metrics: Sequence[str]) -> list[str]:
     if not metrics:
-        return sorted(k for k in keys if not _HIDDEN.match(k))
+        return own_metrics(keys)
     out: list[str] = []
     for m in metrics:
         found = [m] if m in keys else sorted(k for k in keys if re.fullmatch(m, k))
@@ -415,3 +415,9 @@ def said(report: dict[str, Any]) -> list[str]:
         line += "; energy " + ", ".join(energy)
     out.append(f"{line}: {s['note']}")
     return out
+
+
+def own_metrics(keys: Iterable[str]) -> list[str]:
+    """The keys a job logged itself (loss, accuracy), sorted: none of the hardware series and
+    summaries tandem.watch logs (``system/``, ``summary/``). The dashboard's job page charts these."""
+    return sorted(k for k in keys if not _HIDDEN.match(k))

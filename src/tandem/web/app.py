@@ -16,6 +16,11 @@
 ``GET /api/events``                        server-sent events (:mod:`tandem.web.live`)
 =========================================  =====================================================
 
+A job's metrics: ``key`` (repeated; none: every key), ``points``, ``after`` (ms: later points
+only), ``attempt`` (that attempt's run; default the latest), ``by`` (``time``; ``step``: each
+series ``[[step, value], ...]``, unless its ``axis`` says ``time``: all its points at one
+step). ``logged_keys``: the keys the job logged itself (loss, accuracy), for the job page.
+
 Every route is behind :class:`tandem.web.access.Access`. A job's environment is never sent.
 """
 
@@ -38,7 +43,7 @@ from tandem.place.model import STATES
 from tandem.place.paths import StateError
 from tandem.place.views import json_safe
 from tandem.web.access import Access, Sessions
-from tandem.web.data import MAX_ID, NotFound, Reader, energy_of
+from tandem.web.data import MAX_ID, NotFound, Reader, energy_of, logged_by_the_job, run_of
 from tandem.web.live import MAX_STREAMS, Streams, events
 
 STATIC = Path(__file__).parent / "static"
@@ -168,23 +173,35 @@ def build(
             data = reader.job(_job_id(request))
             points = _int(request, "points", 2000) or 2000
             after = _int(request, "after", 0) or 0
+            attempt = _int(request, "attempt")
+            by = request.query_params.get("by") or "time"
+            if by not in ("time", "step"):
+                raise ValueError(f"by={by!r}: time or step")
+            run = run_of(data, attempt)
         except NotFound as exc:
             return _bad(str(exc), 404)
         except ValueError as exc:
             return _bad(str(exc))
-        run = data["mlflow_run_id"]
         keys = request.query_params.getlist("key")
+        answer: dict[str, Any] = {"job": data["id"], "attempt": attempt, "run_id": run}
         if not run:
-            return JSONResponse({"job": data["id"], "run_id": None, "keys": [], "series": {}, "energy": {}})
-        series = reader.metrics(run, keys or None, points, after)
-        energy = energy_of(reader.latest(run))
+            return JSONResponse(
+                {**answer, "keys": [], "logged_keys": [], "series": {}, "axis": {}, "energy": {}}
+            )
+        if by == "step":
+            series, axis = reader.steps(run, keys or None, points, after)
+        else:
+            series = reader.metrics(run, keys or None, points, after)
+            axis = dict.fromkeys(series, "time")
+        every = reader.metric_keys(run)
         return JSONResponse(
             {
-                "job": data["id"],
-                "run_id": run,
-                "keys": reader.metric_keys(run),
+                **answer,
+                "keys": every,
+                "logged_keys": logged_by_the_job(every),
                 "series": series,
-                "energy": energy,
+                "axis": axis,
+                "energy": energy_of(reader.latest(run)),
             }
         )
 

@@ -13,6 +13,7 @@ import os
 import sqlite3
 import threading
 import time
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -259,6 +260,58 @@ class Reader:
             ).fetchall()
             out[key] = [[round(t / 1000.0, 3), v] for t, v in rows]
         return out
+
+    def steps(
+        self, run_id: str, keys: list[str] | None = None, max_points: int = MAX_POINTS, after_ms: int = 0
+    ) -> tuple[dict[str, list[list[float]]], dict[str, str]]:
+        """``key -> [[step, value], ...]`` of a run, each series averaged into at most
+        ``max_points`` step buckets (points after ``after_ms`` only), and each key's axis:
+        ``step``, or ``time`` where all of its points share one step (a loop that logged no
+        step: MLflow's 0), whose series is then :meth:`metrics`' ``[[time s, value], ...]``."""
+        db = self._runs()
+        if db is None:
+            return {}, {}
+        max_points = max(1, min(int(max_points), MAX_POINTS))
+        where, args = "run_uuid = ? AND timestamp > ? AND is_nan = 0", [run_id, after_ms]
+        if keys:
+            where += f" AND key IN ({', '.join('?' for _ in keys)})"
+            args += keys
+        spans = db.execute(
+            f"SELECT key, min(step), max(step), count(*) FROM metrics WHERE {where} GROUP BY key", args
+        ).fetchall()
+        out: dict[str, list[list[float]]] = {}
+        axis: dict[str, str] = {}
+        for key, s0, s1, n in spans:
+            if s0 == s1 and n > 1:
+                out[key], axis[key] = self.metrics(run_id, [key], max_points, after_ms).get(key, []), "time"
+                continue
+            width = max(1, -(-(s1 - s0 + 1) // max_points))
+            rows = db.execute(
+                "SELECT avg(step), avg(value) FROM metrics WHERE run_uuid = ? AND key = ? "
+                "AND timestamp > ? AND is_nan = 0 GROUP BY (step - ?) / ? ORDER BY 1",
+                (run_id, key, after_ms, s0, width),
+            ).fetchall()
+            out[key], axis[key] = [[s, v] for s, v in rows], "step"
+        return out, axis
+
+
+def logged_by_the_job(keys: Iterable[str]) -> list[str]:
+    """The keys a job logged itself (loss, accuracy), as the sweep report picks them: none of
+    the hardware series and summaries that tandem.watch logs (``system/``, ``summary/``)."""
+    from tandem.place.sweep_report import own_metrics  # the rule's one place (imported late: numpy)
+
+    return own_metrics(keys)
+
+
+def run_of(job: dict[str, Any], attempt: int | None) -> str | None:
+    """The MLflow run of a job's attempt ``attempt`` (None: its latest run), as
+    :meth:`Reader.job` gives the job; :class:`NotFound` where it has no such attempt."""
+    if attempt is None:
+        return job["mlflow_run_id"]
+    chosen = next((a for a in job["attempts"] if a["n"] == attempt), None)
+    if chosen is None:
+        raise NotFound(f"job {job['id']} has no attempt {attempt}")
+    return chosen["mlflow_run_id"]
 
 
 def energy_of(latest: dict[str, float]) -> dict[str, float]:

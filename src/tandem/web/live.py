@@ -8,7 +8,8 @@ row changed since its last look. Events, each a JSON object:
 ``jobs``      ``{"jobs": [...], "counts": {...}}``: jobs that changed (``ls --json``'s fields)
 ``status``    ``{"daemon": ..., "why_not": ...}``: the daemon's capacity and use, every 2 s
 ``log``       ``{"job", "attempt", "offset", "text"}``: new output of the job followed (``?job=ID``)
-``metrics``   ``{"job", "series": {key: [[t, v], ...]}}``: its new metric points, every second
+``metrics``   ``{"job", "run_id", "series": {key: [[t, v], ...]}, "logged_keys"}``: its new
+              metric points, every second (``logged_keys``: the keys among them the job logged itself)
 ============  =====================================================================
 
 Each event's id is the stream's cursor (``since``, log offset, last metric time), so a
@@ -30,7 +31,7 @@ from starlette.requests import Request
 from starlette.responses import StreamingResponse
 
 from tandem.place.views import strict_json
-from tandem.web.data import MAX_ID
+from tandem.web.data import MAX_ID, logged_by_the_job
 
 if TYPE_CHECKING:
     from tandem.web.app import Daemon
@@ -171,4 +172,11 @@ def _new_points(reader: Any, job_id: int, after_ms: int) -> dict[str, Any] | Non
     if not series:
         return None
     last = max(points[-1][0] for points in series.values() if points)
-    return {"job": job_id, "series": series, "after_ms": int(last * 1000)}
+    logged = logged_by_the_job(series)  # the page charts these by step: it asks for them anew
+    return {
+        "job": job_id,
+        "run_id": run,
+        "series": series,
+        "logged_keys": logged,
+        "after_ms": int(last * 1000),
+    }

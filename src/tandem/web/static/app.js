@@ -246,23 +246,47 @@ async function overview() {
   connect({ since });
 }
 
-// A time axis of at least a minute: one point alone would otherwise span years.
-const SPAN = (u, min, max) => (max - min < 60 ? [min - 5, Math.max(max, min) + 55] : [min, max]);
-
-// uPlot gives a lone point a day-wide axis (SPAN is not asked then): a minute instead.
-function oneMinute(plot, data) {
-  if (data[0].length === 1) plot.setScale("x", { min: data[0][0] - 5, max: data[0][0] + 55 });
-}
-
 // --- one job --------------------------------------------------------------------------------
-function chart(key, points, width) {
-  const box = el("div", { class: "chart", "data-key": key });
-  const data = [points.map((p) => p[0]), points.map((p) => p[1])];
-  const plot = new uPlot({ title: key.replace("system/", ""), width, height: 180, scales: { x: { time: true, range: SPAN } },
-    series: [{}, { label: key.split("/").pop(), stroke: "#0a84ff" }],
-    axes: [{}, { size: 70, values: (u, vals) => vals.map((v) => key.endsWith("bytes") ? size(v) : v) }] }, data, box);
-  oneMinute(plot, data);
-  return { box, plot, data };
+// What the job logged itself (loss, accuracy: its run's keys outside system/ and summary/), by
+// step, a line per attempt's run: the group page's chart (a line per job), kept live.
+function loggedMetrics(id, job, keys) {
+  const none = el("p", { class: "dim" }, "no metrics logged by the job yet");
+  const box = el("div", { id: "logged-chart" });
+  const pick = keyChooser("logged-metric", () => draw());
+  const node = el("div", { id: "logged" }, el("div", { class: "toolbar" }, pick), box);
+  const runsOf = (j) => j.attempts.filter((a) => a.mlflow_run_id)
+    .map((a) => ({ label: `attempt ${a.n}`, path: `/api/jobs/${id}/metrics?attempt=${a.n}`, run: a.mlflow_run_id }));
+  let runs = runsOf(job); let known = []; let busy = false; let again = false; let pending = null;
+  const learn = (more) => {
+    known = [...new Set(known.concat(more))].sort();
+    setKeys(pick, known, known.find((k) => k.includes("loss")));
+  };
+  const draw = async () => {
+    if (busy) { again = true; return; }
+    busy = true;
+    try {
+      pick.hidden = !pick.value;
+      if (!pick.value || !runs.length) box.replaceChildren(none);
+      else learn((await drawRuns(box, pick.value, runs, "step", 900, 260)).flatMap((m) => m.logged_keys || []));
+    } catch (e) {
+      box.replaceChildren(el("p", { class: "error" }, e.message));
+    } finally {
+      busy = false;
+      if (again) { again = false; draw(); }
+    }
+  };
+  const later = () => { if (!pending) pending = setTimeout(() => { pending = null; draw(); }, 1000); };
+  const start = async () => {
+    // The latest run's keys came with the page's metrics; an earlier attempt's are asked once.
+    const earlier = await Promise.all(runs.slice(0, -1).map((r) => api(`${r.path}&points=1`)));
+    learn(keys.concat(...earlier.map((m) => m.logged_keys)));
+    await draw();
+  };
+  return {
+    node, start,
+    job: (j) => { const now = runsOf(j); if (now.map((r) => r.run).join() !== runs.map((r) => r.run).join()) { runs = now; later(); } },
+    logged: (more) => { learn(more); later(); },
+  };
 }
 async function jobPage(id) {
   const since = Date.now() / 1000 - 1;
@@ -272,6 +296,7 @@ async function jobPage(id) {
   const charts = el("div", { class: "charts", id: "charts" });
   const energy = el("dl", { id: "energy" });
   const shown = {};
+  let current = job;  // as the last jobs event has it (its run is recorded once it is made)
   const renderMetrics = (m) => {
     energy.replaceChildren(el("dt", {}, "measured"), el("dd", {}, joules(m.energy.measured_joules)), el("dt", {}, "estimated"), el("dd", {}, joules(m.energy.estimated_joules)));
     for (const [key, points] of Object.entries(m.series)) {
@@ -283,9 +308,10 @@ async function jobPage(id) {
       const c = shown[key]; points.forEach((p) => { c.data[0].push(p[0]); c.data[1].push(p[1]); });
       c.plot.setData(c.data); oneMinute(c.plot, c.data);
     }
-    if (!Object.keys(shown).length) charts.replaceChildren(el("p", { class: "dim" }, job.mlflow_run_id ? "no metrics yet" : "no MLflow run (yet)"));
+    if (!Object.keys(shown).length) charts.replaceChildren(el("p", { class: "dim" }, current.mlflow_run_id ? "no metrics yet" : "no MLflow run (yet)"));
   };
   const renderJob = (j) => {
+    current = j;
     const cancel = el("button", { class: "danger", id: "cancel", disabled: !(WAITING.has(j.state) || j.state === "running"), onclick: async () => {
       cancel.disabled = true;
       try { await api(`/api/jobs/${id}/cancel`, { method: "POST" }); } catch (e) { cancel.after(el("span", { class: "error" }, ` ${e.message}`)); }
@@ -309,15 +335,21 @@ async function jobPage(id) {
           el("td", {}, a.cause_line || a.cause || "")))) : el("p", { class: "dim" }, "not started yet"));
   };
   renderJob(job);
-  view.replaceChildren(header, el("h2", {}, "energy"), energy, el("h2", {}, "metrics"), charts, el("h2", {}, "log"), logBox);
+  const logged = loggedMetrics(id, job, metrics.logged_keys);
+  view.replaceChildren(header, el("h2", {}, "metrics the job logged"), logged.node, el("h2", {}, "energy"), energy,
+    el("h2", {}, "hardware"), charts, el("h2", {}, "log"), logBox);
   renderMetrics(metrics);
+  await logged.start();
   logBox.scrollTop = logBox.scrollHeight;
   let lastMs = 0;
   for (const points of Object.values(metrics.series)) if (points.length) lastMs = Math.max(lastMs, Math.round(points[points.length - 1][0] * 1000));
   setHandlers({
-    jobs: (d) => { const j = d.jobs.find((x) => x.id === id); if (j) renderJob(j); },
+    jobs: (d) => { const j = d.jobs.find((x) => x.id === id); if (j) { renderJob(j); logged.job(j); } },
     log: (d) => { const atEnd = logBox.scrollTop + logBox.clientHeight >= logBox.scrollHeight - 4; logBox.append(d.text); if (atEnd) logBox.scrollTop = logBox.scrollHeight; },
-    metrics: async (d) => { const m = await api(`/api/jobs/${id}/metrics?points=1`); renderMetrics({ series: d.series, energy: m.energy }); },
+    metrics: async (d) => {
+      if (d.logged_keys.length) logged.logged(d.logged_keys);
+      const m = await api(`/api/jobs/${id}/metrics?points=1`); renderMetrics({ series: d.series, energy: m.energy });
+    },
   });
   connect({ since, job: id, log_offset: log.offset, metrics_after: lastMs });
 }
@@ -329,20 +361,11 @@ async function groupPage(name) {
   const runs = data.jobs.filter((j) => j.mlflow_run_id);
   let keys = [];
   if (runs.length) keys = (await api(`/api/jobs/${runs[0].id}/metrics?points=1`)).keys;
-  const pick = el("select", { id: "metric" }, keys.map((k) => el("option", { value: k, selected: k === "system/process_tree/cpu_percent" }, k)));
+  const pick = keyChooser("metric", () => draw());
+  setKeys(pick, keys, "system/process_tree/cpu_percent");
   const plotBox = el("div", { id: "group-chart" });
-  const draw = async () => {
-    const key = pick.value; if (!key) return;
-    const per = Math.max(50, Math.floor(2000 / Math.max(1, runs.length)));
-    const all = await Promise.all(runs.map((j) => api(`/api/jobs/${j.id}/metrics?key=${encodeURIComponent(key)}&points=${per}`)));
-    const xs = [...new Set(all.flatMap((m) => (m.series[key] || []).map((p) => p[0])))].sort((a, b) => a - b);
-    const index = new Map(xs.map((x, i) => [x, i]));
-    const ys = all.map((m) => { const y = new Array(xs.length).fill(null); (m.series[key] || []).forEach((p) => { y[index.get(p[0])] = p[1]; }); return y; });
-    const series = [{}].concat(runs.map((j, i) => ({ label: `job ${j.id}`, stroke: `hsl(${(i * 137) % 360} 70% 45%)`, spanGaps: true })));
-    plotBox.replaceChildren();
-    new uPlot({ title: key, width: 900, height: 260, scales: { x: { time: true, range: SPAN } }, series }, [xs, ...ys], plotBox);
-  };
-  pick.addEventListener("change", draw);
+  const lines = runs.map((j) => ({ label: `job ${j.id}`, path: `/api/jobs/${j.id}/metrics` }));
+  const draw = async () => { if (pick.value) await drawRuns(plotBox, pick.value, lines, "time", 900, 260); };
   view.replaceChildren(el("h2", {}, `group ${name}: ${data.jobs.length} job(s)`),
     sweepTable(data.report), selectionsTable(data.selections),
     el("h2", {}, "metrics over time"), el("div", { class: "toolbar" }, pick), plotBox);
