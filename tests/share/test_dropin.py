@@ -227,3 +227,31 @@ def test_a_dataset_module_beside_the_script_is_found_from_another_directory(tmp_
     )
     assert run.returncode == 0, run.stderr
     assert json.loads(run.stdout.strip().splitlines()[-1]) == list(range(30))
+
+
+def test_a_readers_torch_threads_are_fitted_to_the_readers_of_its_producer(monkeypatch) -> None:
+    from tandem.share.loader import _NoFit, _ThreadFit
+
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    monkeypatch.delenv("MKL_NUM_THREADS", raising=False)
+    first, second = DataLoader(Squares(), batch_size=4), DataLoader(Squares(), batch_size=5)
+    threads = torch.get_num_threads()
+    try:
+        readers = [iter(first), iter(second)]
+        for r in readers:
+            next(r)  # both attached to the one producer
+        cores = len(os.sched_getaffinity(0))
+        _ThreadFit(64).fit(first._require_plan().name)
+        assert torch.get_num_threads() == max(1, cores // 2)  # the host's cores shared by its 2 readers
+        _ThreadFit(1).fit(first._require_plan().name)
+        assert torch.get_num_threads() == 1  # never more than it had
+        # Where the user chose (the job manager's jobs among them), nothing is fitted.
+        monkeypatch.setenv("OMP_NUM_THREADS", "3")
+        assert isinstance(_ThreadFit.unless_given(), _NoFit)
+        monkeypatch.delenv("OMP_NUM_THREADS")
+        monkeypatch.setenv("TANDEM_SHARE_FIT_THREADS", "0")
+        assert isinstance(_ThreadFit.unless_given(), _NoFit)
+    finally:
+        torch.set_num_threads(threads)
+        first.close()
+        second.close()
