@@ -111,6 +111,14 @@ def test_the_sweep_report_rows_best_producer_totals_and_saving(cli: Cli) -> None
     jobs_cpu = sum(r["cpu_s"] for r in rows.values())
     assert abs(totals["cpu_s"] - (jobs_cpu + producer["cpu_s"])) < 1e-6  # the producer is counted
     assert totals["states"] == {"succeeded": 3}
+    # The wall time apart from any sum: first submission to last end, below the summed run times.
+    first = min(cli.job(i)["submitted"] for i in ids)
+    last = max(cli.job(i)["ended"] for i in ids)
+    assert abs(totals["makespan_s"] - (last - first)) < 1e-6 and totals["makespan_s"] > 0
+    assert sweep["said"][0].startswith(
+        f"makespan {totals['makespan_s']:,.1f} s, first submission to last end"
+    )
+    assert f"+ producers {producer['cpu_s']:,.1f}" in sweep["said"][0]
     # Saving: measured for the job whose key ran privately, estimated (and said so) for the others.
     saving = sweep["saving"]
     bases = {e["job"]: e["basis"] for e in saving["jobs"]}
@@ -127,7 +135,7 @@ def test_the_sweep_report_rows_best_producer_totals_and_saving(cli: Cli) -> None
     # The table as a person reads it: the point, the metric, the producer, the best and the saving.
     text = cli("report", "group:sweep", "--best", "val_loss:min", "-o", str(cli.tmp / "r.png")).stdout
     assert "lr=0.01" in text and "producer" in text and f"best by val_loss (min): job {ids[1]}" in text
-    assert "sharing saved" in text and "ESTIMATED" in text
+    assert "sharing saved" in text and "ESTIMATED" in text and "makespan" in text and "run s summed" in text
     assert "None" not in text and "{'" not in text
     bad = cli("report", "group:sweep", "--best", "val_loss:lowest", check=False)
     assert bad.returncode == 2 and "KEY:min or KEY:max" in bad.stderr

@@ -86,7 +86,7 @@ def sweep_grid(data: dict[str, Any]) -> tuple[list[str], list[tuple[list[str], s
         "total",
         "",
         ", ".join(f"{n} {s}" for s, n in t["states"].items()),
-        "jobs + producers" if data["producers"] else "jobs",
+        "run s summed; CPU-s jobs + producers" if data["producers"] else "run s summed",
         _num(t["jobs_run_s"]),
         _num(t["cpu_s"]),
         _joules(t["energy_measured_joules"], t["energy_estimated_joules"]),

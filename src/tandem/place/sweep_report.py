@@ -31,7 +31,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from tandem.place.model import PRODUCER_ROLE, params_text
+from tandem.place.model import FINAL_STATES, PRODUCER_ROLE, params_text
 from tandem.place.records import Job
 from tandem.place.views import run_seconds
 from tandem.watch.report import energy_totals
@@ -166,12 +166,14 @@ def group_report(
     MLflow store's SQLite file (None: no metrics, CPU-seconds from the manager alone)."""
     goal = parse_best(best)
     # A share's producer (a job row of its own) is counted as what fed the group, not a point.
-    jobs: list[Job] = [j for j in state.jobs(group=group, attempts=True) if j.role != PRODUCER_ROLE]
+    rows_of_group: list[Job] = state.jobs(group=group, attempts=True)
+    jobs = [j for j in rows_of_group if j.role != PRODUCER_ROLE]
     if not jobs:
         return None
     with _runs_db(runs_db) as db:
         runs = [a.mlflow_run_id for j in jobs for a in j.attempts if a.mlflow_run_id]
-        shares = sorted({j.share for j in jobs if j.share})
+        # Its producers' shares too: a drop-in loader's (auto) is read by jobs that do not say so.
+        shares = sorted({j.share for j in rows_of_group if j.share})
         producer_runs = _producer_runs(db, shares)
         private = state.private_runs(sorted({j.job_key for j in jobs if j.share}))
         private_runs = [a.mlflow_run_id for j in private.values() for a in j.attempts if a.mlflow_run_id]
@@ -190,7 +192,7 @@ def group_report(
         "metric_keys": keys,
         "best": _best(rows, goal),
         "producers": producers,
-        "totals": _totals(rows, producers),
+        "totals": _totals(rows, producers, jobs),
         "saving": _saving(jobs, rows, producers, private, latest, batch_sizes),
     }
     out["said"] = said(out)
@@ -282,8 +284,13 @@ def _producer(
     }
 
 
-def _totals(rows: list[dict[str, Any]], producers: list[dict[str, Any]]) -> dict[str, Any]:
+def _totals(rows: list[dict[str, Any]], producers: list[dict[str, Any]], jobs: list[Job]) -> dict[str, Any]:
+    """The group's counts and sums, and its makespan apart: from its first submission to its
+    last job's end (None while a job has not ended), the wall time the sweep took, which no
+    sum of run times is."""
     out: dict[str, Any] = {"jobs": len(rows), "states": dict(Counter(r["state"] for r in rows))}
+    ends = [j.ended for j in jobs if j.state in FINAL_STATES and j.ended is not None]
+    out["makespan_s"] = max(ends) - min(j.submitted for j in jobs) if len(ends) == len(jobs) else None
     for what in ("run_s", "cpu_s", "energy_measured_joules", "energy_estimated_joules"):
         jobs_sum: dict[str, float | None] = {}
         for r in rows:
@@ -380,13 +387,23 @@ def _saving(
     return {"basis": basis, "note": note, "jobs": per_job, **totals}
 
 
+def _totals_said(t: dict[str, Any]) -> str:
+    """The wall time and the sums apart: makespan, the jobs' run times summed, the CPU-s."""
+    span = f"{t['makespan_s']:,.1f} s" if t.get("makespan_s") is not None else "- (a job has not ended)"
+    line = f"makespan {span}, first submission to last end; the jobs ran {_num(t['jobs_run_s'])} s summed"
+    line += f"; CPU-s {_num(t['cpu_s'])}"
+    if t.get("producers_cpu_s") is not None:
+        line += f": jobs {_num(t['jobs_cpu_s'])} + producers {_num(t['producers_cpu_s'])}"
+    return line
+
+
 def _num(v: float | None) -> str:
     return "-" if v is None else f"{v:,.1f}"
 
 
 def said(report: dict[str, Any]) -> list[str]:
     """The best job and what sharing saved, in words (the CLI and the dashboard print these)."""
-    out = []
+    out = [_totals_said(report["totals"])]
     best = report["best"]
     if best is not None:
         if best["job"] is None:

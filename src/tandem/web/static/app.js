@@ -397,7 +397,7 @@ function sweepTable(r) {
   const t = r.totals;
   const total = el("tr", { class: "total" }, el("td", {}, "total"),
     el("td", {}, Object.entries(t.states).map(([s, n]) => `${n} ${s}`).join(", ")),
-    el("td", {}, r.producers.length ? "jobs + producers" : "jobs"), el("td", {}, dur(t.jobs_run_s)), el("td", {}, num(t.cpu_s)),
+    el("td", {}, r.producers.length ? "run s summed; CPU-s jobs + producers" : "run s summed"), el("td", {}, dur(t.jobs_run_s)), el("td", {}, num(t.cpu_s)),
     el("td", {}, energy(t.energy_measured_joules, t.energy_estimated_joules)), keys.map(() => el("td", {}, "")));
   return el("div", { id: "sweep" }, el("table", { id: "jobs" }, el("thead", {}, head), el("tbody", {}, rows, producers, total)),
     (r.said || []).map((line) => el("p", { class: "said" }, line)));
