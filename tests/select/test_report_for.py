@@ -41,12 +41,20 @@ class Manager:
     waiting: int  # a job of the share that never started
 
 
-def _summary(db: sqlite3.Connection, run: str, wall: float, energy: float) -> None:
-    for key, value in (
+STARTUP = {"a": 6.0, "b": None}  # seconds before a job's data flowed (b's runs read no share)
+
+
+def _summary(
+    db: sqlite3.Connection, run: str, wall: float, energy: float, startup: float | None = None
+) -> None:
+    figures = [
         ("summary/duration_s", wall),
         ("summary/cpu_seconds", 2 * wall),
         ("summary/energy_estimated_joules", energy),
-    ):
+    ]
+    if startup is not None:
+        figures.append(("summary/startup_seconds", startup))
+    for key, value in figures:
         db.execute("INSERT INTO latest_metrics VALUES (?, ?, 0, 0, 0, ?)", (key, value, run))
 
 
@@ -85,7 +93,7 @@ def manager(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Manager:
             state.finish(job_id, 1, "succeeded", {"ended": now, "exit_code": 0}, {"ended": now}, "test")
             run = f"run-{job_id}"
             state.update_job(job_id, mlflow_run_id=run)
-            _summary(db, run, WALL[group], ENERGY[group])
+            _summary(db, run, WALL[group], ENERGY[group], STARTUP[group])
             started.setdefault(group, []).append(job_id)
     ((waiting, _),) = state.add_jobs([JobSpec(command=["later"], share="picked", group="b")], 0, now)
     _summary(db, NOTED_RUN, 20.0, 300.0)  # a run outside the manager, noted among its uses
@@ -117,7 +125,12 @@ def test_the_cli_and_every_group_page_give_the_same_break_even(manager: Manager)
     assert report["measured_jobs"] == 5
     wall = report["break_even"]["wall_s"]
     assert wall["job_mean"] == pytest.approx((2 * 12 + 2 * 40 + 20) / 5)
-    assert wall["break_even_jobs"] == pytest.approx(30 / (wall["job_mean"] / 0.3 - wall["job_mean"]))
+    # Start-up does not scale with the data: only the rest of a job's time is over the fraction.
+    startup = (2 * 6.0) / 5  # group a's two runs; the others have no start-up figure (none)
+    assert wall["job_startup_mean"] == pytest.approx(startup)
+    assert wall["full_data"] == pytest.approx(startup + (wall["job_mean"] - startup) / 0.3)
+    assert wall["break_even_jobs"] == pytest.approx(30 / (wall["full_data"] - wall["job_mean"]))
+    assert report["break_even"]["cpu_s"]["job_startup_mean"] == 0.0  # no CPU start-up figure
 
 
 def test_show_counts_the_jobs_report_counts_and_prints_no_dict(manager: Manager) -> None:

@@ -341,8 +341,9 @@ def select_report(sel_id: str, baseline_run: str | None, as_json: bool) -> None:
         even = row["break_even_jobs"]
         even_text = "-" if even is None else (even if isinstance(even, str) else f"{even:.1f} jobs")
         click.echo(
-            f"  {what:<24} selection {show['selection']:>12}  a job {show['job_mean']:>12}  "
-            f"full data {show['full_data']:>12}  pays after {even_text}"
+            f"  {what:<24} selection {show['selection']:>12}  a job {show['job_mean']:>12} "
+            f"(start-up {show['job_startup_mean']})  full data {show['full_data']:>12}  "
+            f"pays after {even_text}"
         )
 
 

@@ -1,8 +1,10 @@
 """When a selection pays: its cost against what the jobs that trained on it saved.
 
 A job that trained on a selection of a fraction ``r`` of the data would have cost about
-``cost / r`` on all of it, had it run as long per item (an estimate, labelled so), unless a
-full-data run of the same job was measured: then that run is the baseline. The saving per
+``startup + (cost - startup) / r`` on all of it, had it run as long per item (an estimate,
+labelled so): its start-up (until its data first flowed: imports, the model, MLflow, as
+tandem.watch measured it) does not grow with the data. Unless a full-data run of the same
+job was measured: then that run is the baseline. The saving per
 job is the baseline less the job's own cost; the selection pays for itself after
 ``selection cost / saving per job`` jobs, in time and in energy, each computed from what
 was measured (energy measured and estimated are never added together).
@@ -33,6 +35,14 @@ SUMMARY = {
     "energy_measured_joules": "summary/energy_measured_joules",
     "energy_estimated_joules": "summary/energy_estimated_joules",
 }
+# What a run spent before its data first flowed (tandem.watch's summary): it does not scale
+# with the data, so the full-data estimate leaves it out of what it scales.
+STARTUP = {
+    "wall_s": "summary/startup_seconds",
+    "cpu_s": "summary/startup_cpu_seconds",
+    "energy_measured_joules": "summary/startup_energy_measured_joules",
+    "energy_estimated_joules": "summary/startup_energy_estimated_joules",
+}
 
 
 def run_costs(run_ids: list[str], stores: list[str] | None = None) -> dict[str, dict[str, float]]:
@@ -55,7 +65,7 @@ def _costs_in(path: Path, run_ids: list[str]) -> dict[str, dict[str, float]]:
     except sqlite3.Error:
         return {}
     out: dict[str, dict[str, float]] = {}
-    names = {v: k for k, v in SUMMARY.items()}
+    names = {v: k for k, v in SUMMARY.items()} | {v: f"startup_{k}" for k, v in STARTUP.items()}
     marks = ", ".join("?" for _ in run_ids)
     try:
         rows = db.execute(
@@ -170,17 +180,28 @@ def report(
         "measured_jobs": len(measured),  # those whose run has a summary (ended and measured)
     }
     base = costs.get(baseline_run or "", {})
-    out["baseline"] = "measured" if base else "estimated: a job's cost / the selected fraction"
+    out["baseline"] = (
+        "measured"
+        if base
+        else "estimated: a job's start-up, plus the rest of its cost / the selected fraction"
+    )
     rows = {}
     for what in ("wall_s", "cpu_s", "energy_measured_joules", "energy_estimated_joules"):
         values = [c[what] for c in measured if what in c]
         job_cost = sum(values) / len(values) if values else None
-        full = base.get(what) if base else (None if job_cost is None else job_cost / ratio)
+        # Start-up (imports, the model, MLflow) is not read data: a run on all of it would
+        # spend it once too. A run with no start-up figure (no share read) counts none.
+        startups = [min(c.get(f"startup_{what}", 0.0), c[what]) for c in measured if what in c]
+        startup = sum(startups) / len(startups) if startups else 0.0
+        full = (
+            base.get(what) if base else (None if job_cost is None else startup + (job_cost - startup) / ratio)
+        )
         saving = None if job_cost is None or full is None else full - job_cost
         spent = sel.meta["cost"].get(what)
         rows[what] = {
             "selection": spent,
             "job_mean": job_cost,
+            "job_startup_mean": startup if values else None,
             "full_data": full,
             "saving_per_job": saving,
             "break_even_jobs": _break_even(spent, saving),

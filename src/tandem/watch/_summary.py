@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import re
 import threading
+import time
 from collections import defaultdict
 from collections.abc import Mapping
 
@@ -18,6 +19,7 @@ _GPU = re.compile(
     r"energy_estimated_joules|power_watts)$"
 )
 _STALL = re.compile(r"^system/share/.+/consumer_\d+/stall_seconds$")
+_CONSUMER = re.compile(r"^system/share/.+/consumer_\d+/")
 
 # energy metric -> (summary key, source said in the table)
 ENERGY_SOURCES = {
@@ -62,6 +64,11 @@ class SummaryBuilder:
         self.total: dict[str, float] = defaultdict(float)
         self.count: dict[str, int] = defaultdict(int)
         self.lock = threading.Lock()
+        # Start-up: from the run's start until data first flows (a consumer of a share is
+        # seen): imports, the model built, MLflow waited for. What a run costs beyond it is
+        # what scales with the data it reads (tandem select report's break-even).
+        self.started = time.monotonic()
+        self.startup: dict[str, float] | None = None
 
     def add(self, metrics: dict[str, float]) -> None:
         with self.lock:
@@ -74,6 +81,15 @@ class SummaryBuilder:
                 self.peak[k] = v
             self.total[k] += v
             self.count[k] += 1
+        if self.startup is None and any(_CONSUMER.match(k) for k in metrics):
+            self.startup = {"startup_seconds": time.monotonic() - self.started}
+            cpu = [self.last.get(f"system/process_tree/cpu_{w}_seconds") for w in ("user", "system")]
+            if None not in cpu:
+                self.startup["startup_cpu_seconds"] = sum(c for c in cpu if c is not None)
+            for kind in ("measured", "estimated"):
+                energy = energy_totals(self.last).get(f"energy_{kind}_joules")
+                if energy is not None:
+                    self.startup[f"startup_energy_{kind}_joules"] = energy
 
     def _mean(self, key: str) -> float:
         return self.total[key] / self.count[key] if self.count[key] else 0.0
@@ -116,6 +132,7 @@ class SummaryBuilder:
             if duration_s > 0:
                 s["samples_per_s"] = samples / duration_s
         s["tracker_cpu_seconds"] = tracker_cpu_s
+        s.update(self.startup or {})
         return s
 
 
