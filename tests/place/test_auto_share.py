@@ -101,3 +101,15 @@ def test_a_jobs_second_loader_of_other_data_gets_a_producer_of_its_own(cli: Cli,
     assert {p["group"] for p in producers} == {cli.job(job_id)["group"]}
     for p in producers:
         _succeeded(cli, p["id"], timeout=60)
+
+
+def test_the_same_script_submitted_three_times_reads_one_producer(cli: Cli, tmp_path: Path) -> None:
+    """No sweep, no group: the same command submitted again is bound to the first's share."""
+    (tmp_path / "train.py").write_text(SCRIPT)
+    jobs = [cli.submit("--", sys.executable, "train.py", "6") for _ in range(3)]
+    for job_id in jobs:
+        _succeeded(cli, job_id)
+    outcomes = [_outcome(cli, j) for j in jobs]
+    assert all(o["exact"] == [True, True] for o in outcomes) and len({o["producer"] for o in outcomes}) == 1
+    (producer,) = _producers(cli)
+    assert {cli.job(j)["group"] for j in jobs} == {producer["group"]} == {producer["share"]}

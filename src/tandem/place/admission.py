@@ -87,9 +87,12 @@ class Admission:
         shares = {s.name: s for s in self.state.shares()}
         queued, running = self.producers.rows(jobs, active.values())
         in_share: dict[str, int] = {}  # its running jobs, per share (not its producer)
+        in_group: dict[str, int] = {}  # running jobs per group (an auto share's readers)
         for a in active.values():
             if a.job.share and not is_producer(a.job):
                 in_share[a.job.share] = in_share.get(a.job.share, 0) + 1
+            if a.job.group is not None and not is_producer(a.job):
+                in_group[a.job.group] = in_group.get(a.job.group, 0) + 1
         decide = self.decisions(active.values())
         for job in jobs:
             if job.id in active or job.cancel_requested:
@@ -115,6 +118,11 @@ class Admission:
                 continue
             # Its group's producer runs: it joins the group (where its batches are, too).
             feeding = running.get(share.name) if share is not None and not is_producer(job) else None
+            share_jobs = in_share.get(feeding.job.share or "", 0) if feeding is not None else None
+            if is_producer(job) and share is not None and share.spec.source == "auto":
+                # A drop-in loader's producer: the running jobs that asked for it wait for it,
+                # idle, holding their cores: it starts as a job of their group would.
+                share_jobs = in_group.get(job.group or "") or None
             out.append(
                 decide.waiting(
                     job,
@@ -122,7 +130,7 @@ class Admission:
                     since,
                     prefer_gpus=feeding.placement.gpus if feeding is not None else (),
                     share=feeding.job.share if feeding is not None else None,
-                    share_jobs=in_share.get(feeding.job.share or "", 0) if feeding is not None else None,
+                    share_jobs=share_jobs,
                 )
             )
         return out

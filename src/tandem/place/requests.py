@@ -266,8 +266,9 @@ def define_share(request: p.DefineShare, d: Parts) -> Handled:
 def auto_share(request: p.AutoShare, d: Parts) -> Handled:
     """A running job's drop-in loader asks for its data to be shared: the share defined (the
     loader's fingerprint names it), its producer queued unless one is queued or runs, and the
-    waiting jobs of the asker's sweep (its group, alike by job key) bound to it: they start
-    together once it runs, as a ``--share`` group does. The producer lives while a job of the
+    waiting jobs of the asker's sweep (its group, alike by job key; of no group, the same
+    command submitted again) bound to it: they start together once it runs, as a ``--share``
+    group does, in its group. The producer lives while a job of the
     asker's group waits or runs (:meth:`Producers.tend`): the asker reads it without saying so
     (it may read another share, or two auto shares). An asker of no group joins the share's,
     the producer's (:meth:`Producers.make`)."""
@@ -275,6 +276,10 @@ def auto_share(request: p.AutoShare, d: Parts) -> Handled:
     if job is None or job.state != RUNNING or is_producer(job):
         return _refused(f"job {request.job_id} is not a running job of this daemon's"), NOTHING
     spec = request.spec
+    # Its sweep: the waiting jobs alike (by job key) in its group; the same command
+    # submitted again where it had none. Read before it joins the share's group.
+    waiting = d.state.jobs(tuple(WAITING_STATES))
+    alike = [j.id for j in waiting if j.group == job.group and j.learning_key == job.learning_key]
     if job.group is None:  # its producer's group (Producers.make), in which its reports count it
         d.state.update_job(job.id, group=spec.name)
         job = dataclasses.replace(job, group=spec.name)
@@ -286,16 +291,11 @@ def auto_share(request: p.AutoShare, d: Parts) -> Handled:
         d.state.define_share(spec)
         share = d.state.share(spec.name)
     assert share is not None  # defined just now, by the state's one writer
-    queued, running = d.producers.rows(d.state.jobs(tuple(WAITING_STATES)), d.attempts.active.values())
+    queued, running = d.producers.rows(waiting, d.attempts.active.values())
     producer = running[spec.name].job.id if spec.name in running else queued.get(spec.name)
     if producer is None:
         producer = d.producers.make(share, job)
-    alike = [
-        j.id
-        for j in d.state.jobs(tuple(WAITING_STATES), group=job.group)
-        if j.learning_key == job.learning_key
-    ]
-    bound = d.state.bind_share(alike, spec.name) if alike else []
+    bound = d.state.bind_share(alike, spec.name, job.group or spec.name) if alike else []
     d.state.event(job.id, "share", f"its loader reads auto share {spec.name!r} (producer: job {producer})")
     return p.AutoShared(spec.name, producer, bound), Changed(queued=True, shares=True)
 

@@ -66,7 +66,8 @@ RECORD_CORES = (
 # A sweep's waiting jobs that read no share, bound to a drop-in loader's (its ids: one JSON
 # list, since a sweep's may be more than SQLite's variables); the ids bound.
 BIND_SHARE = (
-    "UPDATE jobs SET share = ?, updated = ? WHERE id IN (SELECT value FROM json_each(?)) "
+    'UPDATE jobs SET share = ?, "group" = coalesce("group", ?), updated = ? '
+    "WHERE id IN (SELECT value FROM json_each(?)) "
     f"AND share IS NULL AND role = 'job' AND state IN ({', '.join(map(repr, sorted(WAITING_STATES)))}) "
     "RETURNING id"
 )

@@ -7,8 +7,7 @@ directory's lock: it alone makes the file (with a random id, :mod:`tandem.place.
 migrates it, and sets aside the folders of a lost database's jobs. ``tandem ls|show|logs|wait``,
 the dashboard and :mod:`tandem.jobs` open it read-only (:class:`~tandem.place.reads.StateReader`;
 write-ahead logging lets them read while the daemon writes), so they work while no daemon
-is running, and never make, change or move anything. The directory is private (0700), as
-is the database.
+runs, and never make, change or move anything. The directory and database are private (0700).
 
 A job's ``state`` changes only here, by the transitions of :data:`TRANSITIONS` (``start``,
 ``requeue``, ``retry``, ``finish``, ``fail``, ``cancel``): each writes the job's row, its
@@ -420,10 +419,11 @@ class State(StateReads):
             )
         return job_id
 
-    def bind_share(self, job_ids: list[int], name: str) -> list[int]:
-        """Of ``job_ids``, those waiting and reading no share now read ``name``: their ids."""
+    def bind_share(self, job_ids: list[int], name: str, group: str) -> list[int]:
+        """Of ``job_ids``, those waiting with no share now read ``name`` (of no group: in ``group``)."""
         with self.transaction() as db:
-            return sorted(r[0] for r in db.execute(BIND_SHARE, (name, time.time(), json.dumps(job_ids))))
+            bound = db.execute(BIND_SHARE, (name, group, time.time(), json.dumps(job_ids)))
+            return sorted(r[0] for r in bound)
 
     def remove_share(self, name: str) -> list[int]:
         """Remove ``name``'s definition unless a job not yet ended reads it: those jobs (the
