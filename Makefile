@@ -7,13 +7,13 @@ BIN := $(VENV)/bin
 TORCH_PIN ?= torch==2.13.0
 STAMP := $(VENV)/.installed
 
-.PHONY: setup demo test lint bench-share clean
+.PHONY: setup demo test lint docs bench-share clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
 	$(BIN)/python -m pip install -q "$(TORCH_PIN)"
-	$(BIN)/python -m pip install -q -e ".[all,ray,dev]"
+	$(BIN)/python -m pip install -q -e ".[all,ray,dev,docs]"
 	touch $(STAMP)
 
 setup: $(STAMP)
@@ -38,9 +38,13 @@ lint: setup
 	$(BIN)/ruff format --check src tests benchmarks
 	$(BIN)/mypy
 
+# The documentation site (mkdocs.yml, docs/) into site/, with warnings as errors; no network.
+docs: setup
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --site-dir site
+
 bench-share: setup
 	$(BIN)/python -m pip install -q "tensorsocket==0.0.5" || echo "tensorsocket not installed: its column is skipped"
 	$(BIN)/python benchmarks/share_bench.py
 
 clean:
-	rm -rf $(VENV) .pytest_cache .ruff_cache .mypy_cache src/*.egg-info
+	rm -rf $(VENV) .pytest_cache .ruff_cache .mypy_cache src/*.egg-info site

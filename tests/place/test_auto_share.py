@@ -82,8 +82,8 @@ def test_a_sweep_of_a_dropin_script_reads_one_producer_job_every_epoch_exact(
     (producer,) = _producers(cli)  # one producer job for the sweep, no definition given
     assert producer["share"].startswith("auto-") and producer["group"] == cli.rows()[0]["group"]
     assert len({o["producer"] for o in outcomes}) == 1  # all three read the one process
-    # The sweep's other points were bound to its share as the first one asked for it.
-    assert sum(1 for row in cli.rows() if row["role"] == "job" and row["share"] == producer["share"]) == 2
+    # The first point reads it, and the others were bound to it as the first one asked for it.
+    assert sum(1 for row in cli.rows() if row["role"] == "job" and row["share"] == producer["share"]) == 3
     _succeeded(cli, producer["id"], timeout=60)  # stopped after the group's last job
     share = cli._read(lambda reader: reader.share(producer["share"]).spec.source)
     assert share == "auto"  # defined by the daemon, as the loader asked

@@ -217,10 +217,14 @@ class Producers:
         """The running jobs of a share whose producer is not running (it ended by itself, or
         before this daemon adopted them): stopped, failed with its producer's error."""
         fed = {a.job.share for a in running}
-        orphans = [
+        auto = {s.name for s in self.state.shares() if s.spec.source == "auto"}
+        orphans = [  # a drop-in loader's reader waits for its producer, or fails with its error
             a
             for a in active
-            if a.job.share and not is_producer(a.job) and a.job.share not in fed and a.fail_cause is None
+            if a.job.share
+            and not is_producer(a.job)
+            and a.job.share not in fed | auto
+            and a.fail_cause is None
         ]
         for a in orphans:
             if a.job.cancel_requested:

@@ -265,32 +265,32 @@ def define_share(request: p.DefineShare, d: Parts) -> Handled:
 
 def auto_share(request: p.AutoShare, d: Parts) -> Handled:
     """A running job's drop-in loader asks for its data to be shared: the share defined (the
-    loader's fingerprint names it), its producer queued unless one is queued or runs, and the
-    waiting jobs of the asker's sweep (its group, alike by job key; of no group, the same
-    command submitted again) bound to it: they start together once it runs, as a ``--share``
-    group does, in its group. The producer lives while a job of the
-    asker's group waits or runs (:meth:`Producers.tend`): the asker reads it without saying so
-    (it may read another share, or two auto shares). An asker of no group joins the share's,
-    the producer's (:meth:`Producers.make`)."""
+    loader's fingerprint names it), its producer queued unless one is queued or runs, the job
+    reading it (of no group: in the share's, the producer's, :meth:`Producers.make`), and the
+    waiting jobs of its sweep (its group, alike by job key; of no group, the same command
+    submitted again) bound to it: they start together once it runs, as a ``--share`` group
+    does. The producer lives while a job of the asker's group waits or runs
+    (:meth:`Producers.tend`): a job's second loader, of other data, reads its own auto share
+    without saying so."""
     job = d.state.job(request.job_id, attempts=False)
     if job is None or job.state != RUNNING or is_producer(job):
         return _refused(f"job {request.job_id} is not a running job of this daemon's"), NOTHING
     spec = request.spec
-    # Its sweep: the waiting jobs alike (by job key) in its group; the same command
-    # submitted again where it had none. Read before it joins the share's group.
-    waiting = d.state.jobs(tuple(WAITING_STATES))
-    alike = [j.id for j in waiting if j.group == job.group and j.learning_key == job.learning_key]
-    if job.group is None:  # its producer's group (Producers.make), in which its reports count it
-        d.state.update_job(job.id, group=spec.name)
-        job = dataclasses.replace(job, group=spec.name)
-        followed = d.attempts.active.get(job.id)
-        if followed is not None:  # what the passes see of it (its producers live while it runs)
-            followed.job = dataclasses.replace(followed.job, group=spec.name)
     share = d.state.share(spec.name)
     if share is None or share.spec != spec:
         d.state.define_share(spec)
         share = d.state.share(spec.name)
     assert share is not None  # defined just now, by the state's one writer
+    # Its sweep: the waiting jobs alike (by job key) in its group, read before it joins one.
+    waiting = d.state.jobs(tuple(WAITING_STATES))
+    alike = [j.id for j in waiting if j.group == job.group and j.learning_key == job.learning_key]
+    share_of, group_of = job.share or spec.name, job.group or spec.name
+    if (share_of, group_of) != (job.share, job.group):
+        d.state.update_job(job.id, share=share_of, group=group_of)
+        job = dataclasses.replace(job, share=share_of, group=group_of)
+        followed = d.attempts.active.get(job.id)
+        if followed is not None:  # what the passes see of it (its producers live while it runs)
+            followed.job = dataclasses.replace(followed.job, share=share_of, group=group_of)
     queued, running = d.producers.rows(waiting, d.attempts.active.values())
     producer = running[spec.name].job.id if spec.name in running else queued.get(spec.name)
     if producer is None:

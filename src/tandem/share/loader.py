@@ -220,9 +220,8 @@ def shared(loader: tud.DataLoader, share: bool = True) -> DataLoader:
     }
     if loader.num_workers > 0:
         kwargs["prefetch_factor"] = loader.prefetch_factor
-    if loader.batch_size is None:  # a batch sampler of its own
+    if loader.batch_size is None:  # a batch sampler of its own (torch takes it without a batch size)
         kwargs["batch_sampler"] = loader.batch_sampler
-        kwargs["batch_size"] = None
     else:
         kwargs.update(batch_size=loader.batch_size, drop_last=loader.drop_last, sampler=sampler)
     return DataLoader(loader.dataset, share=share, **kwargs)
