@@ -16,7 +16,7 @@
     job.result()                    # its return value, or its exception with the job's traceback
 
 A daemon is started where none runs, as ``tandem submit`` does. Jobs go to the state
-directory of this user (``tandem.dirs``), or ``state_dir=``.
+directory of this user (``tandem.dirs``), or ``state_dir_path=``.
 """
 
 from __future__ import annotations

@@ -11,7 +11,7 @@ import click
 if TYPE_CHECKING:  # the state is imported when a command needs it: tandem --help stays light
     from tandem.place.state import StateReader
 
-# Exit codes: one table for every command (README, "Exit codes"), applied here: by
+# Exit codes: one table for every command (docs/concepts/place-reliability.md), applied here: by
 # daemon_call (the daemon's answers), by the command group (a state or runtime directory that
 # may not be used) and by the commands through these names. `tandem wait` of one job that
 # failed exits with the job's own code; these are tandem's own answers.

@@ -5,7 +5,7 @@ its running producer.
 Each field is declared here once (with :func:`tandem.place.fields.column` where its storage
 or display is not the default); the SQL tables (:mod:`tandem.place.schema`) and the
 ``--json`` objects (:mod:`tandem.place.views`) are derived from these declarations. How to add
-a field: README, "Development".
+a field: CONTRIBUTING.md, "Adding a field to a stored record".
 """
 
 from __future__ import annotations

@@ -14,8 +14,10 @@ the command the daemon gave its job (``$TANDEM_SHARE_STARTER``: ``tandem share a
 the daemon binds the job's waiting sweep to that share, so that they start together and
 read it. Under ``--share NAME`` every drop-in loader of the job reads ``NAME``.
 
-It *is* a ``torch.utils.data.DataLoader`` (``isinstance`` holds: Lightning, Accelerate and
-the Hugging Face ``Trainer`` take it), built from the same arguments: ``len``, ``dataset``,
+It *is* a ``torch.utils.data.DataLoader`` (``isinstance`` holds: Lightning takes it, and
+rebuilds it with its ``DistributedSampler`` under DDP; Accelerate's ``prepare``, and so the
+Hugging Face ``Trainer``, build a loader of their own class from it, which reads with torch's
+loading), built from the same arguments: ``len``, ``dataset``,
 ``batch_size``, ``sampler`` (and its ``set_epoch``) are torch's own. A ``DistributedSampler``
 (Lightning's injection, a hand-made one) maps to the consumer's rank and world size. What a
 producer cannot reproduce (a sampler or batch sampler of the user's, a dataset that does not
