@@ -15,7 +15,7 @@ import psutil
 import pytest
 
 from tandem import _ipc
-from tandem.place import protocol
+from tandem.place import packets, protocol
 from tests.timing import scaled
 
 
@@ -85,6 +85,6 @@ def test_a_sweep_whose_reply_was_lost_is_told_the_same_jobs_by_a_restarted_daemo
 
 
 def test_a_reply_too_large_even_for_a_memory_file_is_a_clear_failure(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(protocol, "MAX_BODY", 1 << 17)
+    monkeypatch.setattr(packets, "MAX_BODY", 1 << 17)  # where pack reads it
     with pytest.raises(ValueError, match="reply of .* bytes is over the"):
         protocol.pack(protocol.to_wire(protocol.Cancelled(cancelled=list(range(100_000)))))
