@@ -50,7 +50,7 @@ def share_auto(spec_file: Path, state_dir: Path) -> None:
 def _until_served(state_dir: Path, name: str, producer: int) -> None:
     """Wait until share ``name`` is served, or its producer job has ended (its error)."""
     from tandem.place.model import FINAL_STATES
-    from tandem.place.producers import ended
+    from tandem.place.producers import error
     from tandem.place.state import StateReader
     from tandem.share._registry import _is_live, lock_path
 
@@ -59,12 +59,10 @@ def _until_served(state_dir: Path, name: str, producer: int) -> None:
     try:
         while not _is_live(lock_path(name)):
             job = reader.job(producer)
-            if job is None or job.state in FINAL_STATES:
-                how = ended(job) if job is not None else "it is gone"
-                log = ""
-                if job is not None and job.attempts:
-                    log = f"; its log: {reader.attempt_dir(job.attempts[-1]) / 'output.log'}"
-                raise Exit(f"the producer of share {name!r} (job {producer}) ended ({how}){log}", EXIT_FAILED)
+            if job is None:
+                raise Exit(f"the producer of share {name!r} (job {producer}) is gone", EXIT_FAILED)
+            if job.state in FINAL_STATES:
+                raise Exit(error(reader, job), EXIT_FAILED)  # as its group's jobs are told
             if time.monotonic() > deadline:
                 why = f": {job.reason}" if job.reason else ""
                 raise Exit(

@@ -159,20 +159,16 @@ class Producers:
         ]
         busy = {j.share for j in jobs if j.share}
         groups = {j.group for j in jobs if j.group is not None}
+        defined = {s.name: s for s in self.state.shares()}  # read once a pass
+        auto = {name for name, s in defined.items() if s.spec.source == "auto"}
 
         def needed(producer: Job) -> bool:
             # An auto share (a drop-in loader's) is read by jobs that do not say so (the job
             # that asked for it, another loader of its jobs): it lives while its group does.
-            share = self.state.share(producer.share or "")
-            auto = share is not None and share.spec.source == "auto"
-            return producer.share in busy or (auto and producer.group in groups)
+            return producer.share in busy or (producer.share in auto and producer.group in groups)
 
         changed = False
-        idle = [
-            j.id
-            for j in waiting
-            if is_producer(j) and (not needed(j) or self.state.share(j.share or "") is None)
-        ]
+        idle = [j.id for j in waiting if is_producer(j) and (not needed(j) or j.share not in defined)]
         if idle:  # its jobs were cancelled, or failed, before it started
             self.state.cancel_waiting(idle, "cancelled", "no job of its share waits for it", now)
             changed = True
@@ -188,7 +184,7 @@ class Producers:
         for job_id in self._followed - set(running):
             changed |= self._ended(job_id, now)
         self._followed = set(running)
-        changed |= self._orphans(running.values(), active.values(), attempts)
+        changed |= self._orphans(running.values(), active.values(), attempts, auto)
         self._weigh(running.values(), active.values())
         return changed
 
@@ -213,11 +209,13 @@ class Producers:
                 self.state.fail(waiting.id, error, now)
         return True
 
-    def _orphans(self, running: Iterable[Active], active: Iterable[Active], attempts: Attempts) -> bool:
+    def _orphans(
+        self, running: Iterable[Active], active: Iterable[Active], attempts: Attempts, auto: set[str]
+    ) -> bool:
         """The running jobs of a share whose producer is not running (it ended by itself, or
-        before this daemon adopted them): stopped, failed with its producer's error."""
+        before this daemon adopted them): stopped, failed with its producer's error. Not those
+        of an ``auto`` share: its readers wait for it, or fail with its error themselves."""
         fed = {a.job.share for a in running}
-        auto = {s.name for s in self.state.shares() if s.spec.source == "auto"}
         orphans = [  # a drop-in loader's reader waits for its producer, or fails with its error
             a
             for a in active
@@ -238,11 +236,7 @@ class Producers:
         return newest(self.state, share)
 
     def error(self, producer: Job) -> str:
-        """How producer ``producer`` ended, in words for its group's jobs, with its log."""
-        error = f"the producer of share {producer.share!r} (job {producer.id}) ended ({ended(producer)})"
-        if producer.attempts:
-            error += f"; its log: {self.state.attempt_dir(producer.attempts[-1]) / 'output.log'}"
-        return error
+        return error(self.state, producer)
 
     def _weigh(self, running: Iterable[Active], active: Iterable[Active]) -> None:
         """Each running producer weighs as much as its group's running jobs, at least one; set
@@ -280,6 +274,14 @@ def newest(state: StateReads, share: str) -> Job | None:
         "SELECT id FROM jobs WHERE share = ? AND role = ? ORDER BY id DESC LIMIT 1", (share, PRODUCER_ROLE)
     )
     return state.job(rows[0][0]) if rows else None
+
+
+def error(state: StateReads, producer: Job) -> str:
+    """How producer ``producer`` ended, in words for its group's jobs, with its log."""
+    said = f"the producer of share {producer.share!r} (job {producer.id}) ended ({ended(producer)})"
+    if producer.attempts:
+        said += f"; its log: {state.attempt_dir(producer.attempts[-1]) / 'output.log'}"
+    return said
 
 
 def ended(producer: Job) -> str:
