@@ -268,36 +268,29 @@ class ShareSpec:
         if self.source == "loader":
             return Producer(load_object(self.ref)(), self.name, device=self.device, **common)
         workers = self.num_workers  # the job manager writes its count (loader_workers) here
-        if self.source == "auto":
-            from tandem.share._autoserve import AutoSpec
+        if self.source in ("dataset", "auto"):
+            collate_fn = worker_init_fn = None
+            default_workers: int | str = "auto"
+            if self.source == "auto":  # what a drop-in loader pickled (its order options are ours)
+                from tandem.share._autoserve import AutoSpec
 
-            auto = AutoSpec.read(Path(self.ref))
-            dataset, collate_fn, worker_init_fn = auto.objects()
-            return Producer.from_dataset(
-                dataset,
-                self.name,
-                batch_size=auto.batch_size,
-                shuffle=auto.shuffle,
-                seed=auto.seed,
-                device=self.device,
-                num_workers=auto.num_workers if workers is None else workers,
-                worker_nice=self.worker_nice,
-                collate_fn=collate_fn,
-                worker_init_fn=worker_init_fn,
-                **common,
-            )
-        if self.source == "dataset":
-            dataset = load_object(self.ref)()
+                auto = AutoSpec.read(Path(self.ref))
+                dataset, collate_fn, worker_init_fn = auto.objects()
+                default_workers = auto.num_workers
+            else:
+                dataset = load_object(self.ref)()
             return Producer.from_dataset(
                 dataset,
                 self.name,
                 batch_size=self.batch_size,
                 shuffle=self.shuffle,
                 device=self.device,
-                num_workers="auto" if workers is None else workers,
+                num_workers=default_workers if workers is None else workers,
                 worker_nice=self.worker_nice,
                 seed=self.seed,
                 selection=selection,
+                collate_fn=collate_fn,
+                worker_init_fn=worker_init_fn,
                 **common,
             )
         return Producer.from_files(
