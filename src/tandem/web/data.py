@@ -243,21 +243,9 @@ class Reader:
         if db is None:
             return {}
         max_points = max(1, min(int(max_points), MAX_POINTS))
-        where, args = "run_uuid = ? AND timestamp > ? AND is_nan = 0", [run_id, after_ms]
-        if keys:
-            where += f" AND key IN ({', '.join('?' for _ in keys)})"
-            args += keys
-        spans = db.execute(
-            f"SELECT key, min(timestamp), max(timestamp) FROM metrics WHERE {where} GROUP BY key", args
-        ).fetchall()
         out: dict[str, list[list[float]]] = {}
-        for key, t0, t1 in spans:
-            width = max(1, -(-(t1 - t0 + 1) // max_points))
-            rows = db.execute(
-                "SELECT avg(timestamp), avg(value) FROM metrics WHERE run_uuid = ? AND key = ? "
-                "AND timestamp > ? AND is_nan = 0 GROUP BY (timestamp - ?) / ? ORDER BY 1",
-                (run_id, key, after_ms, t0, width),
-            ).fetchall()
+        for key, t0, t1, _ in _spans(db, "timestamp", run_id, keys, after_ms):
+            rows = _buckets(db, "timestamp", run_id, key, after_ms, t0, t1, max_points)
             out[key] = [[round(t / 1000.0, 3), v] for t, v in rows]
         return out
 
@@ -272,27 +260,40 @@ class Reader:
         if db is None:
             return {}, {}
         max_points = max(1, min(int(max_points), MAX_POINTS))
-        where, args = "run_uuid = ? AND timestamp > ? AND is_nan = 0", [run_id, after_ms]
-        if keys:
-            where += f" AND key IN ({', '.join('?' for _ in keys)})"
-            args += keys
-        spans = db.execute(
-            f"SELECT key, min(step), max(step), count(*) FROM metrics WHERE {where} GROUP BY key", args
-        ).fetchall()
         out: dict[str, list[list[float]]] = {}
         axis: dict[str, str] = {}
-        for key, s0, s1, n in spans:
+        for key, s0, s1, n in _spans(db, "step", run_id, keys, after_ms):
             if s0 == s1 and n > 1:
                 out[key], axis[key] = self.metrics(run_id, [key], max_points, after_ms).get(key, []), "time"
                 continue
-            width = max(1, -(-(s1 - s0 + 1) // max_points))
-            rows = db.execute(
-                "SELECT avg(step), avg(value) FROM metrics WHERE run_uuid = ? AND key = ? "
-                "AND timestamp > ? AND is_nan = 0 GROUP BY (step - ?) / ? ORDER BY 1",
-                (run_id, key, after_ms, s0, width),
-            ).fetchall()
+            rows = _buckets(db, "step", run_id, key, after_ms, s0, s1, max_points)
             out[key], axis[key] = [[s, v] for s, v in rows], "step"
         return out, axis
+
+
+def _spans(
+    db: sqlite3.Connection, column: str, run_id: str, keys: list[str] | None, after_ms: int
+) -> list[tuple[str, float, float, int]]:
+    """``(key, lowest, highest, points)`` of ``column`` (``timestamp`` or ``step``) for each
+    of a run's series (``keys`` only, where given), its points after ``after_ms``."""
+    where, args = "run_uuid = ? AND timestamp > ? AND is_nan = 0", [run_id, after_ms]
+    if keys:
+        where += f" AND key IN ({', '.join('?' for _ in keys)})"
+        args += keys
+    sql = f"SELECT key, min({column}), max({column}), count(*) FROM metrics WHERE {where} GROUP BY key"
+    return db.execute(sql, args).fetchall()
+
+
+def _buckets(
+    db: sqlite3.Connection, column: str, run_id: str, key: str, after_ms: int, lo: float, hi: float, most: int
+) -> list[tuple[float, float]]:
+    """One series averaged into at most ``most`` buckets of ``column`` from ``lo`` to ``hi``."""
+    width = max(1, -(-(hi - lo + 1) // most))
+    return db.execute(
+        f"SELECT avg({column}), avg(value) FROM metrics WHERE run_uuid = ? AND key = ? "
+        f"AND timestamp > ? AND is_nan = 0 GROUP BY ({column} - ?) / ? ORDER BY 1",
+        (run_id, key, after_ms, lo, width),
+    ).fetchall()
 
 
 def logged_by_the_job(keys: Iterable[str]) -> list[str]:
