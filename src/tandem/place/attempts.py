@@ -262,10 +262,12 @@ class Attempts:
     def _stop_orphan(self, a: Active) -> None:
         """The supervisor died without a result (killed): stop the job it supervised, so that
         it does not run on unaccounted for, holding memory the scheduler has given away."""
-        started = load(a.dir, Started)
-        if started is None:
+        # Started, or where the supervisor was killed between starting the job and writing
+        # Started, the marker and cgroup it wrote just before.
+        found = load(a.dir, Started) or load(a.dir, ShimInfo)
+        if found is None or found.marker is None:
             return
-        procs = JobProcesses(started.marker, Path(started.cgroup) if started.cgroup else None)
+        procs = JobProcesses(found.marker, Path(found.cgroup) if found.cgroup else None)
         if procs.pids():
             procs.stop(self.config.grace_s)
             self.state.event(a.job.id, "stopped", "its supervisor died; the job was stopped")

@@ -114,6 +114,10 @@ class ShimInfo:
     pid: int
     ctime: float | None
     host: str
+    # Written again just before the job starts: how to find its processes should the
+    # supervisor be killed before it could write Started (the job would run on unseen).
+    marker: str | None = None
+    cgroup: str | None = None
 
 
 @dataclass(frozen=True)

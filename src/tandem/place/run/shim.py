@@ -104,6 +104,8 @@ class Shim:
         # its CPU weight (a producer's is raised by the daemon as its jobs come and go)
         weighted = weights.enter(f"{os.getuid()}-{spec.job_id}-{spec.attempt}-{me}", 1.0, cgroup)
         procs = JobProcesses(f"{spec.job_id}.{spec.attempt}.{secrets.token_hex(6)}", cgroup)
+        where = str(cgroup) if cgroup else None
+        self._try_save(ShimInfo(me, create_time(me), host_id(), procs.marker, where))
         started = time.time()
         log_path = self.dir / "output.log"
         read_fd, write_fd = os.pipe()
@@ -137,7 +139,7 @@ class Shim:
                 proc.pid,
                 started,
                 procs.marker,
-                str(cgroup) if cgroup else None,
+                where,
             )
         )
         run = self._track(proc.pid)
