@@ -47,7 +47,8 @@ from tandem.share.errors import (
 if TYPE_CHECKING:  # for type checkers and IDEs; at run time they load on first use
     from tandem.share._workers import auto_workers
     from tandem.share.consumer import Consumer, clone_batch
-    from tandem.share.loader import DataLoader, shared
+    from tandem.share.library_loaders import shared
+    from tandem.share.loader import DataLoader
     from tandem.share.producer import Producer
 
 # Producer and Consumer import torch (seconds); loaded on first use (PEP 562), so that
@@ -57,7 +58,7 @@ _LAZY = {
     "clone_batch": "consumer",
     "Producer": "producer",
     "DataLoader": "loader",
-    "shared": "loader",
+    "shared": "library_loaders",
     "auto_workers": "_workers",
 }
 

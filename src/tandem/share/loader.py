@@ -16,16 +16,17 @@ read it. Under ``--share NAME`` every drop-in loader of the job reads ``NAME``.
 
 It *is* a ``torch.utils.data.DataLoader`` (``isinstance`` holds: Lightning takes it, and
 rebuilds it with its ``DistributedSampler`` under DDP; Accelerate's ``prepare``, and so the
-Hugging Face ``Trainer``, build a loader of their own class from it, which reads with torch's
-loading), built from the same arguments: ``len``, ``dataset``,
+Hugging Face ``Trainer``, build a loader of their own class from it: ``shared`` of that one
+reads a producer again), built from the same arguments: ``len``, ``dataset``,
 ``batch_size``, ``sampler`` (and its ``set_epoch``) are torch's own. A ``DistributedSampler``
 (Lightning's injection, a hand-made one) maps to the consumer's rank and world size. What a
 producer cannot reproduce (a sampler or batch sampler of the user's, a dataset that does not
 pickle) falls back to torch's loader with one warning that says why; ``share=False`` asks
 for that. ``loader.last_indices``: the dataset indices of the last batch.
 
-:func:`shared` does the same for a loader a library built (timm's ``create_loader``, the
-``Trainer``'s): ``shared(loader)`` returns a drop-in with its options.
+:func:`~tandem.share.library_loaders.shared` does the same for a loader a library built
+(timm's ``create_loader``, Accelerate's ``prepare``, the Hugging Face ``Trainer``'s):
+``shared(loader)`` returns a drop-in with its options.
 """
 
 from __future__ import annotations
@@ -77,9 +78,14 @@ class DataLoader(tud.DataLoader):
     """``torch.utils.data.DataLoader``'s arguments, and ``share`` (default True: read from
     the host's one producer of this data; False: torch's own loading). See the module."""
 
-    def __init__(self, dataset: Any, *args: Any, share: bool = True, **kwargs: Any) -> None:
+    def __init__(
+        self, dataset: Any, *args: Any, share: bool = True, device: Any = None, **kwargs: Any
+    ) -> None:
         super().__init__(dataset, *args, **kwargs)
         self.share = share
+        # Where each batch is moved (None: left where it is): an Accelerate-prepared loader's
+        # device, which shared() keeps, as its DataLoaderShard moved its batches there.
+        self.device = device
         self.last_indices: Any = None
         self._plan: _Plan | None | bool = None  # False: private (said once, if not asked for)
         self._consumer: Any = None
@@ -89,9 +95,8 @@ class DataLoader(tud.DataLoader):
 
     def __iter__(self) -> Iterator[Any]:  # type: ignore[override]
         plan = self._planned()
-        if plan is None:
-            return super().__iter__()
-        return self._shared_epoch(plan)
+        batches = super().__iter__() if plan is None else self._shared_epoch(plan)
+        return batches if self.device is None else _moved(batches, self.device)
 
     def state_dict(self) -> dict[str, Any]:
         """Where this loader's reading is (a consumer's state; {} before it reads)."""
@@ -206,27 +211,19 @@ class _NoFit:
         return float("inf")
 
 
-def shared(loader: tud.DataLoader, share: bool = True) -> DataLoader:
-    """A drop-in loader with the options of ``loader`` (one a library built)."""
-    if isinstance(loader, DataLoader):
-        return loader
-    sampler = loader.sampler
-    kwargs: dict[str, Any] = {
-        "num_workers": loader.num_workers,
-        "collate_fn": loader.collate_fn,
-        "pin_memory": loader.pin_memory,
-        "timeout": loader.timeout,
-        "worker_init_fn": loader.worker_init_fn,
-        "generator": loader.generator,
-        "persistent_workers": loader.persistent_workers,
-    }
-    if loader.num_workers > 0:
-        kwargs["prefetch_factor"] = loader.prefetch_factor
-    if loader.batch_size is None:  # a batch sampler of its own (torch takes it without a batch size)
-        kwargs["batch_sampler"] = loader.batch_sampler
-    else:
-        kwargs.update(batch_size=loader.batch_size, drop_last=loader.drop_last, sampler=sampler)
-    return DataLoader(loader.dataset, share=share, **kwargs)
+def _moved(batches: Iterator[Any], device: Any) -> Iterator[Any]:
+    """``batches`` with their tensors on ``device`` (copied before the next batch is read:
+    a shared batch's memory goes back to the producer two batches on)."""
+    from tandem.share._tree import flatten, unflatten
+    from tandem.share.errors import UnsupportedBatch
+
+    for batch in batches:
+        try:
+            spec, leaves = flatten(batch)
+        except UnsupportedBatch:  # a private loader's batch of its own kind: its own .to, if any
+            yield batch.to(device) if hasattr(batch, "to") else batch
+            continue
+        yield unflatten(spec, [leaf.to(device) for leaf in leaves])
 
 
 # --- the plan: what would be sent to a worker, and in which order -----------------------------

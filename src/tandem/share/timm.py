@@ -33,7 +33,7 @@ from timm.data import *  # noqa: F403 - timm.data's names, re-exported as they a
 from timm.data import create_loader as _timm_create_loader
 from timm.data.loader import PrefetchLoader
 
-from tandem.share.loader import shared
+from tandem.share.library_loaders import shared
 
 
 @functools.wraps(_timm_create_loader)  # type: ignore[no-redef]  # timm's, replaced here
