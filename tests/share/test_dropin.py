@@ -255,3 +255,21 @@ def test_a_readers_torch_threads_are_fitted_to_the_readers_of_its_producer(monke
         torch.set_num_threads(threads)
         first.close()
         second.close()
+
+
+def test_a_tensor_dataset_has_one_fingerprint_in_every_process() -> None:
+    """torch pickles a tensor under its memory address; the fingerprint writes it by value,
+    so that processes building the same ``TensorDataset`` read one producer."""
+    code = (
+        "import hashlib, pickle, torch\n"
+        "from tandem.share._pickled import pickled\n"
+        "half = torch.ones(6, 2, dtype=torch.bfloat16)[:, 1]\n"
+        "ts = (torch.arange(6.0), half, torch.arange(12).reshape(2, 6).t())\n"
+        "payload = pickled(torch.utils.data.TensorDataset(*ts))\n"
+        "back = pickle.loads(payload).tensors\n"
+        "assert all(torch.equal(a, b) and a.dtype == b.dtype for a, b in zip(ts, back))\n"
+        "print(hashlib.sha256(payload).hexdigest())\n"
+    )
+    runs = [subprocess.run([sys.executable, "-c", code], capture_output=True, text=True) for _ in range(2)]
+    assert [r.returncode for r in runs] == [0, 0], [r.stderr for r in runs]
+    assert runs[0].stdout == runs[1].stdout

@@ -5,6 +5,8 @@ without a length, numpy items; and a ``--loader file.py:FN`` that imports its ne
 from __future__ import annotations
 
 import io
+import json
+import os
 import subprocess
 import sys
 
@@ -127,3 +129,46 @@ def test_a_loader_file_imports_its_neighbours(tmp_path):
     )
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "[[1, 2], [3]]"
+
+
+# The drop-in over each: the same script twice at once, no producer of the user's.
+DROP_IN = """
+import json, sys
+import datasets, torch, webdataset as wds
+from tandem.share import DataLoader
+
+if sys.argv[1] == "wds":
+    source = wds.WebDataset(sys.argv[2], shardshuffle=False, seed=0).decode().to_tuple("npy", "cls")
+else:
+    rows = {"x": [[float(i)] * 3 for i in range(300)], "label": list(range(300))}
+    source = datasets.Dataset.from_dict(rows).to_iterable_dataset().with_format("torch")
+loader = DataLoader(source, batch_size=int(sys.argv[3]))
+epochs = []
+for _ in range(2):
+    epochs.append([int(v) for b in loader for v in (b[1] if sys.argv[1] == "wds" else b["label"])])
+print(json.dumps({"epochs": epochs, "producer": loader._consumer.producer_pid}))
+"""
+
+
+# A streamed Hugging Face dataset is not here: it pickles HfFileSystem's cache, keyed by a
+# random id drawn in each process, so each process has its own producer (docs: HF streaming).
+@pytest.mark.parametrize("kind", ["wds"])
+def test_the_drop_in_over_a_webdataset_pipeline_reads_one_producer(kind, tmp_path, runtime_dir):
+    pytest.importorskip("webdataset")
+    pytest.importorskip("datasets")
+    script = tmp_path / "train.py"
+    script.write_text(DROP_IN)
+    shard = _write_shards(tmp_path)
+    env = {**os.environ, "TANDEM_SHARE_LINGER_S": "1"}
+    procs = [
+        subprocess.Popen(
+            [sys.executable, str(script), kind, shard, str(b)], stdout=subprocess.PIPE, text=True, env=env
+        )
+        for b in (20, 50)
+    ]
+    outs = [p.communicate(timeout=scaled(180))[0] for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], outs
+    results = [json.loads(o.strip().splitlines()[-1]) for o in outs]
+    assert len({r["producer"] for r in results}) == 1, "one producer for the two"
+    for r in results:  # a late joiner wraps around: as many samples as an epoch, each once
+        assert all(sorted(e) == list(range(N)) for e in r["epochs"]), r["epochs"]

@@ -37,7 +37,6 @@ import logging
 import os
 import subprocess
 import sys
-import threading
 import time
 import warnings
 from collections.abc import Iterator
@@ -48,6 +47,7 @@ from typing import Any
 import torch.utils.data as tud
 
 from tandem.share._autoserve import LINGER_S, AutoSpec
+from tandem.share._pickled import NotPicklable, pickled
 from tandem.share._registry import _is_live, lock_path, runtime_dir
 from tandem.share.errors import ShareError
 
@@ -284,45 +284,15 @@ def _starter() -> list[str] | None:
 def _spec(loader: DataLoader, shuffle: bool, seed: int) -> AutoSpec:
     """What a producer of ``loader``'s data is started with, named by its fingerprint."""
     collate = loader.collate_fn if loader.collate_fn is not tud.default_collate else None
-    payload = _pickled((loader.dataset, collate, loader.worker_init_fn))
+    try:
+        payload = pickled((loader.dataset, collate, loader.worker_init_fn))
+    except NotPicklable as why:
+        raise NotShared(str(why)) from None
     digest = hashlib.sha256(payload)
     digest.update(repr((shuffle, seed)).encode())
     name = f"{AUTO_PREFIX}{digest.hexdigest()[:16]}"
     workers: int | str = loader.num_workers or "auto"
     return AutoSpec(name, payload, loader.batch_size or 1, shuffle, seed, workers, _linger_s())
-
-
-_PICKLING = threading.Lock()
-
-
-def _pickled(objects: Any) -> bytes:
-    """``objects`` as cloudpickle writes them (what the training script defined, by value),
-    the same bytes in every process that builds them alike: the fingerprint. cloudpickle
-    names each class it writes by value with a random id (which keeps one class one when
-    read back); here the id is the class's name and its rank among the classes of that name
-    met in this pickle, so distinct classes stay distinct and equal runs write equal bytes."""
-    import cloudpickle
-    from cloudpickle import cloudpickle as internals
-
-    seen: dict[type, str] = {}
-
-    def tracker_id(cls: type) -> str:
-        if cls not in seen:
-            same = sum(1 for c in seen if c.__qualname__ == cls.__qualname__)
-            seen[cls] = f"tandem:{cls.__module__}.{cls.__qualname__}#{same}"
-        return seen[cls]
-
-    if not hasattr(internals, "_get_or_create_tracker_id"):
-        raise NotShared("this cloudpickle names classes in a way tandem does not know (pin cloudpickle<4)")
-    with _PICKLING:
-        original = internals._get_or_create_tracker_id
-        internals._get_or_create_tracker_id = tracker_id
-        try:
-            return cloudpickle.dumps(objects)
-        except Exception as exc:  # noqa: BLE001 - whatever the user's objects raise
-            raise NotShared(f"its dataset or functions do not pickle ({type(exc).__name__}: {exc})") from None
-        finally:
-            internals._get_or_create_tracker_id = original
 
 
 def _linger_s() -> float:
