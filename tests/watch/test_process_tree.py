@@ -37,7 +37,9 @@ def test_two_concurrent_runs_each_see_only_their_own_cpu_and_memory():
         idle_cpu = last["idle"]["system/process_tree/cpu_user_seconds"]
         assert busy_cpu > 0.5, busy_cpu
         assert idle_cpu < 0.3 * busy_cpu, (idle_cpu, busy_cpu)
-        assert last["busy"]["system/process_tree/cpu_percent"] > 40
+        # A spinning process gets ~35% of a core with both cores busy from outside (CI run on
+        # 0b89e5b); 20 still tells it from an idle one, which the ratio above checks too.
+        assert last["busy"]["system/process_tree/cpu_percent"] > 20
         assert last["idle"]["system/process_tree/cpu_percent"] < 20
         for name in samplers:
             assert last[name]["system/process_tree/rss_bytes"] > 1 << 20
