@@ -1,8 +1,11 @@
 from __future__ import annotations
 
 import multiprocessing as mp
+import os
 import queue as queue_mod
+import signal
 import time
+from pathlib import Path
 
 import pytest
 
@@ -107,3 +110,15 @@ def wait_for(predicate, timeout=20.0, interval=0.02, what="condition"):
             return value
         time.sleep(interval)
     raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+
+
+@pytest.fixture
+def drop_in_producers_end(runtime_dir: str, monkeypatch):
+    """Producers that a test's drop-in loaders start go with it (they would linger a minute)."""
+    monkeypatch.setenv("TANDEM_SHARE_LINGER_S", "2")
+    yield
+    for lock in Path(runtime_dir).glob("auto-*.lock"):
+        try:
+            os.kill(int(lock.read_text().split()[0]), signal.SIGTERM)
+        except (OSError, ValueError, IndexError):
+            pass

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
 import sys
 import textwrap
@@ -62,15 +61,8 @@ class Squares(torch.utils.data.Dataset):
 
 
 @pytest.fixture(autouse=True)
-def producers_end(runtime_dir: str, monkeypatch):
-    """Producers started by a test go with it (they would linger a minute)."""
-    monkeypatch.setenv("TANDEM_SHARE_LINGER_S", "2")
-    yield
-    for lock in Path(runtime_dir).glob("auto-*.lock"):
-        try:
-            os.kill(int(lock.read_text().split()[0]), signal.SIGTERM)
-        except (OSError, ValueError, IndexError):
-            pass
+def _producers_end(drop_in_producers_end):
+    """Every test here: the producers its drop-in loaders start go with it."""
 
 
 def _exact(epoch: list[int], n: int) -> bool:

@@ -5,8 +5,6 @@ ranks under ``torchrun`` reading disjoint parts; Accelerate's prepared loader re
 from __future__ import annotations
 
 import json
-import os
-import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -25,15 +23,8 @@ N = 64  # the examples' dataset
 
 
 @pytest.fixture(autouse=True)
-def producers_end(runtime_dir: str, monkeypatch):
-    """Producers started by a test go with it (they would linger a minute)."""
-    monkeypatch.setenv("TANDEM_SHARE_LINGER_S", "2")
-    yield
-    for lock in Path(runtime_dir).glob("auto-*.lock"):
-        try:
-            os.kill(int(lock.read_text().split()[0]), signal.SIGTERM)
-        except (OSError, ValueError, IndexError):
-            pass
+def _producers_end(drop_in_producers_end):
+    """Every test here: the producers its drop-in loaders start go with it."""
 
 
 def _run(commands: list[list[str]], out: Path) -> list[dict]:

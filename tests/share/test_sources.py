@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import io
 import json
-import os
 import subprocess
 import sys
 
@@ -153,16 +152,15 @@ print(json.dumps({"epochs": epochs, "producer": loader._consumer.producer_pid}))
 # A streamed Hugging Face dataset is not here: it pickles HfFileSystem's cache, keyed by a
 # random id drawn in each process, so each process has its own producer (docs: HF streaming).
 @pytest.mark.parametrize("kind", ["wds"])
-def test_the_drop_in_over_a_webdataset_pipeline_reads_one_producer(kind, tmp_path, runtime_dir):
+def test_the_drop_in_over_a_webdataset_pipeline_reads_one_producer(kind, tmp_path, drop_in_producers_end):
     pytest.importorskip("webdataset")
     pytest.importorskip("datasets")
     script = tmp_path / "train.py"
     script.write_text(DROP_IN)
     shard = _write_shards(tmp_path)
-    env = {**os.environ, "TANDEM_SHARE_LINGER_S": "1"}
     procs = [
         subprocess.Popen(
-            [sys.executable, str(script), kind, shard, str(b)], stdout=subprocess.PIPE, text=True, env=env
+            [sys.executable, str(script), kind, shard, str(b)], stdout=subprocess.PIPE, text=True
         )
         for b in (20, 50)
     ]
