@@ -33,6 +33,7 @@ import signal
 import subprocess
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -86,7 +87,8 @@ class Shim:
         signal.signal(signal.SIGINT, self._on_term)
         signal.signal(signal.SIGHUP, signal.SIG_IGN)  # a closed terminal is not a cancel
         try:  # the first write, before the job starts: a full disk puts the job back, never fails it
-            save(self.dir, ShimInfo(me, create_time(me), host_id()))
+            info = ShimInfo(me, create_time(me), host_id())
+            save(self.dir, info)
         except OSError as exc:
             if not disk_trouble(exc):
                 raise
@@ -105,7 +107,7 @@ class Shim:
         weighted = weights.enter(f"{os.getuid()}-{spec.job_id}-{spec.attempt}-{me}", 1.0, cgroup)
         procs = JobProcesses(f"{spec.job_id}.{spec.attempt}.{secrets.token_hex(6)}", cgroup)
         where = str(cgroup) if cgroup else None
-        self._try_save(ShimInfo(me, create_time(me), host_id(), procs.marker, where))
+        self._try_save(replace(info, marker=procs.marker, cgroup=where))
         started = time.time()
         log_path = self.dir / "output.log"
         read_fd, write_fd = os.pipe()
