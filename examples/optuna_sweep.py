@@ -20,7 +20,8 @@ import torch
 
 import tandem.jobs
 
-GROUP = "optuna-blobs"
+GROUP = "optuna-blobs"  # the jobs of a study; a random search's are in "random-blobs"
+RANDOM_GROUP = "random-blobs"
 
 
 class Blobs(torch.utils.data.Dataset):
@@ -94,7 +95,9 @@ def run_random(trials: int, share: str) -> tuple[float, dict]:
         {"lr": 10 ** rng.uniform(-3, 0), "weight_decay": 10 ** rng.uniform(-6, -2)} for _ in range(trials)
     ]
     jobs = [
-        tandem.jobs.call(objective, p["lr"], p["weight_decay"], cpus=0.25, share=share, group=GROUP, params=p)
+        tandem.jobs.call(
+            objective, p["lr"], p["weight_decay"], cpus=0.25, share=share, group=RANDOM_GROUP, params=p
+        )
         for p in points
     ]
     results = [(j.result(), p) for j, p in zip(jobs, points)]
@@ -114,7 +117,8 @@ def main() -> None:
         if args.random
         else run_optuna(args.trials, args.parallel, args.share)
     )
-    print(f"best loss {value:.4f} with {params}; all trials: tandem report group:{GROUP}")
+    group = RANDOM_GROUP if args.random else GROUP
+    print(f"best loss {value:.4f} with {params}; all trials: tandem report group:{group}")
 
 
 if __name__ == "__main__":

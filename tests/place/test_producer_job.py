@@ -57,6 +57,8 @@ def test_the_producer_is_a_job_row_its_group_waits_for_and_it_ends_succeeded(inp
     h.step(1.0)
     assert h.state_of(pid) == "running"
     h.finish(ids[1])
+    h.step(10.0)  # within the daemon's producer linger (15 s): it serves on for the next jobs
+    assert h.state_of(pid) == "running"
     assert h.wait_state(pid, {"succeeded", "failed", "cancelled"}, within=30) == "succeeded"
     shown = h.job(pid)
     assert shown["role"] == "producer" and "its group's last job ended" in shown["cause"], shown
@@ -131,7 +133,7 @@ def test_a_producer_stopped_by_a_daemon_that_then_died_ends_succeeded(inproc, tm
     h.run_until(lambda: h.state_of(job) == "running", within=10)
     (producer,) = _producers(h)
     h.finish(job)
-    h.run_until(lambda: h.run_of(producer["id"]).cancelled, within=10)
+    h.run_until(lambda: h.run_of(producer["id"]).cancelled, within=30)  # after its linger
     assert h.state_of(producer["id"]) == "running"  # its end not yet read
     h2 = h.restart()
     assert h2.wait_state(producer["id"], {"succeeded", "failed", "cancelled"}, within=10) == "succeeded"
@@ -162,3 +164,50 @@ def test_a_gpu_slab_producer_row_reserves_a_gpu_not_its_memory(tmp_path: Path) -
     assert (row.gpus, row.gpu_mem, row.share, row.group) == (1, 0, "pics", "sweep")
     assert row.learning_key == producer_key("pics") and row.retries == 1
     state.close()
+
+
+def test_a_job_of_the_share_that_comes_within_the_linger_reads_the_same_producer(
+    inproc, tmp_path, monkeypatch
+):
+    """A tuner submits its next trials as the last ones end (Optuna's ask-and-tell): the
+    producer serves on for the daemon's producer linger, counted from its group's last job."""
+    h = _group(inproc, tmp_path, monkeypatch, "--producer-linger", "20")
+    first = h.submit("--share", "toy", "--group", "g", "--cpus", "0.5", "--", "true")
+    (producer,) = h.run_until(lambda: _producers(h), within=5)
+    h.run_until(lambda: h.state_of(first) == "running", within=10)
+    h.finish(first)
+    h.run_until(lambda: h.ended(first), within=5)
+    h.step(15.0)
+    assert h.state_of(producer["id"]) == "running"
+    second = h.submit("--share", "toy", "--group", "g", "--cpus", "0.5", "--", "true")
+    h.run_until(lambda: h.state_of(second) == "running", within=5)
+    assert len(_producers(h)) == 1  # no second producer: the data is loaded once
+    h.finish(second)
+    h.run_until(lambda: h.ended(second), within=5)
+    h.step(15.0)
+    assert h.state_of(producer["id"]) == "running"  # 15 s after the last job, not the first
+    assert h.wait_state(producer["id"], {"succeeded", "failed", "cancelled"}, within=30) == "succeeded"
+
+
+def test_the_producer_runs_the_interpreter_that_defined_its_share(inproc, tmp_path, monkeypatch):
+    """A daemon started from another environment (another venv) cannot import the share's
+    dataset: its producer runs the Python that ran ``share define``, not the daemon's."""
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    (tmp_path / "pj_data.py").write_text(DATASET)
+    h: InProc = inproc("--cpus", "2", "--settle", "0.3", "--window", "2", "--grace", "1")
+    venv_python = tmp_path / "venv" / "bin" / "python"
+    venv_python.parent.mkdir(parents=True)
+    venv_python.symlink_to(sys.executable)
+    with monkeypatch.context() as m:
+        m.setattr(sys, "executable", str(venv_python))
+        for name in ("toy", "toy2"):
+            h.cli("share", "define", name, "--dataset", "pj_data:make", "--batch-size", "4")
+    h.submit("--share", "toy", "--cpus", "0.5", "--", "true")
+    (producer,) = h.run_until(lambda: _producers(h), within=5)
+    assert producer["command"][0] == str(venv_python), producer["command"]
+    # A share whose interpreter is gone (its venv removed): the daemon's own, whose error
+    # says what it cannot import.
+    venv_python.unlink()
+    h.submit("--share", "toy2", "--cpus", "0.5", "--", "true")
+    (other,) = h.run_until(lambda: [p for p in _producers(h) if p["share"] == "toy2"], within=5)
+    assert other["command"][0] == sys.executable

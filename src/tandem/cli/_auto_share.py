@@ -41,7 +41,15 @@ def share_auto(spec_file: Path, state_dir: Path) -> None:
     # The loader's batch size is the producer's (each reader rebatches to its own); its
     # workers are the manager's to size, as a defined share's are.
     ref = str(spec_file.resolve())
-    spec = ShareSpec(auto.name, "auto", ref, batch_size=auto.batch_size, shuffle=auto.shuffle, seed=auto.seed)
+    spec = ShareSpec(
+        auto.name,
+        "auto",
+        ref,
+        batch_size=auto.batch_size,
+        shuffle=auto.shuffle,
+        seed=auto.seed,
+        python=auto.python,
+    )
     reply = daemon_call(request, state_dir, protocol.AutoShare(int(job), spec))
     _until_served(state_dir, reply.name, reply.producer)
     click.echo(reply.name)

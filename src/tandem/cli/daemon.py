@@ -87,6 +87,15 @@ window_option = click.option(
     help="Seconds between SIGTERM and SIGKILL when a job is cancelled.",
 )
 @click.option(
+    "--producer-linger",
+    "producer_linger_s",
+    type=click.FloatRange(min=0),
+    default=_DEFAULT.producer_linger_s,
+    show_default=True,
+    help="Seconds a share's producer keeps serving after its group's last job, for the next ones "
+    "(a tuner's next trials) to find it serving.",
+)
+@click.option(
     "--log-max",
     callback=to_size,
     default=str(_DEFAULT.log_max),

@@ -309,9 +309,11 @@ def _print_share_groups(st: Any, jobs: list[Any]) -> None:
         ids = ", ".join(str(j.id) for j in members[:20]) + (
             f" and {len(members) - 20} more" if len(members) > 20 else ""
         )
-        click.echo(
-            printable(f"share {share.name}: {producer}; jobs {ids} ({running} running, {waiting} waiting)")
+        # A job's second loader (its validation set's) reads an auto share no job names.
+        readers = (
+            f"jobs {ids} ({running} running, {waiting} waiting)" if members else "read by its group's jobs"
         )
+        click.echo(printable(f"share {share.name}: {producer}; {readers}"))
 
 
 @click.command("show")

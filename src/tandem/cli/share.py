@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 import uuid
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -252,7 +253,9 @@ def share_define(cpus: float | None, mem: int | None, **options: Any) -> None:
     from tandem.place.state import state_dir
     from tandem.select import SelectError
 
-    spec = spec_from(**options, cpus=cpus, mem=mem or 0).resolved()
+    # Its producer runs this interpreter: the daemon may have been started from another
+    # environment, which cannot import this dataset's module.
+    spec = spec_from(**options, cpus=cpus, mem=mem or 0, python=sys.executable).resolved()
     directory = state_dir()
     # The daemon starts while the reference is checked: read from its module's source where
     # that settles it, else an import of the user's dataset module (torch: seconds, and the

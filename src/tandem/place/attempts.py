@@ -323,7 +323,7 @@ class Attempts:
                 "gpu_energy_joules": end.energy,
             }
             key = tracking.run_key(a.job.id, a.n)
-            tracking.run_ended(self.state.dir, key, status, tags, summary, a.dir / "output.log")
+            tracking.run_ended(self.state.dir, key, status, tags, summary, a.dir / "output.log", end.ended)
         # Only once everything is written: a write that failed leaves it here for the next tick.
         del self.active[a.job.id]
         self.launcher.forget(a)

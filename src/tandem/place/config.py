@@ -28,6 +28,9 @@ class DaemonConfig:
     policy: str = DEFAULT_POLICY
     limits: Limits = field(default_factory=Limits)
     grace_s: float = 10.0  # between SIGTERM and SIGKILL
+    # A share's producer serves on this long after its group's last job: a tuner that
+    # submits its next trials as the last ones end (Optuna's ask-and-tell) finds it serving.
+    producer_linger_s: float = 15.0
     interval_s: float = 1.0  # between a job's samples
     mps: bool = False
     track: bool = True

@@ -12,8 +12,9 @@ with the group it fed). This module holds what is a producer's own:
   (:func:`~tandem.place.reserve.producer_reservation`, learnt under
   :func:`~tandem.place.reserve.producer_key`);
 - the group's side of it, once a pass (:meth:`Producers.tend`): it is stopped (its
-  supervisor's SIGTERM, SIGKILL after a grace) once no job of its share waits or runs (an
-  ``auto`` share's, a drop-in loader's: no job of its group either), and
+  supervisor's SIGTERM, SIGKILL after a grace) once no job of its share has waited or run
+  (an ``auto`` share's, a drop-in loader's: no job of its group either) for the daemon's
+  ``producer_linger_s``, and
   that stop ends it as succeeded; one that ends by itself fails its group's running jobs
   with its own error (and the waiting ones, unless it is retried); it weighs as much as its
   group's running jobs (:mod:`tandem.place.run.weights`); what a stopped one used is learnt.
@@ -64,6 +65,7 @@ class Producers:
         self.state, self.capacity, self.config = state, capacity, config
         self.learned = learned  # what producers used, kept in the state (reserve.py)
         self._stopping: dict[int, float] = {}  # producer job id -> when its supervisor is killed
+        self._unneeded: dict[int, float] = {}  # producer job id -> since when no job needs it
         self._weights: dict[int, tuple[int, int]] = {}  # producer job id -> supervisor pid, weight
         self._followed: set[int] = set()  # the producers running at the last pass
         self._moved = False  # a row made or a producer started since the daemon last asked
@@ -95,7 +97,7 @@ class Producers:
         # A GPU slab's producer keeps its batches on a GPU of its own placement (cuda:0 to it).
         gpus = 1 if share.spec.slab_on_gpu and self.capacity.gpus else 0
         folder = self.state.dir / "shares" / share.name / uuid.uuid4().hex[:12]
-        command = [sys.executable, "-m", "tandem.cli", "share", "serve-spec", str(folder / "share.json")]
+        command = [_python(share), "-m", "tandem.cli", "share", "serve-spec", str(folder / "share.json")]
         spec = JobSpec(
             command=command,
             cwd=full.cwd if os.path.isdir(full.cwd) else "/",
@@ -177,7 +179,9 @@ class Producers:
             if job_id in self._stopping:
                 if now >= self._stopping[job_id]:  # its supervisor did not end it within its grace
                     signal_shim(a, signal.SIGKILL)
-            elif not a.job.cancel_requested and not needed(a.job):
+            elif a.job.cancel_requested or needed(a.job):
+                self._unneeded.pop(job_id, None)
+            elif now - self._unneeded.setdefault(job_id, now) >= self.config.producer_linger_s:
                 attempts.stop(job_id, succeeded=STOPPED)  # the supervisor's SIGTERM
                 self._stopping[job_id] = now + 2 * self.config.grace_s + 5
                 self.state.event(job_id, "producer", f"stopping producer of {a.job.share!r}: {STOPPED}")
@@ -192,13 +196,15 @@ class Producers:
         """Producer ``job_id`` ended (or went back to the queue): learn what a stopped one used;
         one that failed for good fails its group's waiting jobs with its error."""
         self._stopping.pop(job_id, None)
+        idle_since = self._unneeded.pop(job_id, None)
         self._weights.pop(job_id, None)
         job = self.state.job(job_id)
         if job is None or not job.attempts:
             return False
         last = job.attempts[-1]
         if job.state not in (FAILED, OOM):
-            run_s = (last.ended or now) - last.started
+            # Its rate while it fed jobs: the linger after its group's last job is left out.
+            run_s = (idle_since or last.ended or now) - last.started
             if last.cause == STOPPED and last.cpu_seconds and run_s >= LEARN_AFTER_S:
                 self.learned.seen(producer_key(job.share or ""), last.cpu_seconds / run_s)
             return False
@@ -260,6 +266,14 @@ class Producers:
         weights.sweep()
         weighted, how = weights.available()
         (log.info if weighted else log.warning)("CPU weights: %s", how)
+
+
+def _python(share: Share) -> str:
+    """The interpreter a producer of ``share`` runs: the one that defined it (a drop-in's:
+    its loader's), which imports its dataset and its dependencies, while it is still there;
+    else the daemon's (a share defined before tandem recorded it)."""
+    python = share.spec.python
+    return python if python and os.access(python, os.X_OK) else sys.executable
 
 
 def auto_share_command(state_dir: Path) -> list[str]:

@@ -35,6 +35,7 @@ class AutoSpec:
     seed: int
     num_workers: int | str
     linger_s: float = LINGER_S
+    python: str | None = None  # the loader's interpreter (a job manager's producer runs it)
 
     @staticmethod
     def read(path: Path) -> AutoSpec:

@@ -292,7 +292,9 @@ def _spec(loader: DataLoader, shuffle: bool, seed: int) -> AutoSpec:
     digest.update(repr((shuffle, seed)).encode())
     name = f"{AUTO_PREFIX}{digest.hexdigest()[:16]}"
     workers: int | str = loader.num_workers or "auto"
-    return AutoSpec(name, payload, loader.batch_size or 1, shuffle, seed, workers, _linger_s())
+    return AutoSpec(
+        name, payload, loader.batch_size or 1, shuffle, seed, workers, _linger_s(), sys.executable
+    )
 
 
 def _linger_s() -> float:
@@ -325,7 +327,8 @@ def start_producer(spec: AutoSpec) -> None:
     from filelock import FileLock
 
     folder = runtime_dir()
-    with FileLock(str(folder / f"{spec.name}.start.lock"), mode=0o600):
+    # Not NAME.lock's suffix: the registry reads every *.lock there as a producer's.
+    with FileLock(str(folder / f"{spec.name}.starting"), mode=0o600):
         if _live(spec.name):
             return
         spec_file = folder / f"{spec.name}.spec"

@@ -133,6 +133,9 @@ class ShareSpec:
     select: str | None = None  # dataset: "METHOD:BUDGET", a selection made (once) for this share
     select_model: str | None = None  # MODULE:FUNCTION returning the selection's proxy model
     select_job: int | None = None  # the job manager's job that makes it (the group's jobs wait for it)
+    # The interpreter its producer runs under the job manager: the one that defined it (or
+    # whose loader asked), which imports its dataset; None: the daemon's own.
+    python: str | None = None
 
     def __post_init__(self) -> None:
         from tandem.share._registry import validate_name

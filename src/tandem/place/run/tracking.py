@@ -103,10 +103,13 @@ def run_ended(
     tags: dict[str, Any],
     summary: dict[str, float | None],
     log_file: Path,
+    ended: float | None = None,
 ) -> None:
-    """The daemon: the attempt ended; close its run once its spool is forwarded."""
+    """The daemon: the attempt ended (at ``ended``, seconds since the epoch); close its run,
+    with that end, once its spool is forwarded."""
     record = {
         "status": status,
+        "ended": ended,
         "tags": {k: str(v) for k, v in tags.items()},
         "log_file": str(log_file),
         "summary": {k: v for k, v in summary.items() if v is not None},
@@ -282,7 +285,10 @@ class _OpenRun:
         log_file = Path(end["log_file"])
         if log_file.is_file():  # its newest part: the supervisor rotates it at half of --log-max
             self.store.log_artifact(log_file)
-        self.store.close(end["status"])
+        # The run ends when its attempt did, not when the helper (low priority, behind on a
+        # busy host) got to it: a report reads which jobs a producer's run overlapped.
+        ended = end.get("ended")
+        self.store.close(end["status"], int(ended * 1000) if ended else None)
         if end.get("by_helper"):  # no daemon said it: one may yet (tracking_ends)
             ends.closed_by_helper(self.q, self.key, self.store.run_id)
         self._done(final=True)

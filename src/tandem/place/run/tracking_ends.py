@@ -90,7 +90,7 @@ def end_without_daemon(spool: Path, start: dict[str, Any], gone: bool) -> dict[s
             "peak_mem_bytes": result.peak_mem,
             "cpu_seconds": result.cpu_seconds,
         }
-        return _end(mlflow_status(result.state), tags, summary, adir)
+        return _end(mlflow_status(result.state), tags, summary, adir, result.ended)
     if not gone:
         return None
     shim = load(adir, ShimInfo)
@@ -107,10 +107,13 @@ def end_without_daemon(spool: Path, start: dict[str, Any], gone: bool) -> dict[s
     return _end("FAILED", tags, {}, adir)
 
 
-def _end(status: str, tags: dict[str, Any], summary: dict[str, Any], adir: Path) -> dict[str, Any]:
+def _end(
+    status: str, tags: dict[str, Any], summary: dict[str, Any], adir: Path, ended: float | None = None
+) -> dict[str, Any]:
     tags = {**tags, "tandem.closed_by": "mlflow-helper"}
     return {
         "status": status,
+        "ended": ended,
         "tags": {k: str(v) for k, v in tags.items() if v is not None},
         "log_file": str(adir / "output.log"),
         "summary": {k: v for k, v in summary.items() if v is not None},

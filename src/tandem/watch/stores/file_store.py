@@ -66,12 +66,12 @@ class FileStore:
         assert self.dir is not None
         shutil.copy2(path, self.dir / Path(path).name)
 
-    def close(self, status: str) -> None:
+    def close(self, status: str, end_ms: int | None = None) -> None:
         assert self._csv is not None and self.dir is not None
         self._csv.close()
         if self.fmt == "parquet":
             write_parquet(self.dir / "metrics.csv", self.dir / "metrics.parquet")
-        self._meta.update(status=status, end_time_ms=int(time.time() * 1000))
+        self._meta.update(status=status, end_time_ms=end_ms or int(time.time() * 1000))
         self._write_meta()
 
 

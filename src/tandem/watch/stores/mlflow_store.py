@@ -145,5 +145,5 @@ class MlflowStore:
     def log_artifact(self, path: Path) -> None:
         self._client.log_artifact(self.run_id, str(path))
 
-    def close(self, status: str) -> None:
-        self._client.set_terminated(self.run_id, status=status)
+    def close(self, status: str, end_ms: int | None = None) -> None:
+        self._client.set_terminated(self.run_id, status=status, end_time=end_ms)

@@ -78,8 +78,8 @@ class SpoolStore:
             return
         self._append({"artifact": str(keep)})
 
-    def close(self, status: str) -> None:
-        self._append({"close": status})
+    def close(self, status: str, end_ms: int | None = None) -> None:
+        self._append({"close": status})  # its end is the daemon's to say (run_ended)
 
     def flush(self) -> bool:
         """Write what is held; whether nothing is held any more."""
