@@ -9,11 +9,14 @@ from __future__ import annotations
 import json
 import sys
 import textwrap
+import time
 from pathlib import Path
 
+import psutil
 import pytest
 
 from tests.place.conftest import Cli, attempt_dir
+from tests.timing import scaled
 
 pytestmark = pytest.mark.filterwarnings("ignore")
 
@@ -113,3 +116,30 @@ def test_the_same_script_submitted_three_times_reads_one_producer(cli: Cli, tmp_
     assert all(o["exact"] == [True, True] for o in outcomes) and len({o["producer"] for o in outcomes}) == 1
     (producer,) = _producers(cli)
     assert {cli.job(j)["group"] for j in jobs} == {producer["group"]} == {producer["share"]}
+
+
+def test_a_stopped_daemon_leaves_no_producer_lingering(cli: Cli, tmp_path: Path) -> None:
+    """After its group's last job a producer serves on for the daemon's producer linger (a
+    tuner's next trials find it). ``tandem daemon stop`` then stops it: no daemon would stop
+    it later. The next daemon records it as stopped, succeeded."""
+    (tmp_path / "train.py").write_text(SCRIPT)
+    job_id = cli.submit("--", sys.executable, "train.py", "6")
+    _succeeded(cli, job_id)
+    (producer,) = _producers(cli)
+    pid = _outcome(cli, job_id)["producer"]
+    assert producer["state"] == "running" and _alive(pid), "it lingers for the next job"
+    cli("daemon", "stop")
+    deadline = time.monotonic() + scaled(60)
+    while _alive(pid):
+        assert time.monotonic() < deadline, "the lingering producer outlived its daemon"
+        time.sleep(0.1)
+    cli("daemon", "start")
+    _succeeded(cli, producer["id"], timeout=60)
+    assert "its group's last job ended" in cli.job(producer["id"])["cause"]
+
+
+def _alive(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False

@@ -158,6 +158,8 @@ class Daemon:
                     log.exception("tick failed; going on")
                     time.sleep(TICK_S)
                 listener = self._check_socket(sel, listener)
+            if self.moved is None:
+                self._release_producers()
         finally:
             for key in list(sel.get_map().values()):
                 key.fileobj.close()  # type: ignore[union-attr]
@@ -171,6 +173,17 @@ class Daemon:
             if self.tracker is not None:
                 self.tracker.poke()  # what is left to write is written (a helper started if none runs)
                 self.tracker.stop()  # and then it ends
+
+    def _release_producers(self) -> None:
+        """As it stops: the producers no job needs now (lingering for their group's next
+        job) are stopped, for no daemon would stop them later. One that feeds running jobs
+        serves on with them, and the next daemon adopts them all."""
+        try:
+            now = time.time()
+            self.attempts.follow_all(now)  # the ends not yet read: the last job's, often
+            self.producers.tend(now, self.queue.read(), self.attempts, linger_s=0.0)
+        except Exception:  # a full disk: the next daemon stops them after its linger
+            log.exception("stopping the idle producers failed")
 
     def _listen(self, sel: selectors.BaseSelector) -> Any:
         self.socket_path.unlink(missing_ok=True)  # a dead daemon's; the lock says it is dead

@@ -151,10 +151,12 @@ class Producers:
 
     # --- the group's side, once a pass ------------------------------------------------------
 
-    def tend(self, now: float, waiting: list[Job], attempts: Attempts) -> bool:
-        """Stop the producers whose group is done, cancel the queued ones no job waits for,
-        fail the groups whose producer ended by itself, learn what stopped ones used, weigh
-        the running ones. Whether it changed a job (a pass is due)."""
+    def tend(self, now: float, waiting: list[Job], attempts: Attempts, linger_s: float | None = None) -> bool:
+        """Stop the producers whose group is done (for ``linger_s``, else the daemon's
+        producer linger), cancel the queued ones no job waits for, fail the groups whose
+        producer ended by itself, learn what stopped ones used, weigh the running ones.
+        Whether it changed a job (a pass is due)."""
+        linger = self.config.producer_linger_s if linger_s is None else linger_s
         active = attempts.active
         jobs = [j for j in waiting if not is_producer(j)] + [
             a.job for a in active.values() if not is_producer(a.job)
@@ -181,7 +183,7 @@ class Producers:
                     signal_shim(a, signal.SIGKILL)
             elif a.job.cancel_requested or needed(a.job):
                 self._unneeded.pop(job_id, None)
-            elif now - self._unneeded.setdefault(job_id, now) >= self.config.producer_linger_s:
+            elif now - self._unneeded.setdefault(job_id, now) >= linger:
                 attempts.stop(job_id, succeeded=STOPPED)  # the supervisor's SIGTERM
                 self._stopping[job_id] = now + 2 * self.config.grace_s + 5
                 self.state.event(job_id, "producer", f"stopping producer of {a.job.share!r}: {STOPPED}")
