@@ -131,7 +131,7 @@ def test_inside_a_1_core_3g_cgroup_the_daemon_reports_and_packs_1_core_and_3g(
     assert status["capacity"]["cpus"] == 1 and status["capacity"]["mem_bytes"] == 3 * GIB, status
     assert status["used"]["mem_available_bytes"] <= 3 * GIB, "free RAM is what the limit leaves"
     text = cli("daemon", "status").stdout
-    assert "cores 0/1 reserved" in text and "RAM 0B/3.0G reserved" in text, text
+    assert "cores 0/1 reserved" in text and "RAM 0B/3.0G reserved, " in text and " free " in text, text
 
     # More than it was given is refused; what it was given is packed, one core at a time.
     refused = cli("submit", "--cpus", "2", "--", "true", check=False)

@@ -152,6 +152,10 @@ def test_fits_at_all() -> None:
     assert "2 GPU" in fits_at_all(job(1, gpus=2), h, gs)
     assert fits_at_all(job(1, cpus=17), h, gs) is not None
     assert fits_at_all(job(1), h, gs) is None
+    # GPU memory with no GPU would run on the CPU, its memory unheeded: refused, saying why.
+    assert "no GPU" in fits_at_all(job(1, gpu_mem=1, gpus=0), host(), [])
+    assert "--gpus 0" in fits_at_all(job(1, gpu_mem=1, gpus=0), h, gs)
+    assert fits_at_all(job(1, gpu_mem=None, gpus=0), host(), []) is None
 
 
 def test_unknown_policy() -> None:

@@ -260,9 +260,10 @@ def daemon_status(as_json: bool) -> None:
         return
     cap, used = reply.capacity, reply.used
     click.echo(f"daemon {reply.pid}  policy {reply.policy}  state {reply.state_dir}")
+    free = f", {format_size(used.mem_available_bytes)} free" if used.mem_available_bytes is not None else ""
     click.echo(
         f"  cores {format_cores(used.cpus)}/{cap.cpus:g} reserved   RAM {format_size(used.mem_bytes)}/"
-        f"{format_size(cap.mem_bytes)} reserved   jobs running {used.jobs}"
+        f"{format_size(cap.mem_bytes)} reserved{free}   jobs running {used.jobs}"
     )
     for g, u in zip(cap.gpus, used.gpus):
         click.echo(

@@ -162,6 +162,9 @@ def fits_at_all(
         )
     if job.gpus > len(gpus):
         return f"asks for {job.gpus} GPU(s); the manager has {len(gpus)}"
+    if not job.gpus and job.gpu_mem:  # else it would run on the CPU, its GPU memory unheeded
+        where = "the manager has no GPU" if not gpus else "it asks for no GPU (--gpus 0)"
+        return f"asks for {format_size(job.gpu_mem)} of GPU memory; {where}"
     if job.gpus and job.gpu_mem is not None:
         biggest = sorted((g.mem_total for g in gpus), reverse=True)[job.gpus - 1]
         if job.gpu_mem > biggest:
