@@ -84,11 +84,14 @@ def private_dir(path: Path, what: str, setting: str, error: type[Exception] = Ru
         raise error(f"{what} {path} is not a directory; {fix}")
     if info.st_uid != os.getuid():
         raise error(f"{what} {path} belongs to uid {info.st_uid}, not to you (uid {os.getuid()}); {fix}")
-    if stat.S_IMODE(info.st_mode) & 0o077:
+    mode = stat.S_IMODE(info.st_mode)
+    if mode & 0o077:
+        # A directory others write in (/tmp, mode 1777) is theirs too: never "chmod" it.
+        shared = mode & (stat.S_ISVTX | stat.S_IWOTH | stat.S_IWGRP)
+        also = "" if shared else f", or make this one yours alone (chmod 700 {path})"
         raise error(
-            f"{what} {path} is open to other users (mode {stat.S_IMODE(info.st_mode):04o}); tandem keeps "
-            f"sockets and job environments there, so it must be private: {fix}, or make this one "
-            f"yours alone (chmod 700 {path})"
+            f"{what} {path} is open to other users (mode {mode:04o}); tandem keeps "
+            f"sockets and job environments there, so it must be private: {fix}{also}"
         )
     return path
 

@@ -249,6 +249,19 @@ def test_cancel_stops_the_whole_tree(cli, tmp_path: Path) -> None:
     assert cli("cancel", "999", check=False).returncode == 2  # an unknown job: exit 2, as everywhere
 
 
+def test_a_cancel_just_before_the_daemon_stops_is_recorded_not_left_running(cli) -> None:
+    """``tandem cancel --all`` then at once ``tandem daemon stop`` (stop everything): the
+    stopping daemon waits for the attempts it told to stop, so that ``ls`` says cancelled,
+    not "running" until a next daemon reads their ends."""
+    cli("daemon", "start", "--cpus", "2", *FAST)
+    job_id = cli.submit("--cpus", "0.5", "--", "sleep", "300")
+    cli.wait_state(job_id, {"running"})
+    cli("cancel", "--all")
+    cli("daemon", "stop")
+    assert cli("daemon", "status", check=False).returncode == 3  # stopped, and no daemon started
+    assert cli.job(job_id)["state"] == "cancelled", cli.job(job_id)
+
+
 def test_daemon_sigkill_and_restart_loses_nothing(cli, tmp_path: Path) -> None:
     cli("daemon", "start", "--cpus", "1", *FAST)
     log = tmp_path / "runs.log"
@@ -375,7 +388,7 @@ def test_share_group_runs_one_producer_that_stops_after_its_last_job(cli, tmp_pa
     assert len({r[1] for r in rows}) == 1  # one producer fed both
     assert all(int(r[2]) == 64 for r in rows)  # each read a whole epoch
     producer = int(rows[0][1])
-    assert _gone([producer], timeout=20), "the producer outlived its last job"
+    assert _gone([producer], timeout=45), "the producer outlived its last job and its linger"
     # The producer is a job row of its own (role producer), ended as succeeded once stopped.
     (row,) = [j for j in json.loads(cli("ls", "--json").stdout) if j["role"] == "producer"]
     assert row["name"] == "producer toy" and row["share"] == "toy", row

@@ -94,6 +94,18 @@ def test_shared_or_linked_directories_are_refused_and_left_as_they_are(cli, tmp_
     )
     assert r.returncode == 2 and "open to other users" in r.stderr and "Traceback" not in r.stderr
     assert (shared.stat().st_mode & 0o7777) == 0o1777  # not chmodded
+    assert "chmod" not in r.stderr, "a directory others write in (/tmp) is not to be made one's own"
+    readable = tmp_path / "readable"  # one's own, readable by others: that one may be chmodded
+    readable.mkdir(mode=0o755)
+    os.chmod(readable, 0o755)
+    r = subprocess.run(
+        [sys.executable, "-m", "tandem.cli", "ls"],
+        env=dict(cli.env, TANDEM_STATE_DIR=str(readable)),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert r.returncode == 2 and f"chmod 700 {readable}" in r.stderr, r.stderr
     target = tmp_path / "mine"
     target.mkdir(mode=0o700)
     link = tmp_path / "planted"

@@ -276,9 +276,10 @@ def share_define(cpus: float | None, mem: int | None, **options: Any) -> None:
             f"{spec.name}: its selection ({spec.select}) is made once by job {reply.select_job}", err=True
         )
     reserve = f"{spec.cpus:g} cores" if spec.cpus is not None else "cores sized to the daemon's"
+    ram = f"{format_size(spec.mem)} of RAM" if spec.mem else "no RAM (--mem to reserve some)"
     click.echo(
         f"defined {spec.name!r}: jobs submitted with --share {spec.name} read it from one producer "
-        f"(reserving {reserve}, RAM {format_size(spec.mem or None)})"
+        f"(reserving {reserve} and {ram})"
     )
 
 

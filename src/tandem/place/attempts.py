@@ -278,6 +278,15 @@ class Attempts:
         producer = a.job.role == model.PRODUCER_ROLE and state == CANCELLED
         return STOPPED if producer and not self._cancel_requested(a.job.id) else None
 
+    def told_to_stop(self) -> list[Active]:
+        """The running attempts told to stop (a cancel, or an end or a failure the daemon
+        decided) whose end is not recorded yet."""
+        return [
+            a
+            for a in self.active.values()
+            if a.stop_cause or a.fail_cause or self._cancel_requested(a.job.id)
+        ]
+
     def _cancel_requested(self, job_id: int) -> bool:
         job = self.state.job(job_id, attempts=False)
         return bool(job and job.cancel_requested)

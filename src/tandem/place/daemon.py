@@ -72,6 +72,8 @@ PLAN_EVERY_S = 2.0
 # less often, so that they take at most this share of a core. A change still gets its pass
 # at once. With 10,000 queued, about one pass every 10 s instead of 2.
 IDLE_PASS_SHARE = 0.005
+# At its stop: how long it waits, at most, for the attempts it told to stop to end.
+STOP_WAIT_S = 15.0
 IDLE_CONNECTION_S = 2.0  # a client that connected and sent nothing is dropped after this
 
 
@@ -158,13 +160,13 @@ class Daemon:
                     log.exception("tick failed; going on")
                     time.sleep(TICK_S)
                 listener = self._check_socket(sel, listener)
-            if self.moved is None:
-                self._release_producers()
         finally:
             for key in list(sel.get_map().values()):
                 key.fileobj.close()  # type: ignore[union-attr]
             sel.close()
             self.socket_path.unlink(missing_ok=True)
+            if self.stop_requested and self.moved is None:
+                self._before_stop()
             if self.mps is not None:  # servers with clients stay: the next daemon adopts their jobs
                 self.mps.release_idle({u for a in self.attempts.active.values() for u in a.uuids})
             if self.nvml is not None:
@@ -174,16 +176,22 @@ class Daemon:
                 self.tracker.poke()  # what is left to write is written (a helper started if none runs)
                 self.tracker.stop()  # and then it ends
 
-    def _release_producers(self) -> None:
-        """As it stops: the producers no job needs now (lingering for their group's next
-        job) are stopped, for no daemon would stop them later. One that feeds running jobs
-        serves on with them, and the next daemon adopts them all."""
+    def _before_stop(self) -> None:
+        """As it stops (its socket closed): the producers no job needs now (lingering for
+        their group's next job) are stopped, for no daemon would stop them later; then the
+        attempts it told to stop (a ``cancel --all`` just before) are waited for, a while, so
+        that their ends are recorded, not left "running" until the next daemon. A job that
+        runs on, and a producer that feeds one, are the next daemon's to adopt."""
         try:
             now = time.time()
             self.attempts.follow_all(now)  # the ends not yet read: the last job's, often
             self.producers.tend(now, self.queue.read(), self.attempts, linger_s=0.0)
-        except Exception:  # a full disk: the next daemon stops them after its linger
-            log.exception("stopping the idle producers failed")
+            deadline = time.monotonic() + min(STOP_WAIT_S, 2 * self.config.grace_s + 2)
+            while self.attempts.told_to_stop() and time.monotonic() < deadline:
+                time.sleep(0.1)
+                self.attempts.follow_all(time.time())
+        except Exception:  # a full disk: the next daemon reads their ends, stops the others
+            log.exception("stopping the idle producers, or reading the cancelled jobs' ends, failed")
 
     def _listen(self, sel: selectors.BaseSelector) -> Any:
         self.socket_path.unlink(missing_ok=True)  # a dead daemon's; the lock says it is dead
