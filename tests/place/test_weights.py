@@ -156,3 +156,37 @@ def _weight_of(pid: int) -> int | None:
     if parent is None or not name.startswith(weights.PREFIX):
         return None
     return int((parent / name / "cpu.shares").read_text())
+
+
+def test_the_mlflow_helper_forwards_at_a_tenth_of_a_jobs_weight(cli, tmp_path: Path) -> None:
+    """The daemon's MLflow helper makes runs at START_WEIGHT (their jobs wait), then forwards
+    samples in a cgroup that weighs a tenth of a job's: nice 10 alone counts only within the
+    daemon's session where the kernel groups by session (autogroup). Its cgroup goes with it."""
+    from tandem.place.run import tracking
+
+    if weights._v1_parent() is None:  # the helper is weighted in a v1 cgroup only (else nice 10)
+        pytest.skip("no writable v1 cpu cgroup")
+    stop = tmp_path / "stop"
+    cli("daemon", "start", "--cpus", "2", "--no-host-load", "--settle", "0.3", "--grace", "1")
+    job = cli.submit("--cpus", "0.5", "--", "sh", "-c", f"while [ ! -e {stop} ]; do sleep 0.2; done")
+    cli.wait_state(job, {"running"})
+    helper = None
+    deadline = time.monotonic() + scaled(60)
+    while (helper := tracking.helper_pid(cli.state)) is None or _weight_of(helper) != _shares(0.1):
+        weight = _weight_of(helper) if helper is not None else None
+        assert time.monotonic() < deadline, f"the helper ({helper}) weighs {weight}"
+        time.sleep(0.2)
+    name = _cpu_cgroup(helper).rsplit("/", 1)[-1]
+    stop.touch()
+    assert cli("wait", str(job), timeout=60).returncode == 0
+    cli("daemon", "stop")
+    parent = weights._v1_parent()
+    assert parent is not None
+    deadline = time.monotonic() + scaled(60)
+    while (parent / name).exists():
+        assert time.monotonic() < deadline, "the helper's cgroup outlived it"
+        time.sleep(0.2)
+
+
+def _shares(weight: float) -> int:
+    return max(2, round(weights.DEFAULT_SHARES * weight))
