@@ -133,6 +133,9 @@ class Producers:
         )
         if spec.source != "loader":  # its loader workers: the manager's cores' worth (ShareSpec)
             served = dataclasses.replace(served, num_workers=spec.loader_workers(self.capacity.cpus))
+        # The jobs that will read it now, which start with it: it keeps its start for them.
+        readers = self.state.jobs((*WAITING_STATES, RUNNING), shares=(share.name,))
+        served = dataclasses.replace(served, readers=sum(not is_producer(j) for j in readers) or None)
         path = Path(job.command[job.command.index("serve-spec") + 1])  # as make() wrote it
         path.parent.mkdir(parents=True, exist_ok=True)
         write_json(path, dataclasses.asdict(served))

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 
 from tandem._ipc import close_fds
 from tandem.share import _table, protocol
-from tandem.share._groups import Groups
+from tandem.share._groups import Groups, StartHold
 from tandem.share._slab import Slab
 from tandem.share._transport import Link, SocketLink, TableLink
 from tandem.share._window import Entry, Window
@@ -80,6 +80,7 @@ class ControlServer:
         )
         self.consumers: dict[int, Attached] = {}
         self.groups = Groups()
+        self.start_hold: StartHold | None = None  # the stream's start kept for expected consumers
         self.ever_attached = False
         self.dataset_id = ""  # the served dataset's fingerprint, for consumers' states
         self._stats = stats
@@ -92,7 +93,22 @@ class ControlServer:
         self._thread: threading.Thread | None = None
 
     def links(self) -> list[Link]:
-        return [c.link for c in self.consumers.values()] + self.groups.holds()
+        held = self.start_hold is not None and self.start_hold.first is not None
+        start = [self.start_hold.link] if held and self.start_hold is not None else []
+        return [c.link for c in self.consumers.values()] + self.groups.holds() + start
+
+    def expect(self, consumers: int, within_s: float) -> None:
+        """Keep the stream's start for ``consumers`` that will attach soon (``within_s`` of
+        the first at most): :class:`~tandem.share._groups.StartHold`."""
+        with self.cond:
+            if consumers > 1 and not self.ever_attached:
+                self.start_hold = StartHold(consumers, within_s)
+
+    def _end_start_hold(self) -> None:
+        """Let the stream's start go once its consumers came or its time is up (lock held)."""
+        if self.start_hold is not None and self.start_hold.over(time.monotonic()):
+            self.start_hold = None
+            self.cond.notify_all()  # the produce loop may have waited for a slot it held
 
     # --------------------------------------------------------------------- lifecycle
     def start(self, listener: socket.socket) -> None:
@@ -134,6 +150,9 @@ class ControlServer:
         conns: dict[socket.socket, Attached | None] = {}
         try:
             while not self._closing:
+                if self.start_hold is not None:
+                    with self.cond:
+                        self._end_start_hold()
                 for key, _ in sel.select(timeout=TICK):
                     if key.data == "wake":
                         continue
@@ -296,6 +315,8 @@ class ControlServer:
         """The consumers that hold the oldest entry back, for "waiting for ..." messages."""
         consumers = self.consumers.values()
         slow = [f"consumer {c.cid} (pid {c.pid})" for c in consumers if self.window.holds_back(c.link)]
+        if self.start_hold is not None and self.start_hold.first is not None:
+            slow.append(self.start_hold.waiting())
         return ", ".join(slow) or "a consumer to attach"
 
     def push_final(self) -> None:
@@ -370,6 +391,9 @@ class ControlServer:
             return None
         self.consumers[c.cid] = c
         self.ever_attached = True
+        if self.start_hold is not None:
+            self.start_hold.attach(time.monotonic())
+            self._end_start_hold()
         log.info("consumer %d (pid %d) attached at %s over the %s", c.cid, c.pid, start, link.transport)
         self.cond.notify_all()
         return c

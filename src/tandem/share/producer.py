@@ -49,6 +49,10 @@ from tandem.share.errors import UnsupportedBatch
 
 log = logging.getLogger("tandem.share")
 
+# How long after its first consumer a producer keeps its stream's start for the others it
+# expects (a sweep's jobs start within seconds; a slower one joins mid-epoch as before).
+START_HOLD_S = 20.0
+
 _RELEASE_GPU_MEMORY_S = 10.0  # at the end, how long consumers may keep reading a CUDA slab
 
 
@@ -314,6 +318,13 @@ class Producer(PublishingLoop):
             pass
 
     # ----------------------------------------------------------------------------- serving
+    def expect_consumers(self, consumers: int, within_s: float = START_HOLD_S) -> None:
+        """Before :meth:`serve`: ``consumers`` will attach soon (a sweep's jobs, as the job
+        manager knows them): the first epoch's start is kept until they have, or
+        ``within_s`` after the first did, so that each starts there rather than mid-epoch,
+        which the producer would serve again for it."""
+        self._server.expect(consumers, within_s)
+
     def serve(self, epochs: int | None = None) -> None:
         """Serve until stopped, or until ``epochs`` epochs (plus late joiners' wrap) are done.
 

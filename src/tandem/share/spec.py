@@ -136,6 +136,9 @@ class ShareSpec:
     # The interpreter its producer runs under the job manager: the one that defined it (or
     # whose loader asked), which imports its dataset; None: the daemon's own.
     python: str | None = None
+    # The job manager's: the jobs that will read it as its producer starts (it keeps its
+    # stream's start for them: Producer.expect_consumers).
+    readers: int | None = None
 
     def __post_init__(self) -> None:
         from tandem.share._registry import validate_name
@@ -315,6 +318,8 @@ class ShareSpec:
 def serve(spec: ShareSpec, say: Any = print, selection: Any = None) -> int:
     """Build the producer and serve until stopped or ``spec.epochs`` are done; the epochs served."""
     producer = spec.build_producer(selection)
+    if spec.readers:
+        producer.expect_consumers(spec.readers)
     with producer:  # claims the name (ProducerExists if it is live) before saying so
         say(f"serving {spec.name!r} (pid {os.getpid()}); Ctrl-C to stop")
         producer.serve(epochs=spec.epochs)
