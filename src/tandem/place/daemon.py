@@ -57,9 +57,8 @@ from tandem.place.threads import thread_env
 
 log = logging.getLogger(__name__)
 
-# Between ticks when nothing happens: a request, a job's result (its supervisor's wake) and a
-# pass due after a change end the wait at once, so this is only how often running attempts
-# are followed (their supervisors write usage.json once a second) and measurements read.
+# Between ticks when nothing happens (a request, a job's result and a pass due end the wait at
+# once): how often attempts are followed (usage.json: once a second) and measurements read.
 TICK_S = 1.0
 SAMPLE_S = 1.0
 # A scheduling pass runs when something changed (a submit, a cancel, a job that started or
@@ -72,8 +71,7 @@ PLAN_EVERY_S = 2.0
 # less often, so that they take at most this share of a core. A change still gets its pass
 # at once. With 10,000 queued, about one pass every 10 s instead of 2.
 IDLE_PASS_SHARE = 0.005
-# At its stop: how long it waits, at most, for the attempts it told to stop to end.
-STOP_WAIT_S = 15.0
+STOP_WAIT_S = 15.0  # at its stop: the longest wait for the attempts it told to stop
 IDLE_CONNECTION_S = 2.0  # a client that connected and sent nothing is dropped after this
 
 
@@ -177,21 +175,18 @@ class Daemon:
                 self.tracker.stop()  # and then it ends
 
     def _before_stop(self) -> None:
-        """As it stops (its socket closed): the producers no job needs now (lingering for
-        their group's next job) are stopped, for no daemon would stop them later; then the
-        attempts it told to stop (a ``cancel --all`` just before) are waited for, a while, so
-        that their ends are recorded, not left "running" until the next daemon. A job that
-        runs on, and a producer that feeds one, are the next daemon's to adopt."""
+        """As it stops: idle producers (lingering for a next job) are stopped, which no daemon
+        would stop later, and the attempts it told to stop are waited for a while (their ends
+        recorded, not left "running"); running jobs and their producers are adopted later."""
         try:
-            now = time.time()
-            self.attempts.follow_all(now)  # the ends not yet read: the last job's, often
+            self.attempts.follow_all(now := time.time())  # the ends not yet read (the last job's)
             self.producers.tend(now, self.queue.read(), self.attempts, linger_s=0.0)
             deadline = time.monotonic() + min(STOP_WAIT_S, 2 * self.config.grace_s + 2)
             while self.attempts.told_to_stop() and time.monotonic() < deadline:
                 time.sleep(0.1)
                 self.attempts.follow_all(time.time())
         except Exception:  # a full disk: the next daemon reads their ends, stops the others
-            log.exception("stopping the idle producers, or reading the cancelled jobs' ends, failed")
+            log.exception("stopping idle producers or reading stopped jobs' ends failed")
 
     def _listen(self, sel: selectors.BaseSelector) -> Any:
         self.socket_path.unlink(missing_ok=True)  # a dead daemon's; the lock says it is dead

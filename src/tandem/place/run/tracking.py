@@ -3,7 +3,7 @@
 Each job's supervisor tracks it with watch's own :class:`~tandem.watch.Run` (the samplers
 and summary of ``tandem run``: process tree, host, the job's GPUs, energy, share) into a
 spool file (:class:`~tandem.watch.stores.spool.SpoolStore`), which imports nothing. One
-helper per state directory (``python -m tandem.place.run.tracking``, started with the
+helper per state directory (``python -m tandem.place.run.tracking_helper``, started with the
 daemon, at nice 10 once MLflow is imported) imports MLflow once, opens a run when an attempt
 starts and forwards its spool through watch's :class:`~tandem.watch.stores.MlflowStore`
 every ``POLL_S`` seconds: a metric sampled now is in MLflow within about 12 s (a supervisor
@@ -32,7 +32,6 @@ SQLite store in the state directory (:func:`manager_store` says which, for ``tan
 from __future__ import annotations
 
 import importlib.util
-import json
 import logging
 import os
 import subprocess
@@ -43,7 +42,6 @@ from typing import Any
 
 from tandem.place.model import param_value
 from tandem.place.run import tracking_ends as ends
-from tandem.place.run import weights
 from tandem.place.run.files import RunRef, read_json, save, write_json
 from tandem.place.run.tracking_ends import STOPPED
 from tandem.watch.stores.base import absolute_uri
@@ -177,7 +175,13 @@ class Tracker:
         if (pending or self._warm) and self.proc is None and time.monotonic() >= self._next_start:
             self._warm = False
             with open(self.state_dir / "tracking.log", "ab") as out:
-                argv = [sys.executable, "-m", "tandem.place.run.tracking", str(self.state_dir), self.uri]
+                argv = [
+                    sys.executable,
+                    "-m",
+                    "tandem.place.run.tracking_helper",
+                    str(self.state_dir),
+                    self.uri,
+                ]
                 self.proc = subprocess.Popen(
                     [*argv, self.experiment], stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT
                 )
@@ -222,97 +226,6 @@ class Tracker:
         return out
 
 
-class _OpenRun:
-    """One attempt's MLflow run as the helper forwards it."""
-
-    def __init__(self, q: Path, key: str, start: dict[str, Any], uri: str, experiment: str) -> None:
-        from tandem.watch.stores.mlflow_store import MlflowStore
-
-        self.q, self.key, self.start = q, key, start
-        self.spool = Path(start["spool"])
-        self.store = MlflowStore(uri, experiment)
-        progress = read_json(q / f"{key}.open.json")
-        if progress and progress.get("run_id"):
-            self.store.resume(progress["run_id"])
-            self.offset = int(progress.get("offset", 0))
-        else:
-            self.store.open(start["name"], start["tags"], int(start["started"] * 1000))
-            if start.get("params"):  # seen while it runs; its MLflow params come when it ends
-                self.store.set_tags({"tandem.params": json.dumps(start["params"])[:MAX_TAG]})
-            self.offset = 0
-            self._done(final=False)  # the daemon learns the run id at once
-        self._save()
-        # The job waits for this to start (its supervisor tells it the run's id).
-        tell_job(self.spool, RunRef(self.store.uri, self.store.run_id, experiment))
-
-    def _save(self) -> None:
-        write_json(self.q / f"{self.key}.open.json", {"run_id": self.store.run_id, "offset": self.offset})
-
-    def _done(self, final: bool, error: str | None = None) -> None:
-        record = {
-            "job_id": self.start["job_id"],
-            "attempt": self.start["attempt"],
-            "final": final,
-            "run_id": self.store.run_id or None,
-            "error": error,
-        }
-        write_json(self.q / "done" / f"{self.key}.json", record)
-
-    def forward(self) -> None:
-        """What the spool gained since the last call."""
-        from tandem.watch.stores.spool import points_of, read_spool
-
-        entries, offset = read_spool(self.spool, self.offset)
-        points = []
-        for entry in entries:
-            points += points_of(entry)
-            if "open" in entry:  # the supervisor's tags (host, pid, samplers' notes)
-                self.store.set_tags(entry["open"].get("tags") or {})
-            if "tags" in entry:
-                self.store.set_tags(entry["tags"])
-            if "artifact" in entry and Path(entry["artifact"]).is_file():
-                self.store.log_artifact(Path(entry["artifact"]))
-        if points:
-            self.store.log(points)
-        if offset != self.offset:
-            self.offset = offset
-            self._save()
-
-    def finish(self, end: dict[str, Any]) -> None:
-        from tandem.watch.point import Point
-
-        self.forward()
-        self._log_params()
-        ms = int(time.time() * 1000)
-        self.store.log([Point(f"summary/{k}", float(v), ms, 0) for k, v in end["summary"].items()])
-        self.store.set_tags({**end["tags"], "tandem.mlflow_written": str(time.time())})
-        log_file = Path(end["log_file"])
-        if log_file.is_file():  # its newest part: the supervisor rotates it at half of --log-max
-            self.store.log_artifact(log_file)
-        # The run ends when its attempt did, not when the helper (low priority, behind on a
-        # busy host) got to it: a report reads which jobs a producer's run overlapped.
-        ended = end.get("ended")
-        self.store.close(end["status"], int(ended * 1000) if ended else None)
-        if end.get("by_helper"):  # no daemon said it: one may yet (tracking_ends)
-            ends.closed_by_helper(self.q, self.key, self.store.run_id)
-        self._done(final=True)
-        for suffix in ("start", "end", "open"):
-            (self.q / f"{self.key}.{suffix}.json").unlink(missing_ok=True)
-
-    def _log_params(self) -> None:
-        """The job's params, written once it has ended, so last: a job that logs its own
-        hyper-parameters under the same names (Lightning's logger, HF's Trainer,
-        ``mlflow.log_params``) never meets a param tandem set (MLflow refuses to change one).
-        Where the job logged another value, its own stays and tandem's is the tag
-        ``tandem.param.NAME``. A failure here costs the params, never the run's closing."""
-        params = self.start.get("params") or {}
-        try:
-            differ = self.store.log_params(params)
-            self.store.set_tags({f"tandem.param.{k}": params[k][:MAX_TAG] for k in differ})
-        except Exception:
-            log.exception("job %s: its params are not in MLflow", self.key)
-
-
 def tell_job(spool: Path, ref: RunRef) -> None:
     """Write ``ref`` into the attempt's directory (the spool's), where its supervisor waits
     for it; a disk that refuses it costs the job its run's id, not the run."""
@@ -333,138 +246,6 @@ def manager_store(state_dir: Path) -> str:
     if isinstance(said, str) and said:
         return said
     return absolute_uri(DaemonConfig.load(state_dir).store or mlflow_store_uri(state_dir))
-
-
-def _open_new(
-    q: Path, runs: dict[str, _OpenRun], failed: set[str], uri: str, experiment: str, weighted: bool = False
-) -> None:
-    """Open the run of each attempt that started since the last look (``weighted``: this
-    process weighed :data:`START_WEIGHT` meanwhile, its jobs waiting, then back)."""
-    new = [p for p in sorted(q.glob("*.start.json")) if p.name.removesuffix(".start.json") not in runs]
-    new = [p for p in new if p.name.removesuffix(".start.json") not in failed]
-    if new and weighted:
-        weights.set_weight(os.getpid(), START_WEIGHT)
-    try:
-        for path in new:
-            _open_one(q, path, runs, failed, uri, experiment)
-    finally:
-        if new and weighted:
-            weights.set_weight(os.getpid(), FORWARD_WEIGHT)
-
-
-def _open_one(
-    q: Path, path: Path, runs: dict[str, _OpenRun], failed: set[str], uri: str, experiment: str
-) -> None:
-    key = path.name.removesuffix(".start.json")
-    start = read_json(path)
-    if start is not None:
-        try:
-            runs[key] = _OpenRun(q, key, start, uri, experiment)
-        except Exception as exc:  # one bad run must not block the others
-            logging.exception("job %s: no MLflow run", key)
-            failed.add(key)
-            error = f"{type(exc).__name__}: {exc}"
-            record = {
-                "job_id": start["job_id"],
-                "attempt": start["attempt"],
-                "final": True,
-                "run_id": None,
-                "error": error,
-            }
-            write_json(q / "done" / f"{key}.json", record)
-            tell_job(Path(start["spool"]), RunRef(uri, "", experiment, error))
-            for suffix in ("start", "end", "open"):
-                (q / f"{key}.{suffix}.json").unlink(missing_ok=True)
-
-
-def main(argv: list[str]) -> int:
-    state_dir, uri, experiment = Path(argv[0]), argv[1], argv[2]
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s tracking: %(message)s")
-    from filelock import FileLock, Timeout
-
-    q = queue_dir(state_dir)
-    lock = FileLock(str(q / "helper.lock"), mode=0o600)
-    try:
-        lock.acquire(timeout=0)  # one helper per state directory (an old one may still be idling)
-    except Timeout:
-        return 0
-    from tandem.watch.stores.mlflow_store import MlflowStore
-
-    pid_file = q / "helper.pid"
-    pid_file.write_text(str(os.getpid()))
-    # Starting jobs wait for their runs: MLflow's import, the tables and the first runs go
-    # before what competes for the cores meanwhile (a new share's producer, weighing as much
-    # as the jobs waiting here, pre-decoding; measured on 2 cores: the helper got ~0.6 of a
-    # core, its first runs came 6.3 s after it started). What follows (forwarding samples
-    # beside the running jobs) yields to them.
-    first = weights.enter(f"helper-{os.getpid()}", START_WEIGHT)
-    began, cpu = time.monotonic(), time.process_time()
-    MlflowStore(uri, experiment).prepare()  # the import and the tables, once
-    prepared = time.monotonic()
-    runs: dict[str, _OpenRun] = {}
-    failed: set[str] = set()
-    _open_new(q, runs, failed, uri, experiment)
-    logging.info(
-        "MLflow ready in %.1f s (%.1f CPU-s, weighted: %s), %d first run(s) in %.1f s",
-        prepared - began,
-        time.process_time() - cpu,
-        first is not None,
-        len(runs),
-        time.monotonic() - prepared,
-    )
-    # Forwarding yields to the jobs: its cgroup weighs a tenth of a job's (back up while it
-    # makes runs, _open_new); where it has none, nice 10.
-    weighted = first is not None and weights.set_weight(os.getpid(), FORWARD_WEIGHT)
-    if first is not None and not weighted:
-        first.close()
-    try:
-        os.nice(10)
-    except OSError:
-        pass
-    idle_since, last_forward, gone, parent = time.monotonic(), 0.0, False, os.getppid()
-    looked = (-1, 0.0)  # the queue's mtime when last looked into, and when
-    while True:
-        # At once: a job waits for its run to start. Looked into only when a file came or went
-        # (a stat, not a listing: this wakes 5 times a second), and every POLL_S anyway.
-        mtime = os.stat(q).st_mtime_ns
-        if mtime != looked[0] or time.monotonic() - looked[1] >= POLL_S:
-            looked = (mtime, time.monotonic())
-            _open_new(q, runs, failed, uri, experiment, weighted)
-        if time.monotonic() - last_forward >= POLL_S:
-            last_forward = time.monotonic()
-            gone = ends.daemon_gone(state_dir, q, parent)
-            for key, run in list(runs.items()):
-                end = read_json(q / f"{key}.end.json")
-                try:
-                    if end is None:  # the job's own result where no daemon will say it ended
-                        end = ends.end_without_daemon(run.spool, run.start, gone)
-                    if end is not None:
-                        run.finish(end)
-                        del runs[key]
-                    else:
-                        run.forward()
-                except Exception:
-                    logging.exception("job %s: forwarding to MLflow failed; trying again", key)
-            ends.late_ends(q, set(runs), uri, experiment)
-        if runs:
-            idle_since = time.monotonic()
-        # With no daemon (stopped or dead), it ends once no run is open, rather than after idling.
-        elif gone or time.monotonic() - idle_since >= ends.idle_exit_s():
-            break
-        time.sleep(START_POLL_S)
-    if weighted and first is not None:
-        first.close()  # back to the daemon's cgroup; its own removed
-    pid_file.unlink(missing_ok=True)
-    return 0
-
-
-if __name__ == "__main__":
-    code = main(sys.argv[1:])
-    # Everything is written (each write commits): skip the interpreter's teardown, which
-    # after MLflow's import costs about 0.5 CPU-s, a tenth of the manager's own on a sweep.
-    logging.shutdown()
-    sys.stdout.flush()
-    os._exit(code)
 
 
 def helper_pid(state_dir: Path) -> int | None:

@@ -173,7 +173,7 @@ def helper_serves(state_dir: Path) -> bool:
         cmdline = proc.cmdline()
         return (
             proc.status() != psutil.STATUS_ZOMBIE
-            and "tandem.place.run.tracking" in cmdline
+            and "tandem.place.run.tracking_helper" in cmdline
             and str(state_dir) in cmdline
         )
     except (OSError, ValueError, psutil.Error):
