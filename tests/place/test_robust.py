@@ -81,30 +81,28 @@ def test_a_restarted_daemon_keeps_its_configuration_and_any_runtime_dir_finds_it
         shutil.rmtree(other["TANDEM_RUNTIME_DIR"], ignore_errors=True)
 
 
-def test_shared_or_linked_directories_are_refused_and_left_as_they_are(cli, tmp_path: Path) -> None:
-    shared = tmp_path / "shared"
-    shared.mkdir()
-    os.chmod(shared, 0o1777)
-    r = subprocess.run(
+def _ls_with_state_dir(cli, state: Path) -> subprocess.CompletedProcess:
+    return subprocess.run(
         [sys.executable, "-m", "tandem.cli", "ls"],
-        env=dict(cli.env, TANDEM_STATE_DIR=str(shared)),
+        env=dict(cli.env, TANDEM_STATE_DIR=str(state)),
         capture_output=True,
         text=True,
         timeout=60,
     )
+
+
+def test_shared_or_linked_directories_are_refused_and_left_as_they_are(cli, tmp_path: Path) -> None:
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    os.chmod(shared, 0o1777)
+    r = _ls_with_state_dir(cli, shared)
     assert r.returncode == 2 and "open to other users" in r.stderr and "Traceback" not in r.stderr
     assert (shared.stat().st_mode & 0o7777) == 0o1777  # not chmodded
     assert "chmod" not in r.stderr, "a directory others write in (/tmp) is not to be made one's own"
     readable = tmp_path / "readable"  # one's own, readable by others: that one may be chmodded
     readable.mkdir(mode=0o755)
     os.chmod(readable, 0o755)
-    r = subprocess.run(
-        [sys.executable, "-m", "tandem.cli", "ls"],
-        env=dict(cli.env, TANDEM_STATE_DIR=str(readable)),
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    r = _ls_with_state_dir(cli, readable)
     assert r.returncode == 2 and f"chmod 700 {readable}" in r.stderr, r.stderr
     target = tmp_path / "mine"
     target.mkdir(mode=0o700)

@@ -125,8 +125,8 @@ def _open_new(
 ) -> None:
     """Open the run of each attempt that started since the last look (``weighted``: this
     process weighed :data:`START_WEIGHT` meanwhile, its jobs waiting, then back)."""
-    new = [p for p in sorted(q.glob("*.start.json")) if p.name.removesuffix(".start.json") not in runs]
-    new = [p for p in new if p.name.removesuffix(".start.json") not in failed]
+    seen = runs.keys() | failed
+    new = [p for p in sorted(q.glob("*.start.json")) if p.name.removesuffix(".start.json") not in seen]
     if new and weighted:
         weights.set_weight(os.getpid(), START_WEIGHT)
     try:
