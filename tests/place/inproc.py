@@ -33,6 +33,7 @@ from typing import Any
 import psutil
 from click.testing import CliRunner
 
+from tandem.place.model import Capacity
 from tandem.place.run.failures import classify
 from tandem.place.run.files import Result, ShimInfo, Usage, save
 from tandem.place.run.launch import Launch, Launched
@@ -141,8 +142,14 @@ class FakeLauncher:
             run.cancelled = True
             self.end(run, -15)  # the supervisor's SIGTERM, as it reports it
 
+    def lost(self, a: Launched) -> str | None:
+        return None
+
     def forget(self, a: Launched) -> None:
         pass
+
+    def refresh(self, capacity: Capacity) -> bool:
+        return False
 
     def shutdown(self) -> None:
         pass

@@ -5,13 +5,17 @@ reserved per job, so two jobs that do not fit one GPU together never share it.""
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
+import psutil
 import pytest
 
 from tests.place.test_daemon import FAST
+from tests.timing import scaled
 
 pytest.importorskip("ray")
 
@@ -20,41 +24,36 @@ RAY = [sys.executable, "-m", "ray.scripts.scripts"]
 
 @pytest.fixture
 def ray_head(tmp_path: Path, cli):
-    """A Ray head (2 cores, 2 fake GPUs of 16 GiB each), stopped after the test."""
+    """A Ray head (2 cores, 2 fake GPUs of 16 GiB each), stopped after the test: only its own
+    processes (those of its temp directory), never another Ray of this machine."""
     env = dict(cli.env, RAY_AUTH_MODE="disabled")  # a throw-away local cluster
     cli.env.update(RAY_AUTH_MODE="disabled")
     temp = Path(f"/tmp/rt-{os.getpid()}")  # Ray's socket paths must stay short
     port = str(20000 + os.getpid() % 20000)
     resources = '{"tandem_gpu_mem_mib_0": 16384, "tandem_gpu_mem_mib_1": 16384}'
-    subprocess.run(
-        [
-            *RAY,
-            "start",
-            "--head",
-            "--num-cpus",
-            "2",
-            "--num-gpus",
-            "2",
-            "--resources",
-            resources,
-            "--port",
-            port,
-            "--temp-dir",
-            str(temp),
-            "--include-dashboard",
-            "false",
-            "--disable-usage-stats",
-        ],
-        env=env,
-        check=True,
-        capture_output=True,
-        timeout=120,
-    )
+    args = [
+        *RAY, "start", "--head", "--block", "--num-cpus", "2", "--num-gpus", "2", "--resources", resources,
+        "--port", port, "--temp-dir", str(temp), "--include-dashboard", "false", "--disable-usage-stats",
+    ]  # fmt: skip
+    log = tmp_path / "ray.log"
+    with open(log, "ab") as out:
+        head = subprocess.Popen(args, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+    deadline = time.monotonic() + scaled(120)
+    while "Ray runtime started" not in log.read_text(errors="replace"):
+        assert head.poll() is None and time.monotonic() < deadline, log.read_text(errors="replace")[-3000:]
+        time.sleep(0.2)
     try:
         yield f"127.0.0.1:{port}"
     finally:
         cli.stop_daemon()
-        subprocess.run([*RAY, "stop", "--force"], env=env, capture_output=True, timeout=120)
+        head.send_signal(signal.SIGTERM)  # `ray start --block` stops the processes it started
+        try:
+            head.wait(timeout=scaled(60))
+        except subprocess.TimeoutExpired:
+            head.kill()
+        for p in psutil.process_iter(["cmdline"]):  # and any of them that outlived it
+            if str(temp) in " ".join(p.info["cmdline"] or ()):
+                p.kill()
         subprocess.run(["rm", "-rf", str(temp)], check=False)
 
 
@@ -75,7 +74,7 @@ def test_jobs_run_as_ray_tasks_with_gpu_memory_reserved(cli, ray_head, tmp_path:
     assert status["backend"] == "ray"
     assert [g["mem_bytes"] for g in status["capacity"]["gpus"]] == [16 << 30, 16 << 30]
     log = tmp_path / "spans.log"
-    # Each job logs when it ran, on which GPU, and who started its supervisor (a Ray worker).
+    # Each job logs when it ran, on which GPU, and who started its supervisor (a Ray actor).
     script = (
         f'echo "start $(date +%s.%N) $CUDA_VISIBLE_DEVICES" >> {log}; '
         "w=$(awk '{print $4}' /proc/$PPID/stat); tr '\\0' ' ' < /proc/$w/cmdline; echo; "
@@ -123,6 +122,14 @@ def test_ray_backend_without_a_cluster_is_a_clear_error(cli) -> None:
     assert r.returncode == 1 and "no Ray cluster answers at 127.0.0.1:1" in r.stderr
     r = cli("daemon", "start", "--address", "127.0.0.1:1", check=False)
     assert r.returncode == 2 and "--backend ray" in r.stderr
+    # The Ray configuration is kept: a start without --backend does not switch to the local
+    # backend unasked (a dead Ray daemon's queue run on one machine); it says how to start.
+    r = cli("daemon", "start", check=False)
+    assert r.returncode == 2 and cli.daemon_pid() is None
+    assert "runs with --backend ray --address 127.0.0.1:1" in r.stderr, r.stderr
+    assert "tandem daemon start --backend ray --address 127.0.0.1:1" in r.stderr
+    cli("daemon", "start", "--backend", "local", "--cpus", "1")  # asked: it switches
+    assert cli.json("daemon", "status")["backend"] == "local"
 
 
 def test_two_nodes_each_gpu_memory_on_its_own_node(cli, tmp_path: Path, monkeypatch) -> None:

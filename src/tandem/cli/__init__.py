@@ -78,6 +78,18 @@ def main(verbose: int) -> None:
     """tandem: train more models on fewer resources on one server."""
     level = logging.WARNING - 10 * min(verbose, 2)
     logging.basicConfig(level=level, format="%(asctime)s %(name)s %(levelname)s: %(message)s")
+    _say_cluster_trouble()
+
+
+def _say_cluster_trouble() -> None:
+    """Every command says it while the daemon's Ray cluster does not answer (its head lost):
+    the jobs there are not followed."""
+    from tandem.dirs import state_dir_path
+    from tandem.place.paths import cluster_trouble
+
+    said = cluster_trouble(state_dir_path())
+    if said:
+        click.echo(f"warning: {said}", err=True)
 
 
 __all__ = ["main"]

@@ -132,6 +132,7 @@ def daemon_start(foreground: bool, as_json: bool, **options: Any) -> None:
     directory = state_dir()
     if daemon_call(is_running, directory):
         raise click.ClickException(f"a daemon already serves {directory} (tandem daemon status)")
+    _same_backend(directory, config)
     if config.backend == "local":  # what this machine can give, checked before it is kept
         from tandem.place.devices import Nvml, detect_capacity
 
@@ -158,6 +159,24 @@ def daemon_start(foreground: bool, as_json: bool, **options: Any) -> None:
         raise click.UsageError(str(exc)) from None
     except (DaemonRunning, RuntimeError, ConnectionError) as exc:  # Ray missing or unreachable
         raise click.ClickException(str(exc)) from None
+
+
+def _same_backend(directory: Path, config: DaemonConfig) -> None:
+    """Refuse a start that would change the kept backend unasked: a flag-less start after a
+    Ray daemon died would run the queue locally, and lose sight of the jobs on the cluster."""
+    from tandem.place.config import CONFIG_FILE
+
+    if not (directory / CONFIG_FILE).exists():
+        return
+    kept = DaemonConfig.load(directory)
+    source = click.get_current_context().get_parameter_source("backend")
+    if kept.backend == config.backend or source == click.core.ParameterSource.COMMANDLINE:
+        return
+    flags = f"--backend {kept.backend}" + (f" --address {kept.address}" if kept.address else "")
+    raise click.UsageError(
+        f"the daemon of {directory} runs with {flags} (kept in {directory / CONFIG_FILE}): start it "
+        f"so (tandem daemon start {flags}), or give --backend {config.backend} to switch to it"
+    )
 
 
 def _config(options: dict[str, Any]) -> DaemonConfig:
@@ -269,6 +288,16 @@ def daemon_status(as_json: bool) -> None:
         click.echo(
             f"  GPU {g.index} {g.uuid}: {u.jobs} job(s), {format_size(u.mem_reserved_bytes)}/"
             f"{format_size(g.mem_bytes)} reserved"
+        )
+    for n in reply.nodes:
+        if not n.alive:
+            click.echo(f"  node {n.name}: gone")
+            continue
+        gpus = f", GPUs {','.join(map(str, n.gpus))}" if n.gpus else ""
+        click.echo(
+            f"  node {n.name}: {n.jobs} job(s), cores {format_cores(n.cpus_reserved)}/{n.cpus:g} reserved "
+            f"({format_cores(n.cpus_held)} held in Ray), RAM {format_size(n.mem_reserved_bytes)}/"
+            f"{format_size(n.mem_bytes)} reserved{gpus}"
         )
     click.echo("  jobs: " + ", ".join(f"{k} {v}" for k, v in sorted(reply.jobs.items())))
 

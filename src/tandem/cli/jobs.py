@@ -367,7 +367,8 @@ def show(job_id: int, as_json: bool) -> None:
         p = a["placement"]
         cause = a["cause"] if a["cause"] and a["cause"] != a["state"] else ""
         lines.append(
-            f"  attempt {a['n']}: {a['state']} on {p['device']}{' mps' if p['mps'] else ''}"
+            f"  attempt {a['n']}: {a['state']} on {(p['node'] + '/') if p.get('node') else ''}{p['device']}"
+            f"{' mps' if p['mps'] else ''}"
             f"{' alone' if p['alone'] else ''}  {cause}".rstrip()
         )
     for e in st.events(job_id):

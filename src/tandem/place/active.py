@@ -9,7 +9,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from tandem.place.records import AttemptPlacement, Job
+from tandem.place.records import Attempt, AttemptPlacement, Job
 from tandem.place.reserve import MEM_MARGIN, Learned, Measuring
 from tandem.place.scheduler import Placement
 
@@ -89,6 +89,7 @@ class Active:
     mem_learned: int = 0  # RAM reserved as it started (--mem auto: its key's peak plus a margin)
     mem_shown: int = 0  # the RAM reservation its attempt's record last said (--mem auto)
     placed: AttemptPlacement = field(default_factory=AttemptPlacement)  # as its attempt's record has it
+    lost_before: int = 0  # its job's attempts before it that were lost, not its failures (a dead node)
 
     @property
     def cpus(self) -> float:
@@ -111,6 +112,22 @@ class Active:
     @property
     def job_id(self) -> int:
         return self.job.id
+
+    @property
+    def node(self) -> str:
+        """The Ray node it runs on ("" on one server)."""
+        return self.placement.node
+
+    @classmethod
+    def adopted(cls, job: Job, att: Attempt, adir: Path, cpu: Measuring) -> Active:
+        """A running attempt as a previous daemon recorded it, taken up after a restart."""
+        pl = att.placement
+        placement = Placement(job.id, pl.gpus, pl.gpu_mem, pl.alone, pl.probe, pl.node or "", pl.ray_cpus)
+        a = cls(job, att.n, placement, pl.uuids, adir, att.started, att.shim_pid, att.shim_ctime)
+        a.gpu_mem_reserved = None if pl.probe and not pl.settled else pl.gpu_mem or 0
+        a.cpu, a.mem_learned, a.placed = cpu, pl.mem or 0, pl
+        a.peak_gpu_mem, a.peak_mem = att.peak_gpu_mem or 0, att.peak_mem or 0
+        return a
 
     def settled(self, now: float, settle_s: float) -> bool:
         return now - self.started >= settle_s and now - self.last_growth >= settle_s

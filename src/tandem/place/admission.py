@@ -23,7 +23,7 @@ from tandem.place.devices import Monitor
 from tandem.place.model import FINAL_STATES, QUEUED, SUCCEEDED, Capacity
 from tandem.place.policies import GpuSlot, HostSlot, Limits
 from tandem.place.producers import Producers, is_producer
-from tandem.place.scheduler import Waiting
+from tandem.place.scheduler import NodeSlot, Waiting
 from tandem.place.state import Job, Share, State
 
 Ended = dict[int, tuple[str, float | None]]  # job id -> (state, ended) of dependencies
@@ -65,6 +65,27 @@ class Admission:
             cpu_mean=self.monitor.cpu.mean(HOST_WINDOW_S),
             cpu_p95=self.monitor.cpu.p95(HOST_WINDOW_S),
         )
+
+    def node_slots(self, active: Iterable[Active]) -> list[NodeSlot]:
+        """Each node as this pass sees it: on one server the host and its GPUs; on a Ray
+        cluster each live node with the attempts on it (what Ray holds there too). Only
+        this host is measured: other nodes are admitted on reservations."""
+        active = list(active)
+        if not self.capacity.nodes:
+            return [NodeSlot("", self.host_slot(active), self.gpu_slots(active))]
+        now, out = time.time(), []
+        for node in (n for n in self.capacity.nodes if n.alive):
+            on = [a for a in active if a.placed.node == node.id]
+            host = host_view(
+                node.cpus, node.mem, on, self.startup, now, mem_available=None, cpu_mean=None, cpu_p95=None
+            )
+            mine = [g for g in self.capacity.gpus if g.node == node.id]
+            gpus = gpu_views(mine, on, {}, self.limits.settle_s, now)
+            for g in gpus:  # no reading of a node's GPUs reaches the daemon (yet)
+                g.unmeasured = True
+            held = sum(a.placed.ray_cpus or 0.0 for a in on)
+            out.append(NodeSlot(node.id, host, gpus, node.name, held))
+        return out
 
     def gpu_slots(self, active: Iterable[Active]) -> list[GpuSlot]:
         measured = {
@@ -131,6 +152,7 @@ class Admission:
                     prefer_gpus=feeding.placement.gpus if feeding is not None else (),
                     share=feeding.job.share if feeding is not None else None,
                     share_jobs=share_jobs,
+                    node=feeding.placed.node or None if feeding is not None else None,
                 )
             )
         return out

@@ -33,9 +33,9 @@ from tandem.place.records import AttemptPlacement
 from tandem.place.reserve import Learned, Measuring, running_figures
 from tandem.place.retry import retry
 from tandem.place.run import tracking
-from tandem.place.run.files import AttemptSpec, Result, ShimInfo, Started, Usage, load, save
-from tandem.place.run.launch import Launch, Launcher
-from tandem.place.run.proctrack import JobProcesses, host_id, supervisor_runs
+from tandem.place.run.files import AttemptSpec, Result, ShimInfo, Usage, load, save
+from tandem.place.run.launch import Launch, Launcher, stop_orphaned_job
+from tandem.place.run.proctrack import host_id, supervisor_runs
 from tandem.place.scheduler import Placement
 from tandem.place.state import Attempt, Job, State
 
@@ -71,6 +71,7 @@ class Attempts:
         env: dict[str, str],
         mps: bool = False,
         backend: str | None = None,
+        node_env: tuple[str, ...] = (),
     ) -> None:
         n = len(job.attempts) + 1
         # A folder of its own: no attempt before or after a lost database has this name.
@@ -83,7 +84,8 @@ class Attempts:
         r = reserve(job, self.startup.learned, figures, known, self.config.limits.gpu_mem_margin)
         cpu, mem, mem_from = Measuring(job, self.startup.learned, start=r.cores_start), r.ram, r.ram_why
         placement = AttemptPlacement(
-            device=",".join(f"cuda:{i}" for i in p.gpus) or "cpu",
+            # its GPUs as its node numbers them (one server: the daemon's numbering, the same)
+            device=",".join(f"cuda:{g.index if g.local is None else g.local}" for g in chosen) or "cpu",
             gpus=tuple(p.gpus),
             uuids=uuids,
             gpu_mem=p.gpu_mem,
@@ -94,6 +96,9 @@ class Attempts:
             mem=mem,
             mem_from=mem_from,
             backend=backend,
+            node=p.node or None,
+            node_name=self.capacity.node_name(p.node) if p.node else None,
+            ray_cpus=p.cores_held,
         )
         name, producer = job.name or Path(job.command[0]).name, job.role == model.PRODUCER_ROLE
         save(
@@ -112,13 +117,14 @@ class Attempts:
                 track=self.tracked,
                 mlflow_env=self.tracked and not producer,  # a job is told its run's id (one run per job)
                 db_id=self.state.id,
+                node_env=node_env,
             ),
         )
         record.placement, record.started = placement, (started := time.time())
-        self.state.start(record, job.started, f"attempt {n} on {placement.device}")
-        a = Active(job, n, p, uuids, adir, started, gpu_mem_reserved=None if p.probe else p.gpu_mem, cpu=cpu)
-        a.mem_learned, a.placed = mem, placement
-        a.energy_start = {u: e for u in uuids if (e := self.monitor.gpus[u].energy_mj) is not None}
+        self.state.start(record, job.started, f"attempt {n} on {placement.where}")
+        a = Active(job, n, p, uuids, adir, started, gpu_mem_reserved=None if p.probe else p.gpu_mem or 0)
+        a.cpu, a.mem_learned, a.placed = cpu, mem, placement
+        a.energy_start = {u: e for u in uuids if (e := self.monitor.energy_mj(u)) is not None}
         if self.tracked:
             tags = {
                 "tandem.job_id": job.id,
@@ -137,18 +143,16 @@ class Attempts:
             tracking.run_started(
                 self.state.dir, key, name, tags, adir / "metrics.jsonl", started, job.id, n, job.params
             )
+        a.lost_before = sum(at.state == "lost" for at in job.attempts)
         self.active[job.id] = a
         try:
-            node = self.launcher.start(
-                a, Launch(adir, job.cwd, cpu.cores, job.mem, chosen, p.gpu_mem, bool(job.share))
-            )
+            held = cpu.cores if p.cores_held is None else p.cores_held
+            self.launcher.start(a, Launch(adir, job.cwd, held, mem, chosen, p.gpu_mem, p.node))
         except BaseException:  # not started: not followed (the daemon fails the job)
             del self.active[job.id]
             self.launcher.forget(a)
             raise
         try:
-            if node:
-                self._placed(a, node=node)
             if a.shim_pid is not None:
                 self.state.update_attempt(job.id, n, shim_pid=a.shim_pid, shim_ctime=a.shim_ctime)
         except Exception as exc:  # it runs: follow records its supervisor from its own files
@@ -193,6 +197,8 @@ class Attempts:
         result = load(a.dir, Result)
         if result is not None:
             self.finish(a, result)
+        elif (lost := self.launcher.lost(a)) is not None:  # its node died, its result never written
+            self._node_lost(a, lost, now)
         elif a.shim_pid is not None and not self.launcher.alive(a):
             result = load(a.dir, Result)  # it may have written it just before exiting
             if result is None:
@@ -215,6 +221,21 @@ class Attempts:
             else:
                 self.state.requeue(a.job.id, a.n, "never started", now)
             del self.active[a.job.id]
+
+    def _node_lost(self, a: Active, why: str, now: float) -> None:
+        """Its machine is gone (a Ray node that died): not the job's failure, so it runs again
+        elsewhere, its retries untouched (or ends cancelled, if that was asked)."""
+        if self._cancel_requested(a.job.id):
+            self.state.cancel(a.job.id, "cancelled", why, now, attempt=a.n)
+        else:
+            self.state.requeue(a.job.id, a.n, f"lost with its node: {why}; it runs again", now)
+        if self.tracked:
+            tags = {"tandem.state": "lost", "tandem.cause": why}
+            tracking.run_ended(
+                self.state.dir, tracking.run_key(a.job.id, a.n), "FAILED", tags, {}, a.dir / "output.log", now
+            )
+        del self.active[a.job.id]
+        self.launcher.forget(a)
 
     def _measure(self, a: Active, now: float) -> None:
         usage = load(a.dir, Usage)
@@ -262,16 +283,8 @@ class Attempts:
     def _stop_orphan(self, a: Active) -> None:
         """The supervisor died without a result (killed): stop the job it supervised, so that
         it does not run on unaccounted for, holding memory the scheduler has given away."""
-        # Started, or where the supervisor was killed between starting the job and writing
-        # Started, the marker and cgroup it wrote just before.
-        found = load(a.dir, Started) or load(a.dir, ShimInfo)
-        if found is None or found.marker is None:
-            return
-        procs = JobProcesses(found.marker, Path(found.cgroup) if found.cgroup else None)
-        if procs.pids():
-            procs.stop(self.config.grace_s)
+        if stop_orphaned_job(a.dir, self.config.grace_s):
             self.state.event(a.job.id, "stopped", "its supervisor died; the job was stopped")
-        procs.close()  # its cgroup, which the supervisor could not remove
 
     def _stopped_before(self, a: Active, state: str) -> str | None:
         """A producer that a daemon before this one stopped (no one else cancels it unasked)."""
@@ -360,7 +373,7 @@ class Attempts:
         }
         job = self.state.job(a.job.id, attempts=False)
         assert job is not None
-        energy = energy_of(a, self.active.values(), lambda uuid: self.monitor.gpus[uuid].energy_mj)
+        energy = energy_of(a, self.active.values(), self.monitor.energy_mj)
         common = {
             "exit_code": result.exit_code,
             "signal": result.signal,
@@ -377,7 +390,7 @@ class Attempts:
             limits = self.config.limits
             again = retry(
                 result.kind,
-                a.n,
+                a.n - a.lost_before,  # attempts lost with their node or never started: not its tries
                 job.retries,
                 job.escalation,
                 job.gpu_mem,
@@ -411,31 +424,13 @@ class Attempts:
                 self.state.requeue(job.id, None, "running with no attempt recorded", time.time())
                 continue
             att = job.attempts[-1]
-            pl = att.placement
-            placement = Placement(job.id, pl.gpus, pl.gpu_mem, pl.alone, pl.probe)
-            a = Active(
-                job,
-                att.n,
-                placement,
-                pl.uuids,
-                self.state.attempt_dir(att),
-                att.started,
-                att.shim_pid,
-                att.shim_ctime,
-                gpu_mem_reserved=pl.gpu_mem,
-                cpu=Measuring(job, self.startup.learned),
-                mem_learned=pl.mem or 0,
-                placed=pl,
-            )
+            a = Active.adopted(job, att, self.state.attempt_dir(att), Measuring(job, self.startup.learned))
             shim = load(a.dir, ShimInfo)
             if shim is not None:
                 a.remote = shim.host != self.host
                 if a.shim_pid is None:
                     a.shim_pid, a.shim_ctime = shim.pid, shim.ctime
-            a.peak_gpu_mem = att.peak_gpu_mem or 0
-            a.peak_mem = att.peak_mem or 0
-            if placement.probe and not pl.settled:
-                a.gpu_mem_reserved = None
+            a.lost_before = sum(at.state == "lost" for at in job.attempts)
             self.active[job.id] = a
             self.state.event(job.id, "adopted", f"attempt {att.n} (shim pid {a.shim_pid})")
         self.follow_all(time.time())

@@ -14,9 +14,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from tandem.place.paths import CONFIG_FILE
 from tandem.place.policies import DEFAULT_POLICY, Limits
 
-CONFIG_FILE = "daemon-config.json"
 DEFAULT_LOG_MAX = 64 << 20  # bytes of a job's output kept on disk (the last part kept on rotation)
 
 

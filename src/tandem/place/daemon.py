@@ -23,7 +23,6 @@ It opens the state only once it holds the directory's lock, and stops, saying so
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import selectors
@@ -44,16 +43,16 @@ from tandem.place.devices import Monitor, Nvml, detect_capacity
 from tandem.place.diskwait import DiskWait
 from tandem.place.identity import StateMoved, daemon_identity, keep_records, moved
 from tandem.place.model import Capacity, format_size
-from tandem.place.paths import StateError, disk_trouble, private_dir
+from tandem.place.paths import RAY_TROUBLE, StateError, disk_trouble, private_dir
 from tandem.place.policies import make_policy
-from tandem.place.producers import Producers, auto_share_command, is_producer
+from tandem.place.producers import Producers
 from tandem.place.queue import WaitingJobs
 from tandem.place.requests import HANDLERS, Parts, failure
 from tandem.place.run.files import write_json
 from tandem.place.run.launch import LocalLauncher, RayLauncher, reap_children
-from tandem.place.scheduler import Placement, plan
+from tandem.place.scheduler import Placement, plan_nodes
+from tandem.place.starting import start_job
 from tandem.place.state import Job, State
-from tandem.place.threads import thread_env
 
 log = logging.getLogger(__name__)
 
@@ -91,10 +90,13 @@ class Daemon:
             from tandem.place.run.ray_backend import RayBackend
 
             backend = RayBackend(config.address, capacity.gpus, capacity.cpus if not config.address else None)
-            capacity = Capacity(*backend.cluster())
+            capacity = backend.cluster()
             nvml = None  # GPUs are Ray's now: measured only where the daemon runs NVML (not yet)
         self.capacity = capacity
-        self.launcher = RayLauncher(backend) if backend is not None else LocalLauncher()
+        trouble = state.dir / RAY_TROUBLE
+        self.launcher = (
+            RayLauncher(backend, trouble, config.address) if backend is not None else LocalLauncher()
+        )
         self.monitor = Monitor(capacity, self.limits.window_s, nvml)
         self.socket_path = protocol.socket_path(state.dir)
         self.moved: str | None = None  # what happened to the state's file, once it is not ours
@@ -309,6 +311,7 @@ class Daemon:
             self.dirty = False
             self._last_plan = time.monotonic()
             # The waiting jobs (what a pass needs of them) and their dependencies, read once.
+            self.launcher.refresh(self.capacity)  # a Ray cluster's live nodes, as they are now
             self.attempts.reconcile(now)
             waiting = self.queue.read()
             started = time.process_time()
@@ -344,14 +347,8 @@ class Daemon:
             reasons.update(dict.fromkeys((w.id for w in queue), held))
             queue = []
         if queue:
-            outcome = plan(
-                queue,
-                self.admission.host_slot(active.values()),
-                self.admission.gpu_slots(active.values()),
-                self.policy,
-                self.limits,
-                now,
-            )
+            nodes = self.admission.node_slots(active.values())
+            outcome = plan_nodes(queue, nodes, self.policy, self.limits, now)
             reasons.update(outcome.reasons)
             on_host = len(active) + len(outcome.placements)  # once this pass's jobs run
             for placement in outcome.placements:
@@ -377,32 +374,17 @@ class Daemon:
 
     def _launch(self, job: Job, p: Placement, on_host: int) -> None:
         """Start ``job`` where ``p`` says; ``on_host``: the jobs running once this pass's are."""
-        chosen = tuple(g for g in self.capacity.gpus if g.index in p.gpus)
-        env = dict(job.env)
-        env.update(
-            TANDEM_JOB_ID=str(job.id), TANDEM_JOB_ATTEMPT=str(len(job.attempts) + 1), PYTHONUNBUFFERED="1"
+        start_job(
+            job,
+            p,
+            on_host,
+            capacity=self.capacity,
+            config=self.config,
+            state_dir=self.state.dir,
+            producers=self.producers,
+            attempts=self.attempts,
+            mps=self.mps,
         )
-        # The job sees its GPUs only (by UUID, immune to index reordering); a CPU-only job sees none.
-        env["CUDA_VISIBLE_DEVICES"] = ",".join(g.visible_id for g in chosen)
-        if is_producer(job):
-            self.producers.prepare(job)  # the spec it serves (its loader workers are its own)
-        else:  # on_host counts its share's producer: its jobs start once it runs
-            env.update(thread_env(job.env, job.cpus, self.capacity.cpus, on_host))
-        if job.share and not is_producer(job):
-            env["TANDEM_SHARE"] = job.share
-        if not is_producer(job) and self.config.backend != "ray":  # on this host: its drop-in
-            # loaders ask this daemon for a producer job (tandem.share.loader), not start their own
-            env["TANDEM_SHARE_STARTER"] = json.dumps(auto_share_command(self.state.dir))
-        mps = False
-        if self.mps is not None and len(chosen) == 1 and not p.alone:
-            server = self.mps.ensure(chosen[0].uuid)
-            if server is not None:
-                from tandem.place.run.mps import client_env
-
-                env.update(client_env(chosen[0].uuid, server.dirs, p.gpu_mem, job.gpu_share))
-                mps = True
-        backend = "ray" if self.config.backend == "ray" else None
-        self.attempts.start(job, p, chosen, env, mps=mps, backend=backend)
 
 
 def run_daemon(state_dir: Path, config: DaemonConfig) -> None:

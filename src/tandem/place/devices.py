@@ -196,6 +196,11 @@ class Monitor:
             if activity is not None:
                 m.activity.add(now, activity / 100.0)
 
+    def energy_mj(self, uuid: str) -> int | None:
+        """The GPU's energy counter (None: not measured here, a Ray node's GPU say)."""
+        m = self.gpus.get(uuid)
+        return None if m is None else m.energy_mj
+
     def job_gpu_mem(self, uuid: str, pids: Iterable[int]) -> int:
         m = self.gpus.get(uuid)
         if m is None:

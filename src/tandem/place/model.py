@@ -158,12 +158,39 @@ class JobSpec:
 
 
 @dataclass(frozen=True)
+class NodeInfo:
+    """One machine of a Ray cluster as the daemon hands it out: its cores and RAM as Ray
+    declares them (its GPUs are :class:`GpuInfo` with its ``node``)."""
+
+    id: str  # Ray's node id
+    name: str  # its host name: what ``ls`` and ``show`` call it
+    cpus: float
+    mem: int
+    alive: bool = True  # a node that died stays listed (its attempts were on it), offered nothing
+
+
+@dataclass
 class Capacity:
-    """What the daemon may hand out: cores, RAM and GPUs (index, uuid, memory)."""
+    """What the daemon may hand out: cores, RAM and GPUs (index, uuid, memory), and, on a
+    Ray cluster, its nodes (none: one server, the figures above are its). Under Ray the
+    figures are the live nodes' sums, and the daemon refreshes them each pass
+    (:meth:`refresh`, the one place they change): every part that holds it sees the
+    cluster as it is now."""
 
     cpus: float
     mem: int
     gpus: tuple[GpuInfo, ...] = ()
+    nodes: tuple[NodeInfo, ...] = ()
+
+    def refresh(self, now: Capacity) -> bool:
+        """Take ``now``'s figures; whether anything changed."""
+        changed = (self.cpus, self.mem, self.gpus, self.nodes) != (now.cpus, now.mem, now.gpus, now.nodes)
+        self.cpus, self.mem, self.gpus, self.nodes = now.cpus, now.mem, now.gpus, now.nodes
+        return changed
+
+    def node_name(self, node_id: str | None) -> str:
+        """What a node is called (its host name; the id's start for one that is gone)."""
+        return next((n.name for n in self.nodes if n.id == node_id), (node_id or "")[:12])
 
 
 @dataclass(frozen=True)

@@ -4,7 +4,9 @@ way in), with a refusal raised as the manager's :class:`StateError`."""
 from __future__ import annotations
 
 import errno
+import json
 import os
+import socket
 import sqlite3
 import time
 from pathlib import Path
@@ -15,6 +17,10 @@ from tandem.dirs import state_dir as _open
 __all__ = ["StateError", "disk_trouble", "private_dir", "set_aside_lost_jobs", "state_dir", "state_dir_path"]
 
 # What a write says when the disk will not take it (full, failing, read-only, over quota).
+# In the state directory: the daemon's kept configuration; why its Ray cluster does not answer.
+CONFIG_FILE = "daemon-config.json"
+RAY_TROUBLE = "ray-trouble.txt"
+
 _DISK_ERRNOS = {errno.ENOSPC, errno.EIO, errno.EROFS, errno.EDQUOT}
 _DISK_WORDS = (
     "disk is full",
@@ -99,3 +105,42 @@ def _still_running(aside: Path) -> list[int]:
         if shim is not None and same_process(shim.pid, shim.ctime):
             found.append(shim.pid)
     return sorted(found)
+
+
+def cluster_trouble(state_dir: Path) -> str | None:
+    """What every command says while the Ray cluster of ``state_dir``'s daemon does not
+    answer, or None: what the daemon wrote (it runs, but Ray does not answer it), or, where
+    the daemon is gone (Ray ends a driver whose node's Ray died: the head's loss ends a
+    daemon on the head), that its cluster's address does not answer either. Cheap: files
+    and, only for a Ray daemon that is not running, one connection."""
+    try:
+        said = (state_dir / RAY_TROUBLE).read_text().strip()
+    except OSError:
+        said = ""
+    if said:
+        return said
+    try:
+        kept = json.loads((state_dir / CONFIG_FILE).read_text())
+        pid = int(json.loads((state_dir / "daemon.json").read_text())["pid"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    address = kept.get("address")
+    if kept.get("backend") != "ray" or not address:
+        return None
+    try:
+        os.kill(pid, 0)
+        return None  # its daemon runs (and says what Ray does not answer it)
+    except ProcessLookupError:
+        pass
+    except PermissionError:
+        return None
+    host, _, port = str(address).rpartition(":")
+    try:
+        socket.create_connection((host, int(port)), timeout=0.5).close()
+        return None
+    except (OSError, ValueError) as exc:
+        why = exc
+    return (
+        f"no daemon serves {state_dir} and its Ray cluster at {address} does not answer ({why}): the "
+        f"jobs on it are not followed; once it is back: tandem daemon start --backend ray --address {address}"
+    )

@@ -79,6 +79,9 @@ class GpuSlot:
     alone: bool = False  # a job that must run alone is on it
     activity_mean: float | None = None  # SM activity (else utilisation), 0..1, over the window
     activity_p95: float | None = None
+    # Its memory can never be read (a Ray node's GPU that no one there measures): a job of
+    # unknown GPU memory is no probe on it (nothing would settle it), it reserves none.
+    unmeasured: bool = False
 
     def free_reserved(self) -> int:
         return self.mem_total - self.mem_reserved

@@ -239,6 +239,23 @@ class Use:
 
 
 @dataclass(frozen=True)
+class NodeUse:
+    """One node of a Ray cluster: alive or gone, what it has, and what tandem's attempts
+    reserve on it (``cpus_held``: of those cores, what Ray holds for them)."""
+
+    id: str
+    name: str
+    alive: bool
+    cpus: float
+    mem_bytes: int
+    cpus_reserved: float
+    cpus_held: float
+    mem_reserved_bytes: int
+    jobs: int
+    gpus: list[int] = field(default_factory=list)  # its GPUs' indices
+
+
+@dataclass(frozen=True)
 class DaemonStatus:
     pid: int
     policy: str
@@ -251,6 +268,7 @@ class DaemonStatus:
     capacity: CapacityReport
     used: Use
     jobs: dict[str, int]  # jobs by state
+    nodes: list[NodeUse] = field(default_factory=list)  # a Ray cluster's (none on one server)
 
 
 @dataclass(frozen=True)

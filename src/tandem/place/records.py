@@ -39,7 +39,14 @@ class AttemptPlacement:
     mem_from: str | None = column(None, shown=False)
     settled: bool = column(False, shown=False)  # a probe's GPU memory stopped growing
     backend: str | None = column(None, shown=False)  # "ray" where a Ray node runs it
-    node: str | None = column(None, shown=False)  # that node
+    node: str | None = column(None, shown=False)  # that node's Ray id
+    node_name: str | None = column(None, json_key="node")  # that node's host name
+    ray_cpus: float | None = column(None, shown=False)  # of its cores, those Ray holds there
+
+    @property
+    def where(self) -> str:
+        """Where it runs, in words: ``cuda:0``, ``cpu``; on a Ray cluster ``node/cuda:0``."""
+        return f"{self.node_name}/{self.device}" if self.node_name else self.device
 
     def to_json(self) -> str:
         """Its figures by name, those it has not (None) left out, as earlier tandems wrote them."""

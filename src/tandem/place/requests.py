@@ -31,7 +31,7 @@ from tandem.place.paths import disk_trouble
 from tandem.place.producers import Producers, group_jobs, is_producer
 from tandem.place.resources import Resources
 from tandem.place.run.launch import Launcher
-from tandem.place.scheduler import Waiting, fits_at_all
+from tandem.place.scheduler import Waiting, fits_a_node
 from tandem.place.state import Job, State
 from tandem.units import format_cores
 
@@ -158,7 +158,7 @@ def _checked(d: Parts, spec: JobSpec) -> tuple[JobSpec, int] | p.Failure:
     waiting = Waiting(
         0, 0, 0.0, need.cores, need.ram, gpus, need.gpu_mem or None, with_producer=share is not None
     )
-    why = fits_at_all(waiting, d.admission.host_slot(()), d.admission.gpu_slots(()), d.config.limits)
+    why = fits_a_node(waiting, d.admission.node_slots(()), d.config.limits)  # one server: the host
     if why:
         return _refused(f"the job {why}; {fix}")
     if share is not None and share.spec.select_job is not None and share.spec.select_job not in spec.after:
@@ -246,8 +246,33 @@ def status(_request: p.Status, d: Parts) -> Handled:
             gpus=used_gpus,
         ),
         jobs=d.state.counts(),
+        nodes=_nodes(d),
     )
     return reply, NOTHING
+
+
+def _nodes(d: Parts) -> list[p.NodeUse]:
+    """Each node of a Ray cluster, those gone too, with the attempts on it."""
+    slots = {n.node: n for n in d.admission.node_slots(d.attempts.active.values()) if n.node}
+    out = []
+    for node in d.capacity.nodes:
+        slot = slots.get(node.id)
+        host = slot.host if slot is not None else None
+        out.append(
+            p.NodeUse(
+                node.id,
+                node.name,
+                node.alive,
+                node.cpus,
+                node.mem,
+                host.cpus_reserved if host else 0.0,
+                slot.cpus_held or 0.0 if slot else 0.0,
+                host.mem_reserved if host else 0,
+                host.all_jobs if host else 0,
+                [g.index for g in d.capacity.gpus if g.node == node.id],
+            )
+        )
+    return out
 
 
 def define_share(request: p.DefineShare, d: Parts) -> Handled:

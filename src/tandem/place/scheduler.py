@@ -34,6 +34,7 @@ GPU that is settling, the measurement that holds it back.
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from operator import attrgetter
@@ -64,6 +65,7 @@ class Waiting:
     share: str | None = None  # its share group, whose producer runs
     share_jobs: int | None = None  # its share's jobs running now; None: not of a share group
     elastic: bool = False  # its cores are learnt (--cpus auto): it may start on measured room
+    node: str | None = None  # the node it must run on (its share group's producer's), under Ray
 
 
 @dataclass(frozen=True)
@@ -73,6 +75,23 @@ class Placement:
     gpu_mem: int | None  # reserved per GPU (None: a probe, reserved once measured)
     alone: bool
     probe: bool
+    node: str = ""  # the Ray node it goes to ("" on one server)
+    cores_held: float | None = None  # of its cores, those its node's Ray holds for it (under Ray)
+
+
+@dataclass
+class NodeSlot:
+    """One machine as a pass sees it: its host (cores, RAM) and its GPUs. On one server the
+    only one (``node`` ""). Under Ray, ``cpus_held`` is what Ray holds of the node's cores for
+    the attempts on it: Ray's CPUs are a hard reservation, tandem's cores are elastic (a
+    share group's jobs, a job on measured room), so an attempt asks Ray for the part of its
+    cores that Ray has unreserved, never more: Ray never queues what tandem started."""
+
+    node: str
+    host: HostSlot
+    gpus: list[GpuSlot]
+    name: str = ""  # what reasons call it
+    cpus_held: float | None = None
 
 
 @dataclass
@@ -101,14 +120,22 @@ def plan(
     limits: Limits,
     now: float,
 ) -> Plan:
-    """The jobs to start now, in order, and the reasons the others wait. ``host`` and
-    ``gpus`` are not changed."""
-    host = dataclasses.replace(host)
-    slots = [dataclasses.replace(g) for g in gpus]
+    """The jobs to start now on one server, in order, and the reasons the others wait.
+    ``host`` and ``gpus`` are not changed."""
+    return plan_nodes(queue, [NodeSlot("", host, list(gpus))], policy, limits, now)
+
+
+def plan_nodes(
+    queue: Sequence[Waiting], nodes: Sequence[NodeSlot], policy: Policy, limits: Limits, now: float
+) -> Plan:
+    """The jobs to start now, in order, each on one node where it fits, and the reasons the
+    others wait. ``nodes`` are not changed."""
+    copy = dataclasses.replace
+    slots = [NodeSlot(n.node, copy(n.host), [copy(g) for g in n.gpus], n.name, n.cpus_held) for n in nodes]
     out = Plan()
     blocker: str | None = None
     # A job that needs what one before it needed, where that one could not start, cannot
-    # either (a pass only ever fills the host further): a sweep of 10,000 alike jobs is
+    # either (a pass only ever fills the nodes further): a sweep of 10,000 alike jobs is
     # looked at once, not 10,000 times.
     refused: dict[tuple[object, ...], str] = {}
     # Per share: its jobs placed this pass.
@@ -119,9 +146,14 @@ def plan(
             continue
         job = _this_pass(job, placed)
         need = _need_key(job)
-        placement = refused.get(need) or _place(job, host, slots, policy, limits)
+        placement = refused.get(need) or _place_on_nodes(job, slots, policy, limits)
         if isinstance(placement, Placement):
-            _reserve(job, placement, host, slots)
+            slot = next(n for n in slots if n.node == placement.node)
+            _reserve(job, placement, slot.host, slot.gpus)
+            if slot.cpus_held is not None:  # Ray's part of its cores: what Ray has unreserved
+                held = math.floor(min(job.cpus, max(0.0, slot.host.cpus_total - slot.cpus_held)) * 1e4) / 1e4
+                slot.cpus_held += held
+                placement = dataclasses.replace(placement, cores_held=held)
             if job.share is not None:
                 placed[job.share] = placed.get(job.share, 0) + 1
             out.placements.append(placement)
@@ -136,6 +168,30 @@ def plan(
                 f"--starve-after {limits.starve_after_s:g}: nothing starts past it)"
             )
     return out
+
+
+def _place_on_nodes(job: Waiting, nodes: list[NodeSlot], policy: Policy, limits: Limits) -> Placement | str:
+    """Where ``job`` goes: the node with the most unreserved cores that takes it (a sweep
+    spreads over the cluster), or why none can now. A job of a share group goes only where
+    its producer runs (its batches are in that node's memory)."""
+    if len(nodes) == 1 and job.node is None:  # one server (or one node left)
+        placement = _place(job, nodes[0].host, nodes[0].gpus, policy, limits)
+        return (
+            dataclasses.replace(placement, node=nodes[0].node)
+            if isinstance(placement, Placement)
+            else placement
+        )
+    candidates = [n for n in nodes if job.node is None or n.node == job.node]
+    if not candidates:
+        return f"node: its share's producer's node ({job.node[:12] if job.node else ''}) has gone"
+    candidates.sort(key=lambda n: n.host.cpus_reserved - n.host.cpus_total)  # stable: ties keep their order
+    why = []
+    for n in candidates:
+        placement = _place(job, n.host, n.gpus, policy, limits)
+        if isinstance(placement, Placement):
+            return dataclasses.replace(placement, node=n.node)
+        why.append(f"{n.name or n.node[:12]}: {placement}" if len(nodes) > 1 else placement)
+    return "; ".join(why)
 
 
 def _this_pass(job: Waiting, placed: dict[str, int]) -> Waiting:
@@ -172,6 +228,18 @@ def fits_at_all(
     return None
 
 
+def fits_a_node(job: Waiting, nodes: Sequence[NodeSlot], limits: Limits | None = None) -> str | None:
+    """Why ``job`` can never run on any of ``nodes`` (it exceeds each one's capacity), or
+    None. With several nodes, the reason given is the largest node's."""
+    why = [fits_at_all(job, n.host, n.gpus, limits) for n in nodes]
+    if not why or any(w is None for w in why):
+        return None
+    if len(nodes) == 1:
+        return why[0]
+    largest = max(range(len(nodes)), key=lambda i: (nodes[i].host.cpus_total, nodes[i].host.mem_total))
+    return f"{why[largest]} on its largest node, {nodes[largest].name or nodes[largest].node[:12]}"
+
+
 def _need_key(job: Waiting) -> tuple[object, ...]:
     """What decides where ``job`` may go (all of it but who it is and how long it waited)."""
     return (
@@ -186,6 +254,7 @@ def _need_key(job: Waiting) -> tuple[object, ...]:
         job.startup_cpus,
         job.share_jobs,
         job.elastic,
+        job.node,
     )
 
 
@@ -288,12 +357,12 @@ def _place(
             + "; ".join(refused[:3])
             + (f"; and {len(refused) - 3} more" if len(refused) > 3 else "")
         )
-    probe = job.gpu_mem is None
-    ranker = _MOST_FREE if probe or job.escalation >= 1 else policy
+    ranker = _MOST_FREE if job.gpu_mem is None or job.escalation >= 1 else policy
     ranked = ranker.rank(admissible, need)
     if job.prefer_gpus:  # the GPU its batches are on, if admissible; the policy's order otherwise
         ranked = sorted(ranked, key=lambda g: g.index not in job.prefer_gpus)
     chosen = ranked[: job.gpus]
+    probe = job.gpu_mem is None and not all(g.unmeasured for g in chosen)
     return Placement(job.id, tuple(sorted(g.index for g in chosen)), job.gpu_mem, need.alone, probe)
 
 
@@ -302,6 +371,10 @@ def _gpu_blocks(gpu: GpuSlot, need: Need, policy: Policy, limits: Limits) -> str
     i = gpu.index
     if gpu.alone:
         return f"GPU {i}: a job that must run alone is on it"
+    if gpu.unmeasured and need.gpu_mem is None:  # nothing to wait for: no reading will come
+        if gpu.jobs >= limits.max_per_gpu:
+            return f"GPU {i}: {gpu.jobs} jobs, the most per GPU (--max-per-gpu {limits.max_per_gpu})"
+        return f"GPU {i}: {gpu.jobs} job(s) on it; this retry runs alone" if gpu.jobs and need.alone else None
     if gpu.probing:
         who = f"job {gpu.probing_job}'s" if gpu.probing_job is not None else "a new job's"
         return f"GPU {i} settling: {who} memory still growing"

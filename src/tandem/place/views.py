@@ -159,7 +159,7 @@ def ls_row(job: Job, now: float | None = None) -> list[str]:
     ``ls`` prints thousands)."""
     now = time.time() if now is None else now
     placement = job.attempts[-1].placement if job.attempts else None
-    where = placement.device if placement is not None else "-"
+    where = placement.where if placement is not None else "-"
     if placement is not None and placement.mps:
         where += " mps"
     cause = "" if job.state in ("running", "succeeded") else (job.cause or "")

@@ -106,6 +106,9 @@ class AttemptSpec:
     # wait for the attempt's MLflow run (mlflow.json) and tell the job its id before it starts
     mlflow_env: bool = False
     db_id: str = ""  # the state database the attempt is of (tandem.place.identity)
+    # Variables the job takes from the node its supervisor runs on, not from its submitter's
+    # shell (under Ray: where that node keeps its sockets, so its jobs find its producers)
+    node_env: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)

@@ -11,12 +11,15 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
-from tandem.place.model import GpuInfo
-from tandem.place.run.proctrack import create_time, same_process
+from tandem.place.model import Capacity, GpuInfo
+from tandem.place.run.files import ShimInfo, Started, load
+from tandem.place.run.proctrack import JobProcesses, create_time, same_process
+from tandem.place.run.ray_backend import PENDING, RUNNING, actor_name
 
 
 @dataclass(frozen=True)
@@ -30,7 +33,7 @@ class Launch:
     mem: int = 0
     gpus: tuple[GpuInfo, ...] = ()
     gpu_mem: int | None = None
-    pin_to_head: bool = False  # a share group's job: on the node its producer runs on
+    node: str = ""  # under Ray: the node it runs on (its share group's, if it has one)
 
 
 class Launched(Protocol):
@@ -39,7 +42,11 @@ class Launched(Protocol):
     @property
     def job_id(self) -> int: ...
 
+    @property
+    def node(self) -> str: ...
+
     n: int
+    dir: Path
     shim_pid: int | None
     shim_ctime: float | None
     remote: bool
@@ -50,7 +57,9 @@ class Launcher(Protocol):
     def alive(self, a: Launched) -> bool: ...
     def pending(self, a: Launched) -> bool: ...
     def cancel(self, a: Launched) -> None: ...
+    def lost(self, a: Launched) -> str | None: ...
     def forget(self, a: Launched) -> None: ...
+    def refresh(self, capacity: Capacity) -> bool: ...
     def shutdown(self) -> None: ...
 
 
@@ -88,6 +97,12 @@ class LocalLauncher:
     def cancel(self, a: Launched) -> None:
         signal_shim(a, signal.SIGTERM)
 
+    def lost(self, a: Launched) -> str | None:
+        return None  # this machine runs it: it is never lost with another
+
+    def refresh(self, capacity: Capacity) -> bool:
+        return False  # this machine's capacity is what the daemon started with
+
     def forget(self, a: Launched) -> None:
         pass
 
@@ -96,39 +111,80 @@ class LocalLauncher:
 
 
 class RayLauncher:
-    """The supervisor as a Ray task (:mod:`tandem.place.run.ray_backend`)."""
+    """The supervisor under a detached Ray actor on its node (:mod:`.ray_backend`), found
+    by the name its attempt's directory gives it, by this daemon or the next."""
 
-    def __init__(self, backend: Any) -> None:
-        self.backend = backend
+    def __init__(self, backend: Any, trouble_file: Path | None = None, address: str | None = None) -> None:
+        self.backend, self.trouble_file, self.address = backend, trouble_file, address
+        self.trouble: str | None = None  # why Ray does not answer, said until it does again
 
     def start(self, a: Launched, what: Launch) -> str:
-        w = what
-        return self.backend.launch(a.job_id, a.n, str(w.dir), w.cpus, w.mem, w.gpus, w.gpu_mem, w.pin_to_head)
+        gpu_mem = {g.local or 0: (what.gpu_mem or 0) >> 20 for g in what.gpus if what.gpu_mem}
+        self.backend.launch(str(what.dir), what.cwd, what.node, what.cpus, what.mem, gpu_mem)
+        return what.node
+
+    def _status(self, a: Launched) -> str:
+        return str(self.backend.status(actor_name(a.dir), a.node))
 
     def alive(self, a: Launched) -> bool:
-        """On this machine: its pid and start time. On another (a Ray node): its task has
-        not returned (after a restart, when the task is gone with the old daemon, only its
-        result file can tell)."""
-        if not a.remote:
-            return same_process(a.shim_pid, a.shim_ctime)
-        if (a.job_id, a.n) in self.backend.refs:
-            return self.backend.pending(a.job_id, a.n)
-        return True
+        return self._status(a) in (PENDING, RUNNING)
 
     def pending(self, a: Launched) -> bool:
-        return self.backend.pending(a.job_id, a.n)
+        """Not started by Ray yet: waiting for its node's resources (or for its actor)."""
+        return self._status(a) == PENDING
 
     def cancel(self, a: Launched) -> None:
-        # Still queued in Ray: the task is dropped; running: the task passes SIGTERM on.
-        self.backend.cancel(a.job_id, a.n)
-        if not a.remote:
-            signal_shim(a, signal.SIGTERM)
+        self.backend.stop(actor_name(a.dir))
+
+    def lost(self, a: Launched) -> str | None:
+        self._status(a)  # a node that died is noticed here
+        return self.backend.lost.get(actor_name(a.dir))
 
     def forget(self, a: Launched) -> None:
-        self.backend.forget(a.job_id, a.n)
+        self.backend.forget(actor_name(a.dir))
+
+    def refresh(self, capacity: Capacity) -> bool:
+        """The cluster's nodes as they are now. Where Ray does not answer (its head is gone),
+        the last ones are kept and why is written beside the state, where every command
+        says it (:func:`tandem.cli.main`); Ray ends a driver that lost its head for good."""
+        try:
+            changed = capacity.refresh(self.backend.cluster())
+        except Exception as exc:
+            if self.trouble is None:
+                when = time.strftime("%H:%M:%S")
+                again = (
+                    f"tandem daemon start --backend ray{f' --address {self.address}' if self.address else ''}"
+                )
+                self.trouble = (
+                    f"the Ray cluster does not answer (since {when}: {str(exc)[:300]}); its jobs are "
+                    f"not followed, and Ray ends the daemon if it stays so; once it is back: {again}"
+                )
+                if self.trouble_file is not None:
+                    self.trouble_file.write_text(self.trouble + "\n")
+            return False
+        if self.trouble is not None or (self.trouble_file is not None and self.trouble_file.exists()):
+            self.trouble = None
+            if self.trouble_file is not None:
+                self.trouble_file.unlink(missing_ok=True)
+        return changed
 
     def shutdown(self) -> None:
         self.backend.shutdown()
+
+
+def stop_orphaned_job(attempt_dir: Path, grace_s: float) -> bool:
+    """Stop the job of a supervisor that died without a result, found by the marker and
+    cgroup it wrote when it started it (or just before: should it be killed between); whether
+    any of its processes were there to stop."""
+    found = load(attempt_dir, Started) or load(attempt_dir, ShimInfo)
+    if found is None or found.marker is None:
+        return False
+    procs = JobProcesses(found.marker, Path(found.cgroup) if found.cgroup else None)
+    stopped = bool(procs.pids())
+    if stopped:
+        procs.stop(grace_s)
+    procs.close()  # its cgroup, which the supervisor could not remove
+    return stopped
 
 
 def reap_children() -> None:

@@ -1,70 +1,102 @@
 """Hand-off to Ray: ``tandem daemon start --backend ray [--address ADDR]``.
 
-The daemon keeps deciding (the same :func:`tandem.place.scheduler.plan`, the same policies
-and reservations); Ray becomes how an attempt reaches a node and how its reservation is
-enforced there. Each attempt is a Ray task that runs the same supervisor
-(:mod:`tandem.place.run.shim`) on its node, in a session of its own, and waits for it.
+The daemon keeps deciding (the same :func:`tandem.place.scheduler.plan_nodes`, the same
+policies and reservations), now per node: each pass reads the live nodes from Ray
+(:meth:`RayBackend.cluster`: a node that joins is used, one that dies is dropped) and places
+each job on one node where it fits. Ray becomes how an attempt reaches its node and how its
+reservation is held there.
+
+Each attempt is a **detached, named Ray actor** (:class:`Supervisor`), pinned to the node
+chosen and holding its cores, RAM and GPU memory there, which starts the attempt's
+supervisor (:mod:`tandem.place.run.shim`) once and answers for it. Detached, it outlives
+the daemon (Ray ends a driver's tasks and their children when the driver dies); named from
+the attempt's directory (state directory, job and attempt), it is created only if absent,
+so a start is never repeated, and a restarted daemon finds it again by name to follow,
+stop or collect it. When its node dies, Ray fails it at once: the daemon runs the job
+again elsewhere (:meth:`tandem.place.attempts.Attempts.follow`), not counted as a failure.
+
+Cores: Ray's CPUs are a hard reservation, tandem's cores elastic (a share group's jobs
+start past their cores, a job of learnt cores on measured room), so an actor asks Ray for
+the part of its cores that Ray still has unreserved on its node
+(:attr:`~tandem.place.scheduler.Placement.cores_held`): Ray never queues what tandem
+started. RAM and GPU memory are strict on both sides and asked for as reserved.
 
 GPU memory: Ray's fractional ``num_gpus`` only sets ``CUDA_VISIBLE_DEVICES`` and counts
-nothing (its GPU-memory scheduling proposal is unmerged; users hit OOMs with fractional
-GPUs). So each node declares each GPU's memory as a custom resource,
-``tandem_gpu_mem_mib_<i>`` (MiB of GPU ``i`` on that node), and a job reserves
-``gpu_mem`` of the GPU the daemon chose for it, pinned to that node. A node is declared
-like this::
+nothing (its GPU-memory scheduling proposal is unmerged). So each node declares each GPU's
+memory as a custom resource, ``tandem_gpu_mem_mib_<i>`` (MiB of GPU ``i`` on that node),
+and a job reserves ``gpu_mem`` of the GPU the daemon chose for it. A node is declared::
 
     ray start --head --num-gpus 2 --resources '{"tandem_gpu_mem_mib_0": 81559, "tandem_gpu_mem_mib_1": 81559}'
 
 Without ``--address`` the daemon starts a local Ray instance and declares this machine's
-GPUs (NVML) that way itself. The task asks Ray for ``num_cpus`` and ``memory`` (the job's
-cores and RAM) and no ``num_gpus``: the GPU is the daemon's choice, named to the job in
-``CUDA_VISIBLE_DEVICES``.
+GPUs (NVML) that way itself.
 
-A share group runs on the daemon's node, where its producer runs (node affinity: a
-placement group's bundles are fixed when it is made, and a group's jobs come and go).
-
-Limits, stated: the state directory must be on a filesystem every node sees (the shim
-writes its files there) and, for a cancel or a restart to reach a job, the job must run on
-the daemon's host (local head, or ``ray.cluster_utils.Cluster`` nodes on one machine);
-the compute gate needs NVML readings, which the daemon has only for its own host, so
-elsewhere admission is by reservations only.
+Limits, stated: the state directory must be on a filesystem every node sees (the
+supervisor writes its files there); only the daemon's own host is measured (other nodes
+are admitted on their reservations).
 """
 
 from __future__ import annotations
 
+import concurrent.futures
 import logging
 import os
 import re
 import signal
 import subprocess
 import sys
+import time
+from pathlib import Path
 from typing import Any
 
-from tandem.place.model import GpuInfo
+from tandem.place.model import Capacity, GpuInfo, NodeInfo
 
 log = logging.getLogger(__name__)
 
 GPU_MEM_RESOURCE = "tandem_gpu_mem_mib_{}"
 _RESOURCE = re.compile(r"^tandem_gpu_mem_mib_(\d+)$")
 MIB = 1 << 20
+NAMESPACE = "tandem"
+
+PENDING, RUNNING, ENDED, GONE = "pending", "running", "ended", "gone"
+NODES_WAIT_S = 5.0  # the longest a pass waits for Ray's list of nodes
 
 
-def _run_attempt(attempt_dir: str) -> dict[str, Any]:
-    """The Ray task: run the shim for ``attempt_dir`` and wait for it. A cancel (Ray raises
-    KeyboardInterrupt in the task) is passed on to the shim as SIGTERM, which stops the job's
-    tree; the shim runs in its own session so that it outlives a killed worker."""
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "tandem.place.run.shim", attempt_dir],
-        stdin=subprocess.DEVNULL,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-        start_new_session=True,
-    )
-    try:
-        code = proc.wait()
-    except KeyboardInterrupt:
-        proc.send_signal(signal.SIGTERM)
-        code = proc.wait()
-    return {"shim_exit": code, "node": os.uname().nodename}
+class Supervisor:
+    """One attempt's Ray actor: starts its supervisor process once, in a session of its
+    own, and answers for it (still running, its exit, a stop)."""
+
+    def __init__(self, attempt_dir: str, cwd: str) -> None:
+        self.dir, self.cwd = attempt_dir, cwd
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> str:
+        """Start the supervisor (once: a second call finds it started); this node's name."""
+        if self.proc is None:
+            with open(Path(self.dir) / "shim.log", "ab") as shim_log:
+                self.proc = subprocess.Popen(
+                    [sys.executable, "-m", "tandem.place.run.shim", self.dir],
+                    cwd=self.cwd if os.path.isdir(self.cwd) else "/",
+                    stdin=subprocess.DEVNULL,
+                    stdout=shim_log,
+                    stderr=subprocess.STDOUT,
+                    start_new_session=True,
+                )
+        return os.uname().nodename
+
+    def poll(self) -> int | None:
+        """The supervisor's exit status; None while it runs."""
+        return None if self.proc is None else self.proc.poll()
+
+    def stop(self) -> None:
+        """Tell the supervisor to stop its job (SIGTERM: it stops the job's tree, then ends)."""
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+
+
+def actor_name(attempt_dir: str | Path) -> str:
+    """An attempt's actor's name: its directory (state directory, job, attempt), unique."""
+    return f"tandem:{attempt_dir}"
 
 
 def _check_reachable(address: str, timeout: float = 5.0) -> None:
@@ -85,7 +117,7 @@ def _check_reachable(address: str, timeout: float = 5.0) -> None:
 
 
 class RayBackend:
-    """The daemon's connection to Ray: the cluster's GPUs, and starting attempts as tasks."""
+    """The daemon's connection to Ray: the live nodes, and each attempt's actor."""
 
     def __init__(
         self, address: str | None, local_gpus: tuple[GpuInfo, ...] = (), cpus: float | None = None
@@ -95,7 +127,7 @@ class RayBackend:
         except ImportError:
             raise RuntimeError("--backend ray needs Ray: pip install 'tandem[ray]'") from None
         self.ray = ray
-        options: dict[str, Any] = {"namespace": "tandem", "log_to_driver": False, "configure_logging": False}
+        options: dict[str, Any] = {"namespace": NAMESPACE, "log_to_driver": False, "configure_logging": False}
         if address:
             _check_reachable(address)
             ray.init(address=address, **options)
@@ -111,70 +143,161 @@ class RayBackend:
                 **options,
             )
         self.head_node = ray.get_runtime_context().get_node_id()
-        self._task = ray.remote(_run_attempt)
-        self.refs: dict[tuple[int, int], Any] = {}
+        self._actor: Any = ray.remote(Supervisor)
+        self.handles: dict[str, Any] = {}  # actor name -> handle
+        self.starts: dict[str, Any] = {}  # actor name -> its start() (done: the supervisor runs)
+        self.polls: dict[str, Any] = {}  # actor name -> its poll() in flight
+        self.lost: dict[str, str] = {}  # actor name -> why its node is gone
+        self._gpu_index: dict[tuple[str, int], int] = {}  # (node, its GPU) -> the daemon's index
+        self._alive: set[str] = set()
+        self._asker = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="ray-nodes")
+        self._asking: concurrent.futures.Future[Any] | None = None
+        self._asked = 0.0
+        self._names: dict[str, str] = {}  # node id -> host name, the dead kept
 
-    def cluster(self) -> tuple[float, int, tuple[GpuInfo, ...]]:
-        """Cores, RAM and GPUs of the live nodes (GPUs: those that declare their memory)."""
-        cpus, mem, gpus = 0.0, 0, list[GpuInfo]()
-        for node in sorted(self.ray.nodes(), key=lambda n: n["NodeID"]):
-            if not node.get("Alive"):
-                continue
+    # --- the cluster ---------------------------------------------------------------------
+
+    def _nodes(self) -> list[dict[str, Any]]:
+        """Ray's list of nodes, asked in a thread of its own: where Ray's head is gone the
+        call blocks until Ray gives up on it (a minute), and the daemon must answer meanwhile.
+        TimeoutError where it has not answered within :data:`NODES_WAIT_S`."""
+        if self._asking is None or self._asking.done():
+            self._asking = self._asker.submit(self.ray.nodes)
+            self._asked = time.monotonic()
+        try:
+            return list(self._asking.result(timeout=max(0.0, self._asked + NODES_WAIT_S - time.monotonic())))
+        except concurrent.futures.TimeoutError:
+            raise TimeoutError(
+                f"Ray's head has not answered for {time.monotonic() - self._asked:.0f} s"
+            ) from None
+
+    def cluster(self) -> Capacity:
+        """The live nodes' cores, RAM and GPUs (those that declare their memory), each GPU
+        numbered once for good (a node that joins later gets new numbers)."""
+        nodes, gpus = [], []
+        for node in sorted(self._nodes(), key=lambda n: n["NodeID"]):
+            node_id = node["NodeID"]
+            self._names[node_id] = node.get("NodeManagerHostname") or node_id[:12]
             res = node.get("Resources", {})
-            cpus += res.get("CPU", 0.0)
-            mem += int(res.get("memory", 0))
+            name, cpus, mem = self._names[node_id], res.get("CPU", 0.0), int(res.get("memory", 0))
+            nodes.append(NodeInfo(node_id, name, cpus, mem, alive=bool(node.get("Alive"))))
+            if not node.get("Alive"):  # listed, as gone; offered nothing
+                continue
             declared = sorted((int(m.group(1)), v) for k, v in res.items() if (m := _RESOURCE.match(k)))
             for local, mib in declared:
-                gpus.append(
-                    GpuInfo(
-                        len(gpus),
-                        f"{node['NodeID'][:12]}:{local}",
-                        int(mib) * MIB,
-                        node=node["NodeID"],
-                        local=local,
-                    )
-                )
-        return cpus, mem, tuple(gpus)
+                index = self._gpu_index.setdefault((node_id, local), len(self._gpu_index))
+                uuid = f"{node_id[:12]}:{local}"
+                gpus.append(GpuInfo(index, uuid, int(mib) * MIB, node=node_id, local=local))
+        self._alive = {n.id for n in nodes if n.alive}
+        cpus, mem = sum(n.cpus for n in nodes if n.alive), sum(n.mem for n in nodes if n.alive)
+        return Capacity(cpus, mem, tuple(sorted(gpus, key=lambda g: g.index)), tuple(nodes))
+
+    # --- an attempt's actor ---------------------------------------------------------------
 
     def launch(
-        self,
-        job_id: int,
-        n: int,
-        attempt_dir: str,
-        cpus: float,
-        mem: int,
-        gpus: tuple[GpuInfo, ...],
-        gpu_mem: int | None,
-        pin_to_head: bool,
-    ) -> str:
-        """Start the attempt as a Ray task; the node it is pinned to (or "")."""
+        self, attempt_dir: str, cwd: str, node: str, cpus: float, mem: int, gpu_mem: dict[int, int]
+    ) -> None:
+        """Start the attempt's actor on ``node`` (if no actor of its name is there already),
+        holding ``cpus`` cores, ``mem`` bytes of RAM and ``gpu_mem`` MiB of its GPUs there."""
         from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-        resources = {GPU_MEM_RESOURCE.format(g.local): max(1, (gpu_mem or 0) // MIB) for g in gpus if gpu_mem}
-        node = gpus[0].node if gpus else (self.head_node if pin_to_head else "")
-        options: dict[str, Any] = {"num_cpus": cpus, "num_gpus": 0, "resources": resources, "max_retries": 0}
+        name = actor_name(attempt_dir)
+        options: dict[str, Any] = {
+            "name": name,
+            "namespace": NAMESPACE,
+            "lifetime": "detached",
+            "get_if_exists": True,
+            "max_restarts": 0,
+            "num_cpus": cpus,
+            "num_gpus": 0,
+            "resources": {GPU_MEM_RESOURCE.format(i): max(1, mib) for i, mib in gpu_mem.items()},
+        }
         if mem:
             options["memory"] = mem
         if node:
             options["scheduling_strategy"] = NodeAffinitySchedulingStrategy(node, soft=False)
-        self.refs[(job_id, n)] = self._task.options(**options).remote(attempt_dir)
-        return node
+        actor: Any = self._actor.options(**options).remote(attempt_dir, cwd)
+        self.handles[name] = actor
+        self.starts[name] = actor.start.remote()
 
-    def pending(self, job_id: int, n: int) -> bool:
-        """Is the attempt's task still queued or running in Ray?"""
-        ref = self.refs.get((job_id, n))
-        if ref is None:
-            return False
+    def _find(self, name: str) -> Any:
+        """The actor of ``name``: the one this daemon made, or (after a restart) found by name."""
+        actor = self.handles.get(name)
+        if actor is None:
+            try:
+                actor = self.handles[name] = self.ray.get_actor(name, namespace=NAMESPACE)
+            except ValueError:  # none of that name: it never started, or it was ended
+                return None
+        return actor
+
+    def _ready(self, ref: Any) -> bool:
         done, _ = self.ray.wait([ref], timeout=0)
-        return not done
+        return bool(done)
 
-    def cancel(self, job_id: int, n: int) -> None:
-        ref = self.refs.get((job_id, n))
-        if ref is not None:
-            self.ray.cancel(ref)
+    def status(self, name: str, node: str | None) -> str:
+        """Where the attempt's actor is: ``pending`` (Ray has not placed it, or its
+        supervisor is not started yet), ``running``, ``ended`` (its supervisor exited) or
+        ``gone`` (no actor: never made, ended, or lost with its node, see :attr:`lost`).
+        Never waits: each poll is answered by a later call."""
+        actor = self._find(name)
+        if actor is None:
+            if node and node not in self._alive:
+                self.lost[name] = f"node {self._names.get(node, node[:12])} is gone"
+            return GONE
+        if name not in self.starts:
+            self.starts[name] = actor.start.remote()  # adopted: answered at once if it ran
+        try:
+            if not self._ready(self.starts[name]):
+                return PENDING if not node or node in self._alive else self._lose(name, node)
+            self.ray.get(self.starts[name])
+            poll = self.polls.get(name)
+            if poll is None or not self._ready(poll):
+                self.polls.setdefault(name, actor.poll.remote())
+                return RUNNING
+            code = self.ray.get(self.polls.pop(name))
+        except self.ray.exceptions.ActorUnavailableError:  # unreachable for now: asked again
+            self.polls.pop(name, None)
+            return RUNNING if not node or self._node_alive(node) else self._lose(name, node)
+        except self.ray.exceptions.RayActorError as exc:
+            if node and not self._node_alive(node):
+                return self._lose(name, node)
+            log.warning("the actor of %s failed: %s", name, exc)
+            return GONE
+        if code is None:
+            self.polls[name] = actor.poll.remote()
+            return RUNNING
+        return ENDED
 
-    def forget(self, job_id: int, n: int) -> None:
-        self.refs.pop((job_id, n), None)
+    def _node_alive(self, node: str) -> bool:
+        """Is ``node`` alive, as Ray says now (read again: an actor's death on a node's
+        death reaches us once Ray has marked the node dead)."""
+        self._alive = {n["NodeID"] for n in self._nodes() if n.get("Alive")}
+        return node in self._alive
+
+    def _lose(self, name: str, node: str | None) -> str:
+        self.lost[name] = f"node {self._names.get(node or '', (node or '')[:12])} is gone"
+        return GONE
+
+    def stop(self, name: str) -> None:
+        """Stop the attempt: its supervisor told to stop its job. An actor answers in order,
+        so a stop sent while its start is still on the way comes after it (ending the actor
+        instead could leave a supervisor it had just started running unseen)."""
+        actor = self._find(name)
+        if actor is not None:
+            actor.stop.remote()
+
+    def forget(self, name: str) -> None:
+        """The attempt is over and recorded: its actor ends (its reservation freed)."""
+        actor = self._find(name)
+        for table in (self.handles, self.starts, self.polls, self.lost):
+            table.pop(name, None)
+        if actor is not None:
+            try:
+                self.ray.kill(actor, no_restart=True)
+            except Exception as exc:  # already gone with its node
+                log.debug("ending the actor of %s: %s", name, exc)
 
     def shutdown(self) -> None:
+        """The daemon leaves Ray; the attempts' actors, detached, run on."""
+        self._asker.shutdown(wait=False, cancel_futures=True)
         self.ray.shutdown()

@@ -115,7 +115,7 @@ class Shim:
             proc = subprocess.Popen(
                 spec.command,
                 cwd=spec.cwd,
-                env=with_run_env({**spec.env, **procs.env()}, run_ids),
+                env=with_run_env({**_node_env(spec), **procs.env()}, run_ids),
                 stdin=subprocess.DEVNULL,
                 stdout=write_fd,
                 stderr=write_fd,
@@ -353,6 +353,13 @@ class _UsageWriter:
 
     def close(self) -> None:
         pass
+
+
+def _node_env(spec: AttemptSpec) -> dict[str, str]:
+    """The job's environment: its submitter's, but for the variables that belong to the node
+    it runs on (:attr:`AttemptSpec.node_env`), taken from this process's (or left unset)."""
+    env = {k: v for k, v in spec.env.items() if k not in spec.node_env}
+    return env | {k: os.environ[k] for k in spec.node_env if k in os.environ}
 
 
 def _say(text: str) -> None:

@@ -142,7 +142,16 @@ function cards(status, whyNot) {
         el("i", { class: "m", style: `width:${100 * (u.mem_used_bytes || 0) / g.mem_bytes}%` })),
       el("div", { class: "dim" }, `activity ${u.activity_mean === null || u.activity_mean === undefined ? "-" : Math.round(100 * u.activity_mean) + "%"} · ${u.jobs || 0} job(s)${u.probing ? " · probing" : ""}`));
   });
-  return el("div", { class: "cards", id: "cards" }, host, gpus);
+  // On a Ray cluster: a card per node (alive or gone), what its attempts reserve on it against what it has.
+  const nodes = (status.nodes || []).map((n) => n.alive
+    ? el("div", { class: "card", "data-card": `node-${n.name}` }, el("h3", {}, `node ${n.name}`),
+      `cores ${n.cpus_reserved.toFixed(1)} / ${n.cpus} reserved (${n.cpus_held.toFixed(1)} held in Ray)`,
+      el("div", { class: "bar" }, el("i", { style: `width:${100 * Math.min(1, n.cpus_reserved / (n.cpus || 1))}%` })),
+      `RAM ${size(n.mem_reserved_bytes)} / ${size(n.mem_bytes)} reserved`,
+      el("div", { class: "bar" }, el("i", { style: `width:${100 * n.mem_reserved_bytes / (n.mem_bytes || 1)}%` })),
+      el("div", { class: "dim" }, `${n.jobs} running${n.gpus.length ? ` · GPUs ${n.gpus.join(", ")}` : ""}`))
+    : el("div", { class: "card dim", "data-card": `node-${n.name}` }, el("h3", {}, `node ${n.name}`), "gone: its jobs run elsewhere"));
+  return el("div", { class: "cards", id: "cards" }, host, nodes, gpus);
 }
 function timelineSvg(data, gpuCount) {
   const now = data.now; const attempts = data.attempts;
@@ -321,7 +330,7 @@ async function jobPage(id) {
       el("h2", { "data-job-id": j.id, "data-state": j.state, id: "job-head" }, `job ${j.id}${j.name ? ` ${j.name}` : ""} `, roleBadge(j), " ", stateCell(j.state), " ", cancel),
       el("dl", {}, el("dt", {}, "command"), el("dd", { class: "cmd" }, j.command.join(" ")),
         el("dt", {}, "request"), el("dd", {}, `${r.cpus === "auto" ? `cores auto${j.reservation && j.reservation.cpus !== null ? ` (${j.reservation.cpus}: ${j.reservation.from})` : ""}` : `${r.cpus} cores`}, RAM ${size(r.mem_bytes || null)}, GPUs ${r.gpus === null ? "auto" : r.gpus}, GPU memory ${r.gpu_mem_bytes === null ? "auto" : size(r.gpu_mem_bytes)}`),
-        el("dt", {}, "placement"), el("dd", {}, j.placement ? `${j.placement.device}${j.placement.gpus.length ? ` GPU ${j.placement.gpus.join(",")}` : ""}` : "-"),
+        el("dt", {}, "placement"), el("dd", {}, j.placement ? `${j.placement.node ? j.placement.node + "/" : ""}${j.placement.device}${j.placement.gpus.length ? ` GPU ${j.placement.gpus.join(",")}` : ""}` : "-"),
         el("dt", {}, "why it waits"), el("dd", {}, j.reason || "-"),
         el("dt", {}, "how it ended"), el("dd", {}, j.cause ? `${j.cause}${j.cause_line ? `: ${j.cause_line}` : ""}` : "-"),
         el("dt", {}, "group"), el("dd", {}, j.group ? el("a", { href: `#/group/${encodeURIComponent(j.group)}` }, j.group) : "-"),
@@ -330,7 +339,7 @@ async function jobPage(id) {
         el("dt", {}, "peaks"), el("dd", {}, `RAM ${size(j.peak_mem_bytes)}, GPU memory ${size(j.peak_gpu_mem_bytes)}`)),
       el("h2", {}, "attempts"),
       j.attempts.length ? el("table", { id: "attempts" }, el("tr", {}, ["#", "state", "where", "started", "ended", "exit", "cause"].map((c) => el("th", {}, c))),
-        j.attempts.map((a) => el("tr", {}, el("td", {}, a.n), el("td", {}, stateCell(a.state)), el("td", {}, a.placement.device + (a.placement.gpus.length ? ` GPU ${a.placement.gpus}` : "")),
+        j.attempts.map((a) => el("tr", {}, el("td", {}, a.n), el("td", {}, stateCell(a.state)), el("td", {}, (a.placement.node ? a.placement.node + "/" : "") + a.placement.device + (a.placement.gpus.length ? ` GPU ${a.placement.gpus}` : "")),
           el("td", {}, when(a.started)), el("td", {}, when(a.ended)), el("td", {}, a.exit_code === null ? (a.signal || "-") : a.exit_code),
           el("td", {}, a.cause_line || a.cause || "")))) : el("p", { class: "dim" }, "not started yet"));
   };

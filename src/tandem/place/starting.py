@@ -1,0 +1,66 @@
+"""Starting a placed job: the environment its attempt runs with, and where it runs.
+
+What the daemon decided (:class:`~tandem.place.scheduler.Placement`) becomes the job's
+environment here: the GPUs it sees (by UUID, or by index on its Ray node), its threads, its
+share, how its drop-in loaders reach this daemon, its MPS server; then
+:meth:`tandem.place.attempts.Attempts.start` records the attempt and starts its supervisor.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from tandem.place.attempts import Attempts
+from tandem.place.config import DaemonConfig
+from tandem.place.model import Capacity
+from tandem.place.producers import Producers, auto_share_command, is_producer
+from tandem.place.scheduler import Placement
+from tandem.place.state import Job
+from tandem.place.threads import thread_env
+
+# Under Ray, what a job takes from the node it runs on, not from the shell it was submitted
+# from: where that node's sockets are (its share's producer runs there, and is found there).
+NODE_ENV = ("XDG_RUNTIME_DIR", "TANDEM_RUNTIME_DIR", "TMPDIR")
+
+
+def start_job(
+    job: Job,
+    p: Placement,
+    on_host: int,
+    *,
+    capacity: Capacity,
+    config: DaemonConfig,
+    state_dir: Path,
+    producers: Producers,
+    attempts: Attempts,
+    mps: Any,
+) -> None:
+    """Start ``job`` where ``p`` says; ``on_host``: the jobs running once this pass's are."""
+    chosen = tuple(g for g in capacity.gpus if g.index in p.gpus)
+    ray = config.backend == "ray"
+    env = dict(job.env)
+    env.update(TANDEM_JOB_ID=str(job.id), TANDEM_JOB_ATTEMPT=str(len(job.attempts) + 1), PYTHONUNBUFFERED="1")
+    # The job sees its GPUs only (by UUID, immune to index reordering); a CPU-only job sees none.
+    env["CUDA_VISIBLE_DEVICES"] = ",".join(g.visible_id for g in chosen)
+    node_cpus = next((n.cpus for n in capacity.nodes if n.id == p.node), capacity.cpus)
+    if is_producer(job):
+        producers.prepare(job)  # the spec it serves (its loader workers are its own)
+    else:  # on_host counts its share's producer: its jobs start once it runs
+        env.update(thread_env(job.env, job.cpus, node_cpus, on_host))
+    if job.share and not is_producer(job):
+        env["TANDEM_SHARE"] = job.share
+    if not is_producer(job) and not ray:  # on this host: its drop-in
+        # loaders ask this daemon for a producer job (tandem.share.loader), not start their own
+        env["TANDEM_SHARE_STARTER"] = json.dumps(auto_share_command(state_dir))
+    with_mps = False
+    if mps is not None and len(chosen) == 1 and not p.alone:
+        server = mps.ensure(chosen[0].uuid)
+        if server is not None:
+            from tandem.place.run.mps import client_env
+
+            env.update(client_env(chosen[0].uuid, server.dirs, p.gpu_mem, job.gpu_share))
+            with_mps = True
+    node_env = NODE_ENV if ray else ()
+    attempts.start(job, p, chosen, env, mps=with_mps, backend="ray" if ray else None, node_env=node_env)

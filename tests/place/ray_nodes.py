@@ -1,0 +1,177 @@
+"""A Ray cluster of separate nodes on this one machine, for tests (root only).
+
+Each node is its own network namespace (the head and the workers joined by veth pairs on
+one subnet, each with its own address), and, inside it, its own pid, mount and UTS
+namespaces: its own host name, ``/proc``, ``/dev/shm``, boot id and runtime directory. Its
+processes cannot see another node's, nor reach them but over the network, as on separate
+servers; only the filesystem is shared (the state directory must be, as on a lab's NFS).
+
+A node's ``ray start --block`` is the first process of its pid namespace: killing it ends
+every process of that node at once (a node's death), and stopping the cluster stops only
+the Ray processes it started, never another Ray of this machine.
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+import shutil
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import psutil
+
+RAY = [sys.executable, "-m", "ray.scripts.scripts"]
+
+
+def can_make_nodes() -> str | None:
+    """Why separate nodes cannot be made here (not root, no ``ip``/``unshare``), or None."""
+    if os.geteuid() != 0:
+        return "network namespaces need root"
+    for tool in ("ip", "unshare"):
+        if shutil.which(tool) is None:
+            return f"no `{tool}` on this machine"
+    return None
+
+
+@dataclass
+class Node:
+    name: str  # its host name
+    netns: str
+    ip: str
+    dir: Path  # its runtime and temp directories
+    proc: subprocess.Popen[bytes] | None = None
+    log: Path = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.log = self.dir / "ray.log"
+
+    def init_pid(self) -> int | None:
+        """The first process of its pid namespace (the child of ``unshare``)."""
+        if self.proc is None or self.proc.poll() is not None:
+            return None
+        try:
+            children = psutil.Process(self.proc.pid).children()
+        except psutil.NoSuchProcess:
+            return None
+        return children[0].pid if children else None
+
+    def kill(self) -> None:
+        """The node dies: every process of it, at once (SIGKILL of its namespace's first)."""
+        pid = self.init_pid()
+        if pid is not None:
+            os.kill(pid, signal.SIGKILL)
+        if self.proc is not None:
+            self.proc.wait(timeout=30)
+
+
+class NodesCluster:
+    """A head and workers, each a node of its own namespaces (see the module's doc)."""
+
+    def __init__(self, root: Path, cpus: float = 2, mem: int = 4 * 10**9, gpu_mib: int = 16384) -> None:
+        self.tag = f"{os.getpid() % 100000}"
+        self.root = root
+        self.cpus, self.mem, self.gpu_mib = cpus, mem, gpu_mib
+        self.subnet = f"10.{77 + os.getpid() % 100}.{os.getpid() % 250}"
+        self.bridge = f"tb{self.tag}"
+        self.port = 20000 + os.getpid() % 20000
+        self.nodes: list[Node] = []
+        self.env = dict(os.environ, RAY_AUTH_MODE="disabled")
+        # A dead node is noticed within seconds (defaults: 5 failed checks, 3 s apart).
+        self.env.update(RAY_health_check_period_ms="1000", RAY_health_check_failure_threshold="3")
+        subprocess.run(["ip", "link", "add", self.bridge, "type", "bridge"], check=True)
+        subprocess.run(["ip", "link", "set", self.bridge, "up"], check=True)
+
+    @property
+    def address(self) -> str:
+        return f"{self.subnet}.1:{self.port}"
+
+    def _netns(self, name: str) -> str:
+        netns, i = f"t{self.tag}{name[0]}{len(self.nodes)}", len(self.nodes) + 1
+        outer, inner = f"v{self.tag}o{i}", f"v{self.tag}i{i}"
+        run = lambda *a: subprocess.run(list(a), check=True, capture_output=True)  # noqa: E731
+        run("ip", "netns", "add", netns)
+        run("ip", "link", "add", outer, "type", "veth", "peer", "name", inner)
+        run("ip", "link", "set", inner, "netns", netns)
+        run("ip", "link", "set", outer, "master", self.bridge)
+        run("ip", "link", "set", outer, "up")
+        run("ip", "-n", netns, "addr", "add", f"{self.subnet}.{i}/24", "dev", inner)
+        run("ip", "-n", netns, "link", "set", inner, "up")
+        run("ip", "-n", netns, "link", "set", "lo", "up")
+        return netns
+
+    def add_node(self, name: str, gpus: int = 1) -> Node:
+        """Start a node (the first one is the head) and return it once its Ray runs."""
+        head = not self.nodes
+        netns = self._netns(name)
+        node = Node(name, netns, f"{self.subnet}.{len(self.nodes) + 1}", self.root / name)
+        node.dir.mkdir(parents=True)
+        temp = Path(f"/tmp/rn{self.tag}{name[0]}{len(self.nodes)}")  # Ray's socket paths stay short
+        shutil.rmtree(temp, ignore_errors=True)
+        resources = "{" + ", ".join(f'"tandem_gpu_mem_mib_{i}": {self.gpu_mib}' for i in range(gpus)) + "}"
+        args = [
+            *RAY, "start", "--block", "--node-ip-address", node.ip, "--num-cpus", str(self.cpus),
+            "--memory", str(self.mem), "--num-gpus", str(gpus), "--resources", resources,
+            "--object-store-memory", str(200 * 10**6), "--temp-dir", str(temp), "--disable-usage-stats",
+        ]  # fmt: skip
+        args += (
+            ["--head", "--port", str(self.port), "--include-dashboard", "false"]
+            if head
+            else ["--address", self.address]
+        )
+        boot = node.dir / "boot_id"
+        boot.write_text(str(uuid.uuid4()) + "\n")
+        inside = (
+            f"hostname {name} && mount -t tmpfs -o size=1g tmpfs /dev/shm && "
+            f"mount --bind {boot} /proc/sys/kernel/random/boot_id && "
+            f"mkdir -p {node.dir}/run && chmod 700 {node.dir}/run && "
+            f"export XDG_RUNTIME_DIR={node.dir}/run && unset TANDEM_RUNTIME_DIR && "
+            f"exec {shlex.join(args)}"
+        )
+        unshare = [
+            "unshare",
+            "--pid",
+            "--fork",
+            "--mount-proc",
+            "--uts",
+            "--mount",
+            "--propagation",
+            "private",
+        ]
+        with open(node.log, "ab") as log:
+            node.proc = subprocess.Popen(
+                ["ip", "netns", "exec", netns, *unshare, "sh", "-c", inside],
+                env=self.env,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+        node.temp = temp  # type: ignore[attr-defined]
+        self.nodes.append(node)
+        deadline = time.monotonic() + 180
+        while "Ray runtime started" not in node.log.read_text(errors="replace"):
+            if node.proc.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(
+                    f"node {name} did not start:\n{node.log.read_text(errors='replace')[-3000:]}"
+                )
+            time.sleep(0.2)
+        return node
+
+    def in_head(self, argv: list[str]) -> list[str]:
+        """``argv`` run in the head's network namespace (a Ray driver there reaches the head)."""
+        return ["ip", "netns", "exec", self.nodes[0].netns, *argv]
+
+    def close(self) -> None:
+        for node in reversed(self.nodes):
+            try:
+                node.kill()
+            except Exception:
+                pass
+            subprocess.run(["ip", "netns", "delete", node.netns], capture_output=True)
+            shutil.rmtree(getattr(node, "temp", "/nonexistent"), ignore_errors=True)
+        subprocess.run(["ip", "link", "delete", self.bridge], capture_output=True)

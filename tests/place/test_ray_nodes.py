@@ -1,0 +1,189 @@
+"""tandem on a Ray cluster of two separate nodes (:mod:`tests.place.ray_nodes`: a head and
+a worker, 2 cores, 4 GB and one fake GPU each, in their own network, pid, mount and UTS
+namespaces), with the daemon's defaults: a sweep of share jobs and plain jobs over both
+nodes, each share job beside its producer; a daemon killed mid-sweep and restarted losing
+nothing and running nothing twice; a cancel that reaches the other node; a node's death,
+its jobs run again on the head. Root only (network namespaces); the tests stop only the Ray
+processes they started."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.place.conftest import TANDEM, Cli, _cli_in
+from tests.place.ray_nodes import NodesCluster, can_make_nodes
+from tests.timing import scaled
+
+pytest.importorskip("ray")
+if (why := can_make_nodes()) is not None:
+    pytest.skip(why, allow_module_level=True)
+
+DATASET = "import torch\n\ndef make():\n    return [torch.tensor([float(i)]) for i in range(64)]\n"
+# A share job: reads its epoch slowly (the sweep overlaps), then says where it ran, which
+# producer fed it and how much; each start of it is one line in runs.txt.
+READER = (
+    "import os, socket, sys, time\n"
+    "from tandem.share import Consumer\n"
+    "open('runs.txt', 'a').write(os.environ['TANDEM_JOB_ID'] + '\\n')\n"
+    "c = Consumer.from_env(batch_size=8)\n"
+    "n = 0\n"
+    "for b in c:\n"
+    "    n += int(b.shape[0])\n"
+    "    time.sleep(float(sys.argv[1]))\n"
+    "with open('read.txt', 'a') as f:\n"
+    "    f.write(f\"{os.environ['TANDEM_JOB_ID']} {socket.gethostname()} {c.producer_pid} {n}\\n\")\n"
+    "c.close()\n"
+)
+PLAIN = "echo $TANDEM_JOB_ID >> runs.txt; hostname; sleep {}"
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[NodesCluster]:
+    c = NodesCluster(tmp_path_factory.mktemp("nodes"))
+    try:
+        c.add_node("head")
+        c.add_node("worker")
+        yield c
+    finally:
+        c.close()
+
+
+@pytest.fixture
+def on_cluster(cluster: NodesCluster, tmp_path: Path) -> Iterator[Cli]:
+    """A state directory whose daemon (started in the head's network) runs on ``cluster``."""
+    gen = _cli_in(tmp_path)
+    cli = next(gen)
+    cli.env.update(RAY_AUTH_MODE="disabled")
+    (tmp_path / "data.py").write_text(DATASET)
+    (tmp_path / "reader.py").write_text(READER)
+    start_daemon(cli, cluster)
+    try:
+        yield cli
+    finally:
+        next(gen, None)
+
+
+def start_daemon(cli: Cli, cluster: NodesCluster) -> None:
+    argv = cluster.in_head([*TANDEM, "daemon", "start", "--backend", "ray", "--address", cluster.address])
+    r = subprocess.run(argv, env=cli.env, capture_output=True, text=True, timeout=scaled(180), cwd=cli.tmp)
+    assert r.returncode == 0, r.stderr[-3000:]
+
+
+def ls(cli: Cli) -> dict[int, dict]:
+    return {j["id"]: j for j in json.loads(cli("ls", "--json", "--all").stdout)}
+
+
+def node_of(job: dict) -> str | None:
+    return job["attempts"][-1]["placement"]["node"] if job["attempts"] else None
+
+
+def wait_for(what, timeout: float, message) -> None:
+    deadline = time.monotonic() + scaled(timeout)
+    while not what():
+        assert time.monotonic() < deadline, message()
+        time.sleep(0.3)
+
+
+def held_within_nodes(cli: Cli) -> None:
+    """What Ray holds and what tandem reserves on each live node fit it: Ray never has to
+    queue an attempt that tandem shows running."""
+    for n in json.loads(cli("daemon", "status", "--json").stdout)["nodes"]:
+        if n["alive"]:
+            assert n["cpus_held"] <= n["cpus"] + 1e-6, n
+            assert n["mem_reserved_bytes"] <= n["mem_bytes"], n
+
+
+def test_a_sweep_runs_on_both_nodes_each_share_job_beside_its_producer_and_survives_a_daemon_kill(
+    on_cluster: Cli, cluster: NodesCluster
+) -> None:
+    cli = on_cluster
+    cli("share", "define", "ds", "--dataset", "data.py:make", "--batch-size", "4")
+    share = [cli.submit("--share", "ds", "--", sys.executable, "reader.py", "0.6") for _ in range(8)]
+    plain = [cli.submit("--", "sh", "-c", PLAIN.format(6)) for _ in range(8)]
+    ids = share + plain
+    # Mid-sweep (some ended, some running, some waiting): the daemon is killed, and restarted.
+    wait_for(
+        lambda: sum(j["state"] == "succeeded" for j in ls(cli).values()) >= 2,
+        240,
+        lambda: cli("ls").stdout,
+    )
+    held_within_nodes(cli)
+    before = ls(cli)
+    assert any(before[i]["state"] == "running" for i in ids), cli("ls").stdout
+    os.kill(cli.daemon_pid() or 0, signal.SIGKILL)
+    start_daemon(cli, cluster)
+    done = time.monotonic() + scaled(400)
+    while time.monotonic() < done and any(ls(cli)[i]["state"] != "succeeded" for i in ids):
+        held_within_nodes(cli)
+        time.sleep(1)
+    jobs = ls(cli)
+    assert all(jobs[i]["state"] == "succeeded" for i in ids), cli("ls").stdout
+    # Each ran exactly once: one attempt, one start of its program.
+    assert all(len(jobs[i]["attempts"]) == 1 for i in ids), cli("ls").stdout
+    starts = sorted(int(line) for line in (cli.tmp / "runs.txt").read_text().split())
+    assert starts == sorted(ids)
+    # Both nodes ran jobs; every share job read a whole epoch from its group's one producer,
+    # on the node it ran on, which is where tandem placed it and its producer.
+    assert {node_of(jobs[i]) for i in ids} == {"head", "worker"}, cli("ls").stdout
+    (producer,) = [j for j in jobs.values() if j["role"] == "producer"]
+    rows = [line.split() for line in (cli.tmp / "read.txt").read_text().splitlines()]
+    assert sorted(int(r[0]) for r in rows) == share
+    for job_id, host, _pid, n in rows:
+        assert host == node_of(jobs[int(job_id)]) == node_of(producer), (job_id, host, node_of(producer))
+        assert int(n) == 64
+    assert len({r[2] for r in rows}) == 1, rows
+    assert f"{node_of(jobs[plain[0]])}/" in cli("ls").stdout  # ls names the node: node/cuda:i
+
+
+def test_a_cancel_reaches_a_job_on_the_other_node_within_5_s(on_cluster: Cli) -> None:
+    cli = on_cluster
+    ids = [cli.submit("--cpus", "1", "--", "sh", "-c", PLAIN.format(120)) for _ in range(4)]
+    wait_for(lambda: all(j["state"] == "running" for j in ls(cli).values()), 120, lambda: cli("ls").stdout)
+    jobs = ls(cli)
+    (remote, *_) = [i for i in ids if node_of(jobs[i]) == "worker"]
+    asked = time.monotonic()
+    cli("cancel", str(remote))
+    wait_for(lambda: cli.job(remote)["state"] != "running", 5, lambda: cli("show", str(remote)).stdout)
+    assert time.monotonic() - asked < scaled(5)
+    assert cli.job(remote)["state"] == "cancelled"
+    cli("cancel", "--all")
+
+
+def test_a_dead_node_s_jobs_run_again_on_the_head(on_cluster: Cli, cluster: NodesCluster) -> None:
+    """Last of the module: the worker dies (every process of it at once)."""
+    cli = on_cluster
+    ids = [cli.submit("--cpus", "1", "--", "sh", "-c", PLAIN.format(25)) for _ in range(4)]
+    wait_for(lambda: all(j["state"] == "running" for j in ls(cli).values()), 120, lambda: cli("ls").stdout)
+    on_worker = [i for i in ids if node_of(ls(cli)[i]) == "worker"]
+    assert len(on_worker) == 2
+    cluster.nodes[1].kill()
+    assert cli("wait", *map(str, ids), timeout=400).returncode == 0, cli("ls").stdout
+    jobs = ls(cli)
+    for i in on_worker:
+        first, again = jobs[i]["attempts"]
+        assert first["state"] == "lost" and "node worker is gone" in first["cause"], first
+        assert again["state"] == "succeeded" and again["placement"]["node"] == "head", again
+    nodes = json.loads(cli("daemon", "status", "--json").stdout)["nodes"]
+    assert [n["alive"] for n in nodes if n["name"] == "worker"] == [False]
+    assert "node worker: gone" in cli("daemon", "status").stdout
+
+
+def test_the_heads_loss_is_said_on_every_command(on_cluster: Cli, cluster: NodesCluster) -> None:
+    """Last of the module: the head dies. Ray ends the daemon, a driver on it; every command
+    then says that the cluster does not answer and how to start again once it is back."""
+    cli = on_cluster
+    assert "does not answer" not in cli("ls").stderr
+    cluster.nodes[0].kill()
+    wait_for(lambda: "does not answer" in cli("ls").stderr, 120, lambda: cli("ls").stderr)
+    said = cli("ls").stderr
+    assert f"tandem daemon start --backend ray --address {cluster.address}" in said, said
+    assert "does not answer" in cli("show", "1", check=False).stderr
