@@ -72,8 +72,9 @@ def on_cluster(cluster: NodesCluster, tmp_path: Path) -> Iterator[Cli]:
         next(gen, None)
 
 
-def start_daemon(cli: Cli, cluster: NodesCluster) -> None:
-    argv = cluster.in_head([*TANDEM, "daemon", "start", "--backend", "ray", "--address", cluster.address])
+def start_daemon(cli: Cli, cluster: NodesCluster, flags: tuple[str, ...] | None = None) -> None:
+    flags = ("--backend", "ray", "--address", cluster.address) if flags is None else flags
+    argv = cluster.in_head([*TANDEM, "daemon", "start", *flags])
     r = subprocess.run(argv, env=cli.env, capture_output=True, text=True, timeout=scaled(180), cwd=cli.tmp)
     assert r.returncode == 0, r.stderr[-3000:]
 
@@ -120,7 +121,10 @@ def test_a_sweep_runs_on_both_nodes_each_share_job_beside_its_producer_and_survi
     before = ls(cli)
     assert any(before[i]["state"] == "running" for i in ids), cli("ls").stdout
     os.kill(cli.daemon_pid() or 0, signal.SIGKILL)
-    start_daemon(cli, cluster)
+    # A local daemon would lose sight of the jobs on the cluster: refused, saying how to start.
+    r = cli("daemon", "start", "--backend", "local", check=False)
+    assert r.returncode == 2 and f"tandem daemon start --backend ray --address {cluster.address}" in r.stderr
+    start_daemon(cli, cluster, flags=())  # without flags: the kept configuration, Ray's
     done = time.monotonic() + scaled(400)
     while time.monotonic() < done and any(ls(cli)[i]["state"] != "succeeded" for i in ids):
         held_within_nodes(cli)

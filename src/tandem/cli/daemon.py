@@ -114,7 +114,7 @@ window_option = click.option(
     type=click.Choice(["local", "ray"]),
     default=_DEFAULT.backend,
     show_default=True,
-    help="ray: run jobs as Ray tasks, GPU memory reserved per GPU (tandem[ray]).",
+    help="ray: place jobs on the nodes of a Ray cluster, GPU memory reserved per GPU (tandem[ray]).",
 )
 @click.option(
     "--address", metavar="ADDR", help="With --backend ray: the cluster to join [default: start one]."
@@ -132,7 +132,7 @@ def daemon_start(foreground: bool, as_json: bool, **options: Any) -> None:
     directory = state_dir()
     if daemon_call(is_running, directory):
         raise click.ClickException(f"a daemon already serves {directory} (tandem daemon status)")
-    _same_backend(directory, config)
+    config = _kept_backend(directory, config)
     if config.backend == "local":  # what this machine can give, checked before it is kept
         from tandem.place.devices import Nvml, detect_capacity
 
@@ -161,21 +161,39 @@ def daemon_start(foreground: bool, as_json: bool, **options: Any) -> None:
         raise click.ClickException(str(exc)) from None
 
 
-def _same_backend(directory: Path, config: DaemonConfig) -> None:
-    """Refuse a start that would change the kept backend unasked: a flag-less start after a
-    Ray daemon died would run the queue locally, and lose sight of the jobs on the cluster."""
+def _kept_backend(directory: Path, config: DaemonConfig) -> DaemonConfig:
+    """The backend a start runs with. Not given (``--backend``): the kept one, with its
+    address (a flag-less start after a Ray daemon died brings the same daemon back, never a
+    local one that would run the cluster's queue on one machine). Given and not the kept
+    one: refused while jobs run on the kept one (the new daemon would lose sight of them),
+    saying how to start it, and how to switch."""
     from tandem.place.config import CONFIG_FILE
 
     if not (directory / CONFIG_FILE).exists():
-        return
+        return config
     kept = DaemonConfig.load(directory)
     source = click.get_current_context().get_parameter_source("backend")
-    if kept.backend == config.backend or source == click.core.ParameterSource.COMMANDLINE:
-        return
+    if source != click.core.ParameterSource.COMMANDLINE:
+        return dataclasses.replace(config, backend=kept.backend, address=config.address or kept.address)
+    if kept.backend == config.backend:
+        return config
+    from tandem.place.reads import StateReader
+
+    try:
+        reader = StateReader(directory)
+    except Exception:  # no jobs were ever kept there
+        return config
+    try:
+        running = reader.counts().get("running", 0)
+    finally:
+        reader.close()
+    if not running:
+        return config  # nothing runs on the kept backend: switched
     flags = f"--backend {kept.backend}" + (f" --address {kept.address}" if kept.address else "")
     raise click.UsageError(
-        f"the daemon of {directory} runs with {flags} (kept in {directory / CONFIG_FILE}): start it "
-        f"so (tandem daemon start {flags}), or give --backend {config.backend} to switch to it"
+        f"{running} job(s) of {directory} run with {flags}: a daemon with --backend {config.backend} would "
+        f"lose sight of them. Start it so (tandem daemon start {flags}); to switch, let them end or "
+        f"cancel them (tandem cancel --all) under it, then start with --backend {config.backend}"
     )
 
 

@@ -1,5 +1,5 @@
 """The files of one attempt, as typed records: the one definition of what the daemon, the
-supervisor (:mod:`tandem.place.run.shim`) and the Ray task pass each other.
+supervisor (:mod:`tandem.place.run.shim`) and the Ray actor pass each other.
 
 Everything goes through the attempt's folder (``<state dir>/jobs/<job>/<n>.<random>/``: a name
 no other attempt has, of this database or a lost one), each record written whole (write,

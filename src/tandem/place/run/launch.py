@@ -1,4 +1,4 @@
-"""How an attempt's supervisor is started and reached: on this machine, or as a Ray task.
+"""How an attempt's supervisor is started and reached: on this machine, or under a Ray actor.
 
 Both launchers run the same supervisor (:mod:`tandem.place.run.shim`) over the same attempt
 directory; they differ in how it starts, how its life is checked and how a cancel reaches
