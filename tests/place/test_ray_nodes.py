@@ -19,8 +19,8 @@ from pathlib import Path
 
 import pytest
 
+from tandem.bench.ray_nodes import NodesCluster, can_make_nodes
 from tests.place.conftest import TANDEM, Cli, _cli_in
-from tests.place.ray_nodes import NodesCluster, can_make_nodes
 from tests.timing import scaled
 
 pytest.importorskip("ray")

@@ -1,4 +1,6 @@
-"""A Ray cluster of separate nodes on this one machine, for tests (root only).
+"""A Ray cluster of separate nodes on this one machine (root only), for the tests and the
+benchmark of tandem on several nodes (``tests/place/test_ray_nodes.py``,
+``benchmarks/ray_nodes.py``).
 
 Each node is its own network namespace (the head and the workers joined by veth pairs on
 one subnet, each with its own address), and, inside it, its own pid, mount and UTS
