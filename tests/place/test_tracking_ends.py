@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 
 from tandem.place.run import tracking_ends as ends
-from tandem.place.run.files import Result, ShimInfo, save, write_json
+from tandem.place.run.files import Result, ShimInfo, Usage, save, write_json
 from tandem.place.run.proctrack import create_time, host_id
 
 
@@ -57,6 +57,13 @@ def test_a_supervisor_dead_without_a_result_is_a_lost_run_only_without_a_daemon(
     assert end is not None and end["status"] == "FAILED" and end["tags"]["tandem.state"] == "lost"
     save(spool.parent, ShimInfo(shim.pid, create_time(shim.pid), "another-machine"))
     assert ends.end_without_daemon(spool, start, gone=True) is None, "pids elsewhere mean nothing here"
+    # On another node, silent for long with no daemon (its node died with the cluster): lost.
+    old = time.time() - ends.REMOTE_SILENT_S - 1
+    os.utime(spool.parent / ShimInfo.FILE, (old, old))
+    end = ends.end_without_daemon(spool, start, gone=True)
+    assert end is not None and end["tags"]["tandem.state"] == "lost" and "node" in end["tags"]["tandem.cause"]
+    save(spool.parent, Usage(time.time(), [1], 0, 0, 0.0))  # it writes again: it runs there
+    assert ends.end_without_daemon(spool, start, gone=True) is None
 
 
 def test_whether_a_daemon_serves(tmp_path: Path) -> None:

@@ -131,7 +131,7 @@ class Attempts:
                 "tandem.attempt": n,
                 "group": job.group or "",
                 "tandem.share": job.share or "",
-                "tandem.placement": placement.device,
+                "tandem.placement": placement.where,
                 "tandem.mps": mps,
                 "tandem.command": " ".join(job.command)[:5000],
             } | ({"tandem.role": "producer"} if producer else {})

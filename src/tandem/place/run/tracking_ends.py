@@ -33,7 +33,7 @@ from typing import Any
 import psutil
 
 from tandem.place.identity import serving_daemon
-from tandem.place.run.files import Result, ShimInfo, load, read_json, write_json
+from tandem.place.run.files import Result, ShimInfo, Usage, load, read_json, write_json
 from tandem.place.run.proctrack import host_id, same_process
 
 log = logging.getLogger(__name__)
@@ -41,6 +41,9 @@ log = logging.getLogger(__name__)
 IDLE_EXIT_S = 60.0
 RESULT_GRACE_S = 30.0  # a live daemon writes the end within a tick of the result
 NEVER_STARTED_S = 60.0  # no supervisor after this, and no daemon: the attempt never ran
+# A supervisor on another node (Ray) that wrote nothing for this long, with no daemon to say how
+# it ended: its node is gone (a dead cluster), and its run is closed as lost, not left open.
+REMOTE_SILENT_S = 600.0
 KEEP_CLOSED_S = 7 * 86400.0  # a daemon killed after its commit never writes the end: forgotten then
 STOPPED = "daemon-stopped"  # in the queue: its daemon has stopped
 
@@ -99,12 +102,25 @@ def end_without_daemon(spool: Path, start: dict[str, Any], gone: bool) -> dict[s
             return None
         tags = {"tandem.state": "lost", "tandem.cause": "its supervisor never started"}
         return _end("KILLED", tags, {}, adir)
-    if shim.host != host_id() or same_process(shim.pid, shim.ctime):
-        return None  # it runs (or runs elsewhere: its result will come)
+    if shim.host != host_id():  # on another node: its pids mean nothing here, its files do
+        if _silent_for(adir) < REMOTE_SILENT_S:
+            return None  # it runs there (its usage written each second): its result will come
+        tags = {"tandem.state": "lost", "tandem.cause": "its node stopped writing its files (no daemon)"}
+        return _end("FAILED", tags, {}, adir)
+    if same_process(shim.pid, shim.ctime):
+        return None  # it runs
     if load(adir, Result) is not None:
         return None  # written as it ended: taken at the next look
     tags = {"tandem.state": "lost", "tandem.cause": "its supervisor died without a result"}
     return _end("FAILED", tags, {}, adir)
+
+
+def _silent_for(adir: Path) -> float:
+    """Seconds since the attempt's supervisor last wrote its usage (each second while it runs)."""
+    try:
+        return time.time() - (adir / Usage.FILE).stat().st_mtime
+    except OSError:
+        return time.time() - (adir / ShimInfo.FILE).stat().st_mtime
 
 
 def _end(
