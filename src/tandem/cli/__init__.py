@@ -87,7 +87,10 @@ def _say_cluster_trouble() -> None:
     from tandem.dirs import state_dir_path
     from tandem.place.paths import cluster_trouble
 
-    said = cluster_trouble(state_dir_path())
+    try:
+        said = cluster_trouble(state_dir_path())
+    except Exception:  # no home, say: the command itself says what is wrong, if anything
+        return
     if said:
         click.echo(f"warning: {said}", err=True)
 
