@@ -17,6 +17,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import psutil
 import pytest
 
 from tandem.bench.ray_nodes import NodesCluster, can_make_nodes
@@ -159,6 +160,15 @@ def test_a_cancel_reaches_a_job_on_the_other_node_within_5_s(on_cluster: Cli) ->
     wait_for(lambda: cli.job(remote)["state"] != "running", 5, lambda: cli("show", str(remote)).stdout)
     assert time.monotonic() - asked < scaled(5)
     assert cli.job(remote)["state"] == "cancelled"
+    # A supervisor on the worker killed, no result written: its job ends lost, never stays running.
+    (other, *_) = [i for i in ids if node_of(jobs[i]) == "worker" and i != remote]
+    folder = str(cli.state / "jobs" / str(other))
+    (shim,) = [p for p in psutil.process_iter(["cmdline"]) if "tandem.place.run.shim" in " ".join(
+        p.info["cmdline"] or ()) and folder in " ".join(p.info["cmdline"] or ())]  # fmt: skip
+    shim.kill()
+    wait_for(lambda: cli.job(other)["state"] != "running", 60, lambda: cli("show", str(other)).stdout)
+    job = cli.job(other)
+    assert job["state"] == "failed" and "supervisor died" in job["cause"], job
     cli("cancel", "--all")
 
 

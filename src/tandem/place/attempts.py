@@ -83,9 +83,10 @@ class Attempts:
         figures, known = running_figures(self.active.values()), Peak.of(self.state.peak(job.learning_key))
         r = reserve(job, self.startup.learned, figures, known, self.config.limits.gpu_mem_margin)
         cpu, mem, mem_from = Measuring(job, self.startup.learned, start=r.cores_start), r.ram, r.ram_why
+        by_index = sorted(chosen, key=lambda g: g.index)
         placement = AttemptPlacement(
             # its GPUs as its node numbers them (one server: the daemon's numbering, the same)
-            device=",".join(f"cuda:{g.index if g.local is None else g.local}" for g in chosen) or "cpu",
+            device=",".join(f"cuda:{g.index if g.local is None else g.local}" for g in by_index) or "cpu",
             gpus=tuple(p.gpus),
             uuids=uuids,
             gpu_mem=p.gpu_mem,
@@ -221,6 +222,7 @@ class Attempts:
             else:
                 self.state.requeue(a.job.id, a.n, "never started", now)
             del self.active[a.job.id]
+            self.launcher.forget(a)  # its Ray actor, if one was made, ends (its hold freed)
 
     def _node_lost(self, a: Active, why: str, now: float) -> None:
         """Its machine is gone (a Ray node that died): not the job's failure, so it runs again
@@ -384,7 +386,7 @@ class Attempts:
             "energy_joules": (job.energy_joules or 0.0) + energy if energy is not None else job.energy_joules,
         }
         largest = max((g.mem_total for g in self.capacity.gpus), default=0) or None
-        usable = int(self.capacity.mem * (1 - self.config.limits.host_mem_headroom))
+        usable = int(self.capacity.largest_mem * (1 - self.config.limits.host_mem_headroom))
         again = None
         if not job.cancel_requested:
             limits = self.config.limits

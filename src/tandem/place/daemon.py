@@ -94,9 +94,11 @@ class Daemon:
             nvml = None  # GPUs are Ray's now: measured only where the daemon runs NVML (not yet)
         self.capacity = capacity
         trouble = state.dir / RAY_TROUBLE
-        self.launcher = (
-            RayLauncher(backend, trouble, config.address) if backend is not None else LocalLauncher()
-        )
+        self.launcher: RayLauncher | LocalLauncher = LocalLauncher()
+        if backend is not None:
+            self.launcher = RayLauncher(backend, trouble, config.address)
+        else:  # what a Ray daemon of this directory said is no longer true
+            trouble.unlink(missing_ok=True)
         self.monitor = Monitor(capacity, self.limits.window_s, nvml)
         self.socket_path = protocol.socket_path(state.dir)
         self.moved: str | None = None  # what happened to the state's file, once it is not ours

@@ -188,6 +188,16 @@ class Capacity:
         self.cpus, self.mem, self.gpus, self.nodes = now.cpus, now.mem, now.gpus, now.nodes
         return changed
 
+    @property
+    def largest_cpus(self) -> float:
+        """The most cores one job can have: the largest live node's (one server: its own)."""
+        return max((n.cpus for n in self.nodes if n.alive), default=self.cpus)
+
+    @property
+    def largest_mem(self) -> int:
+        """The most RAM one job can have: the largest live node's (one server: its own)."""
+        return max((n.mem for n in self.nodes if n.alive), default=self.mem)
+
     def node_name(self, node_id: str | None) -> str:
         """What a node is called (its host name; the id's start for one that is gone)."""
         return next((n.name for n in self.nodes if n.id == node_id), (node_id or "")[:12])

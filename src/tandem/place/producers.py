@@ -86,7 +86,7 @@ class Producers:
 
     def _cores(self, share: Share) -> tuple[float, str]:
         """What a new producer of ``share`` reserves and why (tandem.place.reserve)."""
-        defined = share.spec.producer_cpus(self.capacity.cpus)
+        defined = share.spec.producer_cpus(self.capacity.largest_cpus)
         return producer_reservation(defined, share.spec.cpus is not None, self.learned, share.name)
 
     def make(self, share: Share, asked: Job) -> int:
@@ -132,7 +132,7 @@ class Producers:
             dataclasses.replace(spec, selection=share.selection, select=None) if share.selection else spec
         )
         if spec.source != "loader":  # its loader workers: the manager's cores' worth (ShareSpec)
-            served = dataclasses.replace(served, num_workers=spec.loader_workers(self.capacity.cpus))
+            served = dataclasses.replace(served, num_workers=spec.loader_workers(self.capacity.largest_cpus))
         # The jobs that will read it now, which start with it: it keeps its start for them.
         readers = self.state.jobs((*WAITING_STATES, RUNNING), shares=(share.name,))
         served = dataclasses.replace(served, readers=sum(not is_producer(j) for j in readers) or None)

@@ -130,8 +130,10 @@ class RayLauncher:
         return self._status(a) in (PENDING, RUNNING)
 
     def pending(self, a: Launched) -> bool:
-        """Not started by Ray yet: waiting for its node's resources (or for its actor)."""
-        return self._status(a) == PENDING
+        """Its supervisor may yet show itself: Ray has not placed its actor, or the actor
+        runs (its supervisor's first file not seen yet: a slow start, a shared filesystem's
+        cache). Only an actor that ended or is gone leaves an attempt never started."""
+        return self._status(a) in (PENDING, RUNNING)
 
     def cancel(self, a: Launched) -> None:
         self.backend.stop(actor_name(a.dir))

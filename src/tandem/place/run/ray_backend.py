@@ -148,6 +148,7 @@ class RayBackend:
         self.starts: dict[str, Any] = {}  # actor name -> its start() (done: the supervisor runs)
         self.polls: dict[str, Any] = {}  # actor name -> its poll() in flight
         self.lost: dict[str, str] = {}  # actor name -> why its node is gone
+        self.ended: set[str] = set()  # actor names whose supervisor exited
         self._gpu_index: dict[tuple[str, int], int] = {}  # (node, its GPU) -> the daemon's index
         self._alive: set[str] = set()
         self._asker = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="ray-nodes")
@@ -239,6 +240,8 @@ class RayBackend:
         supervisor is not started yet), ``running``, ``ended`` (its supervisor exited) or
         ``gone`` (no actor: never made, ended, or lost with its node, see :attr:`lost`).
         Never waits: each poll is answered by a later call."""
+        if name in self.ended:  # said once, said again: every caller of a tick hears it
+            return ENDED
         actor = self._find(name)
         if actor is None:
             if node and node not in self._alive:
@@ -263,9 +266,13 @@ class RayBackend:
                 return self._lose(name, node)
             log.warning("the actor of %s failed: %s", name, exc)
             return GONE
+        except self.ray.exceptions.RayError as exc:  # its own code failed (a start it could not make)
+            log.warning("the actor of %s: %s", name, exc)
+            return GONE
         if code is None:
             self.polls[name] = actor.poll.remote()
             return RUNNING
+        self.ended.add(name)
         return ENDED
 
     def _node_alive(self, node: str) -> bool:
@@ -291,6 +298,7 @@ class RayBackend:
         actor = self._find(name)
         for table in (self.handles, self.starts, self.polls, self.lost):
             table.pop(name, None)
+        self.ended.discard(name)
         if actor is not None:
             try:
                 self.ray.kill(actor, no_restart=True)
