@@ -420,7 +420,7 @@ def test_each_job_is_an_mlflow_run_written_while_it_runs(cli, tmp_path: Path) ->
     wanted = ("system/host/cpu_percent", "system/process_tree/pss_bytes", "system/energy/cpu_joules")
     while True:
         job = cli.job(job_id)
-        assert job["state"] == "running", job
+        assert job["state"] in ("queued", "running"), job  # queued a while on a busy machine
         run_id = job["mlflow_run_id"]
         if run_id and client is None:
             client = MlflowClient(tracking_uri=uri)
