@@ -244,9 +244,7 @@ class RayBackend:
             return ENDED
         actor = self._find(name)
         if actor is None:
-            if node and node not in self._alive:
-                self.lost[name] = f"node {self._names.get(node, node[:12])} is gone"
-            return GONE
+            return self._lose(name, node) if node and node not in self._alive else GONE
         if name not in self.starts:
             self.starts[name] = actor.start.remote()  # adopted: answered at once if it ran
         try:
