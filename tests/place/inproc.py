@@ -151,6 +151,9 @@ class FakeLauncher:
     def refresh(self, capacity: Capacity) -> bool:
         return False
 
+    def samples(self) -> dict[str, Any]:
+        return {}  # one server: no Ray node's agent
+
     def shutdown(self) -> None:
         pass
 

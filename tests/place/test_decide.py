@@ -13,7 +13,7 @@ from typing import Any
 
 from tandem.place.active import Active, Startup
 from tandem.place.admission import Admission
-from tandem.place.decide import Peak
+from tandem.place.decide import GpuReading, Peak
 from tandem.place.model import RUNNING, SUCCEEDED, Capacity, GpuInfo
 from tandem.place.policies import Limits, make_policy
 from tandem.place.reserve import Learned, Measuring
@@ -67,6 +67,10 @@ class _Monitor:
         reading = gpu_reading(sim.on_gpu[0], sim.gpu_mem, sim.now)
         gpu = type("Gpu", (), {"mem_used": reading.mem_used, "activity": _Window(reading.activity_mean)})
         self.gpus = {uuid_of(0): gpu}
+
+    def readings(self) -> dict[str, GpuReading]:
+        """As :meth:`tandem.place.devices.Monitor.readings`: each GPU's last reading, by uuid."""
+        return {u: GpuReading(g.mem_used, g.activity.mean(), g.activity.p95()) for u, g in self.gpus.items()}
 
 
 class _NoProducers:

@@ -199,3 +199,22 @@ def test_a_probe_that_settles_is_written_whole_and_a_new_daemon_adopts_it_typed(
     assert adopted.placed == settled and adopted.uuids == ("GPU-a",) and adopted.placement.probe
     assert adopted.gpu_mem_reserved == 0, "settled: not a probe again"
     assert adopted.mem_learned == 1 << 20
+
+
+def test_a_running_job_whose_supervisor_has_not_shown_itself_is_starting(tmp_path: Path) -> None:
+    """On a Ray cluster an attempt is recorded as it is handed to Ray; until its supervisor
+    writes who it is, Ray is still placing it (or its node starting a worker): ``ls`` and
+    ``show`` say ``starting``, ``--json`` keeps its state and says ``starting`` beside it."""
+    state = State(tmp_path)
+    job_id, _ = state.add_job(JobSpec(["true"], "/"), 0, time.time())
+    state.start(
+        Attempt(job_id, 1, "running", AttemptPlacement(node_name="worker"), time.time()), None, "attempt 1"
+    )
+    job = state.job(job_id)
+    assert job is not None and job.state == "running"
+    assert ls_row(job)[2] == "starting"
+    assert job_json(job)["state"] == "running" and job_json(job)["starting"] is True
+    state.update_attempt(job_id, 1, shim_pid=4242, shim_ctime=1.0)  # its supervisor wrote
+    job = state.job(job_id)
+    assert job is not None and ls_row(job)[2] == "running" and job_json(job)["starting"] is False
+    state.close()

@@ -63,7 +63,7 @@ def on_cluster(cluster: NodesCluster, tmp_path: Path) -> Iterator[Cli]:
     """A state directory whose daemon (started in the head's network) runs on ``cluster``."""
     gen = _cli_in(tmp_path)
     cli = next(gen)
-    cli.env.update(RAY_AUTH_MODE="disabled")
+    cli.env.update(RAY_AUTH_MODE="disabled", **cluster.ray_env)  # as the nodes have it
     (tmp_path / "data.py").write_text(DATASET)
     (tmp_path / "reader.py").write_text(READER)
     start_daemon(cli, cluster)
@@ -172,6 +172,49 @@ def test_a_cancel_reaches_a_job_on_the_other_node_within_5_s(on_cluster: Cli) ->
     cli("cancel", "--all")
 
 
+def test_each_node_is_measured_where_it_is_a_full_worker_sends_jobs_to_the_head(
+    on_cluster: Cli, cluster: NodesCluster, tmp_path: Path
+) -> None:
+    """Each node's agent measures it: RAM used on the worker by something tandem did not
+    start (another tenant, in the worker's 4 GB) keeps jobs off it, which its reservations
+    alone would have spread there."""
+    if not cluster.mem_limited:
+        pytest.skip("no memory cgroup can be made here: the nodes share one RAM")
+    cli = on_cluster
+
+    def nodes() -> dict[str, dict]:
+        return {n["name"]: n for n in json.loads(cli("daemon", "status", "--json").stdout)["nodes"]}
+
+    wait_for(
+        lambda: all(n["mem_available_bytes"] is not None for n in nodes().values()),
+        60,
+        lambda: f"no agent answered: {nodes()}",
+    )
+    assert "measured" in cli("daemon", "status").stdout
+    held = tmp_path / "held"
+    tenant = f"import time; b = b'x' * 3_300_000_000; open({str(held)!r}, 'w'); time.sleep(600)"
+    hog = cluster.nodes[1].run([sys.executable, "-c", tenant])
+    try:
+        wait_for(held.exists, 60, lambda: "the worker's other tenant did not take its RAM")
+        wait_for(
+            lambda: nodes()["worker"]["mem_available_bytes"] < 10**9,
+            30,
+            lambda: f"the worker's agent does not see its RAM taken: {nodes()['worker']}",
+        )
+        assert nodes()["head"]["mem_available_bytes"] > 2 * 10**9, nodes()["head"]
+        # GPU jobs of declared compute: the host's compute gate (CPU-only jobs; this machine's
+        # two cores are both nodes' in truth) leaves them be, as does the GPU's (no NVML on a
+        # fake GPU): RAM alone decides.
+        need = ("--cpus", "1", "--mem", "1G", "--gpus", "1", "--gpu-mem", "1G", "--gpu-share", "40")
+        ids = [cli.submit(*need, "--", "sh", "-c", PLAIN.format(30)) for _ in range(2)]
+        wait_for(lambda: all(ls(cli)[i]["state"] == "running" for i in ids), 120, lambda: cli("ls").stdout)
+        assert {node_of(ls(cli)[i]) for i in ids} == {"head"}, cli("ls").stdout
+    finally:
+        hog.kill()
+        hog.wait()
+        cli("cancel", "--all")
+
+
 def test_a_dead_node_s_jobs_run_again_on_the_head(on_cluster: Cli, cluster: NodesCluster) -> None:
     """Last of the module: the worker dies (every process of it at once)."""
     cli = on_cluster
@@ -189,6 +232,108 @@ def test_a_dead_node_s_jobs_run_again_on_the_head(on_cluster: Cli, cluster: Node
     nodes = json.loads(cli("daemon", "status", "--json").stdout)["nodes"]
     assert [n["alive"] for n in nodes if n["name"] == "worker"] == [False]
     assert "node worker: gone" in cli("daemon", "status").stdout
+
+
+TICKER = (
+    "import socket, sys, time\n"
+    "end = time.time() + float(sys.argv[1])\n"
+    "with open(f'ticks-{sys.argv[2]}.txt', 'a', buffering=1) as f:\n"
+    "    while time.time() < end:\n"
+    "        f.write(f'{socket.gethostname()} {time.time()}\\n')\n"
+    "        time.sleep(0.2)\n"
+)
+
+
+def test_a_partitioned_node_s_jobs_run_once_followed_to_their_end(
+    on_cluster: Cli, cluster: NodesCluster
+) -> None:
+    """A node cut off from the others (its network down; it runs on, the filesystem still
+    shared): Ray takes it for dead within seconds, but its jobs' supervisors still write, so
+    the daemon follows them there to their end instead of running them again beside
+    themselves: every job succeeds, each ran once, and the cut-off is said. After the
+    dead-node test: a node of its own joins first."""
+    cli = on_cluster
+    island = cluster.add_node("island")
+
+    def nodes() -> dict[str, dict]:
+        return {n["name"]: n for n in json.loads(cli("daemon", "status", "--json").stdout)["nodes"]}
+
+    wait_for(lambda: nodes().get("island", {}).get("alive"), 60, lambda: cli("daemon", "status").stdout)
+    (cli.tmp / "ticker.py").write_text(TICKER)
+    # GPU jobs of declared compute (the host's compute gate sees this machine's two cores busy
+    # for every node): two on each node.
+    need = ("--cpus", "1", "--gpus", "1", "--gpu-mem", "1G", "--gpu-share", "25")
+    ids = [cli.submit(*need, "--", sys.executable, "ticker.py", "40", str(k)) for k in range(4)]
+    wait_for(lambda: all(j["state"] == "running" for j in ls(cli).values()), 120, lambda: cli("ls").stdout)
+    on_island = [i for i in ids if node_of(ls(cli)[i]) == "island"]
+    assert len(on_island) == 2, cli("ls").stdout
+
+    def ticking(k: int) -> bool:
+        path = cli.tmp / f"ticks-{k}.txt"
+        return path.exists() and node_of(ls(cli)[ids[k]]) in path.read_text()
+
+    wait_for(lambda: all(ticking(k) for k in range(4)), 120, lambda: cli("ls").stdout)  # each program runs
+    island.cut()
+    wait_for(lambda: not nodes()["island"]["alive"], 60, lambda: cli("daemon", "status").stdout)
+    wait_for(
+        lambda: all("cut off" in cli("show", str(i)).stdout for i in on_island),
+        60,
+        lambda: cli("show", str(on_island[0])).stdout,
+    )
+    assert cli("wait", *map(str, ids), timeout=400).returncode == 0, cli("ls").stdout
+    jobs = ls(cli)
+    for k, i in enumerate(ids):
+        ticks = (cli.tmp / f"ticks-{k}.txt").read_text().split()
+        assert jobs[i]["state"] == "succeeded" and len(jobs[i]["attempts"]) == 1, jobs[i]
+        assert set(ticks[::2]) == {node_of(jobs[i])}, "one copy, where it was placed"
+    island.heal()
+
+
+def test_a_supervisor_whose_actor_dies_stops_its_job(on_cluster: Cli) -> None:
+    """The actor's process killed (its node's Ray stopped, say): its supervisor and job end
+    with it (Ray ends a dead worker's children; where it is set not to, the kernel's death
+    signal tells the supervisor, which stops its job), and the attempt ends: never a job
+    left running beside its rerun."""
+    cli = on_cluster
+    job_id = cli.submit("--cpus", "1", "--retries", "0", "--", "sh", "-c", PLAIN.format(300))
+    wait_for(lambda: cli.job(job_id)["state"] == "running", 120, lambda: cli("ls").stdout)
+    folder = str(cli.state / "jobs" / str(job_id))
+    wait_for(lambda: _sleeping(folder), 30, lambda: "no supervisor and job seen")
+    shim = _shim_of(folder)
+    assert shim is not None
+    job = shim.children(recursive=True)
+    shim.parent().kill()  # the actor's worker process
+    wait_for(
+        lambda: not any(map(_alive, (shim, *job))),
+        15,
+        lambda: (
+            f"still running: {[p for p in (shim, *job) if _alive(p)]}; its supervisor's log: "
+            + (Path(folder) / "shim.log").read_text()[-2000:]
+        ),
+    )
+    wait_for(lambda: cli.job(job_id)["state"] != "running", 60, lambda: cli("show", str(job_id)).stdout)
+    assert cli.job(job_id)["state"] == "failed", cli("show", str(job_id)).stdout
+
+
+def _alive(p: psutil.Process) -> bool:
+    """Running, not ended (a zombie whose parent, the node's first process, does not reap it)."""
+    try:
+        return p.status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+def _sleeping(folder: str) -> bool:
+    shim = _shim_of(folder)
+    return shim is not None and any(c.name() == "sleep" for c in shim.children(recursive=True))
+
+
+def _shim_of(folder: str) -> psutil.Process | None:
+    for p in psutil.process_iter(["cmdline"]):
+        line = " ".join(p.info["cmdline"] or ())
+        if "tandem.place.run.shim" in line and folder in line:
+            return p
+    return None
 
 
 def test_the_heads_loss_is_said_on_every_command(on_cluster: Cli, cluster: NodesCluster) -> None:

@@ -1,5 +1,5 @@
 """The overview's cards on a Ray cluster: one per node, alive (its jobs, the cores and RAM
-reserved on it against what it has, what Ray holds) or gone, drawn by the page's own
+reserved on it against what it has, what Ray holds, what its agent measured) or gone, drawn by the page's own
 ``cards`` from the ``nodes`` of ``tandem daemon status --json`` (the daemon's own reply
 type, as :mod:`tandem.place.requests` fills it). Run under Node with the stand-in document
 of :mod:`tests.web.test_group_page_text`; skipped where there is no ``node``."""
@@ -21,8 +21,9 @@ GiB = 1 << 30
 
 def _status() -> dict:
     nodes = [
-        p.NodeUse("a1", "head", True, 2.0, 4 * GiB, 1.5, 1.0, GiB, 3, [1]),
+        p.NodeUse("a1", "head", True, 2.0, 4 * GiB, 1.5, 1.0, GiB, 3, [1], 1.5, 2 * GiB),
         p.NodeUse("b2", "worker", False, 0.0, 0, 0.0, 0.0, 0, 0, []),
+        p.NodeUse("c3", "late", True, 2.0, 4 * GiB, 0.0, 0.0, 0, 0, []),  # its agent not heard yet
     ]
     status = p.DaemonStatus(
         pid=1, policy="packing", state_dir="/s", started=0.0, limits={}, mps=False, backend="ray",
@@ -44,7 +45,8 @@ def test_a_card_per_node_alive_or_gone(tmp_path: Path) -> None:
     assert out.returncode == 0, out.stderr
     text = " ".join(out.stdout.split())
     assert "node head cores 1.5 / 2 reserved (1.0 held in Ray)" in text, text
-    assert "RAM 1.0 GiB / 4.0 GiB reserved 3 running" in text and "3 running · GPUs 1" in text, text
+    assert "RAM 1.0 GiB / 4.0 GiB reserved busy 1.5 cores · 2.0 GiB free · 3 running · GPUs 1" in text, text
+    assert "node late cores 0.0 / 2 reserved" in text and "not measured · 0 running" in text, text
     assert "node worker gone: its jobs run elsewhere" in text, text
     for word in ("null", "undefined", "NaN", "[object"):
         assert word not in text, (word, text)

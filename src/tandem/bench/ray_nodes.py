@@ -10,7 +10,10 @@ servers; only the filesystem is shared (the state directory must be, as on a lab
 
 A node's ``ray start --block`` is the first process of its pid namespace: killing it ends
 every process of that node at once (a node's death), and stopping the cluster stops only
-the Ray processes it started, never another Ray of this machine.
+the Ray processes it started, never another Ray of this machine. Where a memory cgroup can
+be made (v1, or v2 with the memory controller delegated), each node's processes are in
+one of their own limited to the node's RAM, so a node has the RAM it declares and what is
+used on it is measured there (:attr:`NodesCluster.mem_limited`).
 """
 
 from __future__ import annotations
@@ -48,6 +51,8 @@ class Node:
     ip: str
     dir: Path  # its runtime and temp directories
     proc: subprocess.Popen[bytes] | None = None
+    cgroup: Path | None = None  # its memory cgroup (None: none could be made)
+    link: str = ""  # its end of the veth pair (in its namespace)
     log: Path = field(init=False)
 
     def __post_init__(self) -> None:
@@ -62,6 +67,24 @@ class Node:
         except psutil.NoSuchProcess:
             return None
         return children[0].pid if children else None
+
+    def join(self) -> None:
+        """Put the calling process in the node's memory cgroup (a ``preexec_fn``)."""
+        if self.cgroup is not None:
+            (self.cgroup / "cgroup.procs").write_text(str(os.getpid()))
+
+    def run(self, argv: list[str]) -> subprocess.Popen[bytes]:
+        """Start ``argv`` counted in the node's RAM (its cgroup), as another tenant of it."""
+        return subprocess.Popen(argv, preexec_fn=self.join, start_new_session=True)
+
+    def cut(self) -> None:
+        """A partition: the node's network goes down (its processes run on, the filesystem
+        still shared), so no other node reaches it nor it them."""
+        subprocess.run(["ip", "-n", self.netns, "link", "set", self.link, "down"], check=True)
+
+    def heal(self) -> None:
+        """The partition ends: the node's network comes back."""
+        subprocess.run(["ip", "-n", self.netns, "link", "set", self.link, "up"], check=True)
 
     def kill(self) -> None:
         """The node dies: every process of it, at once (SIGKILL of its namespace's first)."""
@@ -84,16 +107,25 @@ class NodesCluster:
         self.port = 20000 + os.getpid() % 20000
         self.nodes: list[Node] = []
         self.env = dict(os.environ, RAY_AUTH_MODE="disabled")
-        # A dead node is noticed within seconds (defaults: 5 failed checks, 3 s apart).
-        self.env.update(RAY_health_check_period_ms="1000", RAY_health_check_failure_threshold="3")
+        # A dead node is noticed within seconds (defaults: 5 failed checks, 3 s apart); the
+        # daemon, a driver, is given the same (:attr:`ray_env`).
+        self.ray_env = {"RAY_health_check_period_ms": "1000", "RAY_health_check_failure_threshold": "3"}
+        self.env.update(self.ray_env)
         subprocess.run(["ip", "link", "add", self.bridge, "type", "bridge"], check=True)
         subprocess.run(["ip", "link", "set", self.bridge, "up"], check=True)
+        self.cgroups = _memory_cgroups()  # where a node's memory cgroup is made, or None
+
+    @property
+    def mem_limited(self) -> bool:
+        """Whether each node's RAM is limited (and measured) by a cgroup of its own."""
+        return self.cgroups is not None
 
     @property
     def address(self) -> str:
         return f"{self.subnet}.1:{self.port}"
 
-    def _netns(self, name: str) -> str:
+    def _netns(self, name: str) -> tuple[str, str]:
+        """A network namespace for a node, joined to the bridge: its name and its link's."""
         netns, i = f"t{self.tag}{name[0]}{len(self.nodes)}", len(self.nodes) + 1
         outer, inner = f"v{self.tag}o{i}", f"v{self.tag}i{i}"
         run = lambda *a: subprocess.run(list(a), check=True, capture_output=True)  # noqa: E731
@@ -105,14 +137,20 @@ class NodesCluster:
         run("ip", "-n", netns, "addr", "add", f"{self.subnet}.{i}/24", "dev", inner)
         run("ip", "-n", netns, "link", "set", inner, "up")
         run("ip", "-n", netns, "link", "set", "lo", "up")
-        return netns
+        return netns, inner
 
     def add_node(self, name: str, gpus: int = 1) -> Node:
         """Start a node (the first one is the head) and return it once its Ray runs."""
         head = not self.nodes
-        netns = self._netns(name)
-        node = Node(name, netns, f"{self.subnet}.{len(self.nodes) + 1}", self.root / name)
+        netns, link = self._netns(name)
+        node = Node(name, netns, f"{self.subnet}.{len(self.nodes) + 1}", self.root / name, link=link)
         node.dir.mkdir(parents=True)
+        if self.cgroups is not None:
+            node.cgroup = self.cgroups / f"tandem-node-{self.tag}-{name}"
+            node.cgroup.mkdir()
+            v2 = (self.cgroups / "cgroup.controllers").exists()
+            limit = "memory.max" if v2 else "memory.limit_in_bytes"
+            (node.cgroup / limit).write_text(str(self.mem))
         temp = Path(f"/tmp/rn{self.tag}{name[0]}{len(self.nodes)}")  # Ray's socket paths stay short
         shutil.rmtree(temp, ignore_errors=True)
         resources = "{" + ", ".join(f'"tandem_gpu_mem_mib_{i}": {self.gpu_mib}' for i in range(gpus)) + "}"
@@ -131,7 +169,7 @@ class NodesCluster:
         inside = (
             f"hostname {name} && mount -t tmpfs -o size=1g tmpfs /dev/shm && "
             f"mount --bind {boot} /proc/sys/kernel/random/boot_id && "
-            f"mkdir -p {node.dir}/run && chmod 700 {node.dir}/run && "
+            f"mkdir -p {node.dir}/run && chmod 700 {node.dir}/run && {self._mount_cgroups()}"
             f"export XDG_RUNTIME_DIR={node.dir}/run && unset TANDEM_RUNTIME_DIR && "
             f"exec {shlex.join(args)}"
         )
@@ -152,6 +190,7 @@ class NodesCluster:
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
+                preexec_fn=node.join,
             )
         node.temp = temp  # type: ignore[attr-defined]
         self.nodes.append(node)
@@ -163,6 +202,19 @@ class NodesCluster:
                 )
             time.sleep(0.2)
         return node
+
+    def _mount_cgroups(self) -> str:
+        """The shell words that mount the memory cgroup hierarchy again inside a node, as a
+        server has it: ``ip netns exec`` mounts a fresh ``/sys`` without it."""
+        if self.cgroups is None:
+            return ""
+        from tandem.place.run.cgroups import Cgroups
+
+        mount = next(m for m in Cgroups().mounts if m.point in (self.cgroups, *self.cgroups.parents))
+        point = shlex.quote(str(mount.point))
+        kind = "-t cgroup2 cgroup2" if mount.v2 else "-t cgroup -o memory cgroup"
+        top = "mount -t tmpfs -o size=1m tmpfs /sys/fs/cgroup"
+        return f"{top} && mkdir -p {point} && mount {kind} {point} && "
 
     def in_head(self, argv: list[str]) -> list[str]:
         """``argv`` run in the head's network namespace (a Ray driver there reaches the head)."""
@@ -176,4 +228,38 @@ class NodesCluster:
                 pass
             subprocess.run(["ip", "netns", "delete", node.netns], capture_output=True)
             shutil.rmtree(getattr(node, "temp", "/nonexistent"), ignore_errors=True)
+            _remove_cgroup(node.cgroup)
         subprocess.run(["ip", "link", "delete", self.bridge], capture_output=True)
+
+
+def _memory_cgroups() -> Path | None:
+    """This process's memory cgroup, where a node's own (limited) can be made: v1's memory
+    hierarchy, or v2 where the memory controller is delegated to children; None elsewhere."""
+    from tandem.place.run.cgroups import Cgroups
+
+    for d in Cgroups().dirs("memory"):
+        v2 = (d / "cgroup.controllers").exists()
+        try:
+            usable = (
+                "memory" in (d / "cgroup.subtree_control").read_text().split()
+                if v2
+                else (d / "memory.limit_in_bytes").exists()
+            )
+        except OSError:
+            continue
+        if usable and os.access(d, os.W_OK):
+            return d
+    return None
+
+
+def _remove_cgroup(path: Path | None) -> None:
+    """Remove a node's cgroup once its processes are gone (the kernel frees it a moment
+    after their exit)."""
+    deadline = time.monotonic() + 10
+    while path is not None and path.exists():
+        try:
+            path.rmdir()
+        except OSError:
+            if time.monotonic() > deadline:
+                return
+            time.sleep(0.1)

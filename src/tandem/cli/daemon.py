@@ -312,10 +312,15 @@ def daemon_status(as_json: bool) -> None:
             click.echo(f"  node {n.name}: gone")
             continue
         gpus = f", GPUs {','.join(map(str, n.gpus))}" if n.gpus else ""
+        measured = (
+            f"; measured {n.cpu_busy_mean:.1f} cores busy, {format_size(n.mem_available_bytes)} free"
+            if n.cpu_busy_mean is not None and n.mem_available_bytes is not None
+            else "; not measured yet"
+        )
         click.echo(
             f"  node {n.name}: {n.jobs} job(s), cores {format_cores(n.cpus_reserved)}/{n.cpus:g} reserved "
             f"({format_cores(n.cpus_held)} held in Ray), RAM {format_size(n.mem_reserved_bytes)}/"
-            f"{format_size(n.mem_bytes)} reserved{gpus}"
+            f"{format_size(n.mem_bytes)} reserved{gpus}{measured}"
         )
     click.echo("  jobs: " + ", ".join(f"{k} {v}" for k, v in sorted(reply.jobs.items())))
 

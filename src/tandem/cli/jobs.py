@@ -321,7 +321,7 @@ def _print_share_groups(st: Any, jobs: list[Any]) -> None:
 @click.option("--json", "as_json", is_flag=True)
 def show(job_id: int, as_json: bool) -> None:
     """One job: its request, attempts, placement, how it ended (with the log line), peaks."""
-    from tandem.place.views import job_json, strict_json
+    from tandem.place.views import job_json, starting, strict_json
 
     st = open_state()
     job = st.job(job_id)
@@ -340,7 +340,7 @@ def show(job_id: int, as_json: bool) -> None:
             click.echo(unserved, err=True)
         return
     lines = [
-        f"job {job.id}  {job.name or ''}  [{job.state}]",
+        f"job {job.id}  {job.name or ''}  [{'starting' if starting(job) else job.state}]",
         f"  command   {' '.join(job.command)}",
         f"  cwd       {job.cwd}",
         f"  request   {_reserved(cores, r['from'], 'cores')}, {_reserved(ram, r['mem_from'], 'RAM')}, "

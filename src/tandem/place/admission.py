@@ -18,7 +18,7 @@ import time
 from collections.abc import Iterable
 
 from tandem.place.active import Active, Startup
-from tandem.place.decide import HOST_WINDOW_S, GpuReading, Pass, Peak, gpu_views, host_view
+from tandem.place.decide import HOST_WINDOW_S, Pass, Peak, gpu_views, host_view
 from tandem.place.devices import Monitor
 from tandem.place.model import FINAL_STATES, QUEUED, SUCCEEDED, Capacity
 from tandem.place.policies import GpuSlot, HostSlot, Limits
@@ -68,31 +68,38 @@ class Admission:
 
     def node_slots(self, active: Iterable[Active]) -> list[NodeSlot]:
         """Each node as this pass sees it: on one server the host and its GPUs; on a Ray
-        cluster each live node with the attempts on it (what Ray holds there too). Only
-        this host is measured: other nodes are admitted on reservations."""
+        cluster each live node with the attempts on it (what Ray holds there too), measured
+        by its agent (:meth:`Monitor.node`): where none has answered, its free RAM and busy
+        cores are unknown and its GPUs take jobs of unknown memory as no probe (no reading
+        will come to settle one)."""
         active = list(active)
         if not self.capacity.nodes:
             return [NodeSlot("", self.host_slot(active), self.gpu_slots(active))]
-        now, out = time.time(), []
+        now, out, readings = time.time(), [], self.monitor.readings()
         for node in (n for n in self.capacity.nodes if n.alive):
             on = [a for a in active if a.placed.node == node.id]
+            sample = self.monitor.node(node.id)
             host = host_view(
-                node.cpus, node.mem, on, self.startup, now, mem_available=None, cpu_mean=None, cpu_p95=None
+                node.cpus,
+                node.mem,
+                on,
+                self.startup,
+                now,
+                mem_available=sample.mem_available if sample is not None else None,
+                cpu_mean=sample.cpu_mean if sample is not None else None,
+                cpu_p95=sample.cpu_p95 if sample is not None else None,
             )
             mine = [g for g in self.capacity.gpus if g.node == node.id]
-            gpus = gpu_views(mine, on, {}, self.limits.settle_s, now)
-            for g in gpus:  # no reading of a node's GPUs reaches the daemon (yet)
-                g.unmeasured = True
+            gpus = gpu_views(mine, on, readings, self.limits.settle_s, now)
+            for g in gpus:
+                g.unmeasured = g.uuid not in readings
             held = sum(a.placed.ray_cpus or 0.0 for a in on)
             out.append(NodeSlot(node.id, host, gpus, node.name, held))
         return out
 
     def gpu_slots(self, active: Iterable[Active]) -> list[GpuSlot]:
-        measured = {
-            uuid: GpuReading(m.mem_used, m.activity.mean(), m.activity.p95())
-            for uuid, m in self.monitor.gpus.items()
-        }
-        return gpu_views(self.capacity.gpus, active, measured, self.limits.settle_s, time.time())
+        readings = self.monitor.readings()
+        return gpu_views(self.capacity.gpus, active, readings, self.limits.settle_s, time.time())
 
     def decisions(self, active: Iterable[Active]) -> Pass:
         """This pass's decisions on what waiting jobs reserve (tandem.place.decide)."""

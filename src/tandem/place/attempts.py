@@ -42,6 +42,9 @@ from tandem.place.state import Attempt, Job, State
 log = logging.getLogger(__name__)
 
 LOST_AFTER_S = 10.0  # an attempt whose supervisor never showed itself within this is abandoned
+# A supervisor whose usage changed within this is alive, wherever Ray says its node is (it
+# samples each second): an attempt on a node Ray lost runs again only once it is silent.
+SILENT_S = 15.0
 
 
 class Attempts:
@@ -127,19 +130,8 @@ class Attempts:
         a.cpu, a.mem_learned, a.placed = cpu, mem, placement
         a.energy_start = {u: e for u in uuids if (e := self.monitor.energy_mj(u)) is not None}
         if self.tracked:
-            tags = {
-                "tandem.job_id": job.id,
-                "tandem.attempt": n,
-                "group": job.group or "",
-                "tandem.share": job.share or "",
-                "tandem.placement": placement.where,
-                "tandem.mps": mps,
-                "tandem.command": " ".join(job.command)[:5000],
-            } | ({"tandem.role": "producer"} if producer else {})
             share = self.state.share(job.share) if job.share else None
-            selection = share.selection if share is not None else None
-            if selection and not producer:  # the data selection it trains on (tandem select
-                tags["tandem.selection"] = selection  # show ID); its producer serves it, trains on none
+            tags = tracking.attempt_tags(job, n, placement.where, mps, share.selection if share else None)
             key = tracking.run_key(job.id, n)
             tracking.run_started(
                 self.state.dir, key, name, tags, adir / "metrics.jsonl", started, job.id, n, job.params
@@ -198,7 +190,7 @@ class Attempts:
         result = load(a.dir, Result)
         if result is not None:
             self.finish(a, result)
-        elif (lost := self.launcher.lost(a)) is not None:  # its node died, its result never written
+        elif (lost := self.launcher.lost(a)) is not None:  # its node is gone to Ray, no result written
             self._node_lost(a, lost, now)
         elif a.shim_pid is not None and not self.launcher.alive(a):
             result = load(a.dir, Result)  # it may have written it just before exiting
@@ -225,8 +217,21 @@ class Attempts:
             self.launcher.forget(a)  # its Ray actor, if one was made, ends (its hold freed)
 
     def _node_lost(self, a: Active, why: str, now: float) -> None:
-        """Its machine is gone (a Ray node that died): not the job's failure, so it runs again
-        elsewhere, its retries untouched (or ends cancelled, if that was asked)."""
+        """Its node is gone to Ray. While its supervisor still writes, the node is cut off (a
+        partition), not dead: its job runs on there, followed through the shared state
+        directory to its end (run again now, it would run twice at once). Once silent, it is
+        gone: not the job's failure, so it runs again elsewhere, its retries untouched (or
+        ends cancelled, if that was asked)."""
+        if now - a.heard < SILENT_S:
+            if not a.cut_off_said:
+                a.cut_off_said = True
+                self.state.event(
+                    a.job.id,
+                    "cut off",
+                    f"{why} to Ray, but its supervisor still writes (a partition?): followed to its "
+                    f"end there; it runs again only if silent for {SILENT_S:.0f} s",
+                )
+            return
         if self._cancel_requested(a.job.id):
             self.state.cancel(a.job.id, "cancelled", why, now, attempt=a.n)
         else:
@@ -242,7 +247,7 @@ class Attempts:
     def _measure(self, a: Active, now: float) -> None:
         usage = load(a.dir, Usage)
         if usage is not None and usage.t != a.usage_t:
-            a.usage_t = usage.t
+            a.usage_t, a.heard = usage.t, now
             a.pids = tuple(usage.pids)
             a.cpus_used = None if usage.cpu_percent is None else usage.cpu_percent / 100.0
             a.samples += 1

@@ -91,12 +91,13 @@ class Daemon:
 
             backend = RayBackend(config.address, capacity.gpus, capacity.cpus if not config.address else None)
             capacity = backend.cluster()
-            nvml = None  # GPUs are Ray's now: measured only where the daemon runs NVML (not yet)
+            nvml = None  # GPUs are Ray's now: each measured by its node's agent
         self.capacity = capacity
         trouble = state.dir / RAY_TROUBLE
         self.launcher: RayLauncher | LocalLauncher = LocalLauncher()
         if backend is not None:
-            self.launcher = RayLauncher(backend, trouble, config.address)
+            self.launcher = RayLauncher(backend, trouble, config.address, self.limits.window_s)
+            self.launcher.samples()  # the nodes' agents made before serving: Ray's first costs seconds
         else:  # what a Ray daemon of this directory said is no longer true
             trouble.unlink(missing_ok=True)
         self.monitor = Monitor(capacity, self.limits.window_s, nvml)
@@ -301,6 +302,8 @@ class Daemon:
         if time.monotonic() >= self._next_sample:
             self._next_sample = time.monotonic() + SAMPLE_S
             self.monitor.sample()
+            for node, sample in self.launcher.samples().items():  # a Ray cluster's nodes
+                self.monitor.take(node, sample)
         before = set(self.attempts.active)
         self.attempts.follow_all(now)
         reap_children()

@@ -11,6 +11,11 @@ ran), kept over a sliding window for the scheduler's mean and 95th percentile.
 
 Without NVML (no driver, no nvidia-ml-py) there are no GPUs and the manager schedules
 cores and RAM only.
+
+On a Ray cluster every node is measured where it is: an agent there (a
+:class:`~tandem.place.run.ray_backend.NodeAgent`) runs a :class:`Monitor` of its own and
+hands its :meth:`Monitor.sample_of` to the daemon, whose Monitor keeps each node's last
+(:meth:`Monitor.take`): the same readings as this host's, by node.
 """
 
 from __future__ import annotations
@@ -25,6 +30,7 @@ from typing import Any
 
 import psutil
 
+from tandem.place.decide import GpuReading
 from tandem.place.model import Capacity, GpuInfo, format_size
 from tandem.place.run import cgroups
 
@@ -145,6 +151,31 @@ class Window:
         return values[min(len(values) - 1, int(round(0.95 * (len(values) - 1))))]
 
 
+@dataclass(frozen=True)
+class GpuSample:
+    """One GPU of a node as its agent last read it (the activity over the agent's window)."""
+
+    mem_used: int | None
+    activity_mean: float | None
+    activity_p95: float | None
+    energy_mj: int | None
+    process_mem: dict[int, int]  # pid (the node's) -> bytes
+
+
+@dataclass(frozen=True)
+class NodeSample:
+    """A node's host and GPUs as its agent last measured them: free RAM, the busy share of
+    its cores over the host window, and its GPUs by the node's own index (NVML's)."""
+
+    mem_available: int | None
+    cpu_mean: float | None
+    cpu_p95: float | None
+    gpus: dict[int, GpuSample] = field(default_factory=dict)
+
+
+STALE_S = 10.0  # a node's sample older than this (received) is no reading: admitted on reservations
+
+
 @dataclass
 class GpuMeasure:
     mem_used: int | None = None
@@ -169,7 +200,9 @@ class Monitor:
             quota is not None and quota < host_cpus() and self._cgroups.cpu_seconds() is not None
         )
         self._last_cpu = (time.monotonic(), self._cgroups.cpu_seconds() or 0.0)
-        self.gpus = {g.uuid: GpuMeasure(activity=Window(window_s)) for g in capacity.gpus}
+        # this host's GPUs (a Ray node's are its agent's: :meth:`take`)
+        self.gpus = {g.uuid: GpuMeasure(activity=Window(window_s)) for g in capacity.gpus if not g.node}
+        self.nodes: dict[str, tuple[float, NodeSample]] = {}  # a Ray node -> (received, its sample)
         psutil.cpu_percent()  # the first call only sets the base
 
     def sample(self) -> None:
@@ -196,13 +229,53 @@ class Monitor:
             if activity is not None:
                 m.activity.add(now, activity / 100.0)
 
-    def energy_mj(self, uuid: str) -> int | None:
-        """The GPU's energy counter (None: not measured here, a Ray node's GPU say)."""
-        m = self.gpus.get(uuid)
-        return None if m is None else m.energy_mj
+    def sample_of(self, host_window_s: float) -> NodeSample:
+        """What this monitor measures now, as a node's agent hands it to the daemon (its
+        GPUs by NVML's index)."""
+        gpus = {}
+        for g in (g for g in self.capacity.gpus if g.uuid in self.gpus):
+            m = self.gpus[g.uuid]
+            gpus[g.index] = GpuSample(
+                m.mem_used, m.activity.mean(), m.activity.p95(), m.energy_mj, dict(m.process_mem)
+            )
+        return NodeSample(self.mem_available, self.cpu.mean(host_window_s), self.cpu.p95(host_window_s), gpus)
 
-    def job_gpu_mem(self, uuid: str, pids: Iterable[int]) -> int:
+    def take(self, node: str, sample: NodeSample) -> None:
+        """Keep a Ray node's sample, as its agent sent it."""
+        self.nodes[node] = (time.monotonic(), sample)
+
+    def node(self, node: str) -> NodeSample | None:
+        """A Ray node's last sample, or None: none came within :data:`STALE_S` (no agent
+        there yet, or it does not answer)."""
+        got = self.nodes.get(node)
+        return got[1] if got is not None and time.monotonic() - got[0] <= STALE_S else None
+
+    def _remote(self, uuid: str) -> GpuSample | None:
+        """A Ray node's GPU as its agent measured it (its ``local`` index is NVML's there)."""
+        gpu = next((g for g in self.capacity.gpus if g.uuid == uuid and g.node), None)
+        sample = self.node(gpu.node) if gpu is not None else None
+        return sample.gpus.get(gpu.local or 0) if gpu is not None and sample is not None else None
+
+    def readings(self) -> dict[str, GpuReading]:
+        """Every GPU measured now, by uuid: this host's and the Ray nodes' (where their
+        agents answer)."""
+        out = {u: GpuReading(m.mem_used, m.activity.mean(), m.activity.p95()) for u, m in self.gpus.items()}
+        for g in self.capacity.gpus:
+            if g.node and (r := self._remote(g.uuid)) is not None:
+                out[g.uuid] = GpuReading(r.mem_used, r.activity_mean, r.activity_p95)
+        return out
+
+    def energy_mj(self, uuid: str) -> int | None:
+        """The GPU's energy counter (None: not measured, a Ray node's GPU whose agent has
+        not answered say)."""
         m = self.gpus.get(uuid)
         if m is None:
-            return 0
-        return sum(m.process_mem.get(pid, 0) for pid in pids)
+            remote = self._remote(uuid)
+            return None if remote is None else remote.energy_mj
+        return m.energy_mj
+
+    def job_gpu_mem(self, uuid: str, pids: Iterable[int]) -> int:
+        """The GPU memory ``pids`` use on GPU ``uuid`` (a Ray node's: its pids there)."""
+        m = self.gpus.get(uuid)
+        used = m.process_mem if m is not None else getattr(self._remote(uuid), "process_mem", {})
+        return sum(used.get(pid, 0) for pid in pids)

@@ -228,7 +228,8 @@ class GpuUse:
 
 @dataclass(frozen=True)
 class Use:
-    """What is reserved and measured now (``cpu_busy_mean``: the host's busy cores)."""
+    """What is reserved and measured now (``cpu_busy_mean``: the host's busy cores, mean
+    over the host window)."""
 
     cpus: float
     mem_bytes: int
@@ -253,6 +254,8 @@ class NodeUse:
     mem_reserved_bytes: int
     jobs: int
     gpus: list[int] = field(default_factory=list)  # its GPUs' indices
+    cpu_busy_mean: float | None = None  # measured by its agent: busy cores (None: not measured)
+    mem_available_bytes: int | None = None  # measured by its agent: RAM free for new work
 
 
 @dataclass(frozen=True)

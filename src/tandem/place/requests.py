@@ -240,7 +240,7 @@ def status(_request: p.Status, d: Parts) -> Handled:
         used=p.Use(
             cpus=host.cpus_reserved,
             mem_bytes=host.mem_reserved,
-            cpu_busy_mean=host.cpu_mean,
+            cpu_busy_mean=None if host.cpu_mean is None else host.cpu_mean * host.cpus_total,
             mem_available_bytes=host.mem_available,
             jobs=len(d.attempts.active),
             gpus=used_gpus,
@@ -270,6 +270,9 @@ def _nodes(d: Parts) -> list[p.NodeUse]:
                 host.mem_reserved if host else 0,
                 host.all_jobs if host else 0,
                 [g.index for g in d.capacity.gpus if g.node == node.id],
+                # as its agent measured it (None: no agent has answered)
+                None if host is None or host.cpu_mean is None else host.cpu_mean * node.cpus,
+                host.mem_available if host else None,
             )
         )
     return out

@@ -11,7 +11,7 @@ from dataclasses import fields
 from typing import Any
 
 from tandem.place.fields import meta
-from tandem.place.model import PRODUCER_ROLE, WAITING_STATES, format_size, param_value
+from tandem.place.model import PRODUCER_ROLE, RUNNING, WAITING_STATES, format_size, param_value
 from tandem.place.records import Attempt, AttemptPlacement, Job
 from tandem.place.reserve import AUTO_CPUS
 
@@ -112,6 +112,7 @@ def job_json(job: Job, now: float | None = None) -> dict[str, Any]:
         **shown,
         "reservation": _reservation(job, last),
         "reason": waiting_reason(job),
+        "starting": starting(job),
         "attempts": [attempt_json(a) for a in job.attempts],
         "placement": _placement(last),
         "wait_s": wait_seconds(job, now),
@@ -154,6 +155,13 @@ def _duration(seconds: float | None) -> str:
     return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m"
 
 
+def starting(job: Job) -> bool:
+    """Running, but its supervisor has not shown itself yet: on a Ray cluster, Ray is
+    placing its actor or the node is starting a worker for it (its run has not begun)."""
+    last = job.attempts[-1] if job.attempts else None
+    return job.state == RUNNING and last is not None and last.shim_pid is None and last.ended is None
+
+
 def ls_row(job: Job, now: float | None = None) -> list[str]:
     """The row of ``tandem ls`` (what ``--json`` says, worked out for only these columns:
     ``ls`` prints thousands)."""
@@ -170,7 +178,7 @@ def ls_row(job: Job, now: float | None = None) -> list[str]:
     return [
         str(job.id),
         (job.name or "-") + (" [producer]" if job.role == PRODUCER_ROLE else ""),
-        job.state,
+        "starting" if starting(job) else job.state,
         job.group or job.share or "-",
         where,
         str(len(job.attempts)),

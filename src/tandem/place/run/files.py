@@ -24,11 +24,19 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import signal
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar, TypeVar
 
 R = TypeVar("R")
+
+# The signal a supervisor under a Ray actor gets when the actor's process dies (its
+# PR_SET_PDEATHSIG, set by :mod:`tandem.place.run.ray_backend`): its node is lost to the
+# cluster, whose daemon runs the job again elsewhere, so it stops its job at once and
+# writes no result (the shim's side: :mod:`tandem.place.run.shim`).
+ORPHAN_SIGNAL = signal.SIGUSR1
+ORPHAN_GRACE_S = 2.0  # the time its job has to stop then
 
 
 def write_json(path: Path, data: dict[str, Any]) -> None:

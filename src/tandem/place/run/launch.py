@@ -14,12 +14,15 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from tandem.place.model import Capacity, GpuInfo
 from tandem.place.run.files import ShimInfo, Started, load
 from tandem.place.run.proctrack import JobProcesses, create_time, same_process
 from tandem.place.run.ray_backend import PENDING, RUNNING, actor_name
+
+if TYPE_CHECKING:
+    from tandem.place.devices import NodeSample
 
 
 @dataclass(frozen=True)
@@ -60,6 +63,7 @@ class Launcher(Protocol):
     def lost(self, a: Launched) -> str | None: ...
     def forget(self, a: Launched) -> None: ...
     def refresh(self, capacity: Capacity) -> bool: ...
+    def samples(self) -> dict[str, NodeSample]: ...
     def shutdown(self) -> None: ...
 
 
@@ -103,6 +107,9 @@ class LocalLauncher:
     def refresh(self, capacity: Capacity) -> bool:
         return False  # this machine's capacity is what the daemon started with
 
+    def samples(self) -> dict[str, NodeSample]:
+        return {}  # this machine is the daemon's: its Monitor measures it
+
     def forget(self, a: Launched) -> None:
         pass
 
@@ -114,8 +121,15 @@ class RayLauncher:
     """The supervisor under a detached Ray actor on its node (:mod:`.ray_backend`), found
     by the name its attempt's directory gives it, by this daemon or the next."""
 
-    def __init__(self, backend: Any, trouble_file: Path | None = None, address: str | None = None) -> None:
+    def __init__(
+        self,
+        backend: Any,
+        trouble_file: Path | None = None,
+        address: str | None = None,
+        window_s: float = 30.0,
+    ) -> None:
         self.backend, self.trouble_file, self.address = backend, trouble_file, address
+        self.window_s = window_s  # the agents' window of GPU activity (the daemon's --window)
         self.trouble: str | None = None  # why Ray does not answer, said until it does again
 
     def start(self, a: Launched, what: Launch) -> str:
@@ -169,6 +183,12 @@ class RayLauncher:
             if self.trouble_file is not None:
                 self.trouble_file.unlink(missing_ok=True)
         return changed
+
+    def samples(self) -> dict[str, NodeSample]:
+        """What each node's agent measured (nothing while Ray does not answer)."""
+        from tandem.place.decide import HOST_WINDOW_S
+
+        return {} if self.trouble is not None else self.backend.samples(self.window_s, HOST_WINDOW_S)
 
     def shutdown(self) -> None:
         self.backend.shutdown()

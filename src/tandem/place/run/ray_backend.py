@@ -31,25 +31,35 @@ and a job reserves ``gpu_mem`` of the GPU the daemon chose for it. A node is dec
 Without ``--address`` the daemon starts a local Ray instance and declares this machine's
 GPUs (NVML) that way itself.
 
+Measurements: an agent on each live node (:class:`NodeAgent`, an actor of no CPU, owned by
+the daemon: it ends with it) reads its host (psutil, its cgroup's limits) and GPUs (NVML)
+each second and hands the daemon its last sample when asked (:meth:`RayBackend.samples`,
+never waited for): the compute gate, the measured free RAM, learnt cores on measured room
+and ``--gpu-mem auto`` probes work on every node, as on one server. A node whose agent has
+not answered is admitted on reservations.
+
 Limits, stated: the state directory must be on a filesystem every node sees (the
-supervisor writes its files there); only the daemon's own host is measured (other nodes
-are admitted on their reservations).
+supervisor writes its files there).
 """
 
 from __future__ import annotations
 
 import concurrent.futures
+import ctypes
 import logging
 import os
 import re
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any
 
+from tandem.place.devices import NodeSample
 from tandem.place.model import Capacity, GpuInfo, NodeInfo
+from tandem.place.run.files import ORPHAN_SIGNAL
 
 log = logging.getLogger(__name__)
 
@@ -81,6 +91,7 @@ class Supervisor:
                     stdout=shim_log,
                     stderr=subprocess.STDOUT,
                     start_new_session=True,
+                    preexec_fn=_signal_on_parent_death,
                 )
         return os.uname().nodename
 
@@ -92,6 +103,55 @@ class Supervisor:
         """Tell the supervisor to stop its job (SIGTERM: it stops the job's tree, then ends)."""
         if self.proc is not None and self.proc.poll() is None:
             self.proc.send_signal(signal.SIGTERM)
+
+
+class NodeAgent:
+    """One node's measurer: a :class:`~tandem.place.devices.Monitor` of that node sampled
+    each second in a thread of its own, its last sample handed out when asked."""
+
+    def __init__(self, window_s: float, host_window_s: float, every_s: float = 1.0, lib: Any = None) -> None:
+        from tandem.place.devices import Monitor, Nvml, usable_cpus, usable_mem
+
+        nvml: Nvml | None = Nvml(lib)  # lib: NVML's Python module (None: pynvml's)
+        if nvml is not None and not nvml.gpus:
+            nvml.close()
+            nvml = None
+        gpus = nvml.gpus if nvml is not None else ()
+        self.monitor = Monitor(Capacity(usable_cpus()[0], usable_mem()[0], gpus), window_s, nvml)
+        self.host_window_s, self.every_s = host_window_s, every_s
+        self._lock = threading.Lock()
+        self.monitor.sample()
+        self._last = self.monitor.sample_of(host_window_s)
+        threading.Thread(target=self._sample_forever, name="tandem-agent", daemon=True).start()
+
+    def _sample_forever(self) -> None:
+        while True:
+            time.sleep(self.every_s)
+            try:
+                self.monitor.sample()
+                sample = self.monitor.sample_of(self.host_window_s)
+            except Exception as exc:  # a reading that fails once: the last one stays
+                log.warning("cannot measure this node: %s", exc)
+                continue
+            with self._lock:
+                self._last = sample
+
+    def read(self) -> NodeSample:
+        with self._lock:
+            return self._last
+
+
+_LIBC = ctypes.CDLL(None, use_errno=True)  # loaded here: no dlopen in a forked child
+PR_SET_PDEATHSIG = 1
+
+
+def _signal_on_parent_death() -> None:
+    """In the supervisor, before it runs: the kernel sends it
+    :data:`~tandem.place.run.files.ORPHAN_SIGNAL` when the actor's process dies (its node's
+    Ray stopped or died, the actor killed): it stops its job at once and writes no result,
+    so the daemon's rerun elsewhere never runs beside it. The actor runs its methods on its
+    main thread, whose end is what the kernel watches."""
+    _LIBC.prctl(PR_SET_PDEATHSIG, int(ORPHAN_SIGNAL))
 
 
 def actor_name(attempt_dir: str | Path) -> str:
@@ -144,6 +204,9 @@ class RayBackend:
             )
         self.head_node = ray.get_runtime_context().get_node_id()
         self._actor: Any = ray.remote(Supervisor)
+        self._agent: Any = ray.remote(NodeAgent)
+        self.agents: dict[str, Any] = {}  # node id -> its agent
+        self.agent_reads: dict[str, Any] = {}  # node id -> its read() in flight
         self.handles: dict[str, Any] = {}  # actor name -> handle
         self.starts: dict[str, Any] = {}  # actor name -> its start() (done: the supervisor runs)
         self.polls: dict[str, Any] = {}  # actor name -> its poll() in flight
@@ -192,6 +255,37 @@ class RayBackend:
         self._alive = {n.id for n in nodes if n.alive}
         cpus, mem = sum(n.cpus for n in nodes if n.alive), sum(n.mem for n in nodes if n.alive)
         return Capacity(cpus, mem, tuple(sorted(gpus, key=lambda g: g.index)), tuple(nodes))
+
+    # --- the nodes' agents -----------------------------------------------------------------
+
+    def samples(self, window_s: float, host_window_s: float) -> dict[str, NodeSample]:
+        """The samples the live nodes' agents sent since the last call, by node; an agent
+        is made on each live node without one (and again where one failed). Never waits."""
+        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+        got: dict[str, NodeSample] = {}
+        for node in self._alive - set(self.agents):
+            where = NodeAffinitySchedulingStrategy(node, soft=False)
+            options = {"num_cpus": 0, "max_restarts": 0, "scheduling_strategy": where}
+            self.agents[node] = self._agent.options(**options).remote(window_s, host_window_s)
+        for node, agent in list(self.agents.items()):
+            ref = self.agent_reads.get(node)
+            if node not in self._alive:  # gone with its node
+                self.agents.pop(node)
+                self.agent_reads.pop(node, None)
+                continue
+            if ref is not None and not self._ready(ref):
+                continue
+            if ref is not None:
+                try:
+                    got[node] = self.ray.get(ref)
+                except self.ray.exceptions.RayError as exc:
+                    log.warning("the agent on node %s failed: %s", self._names.get(node, node[:12]), exc)
+                    self.agents.pop(node)
+                    self.agent_reads.pop(node, None)
+                    continue
+            self.agent_reads[node] = agent.read.remote()
+        return got
 
     # --- an attempt's actor ---------------------------------------------------------------
 

@@ -40,13 +40,25 @@ from typing import Any
 from tandem.place.paths import disk_trouble
 from tandem.place.run import failures, weights
 from tandem.place.run.cgroups import OomWatch
-from tandem.place.run.files import AttemptSpec, Result, RunRef, ShimInfo, Started, Usage, load, save
+from tandem.place.run.files import (
+    ORPHAN_GRACE_S,
+    ORPHAN_SIGNAL,
+    AttemptSpec,
+    Result,
+    RunRef,
+    ShimInfo,
+    Started,
+    Usage,
+    load,
+    save,
+)
 from tandem.place.run.logpump import LogPump
 from tandem.place.run.proctrack import JobProcesses, create_time, host_id, join, leave, make_cgroup, wait_exit
 from tandem.watch.stores.base import absolute_uri, run_env, with_run_env
 
 RESULT_RETRY_S = 3600.0  # how long a result waits for a disk that refuses it
 EXIT_NOT_STARTED = 75  # EX_TEMPFAIL: the disk refused the first write; the job was put back, not run
+EXIT_ORPHANED = 76  # its Ray actor died (its node's Ray gave up): the job stopped, no result written
 RUN_WAIT_S = 60.0  # how long a job waits for its MLflow run to be made (then starts without its id)
 # The run's points go to the spool every FLUSH_S, and the MLflow helper writes each batch in
 # one transaction: MLflow's SQL store costs about 5 ms a write and 0.06 ms a point, so every
@@ -68,6 +80,7 @@ class Shim:
 
         self.path, self.dir = attempt_dir, hold(attempt_dir)
         self.cancelled = False
+        self.orphaned = False  # its Ray actor died: stop, and write no result (the attempt is lost)
         self.terms = 0  # SIGTERMs received (one more while its result waits for the disk: give up)
         self.notes: list[str] = []
         self.peak_mem = 0
@@ -81,8 +94,12 @@ class Shim:
         self.cancelled = True
         self.terms += 1
 
+    def _on_orphaned(self, _signum: int, _frame: Any) -> None:
+        self.orphaned = self.cancelled = True
+
     def run(self) -> int:
         me = os.getpid()
+        signal.signal(ORPHAN_SIGNAL, self._on_orphaned)
         signal.signal(signal.SIGTERM, self._on_term)
         signal.signal(signal.SIGINT, self._on_term)
         signal.signal(signal.SIGHUP, signal.SIG_IGN)  # a closed terminal is not a cancel
@@ -95,6 +112,8 @@ class Shim:
             return self._not_started(f"its supervisor's first write failed ({exc.strerror})")
         spec = self.spec
         run_ids = self._run_env() if spec.mlflow_env else {}
+        if self.orphaned:
+            return EXIT_ORPHANED
         if self.cancelled:  # while it waited for its run: it never starts
             return self._write_result(failures.classify(-signal.SIGTERM, "", cancelled=True), time.time())
         oom = OomWatch()  # the counters of the cgroup it shares with its job, before either moves
@@ -149,7 +168,7 @@ class Shim:
         if cgroup is not None:
             leave(cgroup)  # before any kill of the cgroup
         if self.cancelled:  # every process of the job; the main one is reaped below
-            procs.stop(spec.grace_s, first=proc.pid)
+            procs.stop(ORPHAN_GRACE_S if self.orphaned else spec.grace_s, first=proc.pid)
         returncode = proc.wait()
         rusage = _child_cpu()
         if procs.pids():  # what the job left running, in its session or outside it
@@ -175,6 +194,9 @@ class Shim:
             cpu_seconds = run.tree.cpu_seconds if run.tree is not None else None
         if pump.dropped:
             self.note(f"{pump.dropped} bytes of output were lost: the disk refused them")
+        if self.orphaned:  # the daemon takes the attempt for lost with its node, and runs it again
+            _say("its Ray actor died (the node lost the cluster): the job was stopped; no result written")
+            return EXIT_ORPHANED
         return self._write_result(ending, started, self.peak_mem or None, cpu_seconds, kernel)
 
     def _not_started(self, why: str) -> int:

@@ -40,7 +40,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from tandem.place.model import param_value
+from tandem.place.model import PRODUCER_ROLE, param_value
 from tandem.place.run import tracking_ends as ends
 from tandem.place.run.files import RunRef, read_json, save, write_json
 from tandem.place.run.tracking_ends import STOPPED
@@ -71,6 +71,25 @@ def _put(state_dir: Path, name: str, record: dict[str, Any]) -> None:
 
 def run_key(job_id: int, attempt: int) -> str:
     return f"{job_id}-{attempt}"
+
+
+def attempt_tags(job: Any, n: int, where: str, mps: bool, selection: str | None) -> dict[str, Any]:
+    """The MLflow tags of a job's attempt ``n`` (``job``: a stored job) run on ``where``;
+    ``selection``: the data selection its share serves (``tandem select show ID``), which
+    its jobs train on and its producer, which only serves it, does not."""
+    producer = job.role == PRODUCER_ROLE
+    tags = {
+        "tandem.job_id": job.id,
+        "tandem.attempt": n,
+        "group": job.group or "",
+        "tandem.share": job.share or "",
+        "tandem.placement": where,
+        "tandem.mps": mps,
+        "tandem.command": " ".join(job.command)[:5000],
+    } | ({"tandem.role": "producer"} if producer else {})
+    if selection and not producer:
+        tags["tandem.selection"] = selection
+    return tags
 
 
 def run_started(

@@ -149,7 +149,7 @@ function cards(status, whyNot) {
       el("div", { class: "bar" }, el("i", { style: `width:${100 * Math.min(1, n.cpus_reserved / (n.cpus || 1))}%` })),
       `RAM ${size(n.mem_reserved_bytes)} / ${size(n.mem_bytes)} reserved`,
       el("div", { class: "bar" }, el("i", { style: `width:${100 * n.mem_reserved_bytes / (n.mem_bytes || 1)}%` })),
-      el("div", { class: "dim" }, `${n.jobs} running${n.gpus.length ? ` · GPUs ${n.gpus.join(", ")}` : ""}`))
+      el("div", { class: "dim" }, `${n.cpu_busy_mean === null || n.cpu_busy_mean === undefined ? "not measured" : `busy ${n.cpu_busy_mean.toFixed(1)} cores · ${size(n.mem_available_bytes)} free`} · ${n.jobs} running${n.gpus.length ? ` · GPUs ${n.gpus.join(", ")}` : ""}`))
     : el("div", { class: "card dim", "data-card": `node-${n.name}` }, el("h3", {}, `node ${n.name}`), "gone: its jobs run elsewhere"));
   return el("div", { class: "cards", id: "cards" }, host, nodes, gpus);
 }
