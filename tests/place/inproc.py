@@ -118,6 +118,7 @@ class FakeLauncher:
     scripts: dict[int, list[Step]] = field(default_factory=dict)  # job id: its attempts, in turn
     default: Step = field(default_factory=Step)  # how a job without a script runs
     runs: dict[tuple[int, int], FakeRun] = field(default_factory=dict)
+    trouble: str | None = None
 
     def start(self, a: Launched, what: Launch) -> str:
         script = self.scripts.get(a.job_id) or [self.default]

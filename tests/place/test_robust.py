@@ -398,3 +398,16 @@ def test_daemon_stop_returns_once_the_daemon_and_its_mlflow_helper_have_ended(cl
         for p in (daemon, helper)
     ]
     assert gone == [True, True], "stopped means ended, the helper with nothing left to write too"
+
+
+def test_no_job_starts_while_the_cluster_does_not_answer(inproc) -> None:
+    """A launcher whose machines do not answer (a Ray cluster's head gone): a start would
+    ask them and could block the daemon, so no job starts, each saying why; once they
+    answer again, the queue runs."""
+    h = inproc("--cpus", "2", *FAST)
+    h.launcher.trouble = "the Ray cluster does not answer (since 12:00:00)"
+    job = h.submit("--cpus", "1", "--", "sleep", "30")
+    h.run_until(lambda: "does not answer" in (h.job(job).get("reason") or ""), within=30)
+    assert h.state_of(job) == "queued" and not h.launcher.runs
+    h.launcher.trouble = None
+    h.wait_state(job, {"running"}, within=30)

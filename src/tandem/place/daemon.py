@@ -348,7 +348,9 @@ class Daemon:
         active = self.attempts.active
         queue = self.admission.waiting(waiting, deps, active, reasons)
         held = self.disk.reason() if queue else None
-        if held:  # a start would meet the full disk again: none until it takes writes
+        if queue and not held and self.launcher.trouble:  # an actor made now could block the daemon
+            held = "the Ray cluster does not answer: no job starts until it does"
+        if held:  # a start would meet the full disk (or a cluster that does not answer) again
             reasons.update(dict.fromkeys((w.id for w in queue), held))
             queue = []
         if queue:

@@ -107,6 +107,19 @@ def _still_running(aside: Path) -> list[int]:
     return sorted(found)
 
 
+def unreachable(address: str, timeout: float) -> str | None:
+    """Why nothing answers at ``HOST:PORT`` (a Ray head's address), or None: something
+    listens there, or ``address`` is of another form (``auto``, ``ray://...``: Ray's own)."""
+    host, sep, port = address.rpartition(":")
+    if not sep or not port.isdigit() or "/" in host:
+        return None
+    try:
+        socket.create_connection((host, int(port)), timeout=timeout).close()
+    except OSError as exc:
+        return str(exc)
+    return None
+
+
 def cluster_trouble(state_dir: Path) -> str | None:
     """What every command says while the Ray cluster of ``state_dir``'s daemon does not
     answer, or None: what the daemon wrote (it runs, but Ray does not answer it), or, where
@@ -134,12 +147,9 @@ def cluster_trouble(state_dir: Path) -> str | None:
         pass
     except PermissionError:
         return None
-    host, _, port = str(address).rpartition(":")
-    try:
-        socket.create_connection((host, int(port)), timeout=0.5).close()
+    why = unreachable(str(address), timeout=0.5)
+    if why is None:
         return None
-    except (OSError, ValueError) as exc:
-        why = exc
     return (
         f"no daemon serves {state_dir} and its Ray cluster at {address} does not answer ({why}): the "
         f"jobs on it are not followed; once it is back: tandem daemon start --backend ray --address {address}"

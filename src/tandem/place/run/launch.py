@@ -56,6 +56,8 @@ class Launched(Protocol):
 
 
 class Launcher(Protocol):
+    trouble: str | None  # why the machines it starts on do not answer (a Ray cluster's head gone)
+
     def start(self, a: Launched, what: Launch) -> str: ...
     def alive(self, a: Launched) -> bool: ...
     def pending(self, a: Launched) -> bool: ...
@@ -78,6 +80,8 @@ def signal_shim(a: Launched, sig: int) -> None:
 class LocalLauncher:
     """The supervisor as a process of this machine, in a session of its own (it outlives
     the daemon); its pid and start time identify it."""
+
+    trouble: str | None = None  # this machine always answers
 
     def start(self, a: Launched, what: Launch) -> str:
         with open(what.dir / "shim.log", "ab") as shim_log:

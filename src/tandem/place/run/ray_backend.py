@@ -59,6 +59,7 @@ from typing import Any
 
 from tandem.place.devices import NodeSample
 from tandem.place.model import Capacity, GpuInfo, NodeInfo
+from tandem.place.paths import unreachable
 from tandem.place.run.files import ORPHAN_SIGNAL
 
 log = logging.getLogger(__name__)
@@ -162,18 +163,12 @@ def actor_name(attempt_dir: str | Path) -> str:
 def _check_reachable(address: str, timeout: float = 5.0) -> None:
     """Fail at once, clearly, where nothing listens at ``HOST:PORT`` (Ray itself retries
     for minutes). Other forms (``auto``, ``ray://...``) are left to Ray."""
-    import socket
-
-    host, sep, port = address.rpartition(":")
-    if not sep or not port.isdigit() or "/" in host:
-        return
-    try:
-        socket.create_connection((host, int(port)), timeout=timeout).close()
-    except OSError as exc:
+    why = unreachable(address, timeout)
+    if why is not None:
         raise RuntimeError(
-            f"no Ray cluster answers at {address} ({exc}); start one with `ray start --head` "
+            f"no Ray cluster answers at {address} ({why}); start one with `ray start --head` "
             "or leave out --address to let the daemon start a local one"
-        ) from None
+        )
 
 
 class RayBackend:
