@@ -21,6 +21,13 @@ GiB = 1 << 30
 
 def test_an_agent_samples_its_host_and_gpus_by_nvml_index() -> None:
     agent = NodeAgent(30.0, 5.0, every_s=0.05, lib=FakeNvml())
+    try:
+        _samples_host_and_gpus(agent)
+    finally:
+        agent.stop()  # its thread ends (it would reset psutil's CPU base for the tests after)
+
+
+def _samples_host_and_gpus(agent: NodeAgent) -> None:
     first = agent.read()
     assert first.mem_available is not None and first.mem_available > 0
     deadline = time.monotonic() + 30
@@ -32,6 +39,7 @@ def test_an_agent_samples_its_host_and_gpus_by_nvml_index() -> None:
     assert gpu.mem_used == 10 * GiB and gpu.process_mem == {777: 3 * GiB}
     assert gpu.activity_mean == pytest.approx(0.55) and gpu.energy_mj is not None
     assert sample.cpu_mean is not None and 0.0 <= sample.cpu_mean <= 1.0
+    assert sample.cpus >= 1 and 0.0 <= sample.age_s < 30
 
 
 def _cluster_monitor() -> Monitor:
@@ -55,6 +63,10 @@ def test_the_daemon_keeps_each_node_s_sample_and_reads_its_gpus_by_the_daemon_s_
     assert monitor.job_gpu_mem("bbbb:0", [41, 99]) == 6 * GiB  # its pids on that node
     assert monitor.job_gpu_mem("aaaa:0", [41]) == 0
     assert monitor.energy_mj("bbbb:0") == 123_456 and monitor.energy_mj("aaaa:0") is None
+    # A sample dated by its age (an agent whose sampler fails hands out an old one).
+    monitor.take("bbbb", NodeSample(GiB, 0.5, 0.75, {0: gpu}, age_s=STALE_S + 1))
+    assert monitor.node("bbbb") is None
+    monitor.take("bbbb", NodeSample(GiB, 0.5, 0.75, {0: gpu}))
     # A sample not renewed within STALE_S is no reading: the node is admitted on reservations.
     received, sample = monitor.nodes["bbbb"]
     monitor.nodes["bbbb"] = (received - STALE_S - 1, sample)

@@ -80,6 +80,7 @@ class Active:
     usage_t: float = 0.0
     heard: float = field(default_factory=time.time)  # when its supervisor's usage last changed
     cut_off_said: bool = False  # its node's loss to Ray was said while its supervisor still wrote
+    lost_seen: float = 0.0  # when its node was first seen gone to Ray (0: never)
     energy_start: dict[str, int] = field(default_factory=dict)
     remote: bool = False  # its supervisor runs on another machine (a Ray node): no pid checks
     cpus_used: float | None = None  # cores its processes used over the last sample

@@ -79,6 +79,8 @@ class Admission:
         for node in (n for n in self.capacity.nodes if n.alive):
             on = [a for a in active if a.placed.node == node.id]
             sample = self.monitor.node(node.id)
+            # its busy share is of the cores its agent measured; Ray's count may differ
+            scale = sample.cpus / node.cpus if sample is not None and sample.cpus and node.cpus else 1.0
             host = host_view(
                 node.cpus,
                 node.mem,
@@ -86,8 +88,8 @@ class Admission:
                 self.startup,
                 now,
                 mem_available=sample.mem_available if sample is not None else None,
-                cpu_mean=sample.cpu_mean if sample is not None else None,
-                cpu_p95=sample.cpu_p95 if sample is not None else None,
+                cpu_mean=None if sample is None or sample.cpu_mean is None else sample.cpu_mean * scale,
+                cpu_p95=None if sample is None or sample.cpu_p95 is None else sample.cpu_p95 * scale,
             )
             mine = [g for g in self.capacity.gpus if g.node == node.id]
             gpus = gpu_views(mine, on, readings, self.limits.settle_s, now)

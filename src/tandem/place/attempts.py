@@ -222,8 +222,9 @@ class Attempts:
         directory to its end (run again now, it would run twice at once). Once silent, it is
         gone: not the job's failure, so it runs again elsewhere, its retries untouched (or
         ends cancelled, if that was asked)."""
-        if now - a.heard < SILENT_S:
-            if not a.cut_off_said:
+        a.lost_seen = a.lost_seen or now  # it is cut off if it writes after this
+        if now - max(a.heard, a.lost_seen) < SILENT_S:
+            if a.heard > a.lost_seen and not a.cut_off_said:
                 a.cut_off_said = True
                 self.state.event(
                     a.job.id,

@@ -168,9 +168,11 @@ class NodeSample:
     its cores over the host window, and its GPUs by the node's own index (NVML's)."""
 
     mem_available: int | None
-    cpu_mean: float | None
+    cpu_mean: float | None  # a share of ``cpus``
     cpu_p95: float | None
     gpus: dict[int, GpuSample] = field(default_factory=dict)
+    cpus: float = 0.0  # the cores it measured (its own: Ray's declared count may differ)
+    age_s: float = 0.0  # how old it was when handed out (a sampler that fails leaves it aging)
 
 
 STALE_S = 10.0  # a node's sample older than this (received) is no reading: admitted on reservations
@@ -238,11 +240,12 @@ class Monitor:
             gpus[g.index] = GpuSample(
                 m.mem_used, m.activity.mean(), m.activity.p95(), m.energy_mj, dict(m.process_mem)
             )
-        return NodeSample(self.mem_available, self.cpu.mean(host_window_s), self.cpu.p95(host_window_s), gpus)
+        mean, p95 = self.cpu.mean(host_window_s), self.cpu.p95(host_window_s)
+        return NodeSample(self.mem_available, mean, p95, gpus, self.capacity.cpus)
 
     def take(self, node: str, sample: NodeSample) -> None:
-        """Keep a Ray node's sample, as its agent sent it."""
-        self.nodes[node] = (time.monotonic(), sample)
+        """Keep a Ray node's sample, as its agent sent it (dated when it was taken)."""
+        self.nodes[node] = (time.monotonic() - sample.age_s, sample)
 
     def node(self, node: str) -> NodeSample | None:
         """A Ray node's last sample, or None: none came within :data:`STALE_S` (no agent

@@ -227,6 +227,12 @@ def status(_request: p.Status, d: Parts) -> Handled:
         p.GpuUse(g.index, g.jobs, g.mem_reserved, g.mem_used, g.activity_mean, g.probing)
         for g in d.admission.gpu_slots(active)
     ]
+    nodes = _nodes(d)
+    busy, free = host.cpu_mean * host.cpus_total if host.cpu_mean is not None else None, host.mem_available
+    if nodes:  # a Ray cluster: its measured nodes' sums (the daemon's own host is not its capacity)
+        measured = [n for n in nodes if n.alive and n.cpu_busy_mean is not None]
+        busy = sum(n.cpu_busy_mean or 0.0 for n in measured) if measured else None
+        free = sum(n.mem_available_bytes or 0 for n in measured) if measured else None
     reply = p.DaemonStatus(
         pid=os.getpid(),
         policy=d.policy,
@@ -240,13 +246,13 @@ def status(_request: p.Status, d: Parts) -> Handled:
         used=p.Use(
             cpus=host.cpus_reserved,
             mem_bytes=host.mem_reserved,
-            cpu_busy_mean=None if host.cpu_mean is None else host.cpu_mean * host.cpus_total,
-            mem_available_bytes=host.mem_available,
+            cpu_busy_mean=busy,
+            mem_available_bytes=free,
             jobs=len(d.attempts.active),
             gpus=used_gpus,
         ),
         jobs=d.state.counts(),
-        nodes=_nodes(d),
+        nodes=nodes,
     )
     return reply, NOTHING
 

@@ -31,11 +31,12 @@ from typing import Any, ClassVar, TypeVar
 
 R = TypeVar("R")
 
-# The signal a supervisor under a Ray actor gets when the actor's process dies (its
-# PR_SET_PDEATHSIG, set by :mod:`tandem.place.run.ray_backend`): its node is lost to the
-# cluster, whose daemon runs the job again elsewhere, so it stops its job at once and
-# writes no result (the shim's side: :mod:`tandem.place.run.shim`).
+# The signal a supervisor under a Ray actor asks the kernel for when the actor's process
+# dies (PR_SET_PDEATHSIG; the actor names its pid in ORPHAN_PARENT): its node's Ray stopped
+# or the actor was ended, and the daemon runs the job again elsewhere, so it stops its job
+# at once and writes no result (:mod:`tandem.place.run.shim`).
 ORPHAN_SIGNAL = signal.SIGUSR1
+ORPHAN_PARENT = "TANDEM_SUPERVISOR_PARENT"
 ORPHAN_GRACE_S = 2.0  # the time its job has to stop then
 
 

@@ -7,6 +7,7 @@ it. The daemon talks to one of them through :class:`Launcher`.
 
 from __future__ import annotations
 
+import logging
 import os
 import signal
 import subprocess
@@ -23,6 +24,8 @@ from tandem.place.run.ray_backend import PENDING, RUNNING, actor_name
 
 if TYPE_CHECKING:
     from tandem.place.devices import NodeSample
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -192,7 +195,13 @@ class RayLauncher:
         """What each node's agent measured (nothing while Ray does not answer)."""
         from tandem.place.decide import HOST_WINDOW_S
 
-        return {} if self.trouble is not None else self.backend.samples(self.window_s, HOST_WINDOW_S)
+        if self.trouble is not None:
+            return {}
+        try:
+            return dict(self.backend.samples(self.window_s, HOST_WINDOW_S))
+        except Exception as exc:  # a measurement's trouble never stops the tick
+            log.warning("the nodes' agents: %s", exc)
+            return {}
 
     def shutdown(self) -> None:
         self.backend.shutdown()

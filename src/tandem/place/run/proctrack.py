@@ -303,3 +303,16 @@ def _running(p: psutil.Process) -> bool:
         return p.is_running() and p.status() != psutil.STATUS_ZOMBIE
     except psutil.Error:
         return False
+
+
+def signal_on_parent_death(sig: int, parent: int) -> bool:
+    """Ask the kernel for ``sig`` when this process's parent dies (Linux's PR_SET_PDEATHSIG);
+    whether its parent is still ``parent`` (it may have died before the ask: no signal comes
+    then)."""
+    import ctypes
+
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(1, int(sig))  # 1: PR_SET_PDEATHSIG
+    except (AttributeError, OSError):
+        pass  # no such call here: no signal will come; the parent is checked all the same
+    return os.getppid() == parent

@@ -45,7 +45,7 @@ supervisor writes its files there).
 from __future__ import annotations
 
 import concurrent.futures
-import ctypes
+import dataclasses
 import logging
 import os
 import re
@@ -60,7 +60,7 @@ from typing import Any
 from tandem.place.devices import NodeSample
 from tandem.place.model import Capacity, GpuInfo, NodeInfo
 from tandem.place.paths import unreachable
-from tandem.place.run.files import ORPHAN_SIGNAL
+from tandem.place.run.files import ORPHAN_PARENT
 
 log = logging.getLogger(__name__)
 
@@ -92,7 +92,8 @@ class Supervisor:
                     stdout=shim_log,
                     stderr=subprocess.STDOUT,
                     start_new_session=True,
-                    preexec_fn=_signal_on_parent_death,
+                    # it stops its job when this actor's process dies (files.ORPHAN_SIGNAL)
+                    env={**os.environ, ORPHAN_PARENT: str(os.getpid())},
                 )
         return os.uname().nodename
 
@@ -121,38 +122,29 @@ class NodeAgent:
         self.monitor = Monitor(Capacity(usable_cpus()[0], usable_mem()[0], gpus), window_s, nvml)
         self.host_window_s, self.every_s = host_window_s, every_s
         self._lock = threading.Lock()
+        self._stop = threading.Event()
         self.monitor.sample()
-        self._last = self.monitor.sample_of(host_window_s)
+        self._last, self._at = self.monitor.sample_of(host_window_s), time.monotonic()
         threading.Thread(target=self._sample_forever, name="tandem-agent", daemon=True).start()
 
     def _sample_forever(self) -> None:
-        while True:
-            time.sleep(self.every_s)
+        while not self._stop.wait(self.every_s):
             try:
                 self.monitor.sample()
                 sample = self.monitor.sample_of(self.host_window_s)
-            except Exception as exc:  # a reading that fails once: the last one stays
+            except Exception as exc:  # a reading that fails: the last one stays, and ages
                 log.warning("cannot measure this node: %s", exc)
                 continue
             with self._lock:
-                self._last = sample
+                self._last, self._at = sample, time.monotonic()
 
     def read(self) -> NodeSample:
+        """The last sample, with its age: one that fails to renew is not taken for new."""
         with self._lock:
-            return self._last
+            return dataclasses.replace(self._last, age_s=time.monotonic() - self._at)
 
-
-_LIBC = ctypes.CDLL(None, use_errno=True)  # loaded here: no dlopen in a forked child
-PR_SET_PDEATHSIG = 1
-
-
-def _signal_on_parent_death() -> None:
-    """In the supervisor, before it runs: the kernel sends it
-    :data:`~tandem.place.run.files.ORPHAN_SIGNAL` when the actor's process dies (its node's
-    Ray stopped or died, the actor killed): it stops its job at once and writes no result,
-    so the daemon's rerun elsewhere never runs beside it. The actor runs its methods on its
-    main thread, whose end is what the kernel watches."""
-    _LIBC.prctl(PR_SET_PDEATHSIG, int(ORPHAN_SIGNAL))
+    def stop(self) -> None:
+        self._stop.set()
 
 
 def actor_name(attempt_dir: str | Path) -> str:
@@ -331,6 +323,8 @@ class RayBackend:
         Never waits: each poll is answered by a later call."""
         if name in self.ended:  # said once, said again: every caller of a tick hears it
             return ENDED
+        if name in self.lost:  # its node is gone: nothing to ask (a poll of it waits on Ray's nodes)
+            return GONE
         actor = self._find(name)
         if actor is None:
             return self._lose(name, node) if node and node not in self._alive else GONE
@@ -343,7 +337,8 @@ class RayBackend:
             poll = self.polls.get(name)
             if poll is None or not self._ready(poll):
                 self.polls.setdefault(name, actor.poll.remote())
-                return RUNNING
+                # Ray has its node for dead (this pass's list): a poll of it may wait for minutes
+                return RUNNING if not node or node in self._alive else self._lose(name, node)
             code = self.ray.get(self.polls.pop(name))
         except self.ray.exceptions.ActorUnavailableError:  # unreachable for now: asked again
             self.polls.pop(name, None)

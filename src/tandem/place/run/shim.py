@@ -38,10 +38,11 @@ from pathlib import Path
 from typing import Any
 
 from tandem.place.paths import disk_trouble
-from tandem.place.run import failures, weights
+from tandem.place.run import failures, proctrack, weights
 from tandem.place.run.cgroups import OomWatch
 from tandem.place.run.files import (
     ORPHAN_GRACE_S,
+    ORPHAN_PARENT,
     ORPHAN_SIGNAL,
     AttemptSpec,
     Result,
@@ -58,7 +59,7 @@ from tandem.watch.stores.base import absolute_uri, run_env, with_run_env
 
 RESULT_RETRY_S = 3600.0  # how long a result waits for a disk that refuses it
 EXIT_NOT_STARTED = 75  # EX_TEMPFAIL: the disk refused the first write; the job was put back, not run
-EXIT_ORPHANED = 76  # its Ray actor died (its node's Ray gave up): the job stopped, no result written
+EXIT_ORPHANED = 76  # its Ray actor's process died: the job stopped, no result written
 RUN_WAIT_S = 60.0  # how long a job waits for its MLflow run to be made (then starts without its id)
 # The run's points go to the spool every FLUSH_S, and the MLflow helper writes each batch in
 # one transaction: MLflow's SQL store costs about 5 ms a write and 0.06 ms a point, so every
@@ -95,11 +96,14 @@ class Shim:
         self.terms += 1
 
     def _on_orphaned(self, _signum: int, _frame: Any) -> None:
-        self.orphaned = self.cancelled = True
+        self.orphaned = True  # not a cancel: a job that ended by itself keeps its result
 
     def run(self) -> int:
         me = os.getpid()
         signal.signal(ORPHAN_SIGNAL, self._on_orphaned)
+        parent = os.environ.pop(ORPHAN_PARENT, "")  # under a Ray actor: stop when it dies
+        if parent.isdigit() and not proctrack.signal_on_parent_death(ORPHAN_SIGNAL, int(parent)):
+            self.orphaned = True  # it died already
         signal.signal(signal.SIGTERM, self._on_term)
         signal.signal(signal.SIGINT, self._on_term)
         signal.signal(signal.SIGHUP, signal.SIG_IGN)  # a closed terminal is not a cancel
@@ -164,11 +168,12 @@ class Shim:
             )
         )
         run = self._track(proc.pid)
-        wait_exit(proc, lambda: self.cancelled)  # asleep until it ends or a signal comes
+        wait_exit(proc, lambda: self.cancelled or self.orphaned)  # asleep until it ends or a signal comes
+        orphaned = self.orphaned and proc.poll() is None  # its actor died while the job ran
         if cgroup is not None:
             leave(cgroup)  # before any kill of the cgroup
-        if self.cancelled:  # every process of the job; the main one is reaped below
-            procs.stop(ORPHAN_GRACE_S if self.orphaned else spec.grace_s, first=proc.pid)
+        if self.cancelled or orphaned:  # every process of the job; the main one is reaped below
+            procs.stop(ORPHAN_GRACE_S if orphaned else spec.grace_s, first=proc.pid)
         returncode = proc.wait()
         rusage = _child_cpu()
         if procs.pids():  # what the job left running, in its session or outside it
@@ -194,7 +199,7 @@ class Shim:
             cpu_seconds = run.tree.cpu_seconds if run.tree is not None else None
         if pump.dropped:
             self.note(f"{pump.dropped} bytes of output were lost: the disk refused them")
-        if self.orphaned:  # the daemon takes the attempt for lost with its node, and runs it again
+        if orphaned:  # the daemon takes the attempt for lost with its node, and runs it again
             _say("its Ray actor died (the node lost the cluster): the job was stopped; no result written")
             return EXIT_ORPHANED
         return self._write_result(ending, started, self.peak_mem or None, cpu_seconds, kernel)
@@ -214,7 +219,7 @@ class Shim:
         with a note, where there is none or it did not come in ``RUN_WAIT_S``."""
         deadline = time.monotonic() + RUN_WAIT_S
         while (ref := load(self.dir, RunRef)) is None:
-            if self.cancelled:
+            if self.cancelled or self.orphaned:
                 return {}
             if time.monotonic() > deadline:
                 self.note(f"no MLflow run made within {RUN_WAIT_S:g} s: started without MLFLOW_RUN_ID")

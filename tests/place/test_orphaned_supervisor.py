@@ -1,0 +1,63 @@
+"""A supervisor under a Ray actor stops its job when the actor's process dies (its node's
+Ray stopped, the actor ended): the actor names itself in the supervisor's environment, the
+supervisor asks the kernel for a signal on its parent's death, and on it stops its job and
+writes no result (the daemon takes the attempt for lost, and runs it again elsewhere). A
+real supervisor and job here; a plain process stands in for the actor's."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+
+from tandem.place.run.files import ORPHAN_PARENT, AttemptSpec, Result, Started, load, save
+from tests.timing import scaled
+
+# The actor's part: start the supervisor in a session of its own, naming itself, then wait.
+ACTOR = (
+    "import os, subprocess, sys, time\n"
+    f"env = dict(os.environ, {ORPHAN_PARENT}=str(os.getpid()))\n"
+    "log = open(sys.argv[1] + '/shim.log', 'ab')\n"
+    "subprocess.Popen([sys.executable, '-m', 'tandem.place.run.shim', sys.argv[1]], env=env,\n"
+    "                 stdout=log, stderr=log, start_new_session=True)\n"
+    "time.sleep(600)\n"
+)
+
+
+def _ended(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True
+
+
+def _until(what, seconds: float, message) -> None:
+    deadline = time.monotonic() + scaled(seconds)
+    while not what():
+        assert time.monotonic() < deadline, message()
+        time.sleep(0.05)
+
+
+def test_a_supervisor_whose_actor_dies_stops_its_job_and_writes_no_result(tmp_path: Path) -> None:
+    adir = tmp_path / "attempt"
+    adir.mkdir()
+    job = [sys.executable, "-c", "import time; time.sleep(300)"]
+    save(adir, AttemptSpec(job, str(tmp_path), {}, job_id=7, attempt=1, track=False))
+    actor = subprocess.Popen([sys.executable, "-c", ACTOR, str(adir)])
+    try:
+        _until(lambda: load(adir, Started) is not None, 60, lambda: (adir / "shim.log").read_text())
+        started = load(adir, Started)
+        assert started is not None and not _ended(started.pid)
+        shim = psutil.Process(started.pid).parent()
+        assert shim is not None and shim.parent().pid == actor.pid  # the supervisor, the actor's child
+        actor.kill()
+        _until(lambda: _ended(started.pid) and _ended(shim.pid), 20, lambda: "the job runs on")
+        log = (adir / "shim.log").read_text()
+        assert "its Ray actor died" in log, log
+        assert load(adir, Result) is None, "a result would end the attempt as the job's own end"
+    finally:
+        actor.kill()
+        actor.wait()
