@@ -8,13 +8,12 @@ from __future__ import annotations
 
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import psutil
 
 from tandem.place.run.files import ORPHAN_PARENT, AttemptSpec, Result, Started, load, save
-from tests.timing import scaled
+from tests.timing import until
 
 # The actor's part: start the supervisor in a session of its own, naming itself, then wait.
 ACTOR = (
@@ -34,13 +33,6 @@ def _ended(pid: int) -> bool:
         return True
 
 
-def _until(what, seconds: float, message) -> None:
-    deadline = time.monotonic() + scaled(seconds)
-    while not what():
-        assert time.monotonic() < deadline, message()
-        time.sleep(0.05)
-
-
 def test_a_supervisor_whose_actor_dies_stops_its_job_and_writes_no_result(tmp_path: Path) -> None:
     adir = tmp_path / "attempt"
     adir.mkdir()
@@ -48,13 +40,13 @@ def test_a_supervisor_whose_actor_dies_stops_its_job_and_writes_no_result(tmp_pa
     save(adir, AttemptSpec(job, str(tmp_path), {}, job_id=7, attempt=1, track=False))
     actor = subprocess.Popen([sys.executable, "-c", ACTOR, str(adir)])
     try:
-        _until(lambda: load(adir, Started) is not None, 60, lambda: (adir / "shim.log").read_text())
+        until(lambda: load(adir, Started) is not None, 60, lambda: (adir / "shim.log").read_text())
         started = load(adir, Started)
         assert started is not None and not _ended(started.pid)
         shim = psutil.Process(started.pid).parent()
         assert shim is not None and shim.parent().pid == actor.pid  # the supervisor, the actor's child
         actor.kill()
-        _until(lambda: _ended(started.pid) and _ended(shim.pid), 20, lambda: "the job runs on")
+        until(lambda: _ended(started.pid) and _ended(shim.pid), 20, lambda: "the job runs on")
         log = (adir / "shim.log").read_text()
         assert "its Ray actor died" in log, log
         assert load(adir, Result) is None, "a result would end the attempt as the job's own end"

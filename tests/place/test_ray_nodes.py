@@ -22,7 +22,7 @@ import pytest
 
 from tandem.bench.ray_nodes import NodesCluster, can_make_nodes
 from tests.place.conftest import TANDEM, Cli, _cli_in
-from tests.timing import scaled
+from tests.timing import scaled, until
 
 pytest.importorskip("ray")
 if (why := can_make_nodes()) is not None:
@@ -89,10 +89,7 @@ def node_of(job: dict) -> str | None:
 
 
 def wait_for(what, timeout: float, message) -> None:
-    deadline = time.monotonic() + scaled(timeout)
-    while not what():
-        assert time.monotonic() < deadline, message()
-        time.sleep(0.3)
+    until(what, timeout, message, every=0.3)  # each look runs the CLI: not more often
 
 
 def held_within_nodes(cli: Cli) -> None:

@@ -114,12 +114,12 @@ class NodeAgent:
     def __init__(self, window_s: float, host_window_s: float, every_s: float = 1.0, lib: Any = None) -> None:
         from tandem.place.devices import Monitor, Nvml, usable_cpus, usable_mem
 
-        nvml: Nvml | None = Nvml(lib)  # lib: NVML's Python module (None: pynvml's)
-        if nvml is not None and not nvml.gpus:
+        nvml = Nvml(lib)  # lib: NVML's Python module (None: pynvml's)
+        gpus = nvml.gpus
+        if not gpus:  # no driver or no GPU here: host figures only
             nvml.close()
-            nvml = None
-        gpus = nvml.gpus if nvml is not None else ()
-        self.monitor = Monitor(Capacity(usable_cpus()[0], usable_mem()[0], gpus), window_s, nvml)
+        capacity = Capacity(usable_cpus()[0], usable_mem()[0], gpus)
+        self.monitor = Monitor(capacity, window_s, nvml if gpus else None)
         self.host_window_s, self.every_s = host_window_s, every_s
         self._lock = threading.Lock()
         self._stop = threading.Event()
