@@ -33,7 +33,7 @@ def test_a_sweep_spreads_over_the_nodes_and_each_job_goes_to_one_that_has_room()
 
 
 def test_a_share_group_s_jobs_go_only_where_its_producer_runs() -> None:
-    queue = [job(i, cpus=0.5, share="ds", share_jobs=0, node="id-worker") for i in range(3)]
+    queue = [job(i, cpus=0.5, share="ds", share_jobs=0, nodes={"id-worker": 0}) for i in range(3)]
     assert set(where(queue, [node("head"), node("worker")]).values()) == {"id-worker"}
     out = plan_nodes(queue, [node("head")], make_policy("packing"), LIMITS, 100.0)
     assert not out.placements and "producer's node" in out.reasons[0]  # its node is gone
@@ -42,7 +42,7 @@ def test_a_share_group_s_jobs_go_only_where_its_producer_runs() -> None:
 def test_ray_never_holds_more_cores_than_a_node_has_while_tandem_s_cores_are_elastic() -> None:
     # 6 jobs of one share group on a 2-core node (four a core may run together): Ray is asked
     # for what it has unreserved, then for none.
-    queue = [job(i, cpus=1.0, share="ds", share_jobs=0, node="id-head") for i in range(6)]
+    queue = [job(i, cpus=1.0, share="ds", share_jobs=0, nodes={"id-head": 0}) for i in range(6)]
     out = plan_nodes(queue, [node("head")], make_policy("packing"), LIMITS, 100.0)
     assert len(out.placements) == 6
     assert [p.cores_held for p in out.placements] == [1.0, 1.0, 0.0, 0.0, 0.0, 0.0]
@@ -62,3 +62,22 @@ def test_a_job_larger_than_every_node_is_refused_naming_the_largest() -> None:
     assert fits_a_node(job(0, cpus=3), nodes) is None  # the big node takes it
     why = fits_a_node(job(0, cpus=6), nodes)
     assert why is not None and "largest node, big" in why and "4" in why
+
+
+def test_a_share_group_with_producers_on_two_nodes_fills_each_to_its_own_bound() -> None:
+    # Four a core run together per node: 2-core nodes take 8 each; the head already runs 6 of
+    # the group, so 2 more go there and the rest to the worker, where its second producer runs.
+    queue = [
+        job(i, cpus=1.0, share="ds", share_jobs=6, nodes={"id-head": 6, "id-worker": 0}) for i in range(12)
+    ]
+    out = plan_nodes(queue, [node("head"), node("worker")], make_policy("packing"), LIMITS, 100.0)
+    placed = [p.node for p in out.placements]
+    assert placed.count("id-head") == 2 and placed.count("id-worker") == 8, placed
+    assert sorted(out.short) == [10, 11] and all("worker" in out.reasons[i] for i in (10, 11))
+
+
+def test_a_share_s_next_producer_goes_only_to_a_node_its_nodes_allow() -> None:
+    producer = job(0, cpus=0.5, nodes={"id-worker": 0})  # its share's first producer runs on the head
+    assert where([producer], [node("head"), node("worker")]) == {0: "id-worker"}
+    out = plan_nodes([producer], [node("head")], make_policy("packing"), LIMITS, 100.0)
+    assert not out.placements and out.short == [0] and "no live node" in out.reasons[0]

@@ -15,7 +15,7 @@ import psutil
 import pytest
 
 from tests.place.test_daemon import FAST
-from tests.timing import scaled
+from tests.timing import scaled, until
 
 pytest.importorskip("ray")
 
@@ -189,3 +189,44 @@ def test_two_nodes_each_gpu_memory_on_its_own_node(cli, tmp_path: Path, monkeypa
     finally:
         cli.stop_daemon()
         cluster.shutdown()
+
+
+def test_the_daemon_s_own_ray_head_outlives_it_and_the_next_daemon_follows_its_job(
+    cli, tmp_path: Path
+) -> None:
+    """``--backend ray`` without ``--address``: the daemon's head is a ``ray start`` of its
+    own, which a SIGKILL of the daemon leaves running (a ``ray.init()`` head died with it,
+    and every job ran again): the next daemon, without flags, connects to it again and
+    follows the job to its end, started once; a clean stop with no job running stops the
+    head, its processes only."""
+    import json
+
+    from tandem.place.run import ray_head
+
+    try:
+        cli("daemon", "start", "--backend", "ray", *FAST, timeout=scaled(240))
+        head = json.loads((cli.state / ray_head.HEAD_FILE).read_text())
+        job = cli.submit("--", "sh", "-c", f"echo $TANDEM_JOB_ATTEMPT >> {tmp_path / 'runs.txt'}; sleep 12")
+        deadline = time.monotonic() + scaled(120)
+        while not (tmp_path / "runs.txt").exists():
+            assert time.monotonic() < deadline, cli("ls").stdout
+            time.sleep(0.2)
+        os.kill(cli.daemon_pid() or 0, signal.SIGKILL)
+        assert psutil.pid_exists(head["pid"]), "the head died with the daemon"
+        cli("daemon", "start", timeout=scaled(240))  # the kept configuration: Ray, its own head
+        assert json.loads((cli.state / ray_head.HEAD_FILE).read_text()) == head  # the same head
+        assert cli("wait", str(job), timeout=scaled(120)).returncode == 0, cli("ls").stdout
+        shown = cli.job(job)
+        assert shown["state"] == "succeeded" and len(shown["attempts"]) == 1, shown
+        assert (tmp_path / "runs.txt").read_text().split() == ["1"]  # started once
+        cli("daemon", "stop")
+        until(lambda: not (cli.state / ray_head.HEAD_FILE).exists(), 60, lambda: "the head was not stopped")
+        left = [
+            p
+            for p in psutil.process_iter(["cmdline"])
+            if head["temp_dir"] in " ".join(p.info["cmdline"] or ())
+        ]
+        assert not left, left
+    finally:
+        cli.stop_daemon()
+        ray_head.stop(cli.state)  # whatever a failure left

@@ -133,16 +133,19 @@ def test_a_sweep_runs_on_both_nodes_each_share_job_beside_its_producer_and_survi
     assert all(len(jobs[i]["attempts"]) == 1 for i in ids), cli("ls").stdout
     starts = sorted(int(line) for line in (cli.tmp / "runs.txt").read_text().split())
     assert starts == sorted(ids)
-    # Both nodes ran jobs; every share job read a whole epoch from its group's one producer,
-    # on the node it ran on, which is where tandem placed it and its producer.
+    # Both nodes ran jobs; every share job read a whole epoch from its group's producer on
+    # the node it ran on, which is where tandem placed it and a producer of its share.
     assert {node_of(jobs[i]) for i in ids} == {"head", "worker"}, cli("ls").stdout
-    (producer,) = [j for j in jobs.values() if j["role"] == "producer"]
+    producers = [j for j in jobs.values() if j["role"] == "producer"]
+    where = {node_of(p) for p in producers}
+    assert len(where) == len(producers), cli("ls").stdout  # a second one only on another node
     rows = [line.split() for line in (cli.tmp / "read.txt").read_text().splitlines()]
     assert sorted(int(r[0]) for r in rows) == share
     for job_id, host, _pid, n in rows:
-        assert host == node_of(jobs[int(job_id)]) == node_of(producer), (job_id, host, node_of(producer))
+        assert host == node_of(jobs[int(job_id)]) and host in where, (job_id, host, where)
         assert int(n) == 64
-    assert len({r[2] for r in rows}) == 1, rows
+    for host in where:  # the jobs of a node read its one producer
+        assert len({r[2] for r in rows if r[1] == host}) <= 1, rows
     assert f"{node_of(jobs[plain[0]])}/" in cli("ls").stdout  # ls names the node: node/cuda:i
 
 
@@ -210,6 +213,33 @@ def test_each_node_is_measured_where_it_is_a_full_worker_sends_jobs_to_the_head(
         hog.kill()
         hog.wait()
         cli("cancel", "--all")
+
+
+def test_a_share_group_larger_than_its_node_gets_a_second_producer_on_the_other(on_cluster: Cli) -> None:
+    """A share group whose jobs' RAM one 4 GB node cannot hold: once its jobs have found no
+    room beside its producer for a while, a second producer of the share starts on the other
+    node, and each job reads the producer of the node it runs on."""
+    cli = on_cluster
+    cli("share", "define", "big", "--dataset", "data.py:make", "--batch-size", "4")
+    ids = [
+        cli.submit("--share", "big", "--mem", "1500M", "--", sys.executable, "reader.py", "1.0")
+        for _ in range(5)
+    ]
+    assert cli("wait", *map(str, ids), timeout=400).returncode == 0, cli("ls").stdout
+    jobs = ls(cli)
+    assert all(len(jobs[i]["attempts"]) == 1 for i in ids), cli("ls").stdout
+    producers = [j for j in jobs.values() if j["role"] == "producer" and j["share"] == "big"]
+    assert len(producers) == 2 and {node_of(p) for p in producers} == {"head", "worker"}, cli("ls").stdout
+    second = max(producers, key=lambda p: p["id"])
+    assert "have no room for it" in cli("show", str(second["id"])).stdout
+    rows = [line.split() for line in (cli.tmp / "read.txt").read_text().splitlines()]
+    mine = [r for r in rows if int(r[0]) in ids]
+    assert sorted(int(r[0]) for r in mine) == ids
+    for job_id, host, _pid, n in mine:
+        assert host == node_of(jobs[int(job_id)]) and int(n) == 64, (job_id, host)
+    assert {r[1] for r in mine} == {"head", "worker"}, mine  # both producers fed jobs
+    for host in ("head", "worker"):  # one producer a node: its jobs read the same one
+        assert len({r[2] for r in mine if r[1] == host}) == 1, mine
 
 
 def test_a_dead_node_s_jobs_run_again_on_the_head(on_cluster: Cli, cluster: NodesCluster) -> None:

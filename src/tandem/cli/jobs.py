@@ -306,6 +306,13 @@ def _print_share_groups(st: Any, jobs: list[Any]) -> None:
         )
         if p["job"] is None or p["state"] not in ("running", *WAITING_STATES):
             producer = "no producer running" + (f" (last one: {p['error']})" if p["error"] else "")
+        live = [
+            j
+            for j in jobs
+            if j.share == share.name and j.role == "producer" and j.state in ("running", *WAITING_STATES)
+        ]
+        if len(live) > 1:  # under Ray, one a node: a share whose node was full has a second
+            producer = "producers " + ", ".join(f"job {j.id} ({_producer_where(j)})" for j in live)
         ids = ", ".join(str(j.id) for j in members[:20]) + (
             f" and {len(members) - 20} more" if len(members) > 20 else ""
         )
@@ -314,6 +321,12 @@ def _print_share_groups(st: Any, jobs: list[Any]) -> None:
             f"jobs {ids} ({running} running, {waiting} waiting)" if members else "read by its group's jobs"
         )
         click.echo(printable(f"share {share.name}: {producer}; {readers}"))
+
+
+def _producer_where(job: Any) -> str:
+    """Where a live producer is: its node, or its state while it waits."""
+    placed = job.attempts[-1].placement if job.attempts and job.state == "running" else None
+    return (placed.node_name or "running") if placed is not None else job.state
 
 
 @click.command("show")

@@ -16,13 +16,14 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterable
+from typing import Any
 
 from tandem.place.active import Active, Startup
 from tandem.place.decide import HOST_WINDOW_S, Pass, Peak, gpu_views, host_view
 from tandem.place.devices import Monitor
 from tandem.place.model import FINAL_STATES, QUEUED, SUCCEEDED, Capacity
 from tandem.place.policies import GpuSlot, HostSlot, Limits
-from tandem.place.producers import Producers, is_producer
+from tandem.place.producers import Producers, is_producer, node_of
 from tandem.place.scheduler import NodeSlot, Waiting
 from tandem.place.state import Job, Share, State
 
@@ -116,13 +117,17 @@ class Admission:
         out = []
         shares = {s.name: s for s in self.state.shares()}
         queued, running = self.producers.rows(jobs, active.values())
-        in_share: dict[str, int] = {}  # its running jobs, per share (not its producer)
-        in_group: dict[str, int] = {}  # running jobs per group (an auto share's readers)
+        in_share: dict[tuple[str, str], int] = {}  # its running jobs, per share and node (not its producer)
+        in_group: dict[tuple[str, str], int] = {}  # running jobs per group and node (an auto share's readers)
         for a in active.values():
-            if a.job.share and not is_producer(a.job):
-                in_share[a.job.share] = in_share.get(a.job.share, 0) + 1
-            if a.job.group is not None and not is_producer(a.job):
-                in_group[a.job.group] = in_group.get(a.job.group, 0) + 1
+            if is_producer(a.job):
+                continue
+            if a.job.share:
+                key = (a.job.share, node_of(a))
+                in_share[key] = in_share.get(key, 0) + 1
+            if a.job.group is not None:
+                key = (a.job.group, node_of(a))
+                in_group[key] = in_group.get(key, 0) + 1
         decide = self.decisions(active.values())
         for job in jobs:
             if job.id in active or job.cancel_requested:
@@ -146,41 +151,66 @@ class Admission:
             if isinstance(reserved, str):
                 reasons[job.id] = reserved
                 continue
-            # Its group's producer runs: it joins the group (where its batches are, too).
-            feeding = running.get(share.name) if share is not None and not is_producer(job) else None
-            share_jobs = in_share.get(feeding.job.share or "", 0) if feeding is not None else None
-            if is_producer(job) and share is not None and share.spec.source == "auto":
-                # A drop-in loader's producer: the running jobs that asked for it wait for it,
-                # idle, holding their cores: it starts as a job of their group would.
-                share_jobs = in_group.get(job.group or "") or None
-            out.append(
-                decide.waiting(
-                    job,
-                    reserved,
-                    since,
-                    prefer_gpus=feeding.placement.gpus if feeding is not None else (),
-                    share=feeding.job.share if feeding is not None else None,
-                    share_jobs=share_jobs,
-                    node=feeding.placed.node or None if feeding is not None else None,
-                )
-            )
+            fields = self._group(job, share, running, in_share, in_group)
+            if isinstance(fields, str):
+                reasons[job.id] = fields
+                continue
+            out.append(decide.waiting(job, reserved, since, **fields))
         return out
 
+    def _group(
+        self,
+        job: Job,
+        share: Share | None,
+        running: dict[str, list[Active]],
+        in_share: dict[tuple[str, str], int],
+        in_group: dict[tuple[str, str], int],
+    ) -> dict[str, Any] | str:
+        """``job``'s share-group fields of :class:`~tandem.place.scheduler.Waiting`, or why it
+        waits: a job of a share joins its group where a producer of it runs (its batches are
+        there, in a GPU slab's case on that GPU), counted with its group's jobs there; under
+        Ray a share's next producer goes to a node none of its producers' hosts is."""
+        if share is None:
+            return {}
+        ray = bool(self.capacity.nodes)
+        producers = running.get(share.name, [])
+        if not is_producer(job):
+            feeding = [a for a in producers if not self.producers.stopping(a.job.id)]
+            counts = {node_of(a): in_share.get((share.name, node_of(a)), 0) for a in feeding}
+            return dict(
+                prefer_gpus=tuple(g for a in feeding for g in a.placement.gpus),
+                share=share.name,
+                share_jobs=sum(counts.values()),
+                nodes=counts if ray else None,
+            )
+        if share.spec.source == "auto":
+            # A drop-in loader's producer (one server: a job under Ray is told no starter):
+            # the running jobs that asked for it wait for it, idle, holding their cores: it
+            # starts as a job of their group would.
+            return dict(share_jobs=sum(c for (g, _), c in in_group.items() if g == job.group) or None)
+        if not producers:
+            return {}
+        nodes = self.producers.free_nodes(share.name, producers)
+        if not nodes:
+            where = ", ".join(sorted({self.capacity.node_name(a.placed.node) for a in producers}))
+            return f"share {share.name}: its producers run on every host ({where})"
+        return dict(nodes=nodes)
+
     def _producer_wait(
-        self, job: Job, share: Share, queued: dict[str, int], running: dict[str, Active]
+        self, job: Job, share: Share, queued: dict[str, list[int]], running: dict[str, list[Active]]
     ) -> str | None:
         """Why ``job`` of ``share`` waits for the group's producer (made here, queued, if
-        none is queued or running), or None: its producer runs (or it is the producer)."""
-        producer = running.get(share.name)
-        if producer is not None and self.producers.stopping(producer.job.id):
-            # a new producer could not take the share's name yet
-            return f"share {share.name}: its previous producer (job {producer.job.id}) is still stopping"
-        if producer is not None or is_producer(job):
+        none is queued or running), or None: a producer of it runs (or it is a producer)."""
+        producers = running.get(share.name, [])
+        if is_producer(job) or any(not self.producers.stopping(a.job.id) for a in producers):
             return None
-        row = queued.get(share.name)
-        if row is None:
-            row = queued[share.name] = self.producers.make(share, job)
-        return f"waits for its share's producer (job {row})"
+        if producers:  # a new producer could not take the share's name yet
+            ids = ", ".join(str(a.job.id) for a in producers)
+            return f"share {share.name}: its previous producer (job {ids}) is still stopping"
+        rows = queued.get(share.name)
+        if not rows:
+            rows = queued[share.name] = [self.producers.make(share, job)]
+        return f"waits for its share's producer (job {rows[0]})"
 
     def write_reasons(self, reasons: dict[int, str]) -> None:
         """Store why each job waits: only what changed (a long queue costs no write per tick)."""

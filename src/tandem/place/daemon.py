@@ -87,9 +87,12 @@ class Daemon:
         self.policy = make_policy(config.policy)
         backend = None
         if config.backend == "ray":
+            from tandem.place.run import ray_head
             from tandem.place.run.ray_backend import RayBackend
 
-            backend = RayBackend(config.address, capacity.gpus, capacity.cpus if not config.address else None)
+            # Without an address: this machine's head of the daemon's own, which outlives it.
+            address = config.address or ray_head.ensure(state.dir, capacity.cpus, capacity.gpus).address
+            backend = RayBackend(address)
             capacity = backend.cluster()
             nvml = None  # GPUs are Ray's now: each measured by its node's agent
         self.capacity = capacity
@@ -175,6 +178,10 @@ class Daemon:
             if self.nvml is not None:
                 self.nvml.close()
             self.launcher.shutdown()
+            if self.config.backend == "ray" and not self.config.address and not self.attempts.active:
+                from tandem.place.run import ray_head
+
+                ray_head.stop(self.state.dir)  # no attempt runs under the daemon's own head
             if self.tracker is not None:
                 self.tracker.poke()  # what is left to write is written (a helper started if none runs)
                 self.tracker.stop()  # and then it ends
@@ -345,6 +352,7 @@ class Daemon:
         it started any."""
         reasons: dict[int, str] = {}
         launched = False
+        short: list[int] = []  # the jobs no node had room for
         active = self.attempts.active
         queue = self.admission.waiting(waiting, deps, active, reasons)
         held = self.disk.reason() if queue else None
@@ -357,6 +365,7 @@ class Daemon:
             nodes = self.admission.node_slots(active.values())
             outcome = plan_nodes(queue, nodes, self.policy, self.limits, now)
             reasons.update(outcome.reasons)
+            short = outcome.short
             on_host = len(active) + len(outcome.placements)  # once this pass's jobs run
             for placement in outcome.placements:
                 if self.disk.why is not None:  # the disk stopped a start of this pass: the rest wait
@@ -376,6 +385,7 @@ class Daemon:
                     log.exception("could not start job %d", job.id)
                     attempt = len(job.attempts) + 1  # recorded, or not yet: ended either way
                     self.state.fail(job.id, f"could not start: {exc}", time.time(), attempt=attempt)
+        self.producers.spread(now, short, waiting, active.values())  # a share whose nodes are full
         self.admission.write_reasons(reasons)
         return launched
 

@@ -54,6 +54,11 @@ STOPPED = "stopped: its group's last job ended"  # the cause of a producer the d
 # One retry (after running out of memory, on the GPU with most free memory), never the
 # escalation that runs a job alone: a producer alone on the host would hold back its group.
 PRODUCER_RETRIES = 1
+# A share's jobs that find no room where its producers run for this long get another producer
+# on another node (Ray): not for a moment's wait (a GPU settling, a job about to end), as a
+# producer costs its cores and its epochs' loading again.
+SPREAD_AFTER_S = 5.0
+FAILED_HOST_S = 300.0  # a host where a share's producer failed for good takes no other for this long
 
 
 def is_producer(job: Job) -> bool:
@@ -69,6 +74,8 @@ class Producers:
         self._weights: dict[int, tuple[int, int]] = {}  # producer job id -> supervisor pid, weight
         self._followed: set[int] = set()  # the producers running at the last pass
         self._moved = False  # a row made or a producer started since the daemon last asked
+        self._short: dict[str, float] = {}  # share -> since when its jobs find no room (spread)
+        self._failed: dict[tuple[str, str], float] = {}  # (share, host) -> until when none goes there
 
     def moved(self) -> bool:
         """Whether a producer row was made or a producer started since the last call. The
@@ -89,11 +96,11 @@ class Producers:
         defined = share.spec.producer_cpus(self.capacity.largest_cpus)
         return producer_reservation(defined, share.spec.cpus is not None, self.learned, share.name)
 
-    def make(self, share: Share, asked: Job) -> int:
-        """Queue the producer of ``share`` for the waiting job ``asked`` (whose environment,
-        and so runtime directory, and working directory it runs in); its id."""
+    def make(self, share: Share, asked: Job, why: str = "") -> int:
+        """Queue a producer of ``share`` for the waiting job ``asked`` (whose environment,
+        and so runtime directory, and working directory it runs in), ``why`` another; its id."""
         full = self.state.job(asked.id, attempts=False) or asked  # with its environment
-        cpus, why = self._cores(share)
+        cpus, reason = self._cores(share)
         # A GPU slab's producer keeps its batches on a GPU of its own placement (cuda:0 to it).
         gpus = 1 if share.spec.slab_on_gpu and self.capacity.gpus else 0
         folder = self.state.dir / "shares" / share.name / uuid.uuid4().hex[:12]
@@ -116,7 +123,8 @@ class Producers:
         self.state.event(
             job_id,
             "producer",
-            f"share {share.name!r}: for job {asked.id}, reserving {format_cores(cpus)} cores ({why})",
+            f"share {share.name!r}: for job {asked.id}{': ' + why if why else ''}, "
+            f"reserving {format_cores(cpus)} cores ({reason})",
         )
         return job_id
 
@@ -142,15 +150,63 @@ class Producers:
         self._moved = True
 
     @staticmethod
-    def rows(waiting: Iterable[Job], active: Iterable[Active]) -> tuple[dict[str, int], dict[str, Active]]:
-        """This pass's producers, by share: the queued ones' ids, and the running ones."""
-        queued = {j.share or "": j.id for j in waiting if is_producer(j) and not j.cancel_requested}
-        running = {a.job.share or "": a for a in active if is_producer(a.job)}
+    def rows(
+        waiting: Iterable[Job], active: Iterable[Active]
+    ) -> tuple[dict[str, list[int]], dict[str, list[Active]]]:
+        """This pass's producers, by share: the queued ones' ids, and the running ones (under
+        Ray, one a node at most: a share whose node was full has another on a second node)."""
+        queued: dict[str, list[int]] = {}
+        running: dict[str, list[Active]] = {}
+        for j in waiting:
+            if is_producer(j) and not j.cancel_requested:
+                queued.setdefault(j.share or "", []).append(j.id)
+        for a in active:
+            if is_producer(a.job):
+                running.setdefault(a.job.share or "", []).append(a)
         return queued, running
 
     def stopping(self, job_id: int) -> bool:
         """Whether producer ``job_id`` was told to stop (its group is done)."""
         return job_id in self._stopping
+
+    def free_nodes(self, share: str, producers: Iterable[Active]) -> dict[str, int]:
+        """The live Ray nodes where another producer of ``share``, whose running ``producers``
+        these are, may start: those of another host than each of theirs (a producer is found
+        by its share's name on its host: two on one host would collide) and than one where a
+        producer of it failed lately, each with 0 jobs of its group; none on one server."""
+        now = time.time()
+        taken = {self.capacity.node_name(a.placed.node) for a in producers}
+        taken |= {host for (name, host), until in self._failed.items() if name == share and until > now}
+        return {n.id: 0 for n in self.capacity.nodes if n.alive and n.name not in taken}
+
+    def spread(self, now: float, short: Iterable[int], waiting: list[Job], active: Iterable[Active]) -> None:
+        """Another producer for a share whose jobs no node of its running producers has had
+        room for (``short``: those this pass found none for) over :data:`SPREAD_AFTER_S` (a
+        GPU job's: past a GPU's settling too), where another node may take one
+        (:meth:`free_nodes`) and none is queued: the next passes place it there (its row's
+        nodes are those, :class:`~tandem.place.admission.Admission`), and the group's waiting
+        jobs go to either. One at a time: a share grows by a node only after its jobs have
+        found no room again that long. Not an ``auto`` share (a drop-in loader's: one server)."""
+        if not self.capacity.nodes:
+            return
+        refused = set(short)
+        jobs = [j for j in waiting if j.id in refused and j.share and not is_producer(j)]
+        firsts = {j.share or "": j for j in reversed(jobs)}  # each share's first refused job
+        self._short = {share: self._short.get(share, now) for share in firsts}
+        queued, running = self.rows(waiting, active)
+        for name, job in firsts.items():
+            wait = SPREAD_AFTER_S + (self.config.limits.settle_s if job.gpus else 0.0)
+            if now - self._short[name] < wait or queued.get(name):
+                continue
+            share = self.state.share(name)
+            live = [a for a in running.get(name, []) if not self.stopping(a.job.id)]
+            if share is None or share.spec.source == "auto" or not live:
+                continue
+            if not self.free_nodes(name, running[name]):
+                continue
+            on = ", ".join(sorted({self.capacity.node_name(a.placed.node) for a in live}))
+            queued[name] = [self.make(share, job, f"its producers' nodes ({on}) have no room for it")]
+            self._short[name] = now  # the next one only once its jobs find no room again
 
     # --- the group's side, once a pass ------------------------------------------------------
 
@@ -161,45 +217,53 @@ class Producers:
         Whether it changed a job (a pass is due)."""
         linger = self.config.producer_linger_s if linger_s is None else linger_s
         active = attempts.active
-        jobs = [j for j in waiting if not is_producer(j)] + [
-            a.job for a in active.values() if not is_producer(a.job)
-        ]
+        readers = [a for a in active.values() if not is_producer(a.job)]
+        jobs = [j for j in waiting if not is_producer(j)] + [a.job for a in readers]
         busy = {j.share for j in jobs if j.share}
+        wanted = {j.share for j in waiting if j.share and not is_producer(j)}  # a job of it waits
+        fed = {(a.job.share, node_of(a)) for a in readers if a.job.share}  # read on that node
         groups = {j.group for j in jobs if j.group is not None}
         defined = {s.name: s for s in self.state.shares()}  # read once a pass
         auto = {name for name, s in defined.items() if s.spec.source == "auto"}
+        running = {a.job.id: a for a in active.values() if is_producer(a.job)}
+        serving = {a.job.share for a in running.values()}
 
-        def needed(producer: Job) -> bool:
+        def needed(producer: Job, node: str | None = None) -> bool:
             # An auto share (a drop-in loader's) is read by jobs that do not say so (the job
             # that asked for it, another loader of its jobs): it lives while its group does.
-            return producer.share in busy or (producer.share in auto and producer.group in groups)
+            if producer.share in auto and producer.group in groups:
+                return True
+            if node is not None:  # a running one: while jobs read it on its node, or wait
+                return (producer.share, node) in fed or producer.share in wanted
+            # a queued one: beside a running producer of its share, only while a job waits
+            return producer.share in (wanted if producer.share in serving else busy)
 
         changed = False
         idle = [j.id for j in waiting if is_producer(j) and (not needed(j) or j.share not in defined)]
-        if idle:  # its jobs were cancelled, or failed, before it started
+        if idle:  # its jobs were cancelled, failed or started elsewhere before it started
             self.state.cancel_waiting(idle, "cancelled", "no job of its share waits for it", now)
             changed = True
-        running = {a.job.id: a for a in active.values() if is_producer(a.job)}
         for job_id, a in running.items():
             if job_id in self._stopping:
                 if now >= self._stopping[job_id]:  # its supervisor did not end it within its grace
                     signal_shim(a, signal.SIGKILL)
-            elif a.job.cancel_requested or needed(a.job):
+            elif a.job.cancel_requested or needed(a.job, node_of(a)):
                 self._unneeded.pop(job_id, None)
             elif now - self._unneeded.setdefault(job_id, now) >= linger:
                 attempts.stop(job_id, succeeded=STOPPED)  # the supervisor's SIGTERM
                 self._stopping[job_id] = now + 2 * self.config.grace_s + 5
                 self.state.event(job_id, "producer", f"stopping producer of {a.job.share!r}: {STOPPED}")
         for job_id in self._followed - set(running):
-            changed |= self._ended(job_id, now)
+            changed |= self._ended(job_id, now, running.values())
         self._followed = set(running)
-        changed |= self._orphans(running.values(), active.values(), attempts, auto)
-        self._weigh(running.values(), active.values())
+        changed |= self._orphans(running.values(), readers, attempts, auto)
+        self._weigh(running.values(), readers)
         return changed
 
-    def _ended(self, job_id: int, now: float) -> bool:
+    def _ended(self, job_id: int, now: float, running: Iterable[Active]) -> bool:
         """Producer ``job_id`` ended (or went back to the queue): learn what a stopped one used;
-        one that failed for good fails its group's waiting jobs with its error."""
+        one that failed for good fails its group's waiting jobs with its error (unless another
+        producer of its share runs, on another node: they go there)."""
         self._stopping.pop(job_id, None)
         idle_since = self._unneeded.pop(job_id, None)
         self._weights.pop(job_id, None)
@@ -215,24 +279,29 @@ class Producers:
             return False
         error = self.error(job)
         log.warning("%s", error)
+        host = last.placement.node_name
+        if host:  # under Ray: that host lacks what it needs (its data, its environment), for a while
+            self._failed[(job.share or "", host)] = now + FAILED_HOST_S
+        if any(a.job.share == job.share and a.job.id not in self._stopping for a in running):
+            return False
         for waiting in self.state.jobs(tuple(WAITING_STATES), shares=(job.share or "",)):
             if not is_producer(waiting) and not waiting.cancel_requested:
                 self.state.fail(waiting.id, error, now)
         return True
 
     def _orphans(
-        self, running: Iterable[Active], active: Iterable[Active], attempts: Attempts, auto: set[str]
+        self, running: Iterable[Active], readers: Iterable[Active], attempts: Attempts, auto: set[str]
     ) -> bool:
-        """The running jobs of a share whose producer is not running (it ended by itself, or
-        before this daemon adopted them): stopped, failed with its producer's error. Not those
-        of an ``auto`` share: its readers wait for it, or fail with its error themselves."""
-        fed = {a.job.share for a in running}
+        """The running jobs of a share whose producer is not running on their node (it ended by
+        itself, or before this daemon adopted them): stopped, failed with its producer's error.
+        Not those of an ``auto`` share: its readers wait for it, or fail with its error themselves."""
+        fed = {(a.job.share, node_of(a)) for a in running}
         orphans = [  # a drop-in loader's reader waits for its producer, or fails with its error
             a
-            for a in active
+            for a in readers
             if a.job.share
-            and not is_producer(a.job)
-            and a.job.share not in fed | auto
+            and (a.job.share, node_of(a)) not in fed
+            and a.job.share not in auto
             and a.fail_cause is None
         ]
         for a in orphans:
@@ -249,18 +318,18 @@ class Producers:
     def error(self, producer: Job) -> str:
         return error(self.state, producer)
 
-    def _weigh(self, running: Iterable[Active], active: Iterable[Active]) -> None:
-        """Each running producer weighs as much as its group's running jobs, at least one; set
-        again only when that changes (and kept only once written: a supervisor just started
-        may not have entered its cgroup yet, and the next pass tries again)."""
-        jobs: dict[str | None, int] = {}
-        for a in active:
-            if not is_producer(a.job):
-                jobs[a.job.share] = jobs.get(a.job.share, 0) + 1
+    def _weigh(self, running: Iterable[Active], readers: Iterable[Active]) -> None:
+        """Each running producer weighs as much as its group's running jobs on its node, at
+        least one; set again only when that changes (and kept only once written: a supervisor
+        just started may not have entered its cgroup yet, and the next pass tries again)."""
+        jobs: dict[tuple[str | None, str], int] = {}
+        for a in readers:
+            key = (a.job.share, node_of(a))
+            jobs[key] = jobs.get(key, 0) + 1
         for a in running:
             if a.shim_pid is None or a.job.id in self._stopping:
                 continue
-            want = (a.shim_pid, max(1, jobs.get(a.job.share, 0)))
+            want = (a.shim_pid, max(1, jobs.get((a.job.share, node_of(a)), 0)))
             if self._weights.get(a.job.id) != want and weights.set_weight(*want):
                 self._weights[a.job.id] = want
 
@@ -271,6 +340,11 @@ class Producers:
         weights.sweep()
         weighted, how = weights.available()
         (log.info if weighted else log.warning)("CPU weights: %s", how)
+
+
+def node_of(a: Active) -> str:
+    """The Ray node an attempt runs on ("" on one server)."""
+    return a.placed.node or ""
 
 
 def _python(share: Share) -> str:
@@ -287,11 +361,16 @@ def auto_share_command(state_dir: Path) -> list[str]:
     return [sys.executable, "-m", "tandem.cli", "share", "auto", "--state-dir", str(state_dir)]
 
 
-def newest(state: StateReads, share: str) -> Job | None:
-    """The newest producer row of ``share``, with its attempts."""
-    rows = state.query(
-        "SELECT id FROM jobs WHERE share = ? AND role = ? ORDER BY id DESC LIMIT 1", (share, PRODUCER_ROLE)
-    )
+def newest(state: StateReads, share: str, live: bool = False) -> Job | None:
+    """The newest producer row of ``share``, with its attempts (``live``: the newest running
+    or waiting one first: under Ray a share may have had a second one, since cancelled)."""
+    order = "id DESC"
+    args: tuple[Any, ...] = (share, PRODUCER_ROLE)
+    if live:
+        states = (RUNNING, *sorted(WAITING_STATES))
+        order = f"state IN ({', '.join('?' * len(states))}) DESC, id DESC"
+        args += states
+    rows = state.query(f"SELECT id FROM jobs WHERE share = ? AND role = ? ORDER BY {order} LIMIT 1", args)
     return state.job(rows[0][0]) if rows else None
 
 
@@ -312,9 +391,10 @@ def ended(producer: Job) -> str:
 
 
 def status(state: StateReads, share: str) -> dict[str, Any]:
-    """The newest producer of ``share`` as ``tandem ls`` and the dashboard show it: its job,
+    """The newest producer of ``share`` as ``tandem ls`` and the dashboard show it (the newest
+    running or waiting one where there is one): its job,
     state, supervisor's pid and cores while it runs, and how it ended where it failed."""
-    job = newest(state, share)
+    job = newest(state, share, live=True)
     last = job.attempts[-1] if job is not None and job.attempts else None
     running = job is not None and job.state == RUNNING and last is not None
     return {

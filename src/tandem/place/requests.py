@@ -326,9 +326,13 @@ def auto_share(request: p.AutoShare, d: Parts) -> Handled:
         if followed is not None:  # what the passes see of it (its producers live while it runs)
             followed.job = dataclasses.replace(followed.job, share=share_of, group=group_of)
     queued, running = d.producers.rows(waiting, d.attempts.active.values())
-    producer = running[spec.name].job.id if spec.name in running else queued.get(spec.name)
-    if producer is None:
-        producer = d.producers.make(share, job)
+    # A drop-in loader's job runs on the daemon's host (under Ray it is told no starter).
+    rows = (
+        [a.job.id for a in running.get(spec.name, [])]
+        or queued.get(spec.name)
+        or [d.producers.make(share, job)]
+    )
+    producer = rows[0]
     bound = d.state.bind_share(alike, spec.name, job.group or spec.name) if alike else []
     d.state.event(job.id, "share", f"its loader reads auto share {spec.name!r} (producer: job {producer})")
     return p.AutoShared(spec.name, producer, bound), Changed(queued=True, shares=True)

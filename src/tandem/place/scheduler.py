@@ -65,7 +65,9 @@ class Waiting:
     share: str | None = None  # its share group, whose producer runs
     share_jobs: int | None = None  # its share's jobs running now; None: not of a share group
     elastic: bool = False  # its cores are learnt (--cpus auto): it may start on measured room
-    node: str | None = None  # the node it must run on (its share group's producer's), under Ray
+    # Under Ray, the nodes it may go to, each with its share group's jobs running there (those
+    # where its group's producers run; a share's next producer: those where none does); None: any.
+    nodes: dict[str, int] | None = None
 
 
 @dataclass(frozen=True)
@@ -100,6 +102,7 @@ class Plan:
 
     placements: list[Placement] = field(default_factory=list)
     reasons: dict[int, str] = field(default_factory=dict)
+    short: list[int] = field(default_factory=list)  # the jobs no node had room for (not held behind one)
 
 
 _MOST_FREE = MostFreeMemory()
@@ -138,8 +141,8 @@ def plan_nodes(
     # either (a pass only ever fills the nodes further): a sweep of 10,000 alike jobs is
     # looked at once, not 10,000 times.
     refused: dict[tuple[object, ...], str] = {}
-    # Per share: its jobs placed this pass.
-    placed: dict[str, int] = {}
+    # Per share, per node: its jobs placed this pass.
+    placed: dict[str, dict[str, int]] = {}
     for job in order(queue):
         if blocker is not None:
             out.reasons[job.id] = blocker
@@ -155,10 +158,12 @@ def plan_nodes(
                 slot.cpus_held += held
                 placement = dataclasses.replace(placement, cores_held=held)
             if job.share is not None:
-                placed[job.share] = placed.get(job.share, 0) + 1
+                on = placed.setdefault(job.share, {})
+                on[placement.node] = on.get(placement.node, 0) + 1
             out.placements.append(placement)
             continue
         out.reasons[job.id] = refused[need] = placement
+        out.short.append(job.id)
         since = job.submitted if job.waiting_since is None else job.waiting_since
         if not policy.backfill:
             blocker = f"priority: job {job.id} first (policy {policy.name}: first in, first out)"
@@ -173,34 +178,44 @@ def plan_nodes(
 def _place_on_nodes(job: Waiting, nodes: list[NodeSlot], policy: Policy, limits: Limits) -> Placement | str:
     """Where ``job`` goes: the node with the most unreserved cores that takes it (a sweep
     spreads over the cluster), or why none can now. A job of a share group goes only where
-    its producer runs (its batches are in that node's memory)."""
-    if len(nodes) == 1 and job.node is None:  # one server (or one node left)
+    one of its group's producers runs (its batches are in that node's memory), counted
+    with its group's jobs there."""
+    if len(nodes) == 1 and job.nodes is None:  # one server (or one node left)
         placement = _place(job, nodes[0].host, nodes[0].gpus, policy, limits)
         return (
             dataclasses.replace(placement, node=nodes[0].node)
             if isinstance(placement, Placement)
             else placement
         )
-    candidates = [n for n in nodes if job.node is None or n.node == job.node]
+    candidates = [n for n in nodes if job.nodes is None or n.node in job.nodes]
     if not candidates:
-        return f"node: its share's producer's node ({job.node[:12] if job.node else ''}) has gone"
+        if job.share is None:
+            return "node: no live node may take it"
+        gone = ", ".join(n[:12] for n in job.nodes or ())
+        return f"node: its share's producer's node ({gone}) has gone"
     candidates.sort(key=lambda n: n.host.cpus_reserved - n.host.cpus_total)  # stable: ties keep their order
     why = []
     for n in candidates:
-        placement = _place(job, n.host, n.gpus, policy, limits)
+        here = job
+        if job.nodes is not None and job.share_jobs is not None:  # its group as it is on this node
+            here = dataclasses.replace(job, share_jobs=job.nodes[n.node])
+        placement = _place(here, n.host, n.gpus, policy, limits)
         if isinstance(placement, Placement):
             return dataclasses.replace(placement, node=n.node)
         why.append(f"{n.name or n.node[:12]}: {placement}" if len(nodes) > 1 else placement)
     return "; ".join(why)
 
 
-def _this_pass(job: Waiting, placed: dict[str, int]) -> Waiting:
+def _this_pass(job: Waiting, placed: dict[str, dict[str, int]]) -> Waiting:
     """``job`` as this pass sees it: the jobs of its share group placed this pass counted
-    beside those running."""
-    before = placed.get(job.share, 0) if job.share is not None else 0
-    if before and job.share_jobs is not None:
-        return dataclasses.replace(job, share_jobs=job.share_jobs + before)
-    return job
+    beside those running (on each node, under Ray)."""
+    if job.share is None or job.share_jobs is None:
+        return job
+    mine = placed.get(job.share)
+    if not mine:
+        return job
+    nodes = None if job.nodes is None else {k: v + mine.get(k, 0) for k, v in job.nodes.items()}
+    return dataclasses.replace(job, share_jobs=job.share_jobs + sum(mine.values()), nodes=nodes)
 
 
 def fits_at_all(
@@ -254,7 +269,7 @@ def _need_key(job: Waiting) -> tuple[object, ...]:
         job.startup_cpus,
         job.share_jobs,
         job.elastic,
-        job.node,
+        None if job.nodes is None else tuple(sorted(job.nodes.items())),
     )
 
 

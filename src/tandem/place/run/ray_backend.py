@@ -28,8 +28,8 @@ and a job reserves ``gpu_mem`` of the GPU the daemon chose for it. A node is dec
 
     ray start --head --num-gpus 2 --resources '{"tandem_gpu_mem_mib_0": 81559, "tandem_gpu_mem_mib_1": 81559}'
 
-Without ``--address`` the daemon starts a local Ray instance and declares this machine's
-GPUs (NVML) that way itself.
+Without ``--address`` the daemon starts a Ray head of its own on this machine, which
+declares its GPUs (NVML) that way and outlives the daemon (:mod:`.ray_head`).
 
 Measurements: an agent on each live node (:class:`NodeAgent`, an actor of no CPU, owned by
 the daemon: it ends with it) reads its host (psutil, its cgroup's limits) and GPUs (NVML)
@@ -166,29 +166,14 @@ def _check_reachable(address: str, timeout: float = 5.0) -> None:
 class RayBackend:
     """The daemon's connection to Ray: the live nodes, and each attempt's actor."""
 
-    def __init__(
-        self, address: str | None, local_gpus: tuple[GpuInfo, ...] = (), cpus: float | None = None
-    ) -> None:
+    def __init__(self, address: str) -> None:
         try:
             import ray
         except ImportError:
             raise RuntimeError("--backend ray needs Ray: pip install 'tandem[ray]'") from None
         self.ray = ray
-        options: dict[str, Any] = {"namespace": NAMESPACE, "log_to_driver": False, "configure_logging": False}
-        if address:
-            _check_reachable(address)
-            ray.init(address=address, **options)
-        else:
-            resources: dict[str, float] = {
-                GPU_MEM_RESOURCE.format(i): g.mem_total // MIB for i, g in enumerate(local_gpus)
-            }
-            ray.init(
-                num_cpus=cpus,  # type: ignore[arg-type]  # a node's CPUs may be fractional; Ray says int
-                num_gpus=len(local_gpus),
-                resources=resources,
-                include_dashboard=False,
-                **options,
-            )
+        _check_reachable(address)
+        ray.init(address=address, namespace=NAMESPACE, log_to_driver=False, configure_logging=False)
         self.head_node = ray.get_runtime_context().get_node_id()
         self._actor: Any = ray.remote(Supervisor)
         self._agent: Any = ray.remote(NodeAgent)
