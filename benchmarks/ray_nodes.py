@@ -120,6 +120,28 @@ def sweep(t: Tandem) -> dict:
         "makespan_s": round(time.monotonic() - began, 1),
         "jobs_per_node": {n: nodes.count(n) for n in sorted(set(map(str, nodes)))},
         "most_running_at_once": most,
+        "producers_on": producers_on(jobs),
+    }
+
+
+def producers_on(jobs: dict[int, dict]) -> list[str]:
+    """The nodes the share's producers ran on, one entry each."""
+    return sorted(str(node_of(j)) for j in jobs.values() if j["role"] == "producer")
+
+
+def big_group(t: Tandem) -> dict:
+    """A share group whose jobs' RAM one node cannot hold (1.5 GB each on 4 GB nodes)."""
+    t.start()
+    t("share", "define", "big", "--dataset", "data.py:make", "--batch-size", "4")
+    began = time.monotonic()
+    ids = [t.submit("--share", "big", "--mem", "1500M", "--", sys.executable, "reader.py") for _ in range(6)]
+    t.until(lambda: all(t.jobs()[i]["state"] == "succeeded" for i in ids))
+    jobs = t.jobs()
+    nodes = [str(node_of(jobs[i])) for i in ids]
+    return {
+        "makespan_s": round(time.monotonic() - began, 1),
+        "jobs_per_node": {n: nodes.count(n) for n in sorted(set(nodes))},
+        "producers_on": producers_on(jobs),
     }
 
 
@@ -175,7 +197,13 @@ def main() -> int:
         try:
             cluster.add_node("head")
             cluster.add_node("worker")
-            for name, phase in (("sweep", sweep), ("daemon_kill", daemon_kill), ("cancel", cancel)):
+            phases = (
+                ("sweep", sweep),
+                ("big_group", big_group),
+                ("daemon_kill", daemon_kill),
+                ("cancel", cancel),
+            )
+            for name, phase in phases:
                 t = Tandem(Path(tmp) / name, cluster)
                 try:
                     results[name] = phase(t) if name != "cancel" else (t.start(), phase(t))[1]
@@ -194,6 +222,7 @@ def main() -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "ray_nodes.json").write_text(json.dumps(results, indent=2) + "\n")
     s, k, c, d = results["sweep"], results["daemon_kill"], results["cancel"], results["node_death"]
+    b = results["big_group"]
     md = [
         "# tandem on two Ray nodes (separate namespaces, 2 cores and 4 GB each, defaults)",
         "",
@@ -202,7 +231,9 @@ def main() -> int:
         "| phase | measured |",
         "|---|---|",
         f"| sweep: 8 share + 8 plain jobs | {s['makespan_s']} s; jobs per node {s['jobs_per_node']}; "
-        f"at most {s['most_running_at_once']} running at once |",
+        f"at most {s['most_running_at_once']} running at once; producers on {s['producers_on']} |",
+        f"| share group of 6 jobs of 1.5 GB (more than a node holds) | {b['makespan_s']} s; jobs per "
+        f"node {b['jobs_per_node']}; producers on {b['producers_on']} |",
         f"| daemon SIGKILL, restart | `daemon start` {k['restart_s']} s; "
         f"attempts per job {k['attempts_per_job']} |",
         f"| cancel of a job on the worker | {c['cancel_on_the_worker_s']} s to `cancelled` |",

@@ -4,7 +4,8 @@ namespaces), with the daemon's defaults: a sweep of share jobs and plain jobs ov
 nodes, each share job beside its producer; a daemon killed mid-sweep and restarted losing
 nothing and running nothing twice; a cancel that reaches the other node; a node's death,
 its jobs run again on the head. Root only (network namespaces); the tests stop only the Ray
-processes they started."""
+processes they started. Skipped where nodes cannot be made (not root), unless
+``TANDEM_REQUIRE_NODES=1`` (as ``.ci/run`` sets it)."""
 
 from __future__ import annotations
 
@@ -21,11 +22,13 @@ import psutil
 import pytest
 
 from tandem.bench.ray_nodes import NodesCluster, can_make_nodes
-from tests.place.conftest import TANDEM, Cli, _cli_in
+from tests.place.conftest import TANDEM, Cli, _cli_in, attempt_dir
 from tests.timing import scaled, until
 
 pytest.importorskip("ray")
 if (why := can_make_nodes()) is not None:
+    if os.environ.get("TANDEM_REQUIRE_NODES") == "1":  # CI runs as root: they must run there
+        raise RuntimeError(f"TANDEM_REQUIRE_NODES=1 but separate nodes cannot be made here: {why}")
     pytest.skip(why, allow_module_level=True)
 
 DATASET = "import torch\n\ndef make():\n    return [torch.tensor([float(i)]) for i in range(64)]\n"
@@ -317,6 +320,57 @@ def test_a_partitioned_node_s_jobs_run_once_followed_to_their_end(
         ticks = (cli.tmp / f"ticks-{k}.txt").read_text().split()
         assert jobs[i]["state"] == "succeeded" and len(jobs[i]["attempts"]) == 1, jobs[i]
         assert set(ticks[::2]) == {node_of(jobs[i])}, "one copy, where it was placed"
+
+
+def test_a_node_cut_off_from_the_cluster_and_the_disk_stops_its_jobs_before_they_run_again(
+    on_cluster: Cli, cluster: NodesCluster
+) -> None:
+    """A node that loses both the cluster (its network down) and the shared state directory
+    (its attempts' folders refuse new files: ``chattr +i``, which stops root too): its
+    supervisors fall silent, so its jobs run again elsewhere after 15 s; each supervisor
+    fenced itself first (no heartbeat written for 8 s, no Ray head), so no job ran in two
+    places at once. After the partition test: a node of its own joins first."""
+    cli = on_cluster
+    moat = cluster.add_node("moat")
+
+    def alive() -> set[str]:
+        return {
+            n["name"] for n in json.loads(cli("daemon", "status", "--json").stdout)["nodes"] if n["alive"]
+        }
+
+    wait_for(lambda: "moat" in alive(), 60, lambda: cli("daemon", "status").stdout)
+    (cli.tmp / "ticker.py").write_text(TICKER)
+    need = ("--cpus", "1", "--gpus", "1", "--gpu-mem", "1G", "--gpu-share", "25")
+    ids = [
+        cli.submit(*need, "--", sys.executable, "ticker.py", "45", f"m{k}") for k in range(2 * len(alive()))
+    ]
+
+    def on_moat() -> list[int]:
+        jobs = ls(cli)
+        return [k for k, i in enumerate(ids) if jobs[i]["state"] == "running" and node_of(jobs[i]) == "moat"]
+
+    wait_for(lambda: len(on_moat()) == 2, 120, lambda: cli("ls").stdout)
+    there = on_moat()
+    wait_for(lambda: all((cli.tmp / f"ticks-m{k}.txt").exists() for k in there), 60, lambda: cli("ls").stdout)
+    folders = [str(attempt_dir(cli.state, ids[k])) for k in there]
+    if subprocess.run(["chattr", "+i", *folders], capture_output=True).returncode != 0:
+        pytest.skip("chattr +i does not work on this filesystem: its disk cannot be taken away")
+    moat.cut()
+    try:
+        assert cli("wait", *map(str, ids), timeout=400).returncode == 0, cli("ls").stdout
+    finally:
+        subprocess.run(["chattr", "-i", *folders], check=False)
+        moat.heal()
+    jobs = ls(cli)
+    for k in there:
+        first, again = jobs[ids[k]]["attempts"]
+        assert first["state"] == "lost" and again["state"] == "succeeded", jobs[ids[k]]
+        ticks = [line.split() for line in (cli.tmp / f"ticks-m{k}.txt").read_text().splitlines()]
+        cut_off = [float(t) for host, t in ticks if host == "moat"]
+        elsewhere = [float(t) for host, t in ticks if host != "moat"]
+        # The cut-off copy stopped before the copy elsewhere began: never two at once.
+        assert cut_off and elsewhere and max(cut_off) < min(elsewhere), (max(cut_off), min(elsewhere))
+        assert max(cut_off) - min(cut_off) < 40, "the cut-off copy ran to its end"
 
 
 def test_a_supervisor_whose_actor_dies_stops_its_job(on_cluster: Cli) -> None:

@@ -101,6 +101,7 @@ def test_the_sweep_report_rows_best_producer_totals_and_saving(cli: Cli) -> None
     assert sorted(rows) == ids
     assert [rows[i]["params"] for i in ids] == [{"lr": "0.1"}, {"lr": "0.01"}, {"lr": "0.001"}]
     assert all(r["state"] == "succeeded" and r["run_s"] > 0 and r["cpu_s"] > 0 for r in rows.values())
+    assert {r["where"] for r in rows.values()} == {"cpu"}  # where each ran (node/cuda:i on Ray)
     assert sweep["metric_keys"] == ["val_loss"]  # the training's own; system/ and summary/ are not
     assert sweep["best"]["job"] == ids[1] and abs(sweep["best"]["value"] - 0.1) < 1e-9
     # The producer that fed them, charged to this group (it fed only these three).

@@ -67,3 +67,18 @@ def test_a_job_on_a_share_counts_its_producer(inproc, tmp_path, monkeypatch) -> 
 
     assert threads(alone) == "2"  # alone, no share: both cores
     assert threads(on_share) == "1"  # alone but for its producer
+
+
+def test_under_ray_a_job_s_threads_count_the_jobs_on_its_node_not_the_cluster_s() -> None:
+    from types import SimpleNamespace
+
+    from tandem.place.scheduler import Placement
+    from tandem.place.starting import jobs_per_node
+    from tandem.place.threads import thread_count
+
+    running = [SimpleNamespace(placed=SimpleNamespace(node=n)) for n in ("id-head", "id-head", "id-worker")]
+    new = [Placement(9, (), None, False, False, node="id-worker")]
+    on = jobs_per_node(running, new)  # type: ignore[arg-type]
+    assert on == {"id-head": 2, "id-worker": 2}
+    assert thread_count(None, 8, on["id-worker"]) == 4  # its 8-core node's half, not 8 // 4
+    assert jobs_per_node([SimpleNamespace(placed=SimpleNamespace(node=None))], []) == {"": 1}  # type: ignore[list-item]

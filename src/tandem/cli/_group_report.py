@@ -53,7 +53,17 @@ def sweep_grid(data: dict[str, Any]) -> tuple[list[str], list[tuple[list[str], s
     "total")."""
     keys = data["metric_keys"]
     best = data["best"]
-    columns = ["job", "name", "state", "params", "run s", "CPU-s", "energy (measured / estimated)", *keys]
+    columns = [
+        "job",
+        "name",
+        "state",
+        "where",
+        "params",
+        "run s",
+        "CPU-s",
+        "energy (measured / estimated)",
+        *keys,
+    ]
     rows: list[tuple[list[str], str]] = []
     for r in data["jobs"]:
         mark = " *" if best and best["job"] == r["id"] else ""
@@ -61,6 +71,7 @@ def sweep_grid(data: dict[str, Any]) -> tuple[list[str], list[tuple[list[str], s
             f"{r['id']}{mark}",
             r["name"] or "-",
             r["state"],
+            r["where"] or "-",
             params_text(r["params"]) or "-",
             _num(r["run_s"]),
             _num(r["cpu_s"]),
@@ -74,6 +85,7 @@ def sweep_grid(data: dict[str, Any]) -> tuple[list[str], list[tuple[list[str], s
             "producer",
             p["share"],
             f"fed {p['group_jobs']} of {p['fed_jobs']} job(s) here",
+            "",
             "charged its share" if p["group_jobs"] < p["fed_jobs"] else "",
             _num(p["run_s"]),
             _num(c["cpu_s"]),
@@ -86,6 +98,7 @@ def sweep_grid(data: dict[str, Any]) -> tuple[list[str], list[tuple[list[str], s
         "total",
         "",
         ", ".join(f"{n} {s}" for s, n in t["states"].items()),
+        "",
         "run s summed; CPU-s jobs + producers" if data["producers"] else "run s summed",
         _num(t["jobs_run_s"]),
         _num(t["cpu_s"]),

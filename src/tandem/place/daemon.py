@@ -51,7 +51,7 @@ from tandem.place.requests import HANDLERS, Parts, failure
 from tandem.place.run.files import write_json
 from tandem.place.run.launch import LocalLauncher, RayLauncher, reap_children
 from tandem.place.scheduler import Placement, plan_nodes
-from tandem.place.starting import start_job
+from tandem.place.starting import jobs_per_node, start_job
 from tandem.place.state import Job, State
 
 log = logging.getLogger(__name__)
@@ -366,7 +366,7 @@ class Daemon:
             outcome = plan_nodes(queue, nodes, self.policy, self.limits, now)
             reasons.update(outcome.reasons)
             short = outcome.short
-            on_host = len(active) + len(outcome.placements)  # once this pass's jobs run
+            on_node = jobs_per_node(active.values(), outcome.placements)  # once this pass's run
             for placement in outcome.placements:
                 if self.disk.why is not None:  # the disk stopped a start of this pass: the rest wait
                     break
@@ -375,7 +375,7 @@ class Daemon:
                     continue
                 launched = True
                 try:
-                    self._launch(job, placement, on_host)
+                    self._launch(job, placement, on_node[placement.node])
                 except Exception as exc:
                     if disk_trouble(exc):  # the disk's failure, not the job's: it waits and is tried again
                         log.warning("could not start job %d: %s; it waits for the disk", job.id, exc)
@@ -390,7 +390,7 @@ class Daemon:
         return launched
 
     def _launch(self, job: Job, p: Placement, on_host: int) -> None:
-        """Start ``job`` where ``p`` says; ``on_host``: the jobs running once this pass's are."""
+        """Start ``job`` where ``p`` says; ``on_host``: the jobs on its node once this pass's run."""
         start_job(
             job,
             p,

@@ -55,8 +55,9 @@ STOPPED = "stopped: its group's last job ended"  # the cause of a producer the d
 # escalation that runs a job alone: a producer alone on the host would hold back its group.
 PRODUCER_RETRIES = 1
 # A share's jobs that find no room where its producers run for this long get another producer
-# on another node (Ray): not for a moment's wait (a GPU settling, a job about to end), as a
-# producer costs its cores and its epochs' loading again.
+# on another node (Ray): not for a moment's wait (a job about to end), as a producer costs its
+# cores and its epochs' loading again. A GPU settling on a one-GPU node counts: its group's
+# jobs would start there one a settling (30 s) while another node's GPUs idle.
 SPREAD_AFTER_S = 5.0
 FAILED_HOST_S = 300.0  # a host where a share's producer failed for good takes no other for this long
 
@@ -181,8 +182,8 @@ class Producers:
 
     def spread(self, now: float, short: Iterable[int], waiting: list[Job], active: Iterable[Active]) -> None:
         """Another producer for a share whose jobs no node of its running producers has had
-        room for (``short``: those this pass found none for) over :data:`SPREAD_AFTER_S` (a
-        GPU job's: past a GPU's settling too), where another node may take one
+        room for (``short``: those this pass found none for) over :data:`SPREAD_AFTER_S`,
+        where another node may take one
         (:meth:`free_nodes`) and none is queued: the next passes place it there (its row's
         nodes are those, :class:`~tandem.place.admission.Admission`), and the group's waiting
         jobs go to either. One at a time: a share grows by a node only after its jobs have
@@ -195,8 +196,7 @@ class Producers:
         self._short = {share: self._short.get(share, now) for share in firsts}
         queued, running = self.rows(waiting, active)
         for name, job in firsts.items():
-            wait = SPREAD_AFTER_S + (self.config.limits.settle_s if job.gpus else 0.0)
-            if now - self._short[name] < wait or queued.get(name):
+            if now - self._short[name] < SPREAD_AFTER_S or queued.get(name):
                 continue
             share = self.state.share(name)
             live = [a for a in running.get(name, []) if not self.stopping(a.job.id)]

@@ -9,9 +9,11 @@ share, how its drop-in loaders reach this daemon, its MPS server; then
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
+from tandem.place.active import Active
 from tandem.place.attempts import Attempts
 from tandem.place.config import DaemonConfig
 from tandem.place.model import Capacity
@@ -64,3 +66,13 @@ def start_job(
             with_mps = True
     node_env = NODE_ENV if ray else ()
     attempts.start(job, p, chosen, env, mps=with_mps, backend="ray" if ray else None, node_env=node_env)
+
+
+def jobs_per_node(active: Iterable[Active], placements: Iterable[Placement]) -> dict[str, int]:
+    """The jobs on each node ("" on one server) once ``placements`` run beside ``active``:
+    what a job's threads are sized by (:func:`~tandem.place.threads.thread_env`), its own
+    node's, not the cluster's."""
+    on: dict[str, int] = {}
+    for node in [a.placed.node or "" for a in active] + [p.node for p in placements]:
+        on[node] = on.get(node, 0) + 1
+    return on

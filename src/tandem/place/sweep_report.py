@@ -207,6 +207,7 @@ def _row(job: Job, latest: dict[str, dict[str, float]]) -> dict[str, Any]:
         "id": job.id,
         "name": job.name,
         "state": job.state,
+        "where": job.attempts[-1].placement.where if job.attempts else None,  # node/cuda:i on Ray
         "share": job.share,
         "params": job.params,
         "run_s": run_seconds(job),

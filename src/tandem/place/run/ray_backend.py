@@ -60,6 +60,7 @@ from typing import Any
 from tandem.place.devices import NodeSample
 from tandem.place.model import Capacity, GpuInfo, NodeInfo
 from tandem.place.paths import unreachable
+from tandem.place.run.fence import FENCE_GCS
 from tandem.place.run.files import ORPHAN_PARENT
 
 log = logging.getLogger(__name__)
@@ -93,7 +94,8 @@ class Supervisor:
                     stderr=subprocess.STDOUT,
                     start_new_session=True,
                     # it stops its job when this actor's process dies (files.ORPHAN_SIGNAL)
-                    env={**os.environ, ORPHAN_PARENT: str(os.getpid())},
+                    # and fences itself where it loses both the cluster and the disk (fence.py)
+                    env={**os.environ, ORPHAN_PARENT: str(os.getpid()), FENCE_GCS: _gcs_address()},
                 )
         return os.uname().nodename
 
@@ -145,6 +147,16 @@ class NodeAgent:
 
     def stop(self) -> None:
         self._stop.set()
+
+
+def _gcs_address() -> str:
+    """The address of the Ray head this worker's cluster has ("" where it cannot be read)."""
+    try:
+        import ray
+
+        return str(ray.get_runtime_context().gcs_address or "")
+    except Exception:
+        return ""
 
 
 def actor_name(attempt_dir: str | Path) -> str:

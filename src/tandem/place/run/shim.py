@@ -40,6 +40,7 @@ from typing import Any
 from tandem.place.paths import disk_trouble
 from tandem.place.run import failures, proctrack, weights
 from tandem.place.run.cgroups import OomWatch
+from tandem.place.run.fence import start_fence
 from tandem.place.run.files import (
     ORPHAN_GRACE_S,
     ORPHAN_PARENT,
@@ -114,6 +115,7 @@ class Shim:
             if not disk_trouble(exc):
                 raise
             return self._not_started(f"its supervisor's first write failed ({exc.strerror})")
+        fence = start_fence(self.dir)  # under Ray: stops it where cut off from the cluster and the disk
         spec = self.spec
         run_ids = self._run_env() if spec.mlflow_env else {}
         if self.orphaned:
@@ -200,7 +202,7 @@ class Shim:
         if pump.dropped:
             self.note(f"{pump.dropped} bytes of output were lost: the disk refused them")
         if orphaned:  # the daemon takes the attempt for lost with its node, and runs it again
-            _say("its Ray actor died (the node lost the cluster): the job was stopped; no result written")
+            _say(f"{fence and fence.why or 'its Ray actor died (it lost the cluster)'}: the job was stopped")
             return EXIT_ORPHANED
         return self._write_result(ending, started, self.peak_mem or None, cpu_seconds, kernel)
 
