@@ -7,6 +7,9 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Callable
+from typing import TypeVar
+
+T = TypeVar("T")
 
 SLACK = float(os.environ.get("TANDEM_TEST_SLACK", "3"))
 
@@ -16,12 +19,14 @@ def scaled(seconds: float) -> float:
     return seconds * SLACK
 
 
-def until(
-    what: Callable[[], object], seconds: float, message: Callable[[], str], every: float = 0.05
-) -> None:
-    """Wait for ``what()`` to hold, at most ``scaled(seconds)``; else fail with ``message()``
-    (called then: the state that shows why)."""
+def until(what: Callable[[], T], seconds: float, message: str | Callable[[], str], every: float = 0.05) -> T:
+    """Wait for ``what()`` to hold, at most ``scaled(seconds)``, and return what it gave; else
+    fail with ``message`` (a callable: called then, for the state that shows why)."""
     deadline = time.monotonic() + scaled(seconds)
-    while not what():
-        assert time.monotonic() < deadline, message()
+    while not (value := what()):
+        if time.monotonic() >= deadline:
+            raise AssertionError(
+                message() if callable(message) else f"not within {scaled(seconds):g} s: {message}"
+            )
         time.sleep(every)
+    return value

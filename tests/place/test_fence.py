@@ -23,7 +23,7 @@ from tests.timing import until
 
 @pytest.fixture
 def signalled(monkeypatch: pytest.MonkeyPatch) -> Iterator[threading.Event]:
-    monkeypatch.setattr(fence, "FENCE_S", 0.6)
+    monkeypatch.setattr(fence, "FENCE_S", 2.0)  # a loaded machine may hold a thread back for a second
     monkeypatch.setattr(fence, "EVERY_S", 0.1)
     got = threading.Event()
     before = signal.signal(ORPHAN_SIGNAL, lambda *_: got.set())
@@ -43,7 +43,7 @@ def head() -> Iterator[str]:
 
 
 def _quiet_long_enough(f: fence.Fence) -> bool:
-    return time.monotonic() - f.written > 5 * fence.FENCE_S
+    return time.monotonic() - f.written > 3 * fence.FENCE_S
 
 
 def test_no_write_and_no_head_stops_the_job(signalled: threading.Event, tmp_path: Path) -> None:

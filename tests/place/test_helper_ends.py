@@ -9,22 +9,13 @@ from __future__ import annotations
 import os
 import signal
 import time
-from collections.abc import Callable
 from typing import Any
 
 import psutil
 
 from tests.place.conftest import Cli
 from tests.place.test_daemon import SHORT
-from tests.timing import scaled
-
-
-def _until(what: Callable[[], Any], seconds: float, why: str) -> Any:
-    deadline = time.monotonic() + scaled(seconds)
-    while not (value := what()):
-        assert time.monotonic() < deadline, why
-        time.sleep(0.1)
-    return value
+from tests.timing import scaled, until
 
 
 def _alive(pid: int) -> bool:
@@ -39,7 +30,7 @@ def _running_job(cli: Cli) -> tuple[int, str, int]:
     cli("daemon", "start", "--cpus", "2", *SHORT)
     stop = cli.tmp / "stop"
     job_id = cli.submit("--name", "held", "--", "sh", "-c", f"while [ ! -e {stop} ]; do sleep 0.05; done")
-    run_id = _until(lambda: cli.job(job_id)["mlflow_run_id"], 120, "the job's run was made")
+    run_id = until(lambda: cli.job(job_id)["mlflow_run_id"], 120, "the job's run was made")
     assert cli.job(job_id)["state"] == "running"
     helper = int((cli.state / "track" / "helper.pid").read_text())
     return job_id, run_id, helper
@@ -51,8 +42,8 @@ def _ended_run(cli: Cli, run_id: str, helper: int) -> Any:
 
     assert _alive(helper), "it goes on writing the running job's run"
     (cli.tmp / "stop").touch()
-    result = _until(lambda: list(cli.state.glob("jobs/*/1.*/result.json")), 30, "the job ended")[0]
-    _until(lambda: not _alive(helper), 60, (cli.state / "tracking.log").read_text())
+    result = until(lambda: list(cli.state.glob("jobs/*/1.*/result.json")), 30, "the job ended")[0]
+    until(lambda: not _alive(helper), 60, (cli.state / "tracking.log").read_text())
     after = time.time() - result.stat().st_mtime
     print(f"the helper ended {after:.1f} s after the job's result")
     assert after < 60, "the helper ended within a minute of the job"
@@ -85,9 +76,7 @@ def test_a_daemon_stopped_while_its_job_runs_returns_at_once_and_its_helper_ends
     # A daemon started again adopts the ended attempt: its end amends the run, and nothing waits.
     cli("daemon", "start", "--cpus", "2", *SHORT)
     assert cli.wait_state(job_id, {"succeeded"})["state"] == "succeeded"
-    _until(
-        lambda: not list(track.glob("*.end.json")) and not list(track.glob("*.closed.json")), 60, "amended"
-    )
+    until(lambda: not list(track.glob("*.end.json")) and not list(track.glob("*.closed.json")), 60, "amended")
     from mlflow.tracking import MlflowClient
 
     run = MlflowClient(tracking_uri=f"sqlite:///{cli.state / 'mlflow.db'}").get_run(run_id)
@@ -100,7 +89,7 @@ def test_a_daemon_killed_while_its_job_runs_leaves_no_helper_once_the_job_ends(c
     daemon = cli.daemon_pid()
     assert daemon is not None
     os.kill(daemon, signal.SIGKILL)
-    _until(lambda: not _alive(daemon), 10, "the daemon died")
+    until(lambda: not _alive(daemon), 10, "the daemon died")
     assert "no daemon serves" in cli("ls", "--json").stderr
 
     run = _ended_run(cli, run_id, helper)
@@ -119,9 +108,9 @@ def test_with_its_daemon_serving_the_helper_ends_after_its_idle_time_and_comes_b
     first = cli.submit("--", "true")
     assert cli("wait", str(first), timeout=120).returncode == 0
     pid_file = cli.state / "track" / "helper.pid"  # kept while it runs
-    _until(lambda: cli.job(first)["mlflow_run_id"], 60, "a helper made its run")
-    _until(lambda: not pid_file.exists(), 30, "it ended after 2 s with nothing open")
+    until(lambda: cli.job(first)["mlflow_run_id"], 60, "a helper made its run")
+    until(lambda: not pid_file.exists(), 30, "it ended after 2 s with nothing open")
     assert cli("daemon", "status").returncode == 0, "while its daemon serves"
     second = cli.submit("--", "true")
     assert cli("wait", str(second), timeout=120).returncode == 0
-    assert _until(lambda: cli.job(second)["mlflow_run_id"], 60, "a new helper made its run")
+    assert until(lambda: cli.job(second)["mlflow_run_id"], 60, "a new helper made its run")

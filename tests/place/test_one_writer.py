@@ -13,23 +13,13 @@ import os
 import sqlite3
 import subprocess
 import time
-from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
 from tests.place.conftest import Cli, attempt_dir
 from tests.place.test_daemon import FAST
-from tests.timing import scaled
-
-
-def _until(check: Callable[[], object], seconds: float, what: str) -> object:
-    deadline = time.monotonic() + scaled(seconds)
-    while not (result := check()):
-        if time.monotonic() > deadline:
-            raise AssertionError(f"not within {scaled(seconds):g} s: {what}")
-        time.sleep(0.1)
-    return result
+from tests.timing import until
 
 
 def _held(until: Path, then: str = "") -> list[str]:
@@ -38,7 +28,7 @@ def _held(until: Path, then: str = "") -> list[str]:
 
 
 def _started(state: Path, job_id: int) -> Path:
-    folder = _until(
+    folder = until(
         lambda: (a := attempt_dir(state, job_id)).joinpath("started.json").exists() and a, 60, "start"
     )
     return folder  # type: ignore[return-value]
@@ -69,7 +59,7 @@ def test_a_lost_database_with_the_old_supervisor_alive_never_gives_the_new_job_i
     old_go.touch()  # the old job ends (exit 3) while the new job 1 runs
     moved = aside / "1" / old_folder.name
     result = json.loads(
-        _until(
+        until(
             lambda: (moved / "result.json").exists() and (moved / "result.json"), 60, "old result"
         ).read_text()
     )
@@ -77,7 +67,7 @@ def test_a_lost_database_with_the_old_supervisor_alive_never_gives_the_new_job_i
     assert not (new_folder / "result.json").exists(), "the old supervisor wrote into the new job's folder"
     seen = time.time()  # the daemon follows the new job a few ticks with the old result there
     usage = new_folder / "usage.json"
-    _until(lambda: usage.exists() and json.loads(usage.read_text())["t"] > seen + 2, 30, "two more samples")
+    until(lambda: usage.exists() and json.loads(usage.read_text())["t"] > seen + 2, 30, "two more samples")
     assert cli.job(new)["state"] == "running"
     new_go.touch()
     assert cli("wait", str(new), timeout=60, check=False).returncode == 0, cli.job(new)
@@ -113,7 +103,7 @@ def test_a_database_removed_under_a_live_daemon_is_said_never_made_anew_and_its_
     with pytest.raises(StateLost):
         StateReader(cli.state)
     # The daemon sees it too, keeps its records beside it, says so, and stops.
-    _until(lambda: pid is not None and not _alive(pid), 30, "the daemon stops")
+    until(lambda: pid is not None and not _alive(pid), 30, "the daemon stops")
     log = (cli.state / "daemon.log").read_text()
     assert "was removed while the daemon served it" in log, log
     (saved,) = cli.state.glob("place.db.saved-*")
@@ -144,7 +134,7 @@ def test_a_database_replaced_under_a_live_daemon_stops_it_and_a_submit_is_never_
         assert cli.job(int(r.stdout))["state"] in ("queued", "running", "succeeded")
     else:  # refused by the daemon that saw it: said, never an id no one finds
         assert "replaced" in r.stderr and "Traceback" not in r.stderr, r.stderr
-    _until(lambda: pid is not None and not _alive(pid), 30, "the daemon stops")
+    until(lambda: pid is not None and not _alive(pid), 30, "the daemon stops")
     assert "was replaced by another file while the daemon served it" in (cli.state / "daemon.log").read_text()
     assert len(list(cli.state.glob("place.db.saved-*"))) == 1
 
@@ -209,7 +199,7 @@ def test_a_supervisor_is_found_by_its_user_and_start_time_not_its_command_line(t
     looks_like = ["sh", "-c", "sleep 60; :", "tandem.place.run.shim", str(folder)]  # as a supervisor's shows
     mine = subprocess.Popen(looks_like)
     try:
-        assert _until(lambda: supervisor_runs(folder, recorded), 10, "found")
+        assert until(lambda: supervisor_runs(folder, recorded), 10, "found")
         assert not supervisor_runs(folder, recorded + 60), (
             "a process started before the attempt is not its supervisor"
         )
@@ -220,7 +210,7 @@ def test_a_supervisor_is_found_by_its_user_and_start_time_not_its_command_line(t
         return
     other = subprocess.Popen(looks_like, user=65534, group=65534, cwd="/")
     try:
-        _until(lambda: _cmdline(other.pid)[-1:] == [str(folder)], 10, "it runs")
+        until(lambda: _cmdline(other.pid)[-1:] == [str(folder)], 10, "it runs")
         assert not supervisor_runs(folder, recorded), "another user's process is never a supervisor of ours"
     finally:
         other.kill()
@@ -239,7 +229,7 @@ def _foreign() -> subprocess.Popen:
     if os.getuid() != 0:
         pytest.skip("running a process as another user needs root")
     proc = subprocess.Popen(["sleep", "60"], user=65534, group=65534, cwd="/")
-    _until(lambda: _cmdline(proc.pid)[:1] == ["sleep"], 10, "it runs")
+    until(lambda: _cmdline(proc.pid)[:1] == ["sleep"], 10, "it runs")
     return proc
 
 

@@ -198,7 +198,7 @@ def test_the_daemon_s_own_ray_head_outlives_it_and_the_next_daemon_follows_its_j
     own, which a SIGKILL of the daemon leaves running (a ``ray.init()`` head died with it,
     and every job ran again): the next daemon, without flags, connects to it again and
     follows the job to its end, started once; a clean stop with no job running stops the
-    head, its processes only."""
+    head, its processes only, as does a switch to the local backend."""
     import json
 
     from tandem.place.run import ray_head
@@ -227,6 +227,14 @@ def test_the_daemon_s_own_ray_head_outlives_it_and_the_next_daemon_follows_its_j
             if head["temp_dir"] in " ".join(p.info["cmdline"] or ())
         ]
         assert not left, left
+        # A daemon killed with no job running, then a switch to the local backend: its head ends.
+        cli("daemon", "start", *FAST, timeout=scaled(240))
+        again = json.loads((cli.state / ray_head.HEAD_FILE).read_text())
+        assert again["temp_dir"] != head["temp_dir"]  # a new head: the first was stopped
+        os.kill(cli.daemon_pid() or 0, signal.SIGKILL)
+        cli("daemon", "start", "--backend", "local", "--cpus", "1", *FAST)
+        assert not (cli.state / ray_head.HEAD_FILE).exists()
+        until(lambda: not psutil.pid_exists(again["pid"]), 60, lambda: "the head's ray start runs on")
     finally:
         cli.stop_daemon()
         ray_head.stop(cli.state)  # whatever a failure left

@@ -7,12 +7,11 @@ from __future__ import annotations
 
 import sys
 import time
-from collections.abc import Callable
 from pathlib import Path
 
 from tests.place.inproc import Step
 from tests.place.test_daemon import DATASET, FAST
-from tests.timing import scaled
+from tests.timing import until
 
 # A training job that mostly waits on a (simulated) accelerator: it reads a batch from its
 # share, says it started, then "steps" (sleeps) until the test releases it, and reads the
@@ -37,17 +36,6 @@ SLEEPER = (
     "    f.write(f\"{os.environ['TANDEM_JOB_ID']} {n}\\n\")\n"
     "c.close()\n"
 )
-
-
-def _until(what: Callable[[], object], timeout: float, message: str) -> object:
-    deadline = time.monotonic() + scaled(timeout)
-    while True:
-        got = what()
-        if got:
-            return got
-        if time.monotonic() > deadline:
-            raise AssertionError(message)
-        time.sleep(0.2)
 
 
 def _producers(cli) -> list[dict]:  # type: ignore[no-untyped-def]
@@ -171,18 +159,18 @@ def test_a_shares_producer_reserves_what_its_earlier_producers_used(cli, tmp_pat
     cli("daemon", "start", "--cpus", "2", "--no-host-load", *FAST)
     cli("share", "define", "toy", "--dataset", "toy_data.py:make", "--batch-size", "4")
     first = cli.submit("--share", "toy", "--", sys.executable, "train.py", str(tmp_path))
-    _until(lambda: _lines(tmp_path / "started"), 120, f"the job did not start: {cli('ls').stdout}")
+    until(lambda: _lines(tmp_path / "started"), 120, f"the job did not start: {cli('ls').stdout}")
     (producer,) = _producers(cli)  # a job row of its own
     assert producer["request"]["cpus"] == 1.0 and producer["state"] == "running"  # as defined: on 2 cores
     # The producer's run must be long enough to say what it uses (not its start-up alone).
-    _until(lambda: time.time() - producer["started"] > 11, 30, "")
+    until(lambda: time.time() - producer["started"] > 11, 30, "")
     (tmp_path / "release").write_text("")
     assert cli("wait", str(first), timeout=120).returncode == 0
     # Stopped after its last job (as succeeded); what it used is learnt once it is gone.
-    _until(lambda: _producers_ended(cli), 60, "the producer was not stopped after its last job")
+    until(lambda: _producers_ended(cli), 60, "the producer was not stopped after its last job")
     (tmp_path / "release").unlink()
     second = cli.submit("--share", "toy", "--", sys.executable, "train.py", str(tmp_path))
-    _until(lambda: len(_producers(cli)) == 2, 120, cli("ls").stdout)
+    until(lambda: len(_producers(cli)) == 2, 120, cli("ls").stdout)
     newer = _producers(cli)[-1]
     assert newer["request"]["cpus"] < 0.5, newer  # what it used (a tiny dataset), not the definition's core
     assert "measured, 1 producer run" in cli("show", str(newer["id"])).stdout

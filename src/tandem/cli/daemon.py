@@ -117,7 +117,9 @@ window_option = click.option(
     help="ray: place jobs on the nodes of a Ray cluster, GPU memory reserved per GPU (tandem[ray]).",
 )
 @click.option(
-    "--address", metavar="ADDR", help="With --backend ray: the cluster to join [default: start one]."
+    "--address",
+    metavar="ADDR",
+    help="With --backend ray: the cluster to join [default: a head of its own here, which outlives it].",
 )
 @click.option("--foreground", is_flag=True, help="Run here instead of in the background.")
 @click.option("--json", "as_json", is_flag=True)

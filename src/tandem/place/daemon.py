@@ -48,6 +48,7 @@ from tandem.place.policies import make_policy
 from tandem.place.producers import Producers
 from tandem.place.queue import WaitingJobs
 from tandem.place.requests import HANDLERS, Parts, failure
+from tandem.place.run import ray_head
 from tandem.place.run.files import write_json
 from tandem.place.run.launch import LocalLauncher, RayLauncher, reap_children
 from tandem.place.scheduler import Placement, plan_nodes
@@ -87,7 +88,6 @@ class Daemon:
         self.policy = make_policy(config.policy)
         backend = None
         if config.backend == "ray":
-            from tandem.place.run import ray_head
             from tandem.place.run.ray_backend import RayBackend
 
             # Without an address: this machine's head of the daemon's own, which outlives it.
@@ -101,8 +101,9 @@ class Daemon:
         if backend is not None:
             self.launcher = RayLauncher(backend, trouble, config.address, self.limits.window_s)
             self.launcher.samples()  # the nodes' agents made before serving: Ray's first costs seconds
-        else:  # what a Ray daemon of this directory said is no longer true
-            trouble.unlink(missing_ok=True)
+        else:  # what a Ray daemon of this directory said is no longer true, and its own head ends
+            trouble.unlink(missing_ok=True)  # (a switch is refused while any of its jobs runs)
+            ray_head.stop(state.dir)
         self.monitor = Monitor(capacity, self.limits.window_s, nvml)
         self.socket_path = protocol.socket_path(state.dir)
         self.moved: str | None = None  # what happened to the state's file, once it is not ours
@@ -179,8 +180,6 @@ class Daemon:
                 self.nvml.close()
             self.launcher.shutdown()
             if self.config.backend == "ray" and not self.config.address and not self.attempts.active:
-                from tandem.place.run import ray_head
-
                 ray_head.stop(self.state.dir)  # no attempt runs under the daemon's own head
             if self.tracker is not None:
                 self.tracker.poke()  # what is left to write is written (a helper started if none runs)
