@@ -13,8 +13,8 @@ from pathlib import Path
 from tandem.place.model import JobSpec
 from tandem.place.state import State
 from tests.place.test_daemon import DATASET, FAST
-from tests.place.test_reserve import SLEEPER, _lines, _producers, _producers_ended, _until
-from tests.timing import scaled
+from tests.place.test_reserve import SLEEPER, _lines, _producers, _producers_ended
+from tests.timing import scaled, until
 
 LRS = ("0.1", "0.03", "0.01", "0.003")
 
@@ -104,7 +104,7 @@ def _sweep(cli, tmp_path: Path) -> list[int]:  # type: ignore[no-untyped-def]
 
 def _started(cli, ids: list[int], path: Path, deadline_s: float, least: int = 4) -> list[int]:  # type: ignore[no-untyped-def]
     """The points that started, once ``least`` of them did within ``deadline_s`` (scaled)."""
-    _until(
+    until(
         lambda: len(set(_lines(path)) & {str(i) for i in ids}) >= least,
         deadline_s,
         f"fewer than {least} points started within {scaled(deadline_s):.0f} s: {cli('ls').stdout}",
@@ -136,13 +136,13 @@ def test_a_share_sweeps_points_start_together_and_after_a_restart_at_what_they_l
     (producer,) = _producers(cli)  # a job row of its own, running
     assert producer["state"] == "running" and producer["started"] is not None
     # The producer's run long enough to say what it uses (10 s or more), then the points end.
-    _until(lambda: time.time() - producer["started"] > 11, 30, "")
+    until(lambda: time.time() - producer["started"] > 11, 30, "")
     release.write_text("")
     assert cli("wait", *map(str, ids), timeout=180).returncode == 0, cli("ls").stdout
     # Its producer stopped after the last point (what it used is learnt as it ends).
-    _until(lambda: _producers_ended(cli), 60, "the producer did not end")
+    until(lambda: _producers_ended(cli), 60, "the producer did not end")
     cli("daemon", "stop")
-    _until(lambda: cli("daemon", "status", check=False).returncode != 0, 60, "the daemon did not stop")
+    until(lambda: cli("daemon", "status", check=False).returncode != 0, 60, "the daemon did not stop")
     release.unlink()
     cli("daemon", "start", "--cpus", "2", "--no-host-load", *FAST)
     again = _sweep(cli, tmp_path)

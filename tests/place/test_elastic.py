@@ -16,8 +16,8 @@ import pytest
 from tandem.place.policies import HostSlot, Limits, Packing
 from tandem.place.scheduler import Waiting, plan, share_bound
 from tests.place.test_daemon import DATASET
-from tests.place.test_reserve import _lines, _producers_ended, _until
-from tests.timing import scaled
+from tests.place.test_reserve import _lines, _producers_ended
+from tests.timing import scaled, until
 
 # A CPU-bound loop until the file named by its argument exists (a core busy from outside).
 BUSY = (
@@ -203,21 +203,21 @@ def test_the_readme_sweep_runs_three_of_four_at_once(cli, tmp_path: Path, outsid
         cli("share", "define", "imagenet", "--dataset", "toy_data.py:make", "--batch-size", "4")
         ids = _readme_sweep(cli, tmp_path)
         started = tmp_path / "started"
-        _until(lambda: len(_lines(started)) >= 3, 60, "fewer than 3 of 4 ran at once")
+        until(lambda: len(_lines(started)) >= 3, 60, "fewer than 3 of 4 ran at once")
         if not outside:
             _trivial_job_beside(cli)
         _all_done(cli, tmp_path, ids)
         if outside:  # at least 3 of 4 with a core busy from outside is what is asked of it
             return
         assert cli("wait", timeout=scaled(60)).returncode == 0, cli("ls").stdout
-        _until(lambda: _producers_ended(cli), 60, "the producer did not end")
+        until(lambda: _producers_ended(cli), 60, "the producer did not end")
         cli("daemon", "stop")
-        _until(lambda: cli("daemon", "status", check=False).returncode != 0, 60, "the daemon did not stop")
+        until(lambda: cli("daemon", "status", check=False).returncode != 0, 60, "the daemon did not stop")
         cli("daemon", "start", "--cpus", "2")
         started.unlink()
         again = _readme_sweep(cli, tmp_path)
         t0 = time.monotonic()
-        _until(
+        until(
             lambda: all(cli.job(i)["state"] == "running" for i in again),
             10,
             "not every point of the sweep started at once after a restart",

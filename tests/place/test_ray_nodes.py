@@ -294,7 +294,9 @@ def test_a_partitioned_node_s_jobs_run_once_followed_to_their_end(
     # GPU jobs of declared compute (the host's compute gate sees this machine's two cores busy
     # for every node): two on each node.
     need = ("--cpus", "1", "--gpus", "1", "--gpu-mem", "1G", "--gpu-share", "25")
-    ids = [cli.submit(*need, "--", sys.executable, "ticker.py", "40", str(k)) for k in range(4)]
+    # 90 s each: on a loaded machine Ray may take half a minute to call the cut node dead, and
+    # the jobs must still run then for the cut-off to be seen.
+    ids = [cli.submit(*need, "--", sys.executable, "ticker.py", "90", str(k)) for k in range(4)]
     wait_for(lambda: all(j["state"] == "running" for j in ls(cli).values()), 120, lambda: cli("ls").stdout)
     on_island = [i for i in ids if node_of(ls(cli)[i]) == "island"]
     assert len(on_island) == 2, cli("ls").stdout
