@@ -192,7 +192,7 @@ class Admission:
             return {}
         nodes = self.producers.free_nodes(share.name, producers)
         if not nodes:
-            where = ", ".join(sorted({self.capacity.node_name(a.placed.node) for a in producers}))
+            where = ", ".join(sorted(self.producers.hosts(producers)))
             return f"share {share.name}: its producers run on every host ({where})"
         return dict(nodes=nodes)
 

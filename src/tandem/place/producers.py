@@ -170,13 +170,17 @@ class Producers:
         """Whether producer ``job_id`` was told to stop (its group is done)."""
         return job_id in self._stopping
 
+    def hosts(self, producers: Iterable[Active]) -> set[str]:
+        """The host names of the nodes ``producers`` run on."""
+        return {self.capacity.node_name(a.placed.node) for a in producers}
+
     def free_nodes(self, share: str, producers: Iterable[Active]) -> dict[str, int]:
         """The live Ray nodes where another producer of ``share``, whose running ``producers``
         these are, may start: those of another host than each of theirs (a producer is found
         by its share's name on its host: two on one host would collide) and than one where a
         producer of it failed lately, each with 0 jobs of its group; none on one server."""
         now = time.time()
-        taken = {self.capacity.node_name(a.placed.node) for a in producers}
+        taken = self.hosts(producers)
         taken |= {host for (name, host), until in self._failed.items() if name == share and until > now}
         return {n.id: 0 for n in self.capacity.nodes if n.alive and n.name not in taken}
 
@@ -204,7 +208,7 @@ class Producers:
                 continue
             if not self.free_nodes(name, running[name]):
                 continue
-            on = ", ".join(sorted({self.capacity.node_name(a.placed.node) for a in live}))
+            on = ", ".join(sorted(self.hosts(live)))
             queued[name] = [self.make(share, job, f"its producers' nodes ({on}) have no room for it")]
             self._short[name] = now  # the next one only once its jobs find no room again
 
