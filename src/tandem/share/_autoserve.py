@@ -36,6 +36,10 @@ class AutoSpec:
     num_workers: int | str
     linger_s: float = LINGER_S
     python: str | None = None  # the loader's interpreter (a job manager's producer runs it)
+    # Where the loader's process found its own modules (its script's folder, say): searched
+    # after this process's own paths, never before them (a folder the producer starts in
+    # is not one of them: nothing is imported from a working directory).
+    paths: tuple[str, ...] = ()
 
     @staticmethod
     def read(path: Path) -> AutoSpec:
@@ -49,6 +53,7 @@ class AutoSpec:
         """``(dataset, collate_fn, worker_init_fn)`` as the loader pickled them."""
         import cloudpickle  # noqa: F401 - what the payload's by-value parts need to load
 
+        sys.path.extend(p for p in self.paths if p not in sys.path)
         dataset, collate_fn, worker_init_fn = pickle.loads(self.payload)
         return dataset, collate_fn, worker_init_fn
 

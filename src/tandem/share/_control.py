@@ -83,6 +83,9 @@ class ControlServer:
         self.start_hold: StartHold | None = None  # the stream's start kept for expected consumers
         self.ever_attached = False
         self.dataset_id = ""  # the served dataset's fingerprint, for consumers' states
+        # Digests of the served dataset's items (a reader's check of its data), where the
+        # producer owns a map-style dataset: set by Producer.from_dataset.
+        self.item_digests: Callable[[list[int]], list[str]] | None = None
         self._stats = stats
         self._on_error = on_error
         self._free_indices = list(range(MAX_CONSUMERS - 1, -1, -1))
@@ -192,6 +195,13 @@ class ControlServer:
                     self.detach(consumer, f"disconnected ({exc})")
             conn.close()
             return
+        if isinstance(message, protocol.Items):
+            # Loading items takes a while: answered beside this thread, on a connection of
+            # its own (a reader's check as it attaches; not a consumer's).
+            sel.unregister(conn)
+            conns.pop(conn, None)
+            threading.Thread(target=self._answer_items, args=(conn, message), daemon=True).start()
+            return
         with self.cond:
             if isinstance(message, protocol.Next) and consumer is not None:
                 self._released(consumer, message.release)
@@ -208,6 +218,29 @@ class ControlServer:
                 conns[conn] = None
             else:
                 _send_quietly(conn, protocol.Refused(f"unexpected {type(message).__name__}"))
+
+    def _answer_items(self, conn: socket.socket, message: protocol.Items) -> None:
+        try:
+            digests: tuple[str, ...] | None = None
+            indices = list(message.indices)
+            if (
+                self.item_digests is not None
+                and len(indices) <= protocol.MAX_ITEMS_ASKED
+                and all(type(i) is int and 0 <= i < (self.window.samples_per_epoch or 0) for i in indices)
+            ):
+                try:
+                    digests = tuple(self.item_digests(indices))
+                except Exception as exc:  # noqa: BLE001 - the user's dataset: say nothing, log why
+                    log.warning(
+                        "producer %r: items %s not digested (%s: %s)",
+                        self.name,
+                        indices,
+                        type(exc).__name__,
+                        exc,
+                    )
+            _send_quietly(conn, protocol.ItemsReply(digests))
+        finally:
+            conn.close()
 
     def _released(self, c: Attached, seqs: tuple[int, ...]) -> None:
         if seqs:

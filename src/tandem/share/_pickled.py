@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import io
 import threading
+import types
 from typing import Any
 
 import torch
@@ -29,9 +30,11 @@ class NotPicklable(Exception):
     """Why the objects cannot be sent to a producer (said by the loader, which reads privately)."""
 
 
-def pickled(objects: Any) -> bytes:
+def pickled(objects: Any, modules: set[str] | None = None) -> bytes:
     """``objects`` as cloudpickle writes them (what the training script defined, by value),
-    the same bytes in every process that builds them alike (see the module)."""
+    the same bytes in every process that builds them alike (see the module). ``modules``,
+    if given, gets the name of every module a class, function or module in them comes from
+    (what is pickled by reference: the identity hashes those that are the user's code)."""
     import cloudpickle
     from cloudpickle import cloudpickle as internals
 
@@ -48,6 +51,13 @@ def pickled(objects: Any) -> bytes:
 
     class Pickler(cloudpickle.Pickler):
         def reducer_override(self, obj: Any) -> Any:
+            if modules is not None:
+                if isinstance(obj, types.ModuleType):
+                    modules.add(obj.__name__)
+                elif isinstance(obj, (type, types.FunctionType, types.BuiltinFunctionType)):
+                    owner = getattr(obj, "__module__", None)
+                    if isinstance(owner, str):
+                        modules.add(owner)
             if type(obj) is torch.Tensor and obj.device.type == "cpu" and obj.layout == torch.strided:
                 return _by_value(obj)
             return super().reducer_override(obj)

@@ -31,6 +31,7 @@ for that. ``loader.last_indices``: the dataset indices of the last batch.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import logging
@@ -44,9 +45,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import torch
 import torch.utils.data as tud
 
 from tandem.share._autoserve import LINGER_S, AutoSpec
+from tandem.share._identity import anchor_indices, code_digest, item_digests, probe_indices
 from tandem.share._pickled import NotPicklable, pickled
 from tandem.share._registry import _is_live, lock_path, runtime_dir
 from tandem.share.errors import ShareError
@@ -65,13 +68,16 @@ class NotShared(Exception):
 class _Plan:
     """How a loader reads from a producer: its name, what to start it with (None: one the
     job manager runs for this job already), and how (``starter``: the job manager's command
-    that has its daemon run it; None: a process of the user's own)."""
+    that has its daemon run it; None: a process of the user's own). ``bound``: the job
+    manager serves ``spec`` to this job already (``spec`` is kept for a producer of its own,
+    should the one it serves load other items)."""
 
     name: str
     spec: AutoSpec | None
     rank: int | None
     world_size: int | None
     starter: list[str] | None = None
+    bound: bool = False  # the manager runs this plan's producer for this job already
 
 
 class DataLoader(tud.DataLoader):
@@ -139,10 +145,8 @@ class DataLoader(tud.DataLoader):
         if self._consumer is None:
             from tandem.share.consumer import Consumer
 
-            if plan.spec is not None and plan.starter is not None:
-                ask_manager(plan.spec, plan.starter)
-            elif plan.spec is not None:
-                start_producer(plan.spec)
+            if plan.spec is not None:
+                plan = self._plan = self._served(plan)
             self._consumer = Consumer(
                 plan.name,
                 batch_size=self.batch_size,
@@ -153,6 +157,26 @@ class DataLoader(tud.DataLoader):
             )
             self._consumer.warn_kept = False  # torch's batches are theirs to keep: so are these
         return self._consumer
+
+    def _served(self, plan: _Plan) -> _Plan:
+        """Have a producer serve ``plan`` (found, else started), and check that it serves
+        the items this loader loads itself (see :mod:`tandem.share._identity`); where it
+        does not, the plan of a producer of this loader's own, served too."""
+        assert plan.spec is not None
+        _serve(plan)
+        differs = _items_differ(self.dataset, plan.name)
+        if differs is None:
+            return plan
+        why, digests = differs
+        own = _own(plan, digests)
+        warnings.warn(
+            f"tandem.share.DataLoader: the producer found for this loader's data ({plan.name}) "
+            f"serves other items than this process loads ({why}: its code or what it reads "
+            f"changed); reading a producer of its own ({own.name})",
+            stacklevel=4,
+        )
+        _serve(own)
+        return own
 
     def _shared_epoch(self, plan: _Plan) -> Iterator[Any]:
         consumer = self._consumer_for(plan)
@@ -229,6 +253,62 @@ def _moved(batches: Iterator[Any], device: Any) -> Iterator[Any]:
 # --- the plan: what would be sent to a worker, and in which order -----------------------------
 
 
+def _serve(plan: _Plan) -> None:
+    assert plan.spec is not None
+    if plan.bound:  # its producer is the manager's to start: wait for it to serve
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while not _live(plan.name) and time.monotonic() < deadline:
+            time.sleep(0.05)
+    elif plan.starter is not None:
+        ask_manager(plan.spec, plan.starter)
+    else:
+        start_producer(plan.spec)
+
+
+def _own(plan: _Plan, digests: list[str]) -> _Plan:
+    """``plan`` for a producer of this process's items: named by them too, so that the
+    readers that load alike share it."""
+    assert plan.spec is not None
+    digest = hashlib.sha256(repr((plan.name, digests)).encode()).hexdigest()[:16]
+    spec = dataclasses.replace(plan.spec, name=f"{AUTO_PREFIX}{digest}")
+    if plan.bound and plan.starter is None:
+        raise ShareError(
+            f"the producer the job manager serves this job ({plan.name}) loads other items than "
+            "this job does, and this manager starts no producer for it: submit with --share NAME"
+        )
+    return dataclasses.replace(plan, name=spec.name, spec=spec, bound=False)
+
+
+def _items_differ(dataset: Any, name: str) -> tuple[str, list[str]] | None:
+    """Whether producer ``name`` serves other items than ``dataset`` loads here: (what
+    differs, this process's digests of its anchor items), or None (the same, or nothing to compare: an
+    iterable dataset, one whose items are random even when seeded, an older producer)."""
+    from tandem.share._registry import socket_path
+    from tandem.share.stats import query_items
+
+    if isinstance(dataset, tud.IterableDataset) or not hasattr(dataset, "__getitem__"):
+        return None
+    try:
+        indices = probe_indices(len(dataset))
+        mine = item_digests(dataset, indices)
+        if not indices or item_digests(dataset, indices[:1]) != mine[:1]:
+            log.debug("loader of %s: its items differ from one load to the next; not compared", name)
+            return None
+    except Exception as exc:  # noqa: BLE001 - the user's dataset: torch's own loader would say it
+        log.debug("loader of %s: items not compared (%s: %s)", name, type(exc).__name__, exc)
+        return None
+    try:
+        theirs = query_items(str(socket_path(name)), indices, timeout=START_TIMEOUT_S)
+    except (OSError, EOFError, TimeoutError, ShareError) as exc:
+        log.debug("loader of %s: its producer did not say its items (%s)", name, exc)
+        return None
+    if theirs is None or theirs == mine:
+        return None
+    index = next(i for i, a, b in zip(indices, mine, theirs, strict=True) if a != b)
+    anchors = set(anchor_indices(len(dataset)))
+    return f"item {index} differs", [d for i, d in zip(indices, mine, strict=True) if i in anchors]
+
+
 def _order(loader: DataLoader) -> tuple[bool, int, int | None, int | None]:
     """``(shuffle, seed, rank, world size)`` from the loader's sampler, or :class:`NotShared`."""
     if loader.batch_size is None:
@@ -239,12 +319,30 @@ def _order(loader: DataLoader) -> tuple[bool, int, int | None, int | None]:
     if isinstance(sampler, tud.RandomSampler):
         if sampler.replacement or sampler._num_samples is not None:
             raise NotShared("its RandomSampler draws with replacement or a num_samples of its own")
-        return True, 0, None, None
+        return True, _random_seed(sampler.generator), None, None
     if isinstance(sampler, tud.DistributedSampler):
         return bool(sampler.shuffle), int(sampler.seed), int(sampler.rank), int(sampler.num_replicas)
     if isinstance(loader.dataset, tud.IterableDataset):  # its passes are its epochs, in its order
         return False, 0, None, None
     raise NotShared(f"its sampler ({type(sampler).__name__}) is its own, which a producer cannot reproduce")
+
+
+# torch seeds its default generator at random in each process (a 64-bit number) unless the
+# script calls torch.manual_seed: a seed set since this import, or one of 32 bits, is the
+# user's (an unseeded process's random seed is one with a chance of 2**-32).
+_SEED_AT_IMPORT = torch.initial_seed()
+
+
+def _random_seed(generator: torch.Generator | None) -> int:
+    """The order's seed, as torch's loader draws its order: from the loader's ``generator=``,
+    else from ``torch.manual_seed``'s; 0 in a process that seeded neither (so that
+    unseeded processes of a sweep share one order)."""
+    if generator is not None:
+        return int(generator.initial_seed()) % 2**63
+    seed = torch.initial_seed()
+    if seed != _SEED_AT_IMPORT or seed < 2**32:
+        return int(seed) % 2**63
+    return 0
 
 
 def _plan(loader: DataLoader) -> _Plan:
@@ -254,7 +352,7 @@ def _plan(loader: DataLoader) -> _Plan:
         return _Plan(given, None, rank, world)
     spec = _spec(loader, shuffle, seed)
     if given == spec.name:  # the manager's producer of this data feeds this job's sweep
-        return _Plan(spec.name, None, rank, world)
+        return _Plan(spec.name, spec, rank, world, _starter(), bound=True)
     if os.environ.get("TANDEM_JOB_ID"):
         starter = _starter()
         if starter is None:
@@ -284,16 +382,23 @@ def _starter() -> list[str] | None:
 def _spec(loader: DataLoader, shuffle: bool, seed: int) -> AutoSpec:
     """What a producer of ``loader``'s data is started with, named by its fingerprint."""
     collate = loader.collate_fn if loader.collate_fn is not tud.default_collate else None
+    modules: set[str] = set()
     try:
-        payload = pickled((loader.dataset, collate, loader.worker_init_fn))
+        payload = pickled((loader.dataset, collate, loader.worker_init_fn), modules)
     except NotPicklable as why:
         raise NotShared(str(why)) from None
     digest = hashlib.sha256(payload)
+    # The user's own modules that the objects come from, by content: a class pickled by
+    # reference is only its module's and its own name (see tandem.share._identity).
+    digest.update(code_digest(modules).encode())
     digest.update(repr((shuffle, seed)).encode())
     name = f"{AUTO_PREFIX}{digest.hexdigest()[:16]}"
     workers: int | str = loader.num_workers or "auto"
+    # What the reader imports by name (its dataset's module beside the script, run from
+    # another directory: sys.path[0]) the producer finds where the reader found it.
+    paths = tuple(p for p in sys.path if p and os.path.isdir(p))
     return AutoSpec(
-        name, payload, loader.batch_size or 1, shuffle, seed, workers, _linger_s(), sys.executable
+        name, payload, loader.batch_size or 1, shuffle, seed, workers, _linger_s(), sys.executable, paths
     )
 
 
@@ -338,12 +443,11 @@ def start_producer(spec: AutoSpec) -> None:
         # only batches the items, and idle threads of a thread pool spin on the cores the
         # readers train on. The user's own setting wins.
         env = {**os.environ, **{v: os.environ.get(v, "1") for v in ("OMP_NUM_THREADS", "MKL_NUM_THREADS")}}
-        # What the reader imports by name (its dataset's module beside the script, run from
-        # another directory: sys.path[0]) the producer finds where the reader found it.
-        env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p and os.path.isdir(p))
+        # -P: the folder it starts in is not searched for modules (a `tandem/` planted there
+        # would run as this user); the reader's own folders come with the spec, after its own.
         with log_file.open("ab") as out:
             process = subprocess.Popen(
-                [sys.executable, "-m", "tandem.share._autoserve", str(spec_file)],
+                [sys.executable, "-P", "-m", "tandem.share._autoserve", str(spec_file)],
                 stdin=subprocess.DEVNULL,
                 stdout=out,
                 stderr=subprocess.STDOUT,

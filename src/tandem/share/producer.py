@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import functools
 import logging
 import os
 import signal
@@ -40,6 +41,7 @@ from tandem.share import protocol
 from tandem.share._control import ControlServer, rate
 from tandem.share._cuda import check_device
 from tandem.share._cuda_slab import CudaSlab
+from tandem.share._identity import item_digests
 from tandem.share._order import EpochPlanner, fingerprint, planned_loader, selected, source_shape
 from tandem.share._publishing import PublishingLoop
 from tandem.share._registry import Registration
@@ -197,6 +199,8 @@ class Producer(PublishingLoop):
             producer._planner = planner
             producer._window.samples_per_epoch = planner.sampler.size
             producer._server.dataset_id = fingerprint(dataset)
+            if selection is None:  # a reader's indices are the dataset's own
+                producer._server.item_digests = functools.partial(item_digests, dataset)
         return producer
 
     @classmethod

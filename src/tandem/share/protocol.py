@@ -127,7 +127,26 @@ class Stats:
     pass
 
 
+@dataclass(frozen=True, slots=True)
+class Items:
+    """Digest these items of your dataset (a reader checks that its producer's data is its
+    own, see :mod:`tandem.share._identity`); answered with :class:`ItemsReply`."""
+
+    indices: tuple[int, ...]
+
+
+MAX_ITEMS_ASKED = 16
+
+
 # --- producer -> consumer -------------------------------------------------------------------
+@dataclass(frozen=True, slots=True)
+class ItemsReply:
+    """The digests of the items asked for, in order; None: this producer cannot say (its
+    source is not a map-style dataset it owns)."""
+
+    digests: tuple[str, ...] | None
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Welcome:
     version: int
@@ -365,6 +384,8 @@ __all__ = [
     "EpochEnd",
     "Failed",
     "Hello",
+    "Items",
+    "ItemsReply",
     "Next",
     "Refused",
     "Release",
