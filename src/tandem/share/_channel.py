@@ -30,7 +30,7 @@ from tandem.share._gate import ReleaseGate
 from tandem.share._interrupt import sigterm_ends_wait
 from tandem.share._segment_map import Segments
 from tandem.share._table import AnnouncementTable, ConsumerRecord
-from tandem.share.errors import ConsumerTimeout, ProducerGone, ProtocolError
+from tandem.share.errors import ConsumerTimeout, ProducerGone, ProtocolError, ReaderSetAside
 
 # Everything the producer is told about this consumer's progress: (stall_s, samples,
 # batches, (epoch, offset)); a callable, since the consumer's counters move on every batch.
@@ -125,6 +125,7 @@ class SocketChannel:
         self._prefetch = prefetch
         self._inflight = False  # a Next whose reply is not read yet
         self.stall_s = 0.0
+        self.name = conn.name
 
     def take(self, releases: list[int], holding: int | None, data_timeout: float | None) -> object:
         """The next entry; ``releases`` (seqs handed back) are sent and cleared. ``holding``:
@@ -224,11 +225,16 @@ class TableChannel:
         return reply
 
     def taken(self, seq: int, holding: int | None) -> None:
-        """Entry ``seq`` is this consumer's now: move the cursor past it and publish."""
+        """Entry ``seq`` is this consumer's now: move the cursor past it and publish. Set
+        aside meanwhile, the producer may not have counted it as held: it is not used."""
         self._taken = seq + 1
         self._publish(holding)
+        if self._table.is_aside(self._index):
+            raise ReaderSetAside(set_aside_text(self._socket.name, None))
 
     def _take_announced(self) -> protocol.Batch | protocol.EpochEnd | None:
+        if self._table.is_aside(self._index):
+            return None  # set aside: the ring's entries may be reused under it; the socket says so
         record = self._table.lookup(self._taken)
         if record is None:
             return None
@@ -275,6 +281,18 @@ class TableChannel:
 
     def close(self) -> None:
         self._table.close()
+
+
+def set_aside_text(name: str, after_s: float | None) -> str:
+    """What a consumer set aside by its producer is told (see ReaderSetAside)."""
+    took = f"no batch for {after_s:g} s" if after_s else "no batch for a while"
+    return (
+        f"the producer of {name!r} set this consumer aside: it took {took} while other readers "
+        "waited (a stopped process, a debugger, batches kept), and they went on without it. Its "
+        "epoch continues on a new consumer: state = consumer.state_dict(), then "
+        "load_state_dict(state) on a new Consumer (tandem.share.DataLoader does so itself); "
+        "Producer(aside_after_s=...) or $TANDEM_SHARE_ASIDE_S sets how long a reader may pause"
+    )
 
 
 def say_bye(sock: socket.socket) -> None:

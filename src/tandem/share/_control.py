@@ -34,6 +34,11 @@ log = logging.getLogger("tandem.share")
 
 TICK = 0.2  # longest sleep of any wait, so stops and signals are seen promptly
 WARN_BLOCKED_S = 30.0  # say who holds things up after this long
+# A consumer that takes no batch for this long while others wait for it is set aside: they
+# go on, and it continues its epoch on a new consumer when it comes back (a stopped process,
+# a debugger, a reader that keeps its batches). Producer(aside_after_s=...) or
+# $TANDEM_SHARE_ASIDE_S change it.
+ASIDE_AFTER_S = 10.0
 MAX_CONSUMERS = 64
 
 
@@ -55,6 +60,12 @@ class Attached:
     missed_pending: tuple[int, int] = (0, 0)  # (batches, samples) skipped, not told yet
     missed_batches: int = 0
     attached_at: float = field(default_factory=time.monotonic)
+    # Its progress (cursor, released) when last seen to move, and when: a consumer that
+    # takes nothing for ``aside_after_s`` while others wait is set aside.
+    seen: tuple[int, int] = (-1, -1)
+    seen_at: float = field(default_factory=time.monotonic)
+    aside: bool = False
+    retained: dict[int, int] = field(default_factory=dict)  # seq -> slot it may still read
     # (time, batches delivered) at each publish: batches/s for `tandem share ls`
     progress: collections.deque = field(default_factory=lambda: collections.deque(maxlen=64))
 
@@ -86,6 +97,8 @@ class ControlServer:
         # Digests of the served dataset's items (a reader's check of its data), where the
         # producer owns a map-style dataset: set by Producer.from_dataset.
         self.item_digests: Callable[[list[int]], list[str]] | None = None
+        self.aside_after_s: float | None = ASIDE_AFTER_S
+        self._tended_at = 0.0
         self._stats = stats
         self._on_error = on_error
         self._free_indices = list(range(MAX_CONSUMERS - 1, -1, -1))
@@ -98,7 +111,8 @@ class ControlServer:
     def links(self) -> list[Link]:
         held = self.start_hold is not None and self.start_hold.first is not None
         start = [self.start_hold.link] if held and self.start_hold is not None else []
-        return [c.link for c in self.consumers.values()] + self.groups.holds() + start
+        readers = [c.link for c in self.consumers.values() if not c.aside]
+        return readers + self.groups.holds() + start
 
     def expect(self, consumers: int, within_s: float) -> None:
         """Keep the stream's start for ``consumers`` that will attach soon (``within_s`` of
@@ -156,6 +170,9 @@ class ControlServer:
                 if self.start_hold is not None:
                     with self.cond:
                         self._end_start_hold()
+                if time.monotonic() - self._tended_at >= TICK:
+                    with self.cond:
+                        self._tend_idle(time.monotonic())
                 for key, _ in sel.select(timeout=TICK):
                     if key.data == "wake":
                         continue
@@ -245,11 +262,66 @@ class ControlServer:
     def _released(self, c: Attached, seqs: tuple[int, ...]) -> None:
         if seqs:
             c.link.released(seqs)
+            if c.retained:
+                self.window.unretain([c.retained.pop(s) for s in seqs if s in c.retained])
             self.cond.notify_all()
+
+    # ------------------------------------------------------- readers set aside (lock held)
+    def _tend_idle(self, now: float) -> None:
+        """Set aside each consumer that has taken nothing for ``aside_after_s`` while it
+        keeps the window's oldest entry and another consumer waits; give back the slots a
+        set-aside table consumer has released."""
+        self._tended_at = now
+        for c in list(self.consumers.values()):
+            progress = (c.link.cursor(), c.link.released_below())
+            if c.aside:
+                if c.retained and c.link.transport == "table":
+                    below = progress[1]
+                    self.window.unretain([c.retained.pop(s) for s in list(c.retained) if s < below])
+                continue
+            if progress != c.seen:
+                c.seen, c.seen_at = progress, now
+            elif (
+                self.aside_after_s is not None
+                and now - c.seen_at >= self.aside_after_s
+                and not c.done
+                and self.window.holds_back(c.link)
+                and any(o.waiting and not o.aside for o in self.consumers.values() if o is not c)
+            ):
+                self.set_aside(c, now - c.seen_at)
+
+    def set_aside(self, c: Attached, idle_s: float) -> None:
+        """The others go on without ``c``: it leaves the pacing, the slots it may still be
+        reading are kept from reuse (new ones are numbered in their place), and it takes no
+        entry more (its table flag; over the socket its next request is answered so)."""
+        if c.link.transport == "table":
+            self.table.set_aside(c.table_index, True)  # before its holds are read (see _table)
+        c.retained = {
+            seq: e.slot for seq, e in self.window.entries.items() if e.slot is not None and c.link.holds(seq)
+        }
+        self.window.retain(c.retained.values())
+        c.aside = True
+        log.warning(
+            "producer %r: consumer %d (pid %d) took no batch for %.0f s while others waited: set "
+            "aside, the others go on (it continues its epoch on a new consumer when it is back)",
+            self.name,
+            c.cid,
+            c.pid,
+            idle_s,
+        )
+        if c.waiting:
+            self.reply(c)
+        self.cond.notify_all()
 
     # ------------------------------------------------------------- replies (lock held)
     def reply(self, c: Attached) -> None:
         """Send ``c`` the entry at its cursor, or mark it waiting for one."""
+        if c.aside:
+            c.waiting = False
+            if not c.done:
+                c.done = True
+                _send_quietly(c.sock, protocol.SetAside(self.aside_after_s or 0.0))
+            return
         entry = self.window.entries.get(self.window.next_live(c.link.cursor()))
         if entry is None:
             c.waiting = True
@@ -311,7 +383,7 @@ class ControlServer:
         warned_at = time.monotonic()
         end = self.window.end_seq or 0
         with self.cond:
-            while any(c.link.cursor() < end and not c.done for c in self.consumers.values()):
+            while any(c.link.cursor() < end and not c.done and not c.aside for c in self.consumers.values()):
                 now = time.monotonic()
                 if deadline is not None and now >= deadline:
                     log.warning(
@@ -358,7 +430,7 @@ class ControlServer:
             return
         entry = self.window.entries.get(self.window.end_seq)
         for c in list(self.consumers.values()):
-            if not c.done and entry is not None:
+            if not c.done and not c.aside and entry is not None:
                 _send_quietly(c.sock, entry.message)
                 c.done = True
 
@@ -435,6 +507,9 @@ class ControlServer:
         if self.consumers.pop(c.cid, None) is None:
             return
         self._free_indices.append(c.table_index)
+        if c.retained:
+            self.window.unretain(c.retained.values())
+            c.retained = {}
         try:
             c.sock.shutdown(socket.SHUT_RDWR)  # a detached consumer cannot go on talking
         except OSError:

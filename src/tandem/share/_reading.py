@@ -17,7 +17,7 @@ from typing import Any
 import torch
 
 from tandem.share import protocol
-from tandem.share._channel import Connection, SocketChannel, TableChannel
+from tandem.share._channel import Connection, SocketChannel, TableChannel, set_aside_text
 from tandem.share._cuda import DeviceCopier
 from tandem.share._cuda_slab import CudaSegmentMap, remove_files_of_dead_producer
 from tandem.share._gate import ReleaseGate
@@ -34,6 +34,7 @@ from tandem.share.errors import (
     ProducerGone,
     ProducerStopped,
     ProtocolError,
+    ReaderSetAside,
     ShareError,
 )
 
@@ -399,6 +400,8 @@ class StreamReader:
             return self._at_end(end, have)
         elif isinstance(reply, protocol.Failed):
             raise ProducerError(reply.message)
+        elif isinstance(reply, protocol.SetAside):
+            raise ReaderSetAside(set_aside_text(self.name, reply.after_s))
         else:
             raise ProtocolError(f"unexpected {type(reply).__name__} from the producer")
         self._channel.taken(reply.seq, self._holding())

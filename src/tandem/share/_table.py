@@ -17,6 +17,11 @@ It lives in one ``memfd`` per producer, mapped by every consumer whose transport
     an entry's slot is reused once every consumer's ``released`` has passed it, and since a
     consumer never releases what it has not taken, an entry a consumer may still take is
     never reused under it.
+*aside flags*
+    One per consumer record, written by the producer only: set when it sets the consumer
+    aside (it took nothing for a while, see :mod:`tandem.share._control`); from then on the
+    ring's entries may be reused under that consumer, so it takes none of them (it checks
+    the flag before it takes an entry and again after it has published taking it).
 
 The producer polls ``released`` while it waits for a slot (every few milliseconds), so
 consumers never have to wake it. Under ``"skip"`` the producer may drop entries that a
@@ -123,7 +128,7 @@ def message(seq: int, record: Announcement) -> Batch | EpochEnd:
 
 
 _HEADER = struct.Struct("<8sqq")  # magic, ring capacity, consumer records
-_MAGIC = b"tandem03"
+_MAGIC = b"tandem04"
 _RECORD = struct.Struct("<q" + "q" * len(Announcement._fields))  # seq, then an Announcement
 _CONSUMER = struct.Struct("<qqdqqqq")  # a ConsumerRecord
 _SEQ = struct.Struct("<q")
@@ -141,10 +146,11 @@ class AnnouncementTable:
             raise ValueError("not a tandem announcement table (version mismatch?)")
         self._ring = _HEADER.size
         self._consumers = self._ring + self.capacity * _RECORD.size
+        self._aside = self._consumers + self.max_consumers * _CONSUMER.size
 
     @classmethod
     def create(cls, label: str, capacity: int, max_consumers: int) -> AnnouncementTable:
-        size = _HEADER.size + capacity * _RECORD.size + max_consumers * _CONSUMER.size
+        size = _HEADER.size + capacity * _RECORD.size + max_consumers * (_CONSUMER.size + _SEQ.size)
         fd = os.memfd_create(f"tandem:{label}:table", os.MFD_CLOEXEC)
         os.ftruncate(fd, size)
         mm = mmap.mmap(fd, size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
@@ -183,6 +189,7 @@ class AnnouncementTable:
         return self._consumers + index * _CONSUMER.size
 
     def reset_consumer(self, index: int, cursor: int) -> None:
+        self.set_aside(index, False)
         self.write_consumer(
             index,
             ConsumerRecord(
@@ -201,6 +208,13 @@ class AnnouncementTable:
 
     def write_consumer(self, index: int, record: ConsumerRecord) -> None:
         _CONSUMER.pack_into(self._mm, self._consumer_at(index), *record)
+
+    def set_aside(self, index: int, aside: bool) -> None:
+        """The producer's word to consumer ``index``: take nothing more from the ring."""
+        _SEQ.pack_into(self._mm, self._aside + index * _SEQ.size, int(aside))
+
+    def is_aside(self, index: int) -> bool:
+        return bool(_SEQ.unpack_from(self._mm, self._aside + index * _SEQ.size)[0])
 
     def close(self) -> None:
         if self.fd is not None:

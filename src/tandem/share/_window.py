@@ -24,7 +24,8 @@ Invariants (checked by ``tests/share/test_window.py``):
   and at most :data:`IDLE_SLOTS` entries are made ahead (more would be read by the first
   consumer alone).
 * Slots are numbered as they are first needed: ``slots`` never passes ``size`` under "wait"
-  (nor ``slot_cap`` under "skip") unless ``size`` shrank after they were numbered, and
+  (nor ``slot_cap`` under "skip") unless ``size`` shrank after they were numbered or slots
+  are ``retained`` for a set-aside consumer (one more numbered for each), and
   ``size`` never passes ``cap``. The producer sets
   ``size`` from memory once it knows a batch's bytes (:func:`slots_for`); consumers of
   different speeds drift apart within it and wait only where it is full.
@@ -88,6 +89,9 @@ class Window:
         self.size = slots  # the window: slots in use ("wait"), ahead of the fastest ("skip")
         self.ahead = ahead  # "wait": the most entries published past the fastest consumer
         self.slots = 0  # slots numbered so far ("skip" may grow it past ``size``)
+        # Slots a set-aside consumer may still read (see ControlServer.set_aside): never
+        # reused while it may, and new ones numbered in their place.
+        self.retained: set[int] = set()
         self.entries: collections.OrderedDict[int, Entry] = collections.OrderedDict()
         self.free: list[int] = []
         self.next_seq = 0
@@ -181,7 +185,7 @@ class Window:
             return None, skipped
         if self.free:
             return self.free.pop(), skipped
-        if self.slots < self.size or (self.policy == "skip" and self.slots < slot_cap):
+        if self.slots < self.size + len(self.retained) or (self.policy == "skip" and self.slots < slot_cap):
             self.slots += 1
             return self.slots - 1, skipped
         return None, skipped
@@ -226,8 +230,21 @@ class Window:
 
     def _drop(self, seq: int) -> None:
         entry = self.entries.pop(seq)
-        if entry.slot is not None:
+        if entry.slot is not None and entry.slot not in self.retained:
             self.free.append(entry.slot)
+
+    def retain(self, slots: Collection[int]) -> None:
+        """Keep ``slots`` from reuse until :meth:`unretain` (a set-aside consumer reads them)."""
+        self.retained.update(slots)
+
+    def unretain(self, slots: Collection[int]) -> None:
+        """``slots`` may be reused again: at once if their entries are gone."""
+        live = {entry.slot for entry in self.entries.values()}
+        for slot in slots:
+            if slot in self.retained:
+                self.retained.discard(slot)
+                if slot not in live:
+                    self.free.append(slot)
 
     def resize(self, size: int) -> None:
         """Set the window's size in slots (kept within ``MIN_SLOTS..cap``). Slots already

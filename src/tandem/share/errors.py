@@ -39,6 +39,12 @@ class RefusedByProducer(ShareError):
     """The producer refused this consumer (protocol version, bad options, shutting down)."""
 
 
+class ReaderSetAside(ShareError):
+    """The producer set this consumer aside: it took no batch for its ``aside_after_s``
+    while other readers waited, so they went on without it. Its epoch continues on a new
+    consumer given this one's ``state_dict()`` (the drop-in loader does so itself)."""
+
+
 class UnsupportedBatch(ShareError, TypeError):
     """A batch holds an element tandem cannot carry; the message names where it sits."""
 

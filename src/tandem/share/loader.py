@@ -52,7 +52,7 @@ from tandem.share._autoserve import LINGER_S, AutoSpec
 from tandem.share._identity import anchor_indices, code_digest, item_digests, probe_indices
 from tandem.share._pickled import NotPicklable, pickled
 from tandem.share._registry import _is_live, lock_path, runtime_dir
-from tandem.share.errors import ShareError
+from tandem.share.errors import ReaderSetAside, ShareError
 
 log = logging.getLogger("tandem.share")
 START_TIMEOUT_S = 300.0  # for the producer to claim its name (it imports torch and the dataset)
@@ -183,7 +183,26 @@ class DataLoader(tud.DataLoader):
         if self._threads is None:
             self._threads = _ThreadFit.unless_given()
         fitted = self._threads.fit(plan.name)
-        for batch in consumer:
+        batches = iter(consumer)
+        while True:
+            try:
+                batch = next(batches)
+            except StopIteration:
+                return
+            except ReaderSetAside as why:
+                # Paused past the producer's patience (a debugger, a stopped process): the
+                # others went on. The rest of this epoch, exactly, from a new reader.
+                if consumer.world_size > 1:
+                    raise  # a group's state is taken by all its ranks together
+                state = consumer.state_dict()
+                self.close()
+                if state["epoch_done"]:
+                    return
+                log.warning("tandem.share.DataLoader: %s; continuing its epoch on a new reader", why)
+                consumer = self._consumer_for(self._require_plan())
+                consumer.load_state_dict(state)
+                batches = iter(consumer)
+                continue
             self.last_indices = consumer.last_indices
             if time.monotonic() - fitted >= FIT_EVERY_S:
                 fitted = self._threads.fit(plan.name)

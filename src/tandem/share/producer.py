@@ -38,7 +38,7 @@ import torch.utils.data
 
 from tandem._ipc import listen
 from tandem.share import protocol
-from tandem.share._control import ControlServer, rate
+from tandem.share._control import ASIDE_AFTER_S, ControlServer, rate
 from tandem.share._cuda import check_device
 from tandem.share._cuda_slab import CudaSlab
 from tandem.share._identity import item_digests
@@ -58,6 +58,21 @@ START_HOLD_S = 20.0
 _RELEASE_GPU_MEMORY_S = 10.0  # at the end, how long consumers may keep reading a CUDA slab
 
 
+def _aside_after_s(given: float | None) -> float | None:
+    """The pause after which a consumer is set aside (None: never)."""
+    if given is None:
+        env = os.environ.get("TANDEM_SHARE_ASIDE_S")
+        if env is None:
+            return ASIDE_AFTER_S
+        try:
+            given = float(env)
+        except ValueError:
+            raise ValueError(f"TANDEM_SHARE_ASIDE_S must be a number of seconds, not {env!r}") from None
+    if not given > 0:
+        raise ValueError(f"aside_after_s must be a positive number of seconds, got {given!r}")
+    return None if given == float("inf") else float(given)
+
+
 class Producer(PublishingLoop):
     """Serve batches from ``source`` to every consumer that attaches to ``name``.
 
@@ -69,6 +84,14 @@ class Producer(PublishingLoop):
     a tenth of the RAM available at start, or of the GPU's free memory for a GPU slab), at
     most ``window`` batches (default 64); ``window`` alone: exactly that many batches.
     Consumers drift apart within it; under ``"wait"`` a fast one waits only when it is full.
+
+    ``aside_after_s`` (default 10 s, or ``$TANDEM_SHARE_ASIDE_S``; ``float("inf")``: never):
+    a consumer that takes no batch for this long while it holds the others back (a stopped
+    process, a debugger, a reader that keeps its batches) is set aside: the others go on at
+    their own pace; when it is back it gets :class:`~tandem.share.errors.ReaderSetAside`,
+    and its epoch continues exactly on a new consumer given its ``state_dict()`` (the
+    drop-in ``DataLoader`` does that itself). It never gets a wrong batch: the slots it may
+    still read are not reused.
     """
 
     def __init__(
@@ -83,6 +106,7 @@ class Producer(PublishingLoop):
         device: str | None = None,
         batch_transform: Callable[[Any], Any] | None = None,
         transform_threads: int = 1,
+        aside_after_s: float | None = None,
     ):
         if not isinstance(source, Iterable):
             raise TypeError(f"source must be a re-iterable of batches, got {type(source).__name__}")
@@ -128,6 +152,7 @@ class Producer(PublishingLoop):
             else HostSlab(label, cap if self.window_mem is None else MIN_SLOTS)
         )
         self._server = ControlServer(name, self._window, self._slab, self._cond, self.stats, self.stop)
+        self._server.aside_after_s = _aside_after_s(aside_after_s)
         self._stop_reason: str | None = None
         self._planner: EpochPlanner | None = None  # set by from_dataset: the producer owns the order
         self._started = False

@@ -171,6 +171,14 @@ class Refused:
     reason: str
 
 
+@dataclass(frozen=True, slots=True)
+class SetAside:
+    """This consumer took nothing for ``after_s`` while others waited: the window went on
+    without it, and it may take nothing more (see :mod:`tandem.share._control`)."""
+
+    after_s: float
+
+
 class Segment(NamedTuple):
     """A shared-memory segment: its fd rides along with the first message naming it."""
 
@@ -390,6 +398,7 @@ __all__ = [
     "Refused",
     "Release",
     "Segment",
+    "SetAside",
     "Stats",
     "StatsReply",
     "Welcome",
