@@ -1,10 +1,16 @@
 """The job side of ``tandem.jobs.call``: ``python -m tandem._callee CALL_DIR`` loads the
 pickled callable and its arguments, runs it, and leaves ``result.pkl`` beside them:
 ``(True, value, "")`` or ``(False, exception, traceback text)``. Exits 0 or 1 accordingly,
-so the job manager records how it ended."""
+so the job manager records how it ended.
+
+It starts with nothing of the job's directory on its import path (``python -P``: a ``tandem``
+folder there is never imported in place of tandem); once tandem is imported, that directory
+goes first, as ``python -m`` puts it, so that a function pickled by reference to a module
+of the caller's project is found."""
 
 from __future__ import annotations
 
+import os
 import pickle
 import sys
 import traceback
@@ -12,6 +18,8 @@ from pathlib import Path
 
 
 def main(call_dir: Path) -> int:
+    if os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())
     fn, args, kwargs = pickle.loads((call_dir / "call.pkl").read_bytes())
     try:
         outcome = (True, fn(*args, **kwargs), "")

@@ -26,13 +26,13 @@ import math
 import os
 import pickle
 import shlex
-import sys
 import time
 import uuid
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
+from tandem._safepath import module_command
 from tandem.place import client
 from tandem.place.model import FINAL_STATES, JobSpec, param_value, parse_size
 from tandem.place.protocol import Cancel
@@ -253,7 +253,7 @@ def call(fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Job:
         ) from None
     (call_dir / "call.pkl").write_bytes(payload)
     options.setdefault("name", getattr(fn, "__qualname__", None))
-    command = [sys.executable, "-m", "tandem._callee", str(call_dir)]
+    command = module_command("tandem._callee", str(call_dir))  # its cwd on sys.path after tandem
     reply = client.submit(directory, _spec(command, None, options))
     return Job(reply.id, directory, call_dir)
 

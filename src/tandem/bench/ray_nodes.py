@@ -23,7 +23,6 @@ import shlex
 import shutil
 import signal
 import subprocess
-import sys
 import time
 import uuid
 from dataclasses import dataclass, field
@@ -31,7 +30,9 @@ from pathlib import Path
 
 import psutil
 
-RAY = [sys.executable, "-m", "ray.scripts.scripts"]
+from tandem._safepath import module_command
+
+RAY = module_command("ray.scripts.scripts")
 
 
 def can_make_nodes() -> str | None:

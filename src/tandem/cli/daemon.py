@@ -1,4 +1,4 @@
-"""The job manager's daemon commands: ``tandem daemon start|stop|status`` and ``tandem replay``.
+"""The job manager's daemon commands: ``tandem daemon start|stop|status|restore`` and ``tandem replay``.
 
 ``daemon start`` keeps its configuration in the state directory
 (:class:`tandem.place.config.DaemonConfig`), so that any later daemon of that directory,
@@ -128,12 +128,14 @@ def daemon_start(foreground: bool, as_json: bool, **options: Any) -> None:
     kept in the state directory for every later daemon there."""
     from tandem.place.client import DaemonError, is_running, start_daemon
     from tandem.place.daemon import DaemonRunning, run_daemon
+    from tandem.place.identity import check_may_start
     from tandem.place.state import state_dir
 
     config = _config(options)
     directory = state_dir()
     if daemon_call(is_running, directory):
         raise click.ClickException(f"a daemon already serves {directory} (tandem daemon status)")
+    check_may_start(directory)  # read-only, or a kept copy to restore: exit 2, nothing written
     config = _kept_backend(directory, config)
     if config.backend == "local":  # what this machine can give, checked before it is kept
         from tandem.place.devices import Nvml, detect_capacity
@@ -264,6 +266,16 @@ def daemon_stop(timeout: float) -> None:
         )
         return
     click.echo("daemon stopped", err=True)
+
+
+@daemon.command("restore")
+def daemon_restore() -> None:
+    """Put back the records a daemon kept when its database was removed under it
+    (place.db.saved-*), so that the next daemon goes on with their queued and running jobs."""
+    from tandem.place.identity import restore_saved
+    from tandem.place.state import state_dir
+
+    click.echo(restore_saved(state_dir()), err=True)
 
 
 def _alive(pid: int | None) -> bool:

@@ -10,13 +10,13 @@ from __future__ import annotations
 import dataclasses
 import os
 import subprocess
-import sys
 import time
 import uuid
 from pathlib import Path
 from typing import Any
 
 from tandem import _ipc
+from tandem._safepath import module_command
 from tandem.place import protocol
 from tandem.place.model import JobSpec
 
@@ -193,16 +193,20 @@ def start_daemon(
     state_dir: Path, timeout: float = START_TIMEOUT_S, env: dict[str, str] | None = None
 ) -> protocol.DaemonStatus:
     """Start a daemon for ``state_dir`` in the background (with the configuration kept there,
-    :class:`~tandem.place.config.DaemonConfig`) and wait until it answers."""
+    :class:`~tandem.place.config.DaemonConfig`) and wait until it answers. Refused, before
+    anything is written, where the state directory is read-only or a database removed under
+    its daemon has a kept copy not put back (:func:`~tandem.place.identity.check_may_start`)."""
+    from tandem.place.identity import check_may_start
     from tandem.watch.stores.base import absolute_uri
 
+    check_may_start(state_dir)
     log_path = state_dir / "daemon.log"
     env = dict(os.environ if env is None else env, TANDEM_STATE_DIR=str(state_dir))
     if env.get("MLFLOW_TRACKING_URI"):  # the daemon runs in /: a relative store is the one meant here
         env["MLFLOW_TRACKING_URI"] = absolute_uri(env["MLFLOW_TRACKING_URI"])
     with open(log_path, "ab") as log:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "tandem.place.daemon", str(state_dir)],
+            module_command("tandem.place.daemon", str(state_dir)),
             stdin=subprocess.DEVNULL,
             stdout=log,
             stderr=subprocess.STDOUT,

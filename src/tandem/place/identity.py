@@ -12,7 +12,9 @@ a reader (only the daemon makes one, under its lock, setting the old jobs' folde
 The daemon checks, before each batch of requests and each tick, that ``place.db`` is still
 the file it writes: removed or replaced under it, it keeps a copy of its records
 (``place.db.saved-*``) and stops, saying so (:class:`StateMoved`), rather than write on into
-a file no one reads; its running jobs go on.
+a file no one reads; its running jobs go on. While that copy is there and no database is, no
+daemon starts an empty queue (:func:`check_may_start`, which also refuses a read-only state
+directory): ``tandem daemon restore`` puts it back (:func:`restore_saved`).
 
 A daemon is alive when its pid still runs as the process that started then (its start time
 in clock ticks, :func:`~tandem.place.run.proctrack.create_time`) and belongs to this user:
@@ -31,7 +33,7 @@ from typing import Any
 import psutil
 
 from tandem.dirs import private_file
-from tandem.place.paths import StateError
+from tandem.place.paths import StateError, StateReadOnly, read_only
 from tandem.place.run.files import read_json
 from tandem.place.run.proctrack import create_time, same_process
 
@@ -118,8 +120,75 @@ def _saved_hint(directory: Path) -> str:
     if not saved:
         return ""
     return (
-        f" The daemon kept its records in {saved[-1]}: to go on with them, "
-        f"`mv {saved[-1]} {directory / DB_FILE}` before the daemon starts."
+        f" The daemon kept its records in {saved[-1]}: `tandem daemon restore` puts them back "
+        "(no daemon starts until then); to start an empty queue instead (the jobs' folders set "
+        "aside, jobs.lost-*), move that copy out of the state directory."
+    )
+
+
+def restorable(directory: Path) -> Path | None:
+    """The newest copy a daemon kept of a database removed under it (``place.db.saved-*``),
+    while no database is there; None otherwise."""
+    if (directory / DB_FILE).exists():
+        return None
+    saved = sorted(directory.glob(SAVED_GLOB))
+    return saved[-1] if saved else None
+
+
+def check_may_start(directory: Path) -> None:
+    """Before a daemon starts in ``directory`` (``tandem daemon start``, a submit that finds
+    none, the daemon's own opening of the state): :class:`StateReadOnly` where nothing can be
+    written there; :class:`StateLost` where a database removed under its daemon has a copy
+    not put back: a new, empty queue would hide its queued and running jobs."""
+    said = read_only(directory)
+    if said is not None:
+        raise StateReadOnly(said)
+    saved = restorable(directory)
+    if saved is not None:
+        raise StateLost(
+            f"the state database {directory / DB_FILE} was removed under its daemon, which kept its "
+            f"records in {saved}: run `tandem daemon restore` to put them back and go on with its jobs "
+            "(no daemon starts an empty queue while that copy is there)"
+        )
+
+
+def opening_new(directory: Path) -> bool:
+    """The writer, before it opens the state: refused where no daemon may start
+    (:func:`check_may_start`); else whether it makes a new database."""
+    check_may_start(directory)
+    return not (directory / DB_FILE).exists()
+
+
+def restore_saved(directory: Path) -> str:
+    """``tandem daemon restore``: the newest kept copy (``place.db.saved-*``) made the state
+    database again, while no daemon runs (under its lock) and none is there; what was done."""
+    from filelock import FileLock, Timeout
+
+    if (said := read_only(directory)) is not None:
+        raise StateReadOnly(said)
+    lock = FileLock(str(directory / "daemon.lock"), mode=0o600)
+    try:
+        lock.acquire(timeout=0)
+    except Timeout:
+        raise StateError(f"a daemon serves {directory}: nothing to restore while it runs") from None
+    try:
+        saved = restorable(directory)
+        if saved is None:
+            there = (directory / DB_FILE).exists()
+            raise StateError(
+                f"nothing to restore in {directory}: "
+                + (f"{directory / DB_FILE} is there" if there else f"no {SAVED_GLOB} copy is there")
+            )
+        for suffix in ("-wal", "-shm"):  # the removed file's log: never read as its copy's
+            if (directory / f"{DB_FILE}{suffix}").exists():
+                os.rename(directory / f"{DB_FILE}{suffix}", saved.with_name(f"{saved.name}.old{suffix}"))
+        os.chmod(saved, 0o600)
+        os.rename(saved, directory / DB_FILE)
+    finally:
+        lock.release()
+    return (
+        f"restored {directory / DB_FILE} from {saved}: the next daemon (`tandem daemon start`, or a "
+        "submit) goes on with its jobs"
     )
 
 
@@ -131,16 +200,19 @@ def missing(directory: Path, daemon: dict[str, Any] | None) -> str | None:
         return (
             f"the state database {path} was removed while the daemon (pid {daemon['pid']}) serves "
             f"{directory}: its jobs' records are not there, and none is made in its place. The daemon "
-            "stops when it sees it (its running jobs go on); then `tandem daemon start`."
-            + _saved_hint(directory)
+            "stops when it sees it (its running jobs go on), keeping a copy of its records; then "
+            "`tandem daemon restore`." + _saved_hint(directory)
         )
     folders = _job_folders(directory)
     if not folders:
         return None
     return (
         f"the state database {path} is missing, but {directory / 'jobs'} holds {folders} jobs' "
-        "folders: it was lost (deleted, or never written out). `tandem daemon start` sets those "
-        "folders aside (jobs.lost-*) and starts an empty queue." + _saved_hint(directory)
+        "folders: it was lost (deleted, or never written out)."
+        + (
+            _saved_hint(directory)
+            or " `tandem daemon start` sets those folders aside (jobs.lost-*) and starts an empty queue."
+        )
     )
 
 
@@ -170,12 +242,20 @@ def keep_records(db: sqlite3.Connection, path: Path, how: str) -> str:
             db.backup(copy)  # the file it had open is still read through the connection
         finally:
             copy.close()
-        kept = f"its records are kept in {saved} (to go on with them: `mv {saved} {path}`, then start it)"
+        kept = f"its records are kept in {saved}: " + (
+            "`tandem daemon restore` puts them back (no daemon starts until then)"
+            if how == "removed"
+            else "to go on with them rather than the file now there, move that file away, then "
+            "`tandem daemon restore`"
+        )
     except (OSError, sqlite3.Error) as exc:
         saved.unlink(missing_ok=True)
-        kept = f"its records could not be kept ({exc})"
+        kept = f"its records could not be kept ({exc})" + (
+            ": the next daemon sets the jobs' folders aside (jobs.lost-*) and starts an empty queue"
+            if how == "removed"
+            else ""
+        )
     return (
         f"the state database {path} was {how} while the daemon served it: the daemon stopped "
-        f"(its running jobs go on); {kept}, or else the next daemon sets the jobs' folders aside "
-        "(jobs.lost-*) and starts an empty queue"
+        f"(its running jobs go on); {kept}"
     )

@@ -14,7 +14,10 @@ from pathlib import Path
 from tandem.dirs import StateDirError, state_dir_path
 from tandem.dirs import state_dir as _open
 
-__all__ = ["StateError", "disk_trouble", "private_dir", "set_aside_lost_jobs", "state_dir", "state_dir_path"]
+__all__ = [
+    "StateError", "StateReadOnly", "disk_trouble", "private_dir", "read_only", "set_aside_lost_jobs",
+    "state_dir", "state_dir_path",
+]  # fmt: skip
 
 # What a write says when the disk will not take it (full, failing, read-only, over quota).
 # In the state directory: the daemon's kept configuration; why its Ray cluster does not answer.
@@ -33,6 +36,10 @@ _DISK_WORDS = (
 
 class StateError(StateDirError):
     """The state cannot be used (its directory refused; its file corrupt, locked, newer)."""
+
+
+class StateReadOnly(StateError):
+    """Nothing can be written in the state directory: it is read, but no daemon starts there."""
 
 
 def state_dir() -> Path:
@@ -57,6 +64,68 @@ def disk_trouble(exc: BaseException) -> bool:
     if isinstance(exc, (sqlite3.OperationalError, StateError)):
         return any(word in str(exc).lower() for word in _DISK_WORDS)
     return False
+
+
+def read_only(directory: Path) -> str | None:
+    """Why nothing can be written in the state directory ``directory`` (a read-only mount,
+    or no write permission: root passes the latter), or None. In one sentence, with what to do."""
+    try:
+        mounted = bool(os.statvfs(directory).f_flag & os.ST_RDONLY)
+    except OSError:
+        return None
+    if not mounted and os.access(directory, os.W_OK):
+        return None
+    return (
+        f"the state directory {directory} is read-only "
+        f"({'its filesystem is mounted read-only' if mounted else 'you may not write in it'}): "
+        "`tandem ls`, `show`, `logs` and `wait` read it, but no daemon can start or queue a job "
+        "there; make it writable (remount it read-write, or `chmod u+w` it), or set "
+        "TANDEM_STATE_DIR to another directory"
+    )
+
+
+def connect_read_only(path: Path, timeout: float) -> sqlite3.Connection:
+    """A read-only connection to the state database ``path`` (``mode=ro``: it never makes
+    the file). Where its directory cannot be written (a read-only mount), SQLite cannot make
+    the write-ahead log's index (``-shm``): the file is then read as it is (``immutable``:
+    nothing can change it there), unless a log beside it holds changes it would miss."""
+    db = sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=timeout)
+    try:
+        db.execute("PRAGMA schema_version").fetchone()  # opens the file and its log
+        return db
+    except sqlite3.Error as exc:
+        db.close()
+        said = read_only(path.parent) if "unable to open" in str(exc) else None
+        wal = path.with_name(f"{path.name}-wal")
+        if said is None:
+            raise
+        if wal.exists() and wal.stat().st_size:
+            raise StateReadOnly(
+                f"{said}; and the last changes of {path} are in {wal}, which SQLite reads only "
+                f"with its index ({path.name}-shm), not there: make it writable to read them"
+            ) from None
+    return sqlite3.connect(f"file:{path}?mode=ro&immutable=1", uri=True, timeout=timeout)
+
+
+def unreadable(path: Path, exc: sqlite3.Error) -> StateError:
+    """The error of a state database ``path`` SQLite would not open or read (``exc``), with
+    what to do: only a file SQLite finds damaged is said to be corrupt (never one it could
+    not open because its directory is read-only or locked)."""
+    text = str(exc)
+    if "locked" in text or "busy" in text:
+        return StateError(
+            f"state file {path} is locked by another process ({text}); wait for it, or find it with: "
+            f"fuser {path}"
+        )
+    if any(word in text.lower() for word in ("not a database", "malformed", "encrypted")):
+        return StateError(
+            f"state file {path} cannot be read ({text}); it may be corrupt. Move it away "
+            f"(mv {path} {path}.bad) to start with an empty queue"
+        )
+    said = read_only(path.parent)
+    if said is not None:
+        return StateReadOnly(f"{said} ({path}: {text})")
+    return StateError(f"state file {path} cannot be read ({text}): see that it and {path.parent} are yours")
 
 
 def set_aside_lost_jobs(directory: Path, database: Path) -> str | None:

@@ -34,8 +34,10 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from tandem._safepath import module_command
 from tandem.place.config import DaemonConfig
 from tandem.place.model import FAILED, OOM, PRODUCER_ROLE, RUNNING, WAITING_STATES, Capacity, JobSpec
+from tandem.place.outside import serving
 from tandem.place.reads import StateReads
 from tandem.place.reserve import Learned, producer_key, producer_reservation
 from tandem.place.run import weights
@@ -105,7 +107,9 @@ class Producers:
         # A GPU slab's producer keeps its batches on a GPU of its own placement (cuda:0 to it).
         gpus = 1 if share.spec.slab_on_gpu and self.capacity.gpus else 0
         folder = self.state.dir / "shares" / share.name / uuid.uuid4().hex[:12]
-        command = [_python(share), "-m", "tandem.cli", "share", "serve-spec", str(folder / "share.json")]
+        command = module_command(
+            "tandem.cli", "share", "serve-spec", str(folder / "share.json"), python=_python(share)
+        )
         spec = JobSpec(
             command=command,
             cwd=full.cwd if os.path.isdir(full.cwd) else "/",
@@ -362,7 +366,7 @@ def _python(share: Share) -> str:
 def auto_share_command(state_dir: Path) -> list[str]:
     """What a job's drop-in loader runs to have this daemon serve its data (``tandem share
     auto SPEC``, told to the job in ``$TANDEM_SHARE_STARTER``): share knows no job manager."""
-    return [sys.executable, "-m", "tandem.cli", "share", "auto", "--state-dir", str(state_dir)]
+    return module_command("tandem.cli", "share", "auto", "--state-dir", str(state_dir))
 
 
 def newest(state: StateReads, share: str, live: bool = False) -> Job | None:
@@ -397,7 +401,8 @@ def ended(producer: Job) -> str:
 def status(state: StateReads, share: str) -> dict[str, Any]:
     """The newest producer of ``share`` as ``tandem ls`` and the dashboard show it (the newest
     running or waiting one where there is one): its job,
-    state, supervisor's pid and cores while it runs, and how it ended where it failed."""
+    state, supervisor's pid and cores while it runs, and how it ended where it failed;
+    ``outside``: the pid of a producer outside the manager that serves it instead, or None."""
     job = newest(state, share, live=True)
     last = job.attempts[-1] if job is not None and job.attempts else None
     running = job is not None and job.state == RUNNING and last is not None
@@ -408,6 +413,7 @@ def status(state: StateReads, share: str) -> dict[str, Any]:
         "cpus": last.placement.cpus if running and last is not None else None,
         "started": last.started if running and last is not None else None,
         "error": ended(job) if job is not None and job.state in (FAILED, OOM) else None,
+        "outside": serving(share, job),
     }
 
 

@@ -12,7 +12,7 @@ from pathlib import Path
 
 from tandem.place.identity import DB_FILE, StateLost, file_id, missing, replaced, serving_daemon
 from tandem.place.model import QUEUED, RETRYING, RUNNING
-from tandem.place.paths import StateError, private_dir, state_dir
+from tandem.place.paths import StateError, connect_read_only, private_dir, state_dir, unreadable
 from tandem.place.records import Attempt, Job, Share
 from tandem.place.schema import SCHEMA, SCHEMA_VERSION, columns_of, decode, decode_all
 
@@ -211,7 +211,7 @@ class StateReader(StateReads):
         try:
             # mode=ro: never makes the file (a reader opening it just as it went away gets an
             # error, not a new database); its write-ahead log is read as the daemon left it.
-            self.db = sqlite3.connect(f"file:{self.path}?mode=ro", uri=True, timeout=timeout)
+            self.db = connect_read_only(self.path, timeout)
             self.db.row_factory = sqlite3.Row
             version, self.id = self._meta()
         except sqlite3.DatabaseError as exc:
@@ -264,10 +264,7 @@ class StateReader(StateReads):
             raise self._error(exc) from None
 
     def _error(self, exc: sqlite3.Error) -> StateError:
-        return StateError(
-            f"state file {self.path} cannot be read ({exc}); it may be corrupt. Move it away "
-            f"(mv {self.path} {self.path}.bad) to start with an empty queue"
-        )
+        return unreadable(self.path, exc)
 
     def close(self) -> None:
         self.db.close()

@@ -29,9 +29,16 @@ from typing import Any
 
 from tandem.dirs import private_file
 from tandem.place import model
-from tandem.place.identity import file_id, new_db_id
+from tandem.place.identity import file_id, new_db_id, opening_new
 from tandem.place.model import CANCELLED, FAILED, OOM, QUEUED, RETRYING, RUNNING, SUCCEEDED, JobSpec
-from tandem.place.paths import StateError, private_dir, set_aside_lost_jobs, state_dir, state_dir_path  # noqa: F401 (re-exported)
+from tandem.place.paths import (  # noqa: F401 (re-exported)
+    StateError,
+    private_dir,
+    set_aside_lost_jobs,
+    state_dir,
+    state_dir_path,
+    unreadable,
+)
 from tandem.place.reads import NOT_ENDED, StateReader, StateReads  # noqa: F401 (re-exported)
 from tandem.place.records import Attempt, Job, Share
 from tandem.place.schema import (
@@ -79,7 +86,7 @@ class State(StateReads):
         self.jobs_dir = self.dir / "jobs"
         self.commits = 0  # transactions this connection committed (see version())
         try:
-            fresh = not self.path.exists()
+            fresh = opening_new(self.dir)  # refused: read-only, or a kept copy not put back
             private_file(self.path)  # 0600 from the start (it holds every job's environment)
             self.db = sqlite3.connect(self.path, timeout=timeout, isolation_level=None)
             self.db.row_factory = sqlite3.Row
@@ -113,16 +120,7 @@ class State(StateReads):
         return str(row[0])
 
     def _error(self, exc: sqlite3.Error) -> StateError:
-        text = str(exc)
-        if "locked" in text or "busy" in text:
-            return StateError(
-                f"state file {self.path} is locked by another process ({text}); "
-                "wait for it, or find it with: fuser " + str(self.path)
-            )
-        return StateError(
-            f"state file {self.path} cannot be read ({text}); it may be corrupt. Move it away "
-            f"(mv {self.path} {self.path}.bad) to start with an empty queue"
-        )
+        return unreadable(self.path, exc)  # locked, read-only, corrupt: each with what to do
 
     def _check_version(self) -> None:
         row = self.db.execute("SELECT v FROM meta WHERE k='schema'").fetchone()

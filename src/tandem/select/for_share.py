@@ -12,11 +12,11 @@ from __future__ import annotations
 
 import json
 import os
-import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from tandem._safepath import module_command
 from tandem.select.errors import SelectError
 from tandem.select.methods import METHODS
 from tandem.select.pick import parse_budget
@@ -49,21 +49,10 @@ def parse_select(text: str, model_given: bool) -> tuple[str, float | int]:
 def select_command(dataset_ref: str, select: str, seed: int, model_ref: str | None) -> list[str]:
     """The command of the job that makes a share's selection (``tandem select run``)."""
     method, budget = parse_select(select, model_ref is not None)
-    argv = [
-        sys.executable,
-        "-m",
-        "tandem.cli",
-        "select",
-        "run",
-        "--dataset",
-        dataset_ref,
-        "--method",
-        method,
-        "--budget",
-        str(budget),
-        "--seed",
-        str(seed),
-    ]
+    argv = module_command(
+        "tandem.cli", "select", "run", "--dataset", dataset_ref, "--method", method,
+        "--budget", str(budget), "--seed", str(seed),
+    )  # fmt: skip
     return argv + (["--model", model_ref] if model_ref else [])
 
 

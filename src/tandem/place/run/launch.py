@@ -11,12 +11,12 @@ import logging
 import os
 import signal
 import subprocess
-import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
+from tandem._safepath import module_command
 from tandem.place.model import Capacity, GpuInfo
 from tandem.place.run.files import ShimInfo, Started, load
 from tandem.place.run.proctrack import JobProcesses, create_time, same_process
@@ -89,7 +89,7 @@ class LocalLauncher:
     def start(self, a: Launched, what: Launch) -> str:
         with open(what.dir / "shim.log", "ab") as shim_log:
             proc = subprocess.Popen(
-                [sys.executable, "-m", "tandem.place.run.shim", str(what.dir)],
+                module_command("tandem.place.run.shim", str(what.dir)),
                 cwd=what.cwd if os.path.isdir(what.cwd) else "/",
                 stdin=subprocess.DEVNULL,
                 stdout=shim_log,

@@ -51,12 +51,12 @@ import os
 import re
 import signal
 import subprocess
-import sys
 import threading
 import time
 from pathlib import Path
 from typing import Any
 
+from tandem._safepath import module_command
 from tandem.place.devices import NodeSample
 from tandem.place.model import Capacity, GpuInfo, NodeInfo
 from tandem.place.paths import unreachable
@@ -87,7 +87,7 @@ class Supervisor:
         if self.proc is None:
             with open(Path(self.dir) / "shim.log", "ab") as shim_log:
                 self.proc = subprocess.Popen(
-                    [sys.executable, "-m", "tandem.place.run.shim", self.dir],
+                    module_command("tandem.place.run.shim", self.dir),
                     cwd=self.cwd if os.path.isdir(self.cwd) else "/",
                     stdin=subprocess.DEVNULL,
                     stdout=shim_log,

@@ -28,13 +28,13 @@ import shutil
 import signal
 import socket
 import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
 
 import psutil
 
+from tandem._safepath import module_command
 from tandem.place.model import GpuInfo
 from tandem.place.paths import private_dir, unreachable
 from tandem.place.run.files import read_json, write_json
@@ -45,7 +45,7 @@ HEAD_FILE = "ray-head.json"  # in the state's private directory
 LOG_FILE = "ray-head.log"
 START_S = 120.0  # what a head may take to start on a loaded machine
 STOP_S = 30.0
-RAY = [sys.executable, "-m", "ray.scripts.scripts"]
+RAY = module_command("ray.scripts.scripts")
 TEMP_PREFIX = "/tmp/tandem-ray-"  # Ray's socket paths must stay short: not in the state directory
 log = logging.getLogger(__name__)
 

@@ -35,11 +35,11 @@ import importlib.util
 import logging
 import os
 import subprocess
-import sys
 import time
 from pathlib import Path
 from typing import Any
 
+from tandem._safepath import module_command
 from tandem.place.model import PRODUCER_ROLE, param_value
 from tandem.place.run import tracking_ends as ends
 from tandem.place.run.files import RunRef, read_json, save, write_json
@@ -194,13 +194,7 @@ class Tracker:
         if (pending or self._warm) and self.proc is None and time.monotonic() >= self._next_start:
             self._warm = False
             with open(self.state_dir / "tracking.log", "ab") as out:
-                argv = [
-                    sys.executable,
-                    "-m",
-                    "tandem.place.run.tracking_helper",
-                    str(self.state_dir),
-                    self.uri,
-                ]
+                argv = module_command("tandem.place.run.tracking_helper", str(self.state_dir), self.uri)
                 self.proc = subprocess.Popen(
                     [*argv, self.experiment], stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT
                 )

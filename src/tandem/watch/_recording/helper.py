@@ -28,6 +28,7 @@ from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
 
+from tandem._safepath import module_command
 from tandem.watch.point import Point
 from tandem.watch.stores.base import RunStore
 
@@ -59,7 +60,7 @@ class HelperRecorder:
         to_helper, from_helper = os.pipe(), os.pipe()  # (read, write) each, not inherited
         try:
             self._proc = subprocess.Popen(
-                [sys.executable, "-m", "tandem.watch._recording.helper_main"],
+                module_command("tandem.watch._recording.helper_main"),
                 stdin=to_helper[0],
                 stdout=from_helper[1],
                 close_fds=True,
