@@ -285,7 +285,11 @@ class TableChannel:
 
 def set_aside_text(name: str, after_s: float | None) -> str:
     """What a consumer set aside by its producer is told (see ReaderSetAside)."""
-    took = f"no batch for {after_s:g} s" if after_s else "no batch for a while"
+    took = (
+        f"no batch for {after_s:g} s"
+        if after_s
+        else "no batch for longer than its producer allows (10 s by default)"
+    )
     return (
         f"the producer of {name!r} set this consumer aside: it took {took} while other readers "
         "waited (a stopped process, a debugger, batches kept), and they went on without it. Its "

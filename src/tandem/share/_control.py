@@ -447,8 +447,7 @@ class ControlServer:
             return None
         join = self.window.join_point()
         if join is None:
-            reason = f"producer {self.name!r} is finishing and has no full epoch left to serve"
-            _send_quietly(conn, protocol.Refused(reason))
+            _send_quietly(conn, protocol.Refused(self._why_no_join()))
             return None
         if not self._free_indices:
             _send_quietly(conn, protocol.Refused(f"producer {self.name!r} has {MAX_CONSUMERS} consumers"))
@@ -502,6 +501,17 @@ class ControlServer:
         log.info("consumer %d (pid %d) attached at %s over the %s", c.cid, c.pid, start, link.transport)
         self.cond.notify_all()
         return c
+
+    def _why_no_join(self) -> str:
+        """Why a consumer cannot join: the producer's failure (a full /dev/shm, say) or its
+        end, in its own words."""
+        seq = self.window.end_seq
+        last = self.window.entries.get(seq) if seq is not None else None
+        if last is not None and isinstance(last.message, protocol.Failed):
+            return f"producer {self.name!r} failed: {last.message.message}"
+        if last is not None and isinstance(last.message, protocol.End):
+            return f"producer {self.name!r} has ended ({last.message.reason}): no full epoch left to serve"
+        return f"producer {self.name!r} is finishing and has no full epoch left to serve"
 
     def detach(self, c: Attached, why: str) -> None:
         if self.consumers.pop(c.cid, None) is None:

@@ -153,6 +153,7 @@ class DataLoader(tud.DataLoader):
                 drop_last=self.drop_last,
                 rank=plan.rank,
                 world_size=plan.world_size,
+                group=_sampler_group(plan),
                 timeout=START_TIMEOUT_S,
             )
             self._consumer.warn_kept = False  # torch's batches are theirs to keep: so are these
@@ -270,6 +271,18 @@ def _moved(batches: Iterator[Any], device: Any) -> Iterator[Any]:
 
 
 # --- the plan: what would be sent to a worker, and in which order -----------------------------
+
+
+LAUNCHERS = ("TANDEM_JOB_ID", "TORCHELASTIC_RUN_ID", "MASTER_PORT")
+
+
+def _sampler_group(plan: _Plan) -> str | None:
+    """The group of a ``DistributedSampler(num_replicas=W, rank=r)`` made by hand outside a
+    launcher (as torch's loader reads it, without one): the processes reading this data as
+    ``W`` ranks are one group. Under a launcher (or one rank), the consumer's own key."""
+    if plan.world_size is None or plan.world_size < 2 or any(os.environ.get(v) for v in LAUNCHERS):
+        return None
+    return f"sampler:{plan.name}:{plan.world_size}"
 
 
 def _serve(plan: _Plan) -> None:
