@@ -124,7 +124,10 @@ def test_what_a_producer_cannot_reproduce_reads_privately_said_once() -> None:
         assert len([b for b in DataLoader(Unpicklable(), batch_size=8)]) == 5
 
 
-def test_ranks_of_a_distributed_sampler_read_disjoint_halves(tmp_path: Path) -> None:
+@pytest.mark.parametrize("launcher", [True, False], ids=["launcher", "by-hand"])
+def test_ranks_of_a_distributed_sampler_read_disjoint_halves(tmp_path: Path, launcher: bool) -> None:
+    """Under a launcher (its run id names the group), and made by hand outside one, as
+    torch's loader reads it: the processes reading this data as 2 ranks are one group."""
     script = tmp_path / "rank.py"
     script.write_text(
         textwrap.dedent(
@@ -140,7 +143,12 @@ def test_ranks_of_a_distributed_sampler_read_disjoint_halves(tmp_path: Path) -> 
             """
         )
     )
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "TORCHELASTIC_RUN_ID": "ranks-test"}  # one group
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    if launcher:
+        env["TORCHELASTIC_RUN_ID"] = "ranks-test"  # one group
+    for name in ("TORCHELASTIC_RUN_ID", "MASTER_PORT", "TANDEM_JOB_ID"):
+        if not (launcher and name == "TORCHELASTIC_RUN_ID"):
+            env.pop(name, None)
     procs = [
         subprocess.Popen([sys.executable, str(script), str(r)], stdout=subprocess.PIPE, text=True, env=env)
         for r in (0, 1)
