@@ -4,8 +4,9 @@ Unix sockets.
 Every tandem endpoint on a host (a ``tandem.share`` producer today, the job manager's daemon
 next) is a ``SOCK_SEQPACKET`` Unix socket in one private directory: ``$TANDEM_RUNTIME_DIR``,
 else ``$XDG_RUNTIME_DIR/tandem``, else ``/tmp/tandem-<uid>``. The directory is created with
-mode 0700 and refused if another user owns it, so only the same user can reach an endpoint;
-nothing listens on a network interface.
+mode 0700 and refused if another user owns it or could replace it (a folder on the way to it
+another user's, or writable by others and not sticky), so only the same user can reach an
+endpoint; nothing listens on a network interface.
 
 Seqpacket keeps message boundaries (one ``send_packet`` is one ``recv_packet``), carries file
 descriptors (``SCM_RIGHTS``) and shows each side the other's death at once as end-of-file, so
@@ -64,16 +65,20 @@ def private_dir(path: Path, what: str, setting: str, error: type[Exception] = Ru
     directory (not a symbolic link) of this user's that no one else may enter. What is in it
     (sockets, job environments) is this user's alone. An existing directory is never
     changed: one that is shared (``/tmp``, mode 1777), another user's, or a link (which
-    another user could have planted in a shared directory) is refused with ``error``.
+    another user could have planted in a shared directory) is refused with ``error``; so is
+    one that another user could replace, through a folder above it (:func:`_trusted_way`).
     ``what`` and ``setting`` (the variable that moves it) name it in the message."""
     fix = f"set {setting} to a directory of your own"
+    path = Path(os.path.abspath(path))
+    _trusted_way(path, what, fix, error)  # before anything is made there
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
+        _make_parents(path)
         os.mkdir(path, 0o700)
     except FileExistsError:
         pass
     except OSError as exc:  # a parent this user may not write in (or a file where a folder is)
         raise error(f"cannot create {what} {path} ({exc.strerror}: {exc.filename}); {fix}") from None
+    _trusted_way(path, what, fix, error)  # and the folders made just now (one of another's in between)
     info = os.lstat(path)
     if stat.S_ISLNK(info.st_mode):
         raise error(
@@ -94,6 +99,111 @@ def private_dir(path: Path, what: str, setting: str, error: type[Exception] = Ru
             f"sockets and job environments there, so it must be private: {fix}{also}"
         )
     return path
+
+
+_MAX_LINKS = 40  # symbolic links followed on the way, as the kernel's limit
+
+
+def _make_parents(path: Path) -> None:
+    """The missing folders above ``path``, made 0755 less the umask: never writable by others
+    (a umask of 002 would make them so), as the way to a private directory must not be."""
+    missing = []
+    folder = path.parent
+    while not os.path.lexists(folder):
+        missing.append(folder)
+        folder = folder.parent
+    for folder in reversed(missing):
+        try:
+            os.mkdir(folder, 0o755)
+        except FileExistsError:
+            pass
+
+
+def _trusted_way(path: Path, what: str, fix: str, error: type[Exception]) -> None:
+    """Refuse (``error``, naming the folder) a way to ``path`` through a folder that another
+    user could change: every existing folder above it, from ``/`` down, with each symbolic
+    link on the way followed, must be this user's or root's, and no one else may write in it
+    (a group of this user's alone aside) unless it is sticky, as ``/tmp`` is: there only an
+    entry's owner may move it, and each entry on the way is checked as its own folder (this
+    user's or root's). A link on the way must be this user's or root's too. Where the way
+    stops (a folder not made yet, or one this user may not enter) the rest is made by this
+    user, or refused by the system."""
+    parts = list(path.parts[1:-1])  # the folders above it; the last part is checked by the caller
+    here, links = Path("/"), 0
+    _trusted_dir(here, os.lstat(here), what, path, fix, error)
+    while parts:
+        name = parts.pop(0)
+        if name in ("", "."):
+            continue
+        if name == "..":
+            here = here.parent
+            continue
+        step = here / name
+        try:
+            info = os.lstat(step)
+        except OSError:  # missing (made by this user next), or not to be entered (refused then)
+            return
+        if stat.S_ISLNK(info.st_mode):
+            if info.st_uid not in (os.getuid(), 0):
+                raise error(
+                    f"{what} {path}: {step} on the way is a symbolic link of {_who(info.st_uid)}, who "
+                    f"could point it anywhere; {fix}"
+                )
+            links += 1
+            if links > _MAX_LINKS:
+                raise error(f"{what} {path}: too many symbolic links on the way (at {step}); {fix}")
+            target = Path(os.readlink(step))
+            if target.is_absolute():
+                here = Path("/")
+            parts = [*target.parts[1 if target.is_absolute() else 0 :], *parts]
+            continue
+        if not stat.S_ISDIR(info.st_mode):
+            raise error(f"{what} {path}: {step} on the way is not a directory; {fix}")
+        _trusted_dir(step, info, what, path, fix, error)
+        here = step
+
+
+def _trusted_dir(
+    folder: Path, info: os.stat_result, what: str, path: Path, fix: str, error: type[Exception]
+) -> None:
+    """Refuse ``folder`` on the way to ``path`` if another user could change what is in it."""
+    me = os.getuid()
+    if info.st_uid not in (me, 0):
+        raise error(
+            f"{what} {path}: {folder} on the way belongs to {_who(info.st_uid)}, not to you or root, "
+            f"who could replace what is in it; {fix}"
+        )
+    mode = stat.S_IMODE(info.st_mode)
+    if mode & stat.S_ISVTX or not mode & (stat.S_IWGRP | stat.S_IWOTH):
+        return
+    if not mode & stat.S_IWOTH and info.st_uid == me and _own_group(info.st_gid):
+        return  # writable by a group of this user's alone (a umask of 002 with user groups)
+    others = "other users" if mode & stat.S_IWOTH else "its group"
+    raise error(
+        f"{what} {path}: {folder} on the way is writable by {others} (mode {mode:04o}) and not "
+        f"sticky as /tmp is, so they could replace what is in it; {fix}"
+    )
+
+
+def _own_group(gid: int) -> bool:
+    """Is ``gid`` this user's own group (named after it, its primary group, no other member)?"""
+    import grp
+    import pwd
+
+    try:
+        me, group = pwd.getpwuid(os.getuid()), grp.getgrgid(gid)
+    except KeyError:
+        return False
+    return gid == me.pw_gid and group.gr_name == me.pw_name and set(group.gr_mem) <= {me.pw_name}
+
+
+def _who(uid: int) -> str:
+    import pwd
+
+    try:
+        return f"uid {uid} ({pwd.getpwuid(uid).pw_name})"
+    except KeyError:
+        return f"uid {uid}"
 
 
 def socket_file(filename: str, subdir: str | None = None) -> Path:

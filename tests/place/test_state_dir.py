@@ -6,8 +6,10 @@ lost database never gives a new job an old result."""
 from __future__ import annotations
 
 import os
+import shutil
 import stat
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -152,3 +154,59 @@ def test_a_state_dir_whose_parent_is_not_writable_is_a_clear_error(other_user: O
         assert not target.exists()
     finally:
         locked.rmdir()
+
+
+@pytest.mark.parametrize("setting", ["TANDEM_STATE_DIR", "TANDEM_RUNTIME_DIR"])
+@pytest.mark.parametrize("way", ["their folder", "their link", "open folder"])
+def test_a_dir_whose_way_another_user_could_change_is_refused(
+    cli: Cli,
+    other_user: OtherUser,  # noqa: F811
+    setting: str,
+    way: str,
+) -> None:
+    """Not only the directory itself: every folder and link on the way to it, from /, is the
+    user's or root's, and no one else may write in a folder there (unless it is sticky, as /tmp
+    is). Refused, naming that folder or link, with nothing made; a link of root's is followed."""
+    top = Path(tempfile.mkdtemp(prefix="tdm-way-"))  # root's, 0700: beside no other test's
+    try:
+        os.chmod(top, 0o755)
+        real = top / "real"
+        real.mkdir(mode=0o755)
+        if way == "their folder":  # another user's folder: they may rename what is in it
+            crossed = real
+            os.chown(real, other_user.uid, other_user.gid)
+        elif way == "their link":  # another user's link: they may point it anywhere
+            crossed = top / "link"
+            crossed.symlink_to(real)
+            os.lchown(crossed, other_user.uid, other_user.gid)
+        else:  # a folder others write in, not sticky
+            crossed = real
+            os.chmod(real, 0o777)
+        target = crossed / "tandem"
+        cli.env[setting] = str(target)
+        before = _listing(top)
+        uses = ("ls",) if setting == "TANDEM_STATE_DIR" else ("share", "ls")  # one needs only that
+        for args in (uses, ("daemon", "start")):
+            r = cli(*args, check=False)
+            said = r.stderr.strip().splitlines()
+            assert r.returncode == 2 and len(said) == 1 and "Traceback" not in r.stderr, (args, r.stderr)
+            assert f"{crossed} on the way" in said[0] and setting in said[0], said[0]
+        assert _listing(top) == before, "nothing made on a way another user could change"
+        if way == "their link":  # the same link, root's: followed to a folder of root's
+            os.lchown(crossed, 0, 0)
+            assert cli(*uses).returncode == 0
+            assert stat.S_IMODE((real / "tandem").stat().st_mode) == 0o700
+    finally:
+        cli.stop_daemon()
+        shutil.rmtree(top, ignore_errors=True)
+
+
+def test_a_way_through_a_sticky_folder_is_taken(other_user: OtherUser) -> None:  # noqa: F811
+    """A sticky folder others write in (/tmp) is on the way of the other user's own directories:
+    theirs, below it, are used (only their owner may move them there)."""
+    env = other_user.env(
+        TANDEM_STATE_DIR=str(other_user.home / "state"), TANDEM_RUNTIME_DIR=str(other_user.home / "run")
+    )
+    assert str(other_user.home).startswith("/tmp/")
+    r = other_user.run(other_user.tandem("ls"), env=env)
+    assert r.returncode == 0 and not r.stderr, r.stderr  # their jobs, if an earlier test left some

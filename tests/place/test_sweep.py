@@ -186,6 +186,26 @@ def test_a_params_file_and_clear_refusals(inproc, tmp_path):
         assert "Traceback" not in run.stderr
 
 
+@pytest.mark.parametrize(
+    "grid,said",
+    [
+        ("x=1..", "the range 1.. has no end"),
+        ("x=..5", "the range ..5 has no start"),
+        ("x=a..z", "the range a..z counts whole numbers of up to 18 digits, not 'a' and 'z'"),
+        ("x=1..b", "not 'b'"),
+        ("x=1.5..3", "not '1.5'"),
+    ],
+)
+def test_a_range_with_a_missing_or_non_integer_end_is_refused_not_one_job(cli, grid, said):
+    run = cli("submit", "--grid", grid, "--", "echo", "{x}", check=False)
+    (line,) = [line for line in run.stderr.splitlines() if line.startswith("Error:")]  # after the usage
+    assert run.returncode == 2 and said in line and "e.g. x=1..10" in line, run.stderr
+    assert "Traceback" not in run.stderr
+    assert cli.rows() == [] and cli.daemon_pid() is None, "nothing submitted, no daemon started"
+    # A value with '..' in it that is meant as none (a path) is still a value.
+    assert parse_grid(["data=../train,../val"]) == {"data": ["../train", "../val"]}
+
+
 def test_cancel_a_group_and_then_everything(inproc):
     h = inproc()
     cli = h.cli

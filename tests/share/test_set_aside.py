@@ -82,7 +82,7 @@ def test_a_stopped_reader_holds_the_others_only_until_it_is_set_aside(tmp_path: 
         stopped.send_signal(signal.SIGCONT)
     out, err = stopped.communicate(timeout=scaled(120))
     assert stopped.returncode == 0, err
-    for proc, (o, e) in zip(readers[1:], others, strict=True):
+    for proc, (_, e) in zip(readers[1:], others, strict=True):
         assert proc.returncode == 0, e
     results = [json.loads(o.strip().splitlines()[-1]) for o, _ in others]
     results.append(json.loads(out.strip().splitlines()[-1]))
@@ -109,7 +109,9 @@ class Numbers(torch.utils.data.Dataset):
 def test_a_consumer_set_aside_is_told_and_resumes_its_epoch_exactly(runtime_dir: str) -> None:
     """A consumer that keeps its batch and takes nothing while another reads: set aside,
     the other reads on, and the kept batch stays what it was (its slot is not reused)."""
-    producer = Producer.from_dataset(Numbers(), "aside", batch_size=4, shuffle=True, window=4, aside_after_s=1.0)
+    producer = Producer.from_dataset(
+        Numbers(), "aside", batch_size=4, shuffle=True, window=4, aside_after_s=1.0
+    )
     producer.start()
     import threading
 

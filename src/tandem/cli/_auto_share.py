@@ -5,7 +5,8 @@ it with the file it wrote its :class:`~tandem.share._autoserve.AutoSpec` to, sin
 knows no job manager. The daemon defines the share (source ``auto``), queues its producer
 job (reserved, recorded and stopped as ``--share`` producers are) and binds the job's
 waiting sweep to it; this command waits until the producer serves, then prints the share's
-name, or fails with the producer's own error and log."""
+name, or fails with the producer's own error and log. A producer job whose share another
+process serves already ends as not needed (:func:`not_needed`), its jobs reading that one."""
 
 from __future__ import annotations
 
@@ -81,3 +82,20 @@ def _until_served(state_dir: Path, name: str, producer: int) -> None:
             time.sleep(0.2)
     finally:
         reader.close()
+
+
+def served(name: str) -> bool:
+    """Does a producer serve share ``name`` on this host now (this user's runtime directory)?"""
+    from tandem.share._registry import _is_live, lock_path
+
+    return _is_live(lock_path(name))
+
+
+def not_needed(spec_file: Path, name: str) -> None:
+    """The manager's producer of auto share ``name`` (spec ``spec_file``) found it served by a
+    process outside the manager (a hand-started run of the same script): it is not needed, and
+    says so (:mod:`tandem.place.outside`); it ends with exit 0, its jobs read that one."""
+    from tandem.place.outside import report
+    from tandem.share._registry import _read_pid, lock_path
+
+    click.echo(report(spec_file, name, _read_pid(lock_path(name))), err=True)

@@ -148,14 +148,14 @@ def job_ids(values: tuple[str, ...], what: str) -> list[int]:
     return ids
 
 
-def printable(text: str | None) -> str:
+def printable(text: str | None, keep: str = "") -> str:
     """``text`` with control characters (escape sequences in a job's name, say) shown, not
-    sent to the terminal."""
+    sent to the terminal (``keep``: those let through, a log's tabs)."""
     if text is None:
         return "-"
     if text.isprintable():  # nearly always: no character by character
         return text
-    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
+    return "".join(c if c.isprintable() or c in keep else repr(c)[1:-1] for c in text)
 
 
 def unknown_job(job_id: int) -> Exit:

@@ -304,7 +304,9 @@ def _print_share_groups(st: Any, jobs: list[Any]) -> None:
             if p["pid"]
             else f"producer job {p['job']} {p['state']}"
         )
-        if p["job"] is None or p["state"] not in ("running", *WAITING_STATES):
+        if p["outside"]:  # a hand-started run of the same script serves it: its jobs read that one
+            producer = f"served by a producer outside the manager (pid {p['outside']})"
+        elif p["job"] is None or p["state"] not in ("running", *WAITING_STATES):
             producer = "no producer running" + (f" (last one: {p['error']})" if p["error"] else "")
         live = [
             j
@@ -367,6 +369,12 @@ def show(job_id: int, as_json: bool) -> None:
         lines.append("  params    " + "   ".join(f"{k}={param_value(v)}" for k, v in job.params.items()))
     if data["selection"]:
         lines.append(f"  selection {data['selection']} (tandem select show {data['selection']})")
+    if job.share and job.role != "producer" and job.state not in FINAL_STATES:
+        from tandem.place.producers import status
+
+        elsewhere = status(st, job.share)["outside"]
+        if elsewhere:
+            lines.append(f"  producer  served by a producer outside the manager (pid {elsewhere})")
     if data["reason"]:
         lines.append(f"  waiting   {data['reason']}")
     if unserved:
@@ -392,13 +400,19 @@ def show(job_id: int, as_json: bool) -> None:
 @click.command("logs")
 @click.argument("job_id", type=int)
 @click.option("-f", "--follow", is_flag=True, help="Keep printing as the job writes, until it ends.")
-def logs(job_id: int, follow: bool) -> None:
+@click.option(
+    "--raw",
+    is_flag=True,
+    help="The bytes as the job wrote them, terminal escapes included [default: control characters "
+    "other than newlines and tabs shown escaped, as \\x1b].",
+)
+def logs(job_id: int, follow: bool, raw: bool) -> None:
     """A job's output (every attempt, in order)."""
     st = open_state()
     job = st.job(job_id)
     if job is None:
         raise unknown_job(job_id)
-    out = sys.stdout.buffer
+    out: Any = sys.stdout.buffer if raw else _Escaped(sys.stdout.buffer)
     shown: dict[int, tuple[int, int]] = {}  # attempt -> (inode, offset) of output.log shown
 
     def dump() -> None:
@@ -435,8 +449,35 @@ def logs(job_id: int, follow: bool) -> None:
                 break
             time.sleep(0.5)
             dump()
+        if isinstance(out, _Escaped):
+            out.close()
     except KeyboardInterrupt:
         sys.exit(EXIT_INTERRUPTED)
+
+
+class _Escaped:
+    """A job's output as ``logs`` prints it: its control characters (a terminal escape that
+    clears the screen or sets the window's title, a carriage return that writes over a line)
+    shown escaped (:func:`~tandem.cli._common.printable`), its lines and tabs kept; bytes that
+    are not UTF-8 shown as ``\\xNN``. A character split between two reads is decoded whole."""
+
+    def __init__(self, out: Any) -> None:
+        import codecs
+
+        self.out = out
+        self.decoder = codecs.getincrementaldecoder("utf-8")(errors="backslashreplace")
+
+    def write(self, data: bytes) -> None:
+        text = self.decoder.decode(data)
+        self.out.write("\n".join(printable(line, keep="\t") for line in text.split("\n")).encode())
+
+    def flush(self) -> None:
+        self.out.flush()
+
+    def close(self) -> None:
+        """The bytes held for a character the output ended inside, as ``\\xNN``."""
+        self.out.write(printable(self.decoder.decode(b"", final=True)).encode())
+        self.out.flush()
 
 
 COMMANDS = [submit, ls, show, logs]

@@ -192,8 +192,11 @@ def _items(spec: ShareSpec) -> Any:
         raise Exit(f"{spec.name}: {exc}", EXIT_USAGE) from None
 
 
-def _serve(spec: ShareSpec) -> None:
+def _serve(spec: ShareSpec, taken: Callable[[], None] | None = None) -> None:
+    """Serve ``spec`` here; ``taken``: what is done instead where its name is served already
+    (else that is an error)."""
     from tandem.share import ShareError
+    from tandem.share.errors import ProducerExists
     from tandem.share.spec import serve
 
     items = _items(spec)
@@ -201,6 +204,10 @@ def _serve(spec: ShareSpec) -> None:
         serve(spec, say=lambda m: click.echo(m, err=True), selection=items)
     except (TypeError, ValueError, FileNotFoundError) as exc:  # SpecError among them
         raise click.UsageError(str(exc)) from None
+    except ProducerExists as exc:
+        if taken is None:
+            raise click.ClickException(str(exc)) from None
+        taken()
     except ShareError as exc:
         raise click.ClickException(str(exc)) from None
 
@@ -227,8 +234,18 @@ def share_serve_spec(spec_file: Path) -> None:
     import logging
 
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s %(levelname)s: %(message)s")
+    spec = ShareSpec.from_json(spec_file.read_text())
+    taken: Callable[[], None] | None = None
+    if spec.source == "auto":  # a drop-in loader's data, which a run of its own may serve already
+        from functools import partial
+
+        from tandem.cli._auto_share import not_needed, served
+
+        taken = partial(not_needed, spec_file, spec.name)
+        if served(spec.name):
+            return taken()
     try:
-        _serve(ShareSpec.from_json(spec_file.read_text()))
+        _serve(spec, taken)
     except KeyboardInterrupt:
         raise SystemExit(130) from None
 

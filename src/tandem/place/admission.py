@@ -22,8 +22,9 @@ from tandem.place.active import Active, Startup
 from tandem.place.decide import HOST_WINDOW_S, Pass, Peak, gpu_views, host_view
 from tandem.place.devices import Monitor
 from tandem.place.model import FINAL_STATES, QUEUED, SUCCEEDED, Capacity
+from tandem.place.outside import serving
 from tandem.place.policies import GpuSlot, HostSlot, Limits
-from tandem.place.producers import Producers, is_producer, node_of
+from tandem.place.producers import Producers, is_producer, newest, node_of
 from tandem.place.scheduler import NodeSlot, Waiting
 from tandem.place.state import Job, Share, State
 
@@ -117,6 +118,7 @@ class Admission:
         out = []
         shares = {s.name: s for s in self.state.shares()}
         queued, running = self.producers.rows(jobs, active.values())
+        outside: dict[str, int | None] = {}  # auto share -> the pid serving it outside the manager
         in_share: dict[tuple[str, str], int] = {}  # its running jobs, per share and node (not its producer)
         in_group: dict[tuple[str, str], int] = {}  # running jobs per group and node (an auto share's readers)
         for a in active.values():
@@ -143,7 +145,7 @@ class Admission:
             if share is None and is_producer(job):  # its share was removed: cancelled (Producers.tend)
                 reasons[job.id] = f"share {job.share}: not defined"
                 continue
-            why = self._producer_wait(job, share, queued, running) if share is not None else None
+            why = self._producer_wait(job, share, queued, running, outside) if share is not None else None
             if why is not None:
                 reasons[job.id] = why
                 continue
@@ -197,10 +199,17 @@ class Admission:
         return dict(nodes=nodes)
 
     def _producer_wait(
-        self, job: Job, share: Share, queued: dict[str, list[int]], running: dict[str, list[Active]]
+        self,
+        job: Job,
+        share: Share,
+        queued: dict[str, list[int]],
+        running: dict[str, list[Active]],
+        outside: dict[str, int | None],
     ) -> str | None:
         """Why ``job`` of ``share`` waits for the group's producer (made here, queued, if
-        none is queued or running), or None: a producer of it runs (or it is a producer)."""
+        none is queued or running), or None: a producer of it runs (or it is a producer), or,
+        an auto share's, one outside the manager serves it (``outside``, this pass's answers:
+        :mod:`tandem.place.outside`), which its jobs read."""
         producers = running.get(share.name, [])
         if is_producer(job) or any(not self.producers.stopping(a.job.id) for a in producers):
             return None
@@ -208,6 +217,11 @@ class Admission:
             ids = ", ".join(str(a.job.id) for a in producers)
             return f"share {share.name}: its previous producer (job {ids}) is still stopping"
         rows = queued.get(share.name)
+        if not rows and share.spec.source == "auto":
+            if share.name not in outside:
+                outside[share.name] = serving(share.name, newest(self.state, share.name, live=True))
+            if outside[share.name] is not None:
+                return None
         if not rows:
             rows = queued[share.name] = [self.producers.make(share, job)]
         return f"waits for its share's producer (job {rows[0]})"

@@ -21,7 +21,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from tandem.place import model
+from tandem.place import model, outside
 from tandem.place.active import STARTUP_SAMPLES, Active, AttemptEnd, Startup, energy_of
 from tandem.place.config import DaemonConfig
 from tandem.place.decide import Peak, reserve
@@ -368,6 +368,7 @@ class Attempts:
             state, cause = FAILED, a.fail_cause
         elif (stop := a.stop_cause or self._stopped_before(a, state)) is not None and state != model.OOM:
             state, cause = SUCCEEDED, stop  # the daemon stopped it: however it took the stop
+        cause = outside.cause(a.job, cause)  # a producer not needed: another process served its share
         ending = {
             "state": state,
             "ended": ended,

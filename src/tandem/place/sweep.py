@@ -30,23 +30,37 @@ MAX_LINE = 1 << 20  # bytes of one --params line: a point, not a data set
 MAX_FILE = 64 << 20  # bytes of a --params file: a request's limit (protocol.MAX_BODY)
 _KEY = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
 _RANGE = re.compile(r"(-?\d{1,18})\.\.(-?\d{1,18})\Z")
-_LIKE_RANGE = re.compile(r"[-+.\deE]+\.\.[-+.\deE]+\Z")  # 0.1..0.5, 1..1e3, 99...: no range of ours
+# What is meant as a range but is none of ours: 0.1..0.5, 1..1e3, 1.., ..5, a..z, 99... (not a
+# path: ../data is a value).
+_LIKE_RANGE = re.compile(r"([-+\w.]*?)\.\.([-+\w.]*)\Z")
+_WHOLE = re.compile(r"-?\d{1,18}\Z")
 
 
 class SweepError(ValueError):
     """A grid, a params file or a placeholder that cannot work, with what to change."""
 
 
-def _span(item: str, text: str) -> range | None:
-    """``A..B`` (integers, both included) as a range, not listed; None if ``text`` is a value."""
+def _span(item: str, key: str, text: str) -> range | None:
+    """``A..B`` (integers, both included) as a range, not listed; None if ``text`` is a value;
+    :class:`SweepError` if it is meant as a range and is none (an end missing, or not a whole
+    number), rather than one job of that text."""
     span = _RANGE.match(text)
     if span is None:
-        if _LIKE_RANGE.match(text):
-            raise SweepError(
-                f"--grid {item!r}: A..B counts whole numbers of up to 18 digits; give other values "
-                "as a list: KEY=0.1,0.2,0.3"
-            )
-        return None
+        like = _LIKE_RANGE.match(text)
+        if like is None:
+            return None
+        ends = {"start": like.group(1), "end": like.group(2)}
+        missing = [which for which, end in ends.items() if not end]
+        wrong = [repr(end) for end in ends.values() if end and not _WHOLE.match(end)]
+        what = (
+            f"has no {' and no '.join(missing)}"
+            if missing
+            else f"counts whole numbers of up to 18 digits, not {' and '.join(wrong)}"
+        )
+        raise SweepError(
+            f"--grid {item!r}: the range {text} {what}; write A..B with whole numbers, both "
+            f"included (e.g. {key}=1..10), or list the values: {key}=0.1,0.2,0.3"
+        )
     a, b = int(span.group(1)), int(span.group(2))
     if b < a:
         raise SweepError(f"--grid {item!r}: the range {a}..{b} is empty (A..B counts up, both included)")
@@ -72,7 +86,7 @@ def parse_grid(items: Sequence[str]) -> dict[str, Sequence[str]]:
             )
         if key in axes:
             raise SweepError(f"--grid: {key!r} is given twice")
-        span = _span(item, values.strip())
+        span = _span(item, key, values.strip())
         if span is not None:
             width = _padded(values.strip().partition("..")[0])
             axes[key] = _Range(span, width)
