@@ -120,3 +120,27 @@ def test_a_tandem_package_in_the_working_directory_never_runs(tmp_path: Path) ->
     out = _run(project, cwd=planted)
     assert out["labels"] == [2.0]
     assert not marker.exists(), "the planted tandem/ ran"
+
+
+def test_a_loaders_seed_is_part_of_its_identity(monkeypatch) -> None:
+    """``generator=`` and ``torch.manual_seed`` set the order, as torch's loader: loaders
+    seeded 7 and 99 do not share a producer; two seeded alike do."""
+    import torch
+
+    from tandem.share import DataLoader
+    from tandem.share.loader import _plan
+
+    for name in ("TANDEM_JOB_ID", "TANDEM_SHARE"):
+        monkeypatch.delenv(name, raising=False)
+    data = torch.utils.data.TensorDataset(torch.arange(12.0))
+
+    def named(**kwargs: object) -> str:
+        return _plan(DataLoader(data, batch_size=4, shuffle=True, **kwargs)).name
+
+    seven = named(generator=torch.Generator().manual_seed(7))
+    assert seven == named(generator=torch.Generator().manual_seed(7))
+    assert seven != named(generator=torch.Generator().manual_seed(99))
+    torch.manual_seed(7)
+    by_global = named()
+    torch.manual_seed(99)
+    assert by_global != named()
