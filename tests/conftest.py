@@ -1,5 +1,6 @@
 """Shared fixtures: every test gets its own private runtime directory for producers; how many
-workers ``-n auto`` (pyproject's addopts) starts."""
+workers ``-n auto`` (pyproject's addopts) starts; what the session started ends with it,
+interrupted too (tests/leftovers.py)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,17 @@ import shutil
 import tempfile
 
 import pytest
+
+from tests import leftovers
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    leftovers.start_session(controller=not hasattr(config, "workerinput"))
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    if not hasattr(config, "workerinput"):  # the controller: once its workers are gone
+        leftovers.end_session()
 
 
 def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:

@@ -30,7 +30,8 @@ class OtherUser:
 
     def env(self, **extra: str) -> dict[str, str]:
         """A clean environment of theirs (no runtime or state directory of the tests' user)."""
-        keep = {k: v for k, v in os.environ.items() if k in ("PATH", "LANG", "TZ")}
+        # The test session's name too: what they leave is ended with it (tests/leftovers.py).
+        keep = {k: v for k, v in os.environ.items() if k in ("PATH", "LANG", "TZ", "TANDEM_TEST_SESSION")}
         path = os.pathsep.join(
             [*os.environ.get("PYTHONPATH", "").split(os.pathsep), str(SOURCE), *site.getsitepackages()]
         )

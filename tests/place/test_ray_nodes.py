@@ -22,6 +22,7 @@ import psutil
 import pytest
 
 from tandem.bench.ray_nodes import NodesCluster, can_make_nodes
+from tests.leftovers import note_cluster
 from tests.place.conftest import TANDEM, Cli, _cli_in, attempt_dir
 from tests.timing import scaled, until
 
@@ -52,7 +53,9 @@ PLAIN = "echo $TANDEM_JOB_ID >> runs.txt; hostname; sleep {}"
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[NodesCluster]:
-    c = NodesCluster(tmp_path_factory.mktemp("nodes"))
+    root = tmp_path_factory.mktemp("nodes")
+    note_cluster(root)  # undone at the session's end if this process cannot (interrupted)
+    c = NodesCluster(root)
     try:
         c.add_node("head")
         c.add_node("worker")

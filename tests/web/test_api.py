@@ -59,6 +59,10 @@ def test_access_needs_a_session_token_a_loopback_host_and_same_origin_writes(das
     assert cross_login[0] == 403  # another port's page may not even try a code
     assert _call(d, "/api/jobs", headers={"Host": "attacker.example:80"})[0] == 403  # DNS rebinding
     assert _call(d, "/", auth=False, headers={"Host": "attacker.example:80"})[0] == 403
+    port = urlsplit(d.base).port
+    for host in (f"127.0.0.1:{port}@evil", f"127.0.0.1:{port + 1}", "127.0.0.1", f"localhost:{port}x"):
+        assert _call(d, "/api/jobs", headers={"Host": host})[0] == 403, host  # not this server's port
+    assert _call(d, "/api/jobs", headers={"Host": f"LocalHost:{port}"})[0] == 200
     cross = _call(d, f"/api/jobs/{held}/cancel", "POST", headers={"Origin": "http://attacker.example"})
     assert cross[0] == 403 and d.cli.job(held)["state"] == "queued"
     other_port = _call(d, f"/api/jobs/{held}/cancel", "POST", headers={"Origin": "http://127.0.0.1:18999"})

@@ -10,7 +10,10 @@ servers; only the filesystem is shared (the state directory must be, as on a lab
 
 A node's ``ray start --block`` is the first process of its pid namespace: killing it ends
 every process of that node at once (a node's death), and stopping the cluster stops only
-the Ray processes it started, never another Ray of this machine. Where a memory cgroup can
+the Ray processes it started, never another Ray of this machine. What it makes outside its
+root (namespaces, the bridge, cgroups, Ray's temp directories) is written down in
+``ROOT/made.txt`` as it is made, so that :func:`remove_made` undoes a cluster whose process
+was killed before its :meth:`NodesCluster.close` (an interrupted test run). Where a memory cgroup can
 be made (v1, or v2 with the memory controller delegated), each node's processes are in
 one of their own limited to the node's RAM, so a node has the RAM it declares and what is
 used on it is measured there (:attr:`NodesCluster.mem_limited`).
@@ -33,6 +36,7 @@ import psutil
 from tandem._safepath import module_command
 
 RAY = module_command("ray.scripts.scripts")
+MADE = "made.txt"  # in a cluster's root: "KIND VALUE" a line, for what close() undoes
 
 
 def can_make_nodes() -> str | None:
@@ -112,9 +116,16 @@ class NodesCluster:
         # daemon, a driver, is given the same (:attr:`ray_env`).
         self.ray_env = {"RAY_health_check_period_ms": "1000", "RAY_health_check_failure_threshold": "3"}
         self.env.update(self.ray_env)
+        self._made("bridge", self.bridge)
         subprocess.run(["ip", "link", "add", self.bridge, "type", "bridge"], check=True)
         subprocess.run(["ip", "link", "set", self.bridge, "up"], check=True)
         self.cgroups = _memory_cgroups()  # where a node's memory cgroup is made, or None
+
+    def _made(self, kind: str, value: object) -> None:
+        """Write down, before it is made, a thing :func:`remove_made` would undo."""
+        self.root.mkdir(parents=True, exist_ok=True)
+        with open(self.root / MADE, "a") as f:
+            f.write(f"{kind} {value}\n")
 
     @property
     def mem_limited(self) -> bool:
@@ -130,6 +141,7 @@ class NodesCluster:
         netns, i = f"t{self.tag}{name[0]}{len(self.nodes)}", len(self.nodes) + 1
         outer, inner = f"v{self.tag}o{i}", f"v{self.tag}i{i}"
         run = lambda *a: subprocess.run(list(a), check=True, capture_output=True)  # noqa: E731
+        self._made("netns", netns)  # deleted, it takes its end of the veth pair, and so the pair
         run("ip", "netns", "add", netns)
         run("ip", "link", "add", outer, "type", "veth", "peer", "name", inner)
         run("ip", "link", "set", inner, "netns", netns)
@@ -148,11 +160,13 @@ class NodesCluster:
         node.dir.mkdir(parents=True)
         if self.cgroups is not None:
             node.cgroup = self.cgroups / f"tandem-node-{self.tag}-{name}"
+            self._made("cgroup", node.cgroup)
             node.cgroup.mkdir()
             v2 = (self.cgroups / "cgroup.controllers").exists()
             limit = "memory.max" if v2 else "memory.limit_in_bytes"
             (node.cgroup / limit).write_text(str(self.mem))
         temp = Path(f"/tmp/rn{self.tag}{name[0]}{len(self.nodes)}")  # Ray's socket paths stay short
+        self._made("temp", temp)
         shutil.rmtree(temp, ignore_errors=True)
         resources = "{" + ", ".join(f'"tandem_gpu_mem_mib_{i}": {self.gpu_mib}' for i in range(gpus)) + "}"
         args = [
@@ -193,6 +207,7 @@ class NodesCluster:
                 start_new_session=True,
                 preexec_fn=node.join,
             )
+        self._made("session", node.proc.pid)  # the node's processes: its session, its pid namespace
         node.temp = temp  # type: ignore[attr-defined]
         self.nodes.append(node)
         deadline = time.monotonic() + 180
@@ -231,6 +246,53 @@ class NodesCluster:
             shutil.rmtree(getattr(node, "temp", "/nonexistent"), ignore_errors=True)
             _remove_cgroup(node.cgroup)
         subprocess.run(["ip", "link", "delete", self.bridge], capture_output=True)
+        (self.root / MADE).unlink(missing_ok=True)  # nothing of it left to undo
+
+
+def remove_made(root: Path) -> None:
+    """Undo what the cluster of ``root`` made and left (its process killed before it closed
+    it): its nodes' processes (each node's session, where it is still the node's), network
+    namespaces, bridge, cgroups and Ray's temp directories. Nothing where it closed."""
+    try:
+        lines = (root / MADE).read_text().splitlines()
+    except OSError:
+        return
+    made: dict[str, list[str]] = {}
+    for line in lines:
+        kind, _, value = line.partition(" ")
+        made.setdefault(kind, []).append(value)
+    sessions = []
+    for pid in made.get("session", []):
+        try:
+            leader = psutil.Process(int(pid))
+            if str(root) in " ".join(leader.cmdline()):  # a node's (its folder is in it), not a pid reused
+                sessions.append(int(pid))
+        except (psutil.Error, ValueError):
+            continue
+    for sid in sessions:  # the node's first process in its pid namespace ends them all
+        for proc in psutil.process_iter():
+            try:
+                if os.getsid(proc.pid) == sid:
+                    proc.kill()
+            except (psutil.Error, OSError):
+                continue
+    psutil.wait_procs([p for p in map(_process, sessions) if p is not None], timeout=30)
+    for netns in made.get("netns", []):
+        subprocess.run(["ip", "netns", "delete", netns], capture_output=True)
+    for bridge in made.get("bridge", []):
+        subprocess.run(["ip", "link", "delete", bridge], capture_output=True)
+    for temp in made.get("temp", []):
+        shutil.rmtree(temp, ignore_errors=True)
+    for cgroup in made.get("cgroup", []):
+        _remove_cgroup(Path(cgroup))
+    (root / MADE).unlink(missing_ok=True)
+
+
+def _process(pid: int) -> psutil.Process | None:
+    try:
+        return psutil.Process(pid)
+    except psutil.Error:
+        return None
 
 
 def _memory_cgroups() -> Path | None:

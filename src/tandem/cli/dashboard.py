@@ -34,9 +34,9 @@ def dashboard(port: int, host: str, no_open: bool, max_streams: int) -> None:
     is printed) and prints its URL; works with or without a running daemon."""
     require("dashboard", "starlette", "uvicorn")
     from tandem.place.state import state_dir
-    from tandem.web.server import is_loopback, serve
+    from tandem.web.server import binds_loopback_only, serve
 
-    if not is_loopback(host):
+    if not binds_loopback_only(host):
         click.echo(
             f"warning: listening on {host}: anyone who can reach it and has a login sees your jobs "
             "and can cancel them (the traffic is not encrypted; prefer an SSH tunnel to 127.0.0.1)",

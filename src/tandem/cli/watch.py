@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import os
 import shlex
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -13,6 +14,7 @@ from typing import Any
 import click
 from click.core import ParameterSource
 
+from tandem._safepath import module_command
 from tandem.cli._common import EXIT_INTERRUPTED, require
 
 
@@ -160,6 +162,7 @@ def ui(store_uri: str | None, port: int) -> None:
     require("ui", "mlflow")
     from tandem import _ipc
     from tandem.watch.stores import default_store_uri
+    from tandem.watch.stores.mlflow_store import create_store
     from tandem.web.server import bind
 
     uri = store_uri or default_store_uri()
@@ -168,12 +171,15 @@ def ui(store_uri: str | None, port: int) -> None:
         listener = bind("127.0.0.1", port)
     except OSError as exc:
         raise click.ClickException(str(exc)) from None
+    try:
+        create_store(uri)  # a new SQLite file 0600 (not MLflow's 0644), its tables made under the lock
+    except OSError as exc:
+        listener.close()
+        raise click.ClickException(f"cannot make the store {uri}: {exc}") from None
     with contextlib.suppress(FileNotFoundError):
         upstream.unlink()  # a socket left by a server of this user's that was killed
     click.echo(f"MLflow UI for {uri} at http://127.0.0.1:{port} (yours alone; Ctrl-C to stop)", err=True)
-    argv = [
-        sys.executable,
-        "-m",
+    argv = module_command(  # nothing imported from the folder it is started in
         "mlflow",
         "server",
         "--backend-store-uri",
@@ -186,25 +192,69 @@ def ui(store_uri: str | None, port: int) -> None:
         "1",
         "--uvicorn-opts",
         f"--uds {shlex.quote(str(upstream))}",  # uvicorn binds the socket, not host:port
-    ]
+    )
     # MLflow's job runner (GenAI evaluation jobs; nothing a tracked run uses) keeps its queue
     # in a new /dev/shm/tmpXXXXXXXX directory per launch and never removes it.
     env = {"MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false", **os.environ}
-    server = subprocess.Popen(argv, env=env)
+    # The server and its uvicorn in a process group of their own, ended by this process
+    # whatever ends it (Ctrl-C, SIGTERM, SIGHUP, the server's own exit); what they write
+    # (an artifact sent through the UI) is this user's alone.
+    stopped: list[int] = []  # the signals that came; once ending, they are only noted
+
+    def interrupt(signum: int, _frame: Any) -> None:
+        stopped.append(signum)
+        if len(stopped) == 1:
+            raise KeyboardInterrupt
+
+    signals = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+    previous = {s: signal.signal(s, interrupt) for s in signals}
     try:
-        sys.exit(_gate_until_exit(listener, upstream, server))
-    except KeyboardInterrupt:  # the server got the terminal's SIGINT too: let it finish quietly
+        server = subprocess.Popen(argv, env=env, process_group=0, umask=0o077)
         try:
-            server.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            server.kill()
-            server.wait()
-        click.echo("tandem ui: stopped", err=True)
-        sys.exit(EXIT_INTERRUPTED)
+            code = _gate_until_exit(listener, upstream, server)
+        except KeyboardInterrupt:
+            code = 128 + stopped[0] if stopped and stopped[0] != signal.SIGINT else EXIT_INTERRUPTED
+            click.echo("tandem ui: stopped", err=True)
+        finally:
+            stopped.append(0)  # from here, a signal interrupts nothing
+            _end_group(server)
     finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
         listener.close()
         with contextlib.suppress(FileNotFoundError):
             upstream.unlink()
+    sys.exit(code)
+
+
+def _end_group(server: subprocess.Popen, grace_s: float = 10.0) -> None:
+    """End ``server`` and every process of its group or below it (MLflow's uvicorn, still
+    there where the server itself died): SIGTERM, then SIGKILL to what is left after
+    ``grace_s``."""
+    import psutil
+
+    def members() -> list[psutil.Process]:
+        found: dict[int, psutil.Process] = {}
+        with contextlib.suppress(psutil.Error):
+            top = psutil.Process(server.pid)
+            found = {p.pid: p for p in [top, *top.children(recursive=True)]}
+        for proc in psutil.process_iter():
+            with contextlib.suppress(psutil.Error, OSError):
+                if os.getpgid(proc.pid) == server.pid and proc.status() != psutil.STATUS_ZOMBIE:
+                    found.setdefault(proc.pid, proc)
+        return list(found.values())
+
+    tree = members()
+    for proc in tree:
+        with contextlib.suppress(psutil.Error):
+            proc.terminate()
+    _, alive = psutil.wait_procs(tree, timeout=grace_s)
+    for proc in alive:
+        with contextlib.suppress(psutil.Error):
+            proc.kill()
+    psutil.wait_procs(alive, timeout=grace_s)
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        server.wait(timeout=grace_s)  # reaped: no zombie left
 
 
 def _gate_until_exit(listener: Any, upstream: Path, server: subprocess.Popen) -> int:

@@ -11,9 +11,9 @@ header, loopback Host headers, same-origin writes.
   over the network); ``tandem dashboard`` opens that file. A code works once, then a new one
   is written in the page (so the page logs in the next tab too).
 - The page and its scripts (``/``, ``/static/``) hold nothing secret and need no token.
-- Only Host headers naming a loopback address are accepted (or the one address the user
-  bound explicitly): a page of another site that resolves its own name to 127.0.0.1 (DNS
-  rebinding) is refused with 403.
+- Only Host headers naming a loopback address (or the one address the user bound
+  explicitly) and this server's port are accepted: a page of another site that resolves its
+  own name to 127.0.0.1 (DNS rebinding), or a name of another port, is refused with 403.
 - A request that changes something (any method but GET and HEAD: login, cancel) needs an
   ``Origin`` header equal to the dashboard's own origin.
 - Before any of this, a loopback connection from a socket of another user is closed
@@ -101,11 +101,19 @@ class Sessions:
         return bool(token) and token in self._tokens
 
 
-def host_name(host_header: str) -> str:
-    """The name in a Host header, without its port (``[::1]:8765`` -> ``[::1]``)."""
+def host_allowed(host_header: str, names: frozenset[str], port: int) -> bool:
+    """Whether a request's Host header names this server: one of ``names`` (lower case; an
+    IPv6 address in brackets) and this server's ``port``. Without a port, only where that
+    port is http's default, 80 (RFC 9110 7.2: an absent port means the scheme's default).
+    Nothing else may follow: ``127.0.0.1:8765@evil`` and another port's name are refused."""
     if host_header.startswith("["):
-        return host_header[: host_header.find("]") + 1]
-    return host_header.rsplit(":", 1)[0] if host_header.count(":") == 1 else host_header
+        end = host_header.find("]") + 1  # 0 where none: no name
+        name, rest = host_header[:end], host_header[end:]
+    else:
+        name, colon, after = host_header.partition(":")
+        rest = colon + after
+    ported = rest == f":{port}" or (rest in ("", ":") and port == 80)
+    return ported and name.lower() in names
 
 
 # On every response: the page runs only its own scripts, talks only to this server, is never
@@ -143,9 +151,12 @@ async def _body(receive: Any, limit: int = 4096) -> bytes:
 class Access:
     """ASGI middleware that lets through only what the module's rules allow."""
 
-    def __init__(self, app: Any, sessions: Sessions, hosts: frozenset[str] = LOOPBACK_HOSTS) -> None:
+    def __init__(
+        self, app: Any, sessions: Sessions, port: int, hosts: frozenset[str] = LOOPBACK_HOSTS
+    ) -> None:
         self.app = app
         self.sessions = sessions
+        self.port = port  # the server's: a Host header must name it
         self.hosts = hosts
 
     async def _login(self, scope: Any, receive: Any, send: Any) -> None:
@@ -167,8 +178,8 @@ class Access:
         send = _with_security_headers(send)
         headers = Headers(scope=scope)
         host = headers.get("host", "")
-        if host_name(host).lower() not in self.hosts:
-            why = f"Host {host!r} is not this dashboard's (DNS rebinding?): use http://127.0.0.1"
+        if not host_allowed(host, self.hosts, self.port):
+            why = f"Host {host!r} is not this dashboard's (DNS rebinding?): use http://127.0.0.1:{self.port}"
             await PlainTextResponse(why, 403)(scope, receive, send)
             return
         path, method = scope["path"], scope["method"]

@@ -42,7 +42,7 @@ from starlette.staticfiles import StaticFiles
 from tandem.place.model import STATES
 from tandem.place.paths import StateError
 from tandem.place.views import json_safe
-from tandem.web.access import Access, Sessions
+from tandem.web.access import LOOPBACK_HOSTS, Access, Sessions
 from tandem.web.data import MAX_ID, NotFound, Reader, energy_of, logged_by_the_job, run_of
 from tandem.web.live import MAX_STREAMS, Streams, events
 
@@ -127,10 +127,12 @@ def build(
     sessions: Sessions | str,
     hosts: frozenset[str] | None = None,
     max_streams: int = MAX_STREAMS,
+    port: int = 80,
 ) -> Any:
     """The ASGI application for ``state_dir`` (``sessions``: who is logged in, or one fixed
     session token, for a script's or a test's own server; ``hosts``: the Host names to
-    accept; ``max_streams``: open event streams at most, the oldest closed first)."""
+    accept; ``max_streams``: open event streams at most, the oldest closed first; ``port``:
+    the server's, which a Host header must name: 80, http's default, may go unnamed)."""
     if isinstance(sessions, str):
         sessions = Sessions.of_token(sessions)
 
@@ -286,4 +288,4 @@ def build(
         live = scope["type"] == "http" and scope["path"] == "/api/events"
         await (app if live else packed)(scope, receive, send)
 
-    return Access(compressed, sessions, hosts) if hosts is not None else Access(compressed, sessions)
+    return Access(compressed, sessions, port, hosts if hosts is not None else LOOPBACK_HOSTS)

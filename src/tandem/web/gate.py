@@ -17,7 +17,7 @@ import contextlib
 import socket
 from pathlib import Path
 
-from tandem.web.access import LOOPBACK_HOSTS, host_name
+from tandem.web.access import LOOPBACK_HOSTS, host_allowed
 from tandem.web.peer import foreign
 
 HEAD_LIMIT = 64 * 1024
@@ -37,8 +37,7 @@ def refused(head: bytes, port: int) -> str | None:
     if len(hosts) != 1 or len(origins) > 1:
         return "one Host header, and at most one Origin, please"
     host = hosts[0].decode("latin-1")
-    rest = "" if host.endswith("]") else host.rpartition(":")[2]
-    if host_name(host).lower() not in LOOPBACK_HOSTS or rest != str(port):
+    if not host_allowed(host, LOOPBACK_HOSTS, port):
         return f"Host {host!r} is not this server's (DNS rebinding?): use http://127.0.0.1:{port}"
     if origins and origins[0].decode("latin-1") != f"http://{host}":
         return f"cross-origin request refused (Origin {origins[0].decode('latin-1')!r})"

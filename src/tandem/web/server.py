@@ -10,23 +10,30 @@ page (:func:`tandem.web.access.login_file`), by its path.
 from __future__ import annotations
 
 import contextlib
-import ipaddress
 import socket
 import sys
 import webbrowser
 from pathlib import Path
+from typing import Any
 
 from tandem.web.access import LOOPBACK_HOSTS, Sessions, login_file, write_login_page
-from tandem.web.peer import foreign
+from tandem.web.peer import foreign, is_loopback_address
 
 
-def is_loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host.strip("[]")).is_loopback
-    except ValueError:
-        return False
+def binds_loopback_only(host: str) -> bool:
+    """Whether listening on ``--host host`` (a name or an address, IPv6 in brackets or not)
+    keeps the server to this machine: ``localhost`` or a loopback address."""
+    return host.lower() == "localhost" or is_loopback_address(host.strip("[]"))
+
+
+def host_names(host: str) -> frozenset[str]:
+    """The names a request's Host header may give for a server listening on ``host``: the
+    loopback ones, and ``host`` itself where the user chose another (an IPv6 one in brackets,
+    as a URL writes it)."""
+    if binds_loopback_only(host):
+        return LOOPBACK_HOSTS
+    bare = host.strip("[]").lower()
+    return LOOPBACK_HOSTS | {f"[{bare}]" if ":" in bare else bare}
 
 
 def mlflow_db(state_dir: Path) -> Path | None:
@@ -64,7 +71,6 @@ def serve(
 
     from tandem.web.app import build
 
-    hosts = LOOPBACK_HOSTS if is_loopback(host) else LOOPBACK_HOSTS | {host.lower()}
     sock = bind(host, port)
     shown = f"[{host.strip('[]')}]" if ":" in host.strip("[]") else host
     port = sock.getsockname()[1]
@@ -73,7 +79,7 @@ def serve(
     with contextlib.suppress(OSError):  # an earlier tandem's lasting token: no longer used
         (login.parent / "token").unlink()
     sessions = Sessions(lambda code: write_login_page(login, url, code))  # rotated at each start
-    app = build(state_dir, mlflow_db(state_dir), sessions, frozenset(hosts), max_streams)
+    app = build(state_dir, mlflow_db(state_dir), sessions, host_names(host), max_streams, port=port)
     print(f"tandem dashboard of {state_dir}: {url}", flush=True)
     print(
         f"  log in: open {login.as_uri()} in a browser (a one-time login, renewed after each use; "
@@ -100,6 +106,40 @@ def serve(
 
 
 HEADER_TIMEOUT_S = 10.0  # a request's headers must be in within this, however slowly they trickle
+REFUSALS_EVERY_S = 5.0  # at most one line about closed connections this often
+
+
+class Refusals:
+    """What the log says of connections closed unread: the first at once, then at most one
+    line each :data:`REFUSALS_EVERY_S` with how many more there were. Another user's flood
+    of connections then costs the server a count each, not a line each (nor a full pipe)."""
+
+    def __init__(self, every_s: float = REFUSALS_EVERY_S) -> None:
+        self.every_s = every_s
+        self.count = 0  # closed since the last line
+        self.last = ""
+        self._pending: object = None  # the scheduled summary
+
+    def note(self, why: str, loop: Any) -> None:
+        self.last = why
+        if self._pending is None:
+            print(f"tandem dashboard: closed {why}", file=sys.stderr, flush=True)
+            self._pending = loop.call_later(self.every_s, self._summary, loop)
+        else:
+            self.count += 1
+
+    def _summary(self, loop: Any) -> None:
+        if not self.count:
+            self._pending = None  # quiet again: the next one is said at once
+            return
+        print(
+            f"tandem dashboard: closed {self.count} more connection(s) in {self.every_s:g} s "
+            f"(the last: {self.last})",
+            file=sys.stderr,
+            flush=True,
+        )
+        self.count = 0
+        self._pending = loop.call_later(self.every_s, self._summary, loop)
 
 
 def _header_timeout_protocol() -> type:
@@ -107,6 +147,8 @@ def _header_timeout_protocol() -> type:
     that sends them slowly, or only half (a slow-loris), is closed instead of held open.
     (uvicorn's keep-alive timeout restarts on every byte received.)"""
     from uvicorn.protocols.http.h11_impl import H11Protocol
+
+    refusals = Refusals()
 
     class HeaderTimeoutH11(H11Protocol):
         _deadline: object = None
@@ -122,8 +164,8 @@ def _header_timeout_protocol() -> type:
             super().connection_made(transport)
             why = foreign(transport.get_extra_info("peername"), transport.get_extra_info("sockname"))
             if why is not None:  # another user's socket: closed before a byte of it is read
-                print(f"tandem dashboard: closed {why}", file=sys.stderr, flush=True)
                 transport.abort()
+                refusals.note(why, self.loop)
                 return
             self._arm()
 

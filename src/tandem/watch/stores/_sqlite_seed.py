@@ -73,12 +73,13 @@ def seed(db: Path) -> bool:
     if not fresh(db):
         return False
     try:
-        import mlflow
+        from importlib.metadata import version
 
         d = _template_dir()
         if d is None:
             return False
-        template = d / f"mlflow-tables-{mlflow.__version__}.db"
+        # MLflow's version from its metadata: no import of it (seconds) where the template is made
+        template = d / f"mlflow-tables-{version('mlflow')}.db"
         if not template.is_file():
             _make_template(template)
         part = db.with_name(f".{db.name}.seeding")

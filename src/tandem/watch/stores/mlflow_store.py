@@ -21,8 +21,10 @@ LOCK_TIMEOUT_S = 60.0
 
 
 def sqlite_path(uri: str) -> Path | None:
-    """The database file of a ``sqlite:///`` URI; None for any other store."""
-    return Path(uri.removeprefix("sqlite:///")) if uri.startswith("sqlite:///") else None
+    """The database file of a ``sqlite:///`` URI; None for any other store (an in-memory one
+    included)."""
+    path = uri.removeprefix("sqlite:///")
+    return Path(path) if uri.startswith("sqlite:///") and path and not path.startswith(":memory:") else None
 
 
 def _quiet_mlflow() -> None:
@@ -34,20 +36,61 @@ def _quiet_mlflow() -> None:
         logging.getLogger(name).setLevel(logging.WARNING)
 
 
+_LOCKS: dict[str, FileLock] = {}  # one per store file in a process: taken again by its holder, it is held
+
+
 @contextlib.contextmanager
 def _sqlite_init_lock(uri: str) -> Iterator[None]:
     """Serialise first use of a SQLite store: MLflow creates the tables on first use, and
-    two runs starting together on a new file would both try (one then fails)."""
+    two runs starting together on a new file would both try (one then fails). The same
+    thread may take it again while it holds it (MLflow's store built in :meth:`MlflowStore.
+    prepare` takes it through :mod:`.mlflow_plugin`)."""
     db = sqlite_path(uri)
     if db is None:
         yield
         return
     db.parent.mkdir(parents=True, exist_ok=True)
+    path = os.path.abspath(f"{db}.lock")
+    lock = _LOCKS.setdefault(path, FileLock(path, timeout=LOCK_TIMEOUT_S, mode=0o600))
     try:
-        with FileLock(f"{db}.lock", timeout=LOCK_TIMEOUT_S, mode=0o600):
-            yield
+        lock.acquire()
     except Timeout:  # its holder is stopped (Ctrl-Z) or stuck
         raise TimeoutError(f"{db}.lock held by another run for {LOCK_TIMEOUT_S:.0f} s") from None
+    try:
+        yield
+    finally:
+        lock.release()
+
+
+def _create_private(db: Path) -> None:
+    """A new store file ``db`` made 0600 (SQLite gives its journal, ``-wal`` and ``-shm`` files
+    the database's mode), and the ``mlruns`` folder beside it, where tandem's runs keep their
+    artifacts (a command's output among them), 0700. A file that is there is left as it is.
+    The caller holds the store's init lock."""
+    try:
+        os.close(os.open(db, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
+    except FileExistsError:
+        return
+    with contextlib.suppress(FileExistsError):
+        (db.parent / "mlruns").mkdir(mode=0o700)
+
+
+def _create(uri: str) -> None:
+    """:func:`create_store` once its lock is held."""
+    if (db := sqlite_path(uri)) is not None:
+        from tandem.watch.stores._sqlite_seed import seed
+
+        _create_private(db)
+        seed(db)  # where it has no tables yet: a copy of MLflow's, seconds less than its migrations
+
+
+def create_store(uri: str) -> None:
+    """Make the store ``uri`` where it is a new SQLite file, as every tandem command makes one:
+    under its init lock, private to this user (:func:`_create_private`) and holding MLflow's
+    tables. Any other store, and a file that is there already, is left as it is. ``OSError``
+    where it cannot be made; ``TimeoutError`` where another holds the lock too long."""
+    with _sqlite_init_lock(uri):
+        _create(uri)
 
 
 class MlflowStore:
@@ -73,10 +116,7 @@ class MlflowStore:
 
         _quiet_mlflow()  # after the import: mlflow sets its logger up when imported
         with _sqlite_init_lock(self.uri):
-            if (db := sqlite_path(self.uri)) is not None:
-                from tandem.watch.stores._sqlite_seed import seed
-
-                seed(db)  # where it has no tables yet: a copy of MLflow's, seconds less than its migrations
+            _create(self.uri)
             client = MlflowClient(tracking_uri=self.uri)
             return client, self._experiment_id(client)
 
