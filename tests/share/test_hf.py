@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import warnings
 from pathlib import Path
 
 import pytest
@@ -92,6 +93,22 @@ def test_shared_reads_accelerates_process_split_as_ranks(split_batches: bool) ->
     seen = [i for _, idx in one for i in idx.tolist()]
     assert sorted(seen) == list(range(48)) and one._plan, "read from a producer"
     one.close()
+
+
+def test_accelerates_prepare_of_a_drop_in_says_it_reads_privately_and_shared_shares_it() -> None:
+    """Accelerate's prepare rebuilds a loader of its own class (torch's loading): the
+    drop-in says so once, naming the one line that shares it again."""
+    drop_in = DataLoader(Items(), batch_size=8, shuffle=True)
+    with pytest.warns(UserWarning, match=r"Accelerate's prepare .* tandem.share.shared\(loader\)"):
+        prepared = accelerate_data.prepare_data_loader(drop_in, num_processes=1, put_on_device=False)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # once only, and nothing from torch's own reading
+        accelerate_data.prepare_data_loader(drop_in, num_processes=1, put_on_device=False)
+        assert drop_in.pin_memory_device == ""
+    again = shared(prepared)
+    seen = [i for _, idx in again for i in idx.tolist()]
+    assert sorted(seen) == list(range(48)) and again._plan, "read from a producer"
+    again.close()
 
 
 def test_a_batch_sampler_it_cannot_reproduce_stays_the_loaders_and_reads_privately() -> None:

@@ -97,6 +97,27 @@ class DataLoader(tud.DataLoader):
         self._consumer: Any = None
         self._threads: _ThreadFit | _NoFit | None = None
 
+    # Accelerate's prepare reads every option of a loader to build one of its own class,
+    # which reads with torch's loading: said once, by the one option only such a rebuild
+    # reads outside torch (Lightning's rebuild is of this class, and shares).
+    @property
+    def pin_memory_device(self) -> str:
+        reader = sys._getframe(1).f_globals.get("__name__", "")
+        if reader.startswith("accelerate.") and self.share and not getattr(self, "_rebuild_said", False):
+            self._rebuild_said = True
+            warnings.warn(
+                "Accelerate's prepare builds a loader of its own class from this "
+                "tandem.share.DataLoader, which reads with torch's own loading, not from the "
+                "shared producer: pass the prepared loader through tandem.share.shared(loader) "
+                "to share it (docs/howto/accelerate.md)",
+                stacklevel=2,
+            )
+        return self._pin_memory_device
+
+    @pin_memory_device.setter
+    def pin_memory_device(self, value: str) -> None:
+        self._pin_memory_device = value
+
     # --- what torch's loader has and a consumer adds ------------------------------------------
 
     def __iter__(self) -> Iterator[Any]:  # type: ignore[override]
