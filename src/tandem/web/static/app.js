@@ -230,7 +230,8 @@ async function overview() {
   sections.cards = cards(status, gpus.why_not);
   sections.timeline = timelineSvg(timeline, status ? status.capacity.gpus.length : 0);
   const shareRows = shares.shares.map((s) => el("tr", { "data-share": s.name }, el("td", {}, s.name), el("td", {}, `${s.source} ${s.ref}`),
-    el("td", {}, s.producer_pid ? `pid ${s.producer_pid}, ${s.cpus} cores` : s.error ? el("span", { class: "error" }, s.error) : "not running"),
+    el("td", {}, s.outside_pid ? `served by a producer outside the manager (pid ${s.outside_pid})`
+      : s.producer_pid ? `pid ${s.producer_pid}, ${s.cpus} cores` : s.error ? el("span", { class: "error" }, s.error) : "not running"),
     el("td", {}, s.jobs.length), el("td", {}, s.live ? `${s.live.batches_per_s.toFixed(1)} batches/s, blocked ${s.live.blocked_s.toFixed(1)} s, ${s.live.consumers.length} consumer(s)` : "-")));
   view.replaceChildren(
     sections.counts, el("h2", {}, "machine"), sections.cards,
