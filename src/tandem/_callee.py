@@ -4,13 +4,14 @@ pickled callable and its arguments, runs it, and leaves ``result.pkl`` beside th
 so the job manager records how it ended.
 
 It starts with nothing of the job's directory on its import path (``python -P``: a ``tandem``
-folder there is never imported in place of tandem); once tandem is imported, that directory
-goes first, as ``python -m`` puts it, so that a function pickled by reference to a module
-of the caller's project is found."""
+folder there is never imported in place of tandem); the caller's own folders
+(``paths.json``: where its process found its modules) are searched after this interpreter's
+own, so that a function pickled by reference to a module of the caller's project is found,
+and a package planted in one of them never stands in for an installed one."""
 
 from __future__ import annotations
 
-import os
+import json
 import pickle
 import sys
 import traceback
@@ -18,8 +19,9 @@ from pathlib import Path
 
 
 def main(call_dir: Path) -> int:
-    if os.getcwd() not in sys.path:
-        sys.path.insert(0, os.getcwd())
+    listed = call_dir / "paths.json"
+    if listed.exists():
+        sys.path.extend(p for p in json.loads(listed.read_text()) if p not in sys.path)
     fn, args, kwargs = pickle.loads((call_dir / "call.pkl").read_bytes())
     try:
         outcome = (True, fn(*args, **kwargs), "")

@@ -22,10 +22,12 @@ directory of this user (``tandem.dirs``), or ``state_dir_path=``.
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 import os
 import pickle
 import shlex
+import sys
 import time
 import uuid
 from collections.abc import Callable, Iterable, Sequence
@@ -252,8 +254,12 @@ def call(fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Job:
             "use a module-level function, or install cloudpickle"
         ) from None
     (call_dir / "call.pkl").write_bytes(payload)
+    # Where this process finds its own modules (a function pickled by reference to one):
+    # searched by the job after its own paths, never before them.
+    paths = [os.path.abspath(p or os.curdir) for p in sys.path]
+    (call_dir / "paths.json").write_text(json.dumps([p for p in paths if os.path.isdir(p)]))
     options.setdefault("name", getattr(fn, "__qualname__", None))
-    command = module_command("tandem._callee", str(call_dir))  # its cwd on sys.path after tandem
+    command = module_command("tandem._callee", str(call_dir))
     reply = client.submit(directory, _spec(command, None, options))
     return Job(reply.id, directory, call_dir)
 

@@ -19,7 +19,8 @@ PLANTED = "import os, sys\nopen({marker!r}, 'a').write(repr(sys.argv) + '\\n')\n
 
 
 def _plant(folder: Path, marker: Path) -> None:
-    for name in ("tandem", "ray"):  # tandem itself, and what a Ray head would import
+    # tandem itself, what a Ray head would import, what a call's job unpickles with
+    for name in ("tandem", "ray", "cloudpickle"):
         (folder / name).mkdir(parents=True)
         (folder / name / "__init__.py").write_text(PLANTED.format(marker=str(marker)))
 

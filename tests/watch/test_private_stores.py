@@ -47,6 +47,10 @@ def _tree(pid: int) -> list[psutil.Process]:
 def test_tandem_ui_makes_its_store_private_and_ends_its_server_and_uvicorn(tmp_path: Path, how: str) -> None:
     port = _free_port()
     runtime = tmp_path / "rt"
+    marker = tmp_path / "planted-ran"
+    for name in ("uvicorn", "yaml"):  # what MLflow's server imports as it starts uvicorn here
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "__init__.py").write_text(f"open({str(marker)!r}, 'a').write('ran')\n")
     ui = subprocess.Popen(
         [*TANDEM, "ui", "--port", str(port)],  # no --store: ./mlflow.db
         cwd=tmp_path,
@@ -58,6 +62,7 @@ def test_tandem_ui_makes_its_store_private_and_ends_its_server_and_uvicorn(tmp_p
     try:
         until(lambda: _healthy(port) or ui.poll() is not None, 90, "the MLflow UI coming up")
         assert ui.poll() is None, ui.stderr.read().decode()[-2000:] if ui.stderr else ""
+        assert not marker.exists(), "a package planted in the folder tandem ui was started in ran"
         assert _mode(tmp_path / "mlflow.db") == 0o600
         assert {p.name: _mode(p) for p in tmp_path.glob("mlflow.db*")} == {
             p.name: 0o600 for p in tmp_path.glob("mlflow.db*")

@@ -192,10 +192,16 @@ def ui(store_uri: str | None, port: int) -> None:
         "1",
         "--uvicorn-opts",
         f"--uds {shlex.quote(str(upstream))}",  # uvicorn binds the socket, not host:port
+        "--artifacts-destination",  # MLflow's default (./mlartifacts) of where it was started
+        os.path.abspath("mlartifacts"),
     )
     # MLflow's job runner (GenAI evaluation jobs; nothing a tracked run uses) keeps its queue
     # in a new /dev/shm/tmpXXXXXXXX directory per launch and never removes it.
     env = {"MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false", **os.environ}
+    # Nothing of this folder is imported by the server's interpreters: it starts its own
+    # `python -m uvicorn`, which puts its app dir (its cwd) first on its path; so they run in
+    # the private folder of its socket, with a safe path (-P is the first one's only).
+    env["PYTHONSAFEPATH"] = "1"
     # The server and its uvicorn in a process group of their own, ended by this process
     # whatever ends it (Ctrl-C, SIGTERM, SIGHUP, the server's own exit); what they write
     # (an artifact sent through the UI) is this user's alone.
@@ -209,7 +215,7 @@ def ui(store_uri: str | None, port: int) -> None:
     signals = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
     previous = {s: signal.signal(s, interrupt) for s in signals}
     try:
-        server = subprocess.Popen(argv, env=env, process_group=0, umask=0o077)
+        server = subprocess.Popen(argv, env=env, cwd=upstream.parent, process_group=0, umask=0o077)
         try:
             code = _gate_until_exit(listener, upstream, server)
         except KeyboardInterrupt:

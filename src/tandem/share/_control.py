@@ -97,6 +97,9 @@ class ControlServer:
         # Digests of the served dataset's items (a reader's check of its data), where the
         # producer owns a map-style dataset: set by Producer.from_dataset.
         self.item_digests: Callable[[list[int]], list[str]] | None = None
+        # Held while the produce loop starts an epoch (a DataLoader forks its workers then)
+        # and while items are digested on a thread of their own (see _answer_items).
+        self.forking = threading.Lock()
         self.aside_after_s: float | None = ASIDE_AFTER_S
         self._tended_at = 0.0
         self._stats = stats
@@ -246,7 +249,8 @@ class ControlServer:
                 and all(type(i) is int and 0 <= i < (self.window.samples_per_epoch or 0) for i in indices)
             ):
                 try:
-                    digests = tuple(self.item_digests(indices))
+                    with self.forking:
+                        digests = tuple(self.item_digests(indices))
                 except Exception as exc:  # noqa: BLE001 - the user's dataset: say nothing, log why
                     log.warning(
                         "producer %r: items %s not digested (%s: %s)",

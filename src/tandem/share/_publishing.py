@@ -118,11 +118,15 @@ class PublishingLoop:
     def _transformed(self) -> Generator[Any, None, None]:
         """One epoch of the source, through ``batch_transform`` if any: on
         ``transform_threads`` threads, that many batches in flight, in the source's order."""
+        # iter() of a DataLoader forks its workers: never while a reader's item check runs the
+        # dataset's code on another thread (a lock it held would stay held in every worker).
+        with self._server.forking:
+            source = iter(self._source)
         if self._transform is None:
-            yield from self._source
+            yield from source
             return
         if self._transform_threads == 1:
-            for batch in self._source:
+            for batch in source:
                 yield self._transform(batch)
             return
         pending: collections.deque[concurrent.futures.Future] = collections.deque()
@@ -130,7 +134,7 @@ class PublishingLoop:
         init = (lambda: torch.cuda.set_device(on)) if on is not None else None
         with concurrent.futures.ThreadPoolExecutor(self._transform_threads, "tandem-transform", init) as pool:
             try:
-                for batch in self._source:
+                for batch in source:
                     pending.append(pool.submit(self._transform, batch))
                     if len(pending) >= self._transform_threads:
                         yield pending.popleft().result()

@@ -386,12 +386,19 @@ def _order(loader: DataLoader) -> tuple[bool, int, int | None, int | None]:
 _SEED_AT_IMPORT = torch.initial_seed()
 
 
+_GENERATOR_DEFAULT_SEED = torch.Generator().initial_seed()  # torch.Generator() not seeded: a constant
+
+
 def _random_seed(generator: torch.Generator | None) -> int:
     """The order's seed, as torch's loader draws its order: from the loader's ``generator=``,
     else from ``torch.manual_seed``'s; 0 in a process that seeded neither (so that
-    unseeded processes of a sweep share one order)."""
+    unseeded processes of a sweep share one order). A generator seeded at random (64 bits:
+    Accelerate seeds its sampler's from the global generator's draws) counts as unseeded."""
     if generator is not None:
-        return int(generator.initial_seed()) % 2**63
+        given = int(generator.initial_seed())
+        if given < 2**32 or given == _GENERATOR_DEFAULT_SEED:
+            return given
+        return 0
     seed = torch.initial_seed()
     if seed != _SEED_AT_IMPORT or seed < 2**32:
         return int(seed) % 2**63
