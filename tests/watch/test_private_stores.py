@@ -95,3 +95,29 @@ def test_tandem_ui_says_in_a_line_where_its_store_cannot_be_made(tmp_path: Path)
                cwd=tmp_path, env={**os.environ, "TANDEM_RUNTIME_DIR": str(tmp_path / "rt")})  # fmt: skip
     assert r.returncode == 1 and "cannot make the store sqlite:////proc/no-such-dir/mlflow.db" in r.stderr
     assert "Traceback" not in r.stderr
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="makes files of another uid (root; CI is root)")
+@pytest.mark.parametrize("planted", ["file", "link"])
+def test_a_store_planted_by_another_user_is_refused(tmp_path: Path, planted: str) -> None:
+    """Another user's ``./mlflow.db`` (or their link to a file of theirs) in a shared folder
+    would get this user's runs (tags, output): ``tandem ui`` and ``tandem run`` refuse it."""
+    theirs = tmp_path / "theirs.db"
+    theirs.write_bytes(b"")
+    os.chown(theirs, 12345, 12345)
+    db = tmp_path / "mlflow.db"
+    if planted == "link":
+        db.symlink_to(theirs)
+        os.lchown(db, 12345, 12345)
+    else:
+        theirs.rename(db)
+    env = {**os.environ, "TANDEM_RUNTIME_DIR": str(tmp_path / "rt")}
+    env.pop("MLFLOW_TRACKING_URI", None)
+    r = tandem("ui", "--port", str(_free_port()), cwd=tmp_path, env=env)
+    assert r.returncode == 1 and "belongs to uid 12345, not to you" in r.stderr, r.stderr
+    assert "Traceback" not in r.stderr
+    ran = tandem("run", "--", "/bin/echo", "secret-output", cwd=tmp_path, env=env)
+    assert "secret-output" not in (tmp_path / "theirs.db" if planted == "link" else db).read_bytes().decode(
+        errors="replace"
+    )
+    assert "belongs to uid 12345" in ran.stderr, ran.stderr

@@ -97,6 +97,10 @@ def serve(
         lifespan="off",
         timeout_graceful_shutdown=1,
         timeout_keep_alive=int(HEADER_TIMEOUT_S),
+        # uvicorn listens again with its backlog (2048 by default): past the 1,024 open files
+        # a process has, another user's flood of connections made it log a traceback per
+        # failed accept (22 MB in 15 s) and answer no one; within them it refuses in silence.
+        backlog=128,
     )
     try:
         uvicorn.Server(config).run(sockets=[sock])

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import stat
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -62,6 +63,19 @@ def _sqlite_init_lock(uri: str) -> Iterator[None]:
         lock.release()
 
 
+def _check_owned(db: Path) -> None:
+    """A store file that is there must be this user's own (and a link to it, the user's
+    own link): another user's file or link, planted in a shared folder, would send the
+    runs' tags and output to them."""
+    me = os.getuid()
+    for what, st in (("link", os.lstat(db)), ("file", os.stat(db))):
+        if st.st_uid != me and not (what == "link" and not stat.S_ISLNK(st.st_mode)):
+            raise OSError(
+                f"{db}: the {what} belongs to uid {st.st_uid}, not to you; a store tandem writes "
+                "must be a file of yours (move it away, or give --store)"
+            )
+
+
 def _create_private(db: Path) -> None:
     """A new store file ``db`` made 0600 (SQLite gives its journal, ``-wal`` and ``-shm`` files
     the database's mode), and the ``mlruns`` folder beside it, where tandem's runs keep their
@@ -70,6 +84,7 @@ def _create_private(db: Path) -> None:
     try:
         os.close(os.open(db, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
     except FileExistsError:
+        _check_owned(db)
         return
     with contextlib.suppress(FileExistsError):
         (db.parent / "mlruns").mkdir(mode=0o700)
