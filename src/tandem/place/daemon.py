@@ -91,6 +91,8 @@ class Daemon:
             from tandem.place.run.ray_backend import RayBackend
 
             # Without an address: this machine's head of the daemon's own, which outlives it.
+            if not config.address:  # its own head lets in only this user's processes
+                os.environ.update(ray_head.auth_env(state.dir))
             address = config.address or ray_head.ensure(state.dir, capacity.cpus, capacity.gpus).address
             backend = RayBackend(address)
             capacity = backend.cluster()

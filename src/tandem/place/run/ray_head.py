@@ -11,6 +11,11 @@ next daemon of the state directory connects to that head again while it answers
 (:func:`stop`): its ``ray start`` is ended, and what outlived it is found by its temporary
 directory, never another Ray of this machine.
 
+It lets in only the processes of its user: Ray's token authentication (``RAY_AUTH_MODE=token``)
+with a token in a 0600 file of the state's private directory (:func:`auth_env`), which the
+daemon, the head and every Ray process they start read; without it any local user could
+join the head as a node of their own and run code as this one.
+
 The head declares what the daemon may hand out: its cores (whole: ``ray start`` takes no
 fraction), and each GPU with its memory as ``tandem_gpu_mem_mib_<NVML index>``, so that
 the node's agent's readings (by NVML index) are each GPU's own also under ``--gpus``.
@@ -24,6 +29,7 @@ import logging
 import math
 import os
 import re
+import secrets
 import shutil
 import signal
 import socket
@@ -42,6 +48,7 @@ from tandem.place.run.proctrack import create_time, same_process
 from tandem.place.run.ray_backend import GPU_MEM_RESOURCE, MIB
 
 HEAD_FILE = "ray-head.json"  # in the state's private directory
+TOKEN_FILE = "ray-token"  # the head's authentication token, 0600, beside it
 LOG_FILE = "ray-head.log"
 START_S = 120.0  # what a head may take to start on a loaded machine
 STOP_S = 30.0
@@ -135,6 +142,17 @@ def _kept(state_dir: Path) -> LocalHead | None:
     return head
 
 
+def auth_env(state_dir: Path) -> dict[str, str]:
+    """What a process needs in its environment to talk to the state directory's head: the
+    token's mode and file (made 0600 the first time)."""
+    path = private_dir(state_dir) / TOKEN_FILE
+    if not path.exists():
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write(secrets.token_hex(32))
+    return {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN_PATH": str(path)}
+
+
 def _start(state_dir: Path, cpus: float, gpus: tuple[GpuInfo, ...]) -> LocalHead:
     private = private_dir(state_dir)
     temp = tempfile.mkdtemp(prefix=Path(TEMP_PREFIX).name, dir=Path(TEMP_PREFIX).parent)
@@ -150,7 +168,12 @@ def _start(state_dir: Path, cpus: float, gpus: tuple[GpuInfo, ...]) -> LocalHead
     log = private / LOG_FILE
     with open(log, "wb") as out:
         proc = subprocess.Popen(
-            args, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True
+            args,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+            env={**os.environ, **auth_env(state_dir)},
         )
     head = LocalHead(f"127.0.0.1:{port}", temp, proc.pid, create_time(proc.pid) or 0.0, cores, indices)
     write_json(private / HEAD_FILE, dataclasses.asdict(head))  # before it answers: a stop finds it
