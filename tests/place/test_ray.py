@@ -206,6 +206,13 @@ def test_the_daemon_s_own_ray_head_outlives_it_and_the_next_daemon_follows_its_j
     try:
         cli("daemon", "start", "--backend", "ray", *FAST, timeout=scaled(240))
         head = json.loads((cli.state / ray_head.HEAD_FILE).read_text())
+        # It lets in only its user's processes: a client without the token is refused.
+        env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_AUTH")}
+        stranger = subprocess.run(
+            [sys.executable, "-c", f"import ray; ray.init(address={head['address']!r})"],
+            env=env, capture_output=True, text=True, timeout=scaled(120),
+        )  # fmt: skip
+        assert stranger.returncode != 0 and "InvalidAuthToken" in stranger.stderr, stranger.stderr[-2000:]
         job = cli.submit("--", "sh", "-c", f"echo $TANDEM_JOB_ATTEMPT >> {tmp_path / 'runs.txt'}; sleep 12")
         deadline = time.monotonic() + scaled(120)
         while not (tmp_path / "runs.txt").exists():
