@@ -79,6 +79,17 @@ def test_a_host_header_names_a_loopback_name_and_this_servers_port(
     assert host_allowed(host, LOOPBACK_HOSTS, port) is allowed
 
 
+def test_a_head_with_bare_line_ends_is_refused() -> None:
+    """A bare LF ends a line for the server behind the gate: a request hidden in another's
+    head (its own Host and Origin) never reaches it unchecked."""
+    hidden = (
+        b"GET /x HTTP/1.1\nHost: evil.com\nOrigin: http://evil.com\n\nGET /y HTTP/1.1\r\nHost: 127.0.0.1:5000"
+    )
+    assert refused(hidden, PORT) == "lines of a request's head must end with CRLF"
+    assert refused(_head("Host: 127.0.0.1:5000", "X: a\rb"), PORT)
+    assert refused(_head("Host: 127.0.0.1:5000"), PORT) is None
+
+
 def test_one_request_per_connection() -> None:
     head = _head("Host: 127.0.0.1:5000", "Connection: keep-alive", "Keep-Alive: timeout=5", "Upgrade: h2c")
     out = closing(head)

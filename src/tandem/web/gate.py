@@ -28,6 +28,10 @@ _HOP_BY_HOP = {b"connection", b"keep-alive", b"proxy-connection", b"upgrade"}
 def refused(head: bytes, port: int) -> str | None:
     """Why the request whose head (request line and headers) is ``head`` may not go through
     the gate on ``port``, or None."""
+    if b"\n" in head.replace(b"\r\n", b"") or b"\r" in head.replace(b"\r\n", b""):
+        # A bare LF or CR ends a line for the server behind the gate, not for the gate: a
+        # second request hidden in the first's head would pass unchecked.
+        return "lines of a request's head must end with CRLF"
     fields: dict[bytes, list[bytes]] = {}
     for line in head.split(b"\r\n")[1:]:
         name, sep, value = line.partition(b":")
