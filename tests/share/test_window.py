@@ -61,6 +61,29 @@ def test_wait_reuses_a_slot_only_once_every_consumer_released_it():
     _check_slots(w)
 
 
+def test_a_slot_two_set_aside_consumers_hold_is_reused_only_once_both_let_it_go():
+    """Consumers set aside keep the slots they may still read (new ones are numbered in
+    their place); a slot both of them hold is free only once neither does."""
+    w = Window("wait", 2)
+    a, b, c = (SocketLink(0, (0, 0)) for _ in range(3))
+    _fill(w, [a, b, c], 2, 99)
+    for link in (a, b):
+        assert _take(link, w) == 0
+    held = w.entries[0].slot
+    w.retain([held])  # a set aside holding entry 0
+    w.retain([held])  # b too
+    assert _take(c, w) == 0 and _take(c, w) == 1
+    c.released((0, 1))
+    slot, _ = w.take_slot([c], 99)  # the others are out of the pacing: entry 0 goes
+    assert slot is not None and slot != held and 0 not in w.entries, "a held slot was reused"
+    _publish_batch(w, slot)
+    w.unretain([held])  # a lets it go: b still reads it
+    assert held not in w.free
+    w.unretain([held])
+    assert held in w.free
+    _check_slots(w)
+
+
 def test_without_consumers_nothing_is_evicted_the_first_one_gets_the_window():
     w = Window("skip", 3)
     cap = w.size + 1  # the producer's cap with no consumer: one slot to grow into

@@ -26,6 +26,7 @@ from collections.abc import Callable
 
 from tandem._ipc import close_fds, new_socket
 from tandem.share import _table, protocol
+from tandem.share._control import ASIDE_AFTER_S
 from tandem.share._gate import ReleaseGate
 from tandem.share._interrupt import sigterm_ends_wait
 from tandem.share._segment_map import Segments
@@ -288,7 +289,7 @@ def set_aside_text(name: str, after_s: float | None) -> str:
     took = (
         f"no batch for {after_s:g} s"
         if after_s
-        else "no batch for longer than its producer allows (10 s by default)"
+        else f"no batch for longer than its producer allows ({ASIDE_AFTER_S:g} s by default)"
     )
     return (
         f"the producer of {name!r} set this consumer aside: it took {took} while other readers "

@@ -89,9 +89,9 @@ class Window:
         self.size = slots  # the window: slots in use ("wait"), ahead of the fastest ("skip")
         self.ahead = ahead  # "wait": the most entries published past the fastest consumer
         self.slots = 0  # slots numbered so far ("skip" may grow it past ``size``)
-        # Slots a set-aside consumer may still read (see ControlServer.set_aside): never
-        # reused while it may, and new ones numbered in their place.
-        self.retained: set[int] = set()
+        # Slots set-aside consumers may still read (see ControlServer.set_aside), with how
+        # many of them may: never reused while one may, and new ones numbered in their place.
+        self.retained: collections.Counter[int] = collections.Counter()
         self.entries: collections.OrderedDict[int, Entry] = collections.OrderedDict()
         self.free: list[int] = []
         self.next_seq = 0
@@ -234,17 +234,19 @@ class Window:
             self.free.append(entry.slot)
 
     def retain(self, slots: Collection[int]) -> None:
-        """Keep ``slots`` from reuse until :meth:`unretain` (a set-aside consumer reads them)."""
+        """Keep ``slots`` from reuse until :meth:`unretain` (a set-aside consumer reads them;
+        each retain of a slot is undone by one unretain: two consumers may hold one slot)."""
         self.retained.update(slots)
 
     def unretain(self, slots: Collection[int]) -> None:
-        """``slots`` may be reused again: at once if their entries are gone."""
+        """One consumer no longer reads ``slots``: each may be reused once no other does,
+        at once if its entry is gone."""
         live = {entry.slot for entry in self.entries.values()}
         for slot in slots:
-            if slot in self.retained:
-                self.retained.discard(slot)
-                if slot not in live:
-                    self.free.append(slot)
+            if self.retained[slot] > 1:
+                self.retained[slot] -= 1
+            elif self.retained.pop(slot, 0) and slot not in live:
+                self.free.append(slot)
 
     def resize(self, size: int) -> None:
         """Set the window's size in slots (kept within ``MIN_SLOTS..cap``). Slots already
