@@ -42,9 +42,8 @@ def test_what_was_learnt_is_kept_in_the_state_and_a_running_figure_is_lent() -> 
     import tempfile
 
     from tandem.place.active import Active
-    from tandem.place.records import Job
+    from tandem.place.records import AttemptPlacement, Job
     from tandem.place.reserve import AUTO_CPUS, Learned, Measuring, probing_keys, running_figures
-    from tandem.place.scheduler import Placement
 
     with tempfile.TemporaryDirectory() as d:
         state = State(Path(d))
@@ -53,7 +52,7 @@ def test_what_was_learnt_is_kept_in_the_state_and_a_running_figure_is_lent() -> 
         other = Job(["python", "t.py"], "/", cpus=AUTO_CPUS, id=8, learn_key="name:r{lr}")
         first = Measuring(point, learned)
         assert first.probe
-        active = [Active(point, 1, Placement(7, (), None, False, False), (), Path(d), 0.0, cpu=first)]
+        active = [Active(point, 1, AttemptPlacement(), Path(d), 0.0, cpu=first)]
         assert probing_keys(active) == {"name:r{lr}": 7}
         assert Measuring(other, learned, running_figures(active)).probe  # nothing measured yet
         for c in (0.1, 0.1):  # past its start-up: measured

@@ -16,7 +16,9 @@ from tandem.place.admission import Admission
 from tandem.place.decide import GpuReading, Peak
 from tandem.place.model import RUNNING, SUCCEEDED, Capacity, GpuInfo
 from tandem.place.policies import Limits, make_policy
-from tandem.place.reserve import Learned, Measuring
+from tandem.place.records import AttemptPlacement
+from tandem.place.reserve import MEM_MARGIN, Learned, Measuring
+from tandem.place.resources import Reservation, Resources
 from tandem.place.scheduler import Placement, plan
 from tandem.place.sim.simrun import SimRun, gpu_reading, uuid_of
 from tandem.place.sim.simulate import SlowdownModel, _Sim, simulate
@@ -81,6 +83,11 @@ class _NoProducers:
         return {}, {}
 
 
+def _running(t: TraceJob, cpu: Measuring, ram: int) -> Reservation:
+    """What a running job of the trace reserves: its cores as learnt, its given GPU memory."""
+    return Reservation(Resources(cpu.cores, ram, t.gpus, t.gpu_mem or 0, t.gpu_share or 0))
+
+
 def _learnt() -> Startup:
     return Startup(Learned({"name:learnt": [0.4]}))
 
@@ -93,9 +100,10 @@ def _simulator() -> _Sim:
     for job in sim.jobs:
         if job.id in RUNNING_IDS:
             t, rec = job.trace, job.job
-            p = Placement(job.id, (0,) if t.gpus else (), t.gpu_mem, False, False)
-            run = SimRun(rec, t, p, T - 100, T - 70, t.gpu_mem, 600.0, t.true_gpu_mem, None)
-            run.cpu = Measuring(rec, sim.startup.learned)
+            cpu = Measuring(rec, sim.startup.learned)
+            r = _running(t, cpu, rec.mem or int(t.mem * (1 + MEM_MARGIN)))  # the simulator's RAM: its use
+            p = Placement(job.id, (0,) if t.gpus else (), r, False, False)
+            run = SimRun(rec, t, p, T - 100, T - 70, r, 600.0, t.true_gpu_mem, cpu)
             run.samples, run.cpus_used, job.state = 30, 0.5, RUNNING
             sim.runs.append(run)
             if t.gpus:
@@ -122,10 +130,13 @@ def test_the_simulator_and_the_daemons_admission_reach_the_same_decisions(tmp_pa
     for job in _simulator().jobs:
         if job.id in RUNNING_IDS:
             t = job.trace
-            p = Placement(job.id, (0,) if t.gpus else (), t.gpu_mem, False, False)
+            cpu = Measuring(job.job, startup.learned)
             uuids = (uuid_of(0),) if t.gpus else ()
-            a = Active(job.job, 1, p, uuids, tmp_path, now - 100, gpu_mem_reserved=t.gpu_mem)
-            a.cpu, a.samples, a.cpus_used = Measuring(job.job, startup.learned), 30, 0.5
+            placed = AttemptPlacement(
+                gpus=(0,) if t.gpus else (), uuids=uuids, reservation=_running(t, cpu, job.job.mem)
+            )
+            a = Active(job.job, 1, placed, tmp_path, now - 100, cpu=cpu)
+            a.samples, a.cpus_used = 30, 0.5
             active[job.id] = a
     reasons: dict[int, str] = {}
     queue = admission.waiting([w.job for w in waiting.values()], {}, active, reasons)
@@ -170,24 +181,29 @@ def test_a_reservation_says_where_each_figure_came_from() -> None:
     given = reserve(
         Job(["x"], "/", cpus=2.0, mem=GiB, gpus=1, gpu_mem=3 * GiB, id=1), learned, None, None, 0.1
     )
-    assert (given.cores, given.ram, given.gpu_mem, given.probe) == (2.0, GiB, 3 * GiB, False)
-    r = given.reservation
+    assert (given.resources.cores, given.resources.ram, given.gpu_mem, given.probe) == (
+        2.0,
+        GiB,
+        3 * GiB,
+        False,
+    )
+    r = given
     assert (r.cores_from, r.ram_from, r.gpu_mem_from) == (GIVEN, GIVEN, GIVEN)
     seen = Job(
         ["x"], "/", name="seen", cpus=AUTO_CPUS, mem=0, gpus=1, gpu_mem=None, id=2, job_key="name:seen"
     )
     learnt = reserve(seen, learned, None, Peak(2 * GiB, 10 * GiB), 0.1)
     assert (
-        learnt.cores == margin(0.5)
+        learnt.resources.cores == margin(0.5)
         and learnt.gpu_mem == int(10 * GiB * 1.1)
-        and learnt.ram == int(2 * GiB * 1.1)
+        and learnt.resources.ram == int(2 * GiB * 1.1)
     )
-    r = learnt.reservation
+    r = learnt
     assert (r.cores_from, r.ram_from, r.gpu_mem_from) == (LEARNT, LEARNT, LEARNT)
     new = Job(["y"], "/", cpus=AUTO_CPUS, mem=0, gpus=1, gpu_mem=None, id=3, job_key="cmd:y")
     probe = reserve(new, learned, None, None, 0.1)
-    assert probe.probe and probe.cores == PROBE_CORES and probe.gpu_mem is None
-    r = probe.reservation
+    assert probe.probe and probe.resources.cores == PROBE_CORES and probe.gpu_mem is None
+    r = probe
     assert (r.cores_from, r.ram_from, r.gpu_mem_from) == (PROBE, PROBE, PROBE)
     alike = reserve(new, learned, {"cmd:y": (0.7, 9)}, None, 0.1)  # a running job alike measured
-    assert not alike.probe and alike.cores == 0.7 and "job 9 running" in alike.cores_why
+    assert not alike.probe and alike.resources.cores == 0.7 and "job 9 running" in alike.cores_why

@@ -15,6 +15,7 @@ import pytest
 
 from tandem.place.policies import HostSlot, Limits, Packing
 from tandem.place.scheduler import Waiting, plan, share_bound
+from tests.place.needs import waiting
 from tests.place.test_daemon import DATASET
 from tests.place.test_reserve import _lines, _producers_ended
 from tests.timing import scaled, until
@@ -42,7 +43,7 @@ def _plan(queue: list[Waiting], host: HostSlot):  # type: ignore[no-untyped-def]
 def test_a_running_producer_is_in_the_hosts_reserved_never_charged_to_its_jobs() -> None:
     # RAM is strict (no share group passes it): the producer, a job of its own, is reserved
     # as it runs (8 GiB here), and four jobs of 1 GiB of its group fit the 16 GiB beside it.
-    running = [Waiting(i, 0, float(i), 0.2, GIB, 0, None, share="s", share_jobs=0) for i in range(1, 5)]
+    running = [waiting(i, 0, float(i), 0.2, GIB, share="s", share_jobs=0) for i in range(1, 5)]
     assert len(_plan(running, _host(mem_reserved=8 * GIB)).placements) == 4
     out = _plan(running, _host(mem_reserved=13 * GIB))
     assert len(out.placements) == 3 and out.reasons[4].startswith("RAM: needs 1.0G"), out.reasons
@@ -50,13 +51,13 @@ def test_a_running_producer_is_in_the_hosts_reserved_never_charged_to_its_jobs()
 
 def test_learnt_cores_start_on_measured_room_given_cores_wait_for_reservations() -> None:
     full = _host(cpus_reserved=2.0, jobs=2, all_jobs=2, cpus_busy=0.6)
-    learnt = Waiting(1, 0, 1.0, 0.5, GIB, 0, None, elastic=True)
-    given = Waiting(2, 0, 2.0, 0.5, GIB, 0, None)
+    learnt = waiting(1, 0, 1.0, 0.5, GIB, elastic=True)
+    given = waiting(2, 0, 2.0, 0.5, GIB)
     out = _plan([learnt, given], full)
     assert [p.job_id for p in out.placements] == [1]
     assert out.reasons[2] == "cores: needs 0.5, 0 of 2 free", out.reasons
     # Each job placed counts for the rest of the pass: 0.6 + 0.5 + 0.5 + 0.5 > 2.
-    alike = [Waiting(i, 0, float(i), 0.5, GIB, 0, None, elastic=True) for i in range(1, 5)]
+    alike = [waiting(i, 0, float(i), 0.5, GIB, elastic=True) for i in range(1, 5)]
     out = _plan(alike, full)
     assert [p.job_id for p in out.placements] == [1, 2]
     assert out.reasons[3] == "cores: needs 0.5, 0 of 2 free; 0.40 of 2 cores measured idle"
@@ -66,14 +67,14 @@ def test_learnt_cores_start_on_measured_room_given_cores_wait_for_reservations()
     # Not measured: reservations decide alone.
     assert _plan([learnt], _host(cpus_reserved=2.0, jobs=2, all_jobs=2)).placements == []
     # A job starting counts at what its program used at start, not its reservation.
-    starting = Waiting(1, 0, 1.0, 0.25, GIB, 0, None, elastic=True, startup_cpus=1.0)
+    starting = waiting(1, 0, 1.0, 0.25, GIB, elastic=True, startup_cpus=1.0)
     assert _plan([starting], _host(cpus_reserved=2.0, jobs=2, all_jobs=2, cpus_busy=1.2)).placements == []
 
 
 def test_a_share_groups_jobs_run_together_up_to_four_a_core_ram_still_strict() -> None:
     host = _host(cpus_reserved=2.0, jobs=3, all_jobs=3, cpus_busy=2.0)
     assert share_bound(host) == 8
-    queue = [Waiting(i, 0, float(i), 0.5, GIB, 0, None, share="s", share_jobs=6) for i in range(1, 5)]
+    queue = [waiting(i, 0, float(i), 0.5, GIB, share="s", share_jobs=6) for i in range(1, 5)]
     out = _plan(queue, host)
     assert [p.job_id for p in out.placements] == [1, 2]  # 6 running + 2 placed = the bound
     assert out.reasons[3].startswith("cores: needs 0.5"), out.reasons

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from tandem.place.policies import GpuSlot, HostSlot, Limits, make_policy
 from tandem.place.scheduler import NodeSlot, Waiting, fits_a_node, plan_nodes
+from tests.place.needs import waiting
 
 GiB = 1 << 30
 LIMITS = Limits()
@@ -18,7 +19,7 @@ def node(name: str, cpus: float = 2.0, gpus: int = 0, unmeasured: bool = True, b
 
 
 def job(i: int, cpus: float = 1.0, gpus: int = 0, **kw) -> Waiting:
-    return Waiting(i, 0, float(i), cpus, 256 << 20, gpus, kw.pop("gpu_mem", None), **kw)
+    return waiting(i, 0, float(i), cpus, 256 << 20, gpus, kw.pop("gpu_mem", None), **kw)
 
 
 def where(queue, nodes) -> dict[int, str]:

@@ -146,4 +146,4 @@ def test_a_pass_sees_what_each_waiting_job_s_program_used_at_start(tmp_path: Pat
     waiting = admission.waiting(state.queue(("queued",)), {}, {}, reasons)
     # The measured program at what it took; one never seen at a core, until its first sample.
     assert [w.startup_cpus for w in waiting] == [1.0, UNSEEN_STARTUP_CORES] and reasons == {}
-    assert [w.gpu_share for w in waiting] == [30, 30]  # declared compute reaches the scheduler
+    assert [w.need.resources.gpu_share for w in waiting] == [30, 30]  # declared compute reaches the scheduler

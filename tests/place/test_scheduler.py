@@ -10,6 +10,7 @@ import pytest
 
 from tandem.place.policies import GpuSlot, HostSlot, Limits, make_policy
 from tandem.place.scheduler import Waiting, fits_at_all, plan
+from tests.place.needs import waiting
 
 G = 1 << 30
 LIMITS = Limits()
@@ -27,7 +28,7 @@ def job(
     i: int, gpu_mem: float | None = 10, gpus: int = 1, cpus: float = 1, priority: int = 0, **kw
 ) -> Waiting:
     mem = None if gpu_mem is None else int(gpu_mem * G)
-    return Waiting(i, priority, submitted=float(i), cpus=cpus, mem=0, gpus=gpus, gpu_mem=mem, **kw)
+    return waiting(i, priority, cpus=cpus, gpus=gpus, gpu_mem=mem, **kw)
 
 
 def placed(policy: str, queue, gpus, h=None, limits=LIMITS, now=100.0):
@@ -129,7 +130,7 @@ def test_priorities_backfill_and_aging() -> None:
 
 def test_cpu_only_jobs_reserve_cores_and_ram() -> None:
     h = host(cpus_total=2, mem_total=8 * G, mem_available=8 * G)
-    q = [Waiting(i, 0, float(i), cpus=1, mem=3 * G, gpus=0, gpu_mem=None) for i in range(4)]
+    q = [waiting(i, 0, float(i), cpus=1, mem=3 * G) for i in range(4)]
     assert len(plan(q, h, [], make_policy("first-fit"), LIMITS, 0.0).placements) == 2
     assert len(plan(q, h, [], make_policy("exclusive"), LIMITS, 0.0).placements) == 1
     busy = host(cpus_total=2, mem_total=8 * G, jobs=1, cpus_reserved=0.5, cpu_mean=0.9, cpu_p95=0.95)
@@ -181,7 +182,7 @@ def test_a_job_alone_on_the_host_blocks_gpu_jobs_too() -> None:
     lonely = host(alone=True, jobs=1, all_jobs=1)
     assert placed("first-fit", [job(1)], [gpu(0)], h=lonely) == {}
     busy = host(jobs=0, all_jobs=1)  # one GPU job runs: a CPU job that must be alone waits
-    q = [Waiting(2, 0, 2.0, cpus=1, mem=0, gpus=0, gpu_mem=None, escalation=2)]
+    q = [waiting(2, 0, 2.0, cpus=1, mem=0, escalation=2)]
     assert plan(q, busy, [], make_policy("first-fit"), LIMITS, 0.0).placements == []
 
 
@@ -192,7 +193,7 @@ def test_no_probe_on_a_gpu_measured_full() -> None:
 
 def test_ram_beyond_what_is_handed_out_is_refused() -> None:
     h = host(mem_total=100 * G)
-    big = Waiting(1, 0, 0.0, cpus=1, mem=97 * G, gpus=0, gpu_mem=None)
+    big = waiting(1, 0, 0.0, cpus=1, mem=97 * G)
     assert "at most" in fits_at_all(big, h, [])  # 5% of RAM is kept free of jobs
 
 
@@ -254,8 +255,8 @@ def test_packing_counts_what_jobs_use_beyond_their_declaration() -> None:
     # Two jobs that declared a quarter core each use a whole one (a start-up burst): a
     # 1-core job waits, a quarter-core one still fits; first-fit goes by reservations.
     h = host(cpus_total=2, jobs=2, cpus_reserved=0.5, cpus_over=(1.0, 7))
-    one = Waiting(1, 0, 1.0, cpus=1, mem=0, gpus=0, gpu_mem=None)
-    quarter = Waiting(2, 0, 2.0, cpus=0.25, mem=0, gpus=0, gpu_mem=None)
+    one = waiting(1, 0, 1.0, cpus=1, mem=0)
+    quarter = waiting(2, 0, 2.0, cpus=0.25, mem=0)
     outcome = plan([one, quarter], h, [], make_policy("packing"), LIMITS, 0.0)
     assert [p.job_id for p in outcome.placements] == [2]
     assert outcome.reasons[1] == (
@@ -287,11 +288,11 @@ def test_jobs_starting_together_count_what_their_program_used_at_start() -> None
     assert startup.cores(["sleep", "3"]) == 0.0  # its first sample says what it really takes
     # Four quarter-core jobs of that program on two cores: one, then the others as the
     # first one's start-up is over (not all four imports at once).
-    q = [Waiting(i, 0, float(i), cpus=0.25, mem=0, gpus=0, gpu_mem=None, startup_cpus=1.0) for i in range(4)]
+    q = [waiting(i, 0, float(i), cpus=0.25, mem=0, startup_cpus=1.0) for i in range(4)]
     h = host(cpus_total=2)
     outcome = plan(q, h, [], make_policy("packing"), LIMITS, 0.0)
     assert [p.job_id for p in outcome.placements] == [0, 1]  # 0.5 reserved + 1.5 starting
     assert outcome.reasons[2].startswith("held back: jobs use 1.5 cores more than they declared")
     # Jobs with no start-up to count (GPU jobs: their own GPU checks) start together, as declared.
-    fresh = [Waiting(i, 0, float(i), cpus=0.5, mem=0, gpus=0, gpu_mem=None) for i in range(4)]
+    fresh = [waiting(i, 0, float(i), cpus=0.5, mem=0) for i in range(4)]
     assert len(plan(fresh, h, [], make_policy("packing"), LIMITS, 0.0).placements) == 4

@@ -72,12 +72,12 @@ def test_a_job_on_a_share_counts_its_producer(inproc, tmp_path, monkeypatch) -> 
 def test_under_ray_a_job_s_threads_count_the_jobs_on_its_node_not_the_cluster_s() -> None:
     from types import SimpleNamespace
 
-    from tandem.place.scheduler import Placement
     from tandem.place.starting import jobs_per_node
     from tandem.place.threads import thread_count
+    from tests.place.needs import placed
 
     running = [SimpleNamespace(placed=SimpleNamespace(node=n)) for n in ("id-head", "id-head", "id-worker")]
-    new = [Placement(9, (), None, False, False, node="id-worker")]
+    new = [placed(9, node="id-worker")]
     on = jobs_per_node(running, new)  # type: ignore[arg-type]
     assert on == {"id-head": 2, "id-worker": 2}
     assert thread_count(None, 8, on["id-worker"]) == 4  # its 8-core node's half, not 8 // 4

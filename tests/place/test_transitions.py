@@ -170,14 +170,12 @@ def test_a_write_that_fails_after_the_end_is_recorded_is_retried_alone(
 ) -> None:
     """The job's transition is written once; a later write that fails (a full disk at the
     measured peak) is tried again next tick, and the attempt then leaves the active set."""
-    from tandem.place.scheduler import Placement
+    from tests.place.needs import placed
 
     state = State(tmp_path)
     attempts = _attempts(state)
     job_id, _ = state.add_job(JobSpec(["true"], str(tmp_path), {"PATH": "/usr/bin:/bin"}), 0, time.time())
-    attempts.start(
-        state.job(job_id), Placement(job_id, (), None, False, False), (), {"PATH": "/usr/bin:/bin"}
-    )
+    attempts.start(state.job(job_id), placed(job_id), (), {"PATH": "/usr/bin:/bin"})
     failures = []
     real = state.record_peak
 
@@ -200,7 +198,7 @@ def test_a_write_that_fails_after_the_end_is_recorded_is_retried_alone(
 def test_a_job_whose_supervisor_cannot_start_fails_and_is_not_followed(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from tandem.place.scheduler import Placement
+    from tests.place.needs import placed
 
     state = State(tmp_path)
     attempts = _attempts(state)
@@ -211,7 +209,7 @@ def test_a_job_whose_supervisor_cannot_start_fails_and_is_not_followed(
 
     monkeypatch.setattr(attempts.launcher, "start", cannot)
     with pytest.raises(OSError):
-        attempts.start(state.job(job_id), Placement(job_id, (), None, False, False), (), {})
+        attempts.start(state.job(job_id), placed(job_id), (), {})
     assert job_id not in attempts.active
     state.fail(job_id, "could not start: Too many open files", time.time(), attempt=1)  # as the daemon does
     job = state.job(job_id)
@@ -233,7 +231,7 @@ def test_a_full_disk_at_any_write_of_a_start_leaves_the_job_queued_then_run(
 
     import tandem.place.attempts as attempts_module
     from tandem.place.paths import disk_trouble
-    from tandem.place.scheduler import Placement
+    from tests.place.needs import placed
 
     state = State(tmp_path)
     attempts = _attempts(state)
@@ -254,7 +252,7 @@ def test_a_full_disk_at_any_write_of_a_start_leaves_the_job_queued_then_run(
     with monkeypatch.context() as patch:
         patch.setattr(owner, name, failing)
         try:  # as the daemon's pass does: the disk's failure puts the job back
-            attempts.start(state.job(job_id), Placement(job_id, (), None, False, False), (), env)
+            attempts.start(state.job(job_id), placed(job_id), (), env)
         except Exception as exc:
             assert disk_trouble(exc), exc
             attempts.put_back(job_id, f"could not start: {exc}", time.time())
@@ -267,7 +265,7 @@ def test_a_full_disk_at_any_write_of_a_start_leaves_the_job_queued_then_run(
     job = state.job(job_id)
     assert job is not None
     if job.state in ("queued", "retrying"):  # put back: the next pass starts it again
-        attempts.start(job, Placement(job_id, (), None, False, False), (), env)
+        attempts.start(job, placed(job_id), (), env)
         _followed_until_ended(attempts, job_id)
         job = state.job(job_id)
     assert job is not None and job.state == "succeeded", job.state

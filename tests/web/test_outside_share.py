@@ -12,6 +12,7 @@ from pathlib import Path
 from tandem.place import outside
 from tandem.place.model import JobSpec
 from tandem.place.records import Attempt, AttemptPlacement
+from tandem.place.resources import Reservation, Resources
 from tandem.place.state import State
 from tandem.share.spec import ShareSpec
 from tandem.web.data import Reader
@@ -25,7 +26,18 @@ def test_a_share_served_outside_the_manager_names_that_producer(tmp_path: Path) 
     command = ["python", "-m", "tandem.cli", "share", "serve-spec", str(spec)]
     now = time.time()
     job = state.add_producer(JobSpec(command, "/", name="producer toy", share="toy"), 0, now, "toy")
-    state.start(Attempt(job, 1, "running", AttemptPlacement(cpus=1.0), started=now, shim_pid=1), None, "")
+    state.start(
+        Attempt(
+            job,
+            1,
+            "running",
+            AttemptPlacement(reservation=Reservation(Resources(cores=1.0))),
+            started=now,
+            shim_pid=1,
+        ),
+        None,
+        "",
+    )
     cause = outside.report(spec, "toy", os.getpid())  # what the producer job says, finding it served
     ended = {"state": "succeeded", "ended": now, "cause": cause}
     state.finish(job, 1, "succeeded", ended, {"cause": cause}, "")

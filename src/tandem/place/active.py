@@ -6,12 +6,12 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from tandem.place.records import Attempt, AttemptPlacement, Job
-from tandem.place.reserve import MEM_MARGIN, Learned, Measuring
-from tandem.place.scheduler import Placement
+from tandem.place.reserve import AUTO_CPUS, MEM_MARGIN, PROBE_CORES, Learned, Measuring
+from tandem.place.resources import GIVEN, PROBE, Reservation, Resources
 
 STARTUP_SAMPLES = 3  # a job's first samples (one a second; the first has no rate yet) are its start-up
 # A program never seen starting is counted at a core while it starts: an interpreter that
@@ -62,17 +62,18 @@ class AttemptEnd:
 
 @dataclass
 class Active:
-    """A running attempt as the daemon follows it."""
+    """A running attempt as the daemon follows it. What it reserves is its record's
+    (:attr:`placed`, an :class:`~tandem.place.records.AttemptPlacement` whose
+    :class:`~tandem.place.resources.Reservation` is the pass's, then what it is measured to
+    use): the daemon holds the record it writes, so that no write reads the stored one back."""
 
     job: Job
     n: int
-    placement: Placement
-    uuids: tuple[str, ...]
+    placed: AttemptPlacement
     dir: Path
     started: float  # wall clock
     shim_pid: int | None = None
     shim_ctime: float | None = None
-    gpu_mem_reserved: int | None = None  # per GPU; None while a probe has not settled
     pids: tuple[int, ...] = ()
     peak_mem: int = 0
     peak_gpu_mem: int = 0
@@ -88,24 +89,31 @@ class Active:
     fail_cause: str | None = None  # the daemon stopped it for this (its share's producer died)
     stop_cause: str | None = None  # the daemon stopped it as done (a producer after its group): succeeded
     ending: AttemptEnd | None = None  # its end, once recorded (a later write that fails is retried alone)
-    cpu: Measuring | None = None  # its reservation of cores as learnt (None: its job's --cpus)
-    mem_learned: int = 0  # RAM reserved as it started (--mem auto: its key's peak plus a margin)
-    mem_shown: int = 0  # the RAM reservation its attempt's record last said (--mem auto)
-    placed: AttemptPlacement = field(default_factory=AttemptPlacement)  # as its attempt's record has it
+    cpu: Measuring | None = None  # its reservation of cores as it is learnt (None: its job's --cpus)
     lost_before: int = 0  # its job's attempts before it that were lost, not its failures (a dead node)
 
     @property
-    def cpus(self) -> float:
-        """The cores it reserves now: given, learnt for its job key, or measured."""
-        return self.job.cpus if self.cpu is None else self.cpu.cores
+    def reservation(self) -> Reservation:
+        """What it reserves now (its record's)."""
+        assert self.placed.reservation is not None, "a running attempt's record has its reservation"
+        return self.placed.reservation
 
     @property
-    def mem(self) -> int:
-        """The RAM it reserves now: given, or (--mem auto) what its key used before, raised
-        to its own peak (plus the margin) as that grows."""
-        if self.job.mem:
-            return self.job.mem
-        return max(self.mem_learned, int(self.peak_mem * (1 + MEM_MARGIN)))
+    def gpus(self) -> tuple[int, ...]:
+        return self.placed.gpus
+
+    @property
+    def uuids(self) -> tuple[str, ...]:
+        return self.placed.uuids
+
+    @property
+    def alone(self) -> bool:
+        return self.placed.alone
+
+    @property
+    def gpu_probing(self) -> bool:
+        """Placed as a probe of GPU memory and not settled yet."""
+        return self.placed.probe and not self.placed.settled
 
     @property
     def probing(self) -> bool:
@@ -119,16 +127,29 @@ class Active:
     @property
     def node(self) -> str:
         """The Ray node it runs on ("" on one server)."""
-        return self.placement.node
+        return self.placed.node or ""
+
+    def ram_grown(self) -> Reservation | None:
+        """Its reservation with RAM raised to its peak plus the margin, where it is ``--mem
+        auto`` and its peak passed what it reserves (by 10%: not a write per sample); else None."""
+        r = self.reservation
+        wanted = int(self.peak_mem * (1 + MEM_MARGIN))
+        if self.job.mem or wanted <= r.resources.ram * 1.1:
+            return None
+        return r.measured(ram=wanted, why="measured, this run")
 
     @classmethod
-    def adopted(cls, job: Job, att: Attempt, adir: Path, cpu: Measuring) -> Active:
-        """A running attempt as a previous daemon recorded it, taken up after a restart."""
+    def adopted(cls, job: Job, att: Attempt, adir: Path, learned: Learned) -> Active:
+        """A running attempt as a previous daemon recorded it, taken up after a restart: its
+        reservation as recorded (cores of --cpus auto followed on from there, not probed again)."""
         pl = att.placement
-        placement = Placement(job.id, pl.gpus, pl.gpu_mem, pl.alone, pl.probe, pl.node or "", pl.ray_cpus)
-        a = cls(job, att.n, placement, pl.uuids, adir, att.started, att.shim_pid, att.shim_ctime)
-        a.gpu_mem_reserved = None if pl.probe and not pl.settled else pl.gpu_mem or 0
-        a.cpu, a.mem_learned, a.placed = cpu, pl.mem or 0, pl
+        if pl.reservation is None:  # recorded without one (never, since records carry it): a probe's
+            auto, gpu_unknown = job.cpus == AUTO_CPUS, bool(job.gpus) and job.gpu_mem is None
+            need = Resources(PROBE_CORES if auto else job.cpus, job.mem, job.gpus or 0, job.gpu_mem or 0)
+            kinds = (PROBE if auto else GIVEN, GIVEN if job.mem else PROBE, PROBE if gpu_unknown else GIVEN)
+            pl = replace(pl, reservation=Reservation(need, *kinds, cores_why=kinds[0], ram_why=kinds[1]))
+        a = cls(job, att.n, pl, adir, att.started, att.shim_pid, att.shim_ctime)
+        a.cpu = Measuring(job, learned, start=a.reservation)
         a.peak_gpu_mem, a.peak_mem = att.peak_gpu_mem or 0, att.peak_mem or 0
         return a
 

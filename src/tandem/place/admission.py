@@ -180,7 +180,7 @@ class Admission:
             feeding = [a for a in producers if not self.producers.stopping(a.job.id)]
             counts = {node_of(a): in_share.get((share.name, node_of(a)), 0) for a in feeding}
             return dict(
-                prefer_gpus=tuple(g for a in feeding for g in a.placement.gpus),
+                prefer_gpus=tuple(g for a in feeding for g in a.gpus),
                 share=share.name,
                 share_jobs=sum(counts.values()),
                 nodes=counts if ray else None,

@@ -19,18 +19,17 @@ import logging
 import time
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
 
 from tandem.place import model, outside
 from tandem.place.active import STARTUP_SAMPLES, Active, AttemptEnd, Startup, energy_of
 from tandem.place.config import DaemonConfig
-from tandem.place.decide import Peak, reserve
 from tandem.place.devices import Monitor
 from tandem.place.identity import attempt_folder
 from tandem.place.model import CANCELLED, FAILED, RUNNING, SUCCEEDED, Capacity, GpuInfo, format_size
 from tandem.place.producers import STOPPED, selections_made
 from tandem.place.records import AttemptPlacement
-from tandem.place.reserve import Learned, Measuring, running_figures
+from tandem.place.reserve import Learned, Measuring
+from tandem.place.resources import Reservation
 from tandem.place.retry import retry
 from tandem.place.run import tracking
 from tandem.place.run.files import AttemptSpec, Result, ShimInfo, Usage, load, save
@@ -83,22 +82,18 @@ class Attempts:
         adir.mkdir(parents=True)
         env = {**env, "TANDEM_JOB_DIR": str(adir)}  # its attempt's own directory (what it may leave us)
         uuids = tuple(g.uuid for g in chosen)
-        figures, known = running_figures(self.active.values()), Peak.of(self.state.peak(job.learning_key))
-        r = reserve(job, self.startup.learned, figures, known, self.config.limits.gpu_mem_margin)
-        cpu, mem, mem_from = Measuring(job, self.startup.learned, start=r.cores_start), r.ram, r.ram_why
+        # What it reserves is the pass's decision (tandem.place.decide.reserve), kept as it is.
+        cpu = Measuring(job, self.startup.learned, start=p.reservation)
         by_index = sorted(chosen, key=lambda g: g.index)
         placement = AttemptPlacement(
             # its GPUs as its node numbers them (one server: the daemon's numbering, the same)
             device=",".join(f"cuda:{g.index if g.local is None else g.local}" for g in by_index) or "cpu",
             gpus=tuple(p.gpus),
             uuids=uuids,
-            gpu_mem=p.gpu_mem,
             mps=mps,
             alone=p.alone,
             probe=p.probe,
-            **_cores(cpu),
-            mem=mem,
-            mem_from=mem_from,
+            reservation=p.reservation,
             backend=backend,
             node=p.node or None,
             node_name=self.capacity.node_name(p.node) if p.node else None,
@@ -126,8 +121,7 @@ class Attempts:
         )
         record.placement, record.started = placement, (started := time.time())
         self.state.start(record, job.started, f"attempt {n} on {placement.where}")
-        a = Active(job, n, p, uuids, adir, started, gpu_mem_reserved=None if p.probe else p.gpu_mem or 0)
-        a.cpu, a.mem_learned, a.placed = cpu, mem, placement
+        a = Active(job, n, placement, adir, started, cpu=cpu)
         a.energy_start = {u: e for u in uuids if (e := self.monitor.energy_mj(u)) is not None}
         if self.tracked:
             share = self.state.share(job.share) if job.share else None
@@ -139,8 +133,7 @@ class Attempts:
         a.lost_before = sum(at.state == "lost" for at in job.attempts)
         self.active[job.id] = a
         try:
-            held = cpu.cores if p.cores_held is None else p.cores_held
-            self.launcher.start(a, Launch(adir, job.cwd, held, mem, chosen, p.gpu_mem, p.node))
+            self.launcher.start(a, Launch(adir, job.cwd, p.reservation, chosen, p.node, p.cores_held))
         except BaseException:  # not started: not followed (the daemon fails the job)
             del self.active[job.id]
             self.launcher.forget(a)
@@ -255,12 +248,12 @@ class Attempts:
             if a.samples <= STARTUP_SAMPLES and a.cpus_used is not None:
                 self.startup.seen(a.job.command, a.cpus_used)
             elif a.cpus_used is not None and a.cpu is not None and a.cpu.sample(a.cpus_used):
-                self._placed(a, **_cores(a.cpu))
+                self._reserves(a, a.reservation.measured(cores=round(a.cpu.cores, 3), why=a.cpu.source))
             grown = usage.peak_mem > a.peak_mem * 1.02 + (1 << 20)
             a.peak_mem = max(a.peak_mem, usage.peak_mem)
-            if not a.job.mem and a.mem > a.mem_shown * 1.1:  # --mem auto: its reservation follows its peak
-                a.mem_shown = a.mem
-                self._placed(a, mem=a.mem, mem_from="measured, this run")
+            ram = a.ram_grown()  # --mem auto: its reservation follows its peak
+            if ram is not None:
+                self._reserves(a, ram)
             gpu_mem = max((self.monitor.job_gpu_mem(u, a.pids) for u in a.uuids), default=0)
             if gpu_mem > a.peak_gpu_mem * 1.02 + (1 << 20):
                 grown = True
@@ -272,20 +265,20 @@ class Attempts:
         limits = self.config.limits
         long_s = max(300.0, 10 * limits.settle_s)
         if (
-            a.gpu_mem_reserved is None
-            and a.placement.gpus
+            a.gpu_probing
             and a.settled(now, limits.settle_s)
             and (a.peak_gpu_mem > 0 or now - a.started > long_s)
         ):
-            a.gpu_mem_reserved = int(a.peak_gpu_mem * (1 + limits.gpu_mem_margin))
-            a.placed = replace(a.placed, gpu_mem=a.gpu_mem_reserved, settled=True)
+            gpu_mem = int(a.peak_gpu_mem * (1 + limits.gpu_mem_margin))
+            settled = a.reservation.measured(gpu_mem=gpu_mem, why="")
+            a.placed = replace(a.placed, reservation=settled, settled=True)
             self.state.update_attempt(a.job.id, a.n, placement=a.placed, peak_gpu_mem=a.peak_gpu_mem)
             self.state.event(a.job.id, "settled", f"GPU memory {format_size(a.peak_gpu_mem)}")
 
-    def _placed(self, a: Active, **changes: Any) -> None:
-        """A figure of the attempt's placement learnt: its record written whole (the one
-        the daemon holds, so that no write reads the stored one back)."""
-        a.placed = replace(a.placed, **changes)
+    def _reserves(self, a: Active, reservation: Reservation) -> None:
+        """What the attempt reserves, as learnt: its record written whole (the one the daemon
+        holds, so that no write reads the stored one back)."""
+        a.placed = replace(a.placed, reservation=reservation)
         self.state.update_attempt(a.job.id, a.n, placement=a.placed)
 
     def _stop_orphan(self, a: Active) -> None:
@@ -433,7 +426,7 @@ class Attempts:
                 self.state.requeue(job.id, None, "running with no attempt recorded", time.time())
                 continue
             att = job.attempts[-1]
-            a = Active.adopted(job, att, self.state.attempt_dir(att), Measuring(job, self.startup.learned))
+            a = Active.adopted(job, att, self.state.attempt_dir(att), self.startup.learned)
             shim = load(a.dir, ShimInfo)
             if shim is not None:
                 a.remote = shim.host != self.host
@@ -443,8 +436,3 @@ class Attempts:
             self.active[job.id] = a
             self.state.event(job.id, "adopted", f"attempt {att.n} (shim pid {a.shim_pid})")
         self.follow_all(time.time())
-
-
-def _cores(cpu: Measuring) -> dict[str, Any]:
-    """The placement's figures of the cores an attempt reserves, as learnt so far."""
-    return {"cpus": round(cpu.cores, 3), "cpus_from": cpu.source}

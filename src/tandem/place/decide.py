@@ -31,7 +31,7 @@ from tandem.place.reserve import (
     running_figures,
 )
 from tandem.place.resources import GIVEN, LEARNT, PROBE, Reservation, Resources
-from tandem.place.scheduler import Placement, Waiting
+from tandem.place.scheduler import Waiting
 
 # The host's load from outside the reservations is judged over the last few seconds, not the
 # GPU's 30-s window: a start-up burst (an import) is over in seconds, and a long window held
@@ -64,59 +64,34 @@ class GpuReading:
 
 class RunningAttempt(Protocol):
     """A running attempt as these functions read it (:class:`tandem.place.active.Active`,
-    the simulator's run)."""
+    the simulator's run): what it reserves now (:attr:`reservation`, followed as it is
+    measured), where, and its measured cores."""
 
     job: Job
-    placement: Placement
     started: float
     samples: int
     cpus_used: float | None
     cpu: Measuring | None
-    gpu_mem_reserved: int | None
+
+    @property
+    def reservation(self) -> Reservation: ...
+
+    @property
+    def gpus(self) -> tuple[int, ...]: ...
 
     @property
     def uuids(self) -> tuple[str, ...]: ...
 
     @property
-    def cpus(self) -> float: ...
+    def alone(self) -> bool: ...
 
     @property
-    def mem(self) -> int: ...
+    def gpu_probing(self) -> bool:
+        """On its GPU, its memory not yet settled (a probe: the GPU takes no one else)."""
+        ...
 
     @property
     def probing(self) -> bool: ...
-
-
-@dataclass(frozen=True, slots=True)
-class Reserved:
-    """What a job reserves as it would start now: its figures, where each came from
-    (:attr:`reservation`, typed) and the words for ``tandem ls``/``show`` (``cores_why``,
-    ``ram_why``); ``probe``: its cores were never measured for its key. Plain fields: one
-    is made for every waiting job each pass."""
-
-    job: Job
-    cores: float
-    ram: int
-    gpu_mem: int | None  # per GPU; None: unknown (a GPU probe)
-    probe: bool
-    cores_why: str
-    ram_why: str
-
-    @property
-    def reservation(self) -> Reservation:
-        """Its :class:`Resources` and where each figure came from (given, learnt, probe)."""
-        job = self.job
-        return Reservation(
-            Resources(self.cores, self.ram, job.gpus or 0, self.gpu_mem or 0, job.gpu_share or 0),
-            cores_from=GIVEN if job.cpus != AUTO_CPUS else PROBE if self.probe else LEARNT,
-            ram_from=GIVEN if job.mem else LEARNT if self.ram else PROBE,
-            gpu_mem_from=GIVEN if job.gpu_mem is not None else LEARNT if self.gpu_mem is not None else PROBE,
-        )
-
-    @property
-    def cores_start(self) -> tuple[float, str, bool]:
-        """Its cores as a running attempt's :class:`~tandem.place.reserve.Measuring` starts."""
-        return self.cores, self.cores_why, self.probe
 
 
 def reserve(
@@ -125,17 +100,26 @@ def reserve(
     alike: Mapping[str, tuple[float, int]] | None,
     peak: Peak | None,
     gpu_mem_margin: float,
-) -> Reserved:
-    """What ``job`` reserves: its given figures, else what its learning key was measured
-    to use (``learned`` cores, ``peak`` RAM and GPU memory plus their margins), else what a
-    running job alike reserves (``alike``: :func:`~tandem.place.reserve.running_figures`),
-    else a probe's."""
+) -> Reservation:
+    """What ``job`` reserves as it would start now, and where each figure came from: its
+    given figures, else what its learning key was measured to use (``learned`` cores,
+    ``peak`` RAM and GPU memory plus their margins), else what a running job alike reserves
+    (``alike``: :func:`~tandem.place.reserve.running_figures`), else a probe's. The one
+    place a reservation is worked out: at submit, each pass, by the simulator; the start
+    and the attempt's record keep the pass's value."""
     cores, cores_why, probe = learned.reserve(job, alike)
     ram, ram_why = mem_reservation(job.mem, peak.peak_mem if peak else None, job.learning_key)
     gpu_mem = job.gpu_mem
     if job.gpus and gpu_mem is None and peak is not None and peak.peak_gpu_mem:
         gpu_mem = int(peak.peak_gpu_mem * (1 + gpu_mem_margin))
-    return Reserved(job, cores, ram, gpu_mem, probe, cores_why, ram_why)
+    return Reservation(
+        Resources(cores, ram, job.gpus or 0, gpu_mem or 0, job.gpu_share or 0),
+        cores_from=GIVEN if job.cpus != AUTO_CPUS else PROBE if probe else LEARNT,
+        ram_from=GIVEN if job.mem else LEARNT if ram else PROBE,
+        gpu_mem_from=GIVEN if job.gpu_mem is not None else LEARNT if gpu_mem is not None else PROBE,
+        cores_why=cores_why,
+        ram_why=ram_why,
+    )
 
 
 def _probe_reason(probing: int | None, running: set[int]) -> str | None:
@@ -177,10 +161,10 @@ class Pass:
         probing = next((r.job.id for r in running if r.probing and not r.job.share), None)
         self.probe_reason = _probe_reason(probing, self.running)
 
-    def reserve(self, job: Job) -> Reserved:
+    def reserve(self, job: Job) -> Reservation:
         return reserve(job, self.learned, self.figures, self.peaks.get(job.learning_key), self.gpu_mem_margin)
 
-    def admit(self, job: Job) -> Reserved | str:
+    def admit(self, job: Job) -> Reservation | str:
         """What ``job`` reserves, or why it waits for a measurement (a probe of its key, or
         the one probe at a time). A probe admitted holds back the ones queued behind it."""
         reserved = self.reserve(job)
@@ -204,20 +188,16 @@ class Pass:
             self.probe_reason = _probe_reason(job.id, self.running)
         return reserved
 
-    def waiting(self, job: Job, reserved: Reserved, since: float, **share: Any) -> Waiting:
+    def waiting(self, job: Job, reserved: Reservation, since: float, **share: Any) -> Waiting:
         """What the scheduler is shown of ``job``; ``share``: its share group's fields of
         :class:`~tandem.place.scheduler.Waiting` (the admission's)."""
         return Waiting(
             job.id,
             job.priority,
             job.submitted,
-            reserved.cores,
-            reserved.ram,
-            job.gpus or 0,  # resolved at submit: a queued job's count is never None
-            reserved.gpu_mem,
+            reserved,
             job.escalation,
             waiting_since=since,
-            gpu_share=job.gpu_share,
             # A producer's cores are its definition's or learnt: it may start on measured room.
             elastic=job.cpus == AUTO_CPUS or job.role == PRODUCER_ROLE,
             # A job whose use is known (learnt for its key, or a running job alike's) is
@@ -236,11 +216,11 @@ def _over_declared(running: list[RunningAttempt], startup: Startup) -> tuple[flo
     still starting, at least what its program used at start before."""
     over = []
     for a in running:
-        used = a.cpus_used or 0.0
+        used, cores = a.cpus_used or 0.0, a.reservation.resources.cores
         if a.samples < STARTUP_SAMPLES:
             used = max(used, startup.cores(a.job.command))
-        if used > a.cpus:
-            over.append((used - a.cpus, a.job.id))
+        if used > cores:
+            over.append((used - cores, a.job.id))
     return (sum(o for o, _ in over), max(over)[1]) if over else (0.0, None)
 
 
@@ -256,11 +236,12 @@ def _busy_cores(
         return None
     busy = measured
     for a in running:
+        cores = a.reservation.resources.cores
         if now - a.started < HOST_WINDOW_S or a.samples < STARTUP_SAMPLES:
             known = a.cpu is not None and a.cpu.source.startswith("measured")
-            busy += a.cpus if known else max(a.cpus, startup.cores(a.job.command))
+            busy += cores if known else max(cores, startup.cores(a.job.command))
         elif (a.cpu is None or not a.cpu.auto) and a.job.role != PRODUCER_ROLE:
-            busy += max(0.0, a.cpus - (a.cpus_used or 0.0))
+            busy += max(0.0, cores - (a.cpus_used or 0.0))
     return busy
 
 
@@ -283,19 +264,19 @@ def host_view(
     # A producer is reserved as a job is, but it is no job of the policies' counts (one CPU
     # job at a time, alone): its group's jobs run beside it.
     jobs = [a for a in running if a.job.role != PRODUCER_ROLE]
-    cpu_jobs = [a for a in jobs if not a.placement.gpus]
+    cpu_jobs = [a for a in jobs if not a.gpus]
     return HostSlot(
         cpus_total=cpus_total,
         mem_total=mem_total,
-        cpus_reserved=sum(a.cpus for a in running),
-        mem_reserved=sum(a.mem for a in running),
+        cpus_reserved=sum(a.reservation.resources.cores for a in running),
+        mem_reserved=sum(a.reservation.resources.ram for a in running),
         mem_available=mem_available,
         cpu_mean=cpu_mean,
         cpu_p95=cpu_p95,
         cpus_over=_over_declared(jobs, startup),
         jobs=len(cpu_jobs),
         all_jobs=len(jobs),
-        alone=any(a.placement.alone for a in cpu_jobs),
+        alone=any(a.alone for a in cpu_jobs),
         cpus_busy=_busy_cores(running, startup, None if cpu_mean is None else cpu_mean * cpus_total, now),
     )
 
@@ -315,21 +296,21 @@ def gpu_views(
     for g in gpus:
         on = [a for a in running if g.uuid in a.uuids]
         m = measured.get(g.uuid)
-        probing = [a.job.id for a in on if a.gpu_mem_reserved is None]
+        probing = [a.job.id for a in on if a.gpu_probing]
         shares = [a.job.gpu_share for a in on]
         slots.append(
             GpuSlot(
                 index=g.index,
                 uuid=g.uuid,
                 mem_total=g.mem_total,
-                mem_reserved=sum(a.gpu_mem_reserved or 0 for a in on),
+                mem_reserved=sum(0 if a.gpu_probing else a.reservation.resources.gpu_mem for a in on),
                 mem_used=m.mem_used if m else None,
                 jobs=len(on),
                 probing=bool(probing),
                 probing_job=probing[0] if probing else None,
                 compute_declared=None if None in shares else sum(shares),  # type: ignore[arg-type]
                 fresh=any(now - a.started < settle_s for a in on),
-                alone=any(a.placement.alone for a in on),
+                alone=any(a.alone for a in on),
                 activity_mean=m.activity_mean if m else None,
                 activity_p95=m.activity_p95 if m else None,
             )

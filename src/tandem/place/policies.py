@@ -34,6 +34,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar
 
+from tandem.place.resources import Resources
 from tandem.units import format_cores
 
 
@@ -111,19 +112,6 @@ class HostSlot:
     cpus_busy: float | None = None
 
 
-@dataclass(frozen=True)
-class Need:
-    """What the scheduler asks a policy to place: cores, RAM, GPUs and memory per GPU
-    (None: unknown, a probe)."""
-
-    cpus: float
-    mem: int
-    gpus: int
-    gpu_mem: int | None
-    alone: bool = False
-    gpu_share: int | None = None  # percent of a GPU's compute, where declared
-
-
 class Policy:
     """Ranks the GPUs that may take a job and gates collocation. Subclasses override."""
 
@@ -132,24 +120,24 @@ class Policy:
     collocate: ClassVar[bool] = True
     compute_aware: ClassVar[bool] = False
 
-    def gpu_blocks(self, gpu: GpuSlot, need: Need, limits: Limits) -> str | None:
+    def gpu_blocks(self, gpu: GpuSlot, need: Resources, limits: Limits) -> str | None:
         """Why ``gpu`` may not take this job (beyond the scheduler's own rules), or None."""
         return None
 
-    def rank(self, gpus: list[GpuSlot], need: Need) -> list[GpuSlot]:
+    def rank(self, gpus: list[GpuSlot], need: Resources) -> list[GpuSlot]:
         """The admissible GPUs, best first."""
         return sorted(gpus, key=lambda g: g.index)
 
-    def host_blocks(self, host: HostSlot, need: Need, limits: Limits) -> str | None:
+    def host_blocks(self, host: HostSlot, need: Resources, limits: Limits) -> str | None:
         """Why the host may not start another CPU-only job now, or None."""
         return None
 
 
-def free_after(gpu: GpuSlot, need: Need) -> int:
+def free_after(gpu: GpuSlot, need: Resources) -> int:
     known = gpu.free_reserved()
     measured = gpu.free_measured()
     free = known if measured is None else min(known, measured)
-    return free - (need.gpu_mem or 0)
+    return free - need.gpu_mem
 
 
 class Exclusive(Policy):
@@ -157,10 +145,10 @@ class Exclusive(Policy):
     backfill = False
     collocate = False
 
-    def gpu_blocks(self, gpu: GpuSlot, need: Need, limits: Limits) -> str | None:
+    def gpu_blocks(self, gpu: GpuSlot, need: Resources, limits: Limits) -> str | None:
         return f"GPU {gpu.index} is taken (policy exclusive: one job per GPU)" if gpu.jobs else None
 
-    def host_blocks(self, host: HostSlot, need: Need, limits: Limits) -> str | None:
+    def host_blocks(self, host: HostSlot, need: Resources, limits: Limits) -> str | None:
         return "a CPU job runs (policy exclusive: one at a time)" if host.jobs else None
 
 
@@ -171,14 +159,14 @@ class FirstFit(Policy):
 class BestFit(Policy):
     name = "best-fit"
 
-    def rank(self, gpus: list[GpuSlot], need: Need) -> list[GpuSlot]:
+    def rank(self, gpus: list[GpuSlot], need: Resources) -> list[GpuSlot]:
         return sorted(gpus, key=lambda g: (free_after(g, need), g.index))
 
 
 class MostFreeMemory(Policy):
     name = "most-free-memory"
 
-    def rank(self, gpus: list[GpuSlot], need: Need) -> list[GpuSlot]:
+    def rank(self, gpus: list[GpuSlot], need: Resources) -> list[GpuSlot]:
         return sorted(gpus, key=lambda g: (-free_after(g, need), g.index))
 
 
@@ -189,12 +177,12 @@ class Packing(Policy):
     name = "packing"
     compute_aware = True
 
-    def gpu_blocks(self, gpu: GpuSlot, need: Need, limits: Limits) -> str | None:
+    def gpu_blocks(self, gpu: GpuSlot, need: Resources, limits: Limits) -> str | None:
         if gpu.jobs == 0:
             return None
         if gpu.fresh or gpu.activity_mean is None or gpu.activity_p95 is None:
             # Too new to be measured: declared compute shares decide; undeclared ones wait.
-            if gpu.compute_declared is not None and need.gpu_share is not None:
+            if gpu.compute_declared is not None and need.gpu_share:
                 if gpu.compute_declared + need.gpu_share <= 100:
                     return None
                 left = 100 - gpu.compute_declared
@@ -212,14 +200,14 @@ class Packing(Policy):
             f"p95 {gpu.activity_p95:.0%}; packing admits under {limits.sm_mean:.0%} and {limits.sm_p95:.0%})"
         )
 
-    def rank(self, gpus: list[GpuSlot], need: Need) -> list[GpuSlot]:
+    def rank(self, gpus: list[GpuSlot], need: Resources) -> list[GpuSlot]:
         return sorted(gpus, key=lambda g: (g.jobs > 0, g.activity_mean or 0.0, free_after(g, need), g.index))
 
-    def host_blocks(self, host: HostSlot, need: Need, limits: Limits) -> str | None:
+    def host_blocks(self, host: HostSlot, need: Resources, limits: Limits) -> str | None:
         # Jobs measured using more cores than they declared (a start-up burst, a job that
         # declared too little) hold back a newcomer that the cores they use would not leave room for.
         over, who = host.cpus_over
-        if over > 0 and host.cpus_reserved + over + need.cpus > host.cpus_total + 1e-9:
+        if over > 0 and host.cpus_reserved + over + need.cores > host.cpus_total + 1e-9:
             left = max(0.0, host.cpus_total - host.cpus_reserved - over)
             return (
                 f"held back: jobs use {over:.1f} cores more than they declared (job {who} most; a starting "
@@ -233,7 +221,7 @@ class Packing(Policy):
         # the manager); a slack of half a core, or 5% of a big host, for start-up bursts.
         if busy <= host.cpus_reserved + max(0.5, 0.05 * host.cpus_total):
             return None
-        if busy + need.cpus <= limits.cpu_mean * host.cpus_total and host.cpu_p95 < limits.cpu_p95:
+        if busy + need.cores <= limits.cpu_mean * host.cpus_total and host.cpu_p95 < limits.cpu_p95:
             return None
         return (
             f"held back: host measured {host.cpu_mean:.0%} busy ({busy:.1f} cores), more than the "

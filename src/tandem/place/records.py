@@ -13,9 +13,11 @@ from __future__ import annotations
 import dataclasses
 import json
 from dataclasses import dataclass
+from typing import Any
 
 from tandem.place.fields import column
 from tandem.place.model import JOB_ROLE, QUEUED, JobSpec
+from tandem.place.resources import GIVEN, LEARNT, PROBE, Reservation, Resources
 from tandem.share.spec import ShareSpec
 
 
@@ -29,14 +31,13 @@ class AttemptPlacement:
     device: str = "cpu"  # "cpu" or "cuda:0,1"
     gpus: tuple[int, ...] = ()
     uuids: tuple[str, ...] = column((), json_key="gpu_uuids")
-    gpu_mem: int | None = column(None, json_key="gpu_mem_bytes")  # per GPU; a probe's, once settled
     mps: bool = False  # through an MPS server
     alone: bool = False  # its GPUs (or the host's cores) not shared
     probe: bool = False  # its GPU memory measured as it runs
-    cpus: float | None = None  # the cores it reserves, as last learnt (tandem.place.reserve)
-    cpus_from: str | None = None
-    mem: int | None = column(None, shown=False)  # RAM reserved (shown in the job's reservation)
-    mem_from: str | None = column(None, shown=False)
+    # What it reserves: the pass's decision as it started, then as it is measured (cores of
+    # --cpus auto, RAM of --mem auto, a probe's GPU memory once settled). ``--json`` shows
+    # its figures under the names of before (tandem.place.views).
+    reservation: Reservation | None = column(None, shown=False)
     settled: bool = column(False, shown=False)  # a probe's GPU memory stopped growing
     backend: str | None = column(None, shown=False)  # "ray" where a Ray node runs it
     node: str | None = column(None, shown=False)  # that node's Ray id
@@ -44,14 +45,28 @@ class AttemptPlacement:
     ray_cpus: float | None = column(None, shown=False)  # of its cores, those Ray holds there
 
     @property
+    def gpu_mem(self) -> int | None:
+        """GPU memory reserved per GPU now (its reservation's); None: no GPU, or a probe's
+        not settled yet."""
+        r = self.reservation
+        return None if r is None or not self.gpus else r.gpu_mem
+
+    @property
     def where(self) -> str:
         """Where it runs, in words: ``cuda:0``, ``cpu``; on a Ray cluster ``node/cuda:0``."""
         return f"{self.node_name}/{self.device}" if self.node_name else self.device
 
     def to_json(self) -> str:
-        """Its figures by name, those it has not (None) left out, as earlier tandems wrote them."""
+        """Its figures by name, those it has not (None) left out; its reservation as one object
+        and, for a tandem of before it (which reads the same state file), also under the flat
+        names that one read."""
         values = ((f.name, getattr(self, f.name)) for f in dataclasses.fields(self))
-        return json.dumps({k: v for k, v in values if v is not None})
+        out = {k: v for k, v in values if v is not None}
+        r = out.pop("reservation", None)
+        if r is not None:
+            flat = {"cpus": round(r.resources.cores, 3), "cpus_from": r.cores_why, "mem": r.resources.ram}
+            out |= flat | {"mem_from": r.ram_why, "gpu_mem": self.gpu_mem, "reservation": r.to_dict()}
+        return json.dumps({k: v for k, v in out.items() if v is not None})
 
     @classmethod
     def from_json(cls, text: str) -> AttemptPlacement:
@@ -59,6 +74,10 @@ class AttemptPlacement:
         the newer names: their defaults; ``None`` where there is none) reads the same."""
         values = json.loads(text) if text else {}
         known = {k: v for k, v in values.items() if k in _PLACEMENT_FIELDS and v is not None}
+        if "reservation" in known:
+            known["reservation"] = Reservation.from_dict(known["reservation"])
+        elif "cpus" in values or "mem" in values:  # flat figures, as earlier tandems wrote them
+            known["reservation"] = _flat_reservation(values)
         if "gpus" in known:
             known["gpus"] = tuple(int(g) for g in known["gpus"])
         if "uuids" in known:
@@ -70,6 +89,26 @@ class AttemptPlacement:
 
 
 _PLACEMENT_FIELDS = frozenset(f.name for f in dataclasses.fields(AttemptPlacement))
+
+
+def _flat_reservation(values: dict[str, Any]) -> Reservation:
+    """The reservation of a placement written with flat figures (``cpus``, ``cpus_from``,
+    ``mem``, ``mem_from``, ``gpu_mem``): the kinds worked out from their words."""
+    cores_why, ram_why = values.get("cpus_from") or GIVEN, values.get("mem_from") or GIVEN
+    gpu_mem, unsettled = values.get("gpu_mem"), values.get("probe") and not values.get("settled")
+    return Reservation(
+        Resources(
+            cores=float(values.get("cpus") or 0.0),
+            ram=int(values.get("mem") or 0),
+            gpus=len(values.get("gpus") or ()),
+            gpu_mem=int(gpu_mem or 0),
+        ),
+        cores_from=GIVEN if cores_why == GIVEN else PROBE if cores_why == PROBE else LEARNT,
+        ram_from=GIVEN if ram_why == GIVEN else LEARNT if values.get("mem") else PROBE,
+        gpu_mem_from=PROBE if unsettled or (values.get("gpus") and gpu_mem is None) else GIVEN,
+        cores_why=cores_why,
+        ram_why=ram_why,
+    )
 
 
 @dataclass

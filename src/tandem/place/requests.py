@@ -29,7 +29,6 @@ from tandem.place.identity import StateMoved
 from tandem.place.model import FINAL_STATES, RUNNING, STATES, WAITING_STATES, Capacity, JobSpec, format_size
 from tandem.place.paths import disk_trouble
 from tandem.place.producers import Producers, group_jobs, is_producer
-from tandem.place.resources import Resources
 from tandem.place.run.launch import Launcher
 from tandem.place.scheduler import Waiting, fits_a_node
 from tandem.place.state import Job, State
@@ -138,7 +137,7 @@ def _checked(d: Parts, spec: JobSpec) -> tuple[JobSpec, int] | p.Failure:
         return _refused(problem)
     gpus = spec.gpus if spec.gpus is not None else (1 if d.capacity.gpus else 0)
     # What it would reserve as it starts (tandem.place.decide, as each pass decides it).
-    need = d.admission.decisions(()).reserve(Job(**{**spec.to_dict(), "gpus": gpus})).reservation.resources
+    need = d.admission.decisions(()).reserve(Job(**{**spec.to_dict(), "gpus": gpus}))
     share = d.state.share(spec.share) if spec.share else None
     if spec.share and share is None:
         return _refused(
@@ -147,17 +146,15 @@ def _checked(d: Parts, spec: JobSpec) -> tuple[JobSpec, int] | p.Failure:
         )
     fix = "ask for less, or start the daemon with more"
     if share is not None:
-        producer = Resources(*d.producers.reservation(share))
-        need += producer  # reserved with the job, which starts it
+        producer = d.producers.reservation(share)
+        need = need.with_producer(producer)  # reserved with the job, which starts it
         fix = (
             f"its share's producer reserves {format_cores(producer.cores)} cores and "
             f"{format_size(producer.ram or None)} RAM: "
             f"ask for less, redefine the share with less (tandem share define {share.name} ... "
             "--cpus N), or start the daemon with more"
         )
-    waiting = Waiting(
-        0, 0, 0.0, need.cores, need.ram, gpus, need.gpu_mem or None, with_producer=share is not None
-    )
+    waiting = Waiting(0, 0, 0.0, need)
     why = fits_a_node(waiting, d.admission.node_slots(()), d.config.limits)  # one server: the host
     if why:
         return _refused(f"the job {why}; {fix}")

@@ -25,6 +25,7 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import Protocol
 
 from tandem.place.records import Job
+from tandem.place.resources import Reservation
 
 AUTO_CPUS = 0.0  # the stored --cpus of a job that asked for auto
 PROBE_CORES = 0.25
@@ -166,10 +167,13 @@ class Measuring:
         job: Job,
         learned: Learned,
         running: Mapping[str, tuple[float, int]] | None = None,
-        start: tuple[float, str, bool] | None = None,
+        start: Reservation | None = None,
     ) -> None:
-        # ``start``: (cores, source, probe) as decided already (tandem.place.decide.reserve)
-        self.cores, self.source, self.probe = start or learned.reserve(job, running)
+        # ``start``: the reservation decided already (tandem.place.decide.reserve), or recorded
+        if start is not None:
+            self.cores, self.source, self.probe = start.resources.cores, start.cores_why, start.probe
+        else:
+            self.cores, self.source, self.probe = learned.reserve(job, running)
         self.auto = job.cpus == AUTO_CPUS
         self.samples: list[float] = []
         self.starting = True
@@ -211,6 +215,3 @@ class Measuring:
     def measured(self) -> float | None:
         """Its run's use of cores (95th percentile), where it has enough samples."""
         return p95(self.samples) if len(self.samples) >= PROBE_SAMPLES else None
-
-    def json(self) -> dict[str, object]:
-        return {"cpus": round(self.cores, 3), "cpus_from": self.source}

@@ -40,27 +40,24 @@ from dataclasses import dataclass, field
 from operator import attrgetter
 
 from tandem.place.model import format_size
-from tandem.place.policies import GpuSlot, HostSlot, Limits, MostFreeMemory, Need, Policy
+from tandem.place.policies import GpuSlot, HostSlot, Limits, MostFreeMemory, Policy
+from tandem.place.resources import Reservation, Resources
 from tandem.units import format_cores
 
 
 @dataclass(slots=True)  # not frozen: made for every waiting job each pass, and a frozen init is slow
 class Waiting:
-    """A job the scheduler may start: what it needs and how long it has waited (read, never
+    """A job the scheduler may start: what it reserves (:attr:`need`, the pass's
+    :class:`~tandem.place.resources.Reservation`) and how long it has waited (read, never
     changed, by the scheduler)."""
 
     id: int
     priority: int
     submitted: float
-    cpus: float
-    mem: int
-    gpus: int
-    gpu_mem: int | None  # per GPU; None: unknown (a probe)
+    need: Reservation
     escalation: int = 0  # 0 first try; 1 most-free GPU; 2 alone
     waiting_since: float | None = None  # since when it could start (queued, requeued, deps met)
     prefer_gpus: tuple[int, ...] = ()  # where its shared data is (a GPU-slab producer's GPU)
-    with_producer: bool = False  # the submit check's: its cores and RAM include its share's producer's
-    gpu_share: int | None = None  # its declared share of a GPU's compute (percent)
     startup_cpus: float | None = None  # what its program used at start before (measured)
     share: str | None = None  # its share group, whose producer runs
     share_jobs: int | None = None  # its share's jobs running now; None: not of a share group
@@ -69,14 +66,22 @@ class Waiting:
     # where its group's producers run; a share's next producer: those where none does); None: any.
     nodes: dict[str, int] | None = None
 
+    @property
+    def alone(self) -> bool:
+        """A retry that runs alone (escalation 2)."""
+        return self.escalation >= 2
+
 
 @dataclass(frozen=True)
 class Placement:
+    """Where a job starts, with the reservation the pass decided for it (which its start
+    and its attempt's record keep)."""
+
     job_id: int
     gpus: tuple[int, ...]  # GPU indices
-    gpu_mem: int | None  # reserved per GPU (None: a probe, reserved once measured)
+    reservation: Reservation
     alone: bool
-    probe: bool
+    probe: bool  # its GPU memory unknown: measured as it runs, its GPU taking no one else meanwhile
     node: str = ""  # the Ray node it goes to ("" on one server)
     cores_held: float | None = None  # of its cores, those its node's Ray holds for it (under Ray)
 
@@ -154,7 +159,8 @@ def plan_nodes(
             slot = next(n for n in slots if n.node == placement.node)
             _reserve(job, placement, slot.host, slot.gpus)
             if slot.cpus_held is not None:  # Ray's part of its cores: what Ray has unreserved
-                held = math.floor(min(job.cpus, max(0.0, slot.host.cpus_total - slot.cpus_held)) * 1e4) / 1e4
+                unheld = max(0.0, slot.host.cpus_total - slot.cpus_held)
+                held = math.floor(min(job.need.resources.cores, unheld) * 1e4) / 1e4
                 slot.cpus_held += held
                 placement = dataclasses.replace(placement, cores_held=held)
             if job.share is not None:
@@ -222,24 +228,24 @@ def fits_at_all(
     job: Waiting, host: HostSlot, gpus: Sequence[GpuSlot], limits: Limits | None = None
 ) -> str | None:
     """Why ``job`` can never run on this machine (its needs exceed the capacity), or None."""
+    need, producer = job.need.resources, _producer_words(job)
     usable = int(host.mem_total * (1 - (limits or Limits()).host_mem_headroom))
-    producer = " with its share's producer" if job.with_producer else ""
-    if job.cpus > host.cpus_total + 1e-9:
-        return f"asks for {format_cores(job.cpus)} cores{producer}; the manager has {host.cpus_total:g}"
-    if job.mem > usable:
+    if need.cores > host.cpus_total + 1e-9:
+        return f"asks for {format_cores(need.cores)} cores{producer}; the manager has {host.cpus_total:g}"
+    if need.ram > usable:
         return (
-            f"asks for {format_size(job.mem)} of RAM{producer}; the manager hands out at most "
+            f"asks for {format_size(need.ram)} of RAM{producer}; the manager hands out at most "
             f"{format_size(usable)}"
         )
-    if job.gpus > len(gpus):
-        return f"asks for {job.gpus} GPU(s); the manager has {len(gpus)}"
-    if not job.gpus and job.gpu_mem:  # else it would run on the CPU, its GPU memory unheeded
+    if need.gpus > len(gpus):
+        return f"asks for {need.gpus} GPU(s); the manager has {len(gpus)}"
+    if not need.gpus and need.gpu_mem:  # else it would run on the CPU, its GPU memory unheeded
         where = "the manager has no GPU" if not gpus else "it asks for no GPU (--gpus 0)"
-        return f"asks for {format_size(job.gpu_mem)} of GPU memory; {where}"
-    if job.gpus and job.gpu_mem is not None:
-        biggest = sorted((g.mem_total for g in gpus), reverse=True)[job.gpus - 1]
-        if job.gpu_mem > biggest:
-            return f"asks for {format_size(job.gpu_mem)} per GPU; the largest GPU has {format_size(biggest)}"
+        return f"asks for {format_size(need.gpu_mem)} of GPU memory; {where}"
+    if need.gpus and not job.need.gpu_probe:
+        biggest = sorted((g.mem_total for g in gpus), reverse=True)[need.gpus - 1]
+        if need.gpu_mem > biggest:
+            return f"asks for {format_size(need.gpu_mem)} per GPU; the largest GPU has {format_size(biggest)}"
     return None
 
 
@@ -258,14 +264,11 @@ def fits_a_node(job: Waiting, nodes: Sequence[NodeSlot], limits: Limits | None =
 def _need_key(job: Waiting) -> tuple[object, ...]:
     """What decides where ``job`` may go (all of it but who it is and how long it waited)."""
     return (
-        job.cpus,
-        job.mem,
-        job.gpus,
-        job.gpu_mem,
+        job.need.resources,
+        job.need.gpu_probe,
+        job.need.with_share,
         job.escalation,
         job.prefer_gpus,
-        job.with_producer,
-        job.gpu_share,
         job.startup_cpus,
         job.share_jobs,
         job.elastic,
@@ -273,24 +276,23 @@ def _need_key(job: Waiting) -> tuple[object, ...]:
     )
 
 
-def _need(job: Waiting) -> Need:
-    return Need(job.cpus, job.mem, job.gpus, job.gpu_mem, alone=job.escalation >= 2, gpu_share=job.gpu_share)
+def _producer_words(job: Waiting) -> str:
+    return " with its share's producer" if job.need.with_share else ""
 
 
 def _ram_short(job: Waiting, host: HostSlot, limits: Limits) -> str | None:
     """Whether the host's RAM (a strict reservation) is short for ``job``, with the figures."""
-    producer = " with its share's producer" if job.with_producer else ""
-    free_mem = max(0, host.mem_total - host.mem_reserved)
-    if job.mem > free_mem:
-        return (
-            f"RAM: needs {format_size(job.mem)}{producer}, {format_size(free_mem)} of "
-            f"{format_size(host.mem_total)} unreserved"
-        )
+    ram = Resources(ram=job.need.resources.ram)
+    free = Resources(ram=max(0, host.mem_total - host.mem_reserved))
+    short = ram.short_of(free, Resources(ram=host.mem_total), suffix=_producer_words(job))
+    if short:
+        return str(short[0])
     if host.mem_available is not None:
         headroom = int(limits.host_mem_headroom * host.mem_total)
-        if job.mem + headroom > host.mem_available:
+        if ram.ram + headroom > host.mem_available:
             return (
-                f"RAM: needs {format_size(job.mem)}{producer} plus {format_size(headroom)} kept free; "
+                f"RAM: needs {format_size(ram.ram)}{_producer_words(job)} plus {format_size(headroom)} "
+                "kept free; "
                 f"{format_size(host.mem_available)} measured available"
             )
     return None
@@ -298,12 +300,10 @@ def _ram_short(job: Waiting, host: HostSlot, limits: Limits) -> str | None:
 
 def _cores_short(job: Waiting, host: HostSlot) -> str | None:
     """Whether the host's unreserved cores are short for ``job``, with the figures."""
-    producer = " with its share's producer" if job.with_producer else ""
-    free_cpus = max(0.0, host.cpus_total - host.cpus_reserved)
-    if job.cpus > free_cpus + 1e-9:
-        free = format_cores(free_cpus)
-        return f"cores: needs {format_cores(job.cpus)}{producer}, {free} of {host.cpus_total:g} free"
-    return None
+    cores = Resources(cores=job.need.resources.cores)
+    free = Resources(cores=max(0.0, host.cpus_total - host.cpus_reserved))
+    short = cores.short_of(free, Resources(cores=host.cpus_total), suffix=_producer_words(job))
+    return str(short[0]) if short else None
 
 
 def share_bound(host: HostSlot) -> float:
@@ -325,7 +325,7 @@ def _room_anyway(job: Waiting, host: HostSlot, policy: Policy) -> str | None:
         return None
     if job.share_jobs is not None and job.share_jobs < share_bound(host):
         return "share"
-    need = max(job.cpus, job.startup_cpus or 0.0)
+    need = max(job.need.resources.cores, job.startup_cpus or 0.0)
     if job.elastic and host.cpus_busy is not None and host.cpus_busy + need <= host.cpus_total + 1e-9:
         return "measured"
     return None
@@ -342,7 +342,7 @@ def _place(
     job: Waiting, host: HostSlot, gpus: list[GpuSlot], policy: Policy, limits: Limits
 ) -> Placement | str:
     """Where ``job`` goes, or why it cannot start now."""
-    need = _need(job)
+    need, alone = job.need.resources, job.alone
     short = _ram_short(job, host, limits)  # RAM is strict
     if short is not None:
         return short
@@ -351,61 +351,61 @@ def _place(
         return short + _measured_words(job, host)
     if host.alone:
         return "host: a job that must run alone (after running out of host memory) is running"
-    if job.gpus == 0:
-        if need.alone and host.all_jobs > 0:
+    if need.gpus == 0:
+        if alone and host.all_jobs > 0:
             return f"alone: this retry runs alone on the host; {host.all_jobs} job(s) still run"
-        blocked = None if need.alone else policy.host_blocks(host, need, limits)
+        blocked = None if alone else policy.host_blocks(host, need, limits)
         if blocked and _room_anyway(job, host, policy) is None:
             return blocked + _measured_words(job, host)
-        return Placement(job.id, (), None, need.alone, probe=False)
+        return Placement(job.id, (), job.need, alone, probe=False)
     admissible, refused = [], []
     for g in gpus:
-        why = _gpu_blocks(g, need, policy, limits)
+        why = _gpu_blocks(g, job, policy, limits)
         if why is None:
             admissible.append(g)
         else:
             refused.append(why)
-    if len(admissible) < job.gpus:
-        need_more = f"needs {job.gpus} GPUs, {len(admissible)} can take it: " if job.gpus > 1 else ""
+    if len(admissible) < need.gpus:
+        need_more = f"needs {need.gpus} GPUs, {len(admissible)} can take it: " if need.gpus > 1 else ""
         return (
             need_more
             + "; ".join(refused[:3])
             + (f"; and {len(refused) - 3} more" if len(refused) > 3 else "")
         )
-    ranker = _MOST_FREE if job.gpu_mem is None or job.escalation >= 1 else policy
+    ranker = _MOST_FREE if job.need.gpu_probe or job.escalation >= 1 else policy
     ranked = ranker.rank(admissible, need)
     if job.prefer_gpus:  # the GPU its batches are on, if admissible; the policy's order otherwise
         ranked = sorted(ranked, key=lambda g: g.index not in job.prefer_gpus)
-    chosen = ranked[: job.gpus]
-    probe = job.gpu_mem is None and not all(g.unmeasured for g in chosen)
-    return Placement(job.id, tuple(sorted(g.index for g in chosen)), job.gpu_mem, need.alone, probe)
+    chosen = ranked[: need.gpus]
+    probe = job.need.gpu_probe and not all(g.unmeasured for g in chosen)
+    return Placement(job.id, tuple(sorted(g.index for g in chosen)), job.need, alone, probe)
 
 
-def _gpu_blocks(gpu: GpuSlot, need: Need, policy: Policy, limits: Limits) -> str | None:
+def _gpu_blocks(gpu: GpuSlot, job: Waiting, policy: Policy, limits: Limits) -> str | None:
     """Why ``gpu`` cannot take the job now, or None."""
-    i = gpu.index
+    i, need, alone, unknown = gpu.index, job.need.resources, job.alone, job.need.gpu_probe
     if gpu.alone:
         return f"GPU {i}: a job that must run alone is on it"
-    if gpu.unmeasured and need.gpu_mem is None:  # nothing to wait for: no reading will come
+    if gpu.unmeasured and unknown:  # nothing to wait for: no reading will come
         if gpu.jobs >= limits.max_per_gpu:
             return f"GPU {i}: {gpu.jobs} jobs, the most per GPU (--max-per-gpu {limits.max_per_gpu})"
-        return f"GPU {i}: {gpu.jobs} job(s) on it; this retry runs alone" if gpu.jobs and need.alone else None
+        return f"GPU {i}: {gpu.jobs} job(s) on it; this retry runs alone" if gpu.jobs and alone else None
     if gpu.probing:
         who = f"job {gpu.probing_job}'s" if gpu.probing_job is not None else "a new job's"
         return f"GPU {i} settling: {who} memory still growing"
     if gpu.jobs >= limits.max_per_gpu:
         return f"GPU {i}: {gpu.jobs} jobs, the most per GPU (--max-per-gpu {limits.max_per_gpu})"
-    if gpu.jobs > 0 and need.alone:
+    if gpu.jobs > 0 and alone:
         return f"GPU {i}: {gpu.jobs} job(s) on it; this retry runs alone"
-    if gpu.jobs > 0 and need.gpu_mem is None and gpu.fresh:
+    if gpu.jobs > 0 and unknown and gpu.fresh:
         return f"GPU {i} settling: its new jobs' memory not yet measured (this job's is unknown: --gpu-mem)"
     measured = gpu.free_measured()
-    if need.gpu_mem is not None:
-        if gpu.mem_reserved + need.gpu_mem > gpu.mem_total:
-            return (
-                f"GPU {i} memory: needs {format_size(need.gpu_mem)}, {format_size(gpu.free_reserved())} of "
-                f"{format_size(gpu.mem_total)} unreserved"
-            )
+    if not unknown:
+        gpu_mem = Resources(gpu_mem=need.gpu_mem)
+        total = Resources(gpu_mem=gpu.mem_total)
+        short = gpu_mem.short_of(Resources(gpu_mem=gpu.mem_total - gpu.mem_reserved), total, where=f"GPU {i}")
+        if short:
+            return str(short[0])
         # Measured free memory counts only once the jobs on the GPU have settled (jobs
         # allocate for tens of seconds after they start; reading it earlier causes OOMs).
         if measured is not None and not gpu.fresh and need.gpu_mem > measured:
@@ -416,21 +416,22 @@ def _gpu_blocks(gpu: GpuSlot, need: Need, policy: Policy, limits: Limits) -> str
 
 
 def _reserve(job: Waiting, p: Placement, host: HostSlot, gpus: list[GpuSlot]) -> None:
-    host.cpus_reserved += job.cpus
+    need = job.need.resources
+    host.cpus_reserved += need.cores
     if host.cpus_busy is not None:  # counted at its figure for the rest of the pass
-        host.cpus_busy += max(job.cpus, job.startup_cpus or 0.0)
-    host.mem_reserved += job.mem
+        host.cpus_busy += max(need.cores, job.startup_cpus or 0.0)
+    host.mem_reserved += need.ram
     if host.mem_available is not None:
-        host.mem_available -= job.mem
+        host.mem_available -= need.ram
     host.all_jobs += 1
     if not p.gpus:
         host.jobs += 1
         host.alone = host.alone or p.alone
         if (
-            job.startup_cpus is not None and job.startup_cpus > job.cpus
+            job.startup_cpus is not None and job.startup_cpus > need.cores
         ):  # its start-up, for the rest of the pass
             over, who = host.cpus_over
-            host.cpus_over = (over + job.startup_cpus - job.cpus, who if who is not None else job.id)
+            host.cpus_over = (over + job.startup_cpus - need.cores, who if who is not None else job.id)
         return
     for g in gpus:
         if g.index in p.gpus:
@@ -441,8 +442,6 @@ def _reserve(job: Waiting, p: Placement, host: HostSlot, gpus: list[GpuSlot]) ->
                 g.probing = True
                 g.probing_job = job.id
             else:
-                g.mem_reserved += p.gpu_mem or 0
+                g.mem_reserved += need.gpu_mem
             declared = g.compute_declared
-            g.compute_declared = (
-                None if declared is None or job.gpu_share is None else declared + job.gpu_share
-            )
+            g.compute_declared = None if declared is None or not need.gpu_share else declared + need.gpu_share

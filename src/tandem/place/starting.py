@@ -62,7 +62,7 @@ def start_job(
         if server is not None:
             from tandem.place.run.mps import client_env
 
-            env.update(client_env(chosen[0].uuid, server.dirs, p.gpu_mem, job.gpu_share))
+            env.update(client_env(chosen[0].uuid, server.dirs, p.reservation.gpu_mem, job.gpu_share))
             with_mps = True
     node_env = NODE_ENV if ray else ()
     attempts.start(job, p, chosen, env, mps=with_mps, backend="ray" if ray else None, node_env=node_env)

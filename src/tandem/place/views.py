@@ -12,7 +12,7 @@ from typing import Any
 
 from tandem.place.fields import meta
 from tandem.place.model import PRODUCER_ROLE, RUNNING, WAITING_STATES, format_size, param_value
-from tandem.place.records import Attempt, AttemptPlacement, Job
+from tandem.place.records import Attempt, Job
 from tandem.place.reserve import AUTO_CPUS
 
 
@@ -20,7 +20,15 @@ def _placement(attempt: Attempt | None) -> dict[str, Any] | None:
     """An attempt's placement as ``--json`` shows it (its shown fields; lists, not tuples)."""
     if attempt is None:
         return None
-    shown = record_json(attempt.placement)
+    p = attempt.placement
+    shown = record_json(p)
+    r = p.reservation
+    # its reservation's figures under the names the dashboard and earlier tandems read
+    shown |= {
+        "gpu_mem_bytes": p.gpu_mem,
+        "cpus": None if r is None else round(r.resources.cores, 3),
+        "cpus_from": None if r is None else r.cores_why,
+    }
     return {k: list(v) if isinstance(v, tuple) else v for k, v in shown.items()}
 
 
@@ -28,18 +36,18 @@ def _reservation(job: Job, last: Attempt | None) -> dict[str, Any]:
     """The cores and RAM a job reserves and where each comes from: given (--cpus N, --mem
     SIZE), or for auto what its attempt was given (learnt for its job key, a probe, its
     measurement; RAM: its key's peak, raised to its own as it grows)."""
-    p = last.placement if last is not None else AttemptPlacement()
+    r = last.placement.reservation if last is not None else None
     if job.mem:
         mem: dict[str, Any] = {"mem_bytes": job.mem, "mem_from": "given"}
-    elif p.mem_from is not None:  # as its attempt started, or raised to its measurement since
-        mem = {"mem_bytes": p.mem or None, "mem_from": p.mem_from}
+    elif r is not None:  # as its attempt started, or raised to its measurement since
+        mem = {"mem_bytes": r.resources.ram or None, "mem_from": r.ram_why}
     else:
         mem = {"mem_bytes": None, "mem_from": "auto: learnt when it starts"}
     if job.cpus != AUTO_CPUS:
         return {"cpus": job.cpus, "from": "given", **mem}
-    if p.cpus is None:
+    if r is None:
         return {"cpus": None, "from": "auto: learnt when it starts", **mem}
-    return {"cpus": p.cpus, "from": p.cpus_from or "auto", **mem}
+    return {"cpus": round(r.resources.cores, 3), "from": r.cores_why, **mem}
 
 
 def attempt_json(a: Attempt) -> dict[str, Any]:

@@ -24,6 +24,7 @@ from tandem.place.run.ray_backend import PENDING, RUNNING, actor_name
 
 if TYPE_CHECKING:
     from tandem.place.devices import NodeSample
+    from tandem.place.resources import Reservation
 
 log = logging.getLogger(__name__)
 
@@ -35,11 +36,10 @@ class Launch:
 
     dir: Path
     cwd: str
-    cpus: float = 1.0
-    mem: int = 0
+    reservation: Reservation
     gpus: tuple[GpuInfo, ...] = ()
-    gpu_mem: int | None = None
     node: str = ""  # under Ray: the node it runs on (its share group's, if it has one)
+    ray_cores: float | None = None  # of its cores, those its node's Ray holds (None: all of them)
 
 
 class Launched(Protocol):
@@ -140,8 +140,10 @@ class RayLauncher:
         self.trouble: str | None = None  # why Ray does not answer, said until it does again
 
     def start(self, a: Launched, what: Launch) -> str:
-        gpu_mem = {g.local or 0: (what.gpu_mem or 0) >> 20 for g in what.gpus if what.gpu_mem}
-        self.backend.launch(str(what.dir), what.cwd, what.node, what.cpus, what.mem, gpu_mem)
+        r = what.reservation
+        gpu_mem = {g.local or 0: (r.gpu_mem or 0) >> 20 for g in what.gpus if r.gpu_mem}
+        cores = r.resources.cores if what.ray_cores is None else what.ray_cores
+        self.backend.launch(str(what.dir), what.cwd, what.node, cores, r.resources.ram, gpu_mem)
         return what.node
 
     def _status(self, a: Launched) -> str:

@@ -19,10 +19,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from tandem.place.decide import HOST_WINDOW_S, GpuReading, Reserved
+from tandem.place.decide import HOST_WINDOW_S, GpuReading
 from tandem.place.model import QUEUED, job_key
 from tandem.place.records import Job
-from tandem.place.reserve import AUTO_CPUS, MEM_MARGIN, Measuring
+from tandem.place.reserve import AUTO_CPUS, Measuring
+from tandem.place.resources import Reservation
 from tandem.place.scheduler import Placement
 from tandem.place.sim.trace import TraceJob, command_args
 
@@ -42,7 +43,7 @@ class SimJob:
     end: float | None = None
     ran_s: float = 0.0  # running time over all attempts
     gpus: tuple[int, ...] = ()
-    fixed: Reserved | None = None  # its reservation, where all of it is given (never changes)
+    fixed: Reservation | None = None  # its reservation, where all of it is given (never changes)
 
     @property
     def id(self) -> int:
@@ -79,18 +80,20 @@ def uuid_of(g: int) -> str:
 
 @dataclass
 class SimRun:
-    """A running attempt of a simulated job."""
+    """A running attempt of a simulated job: what it reserves follows its measurement as
+    the daemon's :class:`~tandem.place.active.Active` does (the pass's reservation, its
+    cores of --cpus auto as sampled, a probe's GPU memory once settled)."""
 
     job: Job  # as the daemon stores it (its fields, escalated on a retry)
     trace: TraceJob
     placement: Placement
     started: float
     settled_at: float
-    gpu_mem_reserved: int | None  # per GPU; None while a probe has not settled
+    reservation: Reservation
     remaining: float  # seconds of work at the speed alone
     peak: int  # true GPU memory per GPU
     cpu: Measuring | None
-    mem_learned: int = 0  # RAM reserved as it started (--mem auto: its key's peak plus a margin)
+    gpu_settled: bool = False  # a probe's GPU memory is known (settle_s after its start)
     samples: int = 0
     cpus_used: float | None = None
     slowdown: float = 1.0
@@ -109,14 +112,8 @@ class SimRun:
         return self.placement.alone
 
     @property
-    def cpus(self) -> float:
-        return self.job.cpus if self.cpu is None else self.cpu.cores
-
-    @property
-    def mem(self) -> int:
-        """The RAM it reserves: given, else its key's learnt figure, else its use (its
-        trace's RAM) plus the margin, as the daemon raises it to the measured peak."""
-        return self.job.mem or max(self.mem_learned, int(self.trace.mem * (1 + MEM_MARGIN)))
+    def gpu_probing(self) -> bool:
+        return self.placement.probe and not self.gpu_settled
 
     @property
     def probing(self) -> bool:

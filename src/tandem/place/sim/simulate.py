@@ -45,7 +45,7 @@ from tandem.place.active import STARTUP_SAMPLES, Startup
 from tandem.place.decide import HOST_WINDOW_S, Pass, Peak, gpu_views, host_view
 from tandem.place.model import OOM, RETRYING, RUNNING, SUCCEEDED, GpuInfo
 from tandem.place.policies import GpuSlot, HostSlot, Limits, make_policy
-from tandem.place.reserve import FOLLOW_SAMPLES, STARTUP_MAX_SAMPLES, Learned, Measuring
+from tandem.place.reserve import FOLLOW_SAMPLES, MEM_MARGIN, STARTUP_MAX_SAMPLES, Learned, Measuring
 from tandem.place.retry import retry
 from tandem.place.scheduler import Placement, Waiting, fits_at_all, plan
 from tandem.place.sim.simmodel import (  # noqa: F401 (AGGREGATE_KEYS, JobResult: the simulator's API)
@@ -183,9 +183,10 @@ class _Sim:
         elif kind == _SETTLE:
             for r in self.runs:
                 if r.job.id == payload and r.settled_at <= self.now:
-                    if r.gpu_mem_reserved is None and r.gpus:
+                    if r.gpu_probing:
                         # A probe has settled: from now on it holds its peak plus the margin.
-                        r.gpu_mem_reserved = int(r.peak * (1 + self.limits.gpu_mem_margin))
+                        gpu_mem = int(r.peak * (1 + self.limits.gpu_mem_margin))
+                        r.reservation, r.gpu_settled = r.reservation.measured(gpu_mem=gpu_mem, why=""), True
                     self._touch(r.gpus)  # no longer fresh
                     self.changed = True
         elif kind == _STARVE and payload in self.waiting:
@@ -204,6 +205,7 @@ class _Sim:
         if r.samples <= STARTUP_SAMPLES:
             self.startup.seen(r.job.command, used)
         elif r.cpu is not None and r.cpu.sample(used):
+            r.reservation = r.reservation.measured(cores=round(r.cpu.cores, 3), why=r.cpu.source)
             self.changed = True
         if r.samples in (STARTUP_SAMPLES, _SAMPLES_FIXED):  # its start-up, the host's window: over
             self.changed = True
@@ -246,31 +248,34 @@ class _Sim:
         queue = self._queue()
         if not queue:
             return
-        wanted = {w.id: w for w in queue}
         outcome = plan(queue, self._host_slot(), self._gpu_slots(), self.policy, self.limits, self.now)
         self.reasons.update(outcome.reasons)
         for p in outcome.placements:
-            self._start(self.waiting.pop(p.job_id), p, wanted[p.job_id])
+            self._start(self.waiting.pop(p.job_id), p)
 
-    def _start(self, job: SimJob, p: Placement, w: Waiting) -> None:
+    def _start(self, job: SimJob, p: Placement) -> None:
         job.attempts += 1
         job.state = RUNNING
         job.gpus = p.gpus
         job.first_start = self.now if job.first_start is None else job.first_start
         job.last_start = self.now
-        # As the daemon's attempt start (tandem.place.attempts), with what runs as it starts.
-        reserved = self._decisions(self.runs).reserve(job.job)
+        # As the daemon's attempt start (tandem.place.attempts): the pass's reservation. Its
+        # RAM of --mem auto is raised to its use at once (the daemon raises it to the measured
+        # peak as that grows: the trace's RAM is its use from the start).
+        reserved = p.reservation
+        used_ram = int(job.trace.mem * (1 + MEM_MARGIN))
+        if not job.job.mem and used_ram > reserved.resources.ram:
+            reserved = reserved.measured(ram=used_ram, why="measured, this run")
         run = SimRun(
             job.job,
             job.trace,
             p,
             self.now,
             self.now + self.limits.settle_s,
-            None if p.probe else w.gpu_mem,
+            reserved,
             job.trace.duration_s,
             job.trace.true_gpu_mem,
-            Measuring(job.job, self.startup.learned, start=reserved.cores_start),
-            mem_learned=reserved.ram,
+            Measuring(job.job, self.startup.learned, start=reserved),
         )
         self.runs.append(run)
         for g in p.gpus:
@@ -306,7 +311,8 @@ class _Sim:
             self.runs,
             self.startup,
             self.now,
-            mem_available=self.mem - sum(r.mem for r in self.runs),  # jobs use the RAM they reserve
+            # jobs use the RAM they reserve
+            mem_available=self.mem - sum(r.reservation.resources.ram for r in self.runs),
             cpu_mean=busy,
             cpu_p95=busy,
         )
