@@ -284,8 +284,8 @@ class InProc:
         """The monitor's sample: the running attempts' use and the outside load, no psutil."""
         m = self.daemon.monitor
         used = self.outside_cores + sum(r.step.cores for r in self.launcher.running())
-        m.cpu.add(self.clock.monotonic(), min(1.0, used / max(m.capacity.cpus, 1e-3)))
-        m.mem_available = m.capacity.mem - sum(r.step.mem for r in self.launcher.running())
+        m.cpu.add(self.clock.monotonic(), min(1.0, used / max(m.capacity.total.cores, 1e-3)))
+        m.mem_available = m.capacity.total.ram - sum(r.step.mem for r in self.launcher.running())
 
     def step(self, seconds: float = 0.25) -> None:
         """``seconds`` pass: the attempts report (or end), then the daemon's tick."""

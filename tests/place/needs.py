@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from tandem.place.policies import HostSlot
 from tandem.place.resources import GIVEN, PROBE, SHARE, Reservation, Resources
 from tandem.place.scheduler import Placement, Waiting
 
@@ -51,3 +52,10 @@ def placed(job_id: int, gpus: tuple[int, ...] = (), gpu_mem: int | None = None, 
     kw.setdefault("alone", False)
     kw.setdefault("probe", False)
     return Placement(job_id, gpus, need(1.0, 0, len(gpus), gpu_mem), **kw)
+
+
+def host_slot(
+    cpus_total: float, mem_total: int, cpus_reserved: float = 0.0, mem_reserved: int = 0, **kw: Any
+) -> HostSlot:
+    """A host of these cores and RAM, with so much of them reserved (``kw``: what is measured)."""
+    return HostSlot(Resources(cpus_total, mem_total), Resources(cpus_reserved, mem_reserved), **kw)

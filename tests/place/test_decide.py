@@ -123,7 +123,7 @@ def test_the_simulator_and_the_daemons_admission_reach_the_same_decisions(tmp_pa
     state = State(tmp_path)
     state.record_peak("name:gpu-learnt", GiB, 6 * GiB, 60.0)
     startup, limits = _learnt(), Limits()
-    capacity = Capacity(8.0, 16 * GiB, (GpuInfo(0, uuid_of(0), 80 * GiB),))
+    capacity = Capacity(Resources(8.0, 16 * GiB), (GpuInfo(0, uuid_of(0), 80 * GiB),))
     admission = Admission(state, capacity, limits, monitor, _NoProducers(), startup)  # type: ignore[arg-type]
     now = time.time()
     active = {}

@@ -15,7 +15,7 @@ import pytest
 
 from tandem.place.policies import HostSlot, Limits, Packing
 from tandem.place.scheduler import Waiting, plan, share_bound
-from tests.place.needs import waiting
+from tests.place.needs import host_slot, waiting
 from tests.place.test_daemon import DATASET
 from tests.place.test_reserve import _lines, _producers_ended
 from tests.timing import scaled, until
@@ -33,7 +33,7 @@ GIB = 1 << 30
 
 def _host(**kw: object) -> HostSlot:
     base: dict[str, object] = {"cpus_total": 2.0, "mem_total": 16 * GIB}
-    return HostSlot(**{**base, **kw})  # type: ignore[arg-type]
+    return host_slot(**{**base, **kw})  # type: ignore[arg-type]
 
 
 def _plan(queue: list[Waiting], host: HostSlot):  # type: ignore[no-untyped-def]

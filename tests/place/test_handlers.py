@@ -13,13 +13,14 @@ from tandem.place.config import DaemonConfig
 from tandem.place.daemon import Daemon
 from tandem.place.model import Capacity, JobSpec
 from tandem.place.requests import HANDLERS, NOTHING, Changed
+from tandem.place.resources import Resources
 from tandem.place.state import State
 from tandem.share.spec import ShareSpec
 
 
 @pytest.fixture
 def daemon(tmp_path: Path):
-    d = Daemon(State(tmp_path), Capacity(2.0, 8 << 30), DaemonConfig(track=False, gpus="none"))
+    d = Daemon(State(tmp_path), Capacity(Resources(2.0, 8 << 30)), DaemonConfig(track=False, gpus="none"))
     d.wake = d.dirty = False
     yield d
     d.state.close()

@@ -13,6 +13,7 @@ import pytest
 
 from tandem.place.devices import STALE_S, GpuSample, Monitor, NodeSample
 from tandem.place.model import Capacity, GpuInfo, NodeInfo
+from tandem.place.resources import Resources
 from tandem.place.run.ray_backend import NodeAgent
 from tests.watch.test_nvml import FakeNvml
 
@@ -47,8 +48,11 @@ def _cluster_monitor() -> Monitor:
         GpuInfo(0, "aaaa:0", 80 * GiB, node="aaaa", local=0),
         GpuInfo(1, "bbbb:0", 80 * GiB, node="bbbb", local=0),
     )
-    nodes = (NodeInfo("aaaa", "head", 2, 4 * GiB), NodeInfo("bbbb", "worker", 2, 4 * GiB))
-    return Monitor(Capacity(4, 8 * GiB, gpus, nodes), 30.0, None)
+    nodes = (
+        NodeInfo("aaaa", "head", Resources(2, 4 * GiB)),
+        NodeInfo("bbbb", "worker", Resources(2, 4 * GiB)),
+    )
+    return Monitor(Capacity(Resources(4, 8 * GiB), gpus, nodes), 30.0, None)
 
 
 def test_the_daemon_keeps_each_node_s_sample_and_reads_its_gpus_by_the_daemon_s_uuids() -> None:

@@ -6,6 +6,7 @@ unknown GPU memory on a GPU no one measures is no probe that would hold the GPU 
 from __future__ import annotations
 
 from tandem.place.policies import GpuSlot, HostSlot, Limits, make_policy
+from tandem.place.resources import Resources
 from tandem.place.scheduler import NodeSlot, Waiting, fits_a_node, plan_nodes
 from tests.place.needs import waiting
 
@@ -15,7 +16,7 @@ LIMITS = Limits()
 
 def node(name: str, cpus: float = 2.0, gpus: int = 0, unmeasured: bool = True, base: int = 0) -> NodeSlot:
     slots = [GpuSlot(base + i, f"{name}:{i}", 16 * GiB, unmeasured=unmeasured) for i in range(gpus)]
-    return NodeSlot(f"id-{name}", HostSlot(cpus, 4 * GiB), slots, name, cpus_held=0.0)
+    return NodeSlot(f"id-{name}", HostSlot(Resources(cpus, 4 * GiB)), slots, name, cpus_held=0.0)
 
 
 def job(i: int, cpus: float = 1.0, gpus: int = 0, **kw) -> Waiting:

@@ -168,7 +168,7 @@ def test_a_probe_that_settles_is_written_whole_and_a_new_daemon_adopts_it_typed(
     from tandem.place.model import Capacity, GpuInfo
     from tandem.place.run.launch import LocalLauncher
 
-    capacity = Capacity(2.0, 1 << 30, (GpuInfo(0, "GPU-a", 8 << 30),))
+    capacity = Capacity(Resources(2.0, 1 << 30), (GpuInfo(0, "GPU-a", 8 << 30),))
     config = DaemonConfig(track=False)
     state = State(tmp_path)
 
@@ -230,7 +230,7 @@ def test_a_restarted_daemon_adopts_a_cpus_auto_job_at_its_recorded_reservation(t
     from tandem.place.reserve import probing_keys
     from tandem.place.run.launch import LocalLauncher
 
-    capacity = Capacity(2.0, 4 << 30, ())
+    capacity = Capacity(Resources(2.0, 4 << 30), ())
     state = State(tmp_path)
     job_id, _ = state.add_job(JobSpec(["python", "train.py"], "/", cpus=AUTO_CPUS), 0, time.time())
     measured = Reservation(

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from tandem.place.reserve import producer_key
+from tandem.place.resources import Resources
 
 from .inproc import InProc, Step
 
@@ -154,7 +155,7 @@ def test_a_gpu_slab_producer_row_reserves_a_gpu_not_its_memory(tmp_path: Path) -
     (tmp_path / "s").mkdir(mode=0o700)
     state = State(tmp_path / "s")
     state.define_share(ShareSpec("pics", "images", str(tmp_path), device="cuda:0"))
-    capacity = Capacity(2.0, 8 << 30, (GpuInfo(0, "GPU-0", 80 << 30),))
+    capacity = Capacity(Resources(2.0, 8 << 30), (GpuInfo(0, "GPU-0", 80 << 30),))
     producers = Producers(state, capacity, DaemonConfig(), Learned())
     asked, _ = state.add_job(JobSpec(["true"], str(tmp_path), share="pics", group="sweep"), 1, 1.0)
     share, job = state.share("pics"), state.job(asked)

@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 
 from tandem.place.model import Capacity, NodeInfo
+from tandem.place.resources import Resources
 
 from .inproc import FakeClock, FakeLauncher, InProc
 
@@ -31,16 +32,14 @@ class NodesLauncher(FakeLauncher):
 
     def refresh(self, capacity: Capacity) -> bool:
         alive = [n for n in self.nodes if n.alive]
-        return capacity.refresh(
-            Capacity(sum(n.cpus for n in alive), sum(n.mem for n in alive), (), self.nodes)
-        )
+        return capacity.refresh(Capacity(sum((n.total for n in alive), Resources()), (), self.nodes))
 
 
 def _on_nodes(tmp_path: Path, monkeypatch: Any, hosts: tuple[str, str]) -> InProc:
     monkeypatch.setattr(sys, "path", list(sys.path))
     (tmp_path / "pn_data.py").write_text(DATASET)
     clock = FakeClock()
-    nodes = tuple(NodeInfo(f"id-{i}", host, 2.0, 4 * GiB) for i, host in enumerate(hosts))
+    nodes = tuple(NodeInfo(f"id-{i}", host, Resources(2.0, 4 * GiB)) for i, host in enumerate(hosts))
     launcher = NodesLauncher(clock, 1.0, nodes=nodes)
     h = InProc(tmp_path, monkeypatch, ("--cpus", "2", "--mem", "4G", "--settle", "0.3"), launcher, clock)
     h.step(0.5)

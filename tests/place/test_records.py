@@ -14,6 +14,7 @@ from tandem.place import protocol
 from tandem.place.config import DaemonConfig
 from tandem.place.model import JobSpec
 from tandem.place.policies import Limits
+from tandem.place.resources import Resources
 from tandem.place.run.files import Result, Usage, load, save
 
 
@@ -129,7 +130,7 @@ def test_a_pass_sees_what_each_waiting_job_s_program_used_at_start(tmp_path: Pat
     d = tmp_path / "state"
     d.mkdir(mode=0o700)
     state = State(d)
-    capacity = Capacity(2.0, 8 << 30)
+    capacity = Capacity(Resources(2.0, 8 << 30))
     startup = Startup()
     startup.seen(["python", "-m", "train"], 1.0)
     admission = Admission(

@@ -10,14 +10,14 @@ import pytest
 
 from tandem.place.policies import GpuSlot, HostSlot, Limits, make_policy
 from tandem.place.scheduler import Waiting, fits_at_all, plan
-from tests.place.needs import waiting
+from tests.place.needs import host_slot, waiting
 
 G = 1 << 30
 LIMITS = Limits()
 
 
 def host(**kw) -> HostSlot:
-    return HostSlot(**{"cpus_total": 16, "mem_total": 128 * G, **kw})
+    return host_slot(**{"cpus_total": 16, "mem_total": 128 * G, **kw})
 
 
 def gpu(index: int, **kw) -> GpuSlot:

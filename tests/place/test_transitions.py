@@ -14,6 +14,7 @@ import pytest
 
 from tandem.place.model import STATES, JobSpec
 from tandem.place.records import Attempt, AttemptPlacement
+from tandem.place.resources import Resources
 from tandem.place.state import TRANSITIONS, IllegalTransition, State, StateError
 from tandem.place.views import job_json
 
@@ -151,7 +152,7 @@ def _attempts(state: State):  # the daemon's follower of attempts, over a fake l
     from tandem.place.model import Capacity
     from tests.place.inproc import FakeClock, FakeLauncher, Step
 
-    capacity = Capacity(2.0, 1 << 30)
+    capacity = Capacity(Resources(2.0, 1 << 30))
     config = DaemonConfig(grace_s=1.0, interval_s=0.2)
     launcher = FakeLauncher(FakeClock(), config.interval_s)
     launcher.default = Step(run_s=0.0)  # each job ends at once, exit 0

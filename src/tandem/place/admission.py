@@ -58,8 +58,7 @@ class Admission:
 
     def host_slot(self, active: Iterable[Active]) -> HostSlot:
         return host_view(
-            self.capacity.cpus,
-            self.capacity.mem,
+            self.capacity.total,
             active,
             self.startup,
             time.time(),
@@ -82,10 +81,10 @@ class Admission:
             on = [a for a in active if a.placed.node == node.id]
             sample = self.monitor.node(node.id)
             # its busy share is of the cores its agent measured; Ray's count may differ
-            scale = sample.cpus / node.cpus if sample is not None and sample.cpus and node.cpus else 1.0
+            cores = node.total.cores
+            scale = sample.cpus / cores if sample is not None and sample.cpus and cores else 1.0
             host = host_view(
-                node.cpus,
-                node.mem,
+                node.total,
                 on,
                 self.startup,
                 now,

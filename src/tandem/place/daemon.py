@@ -93,7 +93,9 @@ class Daemon:
             # Without an address: this machine's head of the daemon's own, which outlives it.
             if not config.address:  # its own head lets in only this user's processes
                 os.environ.update(ray_head.auth_env(state.dir))
-            address = config.address or ray_head.ensure(state.dir, capacity.cpus, capacity.gpus).address
+            address = (
+                config.address or ray_head.ensure(state.dir, capacity.total.cores, capacity.gpus).address
+            )
             backend = RayBackend(address)
             capacity = backend.cluster()
             nvml = None  # GPUs are Ray's now: each measured by its node's agent
@@ -418,7 +420,8 @@ def run_daemon(state_dir: Path, config: DaemonConfig) -> None:
         nvml = Nvml() if config.gpus != "none" else None
         capacity = detect_capacity(config.cpus, config.mem, config.gpus, nvml)
         print(
-            f"tandem daemon {os.getpid()}: {capacity.cpus:g} cores, {format_size(capacity.mem)} RAM, "
+            f"tandem daemon {os.getpid()}: {capacity.total.cores:g} cores, "
+            f"{format_size(capacity.total.ram)} RAM, "
             f"{len(capacity.gpus)} GPU(s), policy {config.policy}, state {state_dir}",
             file=sys.stderr,
             flush=True,

@@ -246,8 +246,7 @@ def _busy_cores(
 
 
 def host_view(
-    cpus_total: float,
-    mem_total: int,
+    total: Resources,
     running: Iterable[RunningAttempt],
     startup: Startup,
     now: float,
@@ -266,10 +265,11 @@ def host_view(
     jobs = [a for a in running if a.job.role != PRODUCER_ROLE]
     cpu_jobs = [a for a in jobs if not a.gpus]
     return HostSlot(
-        cpus_total=cpus_total,
-        mem_total=mem_total,
-        cpus_reserved=sum(a.reservation.resources.cores for a in running),
-        mem_reserved=sum(a.reservation.resources.ram for a in running),
+        total=total,
+        reserved=Resources(
+            cores=sum(a.reservation.resources.cores for a in running),
+            ram=sum(a.reservation.resources.ram for a in running),
+        ),
         mem_available=mem_available,
         cpu_mean=cpu_mean,
         cpu_p95=cpu_p95,
@@ -277,7 +277,7 @@ def host_view(
         jobs=len(cpu_jobs),
         all_jobs=len(jobs),
         alone=any(a.alone for a in cpu_jobs),
-        cpus_busy=_busy_cores(running, startup, None if cpu_mean is None else cpu_mean * cpus_total, now),
+        cpus_busy=_busy_cores(running, startup, None if cpu_mean is None else cpu_mean * total.cores, now),
     )
 
 

@@ -32,6 +32,7 @@ import psutil
 
 from tandem.place.decide import GpuReading
 from tandem.place.model import Capacity, GpuInfo, format_size
+from tandem.place.resources import Resources
 from tandem.place.run import cgroups
 
 log = logging.getLogger(__name__)
@@ -118,7 +119,8 @@ def detect_capacity(cpus: float | None, mem: int | None, gpus: str | None, nvml:
     if gpus not in (None, "none", "all", "") and not listed:
         why = nvml.why_not if nvml is not None else "NVML not loaded"
         raise ValueError(f"--gpus {gpus}: no GPU can be used here ({why})")
-    return Capacity(cpus if cpus is not None else total_cpus, mem or total_mem, parse_gpu_list(gpus, listed))
+    total = Resources(cpus if cpus is not None else total_cpus, mem or total_mem)
+    return Capacity(total, parse_gpu_list(gpus, listed))
 
 
 @dataclass
@@ -213,7 +215,7 @@ class Monitor:
         if self._cgroup_cpu:
             used, (then, before) = self._cgroups.cpu_seconds() or 0.0, self._last_cpu
             self._last_cpu = (now, used)
-            busy = (used - before) / max(now - then, 1e-3) / max(self.capacity.cpus, 1e-3)
+            busy = (used - before) / max(now - then, 1e-3) / max(self.capacity.total.cores, 1e-3)
         self.cpu.add(now, busy)
         self.mem_available = available_mem(self._cgroups)
         if self.nvml is None:
@@ -241,7 +243,7 @@ class Monitor:
                 m.mem_used, m.activity.mean(), m.activity.p95(), m.energy_mj, dict(m.process_mem)
             )
         mean, p95 = self.cpu.mean(host_window_s), self.cpu.p95(host_window_s)
-        return NodeSample(self.mem_available, mean, p95, gpus, self.capacity.cpus)
+        return NodeSample(self.mem_available, mean, p95, gpus, self.capacity.total.cores)
 
     def take(self, node: str, sample: NodeSample) -> None:
         """Keep a Ray node's sample, as its agent sent it (dated when it was taken)."""

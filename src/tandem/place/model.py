@@ -12,6 +12,7 @@ from dataclasses import dataclass, field, fields
 from typing import Any
 
 from tandem.place.fields import column
+from tandem.place.resources import Resources
 from tandem.units import MAX_BYTES, format_size, parse_size  # noqa: F401 (re-exported: place's words)
 
 QUEUED, RUNNING, RETRYING = "queued", "running", "retrying"
@@ -164,8 +165,7 @@ class NodeInfo:
 
     id: str  # Ray's node id
     name: str  # its host name: what ``ls`` and ``show`` call it
-    cpus: float
-    mem: int
+    total: Resources  # its cores and RAM
     alive: bool = True  # a node that died stays listed (its attempts were on it), offered nothing
 
 
@@ -177,26 +177,25 @@ class Capacity:
     (:meth:`refresh`, the one place they change): every part that holds it sees the
     cluster as it is now."""
 
-    cpus: float
-    mem: int
+    total: Resources  # its cores and RAM
     gpus: tuple[GpuInfo, ...] = ()
     nodes: tuple[NodeInfo, ...] = ()
 
     def refresh(self, now: Capacity) -> bool:
         """Take ``now``'s figures; whether anything changed."""
-        changed = (self.cpus, self.mem, self.gpus, self.nodes) != (now.cpus, now.mem, now.gpus, now.nodes)
-        self.cpus, self.mem, self.gpus, self.nodes = now.cpus, now.mem, now.gpus, now.nodes
+        changed = (self.total, self.gpus, self.nodes) != (now.total, now.gpus, now.nodes)
+        self.total, self.gpus, self.nodes = now.total, now.gpus, now.nodes
         return changed
 
     @property
     def largest_cpus(self) -> float:
         """The most cores one job can have: the largest live node's (one server: its own)."""
-        return max((n.cpus for n in self.nodes if n.alive), default=self.cpus)
+        return max((n.total.cores for n in self.nodes if n.alive), default=self.total.cores)
 
     @property
     def largest_mem(self) -> int:
         """The most RAM one job can have: the largest live node's (one server: its own)."""
-        return max((n.mem for n in self.nodes if n.alive), default=self.mem)
+        return max((n.total.ram for n in self.nodes if n.alive), default=self.total.ram)
 
     def node_name(self, node_id: str | None) -> str:
         """What a node is called (its host name; the id's start for one that is gone)."""

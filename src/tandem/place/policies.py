@@ -93,12 +93,11 @@ class GpuSlot:
 
 @dataclass
 class HostSlot:
-    """The host's cores and RAM as the scheduler sees them now."""
+    """The host's cores and RAM as the scheduler sees them now: what it has (``total``),
+    what its running jobs reserve (``reserved``: cores and RAM) and what is measured."""
 
-    cpus_total: float
-    mem_total: int
-    cpus_reserved: float = 0.0
-    mem_reserved: int = 0
+    total: Resources
+    reserved: Resources = Resources()
     mem_available: int | None = None  # measured
     cpu_mean: float | None = None  # fraction of all cores busy, over the window
     cpu_p95: float | None = None
@@ -207,25 +206,26 @@ class Packing(Policy):
         # Jobs measured using more cores than they declared (a start-up burst, a job that
         # declared too little) hold back a newcomer that the cores they use would not leave room for.
         over, who = host.cpus_over
-        if over > 0 and host.cpus_reserved + over + need.cores > host.cpus_total + 1e-9:
-            left = max(0.0, host.cpus_total - host.cpus_reserved - over)
+        total, reserved = host.total.cores, host.reserved.cores
+        if over > 0 and reserved + over + need.cores > total + 1e-9:
+            left = max(0.0, total - reserved - over)
             return (
                 f"held back: jobs use {over:.1f} cores more than they declared (job {who} most; a starting "
                 "job as its program did at start), "
-                f"{left:.1f} of {host.cpus_total:g} cores left"
+                f"{left:.1f} of {total:g} cores left"
             )
         if not limits.host_load or host.jobs == 0 or host.cpu_mean is None or host.cpu_p95 is None:
             return None
-        busy = host.cpu_mean * host.cpus_total
+        busy = host.cpu_mean * total
         # Only use beyond the reservations counts (an under-declared job, load from outside
         # the manager); a slack of half a core, or 5% of a big host, for start-up bursts.
-        if busy <= host.cpus_reserved + max(0.5, 0.05 * host.cpus_total):
+        if busy <= reserved + max(0.5, 0.05 * total):
             return None
-        if busy + need.cores <= limits.cpu_mean * host.cpus_total and host.cpu_p95 < limits.cpu_p95:
+        if busy + need.cores <= limits.cpu_mean * total and host.cpu_p95 < limits.cpu_p95:
             return None
         return (
             f"held back: host measured {host.cpu_mean:.0%} busy ({busy:.1f} cores), more than the "
-            f"{format_cores(host.cpus_reserved)} cores reserved"
+            f"{format_cores(reserved)} cores reserved"
         )
 
 

@@ -225,7 +225,7 @@ def status(_request: p.Status, d: Parts) -> Handled:
         for g in d.admission.gpu_slots(active)
     ]
     nodes = _nodes(d)
-    busy, free = host.cpu_mean * host.cpus_total if host.cpu_mean is not None else None, host.mem_available
+    busy, free = host.cpu_mean * host.total.cores if host.cpu_mean is not None else None, host.mem_available
     if nodes:  # a Ray cluster: its measured nodes' sums (the daemon's own host is not its capacity)
         measured = [n for n in nodes if n.alive and n.cpu_busy_mean is not None]
         busy = sum(n.cpu_busy_mean or 0.0 for n in measured) if measured else None
@@ -239,10 +239,10 @@ def status(_request: p.Status, d: Parts) -> Handled:
         mps=d.config.mps,
         backend=d.config.backend,
         tracking=None if d.tracker is None else (d.tracker.why_not or d.tracker.uri),
-        capacity=p.CapacityReport(d.capacity.cpus, d.capacity.mem, gpus),
+        capacity=p.CapacityReport(d.capacity.total.cores, d.capacity.total.ram, gpus),
         used=p.Use(
-            cpus=host.cpus_reserved,
-            mem_bytes=host.mem_reserved,
+            cpus=host.reserved.cores,
+            mem_bytes=host.reserved.ram,
             cpu_busy_mean=busy,
             mem_available_bytes=free,
             jobs=len(d.attempts.active),
@@ -266,15 +266,15 @@ def _nodes(d: Parts) -> list[p.NodeUse]:
                 node.id,
                 node.name,
                 node.alive,
-                node.cpus,
-                node.mem,
-                host.cpus_reserved if host else 0.0,
+                node.total.cores,
+                node.total.ram,
+                host.reserved.cores if host else 0.0,
                 slot.cpus_held or 0.0 if slot else 0.0,
-                host.mem_reserved if host else 0,
+                host.reserved.ram if host else 0,
                 host.all_jobs if host else 0,
                 [g.index for g in d.capacity.gpus if g.node == node.id],
                 # as its agent measured it (None: no agent has answered)
-                None if host is None or host.cpu_mean is None else host.cpu_mean * node.cpus,
+                None if host is None or host.cpu_mean is None else host.cpu_mean * node.total.cores,
                 host.mem_available if host else None,
             )
         )

@@ -159,7 +159,7 @@ def plan_nodes(
             slot = next(n for n in slots if n.node == placement.node)
             _reserve(job, placement, slot.host, slot.gpus)
             if slot.cpus_held is not None:  # Ray's part of its cores: what Ray has unreserved
-                unheld = max(0.0, slot.host.cpus_total - slot.cpus_held)
+                unheld = max(0.0, slot.host.total.cores - slot.cpus_held)
                 held = math.floor(min(job.need.resources.cores, unheld) * 1e4) / 1e4
                 slot.cpus_held += held
                 placement = dataclasses.replace(placement, cores_held=held)
@@ -199,7 +199,7 @@ def _place_on_nodes(job: Waiting, nodes: list[NodeSlot], policy: Policy, limits:
             return "node: no live node may take it"
         gone = ", ".join(n[:12] for n in job.nodes or ())
         return f"node: its share's producer's node ({gone}) has gone"
-    candidates.sort(key=lambda n: n.host.cpus_reserved - n.host.cpus_total)  # stable: ties keep their order
+    candidates.sort(key=lambda n: n.host.reserved.cores - n.host.total.cores)  # stable: ties keep their order
     why = []
     for n in candidates:
         here = job
@@ -229,9 +229,9 @@ def fits_at_all(
 ) -> str | None:
     """Why ``job`` can never run on this machine (its needs exceed the capacity), or None."""
     need, producer = job.need.resources, _producer_words(job)
-    usable = int(host.mem_total * (1 - (limits or Limits()).host_mem_headroom))
-    if need.cores > host.cpus_total + 1e-9:
-        return f"asks for {format_cores(need.cores)} cores{producer}; the manager has {host.cpus_total:g}"
+    usable = int(host.total.ram * (1 - (limits or Limits()).host_mem_headroom))
+    if need.cores > host.total.cores + 1e-9:
+        return f"asks for {format_cores(need.cores)} cores{producer}; the manager has {host.total.cores:g}"
     if need.ram > usable:
         return (
             f"asks for {format_size(need.ram)} of RAM{producer}; the manager hands out at most "
@@ -257,7 +257,7 @@ def fits_a_node(job: Waiting, nodes: Sequence[NodeSlot], limits: Limits | None =
         return None
     if len(nodes) == 1:
         return why[0]
-    largest = max(range(len(nodes)), key=lambda i: (nodes[i].host.cpus_total, nodes[i].host.mem_total))
+    largest = max(range(len(nodes)), key=lambda i: (nodes[i].host.total.cores, nodes[i].host.total.ram))
     return f"{why[largest]} on its largest node, {nodes[largest].name or nodes[largest].node[:12]}"
 
 
@@ -283,12 +283,12 @@ def _producer_words(job: Waiting) -> str:
 def _ram_short(job: Waiting, host: HostSlot, limits: Limits) -> str | None:
     """Whether the host's RAM (a strict reservation) is short for ``job``, with the figures."""
     ram = Resources(ram=job.need.resources.ram)
-    free = Resources(ram=max(0, host.mem_total - host.mem_reserved))
-    short = ram.short_of(free, Resources(ram=host.mem_total), suffix=_producer_words(job))
+    free = Resources(ram=max(0, host.total.ram - host.reserved.ram))
+    short = ram.short_of(free, Resources(ram=host.total.ram), suffix=_producer_words(job))
     if short:
         return str(short[0])
     if host.mem_available is not None:
-        headroom = int(limits.host_mem_headroom * host.mem_total)
+        headroom = int(limits.host_mem_headroom * host.total.ram)
         if ram.ram + headroom > host.mem_available:
             return (
                 f"RAM: needs {format_size(ram.ram)}{_producer_words(job)} plus {format_size(headroom)} "
@@ -301,8 +301,8 @@ def _ram_short(job: Waiting, host: HostSlot, limits: Limits) -> str | None:
 def _cores_short(job: Waiting, host: HostSlot) -> str | None:
     """Whether the host's unreserved cores are short for ``job``, with the figures."""
     cores = Resources(cores=job.need.resources.cores)
-    free = Resources(cores=max(0.0, host.cpus_total - host.cpus_reserved))
-    short = cores.short_of(free, Resources(cores=host.cpus_total), suffix=_producer_words(job))
+    free = Resources(cores=max(0.0, host.total.cores - host.reserved.cores))
+    short = cores.short_of(free, Resources(cores=host.total.cores), suffix=_producer_words(job))
     return str(short[0]) if short else None
 
 
@@ -313,7 +313,7 @@ def share_bound(host: HostSlot) -> float:
     share the cores among them (RAM stays strict). Measured on 2 cores: with two a core, an
     8-trial sweep ran in three waves and its producer decoded 16.5 epochs for the trials' 3
     (69 of the sweep's 134 CPU-s)."""
-    return 4 * host.cpus_total
+    return 4 * host.total.cores
 
 
 def _room_anyway(job: Waiting, host: HostSlot, policy: Policy) -> str | None:
@@ -326,7 +326,7 @@ def _room_anyway(job: Waiting, host: HostSlot, policy: Policy) -> str | None:
     if job.share_jobs is not None and job.share_jobs < share_bound(host):
         return "share"
     need = max(job.need.resources.cores, job.startup_cpus or 0.0)
-    if job.elastic and host.cpus_busy is not None and host.cpus_busy + need <= host.cpus_total + 1e-9:
+    if job.elastic and host.cpus_busy is not None and host.cpus_busy + need <= host.total.cores + 1e-9:
         return "measured"
     return None
 
@@ -334,8 +334,8 @@ def _room_anyway(job: Waiting, host: HostSlot, policy: Policy) -> str | None:
 def _measured_words(job: Waiting, host: HostSlot) -> str:
     if not job.elastic or host.cpus_busy is None:
         return ""
-    free = max(0.0, host.cpus_total - host.cpus_busy)
-    return f"; {free:.2f} of {host.cpus_total:g} cores measured idle"
+    free = max(0.0, host.total.cores - host.cpus_busy)
+    return f"; {free:.2f} of {host.total.cores:g} cores measured idle"
 
 
 def _place(
@@ -417,10 +417,9 @@ def _gpu_blocks(gpu: GpuSlot, job: Waiting, policy: Policy, limits: Limits) -> s
 
 def _reserve(job: Waiting, p: Placement, host: HostSlot, gpus: list[GpuSlot]) -> None:
     need = job.need.resources
-    host.cpus_reserved += need.cores
+    host.reserved += Resources(cores=need.cores, ram=need.ram)
     if host.cpus_busy is not None:  # counted at its figure for the rest of the pass
         host.cpus_busy += max(need.cores, job.startup_cpus or 0.0)
-    host.mem_reserved += need.ram
     if host.mem_available is not None:
         host.mem_available -= need.ram
     host.all_jobs += 1

@@ -46,7 +46,7 @@ def start_job(
     env.update(TANDEM_JOB_ID=str(job.id), TANDEM_JOB_ATTEMPT=str(len(job.attempts) + 1), PYTHONUNBUFFERED="1")
     # The job sees its GPUs only (by UUID, immune to index reordering); a CPU-only job sees none.
     env["CUDA_VISIBLE_DEVICES"] = ",".join(g.visible_id for g in chosen)
-    node_cpus = next((n.cpus for n in capacity.nodes if n.id == p.node), capacity.cpus)
+    node_cpus = next((n.total.cores for n in capacity.nodes if n.id == p.node), capacity.total.cores)
     if is_producer(job):
         producers.prepare(job)  # the spec it serves (its loader workers are its own)
     else:  # on_host counts its share's producer: its jobs start once it runs

@@ -60,6 +60,7 @@ from tandem._safepath import module_command
 from tandem.place.devices import NodeSample
 from tandem.place.model import Capacity, GpuInfo, NodeInfo
 from tandem.place.paths import unreachable
+from tandem.place.resources import Resources
 from tandem.place.run.fence import FENCE_GCS
 from tandem.place.run.files import ORPHAN_PARENT
 
@@ -120,7 +121,7 @@ class NodeAgent:
         gpus = nvml.gpus
         if not gpus:  # no driver or no GPU here: host figures only
             nvml.close()
-        capacity = Capacity(usable_cpus()[0], usable_mem()[0], gpus)
+        capacity = Capacity(Resources(usable_cpus()[0], usable_mem()[0]), gpus)
         self.monitor = Monitor(capacity, window_s, nvml if gpus else None)
         self.host_window_s, self.every_s = host_window_s, every_s
         self._lock = threading.Lock()
@@ -228,7 +229,7 @@ class RayBackend:
             self._names[node_id] = node.get("NodeManagerHostname") or node_id[:12]
             res = node.get("Resources", {})
             name, cpus, mem = self._names[node_id], res.get("CPU", 0.0), int(res.get("memory", 0))
-            nodes.append(NodeInfo(node_id, name, cpus, mem, alive=bool(node.get("Alive"))))
+            nodes.append(NodeInfo(node_id, name, Resources(cpus, mem), alive=bool(node.get("Alive"))))
             if not node.get("Alive"):  # listed, as gone; offered nothing
                 continue
             declared = sorted((int(m.group(1)), v) for k, v in res.items() if (m := _RESOURCE.match(k)))
@@ -237,8 +238,8 @@ class RayBackend:
                 uuid = f"{node_id[:12]}:{local}"
                 gpus.append(GpuInfo(index, uuid, int(mib) * MIB, node=node_id, local=local))
         self._alive = {n.id for n in nodes if n.alive}
-        cpus, mem = sum(n.cpus for n in nodes if n.alive), sum(n.mem for n in nodes if n.alive)
-        return Capacity(cpus, mem, tuple(sorted(gpus, key=lambda g: g.index)), tuple(nodes))
+        total = sum((n.total for n in nodes if n.alive), Resources())
+        return Capacity(total, tuple(sorted(gpus, key=lambda g: g.index)), tuple(nodes))
 
     # --- the nodes' agents -----------------------------------------------------------------
 

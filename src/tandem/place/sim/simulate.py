@@ -46,6 +46,7 @@ from tandem.place.decide import HOST_WINDOW_S, Pass, Peak, gpu_views, host_view
 from tandem.place.model import OOM, RETRYING, RUNNING, SUCCEEDED, GpuInfo
 from tandem.place.policies import GpuSlot, HostSlot, Limits, make_policy
 from tandem.place.reserve import FOLLOW_SAMPLES, MEM_MARGIN, STARTUP_MAX_SAMPLES, Learned, Measuring
+from tandem.place.resources import Resources
 from tandem.place.retry import retry
 from tandem.place.scheduler import Placement, Waiting, fits_at_all, plan
 from tandem.place.sim.simmodel import (  # noqa: F401 (AGGREGATE_KEYS, JobResult: the simulator's API)
@@ -93,8 +94,7 @@ class _Sim:
         self.model = model
         self.n_gpus = gpus
         self.gpu_mem = gpu_mem
-        self.cpus = cpus
-        self.mem = mem
+        self.total = Resources(cpus, mem)  # the machine's cores and RAM
         self.infos = [GpuInfo(g, uuid_of(g), gpu_mem) for g in range(gpus)]
         self.empty_gpus = gpu_views(self.infos, [], {}, limits.settle_s, 0.0)  # the submit check's
         order = sorted(range(len(jobs)), key=lambda i: jobs[i].offset_s)  # stable: file order on ties
@@ -222,7 +222,7 @@ class _Sim:
         decide = self._decisions([])
         w = decide.waiting(job.job, decide.reserve(job.job), job.trace.offset_s)
         host = host_view(
-            self.cpus, self.mem, [], self.startup, self.now, mem_available=None, cpu_mean=None, cpu_p95=None
+            self.total, [], self.startup, self.now, mem_available=None, cpu_mean=None, cpu_p95=None
         )
         return fits_at_all(w, host, self.empty_gpus) is not None
 
@@ -304,22 +304,21 @@ class _Sim:
         return self.slots  # type: ignore[return-value]
 
     def _host_slot(self) -> HostSlot:
-        busy = min(1.0, sum(r.window_cores(self.now) for r in self.runs) / self.cpus)
+        busy = min(1.0, sum(r.window_cores(self.now) for r in self.runs) / self.total.cores)
         return host_view(
-            self.cpus,
-            self.mem,
+            self.total,
             self.runs,
             self.startup,
             self.now,
             # jobs use the RAM they reserve
-            mem_available=self.mem - sum(r.reservation.resources.ram for r in self.runs),
+            mem_available=self.total.ram - sum(r.reservation.resources.ram for r in self.runs),
             cpu_mean=busy,
             cpu_p95=busy,
         )
 
     def _rates(self) -> None:
         per_gpu = [self.model.gpu(sum(r.trace.compute for r in runs), len(runs)) for runs in self.on_gpu]
-        host = self.model.host(sum(r.trace.cores_used for r in self.runs), self.cpus)
+        host = self.model.host(sum(r.trace.cores_used for r in self.runs), self.total.cores)
         for r in self.runs:
             r.slowdown = max(per_gpu[g] for g in r.gpus) if r.gpus else host
             r.end_at = self.now + max(0.0, r.remaining) * r.slowdown
@@ -413,7 +412,12 @@ class _Sim:
 
         return SimResult(
             policy=policy,
-            machine={"gpus": self.n_gpus, "gpu_mem": self.gpu_mem, "cpus": self.cpus, "mem": self.mem},
+            machine={
+                "gpus": self.n_gpus,
+                "gpu_mem": self.gpu_mem,
+                "cpus": self.total.cores,
+                "mem": self.total.ram,
+            },
             limits=asdict(self.limits),
             model=asdict(self.model),
             jobs=out,
