@@ -192,3 +192,46 @@ def test_benchmarks_import_no_test_code() -> None:
     offenders = [str(p.relative_to(ROOT)) for p in (ROOT / "benchmarks").rglob("*.py")
                  if re.search(r"^\s*(from|import)\s+tests\b", p.read_text(), re.MULTILINE)]  # fmt: skip
     assert not offenders, offenders
+
+
+def _module_edges() -> dict[str, set[str]]:
+    """Module -> the tandem modules it imports (lazy ones too), each import resolved to the
+    module it names (``from tandem.place import state`` is ``tandem.place.state``)."""
+    modules = _modules()
+    edges: dict[str, set[str]] = defaultdict(set)
+    for name, path in modules.items():
+        for target in _imports(name, path):
+            while target not in modules and "." in target:
+                target = target.rpartition(".")[0]
+            if target in modules and target != name:
+                edges[name].add(target)
+    return edges
+
+
+def test_no_import_cycle_between_modules_lazy_imports_included() -> None:
+    """No module imports, at any time, one that imports it back (through any others): a lazy
+    import hides a cycle from the interpreter, not from a reader. A package's ``__init__``
+    counts as a module; its submodules' imports of it are not counted (Python imports a
+    package before its modules, so that edge is always there)."""
+    edges = _module_edges()
+    for name in list(edges):
+        edges[name] = {t for t in edges[name] if not name.startswith(t + ".")}
+    cycle = _cycle(edges)
+    assert cycle is None, "a module cycle: " + " -> ".join(cycle or [])
+
+
+def test_no_module_imports_another_packages_private_module() -> None:
+    """A private module (``_name``) is imported only from within its own package."""
+    found = []
+    for name, path in _modules().items():
+        for target in _imports(name, path) & set(_modules()):
+            parts = target.split(".")
+            private = next(
+                (i for i, p in enumerate(parts) if p.startswith("_") and not p.startswith("__")), None
+            )
+            if private is None or private < 2:  # tandem._ipc and the like are the house's own
+                continue
+            owner = ".".join(parts[:private])
+            if not (name + ".").startswith(owner + "."):
+                found.append(f"{name} imports {target}")
+    assert not found, found

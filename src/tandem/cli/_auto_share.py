@@ -1,7 +1,7 @@
 """``tandem share auto SPEC`` (hidden): how a job's drop-in loader has the job manager serve
 its data. The daemon tells its jobs this command in ``$TANDEM_SHARE_STARTER``
 (:func:`tandem.place.producers.auto_share_command`); :class:`tandem.share.DataLoader` runs
-it with the file it wrote its :class:`~tandem.share._autoserve.AutoSpec` to, since share
+it with the file it wrote its :class:`~tandem.share.serving.AutoSpec` to, since share
 knows no job manager. The daemon defines the share (source ``auto``), queues its producer
 job (reserved, recorded and stopped as ``--share`` producers are) and binds the job's
 waiting sweep to it; this command waits until the producer serves, then prints the share's
@@ -29,7 +29,7 @@ def share_auto(spec_file: Path, state_dir: Path) -> None:
     ($TANDEM_JOB_ID) and its sweep; print the share's name once its producer serves."""
     from tandem.place import protocol
     from tandem.place.client import request
-    from tandem.share._autoserve import AutoSpec
+    from tandem.share.serving import AutoSpec
     from tandem.share.spec import ShareSpec
 
     job = os.environ.get("TANDEM_JOB_ID", "")
@@ -61,12 +61,12 @@ def _until_served(state_dir: Path, name: str, producer: int) -> None:
     from tandem.place.model import FINAL_STATES
     from tandem.place.producers import error
     from tandem.place.state import StateReader
-    from tandem.share._registry import _is_live, lock_path
+    from tandem.share.serving import served
 
     reader = StateReader(state_dir)
     deadline = time.monotonic() + SERVE_WITHIN_S
     try:
-        while not _is_live(lock_path(name)):
+        while not served(name):
             job = reader.job(producer)
             if job is None:
                 raise Exit(f"the producer of share {name!r} (job {producer}) is gone", EXIT_FAILED)
@@ -86,9 +86,9 @@ def _until_served(state_dir: Path, name: str, producer: int) -> None:
 
 def served(name: str) -> bool:
     """Does a producer serve share ``name`` on this host now (this user's runtime directory)?"""
-    from tandem.share._registry import _is_live, lock_path
+    from tandem.share import serving
 
-    return _is_live(lock_path(name))
+    return serving.served(name)
 
 
 def not_needed(spec_file: Path, name: str) -> None:
@@ -96,6 +96,6 @@ def not_needed(spec_file: Path, name: str) -> None:
     process outside the manager (a hand-started run of the same script): it is not needed, and
     says so (:mod:`tandem.place.outside`); it ends with exit 0, its jobs read that one."""
     from tandem.place.outside import report
-    from tandem.share._registry import _read_pid, lock_path
+    from tandem.share.serving import server_pid
 
-    click.echo(report(spec_file, name, _read_pid(lock_path(name))), err=True)
+    click.echo(report(spec_file, name, server_pid(name)), err=True)

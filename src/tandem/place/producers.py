@@ -32,7 +32,7 @@ import time
 import uuid
 from collections.abc import Iterable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from tandem._safepath import module_command
 from tandem.place.config import DaemonConfig
@@ -49,7 +49,16 @@ from tandem.units import format_cores
 
 if TYPE_CHECKING:
     from tandem.place.active import Active
-    from tandem.place.attempts import Attempts
+
+
+class RunningAttempts(Protocol):
+    """What producers need of the daemon's running attempts (:class:`tandem.place.attempts.
+    Attempts`, which imports this module: a protocol, so that no module circle forms)."""
+
+    active: dict[int, Active]
+
+    def stop(self, job_id: int, cause: str | None = None, succeeded: str | None = None) -> None: ...
+
 
 log = logging.getLogger(__name__)
 LEARN_AFTER_S = 10.0  # a producer's run shorter than this teaches nothing of its use
@@ -219,7 +228,9 @@ class Producers:
 
     # --- the group's side, once a pass ------------------------------------------------------
 
-    def tend(self, now: float, waiting: list[Job], attempts: Attempts, linger_s: float | None = None) -> bool:
+    def tend(
+        self, now: float, waiting: list[Job], attempts: RunningAttempts, linger_s: float | None = None
+    ) -> bool:
         """Stop the producers whose group is done (for ``linger_s``, else the daemon's
         producer linger), cancel the queued ones no job waits for, fail the groups whose
         producer ended by itself, learn what stopped ones used, weigh the running ones.
@@ -299,7 +310,7 @@ class Producers:
         return True
 
     def _orphans(
-        self, running: Iterable[Active], readers: Iterable[Active], attempts: Attempts, auto: set[str]
+        self, running: Iterable[Active], readers: Iterable[Active], attempts: RunningAttempts, auto: set[str]
     ) -> bool:
         """The running jobs of a share whose producer is not running on their node (it ended by
         itself, or before this daemon adopted them): stopped, failed with its producer's error.

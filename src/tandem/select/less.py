@@ -21,9 +21,9 @@ import numpy as np
 import torch
 
 from tandem.select import proxy
+from tandem.select.context import Context, warm
 from tandem.select.data import Items
 from tandem.select.errors import SelectError
-from tandem.select.methods import Context, _warm
 
 
 def projection(dim_in: int, dim_out: int, seed: int) -> torch.Tensor:
@@ -44,7 +44,7 @@ def less_scores(items: Items, ctx: Context) -> np.ndarray:
             f"the target's inputs have shape {tuple(target.inputs.shape[1:])}, the dataset's "
             f"{tuple(items.inputs.shape[1:])}: they must match"
         )
-    model, opt = _warm(items, ctx)
+    model, opt = warm(items, ctx)
     layer = proxy.last_linear(model)
     names = [n for n, p in model.named_parameters() if any(p is q for q in layer.parameters())]
     assert items.labels is not None

@@ -28,25 +28,16 @@ new version, so stored selections of the old one are not taken for the new.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
+
+from tandem.select.context import Context
+from tandem.select.context import warm as _warm
 
 if TYPE_CHECKING:
     import numpy as np
-    import torch
 
     from tandem.select.data import Items
-
-
-@dataclass
-class Context:
-    model_fn: Any
-    seed: int
-    target: Items | None = None
-    params: dict[str, Any] = field(default_factory=dict)
-
-    def param(self, name: str, default: Any) -> Any:
-        return self.params.get(name, default)
 
 
 @dataclass(frozen=True)
@@ -86,16 +77,6 @@ class Method:
         if self.model_optional:
             words.append("model optional")
         return ", ".join(words) or "nothing"
-
-
-def _warm(items: Items, ctx: Context) -> tuple[torch.nn.Module, torch.optim.Adam]:
-    from tandem.select import proxy
-
-    model = proxy.make_model(ctx.model_fn, ctx.seed)
-    opt = proxy.warm_up(
-        model, items, int(ctx.param("warmup_epochs", 3)), ctx.seed, float(ctx.param("lr", 1e-3))
-    )
-    return model, opt
 
 
 def random_scores(items: Items, ctx: Context) -> np.ndarray:

@@ -24,7 +24,7 @@ import json
 import math
 import time
 from collections.abc import AsyncIterator
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
@@ -34,8 +34,17 @@ from tandem.place.views import strict_json
 from tandem.web.data import MAX_ID, logged_by_the_job
 
 if TYPE_CHECKING:
-    from tandem.web.app import Daemon
     from tandem.web.data import Reader
+
+
+class DaemonAsked(Protocol):
+    """What a stream reads of the daemon (:class:`tandem.web.app.Daemon`, whose app imports
+    this module: a protocol, so that no module circle forms)."""
+
+    why_not: str
+
+    def status(self) -> dict[str, Any] | None: ...
+
 
 POLL_S = 0.25
 STATUS_EVERY_S = 2.0
@@ -96,7 +105,9 @@ class Streams:
             self._open.remove(closing)
 
 
-async def events(request: Request, reader: Reader, daemon: Daemon, streams: Streams) -> StreamingResponse:
+async def events(
+    request: Request, reader: Reader, daemon: DaemonAsked, streams: Streams
+) -> StreamingResponse:
     job_id = request.query_params.get("job")
     follow = int(job_id) if job_id and job_id.isdigit() and int(job_id) <= MAX_ID else None
     cursor = _cursor(request)
