@@ -222,9 +222,9 @@ def test_no_import_cycle_between_modules_lazy_imports_included() -> None:
 
 def test_no_module_imports_another_packages_private_module() -> None:
     """A private module (``_name``) is imported only from within its own package."""
-    found = []
-    for name, path in _modules().items():
-        for target in _imports(name, path) & set(_modules()):
+    found, modules = [], _modules()
+    for name, path in modules.items():
+        for target in _imports(name, path) & set(modules):
             parts = target.split(".")
             private = next(
                 (i for i, p in enumerate(parts) if p.startswith("_") and not p.startswith("__")), None

@@ -32,18 +32,15 @@ def waiting(
     i: int,
     priority: int = 0,
     submitted: float | None = None,
-    cpus: float = 1.0,
-    mem: int = 0,
-    gpus: int = 0,
-    gpu_mem: int | None = None,
-    *,
+    *figures: Any,
     gpu_share: int | None = None,
     with_producer: bool = False,
     **kw: Any,
 ) -> Waiting:
-    """A waiting job ``i`` (submitted at ``i`` unless said) of these figures; ``kw``: the
-    other fields of :class:`Waiting`."""
-    reservation = need(cpus, mem, gpus, gpu_mem, gpu_share, with_producer)
+    """A waiting job ``i`` (submitted at ``i`` unless said) of these figures (those of
+    :func:`need`, by position or by name); ``kw``: the other fields of :class:`Waiting`."""
+    named = {k: kw.pop(k) for k in ("cpus", "mem", "gpus", "gpu_mem") if k in kw}
+    reservation = need(*figures, **named, gpu_share=gpu_share, with_producer=with_producer)
     return Waiting(i, priority, float(i) if submitted is None else submitted, reservation, **kw)
 
 

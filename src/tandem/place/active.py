@@ -143,7 +143,7 @@ class Active:
         """A running attempt as a previous daemon recorded it, taken up after a restart: its
         reservation as recorded (cores of --cpus auto followed on from there, not probed again)."""
         pl = att.placement
-        if pl.reservation is None:  # recorded without one (never, since records carry it): a probe's
+        if pl.reservation is None:  # an earlier tandem's record without its figures: given, else a probe's
             auto, gpu_unknown = job.cpus == AUTO_CPUS, bool(job.gpus) and job.gpu_mem is None
             need = Resources(PROBE_CORES if auto else job.cpus, job.mem, job.gpus or 0, job.gpu_mem or 0)
             kinds = (PROBE if auto else GIVEN, GIVEN if job.mem else PROBE, PROBE if gpu_unknown else GIVEN)

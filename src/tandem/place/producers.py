@@ -40,7 +40,7 @@ from tandem.place.model import FAILED, OOM, PRODUCER_ROLE, RUNNING, WAITING_STAT
 from tandem.place.outside import serving
 from tandem.place.reads import StateReads
 from tandem.place.reserve import Learned, producer_key, producer_reservation
-from tandem.place.resources import Reservation, Resources
+from tandem.place.resources import Resources
 from tandem.place.run import weights
 from tandem.place.run.files import read_json, write_json
 from tandem.place.run.launch import signal_shim
@@ -422,7 +422,7 @@ def status(state: StateReads, share: str) -> dict[str, Any]:
         "job": job.id if job is not None else None,
         "state": job.state if job is not None else None,
         "pid": last.shim_pid if running and last is not None else None,
-        "cpus": _cores(last.placement.reservation) if running and last is not None else None,
+        "cpus": last.placement.flat_figures()["cpus"] if running and last is not None else None,
         "started": last.started if running and last is not None else None,
         "error": ended(job) if job is not None and job.state in (FAILED, OOM) else None,
         "outside": serving(share, job),
@@ -448,7 +448,3 @@ def selections_made(state: State, job_id: int, adir: Path) -> dict[str, str | No
             sel_id if isinstance(sel_id, str) and re.fullmatch(r"[0-9a-f]{16}", sel_id) else None
         )
     return made
-
-
-def _cores(reservation: Reservation | None) -> float | None:
-    return None if reservation is None else round(reservation.resources.cores, 3)

@@ -51,6 +51,21 @@ class AttemptPlacement:
         r = self.reservation
         return None if r is None or not self.gpus else r.gpu_mem
 
+    def flat_figures(self) -> dict[str, Any]:
+        """Its reservation's figures under the flat names earlier tandems wrote and read, and
+        ``--json`` and ``producers.status`` show: ``cpus`` (rounded), ``cpus_from``, ``mem``,
+        ``mem_from``, ``gpu_mem``; each None without a reservation."""
+        r = self.reservation
+        if r is None:
+            return dict.fromkeys(("cpus", "cpus_from", "mem", "mem_from", "gpu_mem"))
+        return {
+            "cpus": round(r.resources.cores, 3),
+            "cpus_from": r.cores_why,
+            "mem": r.resources.ram,
+            "mem_from": r.ram_why,
+            "gpu_mem": self.gpu_mem,
+        }
+
     @property
     def where(self) -> str:
         """Where it runs, in words: ``cuda:0``, ``cpu``; on a Ray cluster ``node/cuda:0``."""
@@ -64,8 +79,7 @@ class AttemptPlacement:
         out = {k: v for k, v in values if v is not None}
         r = out.pop("reservation", None)
         if r is not None:
-            flat = {"cpus": round(r.resources.cores, 3), "cpus_from": r.cores_why, "mem": r.resources.ram}
-            out |= flat | {"mem_from": r.ram_why, "gpu_mem": self.gpu_mem, "reservation": r.to_dict()}
+            out |= self.flat_figures() | {"reservation": r.to_dict()}
         return json.dumps({k: v for k, v in out.items() if v is not None})
 
     @classmethod

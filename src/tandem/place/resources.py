@@ -132,7 +132,7 @@ class Reservation:
     ``tandem ls``/``show`` give for it (``cores_why``, ``ram_why``); the GPU count and
     share are always given. One value from the decision of a pass (:func:`tandem.place.
     decide.reserve`) through the scheduler and the start to the attempt's record, where it
-    follows what the attempt is measured to use (:meth:`replace`).
+    follows what the attempt is measured to use (:meth:`measured`).
 
     A figure of kind :data:`PROBE` is not known yet: cores are a probe's few, RAM is 0 (the
     host's measured free memory decides), GPU memory is 0 and the GPU it goes to takes no

@@ -20,15 +20,10 @@ def _placement(attempt: Attempt | None) -> dict[str, Any] | None:
     """An attempt's placement as ``--json`` shows it (its shown fields; lists, not tuples)."""
     if attempt is None:
         return None
-    p = attempt.placement
-    shown = record_json(p)
-    r = p.reservation
+    shown = record_json(attempt.placement)
     # its reservation's figures under the names the dashboard and earlier tandems read
-    shown |= {
-        "gpu_mem_bytes": p.gpu_mem,
-        "cpus": None if r is None else round(r.resources.cores, 3),
-        "cpus_from": None if r is None else r.cores_why,
-    }
+    flat = attempt.placement.flat_figures()
+    shown |= {"gpu_mem_bytes": flat["gpu_mem"], "cpus": flat["cpus"], "cpus_from": flat["cpus_from"]}
     return {k: list(v) if isinstance(v, tuple) else v for k, v in shown.items()}
 
 
@@ -36,18 +31,19 @@ def _reservation(job: Job, last: Attempt | None) -> dict[str, Any]:
     """The cores and RAM a job reserves and where each comes from: given (--cpus N, --mem
     SIZE), or for auto what its attempt was given (learnt for its job key, a probe, its
     measurement; RAM: its key's peak, raised to its own as it grows)."""
-    r = last.placement.reservation if last is not None else None
+    recorded = last is not None and last.placement.reservation is not None
+    flat = last.placement.flat_figures() if last is not None else {}
     if job.mem:
         mem: dict[str, Any] = {"mem_bytes": job.mem, "mem_from": "given"}
-    elif r is not None:  # as its attempt started, or raised to its measurement since
-        mem = {"mem_bytes": r.resources.ram or None, "mem_from": r.ram_why}
+    elif recorded:  # as its attempt started, or raised to its measurement since
+        mem = {"mem_bytes": flat["mem"] or None, "mem_from": flat["mem_from"]}
     else:
         mem = {"mem_bytes": None, "mem_from": "auto: learnt when it starts"}
     if job.cpus != AUTO_CPUS:
         return {"cpus": job.cpus, "from": "given", **mem}
-    if r is None:
+    if not recorded:
         return {"cpus": None, "from": "auto: learnt when it starts", **mem}
-    return {"cpus": round(r.resources.cores, 3), "from": r.cores_why, **mem}
+    return {"cpus": flat["cpus"], "from": flat["cpus_from"], **mem}
 
 
 def attempt_json(a: Attempt) -> dict[str, Any]:
