@@ -245,7 +245,7 @@ class InProc:
         self.config.save(self.state_dir)
         # A restarted daemon's (restart): the attempts go on, as their supervisors do.
         self.launcher = launcher or FakeLauncher(self.clock, self.config.interval_s)
-        capacity = detect_capacity(self.config.cpus, self.config.mem, "none", None)
+        capacity = detect_capacity(self.config.cap, "none", None)
         # A producer's CPU weight, as the daemon sets it (its fake supervisor is this process,
         # whose own cgroup must not be reweighed): supervisor pid -> weight.
         self.weights: dict[int, float] = {}

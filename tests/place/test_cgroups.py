@@ -1,4 +1,4 @@
-"""CgroupLimits where the job manager runs, read from cgroup files: v1 (this test machine's layout,
+"""The cgroup limits where the job manager runs, read from cgroup files: v1 (this test machine's layout,
 recorded from it), v2 (a systemd host, a Slurm-like nested limit), a v1 container whose
 mount's root is its own cgroup, and the OOM-kill counters; each on a fake root directory
 holding real files' formats. The daemon inside a real cgroup: tests/place/test_limits_live.py."""
@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from tandem.place.resources import Cap
 from tandem.place.run import cgroups, failures
 
 GIB = 1 << 30
@@ -96,14 +97,13 @@ def test_v1_quota_and_memory_limit_of_the_process_s_own_cgroups(tmp_path: Path) 
     assert cgroups.Cgroups(root=root).cpu_seconds() is None, "cpuacct at the top: the host's, not its own"
     got = cgroups.limits(root=root)
     # 1 GiB used, of which the reclaimable page cache (inactive_file) does not count.
-    assert got == cgroups.CgroupLimits(cpus=1.0, mem=3 * GIB, mem_free=2 * GIB)
+    assert got == Cap(1.0, 3 * GIB)
+    assert cgroups.Cgroups(root=root).memory() == (3 * GIB, 2 * GIB)
 
 
 def test_v1_no_limits_read_as_none_and_a_fractional_quota_as_cores(tmp_path: Path) -> None:
-    assert cgroups.limits(root=_v1(tmp_path / "a", quota="-1\n", limit=V1_UNLIMITED)) == cgroups.CgroupLimits(
-        None, None, None
-    )
-    assert cgroups.limits(root=_v1(tmp_path / "b", quota="150000\n")).cpus == 1.5
+    assert cgroups.limits(root=_v1(tmp_path / "a", quota="-1\n", limit=V1_UNLIMITED)) == Cap()
+    assert cgroups.limits(root=_v1(tmp_path / "b", quota="150000\n")).cores == 1.5
 
 
 def test_v2_the_tightest_limit_over_the_ancestors_binds(tmp_path: Path) -> None:
@@ -129,7 +129,8 @@ def test_v2_the_tightest_limit_over_the_ancestors_binds(tmp_path: Path) -> None:
         },
     )
     assert cgroups.Cgroups(root=root).cpu_seconds() == 2620.604892
-    assert cgroups.limits(root=root) == cgroups.CgroupLimits(cpus=2.0, mem=3 * GIB, mem_free=GIB)
+    assert cgroups.limits(root=root) == Cap(2.0, 3 * GIB)
+    assert cgroups.Cgroups(root=root).memory() == (3 * GIB, GIB)
     assert cgroups.Cgroups(root=root).oom_kill_file() == root / f"{job}/step_0/user/task_0/memory.events"
 
 
@@ -153,11 +154,12 @@ def test_a_v1_container_whose_mount_root_is_its_own_cgroup(tmp_path: Path) -> No
         },
     )
     assert cgroups.Cgroups(root=root).cpu_seconds() == 2627.154796761, "the container's own use"
-    assert cgroups.limits(root=root) == cgroups.CgroupLimits(cpus=0.5, mem=GIB, mem_free=3 * GIB // 4)
+    assert cgroups.limits(root=root) == Cap(0.5, GIB)
+    assert cgroups.Cgroups(root=root).memory() == (GIB, 3 * GIB // 4)
 
 
 def test_no_cgroup_files_at_all_is_no_limit_not_an_error(tmp_path: Path) -> None:
-    assert cgroups.limits(root=tmp_path) == cgroups.CgroupLimits(None, None, None)
+    assert cgroups.limits(root=tmp_path) == Cap()
     watch = cgroups.OomWatch(root=tmp_path)
     assert watch.kills() is None
 

@@ -96,7 +96,7 @@ def test_submit_run_show_logs_wait(cli) -> None:
     listed = cli.json("ls", "--all")
     assert [j["id"] for j in listed] == [ok, bad, missing, two]
     status = cli.json("daemon", "status")
-    assert status["policy"] == "packing" and status["capacity"]["cpus"] == 2 and "used" in status
+    assert status["policy"] == "packing" and status["capacity"]["total"]["cores"] == 2 and "used" in status
     table = cli("ls").stdout
     assert "exit 3" in table and "command not found" in table
 

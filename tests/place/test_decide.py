@@ -93,7 +93,7 @@ def _learnt() -> Startup:
 
 
 def _simulator() -> _Sim:
-    sim = _Sim(TRACE, "packing", 1, 80 * GiB, 8.0, 16 * GiB, Limits(), SlowdownModel())
+    sim = _Sim(TRACE, "packing", 1, 80 * GiB, Resources(8.0, 16 * GiB), Limits(), SlowdownModel())
     sim.now = T
     sim.startup = _learnt()
     sim.peaks = {"name:gpu-learnt": Peak(GiB, 6 * GiB)}

@@ -65,7 +65,7 @@ def test_cancel_shares_status_and_stop_each_say_what_they_changed(daemon: Daemon
     reply, changed = HANDLERS[p.RemoveShares](p.RemoveShares(["s"]), daemon.parts)
     assert isinstance(reply, p.SharesRemoved) and reply.removed == ["s"] and changed == Changed(shares=True)
     reply, changed = HANDLERS[p.Status](p.Status(), daemon.parts)
-    assert isinstance(reply, p.DaemonStatus) and changed == NOTHING and reply.capacity.cpus == 2.0
+    assert isinstance(reply, p.DaemonStatus) and changed == NOTHING and reply.capacity.total.cores == 2.0
     assert _flags(daemon) == (False, False, False)
     daemon.handle(p.RemoveShares(["s"]))
     assert _flags(daemon) == (False, True, False), "a pass is due, not at once"

@@ -17,7 +17,7 @@ import pytest
 from tandem.place.run.cgroups import Cgroups
 from tests.place.conftest import TANDEM, Cli
 from tests.place.test_daemon import FAST
-from tests.timing import scaled
+from tests.timing import scaled, until
 
 GIB = 1 << 30
 
@@ -127,9 +127,13 @@ def test_inside_a_1_core_3g_cgroup_the_daemon_reports_and_packs_1_core_and_3g(
 
     r = group.run([*daemon, *FAST], cli.env, cli.tmp)
     assert r.returncode == 0, r.stderr
-    status = cli.json("daemon", "status")
-    assert status["capacity"]["cpus"] == 1 and status["capacity"]["mem_bytes"] == 3 * GIB, status
-    assert status["used"]["mem_available_bytes"] <= 3 * GIB, "free RAM is what the limit leaves"
+    status = until(
+        lambda: (s := cli.json("daemon", "status"))["used"]["measured_free"] and s,
+        30,
+        "the host never measured",
+    )
+    assert status["capacity"]["total"]["cores"] == 1 and status["capacity"]["total"]["ram"] == 3 * GIB, status
+    assert status["used"]["measured_free"]["ram"] <= 3 * GIB, "free RAM is what the limit leaves"
     text = cli("daemon", "status").stdout
     assert "cores 0/1 reserved" in text and "RAM 0B/3.0G reserved, " in text and " free " in text, text
 

@@ -74,10 +74,10 @@ def test_jobs_run_as_ray_tasks_with_gpu_memory_reserved(cli, ray_head, tmp_path:
     assert status["backend"] == "ray"
     # Its one node (this machine) is measured by the agent the daemon made there.
     deadline = time.monotonic() + scaled(60)
-    while (node := cli.json("daemon", "status")["nodes"][0])["mem_available_bytes"] is None:
+    while (node := cli.json("daemon", "status")["nodes"][0])["measured_free"] is None:
         assert time.monotonic() < deadline, f"the node's agent never answered: {node}"
         time.sleep(0.3)
-    assert node["cpu_busy_mean"] is not None and 0 <= node["cpu_busy_mean"] <= node["cpus"] + 1e-6, node
+    assert -1e-6 <= node["measured_free"]["cores"] <= node["total"]["cores"] + 1e-6, node
     assert [g["mem_bytes"] for g in status["capacity"]["gpus"]] == [16 << 30, 16 << 30]
     log = tmp_path / "spans.log"
     # Each job logs when it ran, on which GPU, and who started its supervisor (a Ray actor).

@@ -103,8 +103,8 @@ def held_within_nodes(cli: Cli) -> None:
     queue an attempt that tandem shows running."""
     for n in json.loads(cli("daemon", "status", "--json").stdout)["nodes"]:
         if n["alive"]:
-            assert n["cpus_held"] <= n["cpus"] + 1e-6, n
-            assert n["mem_reserved_bytes"] <= n["mem_bytes"], n
+            assert n["cpus_held"] <= n["total"]["cores"] + 1e-6, n
+            assert n["reserved"]["ram"] <= n["total"]["ram"], n
 
 
 def test_a_sweep_runs_on_both_nodes_each_share_job_beside_its_producer_and_survives_a_daemon_kill(
@@ -192,7 +192,7 @@ def test_each_node_is_measured_where_it_is_a_full_worker_sends_jobs_to_the_head(
         return {n["name"]: n for n in json.loads(cli("daemon", "status", "--json").stdout)["nodes"]}
 
     wait_for(
-        lambda: all(n["mem_available_bytes"] is not None for n in nodes().values()),
+        lambda: all(n["measured_free"] is not None for n in nodes().values()),
         60,
         lambda: f"no agent answered: {nodes()}",
     )
@@ -203,11 +203,11 @@ def test_each_node_is_measured_where_it_is_a_full_worker_sends_jobs_to_the_head(
     try:
         wait_for(held.exists, 60, lambda: "the worker's other tenant did not take its RAM")
         wait_for(
-            lambda: nodes()["worker"]["mem_available_bytes"] < 10**9,
+            lambda: nodes()["worker"]["measured_free"]["ram"] < 10**9,
             30,
             lambda: f"the worker's agent does not see its RAM taken: {nodes()['worker']}",
         )
-        assert nodes()["head"]["mem_available_bytes"] > 2 * 10**9, nodes()["head"]
+        assert nodes()["head"]["measured_free"]["ram"] > 2 * 10**9, nodes()["head"]
         # GPU jobs of declared compute: the host's compute gate (CPU-only jobs; this machine's
         # two cores are both nodes' in truth) leaves them be, as does the GPU's (no NVML on a
         # fake GPU): RAM alone decides.

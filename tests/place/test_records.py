@@ -14,7 +14,7 @@ from tandem.place import protocol
 from tandem.place.config import DaemonConfig
 from tandem.place.model import JobSpec
 from tandem.place.policies import Limits
-from tandem.place.resources import Resources
+from tandem.place.resources import Cap, Resources
 from tandem.place.run.files import Result, Usage, load, save
 
 
@@ -38,7 +38,7 @@ def test_jobspec_round_trip_and_problems() -> None:
 
 def test_daemon_config_is_kept_and_read_back(tmp_path: Path) -> None:
     assert DaemonConfig.load(tmp_path) == DaemonConfig()  # nothing kept: the defaults
-    config = DaemonConfig(cpus=1.5, mem=2 << 30, policy="first-fit", limits=Limits(settle_s=3.0), mps=True)
+    config = DaemonConfig(cap=Cap(1.5, 2 << 30), policy="first-fit", limits=Limits(settle_s=3.0), mps=True)
     config.save(tmp_path)
     assert DaemonConfig.load(tmp_path) == config
     (tmp_path / "daemon-config.json").write_text("{not json")
@@ -67,8 +67,9 @@ def test_every_request_and_reply_is_a_record_that_survives_the_wire() -> None:
     status = protocol.DaemonStatus(
         pid=1, policy="packing", state_dir="/s", started=2.0, limits={"settle_s": 30.0}, mps=False,
         backend="local", tracking=None, jobs={"queued": 1},
-        capacity=protocol.CapacityReport(2.0, 1 << 30, [protocol.GpuCapacity(0, "GPU-x", 80 << 30)]),
-        used=protocol.Use(0.5, 0, None, None, 1, [protocol.GpuUse(0, 1, 1 << 30, None, None, True)]),
+        capacity=protocol.CapacityReport(
+            Resources(2.0, 1 << 30), [protocol.GpuCapacity(0, "GPU-x", 80 << 30)]),
+        used=protocol.Use(Resources(0.5), None, 1, [protocol.GpuUse(0, 1, 1 << 30, None, None, True)]),
     )  # fmt: skip
     replies = {"status": status, "submit": protocol.Submitted(7, False), "stop": protocol.Stopping(),
                "cancel": protocol.Cancelled([1], [9], [])}  # fmt: skip

@@ -54,8 +54,8 @@ def test_a_restarted_daemon_keeps_its_configuration_and_any_runtime_dir_finds_it
     time.sleep(0.5)
     job = cli.submit("--cpus", "0.5", "--", "true")  # starts a new daemon
     status = cli.json("daemon", "status")
-    assert status["policy"] == "first-fit" and status["capacity"]["cpus"] == 1
-    assert status["capacity"]["mem_bytes"] == 2 << 30
+    assert status["policy"] == "first-fit" and status["capacity"]["total"]["cores"] == 1
+    assert status["capacity"]["total"]["ram"] == 2 << 30
     assert cli("wait", str(job), timeout=60).returncode == 0
     # A shell with another runtime directory (cron: no XDG_RUNTIME_DIR) reaches the same daemon.
     other = dict(cli.env, TANDEM_RUNTIME_DIR=f"/tmp/tt-other-{os.getpid()}")

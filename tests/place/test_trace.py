@@ -174,7 +174,7 @@ def test_read_philly(tmp_path):
         kind = KINDS[j.kind]
         assert kind.compute[0] <= j.compute <= kind.compute[1]
         assert kind.gpu_mem_gib[0] * GiB <= j.gpu_mem <= kind.gpu_mem_gib[1] * GiB
-        assert j.cpus == kind.cpus * j.gpus
+        assert j.cpus == kind.reserves.cores * j.gpus
     assert read_philly(path) == jobs  # seeded
     assert [j.name for j in read_philly(path, limit=2)] == ["application_1", "application_2"]
 

@@ -141,3 +141,38 @@ def test_a_consumer_set_aside_is_told_and_resumes_its_epoch_exactly(runtime_dir:
     finally:
         producer.stop()
         serving.join(timeout=scaled(10))
+
+
+def test_a_consumer_attached_before_the_stream_starts_is_not_set_aside_for_that_wait(
+    runtime_dir: str,
+) -> None:
+    """Its job still builds (imports, a model) while another already asks for the first
+    batch: nothing is published, so it holds nobody back however long the start takes."""
+    import threading
+
+    producer = Producer.from_dataset(Numbers(), "early", batch_size=4, window=4, aside_after_s=0.5)
+    producer.start()
+    serving = threading.Thread(target=producer.serve, daemon=True)
+    early = Consumer("early", batch_size=4, timeout=scaled(30))
+    eager = Consumer("early", batch_size=4, timeout=scaled(30))
+    eager_seen: list[int] = []
+    eager_reads = threading.Thread(
+        target=lambda: eager_seen.extend(i for _, idx in eager for i in idx.tolist())
+    )
+    eager_reads.start()
+    try:
+        # Well past aside_after_s with the eager one waiting and nothing published yet.
+        attached = time.monotonic()
+        while time.monotonic() - attached < 4 * 0.5:
+            time.sleep(0.05)
+        serving.start()
+        early_seen = [i for _, idx in early for i in idx.tolist()]
+        eager_reads.join(timeout=scaled(30))
+        assert sorted(early_seen) == list(range(64))
+        assert sorted(eager_seen) == list(range(64))
+    finally:
+        early.close()
+        eager.close()
+        producer.stop()
+        if serving.is_alive():
+            serving.join(timeout=scaled(10))

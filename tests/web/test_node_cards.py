@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from tandem.place import protocol as p
+from tandem.place.resources import Resources
 from tests.web.test_group_page_text import HARNESS, NODE, SCRIPTS
 
 GiB = 1 << 30
@@ -21,14 +22,27 @@ GiB = 1 << 30
 
 def _status() -> dict:
     nodes = [
-        p.NodeUse("a1", "head", True, 2.0, 4 * GiB, 1.5, 1.0, GiB, 3, [1], 1.5, 2 * GiB),
-        p.NodeUse("b2", "worker", False, 0.0, 0, 0.0, 0.0, 0, 0, []),
-        p.NodeUse("c3", "late", True, 2.0, 4 * GiB, 0.0, 0.0, 0, 0, []),  # its agent not heard yet
+        p.NodeUse(
+            "a1",
+            "head",
+            True,
+            Resources(2.0, 4 * GiB),
+            Resources(1.5, GiB),
+            1.0,
+            3,
+            [1],
+            Resources(0.5, 2 * GiB),
+        ),
+        p.NodeUse("b2", "worker", False, Resources(), Resources(), 0.0, 0, []),
+        p.NodeUse(
+            "c3", "late", True, Resources(2.0, 4 * GiB), Resources(), 0.0, 0, []
+        ),  # its agent not heard yet
     ]
     status = p.DaemonStatus(
         pid=1, policy="packing", state_dir="/s", started=0.0, limits={}, mps=False, backend="ray",
-        tracking=None, capacity=p.CapacityReport(2.0, 4 * GiB, [p.GpuCapacity(1, "a1:0", 16 * GiB)]),
-        used=p.Use(1.5, GiB, None, None, 3, [p.GpuUse(1, 1, 0, None, None, False)]), jobs={}, nodes=nodes,
+        tracking=None, jobs={}, nodes=nodes,
+        capacity=p.CapacityReport(Resources(2.0, 4 * GiB), [p.GpuCapacity(1, "a1:0", 16 * GiB)]),
+        used=p.Use(Resources(1.5, GiB), None, 3, [p.GpuUse(1, 1, 0, None, None, False)]),
     )  # fmt: skip
     return dataclasses.asdict(status)
 

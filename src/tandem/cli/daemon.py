@@ -23,6 +23,7 @@ from tandem.cli._common import EXIT_NO_DAEMON, daemon_call, request, to_cpus, to
 from tandem.place.config import DaemonConfig
 from tandem.place.model import format_size
 from tandem.place.policies import POLICIES, Limits
+from tandem.place.resources import Cap
 from tandem.units import format_cores
 
 _DEFAULT = DaemonConfig()
@@ -142,7 +143,7 @@ def daemon_start(foreground: bool, as_json: bool, **options: Any) -> None:
 
         nvml = Nvml() if config.gpus != "none" else None
         try:
-            detect_capacity(config.cpus, config.mem, config.gpus, nvml)
+            detect_capacity(config.cap, config.gpus, nvml)
         except ValueError as exc:
             raise click.UsageError(str(exc)) from None
         finally:
@@ -223,7 +224,8 @@ def _config(options: dict[str, Any]) -> DaemonConfig:
         from tandem.watch.stores.base import absolute_uri
 
         options["store"] = absolute_uri(options["store"])
-    return DaemonConfig(limits=limits, **options)
+    cap = Cap(options.pop("cpus"), options.pop("mem"))
+    return DaemonConfig(cap=cap, limits=limits, **options)
 
 
 @daemon.command("stop")
@@ -311,10 +313,11 @@ def daemon_status(as_json: bool) -> None:
         return
     cap, used = reply.capacity, reply.used
     click.echo(f"daemon {reply.pid}  policy {reply.policy}  state {reply.state_dir}")
-    free = f", {format_size(used.mem_available_bytes)} free" if used.mem_available_bytes is not None else ""
+    free = f", {format_size(used.measured_free.ram)} free" if used.measured_free is not None else ""
+    held, total = used.reserved, cap.total
     click.echo(
-        f"  cores {format_cores(used.cpus)}/{cap.cpus:g} reserved   RAM {format_size(used.mem_bytes)}/"
-        f"{format_size(cap.mem_bytes)} reserved{free}   jobs running {used.jobs}"
+        f"  cores {format_cores(held.cores)}/{total.cores:g} reserved   RAM {format_size(held.ram)}/"
+        f"{format_size(total.ram)} reserved{free}   jobs running {used.jobs}"
     )
     for g, u in zip(cap.gpus, used.gpus):
         click.echo(
@@ -327,14 +330,15 @@ def daemon_status(as_json: bool) -> None:
             continue
         gpus = f", GPUs {','.join(map(str, n.gpus))}" if n.gpus else ""
         measured = (
-            f"; measured {n.cpu_busy_mean:.1f} cores busy, {format_size(n.mem_available_bytes)} free"
-            if n.cpu_busy_mean is not None and n.mem_available_bytes is not None
+            f"; measured {n.total.cores - n.measured_free.cores:.1f} cores busy, "
+            f"{format_size(n.measured_free.ram)} free"
+            if n.measured_free is not None
             else "; not measured yet"
         )
         click.echo(
-            f"  node {n.name}: {n.jobs} job(s), cores {format_cores(n.cpus_reserved)}/{n.cpus:g} reserved "
-            f"({format_cores(n.cpus_held)} held in Ray), RAM {format_size(n.mem_reserved_bytes)}/"
-            f"{format_size(n.mem_bytes)} reserved{gpus}{measured}"
+            f"  node {n.name}: {n.jobs} job(s), cores {format_cores(n.reserved.cores)}/{n.total.cores:g} "
+            f"reserved ({format_cores(n.cpus_held)} held in Ray), RAM {format_size(n.reserved.ram)}/"
+            f"{format_size(n.total.ram)} reserved{gpus}{measured}"
         )
     click.echo("  jobs: " + ", ".join(f"{k} {v}" for k, v in sorted(reply.jobs.items())))
 
@@ -419,7 +423,7 @@ def replay(
         results = {}
         for policy in chosen:
             click.echo(f"replaying {len(jobs)} jobs under {policy} ...", err=True)
-            config = DaemonConfig(cpus=cpus, policy=policy, limits=limits, track=False)
+            config = DaemonConfig(cap=Cap(cpus), policy=policy, limits=limits, track=False)
             results[policy] = replay_live(jobs, out.resolve(), config)
         kind = "measured"
     Console(width=None if sys.stdout.isatty() else 200).print(

@@ -16,14 +16,15 @@ from typing import Any
 
 from tandem.place.paths import CONFIG_FILE
 from tandem.place.policies import DEFAULT_POLICY, Limits
+from tandem.place.resources import Cap
 
 DEFAULT_LOG_MAX = 64 << 20  # bytes of a job's output kept on disk (the last part kept on rotation)
 
 
 @dataclass(frozen=True)
 class DaemonConfig:
-    cpus: float | None = None  # cores to hand out (None: all this process may use)
-    mem: int | None = None  # RAM to hand out (None: all)
+    # The cores and RAM to hand out (--cpus, --mem; None: all this process may use).
+    cap: Cap = field(default_factory=Cap)
     gpus: str | None = None  # "0,2", UUIDs, "none" (None: all)
     policy: str = DEFAULT_POLICY
     limits: Limits = field(default_factory=Limits)
@@ -44,12 +45,15 @@ class DaemonConfig:
 
     @classmethod
     def from_dict(cls, values: dict[str, Any]) -> DaemonConfig:
-        known = {f.name for f in dataclasses.fields(cls)}
-        values = {k: v for k, v in values.items() if k in known}
+        known, values = {f.name for f in dataclasses.fields(cls)}, dict(values)
+        if isinstance(values.get("cap"), dict):
+            values["cap"] = Cap(**{k: v for k, v in values["cap"].items() if k in ("cores", "ram")})
+        elif "cpus" in values or "mem" in values:  # kept before the cap was one value
+            values["cap"] = Cap(values.pop("cpus", None), values.pop("mem", None))
         if isinstance(values.get("limits"), dict):
             lim = {f.name for f in dataclasses.fields(Limits)}
             values["limits"] = Limits(**{k: v for k, v in values["limits"].items() if k in lim})
-        return cls(**values)
+        return cls(**{k: v for k, v in values.items() if k in known})
 
     def save(self, state_dir: Path) -> None:
         path = state_dir / CONFIG_FILE

@@ -418,7 +418,7 @@ def run_daemon(state_dir: Path, config: DaemonConfig) -> None:
         raise DaemonRunning(f"a daemon already serves {state_dir}") from None
     try:
         nvml = Nvml() if config.gpus != "none" else None
-        capacity = detect_capacity(config.cpus, config.mem, config.gpus, nvml)
+        capacity = detect_capacity(config.cap, config.gpus, nvml)
         print(
             f"tandem daemon {os.getpid()}: {capacity.total.cores:g} cores, "
             f"{format_size(capacity.total.ram)} RAM, "

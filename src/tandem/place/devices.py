@@ -32,7 +32,7 @@ import psutil
 
 from tandem.place.decide import GpuReading
 from tandem.place.model import Capacity, GpuInfo, format_size
-from tandem.place.resources import Resources
+from tandem.place.resources import Cap, Resources
 from tandem.place.run import cgroups
 
 log = logging.getLogger(__name__)
@@ -47,7 +47,7 @@ def host_cpus() -> int:
 
 def usable_cpus() -> tuple[float, str]:
     """The cores this process may use, and what sets it: min(its affinity, its cgroup's quota)."""
-    affinity, quota = host_cpus(), cgroups.limits().cpus
+    affinity, quota = host_cpus(), cgroups.limits().cores
     if quota is not None and quota < affinity:
         return quota, f"its cgroup's CPU quota of {quota:g} cores"
     return float(affinity), f"{affinity} cores in its CPU affinity"
@@ -55,7 +55,7 @@ def usable_cpus() -> tuple[float, str]:
 
 def usable_mem() -> tuple[int, str]:
     """The RAM this process may use, and what sets it: min(the host's, its cgroup's limit)."""
-    host, limit = psutil.virtual_memory().total, cgroups.limits().mem
+    host, limit = psutil.virtual_memory().total, cgroups.limits().ram
     if limit is not None and limit < host:
         return limit, f"its cgroup's memory limit of {format_size(limit)}"
     return host, f"the host's {format_size(host)} of RAM"
@@ -108,18 +108,20 @@ class Nvml:
         self.sampler.close()
 
 
-def detect_capacity(cpus: float | None, mem: int | None, gpus: str | None, nvml: Nvml | None) -> Capacity:
+def detect_capacity(cap: Cap, gpus: str | None, nvml: Nvml | None) -> Capacity:
+    """What the daemon hands out: what this process may use, within ``cap`` (``--cpus``,
+    ``--mem``: refused where it asks for more than is here), and the GPUs ``--gpus`` names."""
     (total_cpus, cpus_from), (total_mem, mem_from) = usable_cpus(), usable_mem()
-    if cpus is not None and cpus > total_cpus:
-        raise ValueError(f"--cpus {cpus:g}: the daemon may use {total_cpus:g} cores here ({cpus_from})")
-    if mem is not None and mem > total_mem:
+    if cap.cores is not None and cap.cores > total_cpus:
+        raise ValueError(f"--cpus {cap.cores:g}: the daemon may use {total_cpus:g} cores here ({cpus_from})")
+    if cap.ram is not None and cap.ram > total_mem:
         limit = f"the daemon may use {format_size(total_mem)} here ({mem_from})"
-        raise ValueError(f"--mem {format_size(mem)}: {limit}")
+        raise ValueError(f"--mem {format_size(cap.ram)}: {limit}")
     listed = nvml.gpus if nvml is not None else ()
     if gpus not in (None, "none", "all", "") and not listed:
         why = nvml.why_not if nvml is not None else "NVML not loaded"
         raise ValueError(f"--gpus {gpus}: no GPU can be used here ({why})")
-    total = Resources(cpus if cpus is not None else total_cpus, mem or total_mem)
+    total = cap.of(Resources(total_cpus, total_mem))
     return Capacity(total, parse_gpu_list(gpus, listed))
 
 

@@ -50,6 +50,7 @@ from typing import Any, ClassVar, TypeVar, Union
 
 from tandem.place.model import JobSpec
 from tandem.place.packets import MAX_BODY, decode, encode, pack, socket_path, unpack  # noqa: F401 (re-exported)
+from tandem.place.resources import Resources
 from tandem.share.spec import ShareSpec
 
 T = TypeVar("T")
@@ -211,8 +212,9 @@ class GpuCapacity:
 
 @dataclass(frozen=True)
 class CapacityReport:
-    cpus: float
-    mem_bytes: int
+    """What the daemon hands out: its cores and RAM (``total``) and each GPU."""
+
+    total: Resources
     gpus: list[GpuCapacity] = field(default_factory=list)
 
 
@@ -228,13 +230,12 @@ class GpuUse:
 
 @dataclass(frozen=True)
 class Use:
-    """What is reserved and measured now (``cpu_busy_mean``: the host's busy cores, mean
-    over the host window)."""
+    """What running attempts reserve of the capacity, and what was measured free now:
+    cores not busy (mean over the host window) and RAM free for new work (on a Ray cluster,
+    its measured nodes' sums; None: not measured yet)."""
 
-    cpus: float
-    mem_bytes: int
-    cpu_busy_mean: float | None
-    mem_available_bytes: int | None
+    reserved: Resources
+    measured_free: Resources | None
     jobs: int
     gpus: list[GpuUse] = field(default_factory=list)
 
@@ -247,15 +248,13 @@ class NodeUse:
     id: str
     name: str
     alive: bool
-    cpus: float
-    mem_bytes: int
-    cpus_reserved: float
+    total: Resources  # its cores and RAM
+    reserved: Resources
     cpus_held: float
-    mem_reserved_bytes: int
     jobs: int
     gpus: list[int] = field(default_factory=list)  # its GPUs' indices
-    cpu_busy_mean: float | None = None  # measured by its agent: busy cores (None: not measured)
-    mem_available_bytes: int | None = None  # measured by its agent: RAM free for new work
+    # As its agent measured it: cores not busy, RAM free for new work (None: not measured).
+    measured_free: Resources | None = None
 
 
 @dataclass(frozen=True)
@@ -403,7 +402,7 @@ def _build(cls: type[T], data: Any) -> T:
             values[f.name] = _value(hints[f.name], data[f.name])
     try:
         return cls(**values)
-    except TypeError as exc:
+    except (TypeError, ValueError) as exc:  # missing fields; a figure that is not one
         raise ProtocolError(f"{cls.__name__}: {exc}") from None
 
 

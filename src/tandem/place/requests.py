@@ -29,6 +29,7 @@ from tandem.place.identity import StateMoved
 from tandem.place.model import FINAL_STATES, RUNNING, STATES, WAITING_STATES, Capacity, JobSpec, format_size
 from tandem.place.paths import disk_trouble
 from tandem.place.producers import Producers, group_jobs, is_producer
+from tandem.place.resources import Resources
 from tandem.place.run.launch import Launcher
 from tandem.place.scheduler import Waiting, fits_a_node
 from tandem.place.state import Job, State
@@ -225,11 +226,10 @@ def status(_request: p.Status, d: Parts) -> Handled:
         for g in d.admission.gpu_slots(active)
     ]
     nodes = _nodes(d)
-    busy, free = host.cpu_mean * host.total.cores if host.cpu_mean is not None else None, host.mem_available
+    free = _measured_free(host.total, host.cpu_mean, host.mem_available)
     if nodes:  # a Ray cluster: its measured nodes' sums (the daemon's own host is not its capacity)
-        measured = [n for n in nodes if n.alive and n.cpu_busy_mean is not None]
-        busy = sum(n.cpu_busy_mean or 0.0 for n in measured) if measured else None
-        free = sum(n.mem_available_bytes or 0 for n in measured) if measured else None
+        measured = [n.measured_free for n in nodes if n.alive and n.measured_free is not None]
+        free = sum(measured, Resources()) if measured else None
     reply = p.DaemonStatus(
         pid=os.getpid(),
         policy=d.policy,
@@ -239,19 +239,20 @@ def status(_request: p.Status, d: Parts) -> Handled:
         mps=d.config.mps,
         backend=d.config.backend,
         tracking=None if d.tracker is None else (d.tracker.why_not or d.tracker.uri),
-        capacity=p.CapacityReport(d.capacity.total.cores, d.capacity.total.ram, gpus),
-        used=p.Use(
-            cpus=host.reserved.cores,
-            mem_bytes=host.reserved.ram,
-            cpu_busy_mean=busy,
-            mem_available_bytes=free,
-            jobs=len(d.attempts.active),
-            gpus=used_gpus,
-        ),
+        capacity=p.CapacityReport(d.capacity.total, gpus),
+        used=p.Use(reserved=host.reserved, measured_free=free, jobs=len(d.attempts.active), gpus=used_gpus),
         jobs=d.state.counts(),
         nodes=nodes,
     )
     return reply, NOTHING
+
+
+def _measured_free(total: Resources, busy: float | None, ram_free: int | None) -> Resources | None:
+    """The cores not busy (``busy``: the measured mean fraction) and the RAM free of a host
+    or node; None until both were measured."""
+    if busy is None or ram_free is None:
+        return None
+    return Resources(total.cores * (1 - busy), ram_free)
 
 
 def _nodes(d: Parts) -> list[p.NodeUse]:
@@ -266,16 +267,13 @@ def _nodes(d: Parts) -> list[p.NodeUse]:
                 node.id,
                 node.name,
                 node.alive,
-                node.total.cores,
-                node.total.ram,
-                host.reserved.cores if host else 0.0,
+                node.total,
+                host.reserved if host else Resources(),
                 slot.cpus_held or 0.0 if slot else 0.0,
-                host.reserved.ram if host else 0,
                 host.all_jobs if host else 0,
                 [g.index for g in d.capacity.gpus if g.node == node.id],
                 # as its agent measured it (None: no agent has answered)
-                None if host is None or host.cpu_mean is None else host.cpu_mean * node.total.cores,
-                host.mem_available if host else None,
+                None if host is None else _measured_free(node.total, host.cpu_mean, host.mem_available),
             )
         )
     return out

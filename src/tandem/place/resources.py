@@ -1,8 +1,9 @@
 """What a job reserves, or a host has, as one typed value: :class:`Resources` (cores, RAM,
 GPUs, GPU memory per GPU, GPU share) with the arithmetic the scheduler needs (add,
-subtract, fits in, what is short and by how much, in the words of ``tandem ls``), and
+subtract, fits in, what is short and by how much, in the words of ``tandem ls``),
 :class:`Reservation`: a job's resources with where each figure came from (given, learnt,
-probe, share).
+probe, share), and :class:`Cap`: a bound on cores and RAM that may be absent (what the
+daemon was told to hand out, what a cgroup allows).
 
 Pure data, no I/O: the daemon, the simulator and the tests share it.
 """
@@ -233,3 +234,32 @@ class Reservation:
 
 
 _SOURCE_NAMES = ("cores_from", "ram_from", "gpu_mem_from", "cores_why", "ram_why")
+
+
+@dataclass(frozen=True, slots=True)
+class Cap:
+    """At most this many cores and this much RAM (bytes); None where nothing bounds that
+    figure. The daemon's configured limits (``--cpus``, ``--mem``) and a cgroup's (its CPU
+    quota, its memory limit) are each one."""
+
+    cores: float | None = None
+    ram: int | None = None
+
+    def __post_init__(self) -> None:
+        for name in ("cores", "ram"):
+            value = getattr(self, name)
+            if value is not None and (
+                isinstance(value, bool)
+                or not isinstance(value, (int, float))
+                or not math.isfinite(value)
+                or value <= 0
+            ):
+                raise ValueError(f"Cap.{name}: {value!r} is not a positive number")
+
+    def of(self, have: Resources) -> Resources:
+        """What ``have`` gives within this cap: each bounded figure no more than its bound."""
+        return replace(
+            have,
+            cores=have.cores if self.cores is None else min(have.cores, self.cores),
+            ram=have.ram if self.ram is None else min(have.ram, self.ram),
+        )

@@ -283,7 +283,10 @@ class ControlServer:
                     below = progress[1]
                     self.window.unretain([c.retained.pop(s) for s in list(c.retained) if s < below])
                 continue
-            if progress != c.seen:
+            # Idle time counts only while it has something to take or give back: a reader
+            # that released every published entry (before the stream's start, say, while
+            # its job still builds) holds nobody back however long it has been attached.
+            if progress != c.seen or progress[1] >= self.window.next_seq:
                 c.seen, c.seen_at = progress, now
             elif (
                 self.aside_after_s is not None

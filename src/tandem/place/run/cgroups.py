@@ -28,17 +28,10 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
+from tandem.place.resources import Cap
+
 UNLIMITED = 1 << 62  # v1 writes "no limit" as 9223372036854771712 (page counter max); above this: none
 _OCTAL_ESCAPE = re.compile(r"\\([0-7]{3})")  # mountinfo writes a space in a path as "\040"
-
-
-@dataclass(frozen=True)
-class CgroupLimits:
-    """What a cgroup (with its ancestors) allows; None: no limit of that kind."""
-
-    cpus: float | None  # the CPU quota, in cores
-    mem: int | None  # bytes
-    mem_free: int | None  # bytes the limit leaves, less what the cgroup uses
 
 
 @dataclass(frozen=True)
@@ -191,11 +184,11 @@ class Cgroups:
         return None
 
 
-def limits(pid: int | str = "self", root: Path = Path("/")) -> CgroupLimits:
-    """What the cgroups of ``pid`` allow it (see the module docstring)."""
+def limits(pid: int | str = "self", root: Path = Path("/")) -> Cap:
+    """What the cgroups of ``pid`` allow it, its CPU quota and memory limit (see the module
+    docstring); what the memory limit leaves free now is :meth:`Cgroups.memory`'s."""
     groups = Cgroups(pid, root)
-    mem, free = groups.memory()
-    return CgroupLimits(groups.cpu_quota(), mem, free)
+    return Cap(groups.cpu_quota(), groups.memory()[0])
 
 
 def vmstat_oom_kills(root: Path = Path("/")) -> int | None:

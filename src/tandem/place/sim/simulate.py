@@ -84,8 +84,7 @@ class _Sim:
         policy: str,
         gpus: int,
         gpu_mem: int,
-        cpus: float,
-        mem: int,
+        total: Resources,
         limits: Limits,
         model: SlowdownModel,
     ) -> None:
@@ -94,7 +93,7 @@ class _Sim:
         self.model = model
         self.n_gpus = gpus
         self.gpu_mem = gpu_mem
-        self.total = Resources(cpus, mem)  # the machine's cores and RAM
+        self.total = total  # the machine's cores and RAM
         self.infos = [GpuInfo(g, uuid_of(g), gpu_mem) for g in range(gpus)]
         self.empty_gpus = gpu_views(self.infos, [], {}, limits.settle_s, 0.0)  # the submit check's
         order = sorted(range(len(jobs)), key=lambda i: jobs[i].offset_s)  # stable: file order on ties
@@ -452,6 +451,8 @@ def simulate(
     :data:`~tandem.place.policies.POLICIES`) under ``limits``, collocated jobs slowing as
     ``model`` says. Deterministic: the same inputs give the same result."""
     started = time.perf_counter()
-    sim = _Sim(jobs, policy, gpus, gpu_mem, cpus, mem, limits or Limits(), model or SlowdownModel())
+    sim = _Sim(
+        jobs, policy, gpus, gpu_mem, Resources(cpus, mem), limits or Limits(), model or SlowdownModel()
+    )
     sim.run()
     return sim.result(policy, time.perf_counter() - started)

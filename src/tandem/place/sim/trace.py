@@ -37,6 +37,7 @@ from typing import Any
 import numpy as np
 
 from tandem.place.model import parse_size
+from tandem.place.resources import Resources
 from tandem.units import GiB, MiB, exact_size
 
 COLUMNS = ("offset_s", "name", "command", "cpus", "mem", "gpus", "gpu_mem", "duration_s", "compute", "kind")
@@ -52,15 +53,14 @@ PHILLY_MEAN_GAP_S = 100.0
 class Kind:
     """One class of the modelled job mix: its share and the uniform ranges a job of it is
     drawn from (GPU memory in GiB, compute as the fraction of a GPU's SMs it keeps busy
-    alone, run time alone in seconds), and the cores and RAM it reserves."""
+    alone, run time alone in seconds), and the cores and RAM it reserves a GPU."""
 
     name: str
     share: float
     gpu_mem_gib: tuple[float, float]
     compute: tuple[float, float]
     duration_s: tuple[float, float]
-    cpus: float
-    mem_gib: float
+    reserves: Resources
 
     def typical_gpu_mem(self) -> int:
         """The middle of the memory range: what an ``auto`` job of this kind is taken to
@@ -71,9 +71,9 @@ class Kind:
 KINDS: dict[str, Kind] = {
     k.name: k
     for k in (
-        Kind("light", 0.30, (2.0, 4.0), (0.25, 0.35), (300.0, 600.0), cpus=2.0, mem_gib=8.0),
-        Kind("medium", 0.60, (6.0, 10.0), (0.50, 0.65), (600.0, 1800.0), cpus=4.0, mem_gib=16.0),
-        Kind("heavy", 0.10, (20.0, 30.0), (0.85, 0.95), (1800.0, 3600.0), cpus=8.0, mem_gib=32.0),
+        Kind("light", 0.30, (2.0, 4.0), (0.25, 0.35), (300.0, 600.0), reserves=Resources(2.0, 8 * GiB)),
+        Kind("medium", 0.60, (6.0, 10.0), (0.50, 0.65), (600.0, 1800.0), reserves=Resources(4.0, 16 * GiB)),
+        Kind("heavy", 0.10, (20.0, 30.0), (0.85, 0.95), (1800.0, 3600.0), reserves=Resources(8.0, 32 * GiB)),
     )
 }
 
@@ -106,7 +106,7 @@ class TraceJob:
         ``auto``, 0); a GPU job's own CPU use (data loading) is not modelled."""
         if self.gpus:
             return 0.0
-        cores = self.cpus or (KINDS[self.kind].cpus if self.kind in KINDS else 1.0)
+        cores = self.cpus or (KINDS[self.kind].reserves.cores if self.kind in KINDS else 1.0)
         return cores * self.compute
 
     @property
@@ -235,8 +235,8 @@ def _draw(kind: Kind, rng: np.random.Generator) -> dict[str, Any]:
         "gpu_mem": gpu_mem,
         "compute": round(float(rng.uniform(*kind.compute)), 3),
         "duration_s": float(round(rng.uniform(*kind.duration_s))),
-        "cpus": kind.cpus,
-        "mem": int(kind.mem_gib * GiB),
+        "cpus": kind.reserves.cores,
+        "mem": kind.reserves.ram,
         "kind": kind.name,
     }
 
@@ -319,7 +319,7 @@ def read_philly(path: str | Path, limit: int | None = None, seed: int = 0) -> li
     for submitted, duration, gpus, jobid in usable:
         kind = kinds[rng.choice(len(kinds), p=[k.share for k in kinds])]
         drawn = _draw(kind, rng)
-        drawn.update(duration_s=duration, cpus=kind.cpus * gpus, mem=drawn["mem"] * gpus)
+        drawn.update(duration_s=duration, cpus=kind.reserves.cores * gpus, mem=drawn["mem"] * gpus)
         jobs.append(
             TraceJob(offset_s=(submitted - first).total_seconds(), name=jobid, command="", gpus=gpus, **drawn)
         )

@@ -129,11 +129,12 @@ function countsBox(counts) {
 }
 function cards(status, whyNot) {
   if (!status) return el("div", { class: "cards", id: "cards" }, el("div", { class: "card dim" }, `no daemon: ${whyNot || "none answers"}`));
-  const cap = status.capacity; const used = status.used;
+  const cap = status.capacity; const used = status.used; const total = cap.total; const held = used.reserved;
+  const busy = used.measured_free ? (total.cores - used.measured_free.cores).toFixed(1) : "-";
   const host = el("div", { class: "card", "data-card": "host" }, el("h3", {}, "host"),
-    `cores ${used.cpus.toFixed(1)} / ${cap.cpus} reserved`, el("div", { class: "bar" }, el("i", { style: `width:${100 * used.cpus / cap.cpus}%` })),
-    `RAM ${size(used.mem_bytes)} / ${size(cap.mem_bytes)} reserved`, el("div", { class: "bar" }, el("i", { style: `width:${100 * used.mem_bytes / cap.mem_bytes}%` })),
-    el("div", { class: "dim" }, `busy ${used.cpu_busy_mean === null ? "-" : used.cpu_busy_mean.toFixed(1)} cores · ${used.jobs} running · ${status.policy}`));
+    `cores ${held.cores.toFixed(1)} / ${total.cores} reserved`, el("div", { class: "bar" }, el("i", { style: `width:${100 * held.cores / total.cores}%` })),
+    `RAM ${size(held.ram)} / ${size(total.ram)} reserved`, el("div", { class: "bar" }, el("i", { style: `width:${100 * held.ram / total.ram}%` })),
+    el("div", { class: "dim" }, `busy ${busy} cores · ${used.jobs} running · ${status.policy}`));
   const gpus = cap.gpus.map((g, i) => {
     const u = used.gpus[i] || {};
     return el("div", { class: "card", "data-card": `gpu-${g.index}` }, el("h3", {}, `GPU ${g.index}`),
@@ -145,11 +146,11 @@ function cards(status, whyNot) {
   // On a Ray cluster: a card per node (alive or gone), what its attempts reserve on it against what it has.
   const nodes = (status.nodes || []).map((n) => n.alive
     ? el("div", { class: "card", "data-card": `node-${n.name}` }, el("h3", {}, `node ${n.name}`),
-      `cores ${n.cpus_reserved.toFixed(1)} / ${n.cpus} reserved (${n.cpus_held.toFixed(1)} held in Ray)`,
-      el("div", { class: "bar" }, el("i", { style: `width:${100 * Math.min(1, n.cpus_reserved / (n.cpus || 1))}%` })),
-      `RAM ${size(n.mem_reserved_bytes)} / ${size(n.mem_bytes)} reserved`,
-      el("div", { class: "bar" }, el("i", { style: `width:${100 * n.mem_reserved_bytes / (n.mem_bytes || 1)}%` })),
-      el("div", { class: "dim" }, `${n.cpu_busy_mean === null || n.cpu_busy_mean === undefined ? "not measured" : `busy ${n.cpu_busy_mean.toFixed(1)} cores · ${size(n.mem_available_bytes)} free`} · ${n.jobs} running${n.gpus.length ? ` · GPUs ${n.gpus.join(", ")}` : ""}`))
+      `cores ${n.reserved.cores.toFixed(1)} / ${n.total.cores} reserved (${n.cpus_held.toFixed(1)} held in Ray)`,
+      el("div", { class: "bar" }, el("i", { style: `width:${100 * Math.min(1, n.reserved.cores / (n.total.cores || 1))}%` })),
+      `RAM ${size(n.reserved.ram)} / ${size(n.total.ram)} reserved`,
+      el("div", { class: "bar" }, el("i", { style: `width:${100 * n.reserved.ram / (n.total.ram || 1)}%` })),
+      el("div", { class: "dim" }, `${n.measured_free ? `busy ${(n.total.cores - n.measured_free.cores).toFixed(1)} cores · ${size(n.measured_free.ram)} free` : "not measured"} · ${n.jobs} running${n.gpus.length ? ` · GPUs ${n.gpus.join(", ")}` : ""}`))
     : el("div", { class: "card dim", "data-card": `node-${n.name}` }, el("h3", {}, `node ${n.name}`), "gone: its jobs run elsewhere"));
   return el("div", { class: "cards", id: "cards" }, host, nodes, gpus);
 }
