@@ -36,28 +36,17 @@ from typing import Any
 
 from tandem._safepath import module_command
 from tandem.place import client
-from tandem.place.model import FINAL_STATES, JobSpec, param_value, parse_size
+from tandem.place.model import FINAL_STATES, JobSpec, param_value, parse_gpu_mem, parse_job_cpus, parse_mem
 from tandem.place.protocol import Cancel
-from tandem.place.reserve import AUTO_CPUS
 from tandem.place.state import StateReader, private_dir, state_dir
 
 __all__ = ["Job", "JobFailed", "call", "job", "submit", "submit_many"]
 
 _POLL_S = 0.3
-# Names ``call`` keeps for the job; every other keyword argument goes to the callable.
-JOB_OPTIONS = (
-    "cpus",
-    "mem",
-    "gpus",
-    "gpu_mem",
-    "share",
-    "group",
-    "name",
-    "after",
-    "env",
-    "params",
-    "priority",
-)
+# The job's options, named and defaulted as ``tandem submit``'s flags: JobSpec's fields,
+# declared there once (what the CLI and the daemon take too). ``call`` keeps these names for
+# the job; every other keyword argument goes to the callable.
+JOB_OPTIONS = tuple(f.name for f in dataclasses.fields(JobSpec) if f.name not in ("command", "cwd", "token"))
 
 
 class JobFailed(RuntimeError):
@@ -78,7 +67,11 @@ class Job:
 
     def refresh(self) -> Job:
         """Read the job's record again (``state`` does, too)."""
-        record = StateReader(self._dir).job(self.id)
+        with StateReader(self._dir) as reader:
+            return self._read(reader)
+
+    def _read(self, reader: StateReader) -> Job:
+        record = reader.job(self.id)
         if record is None:
             raise KeyError(f"job {self.id} is not in {self._dir} (moved aside, or another state directory)")
         self._record = record
@@ -100,13 +93,14 @@ class Job:
     def wait(self, timeout: float | None = None) -> str:
         """Block until the job ends; its final state. ``TimeoutError`` after ``timeout`` s."""
         deadline = None if timeout is None else time.monotonic() + timeout
-        while True:
-            state = self.state
-            if state in FINAL_STATES:
-                return state
-            if deadline is not None and time.monotonic() >= deadline:
-                raise TimeoutError(f"job {self.id} is still {state} after {timeout:g} s")
-            time.sleep(_POLL_S)
+        with StateReader(self._dir) as reader:  # one reader for the whole wait, as state's
+            while True:
+                state = self._read(reader)._record.state
+                if state in FINAL_STATES:
+                    return state
+                if deadline is not None and time.monotonic() >= deadline:
+                    raise TimeoutError(f"job {self.id} is still {state} after {timeout:g} s")
+                time.sleep(_POLL_S)
 
     def cancel(self) -> bool:
         """Cancel it (a running job's process tree is stopped); False if it had ended."""
@@ -115,20 +109,21 @@ class Job:
 
     def logs(self) -> str:
         """Its output so far, every attempt in order."""
-        st = StateReader(self._dir)
         parts = []
-        for a in st.attempts(self.id):
-            path = st.attempt_dir(a) / "output.log"
-            try:
-                parts.append(path.read_text(errors="replace"))
-            except OSError:
-                pass
+        with StateReader(self._dir) as st:
+            for a in st.attempts(self.id):
+                path = st.attempt_dir(a) / "output.log"
+                try:
+                    parts.append(path.read_text(errors="replace"))
+                except OSError:
+                    pass
         return "".join(parts)
 
     def metrics(self) -> dict[str, float]:
         """The latest value of each metric of its last attempt's MLflow run (the job's own
         ``mlflow.log_metric`` calls land there, and tandem's ``system/*``, ``summary/*``)."""
-        attempts = StateReader(self._dir).attempts(self.id)
+        with StateReader(self._dir) as reader:
+            attempts = reader.attempts(self.id)
         run_id = next((a.mlflow_run_id for a in reversed(attempts) if a.mlflow_run_id), None)
         if run_id is None:
             return {}
@@ -172,25 +167,25 @@ def _spec(command: Sequence[str] | str, cwd: str | os.PathLike | None, options: 
     argv = shlex.split(command) if isinstance(command, str) else [str(a) for a in command]
     if not argv:
         raise ValueError("the command is empty")
+    unknown = set(options) - set(JOB_OPTIONS)
+    if unknown:
+        raise TypeError(
+            f"unknown job option(s): {', '.join(sorted(unknown))}; the options: {', '.join(JOB_OPTIONS)}"
+        )
     env = dict(os.environ)
     env.update({str(k): str(v) for k, v in (options.pop("env", None) or {}).items()})
-    mem = options.pop("mem", None)
-    gpu_mem = options.pop("gpu_mem", None)
-    after = options.pop("after", None) or ()
-    known = {f.name for f in dataclasses.fields(JobSpec)}
-    unknown = set(options) - known
-    if unknown:
-        raise TypeError(f"unknown job option(s): {', '.join(sorted(unknown))}")
-    if options.get("cpus") in (None, "auto"):
-        options["cpus"] = AUTO_CPUS  # as tandem submit's default: learnt (tandem.place.reserve)
+    # Values as tandem submit's flags take them: "auto" and sizes as text, or numbers.
+    for name, parse in (("cpus", parse_job_cpus), ("mem", parse_mem), ("gpu_mem", parse_gpu_mem)):
+        if name in options:
+            options[name] = parse(options[name] if options[name] is not None else "auto")
+    if "after" in options:
+        options["after"] = [a.id if isinstance(a, Job) else int(a) for a in options["after"] or ()]
+    if "params" in options:
+        options["params"] = _params(options["params"] or {})
     spec = JobSpec(
         argv,
         str(Path(cwd).resolve() if cwd is not None else Path.cwd()),
         env,
-        mem=parse_size(mem) if isinstance(mem, str) else int(mem or 0),
-        gpu_mem=parse_size(gpu_mem) if isinstance(gpu_mem, str) else gpu_mem,
-        after=[a.id if isinstance(a, Job) else int(a) for a in after],
-        params=_params(options.pop("params", None) or {}),
         **{k: v for k, v in options.items() if v is not None},
     )
     problem = spec.problem()
@@ -207,9 +202,11 @@ def submit(
     **options: Any,
 ) -> Job:
     """Queue ``command`` (a list of arguments, or one string split as a shell would) as
-    ``tandem submit`` does; options as its flags: ``cpus`` (default ``"auto"``), ``mem`` (bytes or ``"4G"``),
-    ``gpus``, ``gpu_mem``, ``share``, ``group``, ``name``, ``after`` (jobs or ids), ``env``,
-    ``params``, ``priority``, ``retries``. The job's handle."""
+    ``tandem submit`` does; options as its flags, with their defaults (:data:`JOB_OPTIONS`):
+    ``cpus`` (``"auto"``, or cores), ``mem`` (``"auto"``, bytes or ``"4G"``), ``gpus``,
+    ``gpu_mem`` (``"auto"``, bytes or ``"10G"``), ``gpu_share``, ``priority``, ``retries``
+    (2), ``share``, ``group``, ``name``, ``after`` (jobs or ids), ``env``, ``params``. The
+    job's handle."""
     # The one check of every entry (tandem.dirs): a shared, foreign or linked directory is
     # refused here, before a daemon is started for it or a log written in it.
     directory = state_dir() if state_dir_path is None else private_dir(Path(state_dir_path))
@@ -223,20 +220,26 @@ def submit_many(
     params: Iterable[dict[str, Any]] | None = None,
     **options: Any,
 ) -> list[Job]:
-    """Queue several commands with the same options (``params``: one dict per command);
-    their handles, in order."""
+    """Queue several commands with the same options (``params``: one dict per command) in
+    one request: all of them or none (a refused one is named). Their handles, in order."""
     commands = list(commands)
     per_job = list(params) if params is not None else [{} for _ in commands]
     if len(per_job) != len(commands):
         raise ValueError(f"{len(commands)} commands but {len(per_job)} params")
-    return [submit(c, params=p, **options) for c, p in zip(commands, per_job)]
+    if not commands:
+        return []
+    cwd = options.pop("cwd", None)
+    state_dir_path = options.pop("state_dir_path", None)
+    specs = [_spec(c, cwd, {**options, "params": p}) for c, p in zip(commands, per_job)]
+    directory = state_dir() if state_dir_path is None else private_dir(Path(state_dir_path))
+    reply = client.submit_many(directory, specs)
+    return [Job(job_id, directory) for job_id in reply.ids]
 
 
 def call(fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Job:
     """Run ``fn(*args, **kwargs)`` as a job; ``Job.result()`` is its value. Keyword
-    arguments named as job options (``cpus``, ``mem``, ``gpus``, ``gpu_mem``, ``share``,
-    ``group``, ``name``, ``after``, ``env``, ``params``, ``priority``) are the job's; the
-    others go to ``fn``. ``fn`` and its arguments are pickled (with cloudpickle where it is
+    arguments named as job options (:data:`JOB_OPTIONS`: those of :func:`submit`) are the
+    job's; the others go to ``fn``. ``fn`` and its arguments are pickled (with cloudpickle where it is
     installed, so a notebook's functions work too) into the state directory."""
     options = {k: kwargs.pop(k) for k in JOB_OPTIONS if k in kwargs}
     directory = state_dir()

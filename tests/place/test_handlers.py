@@ -54,6 +54,19 @@ def test_a_refused_request_changes_nothing(daemon: Daemon) -> None:
     assert _flags(daemon) == (False, False, False)
 
 
+def test_a_submit_of_many_queues_all_or_none_naming_the_one_refused(daemon: Daemon) -> None:
+    fits, too_big = JobSpec(["true"], "/", cpus=0.5), JobSpec(["true"], "/", cpus=64.0)
+    reply, changed = HANDLERS[p.SubmitMany](p.SubmitMany([fits, fits, too_big]), daemon.parts)
+    assert isinstance(reply, p.Failure) and reply.refused and reply.error.startswith("job 3 of 3: ")
+    assert "64 cores" in reply.error and changed == NOTHING and daemon.state.jobs() == []
+    wire = p.read_request(p.to_wire(p.SubmitMany([fits, JobSpec(["echo", "b"], "/", cpus=1.0)])))
+    reply, changed = HANDLERS[p.SubmitMany](wire, daemon.parts)
+    assert isinstance(reply, p.SweepSubmitted) and changed == Changed(queued=True)
+    assert [daemon.state.job(i).command for i in reply.ids] == [["true"], ["echo", "b"]]  # type: ignore[union-attr]
+    with pytest.raises(p.ProtocolError, match="list of job objects"):
+        p.read_request({"op": "submit_many", "jobs": []})
+
+
 def test_cancel_shares_status_and_stop_each_say_what_they_changed(daemon: Daemon) -> None:
     job_id = daemon.handle(p.Submit(JobSpec(["true"], "/", cpus=0.5))).id  # type: ignore[union-attr]
     daemon.wake = daemon.dirty = False

@@ -114,12 +114,19 @@ def to_size(_ctx: click.Context, _param: click.Parameter, value: str | None) -> 
 
 
 def to_gpu_mem(_ctx: click.Context, _param: click.Parameter, value: str) -> int | None:
-    from tandem.place.model import parse_size
+    from tandem.place.model import parse_gpu_mem
 
-    if value.strip().lower() == "auto":
-        return None
     try:
-        return parse_size(value)
+        return parse_gpu_mem(value)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc)) from None
+
+
+def to_job_cpus(_ctx: click.Context, _param: click.Parameter, value: str) -> float:
+    from tandem.place.model import parse_job_cpus
+
+    try:
+        return parse_job_cpus(value)
     except ValueError as exc:
         raise click.BadParameter(f"{exc}, or auto") from None
 

@@ -22,8 +22,8 @@ from tandem.cli._common import (
     job_ids,
     open_state,
     printable,
-    to_cpus,
     to_gpu_mem,
+    to_job_cpus,
     to_size,
     unknown_job,
 )
@@ -36,7 +36,6 @@ from tandem.place.model import (
     format_size,
     param_value,
 )
-from tandem.place.reserve import AUTO_CPUS
 from tandem.units import format_cores
 
 
@@ -55,7 +54,7 @@ def _reserved(value: str | None, source: str, what: str) -> str:
 @click.option("--name", help="Job name (measured peaks are remembered per name).")
 @click.option(
     "--cpus",
-    callback=lambda ctx, param, v: AUTO_CPUS if v == "auto" else to_cpus(ctx, param, v),
+    callback=to_job_cpus,
     default="auto",
     show_default=True,
     metavar="N|auto",
@@ -243,13 +242,13 @@ def _unserved(jobs: list[Any]) -> str | None:
     their states are as last known (a running one may have ended since); else None."""
     if all(j.state in FINAL_STATES for j in jobs):
         return None
-    from tandem.place.run.files import read_json
+    from tandem.place.run.files import DaemonFile
     from tandem.place.state import state_dir
 
     directory = state_dir()
     # Where the last daemon listened, as it wrote it (a read: it makes no runtime directory).
-    where = (read_json(directory / "daemon.json") or {}).get("socket")
-    if isinstance(where, str) and _listening(where):
+    info = DaemonFile.read(directory)
+    if info is not None and info.socket and _listening(info.socket):
         return None
     return (
         f"no daemon serves {directory}: states are as last known (running jobs go on, and a "

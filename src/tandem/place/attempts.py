@@ -331,7 +331,7 @@ class Attempts:
         if end.peak_mem or end.peak_gpu_mem:
             self.state.record_peak(a.job.learning_key, end.peak_mem, end.peak_gpu_mem, end.ended - a.started)
         if self.tracked:
-            status = {"succeeded": "FINISHED", "cancelled": "KILLED"}.get(end.state, "FAILED")
+            status = model.mlflow_status(end.state)
             tags = {
                 "tandem.state": "retrying" if end.retried else end.state,
                 "tandem.cause": end.cause or "",

@@ -34,11 +34,11 @@ class DaemonError(Exception):
 def daemon_socket(state_dir: Path) -> Path:
     """Where the daemon of ``state_dir`` listens: as it wrote it in ``daemon.json`` (so a shell
     with another runtime directory, cron's, finds the same daemon), else where it would."""
-    from tandem.place.run.files import read_json
+    from tandem.place.run.files import DaemonFile
 
-    info = read_json(state_dir / "daemon.json") or {}
-    if info.get("socket") and Path(info["socket"]).exists():
-        return Path(info["socket"])
+    info = DaemonFile.read(state_dir)
+    if info is not None and info.socket and Path(info.socket).exists():
+        return Path(info.socket)
     return protocol.socket_path(state_dir)
 
 
@@ -175,6 +175,17 @@ def submit_sweep(
     return _until_answered(state_dir, protocol.SubmitSweep(spec, points, fill_env), timeout, within)
 
 
+def submit_many(
+    state_dir: Path, specs: list[JobSpec], timeout: float | None = None, within: float = SUBMIT_WITHIN_S
+) -> protocol.SweepSubmitted:
+    """Submit these jobs in one request, all or none, as :func:`submit` does (each keeps a
+    token: a retry gets the jobs the first one made)."""
+    if timeout is None:
+        timeout = SWEEP_TIMEOUT_S + SWEEP_POINT_S * len(specs)
+    specs = [s if s.token is not None else dataclasses.replace(s, token=uuid.uuid4().hex) for s in specs]
+    return _until_answered(state_dir, protocol.SubmitMany(specs), timeout, within)
+
+
 def _until_answered(state_dir: Path, message: protocol.Request, timeout: float, within: float) -> Any:
     deadline = time.monotonic() + within
     while True:
@@ -252,10 +263,10 @@ def ensure_daemon(state_dir: Path) -> None:
 
 def daemon_pid(state_dir: Path) -> int | None:
     """The pid the last daemon of ``state_dir`` wrote in ``daemon.json`` (None if unknown)."""
-    from tandem.place.run.files import read_json
+    from tandem.place.run.files import DaemonFile
 
-    info = read_json(state_dir / "daemon.json")
-    return None if info is None else int(info["pid"])
+    info = DaemonFile.read(state_dir)
+    return None if info is None else info.pid
 
 
 __all__ = [

@@ -41,7 +41,7 @@ from tandem.place.attempts import Attempts
 from tandem.place.config import DaemonConfig
 from tandem.place.devices import Monitor, Nvml, detect_capacity
 from tandem.place.diskwait import DiskWait
-from tandem.place.identity import StateMoved, daemon_identity, keep_records, moved
+from tandem.place.identity import StateMoved, keep_records, moved
 from tandem.place.model import Capacity, format_size
 from tandem.place.paths import RAY_TROUBLE, StateError, disk_trouble, private_dir
 from tandem.place.policies import make_policy
@@ -49,8 +49,9 @@ from tandem.place.producers import Producers
 from tandem.place.queue import WaitingJobs
 from tandem.place.requests import HANDLERS, Parts, failure
 from tandem.place.run import ray_head
-from tandem.place.run.files import write_json
+from tandem.place.run.files import DaemonFile
 from tandem.place.run.launch import LocalLauncher, RayLauncher, reap_children
+from tandem.place.run.proctrack import create_time
 from tandem.place.scheduler import Placement, plan_nodes
 from tandem.place.starting import jobs_per_node, start_job
 from tandem.place.state import Job, State
@@ -212,11 +213,15 @@ class Daemon:
         # XDG_RUNTIME_DIR) reads the socket's path here instead of computing another.
         # And which MLflow store its jobs' runs are in: `tandem report` reads them there.
         store = self.tracker.uri if self.tracker is not None and not self.tracker.why_not else None
-        write_json(
-            self.state.dir / "daemon.json",
-            {"started": self.started, "socket": str(self.socket_path), "store": store}
-            | daemon_identity(self.state.id, self.state.file),
-        )
+        DaemonFile(
+            pid=os.getpid(),
+            ctime=create_time(os.getpid()),
+            started=self.started,
+            socket=str(self.socket_path),
+            store=store,
+            db_id=self.state.id,
+            db_file=self.state.file,
+        ).save(self.state.dir)
         return listener
 
     def _state_moved(self) -> bool:
@@ -339,7 +344,7 @@ class Daemon:
                 self._pass_cpu_s = time.process_time() - started
         if self.tracker is not None:
             self.tracker.poke()
-            for done in self.tracker.results():
+            for done in self.tracker.take_results():
                 if done.get("job_id") is None:
                     continue  # a share's producer: its run is found by its tags
                 if done.get("run_id"):

@@ -28,14 +28,13 @@ import secrets
 import sqlite3
 import time
 from pathlib import Path
-from typing import Any
 
 import psutil
 
 from tandem.dirs import private_file
 from tandem.place.paths import StateError, StateReadOnly, read_only
-from tandem.place.run.files import read_json
-from tandem.place.run.proctrack import create_time, same_process
+from tandem.place.run.files import DaemonFile
+from tandem.place.run.proctrack import same_process
 
 DB_FILE = "place.db"
 SAVED_GLOB = "place.db.saved-*"  # a daemon's copy of a database removed under it
@@ -93,17 +92,13 @@ def own_process(pid: int | None, ctime: float | None) -> bool:
         return False
 
 
-def daemon_identity(db_id: str, db_file: str | None) -> dict[str, Any]:
-    """What the daemon says of itself in ``daemon.json`` for readers to check: which process
-    (pid and start time) serves which database (its id) in which file."""
-    return {"pid": os.getpid(), "ctime": create_time(os.getpid()), "db_id": db_id, "db_file": db_file}
-
-
-def serving_daemon(directory: Path) -> dict[str, Any] | None:
-    """What the daemon serving ``directory`` wrote of itself in ``daemon.json`` (pid, start
-    time, the database's id and file), if that daemon is alive; None if none is."""
-    info = read_json(directory / "daemon.json")
-    if info is None or not own_process(info.get("pid"), info.get("ctime")):
+def serving_daemon(directory: Path) -> DaemonFile | None:
+    """The record of the daemon serving ``directory`` (``daemon.json``: pid, start time, the
+    database's id and file), if that daemon's process is alive; None if none is. The one
+    read-only answer to "does a daemon serve here" (:func:`tandem.place.client.is_running`
+    asks it instead, over its socket)."""
+    info = DaemonFile.read(directory)
+    if info is None or not own_process(info.pid, info.ctime):
         return None
     return info
 
@@ -192,13 +187,13 @@ def restore_saved(directory: Path) -> str:
     )
 
 
-def missing(directory: Path, daemon: dict[str, Any] | None) -> str | None:
+def missing(directory: Path, daemon: DaemonFile | None) -> str | None:
     """Why a missing database is not simply a new state directory (said to a reader), or
     None: none was made yet and no job's folder is there."""
     path = directory / DB_FILE
     if daemon is not None:
         return (
-            f"the state database {path} was removed while the daemon (pid {daemon['pid']}) serves "
+            f"the state database {path} was removed while the daemon (pid {daemon.pid}) serves "
             f"{directory}: its jobs' records are not there, and none is made in its place. The daemon "
             "stops when it sees it (its running jobs go on), keeping a copy of its records; then "
             "`tandem daemon restore`." + _saved_hint(directory)
@@ -216,15 +211,15 @@ def missing(directory: Path, daemon: dict[str, Any] | None) -> str | None:
     )
 
 
-def replaced(path: Path, db_id: str | None, daemon: dict[str, Any] | None) -> str | None:
+def replaced(path: Path, db_id: str | None, daemon: DaemonFile | None) -> str | None:
     """Why the database at ``path`` (its id ``db_id``) is not the one its live daemon
     serves, or None (no daemon runs, or it is that one)."""
-    if daemon is None or not daemon.get("db_file"):
+    if daemon is None or not daemon.db_file:
         return None
-    if file_id(path) == daemon["db_file"] and (db_id == daemon.get("db_id") or not daemon.get("db_id")):
+    if file_id(path) == daemon.db_file and (db_id == daemon.db_id or not daemon.db_id):
         return None
     return (
-        f"the state database {path} was replaced while the daemon (pid {daemon['pid']}) serves it: "
+        f"the state database {path} was replaced while the daemon (pid {daemon.pid}) serves it: "
         "the daemon writes another file, and what this one holds is not its jobs' state. "
         "Restart the daemon (`tandem daemon stop; tandem daemon start`) to serve this file."
     )

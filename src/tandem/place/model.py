@@ -19,6 +19,14 @@ QUEUED, RUNNING, RETRYING = "queued", "running", "retrying"
 SUCCEEDED, FAILED, OOM, CANCELLED = "succeeded", "failed", "oom", "cancelled"
 STATES = (QUEUED, RUNNING, RETRYING, SUCCEEDED, FAILED, OOM, CANCELLED)
 FINAL_STATES = frozenset({SUCCEEDED, FAILED, OOM, CANCELLED})
+
+
+def mlflow_status(state: str) -> str:
+    """The MLflow run status of a job's ending state: the one mapping (the supervisor's, the
+    daemon's and the MLflow helper's runs all end by it)."""
+    return {SUCCEEDED: "FINISHED", CANCELLED: "KILLED"}.get(state, "FAILED")
+
+
 WAITING_STATES = frozenset({QUEUED, RETRYING})
 # A job row's role: a submitted job, or a share group's producer (made by the daemon only).
 JOB_ROLE, PRODUCER_ROLE = "job", "producer"
@@ -34,6 +42,39 @@ def parse_cpus(text: str | float) -> float:
     if not math.isfinite(value) or value <= 0:
         raise ValueError(f"{text!r}: the number of cores must be above 0")
     return value
+
+
+AUTO = "auto"
+AUTO_CPUS = 0.0  # the stored --cpus of a job that asked for auto
+
+
+def parse_job_cpus(value: str | float) -> float:
+    """A job's ``--cpus``: a core count (``0.5``), or ``auto`` (0: learnt for its job key,
+    else a probe: :data:`AUTO_CPUS`)."""
+    if isinstance(value, str) and value.strip().lower() == AUTO:
+        return AUTO_CPUS
+    return parse_cpus(value)
+
+
+def parse_gpu_mem(value: str | int | None) -> int | None:
+    """A job's ``--gpu-mem`` per GPU: a size (``10G``, bytes), or ``auto``/None (None: the
+    peak measured for its job key, else a probe)."""
+    if value is None or (isinstance(value, str) and value.strip().lower() == AUTO):
+        return None
+    if isinstance(value, str):
+        try:
+            return parse_size(value)
+        except ValueError as exc:
+            raise ValueError(f"{exc}, or auto") from None
+    return int(value)
+
+
+def parse_mem(value: str | int | None) -> int:
+    """A job's ``--mem``: a size (``4G``, bytes), or ``auto``/None/0 (0: the peak measured
+    for its job key plus a margin, else none until measured)."""
+    if value is None or (isinstance(value, str) and value.strip().lower() == AUTO):
+        return 0
+    return parse_size(value) if isinstance(value, str) else int(value)
 
 
 MAX_PRIORITY = 1_000_000
@@ -96,8 +137,10 @@ class JobSpec:
     ``gpus`` None: one where the manager has GPUs, else none. ``gpu_mem`` is per GPU; None
     means ``auto``: the peak measured for the same job key before, or, for a job never seen,
     a probe (the GPU with most free memory, which nobody joins until its memory settled).
-    ``cpus`` 0 means ``auto`` (``tandem submit``'s default): the cores measured for the same
-    job key, else a small probe raised to its measurement (:mod:`tandem.place.reserve`).
+    ``cpus`` 0 means ``auto`` (the default, here as in ``tandem submit`` and ``tandem.jobs``):
+    the cores measured for the same job key, else a small probe raised to its measurement
+    (:mod:`tandem.place.reserve`). ``mem`` 0 means ``auto`` too. The fields are the options of
+    both front ends, with these defaults: declared here once.
     ``token``: the client's; a submit retried with it returns the job it made."""
 
     # Each field's storage and its place in --json are declared here, once (tandem.place.fields).
@@ -105,7 +148,7 @@ class JobSpec:
     cwd: str = "/"
     env: dict[str, str] = column(default_factory=dict, listed=False, shown=False)  # secrets: never shown
     name: str | None = None
-    cpus: float = column(1.0, queued=True, under="request")
+    cpus: float = column(AUTO_CPUS, queued=True, under="request")
     mem: int = column(
         0, queued=True, under="request", json_key="mem_bytes"
     )  # host RAM reserved, bytes (0: none)

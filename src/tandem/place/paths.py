@@ -13,6 +13,7 @@ from pathlib import Path
 
 from tandem.dirs import StateDirError, state_dir_path
 from tandem.dirs import state_dir as _open
+from tandem.place.run.files import DaemonFile
 
 __all__ = [
     "StateError", "StateReadOnly", "disk_trouble", "private_dir", "read_only", "set_aside_lost_jobs",
@@ -201,11 +202,14 @@ def cluster_trouble(state_dir: Path) -> str | None:
         said = ""
     if said:
         return said
+    daemon = DaemonFile.read(state_dir)
     try:
         kept = json.loads((state_dir / CONFIG_FILE).read_text())
-        pid = int(json.loads((state_dir / "daemon.json").read_text())["pid"])
-    except (OSError, ValueError, KeyError, TypeError):
+    except (OSError, ValueError):
         return None
+    if daemon is None or not isinstance(kept, dict):
+        return None
+    pid = daemon.pid
     address = kept.get("address")
     if kept.get("backend") != "ray" or not address:
         return None

@@ -16,6 +16,7 @@ request         fields                       reply
 ==============  ===========================  ==============================================
 :class:`Submit` ``job``: a :class:`JobSpec`  :class:`Submitted`: ``id``, ``new``
 :class:`SubmitSweep` ``job``, ``points``     :class:`SweepSubmitted`: ``ids``, ``group``
+:class:`SubmitMany` ``jobs``                 :class:`SweepSubmitted`: ``ids`` (all or none)
 :class:`Cancel` ``ids``, ``group``, ``everything``  :class:`Cancelled`: ``cancelled``, ``unknown``, ``ended``
 :class:`Status` -                            :class:`DaemonStatus`: pid, policy, capacity, use, ...
 :class:`Stop`   -                            :class:`Stopping` (the daemon exits; jobs go on)
@@ -77,6 +78,15 @@ class SubmitSweep:
     job: JobSpec
     points: list[dict[str, Any]] = field(default_factory=list)
     fill_env: list[str] = field(default_factory=list)  # the variables given with --env
+
+
+@dataclass(frozen=True)
+class SubmitMany:
+    """Queue these jobs in one transaction, all of them or none (``tandem.jobs.submit_many``):
+    each is checked as a :class:`Submit` is; one refused refuses the request, naming it."""
+
+    OP: ClassVar[str] = "submit_many"
+    jobs: list[JobSpec] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -146,13 +156,24 @@ class AutoShare:
 
 
 Request = Union[
-    Submit, SubmitSweep, Cancel, Status, Stop, Wake, DefineShare, RemoveShares, NotStarted, AutoShare
+    Submit,
+    SubmitSweep,
+    SubmitMany,
+    Cancel,
+    Status,
+    Stop,
+    Wake,
+    DefineShare,
+    RemoveShares,
+    NotStarted,
+    AutoShare,
 ]
 REQUESTS: dict[str, type] = {
     cls.OP: cls
     for cls in (
         Submit,
         SubmitSweep,
+        SubmitMany,
         Cancel,
         Status,
         Stop,
@@ -313,6 +334,7 @@ Reply = Union[
 REPLIES: dict[str, type] = {
     "submit": Submitted,
     "submit_sweep": SweepSubmitted,
+    "submit_many": SweepSubmitted,
     "cancel": Cancelled,
     "status": DaemonStatus,
     "stop": Stopping,
@@ -361,6 +383,14 @@ def read_request(data: dict[str, Any]) -> Request:
         if not isinstance(fill_env, list) or not all(isinstance(k, str) for k in fill_env):
             raise ProtocolError("not a sweep: fill_env is a list of names")
         return SubmitSweep(job, points, fill_env)
+    if cls is SubmitMany:
+        jobs = fields.get("jobs")
+        if not isinstance(jobs, list) or not jobs or not all(isinstance(j, dict) for j in jobs):
+            raise ProtocolError("not a submit of many: its jobs are a list of job objects")
+        try:
+            return SubmitMany([JobSpec.from_dict(j) for j in jobs])
+        except (TypeError, ValueError) as exc:
+            raise ProtocolError(f"not a job: {exc}") from None
     if cls is AutoShare:
         try:
             spec = ShareSpec.from_json(json.dumps(fields.get("spec")))

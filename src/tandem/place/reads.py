@@ -269,6 +269,12 @@ class StateReader(StateReads):
     def close(self) -> None:
         self.db.close()
 
+    def __enter__(self) -> StateReader:
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        self.close()
+
 
 def _empty() -> sqlite3.Connection:
     """An empty state in memory: what a state directory without a database reads as."""

@@ -131,6 +131,19 @@ def submit_sweep(request: p.SubmitSweep, d: Parts) -> Handled:
     return p.SweepSubmitted([job_id for job_id, _ in made], template.group or ""), Changed(queued=True)
 
 
+def submit_many(request: p.SubmitMany, d: Parts) -> Handled:
+    checked = []
+    for i, spec in enumerate(request.jobs):
+        one = _checked(d, spec)
+        if isinstance(one, p.Failure):
+            if len(request.jobs) == 1:
+                return one, NOTHING
+            return dataclasses.replace(one, error=f"job {i + 1} of {len(request.jobs)}: {one.error}"), NOTHING
+        checked.append(one)
+    made = d.state.add_jobs([s for s, _ in checked], [g for _, g in checked], time.time())
+    return p.SweepSubmitted([job_id for job_id, _ in made]), Changed(queued=True)
+
+
 def _checked(d: Parts, spec: JobSpec) -> tuple[JobSpec, int] | p.Failure:
     """The job as it will be queued, and its GPUs; or why it is refused."""
     problem = spec.problem()
@@ -382,6 +395,7 @@ def not_started(request: p.NotStarted, d: Parts) -> Handled:
 HANDLERS: dict[type, Callable[[Any, Parts], Handled]] = {
     p.Submit: submit,
     p.SubmitSweep: submit_sweep,
+    p.SubmitMany: submit_many,
     p.Cancel: cancel,
     p.Status: status,
     p.Stop: stop,

@@ -24,10 +24,10 @@ import math
 from collections.abc import Callable, Iterable, Mapping
 from typing import Protocol
 
+from tandem.place.model import AUTO_CPUS
 from tandem.place.records import Job
 from tandem.place.resources import Reservation
 
-AUTO_CPUS = 0.0  # the stored --cpus of a job that asked for auto
 PROBE_CORES = 0.25
 PROBE_SAMPLES = 2  # samples (one a second) past start-up before a probe counts as measured
 # A start-up burst (importing torch, MLflow, Lightning: a whole core for seconds) is not what

@@ -194,12 +194,14 @@ class State(StateReads):
             return self._add_job(db, spec, gpus, now)
 
     def add_jobs(
-        self, specs: list[JobSpec], gpus: int, now: float, alike: str = ""
+        self, specs: list[JobSpec], gpus: int | list[int], now: float, alike: str = ""
     ) -> list[tuple[int, bool]]:
-        """Queue a sweep's jobs: one transaction, all of them or none; ``alike``: the learning
-        key they share (their template's, :func:`tandem.place.sweep.alike_key`)."""
+        """Queue several jobs (a sweep's, ``tandem.jobs.submit_many``'s): one transaction,
+        all of them or none; ``gpus`` each one's (one figure: all the same); ``alike``: the
+        learning key they share (a sweep template's, :func:`tandem.place.sweep.alike_key`)."""
+        each = gpus if isinstance(gpus, list) else [gpus] * len(specs)
         with self.transaction() as db:
-            return [self._add_job(db, spec, gpus, now, alike=alike) for spec in specs]
+            return [self._add_job(db, spec, g, now, alike=alike) for spec, g in zip(specs, each, strict=True)]
 
     def add_producer(self, spec: JobSpec, gpus: int, now: float, key: str) -> int:
         """Queue a share group's producer: a job row of role producer (the daemon's own)."""

@@ -41,9 +41,18 @@ def root() -> Path:
     return base
 
 
-def _key() -> bytes:
-    """This state directory's secret for the selections' checksums, made once (0600)."""
+def _key(make: bool = True) -> bytes:
+    """This state directory's secret for the selections' checksums, made once (0600) by a
+    writer; a reader (``make=False``) only reads it: none there is a ValueError (nothing
+    stored here was keyed with it)."""
     path = root() / ".key"
+    if not make:
+        try:
+            return path.read_bytes()
+        except FileNotFoundError:
+            raise ValueError(
+                f"{path} is missing: no selection was written with this state directory's key"
+            ) from None
     try:
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
     except FileExistsError:
@@ -143,7 +152,7 @@ def load(sel_id: str, cached: bool = True) -> Selection:
         macs = sums.get("hmac-sha256") if isinstance(sums, dict) else None
         if not isinstance(macs, dict):
             raise ValueError("checksums.json is not this tandem's (no keyed checksums in it)")
-        key = _key()
+        key = _key(make=False)  # a reader: it makes no secret
         bad = [f for f in FILES if not hmac.compare_digest(_mac(key, path / f), str(macs.get(f, "")))]
         if bad:
             raise ValueError(

@@ -59,6 +59,42 @@ def read_json(path: Path) -> dict[str, Any] | None:
     return data if isinstance(data, dict) else None
 
 
+DAEMON_FILE = "daemon.json"
+
+
+@dataclass(frozen=True)
+class DaemonFile:
+    """What a daemon says of itself in its state directory's ``daemon.json`` (written as it
+    starts to listen, by it alone; read by clients, readers and supervisors): which process
+    (``pid``, its start time ``ctime``) serves which database (``db_id``, ``db_file``: its
+    identity on disk), where it listens (a shell with another runtime directory, cron's,
+    finds it there), and the MLflow store its jobs' runs are in (None: not tracked)."""
+
+    pid: int
+    ctime: float | None = None
+    started: float = 0.0
+    socket: str = ""
+    store: str | None = None
+    db_id: str = ""
+    db_file: str | None = None
+
+    def save(self, state_dir: Path) -> None:
+        write_json(state_dir / DAEMON_FILE, dataclasses.asdict(self))
+
+    @classmethod
+    def read(cls, state_dir: Path) -> DaemonFile | None:
+        """The last daemon's record; None where none was written (or it cannot be read)."""
+        data = read_json(state_dir / DAEMON_FILE)
+        if data is None:
+            return None
+        known = {f.name for f in dataclasses.fields(cls)}
+        try:
+            record = cls(**{k: v for k, v in data.items() if k in known})
+        except TypeError:
+            return None
+        return record if isinstance(record.pid, int) and not isinstance(record.pid, bool) else None
+
+
 def hold(folder: Path) -> Path:
     """A path to ``folder`` that follows it where it is moved (the supervisor's: a lost
     database's folders are set aside while their jobs run): its open descriptor's, in Linux's

@@ -37,6 +37,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from tandem.place.model import mlflow_status
 from tandem.place.paths import disk_trouble
 from tandem.place.run import failures, proctrack, weights
 from tandem.place.run.cgroups import OomWatch
@@ -196,7 +197,7 @@ class Shim:
         )
         cpu_seconds = None
         if run is not None:
-            status = {"succeeded": "FINISHED", "cancelled": "KILLED"}.get(ending.state, "FAILED")
+            status = mlflow_status(ending.state)
             run.stop(status, final_cpu=rusage)
             cpu_seconds = run.tree.cpu_seconds if run.tree is not None else None
         if pump.dropped:

@@ -42,7 +42,7 @@ from typing import Any
 from tandem._safepath import module_command
 from tandem.place.model import PRODUCER_ROLE, param_value
 from tandem.place.run import tracking_ends as ends
-from tandem.place.run.files import RunRef, read_json, save, write_json
+from tandem.place.run.files import DaemonFile, RunRef, read_json, save, write_json
 from tandem.place.run.tracking_ends import STOPPED
 from tandem.watch.stores.base import absolute_uri
 
@@ -226,7 +226,10 @@ class Tracker:
         if q.is_dir():
             (q / STOPPED).touch()
 
-    def results(self) -> list[dict[str, Any]]:
+    def take_results(self) -> list[dict[str, Any]]:
+        """Take the helper's answers (each run it made: job, attempt, run id), oldest first:
+        a queue's take, so each is removed as it is handed over (the daemon, their one
+        consumer, records them in the state)."""
         done = queue_dir(self.state_dir) / "done"
         out: list[dict[str, Any]] = []
         if not done.is_dir():
@@ -255,9 +258,9 @@ def manager_store(state_dir: Path) -> str:
     from tandem.dirs import mlflow_store_uri
     from tandem.place.config import DaemonConfig
 
-    said = (read_json(state_dir / "daemon.json") or {}).get("store")
-    if isinstance(said, str) and said:
-        return said
+    info = DaemonFile.read(state_dir)
+    if info is not None and isinstance(info.store, str) and info.store:
+        return info.store
     return absolute_uri(DaemonConfig.load(state_dir).store or mlflow_store_uri(state_dir))
 
 

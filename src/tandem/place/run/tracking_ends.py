@@ -33,6 +33,7 @@ from typing import Any
 import psutil
 
 from tandem.place.identity import serving_daemon
+from tandem.place.model import mlflow_status
 from tandem.place.run.files import Result, ShimInfo, Usage, load, read_json, write_json
 from tandem.place.run.proctrack import host_id, same_process
 
@@ -54,11 +55,6 @@ def idle_exit_s() -> float:
         return float(os.environ.get("TANDEM_TRACKING_IDLE_S", IDLE_EXIT_S))
     except ValueError:
         return IDLE_EXIT_S
-
-
-def mlflow_status(state: str) -> str:
-    """The MLflow run status of a job state."""
-    return {"succeeded": "FINISHED", "cancelled": "KILLED"}.get(state, "FAILED")
 
 
 def daemon_gone(state_dir: Path, q: Path, parent: int) -> bool:
