@@ -41,7 +41,7 @@ import psutil
 from tandem.place.config import DaemonConfig
 from tandem.place.sim.live_replay import replay_live
 from tandem.place.sim.replay import compare, run_simulations, write_report
-from tandem.place.sim.trace import TraceJob, read_trace
+from tandem.place.sim.trace import TraceJob, read_trace, trace_job
 
 ROOT = Path(__file__).resolve().parent
 JOB = [sys.executable, "-m", "tandem.bench.place_job"]
@@ -86,7 +86,7 @@ def build_trace(quick: bool, workdir: Path) -> list[TraceJob]:
             cmd += ["--oom-once", str(workdir / "oom-marker-{policy}")]
         cpus = {"wait": 0.25, "cpu": 1.0, "over": 1.0, "oom": 0.25}[kind]
         jobs.append(
-            TraceJob(
+            trace_job(
                 offset_s=float(slot),
                 name=f"{kind}-{slot:02d}",
                 command=shlex.join(cmd),
@@ -105,7 +105,13 @@ def build_trace(quick: bool, workdir: Path) -> list[TraceJob]:
 def with_policy(jobs: list[TraceJob], policy: str) -> list[TraceJob]:
     import dataclasses
 
-    return [dataclasses.replace(j, command=j.command.replace("{policy}", policy)) for j in jobs]
+    return [
+        dataclasses.replace(
+            j,
+            spec=dataclasses.replace(j.spec, command=[a.replace("{policy}", policy) for a in j.spec.command]),
+        )
+        for j in jobs
+    ]
 
 
 def main() -> int:

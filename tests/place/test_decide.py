@@ -22,7 +22,7 @@ from tandem.place.resources import Reservation, Resources
 from tandem.place.scheduler import Placement, plan
 from tandem.place.sim.simrun import SimRun, gpu_reading, uuid_of
 from tandem.place.sim.simulate import SlowdownModel, _Sim, simulate
-from tandem.place.sim.trace import TraceJob
+from tandem.place.sim.trace import TraceJob, trace_job
 from tandem.place.state import State
 from tandem.units import GiB
 
@@ -32,7 +32,7 @@ T = 200.0  # the clock at the pass (the jobs were submitted at 0: none starves y
 def _job(
     name: str, cpus: float, mem: int = GiB, gpus: int = 0, gpu_mem: int | None = None, **kw: Any
 ) -> TraceJob:
-    return TraceJob(0.0, name, f"python {name}.py", cpus, mem, gpus, gpu_mem, 600.0, 0.5, **kw)
+    return trace_job(0.0, name, f"python {name}.py", cpus, mem, gpus, gpu_mem, 600.0, 0.5, **kw)
 
 
 TRACE = [
@@ -85,7 +85,7 @@ class _NoProducers:
 
 def _running(t: TraceJob, cpu: Measuring, ram: int) -> Reservation:
     """What a running job of the trace reserves: its cores as learnt, its given GPU memory."""
-    return Reservation(Resources(cpu.cores, ram, t.gpus, t.gpu_mem or 0, t.gpu_share or 0))
+    return Reservation(Resources(cpu.cores, ram, t.gpus, t.spec.gpu_mem or 0, t.spec.gpu_share or 0))
 
 
 def _learnt() -> Startup:
@@ -101,7 +101,9 @@ def _simulator() -> _Sim:
         if job.id in RUNNING_IDS:
             t, rec = job.trace, job.job
             cpu = Measuring(rec, sim.startup.learned)
-            r = _running(t, cpu, rec.mem or int(t.mem * (1 + MEM_MARGIN)))  # the simulator's RAM: its use
+            r = _running(
+                t, cpu, rec.mem or int(t.spec.mem * (1 + MEM_MARGIN))
+            )  # the simulator's RAM: its use
             p = Placement(job.id, (0,) if t.gpus else (), r, False, False)
             run = SimRun(rec, t, p, T - 100, T - 70, r, 600.0, t.true_gpu_mem, cpu)
             run.samples, run.cpus_used, job.state = 30, 0.5, RUNNING
@@ -159,7 +161,7 @@ def test_the_simulator_probes_a_new_key_then_starts_the_alike_jobs_at_its_measur
     start-up, then its samples), the other two then start together at its figure; a job of
     the key submitted after they ended starts at once at what was learnt."""
     trace = [_job("sweep", 0.0) for _ in range(3)] + [_job("other", 0.0)]
-    trace.append(TraceJob(3000.0, "sweep", "python sweep.py", 0.0, GiB, 0, None, 60.0, 0.5))
+    trace.append(trace_job(3000.0, "sweep", "python sweep.py", 0.0, GiB, 0, None, 60.0, 0.5))
     result = simulate(trace, "packing", 0, cpus=8.0, mem=64 * GiB)
     start = {j.id: j.start for j in result.jobs}
     assert all(j.state == SUCCEEDED for j in result.jobs), result.jobs

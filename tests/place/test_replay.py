@@ -6,13 +6,13 @@ import json
 import sys
 from pathlib import Path
 
-from tandem.place.sim.trace import TraceJob, write_trace
+from tandem.place.sim.trace import trace_job, write_trace
 
 
 def test_replay_live_and_simulated(cli, tmp_path: Path) -> None:
     job = f"{sys.executable} -c 'import time; time.sleep(1)'"
     trace = [
-        TraceJob(
+        trace_job(
             offset_s=i * 0.2,
             name=f"j{i}",
             command=job,

@@ -13,7 +13,7 @@ import pytest
 from tandem.place.policies import POLICIES, Limits
 from tandem.place.sim.replay import compare, run_simulations, write_report
 from tandem.place.sim.simulate import AGGREGATE_KEYS, GPU_IDLE_W, GPU_MAX_W, SlowdownModel, simulate
-from tandem.place.sim.trace import GiB, TraceJob, sample_trace
+from tandem.place.sim.trace import GiB, TraceJob, sample_trace, trace_job
 
 MODEL = SlowdownModel()
 NO_SETTLE = Limits(settle_s=0)
@@ -30,7 +30,7 @@ def job(
     gpus: int = 1,
     cpus: float = 1.0,
 ) -> TraceJob:
-    return TraceJob(at, name, "", cpus, GiB, gpus, gpu_mem, duration, compute, "", priority, peak)
+    return trace_job(at, name, "", cpus, GiB, gpus, gpu_mem, duration, compute, "", priority, peak)
 
 
 def times(result) -> list[tuple[float | None, float | None]]:

@@ -15,12 +15,12 @@ from tandem.place.sim.trace import (
     KINDS,
     GiB,
     MiB,
-    TraceJob,
     kind_of,
     read_alibaba,
     read_philly,
     read_trace,
     sample_trace,
+    trace_job,
     write_trace,
 )
 
@@ -46,24 +46,30 @@ def test_reads_sizes_auto_and_optional_columns(tmp_path):
         "20,c,make data,1.5,512M,0,,60,1,cpu,,\n",
     )
     a, b, c = read_trace(path)
-    assert a == TraceJob(0.0, "a", "python train.py --lr 0.1", 2.0, 8 * GiB, 1, 4 * GiB, 300.0, 0.3, "light")
-    assert (b.offset_s, b.mem, b.gpu_mem, b.priority, b.peak_gpu_mem) == (12.5, GiB, None, 3, 9 * GiB)
+    assert a == trace_job(0.0, "a", "python train.py --lr 0.1", 2.0, 8 * GiB, 1, 4 * GiB, 300.0, 0.3, "light")
+    assert (b.offset_s, b.spec.mem, b.spec.gpu_mem, b.spec.priority, b.peak_gpu_mem) == (
+        12.5,
+        GiB,
+        None,
+        3,
+        9 * GiB,
+    )
     assert b.true_gpu_mem == 9 * GiB  # auto: what it reaches
     assert a.true_gpu_mem == 4 * GiB  # declared and reached
-    assert (c.gpus, c.gpu_mem, c.mem) == (0, None, 512 * MiB)
+    assert (c.gpus, c.spec.gpu_mem, c.spec.mem) == (0, None, 512 * MiB)
 
 
 def test_optional_columns_may_be_absent(tmp_path):
     (job,) = read_trace(write(tmp_path, HEADER + "\n5,x,,1,1G,1,auto,10,0.5,heavy\n"))
-    assert (job.priority, job.peak_gpu_mem) == (0, None)
+    assert (job.spec.priority, job.peak_gpu_mem) == (0, None)
     assert job.true_gpu_mem == KINDS["heavy"].typical_gpu_mem()  # auto, no peak: its kind's typical size
 
 
 def test_round_trip(tmp_path):
     jobs = [
-        TraceJob(0.0, "a", "python -c 'print(1)'", 2.0, 8 * GiB, 1, None, 300.0, 0.3, "light", 2, 3 * GiB),
-        TraceJob(123456.7, "b", "", 0.5, 12345, 2, 1234567, 0.25, 0.125, "", -1, None),
-        TraceJob(123457.0, "c", "", 1.0, 0, 0, None, 1.0, 1.0, "cpu"),
+        trace_job(0.0, "a", "python -c 'print(1)'", 2.0, 8 * GiB, 1, None, 300.0, 0.3, "light", 2, 3 * GiB),
+        trace_job(123456.7, "b", "", 0.5, 12345, 2, 1234567, 0.25, 0.125, "", -1, None),
+        trace_job(123457.0, "c", "", 1.0, 0, 0, None, 1.0, 1.0, "cpu"),
     ]
     path = tmp_path / "rt.csv"
     write_trace(jobs, path)
@@ -173,8 +179,8 @@ def test_read_philly(tmp_path):
     for j in jobs:  # memory and compute come from the modelled mix
         kind = KINDS[j.kind]
         assert kind.compute[0] <= j.compute <= kind.compute[1]
-        assert kind.gpu_mem_gib[0] * GiB <= j.gpu_mem <= kind.gpu_mem_gib[1] * GiB
-        assert j.cpus == kind.reserves.cores * j.gpus
+        assert kind.gpu_mem_gib[0] * GiB <= j.spec.gpu_mem <= kind.gpu_mem_gib[1] * GiB
+        assert j.spec.cpus == kind.reserves.cores * j.gpus
     assert read_philly(path) == jobs  # seeded
     assert [j.name for j in read_philly(path, limit=2)] == ["application_1", "application_2"]
 
@@ -203,12 +209,12 @@ def test_read_alibaba(tmp_path):
     assert [j.name for j in jobs] == ["openb-pod-0017", "openb-pod-0022", "openb-pod-0035", "openb-pod-0048"]
     big, share, spec, cpu = jobs
     assert big.offset_s == 0.0 and share.offset_s == 9679175 - 9437497
-    assert (big.cpus, big.mem, big.gpus, big.compute) == (88.0, 327680 * MiB, 8, 1.0)
+    assert (big.spec.cpus, big.spec.mem, big.gpus, big.compute) == (88.0, 327680 * MiB, 8, 1.0)
     assert big.duration_s == 10769854 - 9437497
-    assert big.gpu_mem == ALIBABA_GPU_MEM and big.kind == "heavy"
-    assert (share.compute, share.gpu_mem, share.kind) == (0.22, int(0.22 * ALIBABA_GPU_MEM), "light")
+    assert big.spec.gpu_mem == ALIBABA_GPU_MEM and big.kind == "heavy"
+    assert (share.compute, share.spec.gpu_mem, share.kind) == (0.22, int(0.22 * ALIBABA_GPU_MEM), "light")
     assert spec.duration_s == 9968575 - 9967063 and spec.compute == 0.46
-    assert (cpu.gpus, cpu.gpu_mem, cpu.compute, cpu.kind) == (0, None, 1.0, "cpu")
+    assert (cpu.gpus, cpu.spec.gpu_mem, cpu.compute, cpu.kind) == (0, None, 1.0, "cpu")
     assert [j.name for j in read_alibaba(path, limit=1)] == ["openb-pod-0017"]
 
 
@@ -232,10 +238,10 @@ def test_sample_trace_mix_and_ranges():
         assert abs(share - kind.share) <= 0.10, (name, share)
     for j in jobs:
         kind = KINDS[j.kind]
-        assert kind.gpu_mem_gib[0] * GiB <= j.gpu_mem <= kind.gpu_mem_gib[1] * GiB
+        assert kind.gpu_mem_gib[0] * GiB <= j.spec.gpu_mem <= kind.gpu_mem_gib[1] * GiB
         assert kind.compute[0] <= j.compute <= kind.compute[1]
         assert kind.duration_s[0] <= j.duration_s <= kind.duration_s[1]
-        assert j.gpus == 1 and j.command == ""
+        assert j.gpus == 1 and j.spec.command == []
     offsets = [j.offset_s for j in jobs]
     assert offsets[0] == 0.0 and offsets == sorted(offsets)
     assert 0.5 * 100 < offsets[-1] / 59 < 2 * 100  # exponential gaps of mean ~100 s

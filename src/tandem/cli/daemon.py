@@ -416,7 +416,7 @@ def replay(
         )
         kind = "simulated"
     else:
-        if any(not j.command for j in jobs):
+        if any(not j.spec.command for j in jobs):
             raise click.UsageError(f"{trace_path} has jobs without a command: add --simulate to simulate it")
         from tandem.place.sim.live_replay import replay_live
 

@@ -12,10 +12,10 @@ Energy is estimated from the jobs' CPU-seconds (``watch``'s watts per core), and
 from __future__ import annotations
 
 import os
-import shlex
 import statistics
 import threading
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -24,7 +24,7 @@ import psutil
 from tandem.place import protocol
 from tandem.place.client import request, start_daemon, submit
 from tandem.place.config import DaemonConfig
-from tandem.place.model import FINAL_STATES, JobSpec
+from tandem.place.model import FINAL_STATES
 from tandem.place.sim.trace import TraceJob
 from tandem.place.state import StateReader, private_dir
 from tandem.place.views import job_json
@@ -74,17 +74,7 @@ def replay_live(
             delay = t0 + job.offset_s - time.time()
             if delay > 0:
                 time.sleep(delay)
-            spec = JobSpec(
-                shlex.split(job.command),
-                name=job.name,
-                cpus=job.cpus,
-                mem=job.mem,
-                gpus=job.gpus,
-                gpu_mem=job.gpu_mem,
-                priority=job.priority,
-                env=env,
-                cwd=str(workdir),
-            )
+            spec = replace(job.spec, gpus=job.gpus, env=env, cwd=str(workdir))
             ids[submit(state_dir, spec).id] = job
         state = StateReader(state_dir)
         deadline = time.monotonic() + timeout

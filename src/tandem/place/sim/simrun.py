@@ -54,17 +54,9 @@ def record(n: int, t: TraceJob) -> Job:
     """A trace's job as the daemon stores it once submitted."""
     args = command_args(t)
     return Job(
-        command=args,
-        name=t.name or None,
-        cpus=t.cpus,
-        mem=t.mem,
-        gpus=t.gpus,
-        gpu_mem=t.gpu_mem,
-        gpu_share=t.gpu_share,
-        priority=t.priority,
-        retries=RETRIES,
+        **dict(t.spec.to_dict(), command=args, gpus=t.gpus, retries=RETRIES),
         id=n,
-        job_key=job_key(t.name or None, args),
+        job_key=job_key(t.spec.name, args),
         submitted=t.offset_s,
     )
 

@@ -262,7 +262,7 @@ class _Sim:
         # RAM of --mem auto is raised to its use at once (the daemon raises it to the measured
         # peak as that grows: the trace's RAM is its use from the start).
         reserved = p.reservation
-        used_ram = int(job.trace.mem * (1 + MEM_MARGIN))
+        used_ram = int(job.trace.spec.mem * (1 + MEM_MARGIN))
         if not job.job.mem and used_ram > reserved.resources.ram:
             reserved = reserved.measured(ram=used_ram, why="measured, this run")
         run = SimRun(
@@ -342,7 +342,7 @@ class _Sim:
         # What the daemon records of its run (tandem.place.attempts): its peaks.
         old = self.peaks.get(key, Peak())
         self.peaks[key] = Peak(
-            max(old.peak_mem or 0, r.trace.mem) or None,
+            max(old.peak_mem or 0, r.trace.spec.mem) or None,
             max(old.peak_gpu_mem or 0, r.peak if r.gpus else 0) or None,
         )
         if how == SUCCEEDED:
@@ -358,7 +358,7 @@ class _Sim:
             RETRIES,
             job.job.escalation,
             job.job.gpu_mem,
-            job.trace.mem,
+            job.trace.spec.mem,
             r.peak,
             None,
             self.limits.gpu_mem_margin,

@@ -36,7 +36,7 @@ from typing import Any
 
 import numpy as np
 
-from tandem.place.model import parse_size
+from tandem.place.model import JobSpec, parse_size
 from tandem.place.resources import Resources
 from tandem.units import GiB, MiB, exact_size
 
@@ -80,24 +80,27 @@ KINDS: dict[str, Kind] = {
 
 @dataclass(frozen=True)
 class TraceJob:
-    """One job of a trace. Sizes are bytes; ``gpu_mem`` is per GPU, None for ``auto`` (the
-    daemon probes it); ``peak_gpu_mem`` is what the job really reaches per GPU when that is
-    not ``gpu_mem``. ``compute`` is the fraction of a GPU's SMs the job keeps busy alone (for
-    a CPU-only job, the fraction of each of its cores); ``duration_s`` its run time alone."""
+    """One job of a trace: when it arrives (``offset_s``, seconds after the first), what is
+    submitted (``spec``: its command, name and request, the one record ``tandem submit``
+    makes: ``cpus`` 0 and ``gpu_mem`` None are ``auto``, sizes are bytes, GPU memory per
+    GPU), and how it behaves: ``duration_s`` its run time alone, ``compute`` the fraction of
+    a GPU's SMs it keeps busy alone (for a CPU-only job, the fraction of each of its cores),
+    ``peak_gpu_mem`` what it really reaches per GPU when that is not what it asks for."""
 
     offset_s: float
-    name: str
-    command: str
-    cpus: float
-    mem: int
-    gpus: int
-    gpu_mem: int | None
+    spec: JobSpec
     duration_s: float
     compute: float
     kind: str = ""
-    priority: int = 0
     peak_gpu_mem: int | None = None
-    gpu_share: int | None = None  # its declared share of a GPU's compute, percent (--gpu-share)
+
+    @property
+    def name(self) -> str:
+        return self.spec.name or ""
+
+    @property
+    def gpus(self) -> int:
+        return self.spec.gpus or 0
 
     @property
     def cores_used(self) -> float:
@@ -106,7 +109,7 @@ class TraceJob:
         ``auto``, 0); a GPU job's own CPU use (data loading) is not modelled."""
         if self.gpus:
             return 0.0
-        cores = self.cpus or (KINDS[self.kind].reserves.cores if self.kind in KINDS else 1.0)
+        cores = self.spec.cpus or (KINDS[self.kind].reserves.cores if self.kind in KINDS else 1.0)
         return cores * self.compute
 
     @property
@@ -115,9 +118,39 @@ class TraceJob:
         it declares, else (``auto`` with no peak given) the typical size of its kind."""
         if self.peak_gpu_mem is not None:
             return self.peak_gpu_mem
-        if self.gpu_mem is not None:
-            return self.gpu_mem
+        if self.spec.gpu_mem is not None:
+            return self.spec.gpu_mem
         return KINDS.get(self.kind, KINDS["medium"]).typical_gpu_mem()
+
+
+def trace_job(
+    offset_s: float,
+    name: str,
+    command: str,
+    cpus: float,
+    mem: int,
+    gpus: int,
+    gpu_mem: int | None,
+    duration_s: float,
+    compute: float,
+    kind: str = "",
+    priority: int = 0,
+    peak_gpu_mem: int | None = None,
+    gpu_share: int | None = None,
+) -> TraceJob:
+    """A trace's job from its CSV columns, in their order (:data:`COLUMNS`, then
+    :data:`OPTIONAL_COLUMNS`): the command as one shell line, ``cpus`` 0 for ``auto``."""
+    spec = JobSpec(
+        shlex.split(command),
+        name=name or None,
+        cpus=cpus,
+        mem=mem,
+        gpus=gpus,
+        gpu_mem=gpu_mem,
+        gpu_share=gpu_share,
+        priority=priority,
+    )
+    return TraceJob(offset_s, spec, duration_s, compute, kind, peak_gpu_mem)
 
 
 # --- tandem's CSV ---------------------------------------------------------------------------------
@@ -177,7 +210,7 @@ def _row(row: dict[str, Any], where: str) -> TraceJob:
     duration = field("duration_s", number(0))
     if duration <= 0:
         raise ValueError(f"{where}, column 'duration_s': the run time must be above 0")
-    return TraceJob(
+    return trace_job(
         offset_s=field("offset_s", number(0)),
         name=(row.get("name") or "").strip(),
         command=(row.get("command") or "").strip(),
@@ -204,17 +237,17 @@ def write_trace(jobs: Iterable[TraceJob], path: str | Path) -> None:
                 [
                     _num(j.offset_s),
                     j.name,
-                    j.command,
-                    _num(j.cpus),
-                    exact_size(j.mem),
+                    shlex.join(j.spec.command),
+                    _num(j.spec.cpus),
+                    exact_size(j.spec.mem),
                     j.gpus,
-                    "auto" if j.gpu_mem is None else exact_size(j.gpu_mem),
+                    "auto" if j.spec.gpu_mem is None else exact_size(j.spec.gpu_mem),
                     _num(j.duration_s),
                     _num(j.compute),
                     j.kind,
-                    j.priority,
+                    j.spec.priority,
                     "" if j.peak_gpu_mem is None else exact_size(j.peak_gpu_mem),
-                    "" if j.gpu_share is None else j.gpu_share,
+                    "" if j.spec.gpu_share is None else j.spec.gpu_share,
                 ]
             )
 
@@ -267,7 +300,7 @@ def sample_trace(n: int = 60, seed: int = 0, mean_gap_s: float = PHILLY_MEAN_GAP
             offset += round(float(gaps[i]), 1)
         drawn = _draw(kind, rng)
         jobs.append(
-            TraceJob(offset_s=round(offset, 1), name=f"{kind.name}-{i:03d}", command="", gpus=1, **drawn)
+            trace_job(offset_s=round(offset, 1), name=f"{kind.name}-{i:03d}", command="", gpus=1, **drawn)
         )
     return jobs
 
@@ -320,9 +353,8 @@ def read_philly(path: str | Path, limit: int | None = None, seed: int = 0) -> li
         kind = kinds[rng.choice(len(kinds), p=[k.share for k in kinds])]
         drawn = _draw(kind, rng)
         drawn.update(duration_s=duration, cpus=kind.reserves.cores * gpus, mem=drawn["mem"] * gpus)
-        jobs.append(
-            TraceJob(offset_s=(submitted - first).total_seconds(), name=jobid, command="", gpus=gpus, **drawn)
-        )
+        offset = (submitted - first).total_seconds()
+        jobs.append(trace_job(offset_s=offset, name=jobid, command="", gpus=gpus, **drawn))
     return jobs
 
 
@@ -383,7 +415,7 @@ def read_alibaba(
             gpus = int(values["num_gpu"])
             compute = min(1.0, values["gpu_milli"] / 1000) if gpus else 1.0
             gpu_mem = max(GiB, int(gpu_mem_per_gpu * compute)) if gpus else None
-            job = TraceJob(
+            job = trace_job(
                 offset_s=values["creation_time"],  # made relative below
                 name=row["name"],
                 command="",
@@ -419,4 +451,4 @@ def _shifted(job: TraceJob, offset: float) -> TraceJob:
 
 def command_args(job: TraceJob) -> list[str]:
     """The job's command line as arguments (empty for a simulate-only trace)."""
-    return shlex.split(job.command)
+    return list(job.spec.command)
