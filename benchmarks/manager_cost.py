@@ -103,8 +103,8 @@ def cmdline(pid: int) -> list[str]:
 
 ROLES = (
     ("tandem.place.daemon", "daemon"),
-    ("tandem.place.run.shim", "supervisor"),
-    ("tandem.place.run.tracking", "mlflow helper"),
+    ("tandem.place.run.supervisor.shim", "supervisor"),
+    ("tandem.place.run.metrics.tracking", "mlflow helper"),
     ("serve-spec", "producer"),
 )
 
@@ -289,7 +289,7 @@ def sweep(work: Path, env: dict[str, str], block: str) -> dict:
 
 
 def account(run: dict) -> dict:
-    from tandem.place.run.files import read_json
+    from tandem.place.run.supervisor.files import read_json
 
     procs: list[Proc] = run["procs"]
     everything = sum(p.total for p in procs if p.total is not None)

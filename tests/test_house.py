@@ -104,6 +104,62 @@ def test_no_import_cycle_between_packages_lazy_imports_included(depth: int) -> N
     assert cycle is None, "an import cycle: " + " -> ".join(cycle or [])
 
 
+def _doors(path: Path) -> tuple[str, ...] | None:
+    """What a package may import outside itself, from the ``Doors:`` paragraph of its
+    ``__init__`` docstring (modules or packages, comma-separated); None where it has none."""
+    doc = ast.get_docstring(ast.parse(path.read_text())) or ""
+    found = re.search(r"^Doors:(.*?)(?:\n\s*\n|\Z)", doc, re.M | re.S)
+    if found is None:
+        return None
+    return tuple(d.strip().rstrip(".") for d in found.group(1).replace("\n", " ").split(",") if d.strip())
+
+
+def _inside(module: str, package: str) -> bool:
+    return module == package or module.startswith(package + ".")
+
+
+def test_each_of_runs_processes_is_a_subpackage_that_declares_its_doors() -> None:
+    modules = _modules()
+    run = [m for m, p in modules.items() if _inside(m, "tandem.place.run") and p.name == "__init__.py"]
+    assert {m.rpartition(".")[2] for m in run if m != "tandem.place.run"} == {
+        "supervisor", "launchers", "metrics", "services",
+    }  # fmt: skip
+    loose = [
+        m
+        for m, p in modules.items()
+        if m.rpartition(".")[0] == "tandem.place.run" and p.name != "__init__.py"
+    ]
+    assert not loose, f"a module of run/ outside its process's subpackage: {loose}"
+    undeclared = [m for m in run if _doors(modules[m]) is None]
+    assert not undeclared, f"no Doors: paragraph in the docstring of {undeclared}"
+
+
+def test_no_import_goes_around_a_packages_declared_doors() -> None:
+    """A module of a package with a ``Doors:`` paragraph (the innermost such package it is in)
+    imports only its own package and those doors (lazy imports and imports for types too);
+    a supervisor, say, never reaches the daemon, its client or its decisions."""
+    modules = _modules()
+    declared = {m: d for m, p in modules.items() if p.name == "__init__.py" and (d := _doors(p)) is not None}
+    unknown = [f"{m}: {d}" for m, ds in declared.items() for d in ds if d not in modules]
+    assert not unknown, f"a door that is no module: {unknown}"
+    around = []
+    for name, path in modules.items():
+        owners = [p for p in declared if _inside(name, p)]
+        if not owners:
+            continue
+        owner = max(owners, key=len)
+        doors = declared[owner]
+        for target in sorted(_imports(name, path)):
+            if (
+                _inside(target, owner)
+                or any(_inside(target, d) for d in doors)
+                or any(_inside(d, target) for d in doors)  # a package on the way to a door
+            ):
+                continue
+            around.append(f"{name} imports {target} (doors of {owner}: {', '.join(doors)})")
+    assert not around, "\n".join(around)
+
+
 def test_request_handlers_do_not_import_the_daemon() -> None:
     """A handler returns what it changed and the daemon sets its own flags: requests.py
     reaches none of the daemon (no import, lazy or for types)."""

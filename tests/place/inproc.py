@@ -6,9 +6,9 @@ supervisor, job or daemon process is started, and no test waits on a wall clock.
 
 - :class:`FakeClock` stands in for the ``time`` module of the daemon's modules (``time()``
   and ``monotonic()`` move only when the test advances them; a ``sleep`` advances them);
-- :class:`FakeLauncher` is the daemon's :class:`~tandem.place.run.launch.Launcher`: an attempt
+- :class:`FakeLauncher` is the daemon's :class:`~tandem.place.run.launchers.launch.Launcher`: an attempt
   "runs" until the test (or the script it was given) ends it with an exit code and a log
-  tail, classified by the supervisor's own :func:`~tandem.place.run.failures.classify`; while
+  tail, classified by the supervisor's own :func:`~tandem.place.run.supervisor.failures.classify`; while
   it runs it reports the cores and memory the test says it uses (``usage.json``, as a
   supervisor writes it), and the host's measured use is what the running attempts use plus
   what the test says runs outside;
@@ -34,10 +34,10 @@ import psutil
 from click.testing import CliRunner
 
 from tandem.place.model import Capacity
-from tandem.place.run.failures import classify
-from tandem.place.run.files import Result, ShimInfo, Usage, save
-from tandem.place.run.launch import Launch, Launched
-from tandem.place.run.proctrack import host_id
+from tandem.place.run.launchers.launch import Launch, Launched
+from tandem.place.run.supervisor.failures import classify
+from tandem.place.run.supervisor.files import Result, ShimInfo, Usage, save
+from tandem.place.run.supervisor.proctrack import host_id
 
 # The daemon's modules that read the clock: their ``time`` is the fake one in a test.
 CLOCKED = (
@@ -250,7 +250,8 @@ class InProc:
         # whose own cgroup must not be reweighed): supervisor pid -> weight.
         self.weights: dict[int, float] = {}
         monkeypatch.setattr(
-            "tandem.place.run.weights.set_weight", lambda pid, w: self.weights.update({pid: w}) or True
+            "tandem.place.run.supervisor.weights.set_weight",
+            lambda pid, w: self.weights.update({pid: w}) or True,
         )
         # The daemon's own launcher is the fake one (a local daemon makes a LocalLauncher).
         monkeypatch.setattr("tandem.place.daemon.LocalLauncher", lambda: self.launcher)

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from tandem.place.resources import Cap
-from tandem.place.run import cgroups, failures
+from tandem.place.run.supervisor import cgroups, failures
 
 GIB = 1 << 30
 

@@ -17,7 +17,7 @@ import pytest
 
 from tandem import _ipc
 from tandem.place import diskwait, protocol
-from tandem.place.run.files import AttemptSpec, save
+from tandem.place.run.supervisor.files import AttemptSpec, save
 from tests.place.test_robust import _wait_for, queued_behind_a_blocker, small_disk  # noqa: F401 (a fixture)
 from tests.timing import scaled
 
@@ -77,7 +77,7 @@ def test_a_supervisor_whose_first_write_fails_puts_its_job_back_unstarted(
     try:
         assert diskwait.probe(small_disk) is not None  # the disk refuses writes
         shim = subprocess.run(
-            [sys.executable, "-m", "tandem.place.run.shim", str(adir)],
+            [sys.executable, "-m", "tandem.place.run.supervisor.shim", str(adir)],
             capture_output=True,
             text=True,
             timeout=scaled(60),

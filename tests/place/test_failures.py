@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from tandem.place.run.failures import (
+from tandem.place.run.supervisor.failures import (
     KINDS,
     Ending,
     cgroup_dir,
@@ -22,7 +22,7 @@ from tandem.place.run.failures import (
     oom_kill_count,
     read_tail,
 )
-from tandem.place.run.failures import _kill_line as kill_line
+from tandem.place.run.supervisor.failures import _kill_line as kill_line
 
 # --- real messages, as the frameworks print them --------------------------------------------
 

@@ -1,4 +1,4 @@
-"""A supervisor's fence (tandem.place.run.fence), in this process with its delay shortened:
+"""A supervisor's fence (tandem.place.run.supervisor.fence), in this process with its delay shortened:
 it signals its process (as if the supervisor's actor had died) only when its heartbeat
 cannot be written *and* the Ray head does not answer; a node that lost only one of the two
 is left running. The fence of a real supervisor on a node cut off from both is in
@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from tandem.place.run import fence
-from tandem.place.run.files import ORPHAN_SIGNAL
+from tandem.place.run.supervisor import fence
+from tandem.place.run.supervisor.files import ORPHAN_SIGNAL
 from tests.timing import until
 
 

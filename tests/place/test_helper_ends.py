@@ -100,7 +100,7 @@ def test_a_daemon_killed_while_its_job_runs_leaves_no_helper_once_the_job_ends(c
 def test_with_its_daemon_serving_the_helper_ends_after_its_idle_time_and_comes_back(cli: Cli) -> None:
     """``TANDEM_TRACKING_IDLE_S`` (default 60 s) with nothing open: it ends; the next job
     starts another, whose run is made as the first's."""
-    from tandem.place.run.tracking_ends import IDLE_EXIT_S
+    from tandem.place.run.metrics.tracking_ends import IDLE_EXIT_S
 
     assert IDLE_EXIT_S <= 60, "the default meets the minute"
     cli.env["TANDEM_TRACKING_IDLE_S"] = "2"

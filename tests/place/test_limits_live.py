@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from tandem.place.run.cgroups import Cgroups
+from tandem.place.run.supervisor.cgroups import Cgroups
 from tests.place.conftest import TANDEM, Cli
 from tests.place.test_daemon import FAST
 from tests.timing import scaled, until

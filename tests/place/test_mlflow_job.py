@@ -17,7 +17,7 @@ import sys
 import time
 from pathlib import Path
 
-from tandem.place.run.files import AttemptSpec, Result, RunRef, load, save
+from tandem.place.run.supervisor.files import AttemptSpec, Result, RunRef, load, save
 from tests.place.conftest import Cli
 from tests.timing import scaled
 
@@ -104,7 +104,7 @@ def _shim(adir: Path, command: list[str], cwd: Path, env: dict[str, str]) -> sub
     adir.mkdir()
     spec = AttemptSpec(command, str(cwd), env, job_id=1, attempt=1, track=False, mlflow_env=True)
     save(adir, spec)
-    return subprocess.Popen([sys.executable, "-m", "tandem.place.run.shim", str(adir)])
+    return subprocess.Popen([sys.executable, "-m", "tandem.place.run.supervisor.shim", str(adir)])
 
 
 def _catches_sigterm(pid: int) -> bool:

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from tandem.place.run.mps import (
+from tandem.place.run.services.mps import (
     MAX_SOCKET_PATH,
     MpsDirs,
     MpsManager,

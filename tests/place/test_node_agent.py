@@ -1,4 +1,4 @@
-"""A Ray node measured where it is: its agent (:class:`~tandem.place.run.ray_backend.NodeAgent`,
+"""A Ray node measured where it is: its agent (:class:`~tandem.place.run.launchers.ray_backend.NodeAgent`,
 here run in this process with NVML answering as the recorded H100 host of
 :mod:`tests.watch.test_nvml`) samples its host and GPUs; the daemon's
 :class:`~tandem.place.devices.Monitor` keeps each node's last sample and answers for the
@@ -14,7 +14,7 @@ import pytest
 from tandem.place.devices import STALE_S, GpuSample, Monitor, NodeSample
 from tandem.place.model import Capacity, GpuInfo, NodeInfo
 from tandem.place.resources import Resources
-from tandem.place.run.ray_backend import NodeAgent
+from tandem.place.run.launchers.ray_backend import NodeAgent
 from tests.watch.test_nvml import FakeNvml
 
 GiB = 1 << 30

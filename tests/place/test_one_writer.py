@@ -165,7 +165,7 @@ def test_a_replaced_database_and_a_dead_or_foreign_daemon_are_told_apart(tmp_pat
     """What a reader concludes from ``daemon.json``: only a live process of this user, started
     when it says, is the daemon; the file it serves must be the one there."""
     from tandem.place.identity import StateLost, file_id
-    from tandem.place.run.proctrack import create_time
+    from tandem.place.run.supervisor.proctrack import create_time
     from tandem.place.state import State, StateReader
 
     d = tmp_path / "s"
@@ -191,12 +191,18 @@ def test_a_replaced_database_and_a_dead_or_foreign_daemon_are_told_apart(tmp_pat
 
 
 def test_a_supervisor_is_found_by_its_user_and_start_time_not_its_command_line(tmp_path: Path) -> None:
-    from tandem.place.run.proctrack import supervisor_runs
+    from tandem.place.run.supervisor.proctrack import supervisor_runs
 
     folder = tmp_path / "jobs" / "1" / "1.abc"
     folder.mkdir(parents=True)
     recorded = time.time()
-    looks_like = ["sh", "-c", "sleep 60; :", "tandem.place.run.shim", str(folder)]  # as a supervisor's shows
+    looks_like = [
+        "sh",
+        "-c",
+        "sleep 60; :",
+        "tandem.place.run.supervisor.shim",
+        str(folder),
+    ]  # as a supervisor's shows
     mine = subprocess.Popen(looks_like)
     try:
         assert until(lambda: supervisor_runs(folder, recorded), 10, "found")

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import psutil
 
-from tandem.place.run.files import ORPHAN_PARENT, AttemptSpec, Result, Started, load, save
+from tandem.place.run.supervisor.files import ORPHAN_PARENT, AttemptSpec, Result, Started, load, save
 from tests.timing import until
 
 # The actor's part: start the supervisor in a session of its own, naming itself, then wait.
@@ -20,7 +20,7 @@ ACTOR = (
     "import os, subprocess, sys, time\n"
     f"env = dict(os.environ, {ORPHAN_PARENT}=str(os.getpid()))\n"
     "log = open(sys.argv[1] + '/shim.log', 'ab')\n"
-    "subprocess.Popen([sys.executable, '-m', 'tandem.place.run.shim', sys.argv[1]], env=env,\n"
+    "subprocess.Popen([sys.executable, '-m', 'tandem.place.run.supervisor.shim', sys.argv[1]], env=env,\n"
     "                 stdout=log, stderr=log, start_new_session=True)\n"
     "time.sleep(600)\n"
 )

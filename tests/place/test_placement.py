@@ -166,7 +166,7 @@ def test_a_probe_that_settles_is_written_whole_and_a_new_daemon_adopts_it_typed(
     from tandem.place.config import DaemonConfig
     from tandem.place.devices import Monitor
     from tandem.place.model import Capacity, GpuInfo
-    from tandem.place.run.launch import LocalLauncher
+    from tandem.place.run.launchers.launch import LocalLauncher
 
     capacity = Capacity(Resources(2.0, 1 << 30), (GpuInfo(0, "GPU-a", 8 << 30),))
     config = DaemonConfig(track=False)
@@ -228,7 +228,7 @@ def test_a_restarted_daemon_adopts_a_cpus_auto_job_at_its_recorded_reservation(t
     from tandem.place.devices import Monitor
     from tandem.place.model import Capacity
     from tandem.place.reserve import probing_keys
-    from tandem.place.run.launch import LocalLauncher
+    from tandem.place.run.launchers.launch import LocalLauncher
 
     capacity = Capacity(Resources(2.0, 4 << 30), ())
     state = State(tmp_path)

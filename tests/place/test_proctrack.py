@@ -1,4 +1,4 @@
-"""The supervisor's wait for its job (:func:`tandem.place.run.proctrack.wait_exit`): asleep
+"""The supervisor's wait for its job (:func:`tandem.place.run.supervisor.proctrack.wait_exit`): asleep
 until the job ends or a signal's handler says stop, woken at once by either."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from tandem.place.run.proctrack import wait_exit
+from tandem.place.run.supervisor.proctrack import wait_exit
 from tests.timing import scaled
 
 

@@ -201,7 +201,7 @@ def test_the_daemon_s_own_ray_head_outlives_it_and_the_next_daemon_follows_its_j
     head, its processes only, as does a switch to the local backend."""
     import json
 
-    from tandem.place.run import ray_head
+    from tandem.place.run.services import ray_head
 
     try:
         cli("daemon", "start", "--backend", "ray", *FAST, timeout=scaled(240))

@@ -169,8 +169,13 @@ def test_a_cancel_reaches_a_job_on_the_other_node_within_5_s(on_cluster: Cli) ->
     # A supervisor on the worker killed, no result written: its job ends lost, never stays running.
     (other, *_) = [i for i in ids if node_of(jobs[i]) == "worker" and i != remote]
     folder = str(cli.state / "jobs" / str(other))
-    (shim,) = [p for p in psutil.process_iter(["cmdline"]) if "tandem.place.run.shim" in " ".join(
-        p.info["cmdline"] or ()) and folder in " ".join(p.info["cmdline"] or ())]  # fmt: skip
+
+    def shims() -> list[psutil.Process]:
+        return [p for p in psutil.process_iter(["cmdline"]) if "tandem.place.run.supervisor.shim" in " ".join(
+            p.info["cmdline"] or ()) and folder in " ".join(p.info["cmdline"] or ())]  # fmt: skip
+
+    # "running" is said once its actor is asked to start it: the supervisor may come later.
+    (shim,) = until(shims, 60, lambda: f"no supervisor of job {other}: {cli('show', str(other)).stdout}")
     shim.kill()
     wait_for(lambda: cli.job(other)["state"] != "running", 60, lambda: cli("show", str(other)).stdout)
     job = cli.job(other)
@@ -420,7 +425,7 @@ def _sleeping(folder: str) -> bool:
 def _shim_of(folder: str) -> psutil.Process | None:
     for p in psutil.process_iter(["cmdline"]):
         line = " ".join(p.info["cmdline"] or ())
-        if "tandem.place.run.shim" in line and folder in line:
+        if "tandem.place.run.supervisor.shim" in line and folder in line:
             return p
     return None
 

@@ -15,7 +15,7 @@ from tandem.place.config import DaemonConfig
 from tandem.place.model import JobSpec
 from tandem.place.policies import Limits
 from tandem.place.resources import Cap, Resources
-from tandem.place.run.files import Result, Usage, load, save
+from tandem.place.run.supervisor.files import Result, Usage, load, save
 
 
 def test_jobspec_round_trip_and_problems() -> None:

@@ -44,7 +44,7 @@ def test_a_job_on_a_share_counts_its_producer(inproc, tmp_path, monkeypatch) -> 
     decodes beside it (measured: the one given 2 threads used 10.7 CPU-s, the others 6.9)."""
     import sys
 
-    from tandem.place.run.files import AttemptSpec, load
+    from tandem.place.run.supervisor.files import AttemptSpec, load
 
     for var in THREAD_VARS:
         monkeypatch.delenv(var, raising=False)

@@ -12,9 +12,9 @@ import sys
 import time
 from pathlib import Path
 
-from tandem.place.run import tracking_ends as ends
-from tandem.place.run.files import Result, ShimInfo, Usage, save, write_json
-from tandem.place.run.proctrack import create_time, host_id
+from tandem.place.run.metrics import tracking_ends as ends
+from tandem.place.run.supervisor.files import Result, ShimInfo, Usage, save, write_json
+from tandem.place.run.supervisor.proctrack import create_time, host_id
 
 
 def _attempt(tmp_path: Path) -> tuple[Path, dict]:

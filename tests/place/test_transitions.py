@@ -231,7 +231,7 @@ def test_a_full_disk_at_any_write_of_a_start_leaves_the_job_queued_then_run(
     import errno
 
     import tandem.place.attempts as attempts_module
-    from tandem.place.paths import disk_trouble
+    from tandem.place.run.supervisor.files import disk_trouble
     from tests.place.needs import placed
 
     state = State(tmp_path)

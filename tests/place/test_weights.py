@@ -13,14 +13,14 @@ from pathlib import Path
 
 import pytest
 
-from tandem.place.run import weights
+from tandem.place.run.supervisor import weights
 from tests.timing import scaled
 
 pytestmark = pytest.mark.skipif(not weights.available()[0], reason=weights.available()[1])
 
 _SUPERVISOR = """
 import sys, time
-from tandem.place.run import weights
+from tandem.place.run.supervisor import weights
 group = weights.enter(sys.argv[1], float(sys.argv[2]))
 print(group.path if group else "none", flush=True)
 sys.stdin.readline()  # the test looks, then lets it end
@@ -162,7 +162,7 @@ def test_the_mlflow_helper_forwards_at_a_tenth_of_a_jobs_weight(cli, tmp_path: P
     """The daemon's MLflow helper makes runs at START_WEIGHT (their jobs wait), then forwards
     samples in a cgroup that weighs a tenth of a job's: nice 10 alone counts only within the
     daemon's session where the kernel groups by session (autogroup). Its cgroup goes with it."""
-    from tandem.place.run import tracking
+    from tandem.place.run.metrics import tracking
 
     if weights._v1_parent() is None:  # the helper is weighted in a v1 cgroup only (else nice 10)
         pytest.skip("no writable v1 cpu cgroup")

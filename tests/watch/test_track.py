@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import subprocess
 import sys
-import time
 
 from mlflow.tracking import MlflowClient
 
+from tests.timing import until
 from tests.watch.test_run import find_run
 
 SCRIPT = """
@@ -21,6 +21,14 @@ with track(name={name!r}, tags={{"group": "t"}}, interval=0.2, store=None) as ru
     {extra}
 print("RUN", run.run_id)
 """
+
+
+def _status(store, name) -> str | None:
+    """The run's status in the store; None while it is not there."""
+    try:
+        return find_run(store, name).info.status
+    except AssertionError:
+        return None
 
 
 def _script(tmp_path, name, extra="pass"):
@@ -84,25 +92,24 @@ def test_unchanged_values_are_skipped_but_a_change_keeps_its_place():
 def test_a_killed_script_leaves_its_run_marked_killed(tmp_path):
     store = tmp_path / "mlflow.db"
     env = {"MLFLOW_TRACKING_URI": f"sqlite:///{store}", "PATH": "/usr/bin:/bin"}
-    script = _script(tmp_path, "killed", extra="time.sleep(60)")
+    script = _script(tmp_path, "killed", extra="open('looped', 'w').close(); time.sleep(600)")
     MlflowClient(f"sqlite:///{store}").search_experiments()  # create the tables before polling
     p = subprocess.Popen(
         [sys.executable, str(script)], env=env, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE
     )
     try:
-        time.sleep(6)  # inside the sleep after the loop, the run open
+        # Killed inside the sleep after the loop, with the run open in its store.
+        until(
+            lambda: (tmp_path / "looped").exists() and _status(store, "killed") == "RUNNING",
+            60,
+            "no run open",
+            every=0.5,
+        )
         p.kill()
         p.wait(30)
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                run = find_run(store, "killed")
-                if run.info.status != "RUNNING":
-                    break
-            except AssertionError:
-                pass
-            assert time.monotonic() < deadline, "the writer did not end the run"
-            time.sleep(0.5)
+        # The writer is niced (10): on a busy machine it gets a tenth of a core's share.
+        until(lambda: _status(store, "killed") != "RUNNING", 120, "the writer did not end the run", every=0.5)
+        run = find_run(store, "killed")
         assert run.info.status == "KILLED"
         assert run.data.metrics.get("system/process_tree/cpu_percent") is not None, "what was sampled is kept"
     finally:

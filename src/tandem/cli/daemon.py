@@ -233,8 +233,8 @@ def _config(options: dict[str, Any]) -> DaemonConfig:
 def daemon_stop(timeout: float) -> None:
     """Stop the daemon. Running jobs go on; the next daemon adopts them."""
     from tandem.place.client import daemon_pid, is_running
-    from tandem.place.run.tracking import helper_pid
-    from tandem.place.run.tracking_ends import open_runs
+    from tandem.place.run.metrics.tracking import helper_pid
+    from tandem.place.run.metrics.tracking_ends import open_runs
     from tandem.place.state import state_dir
 
     directory = state_dir()

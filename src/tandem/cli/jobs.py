@@ -242,7 +242,7 @@ def _unserved(jobs: list[Any]) -> str | None:
     their states are as last known (a running one may have ended since); else None."""
     if all(j.state in FINAL_STATES for j in jobs):
         return None
-    from tandem.place.run.files import DaemonFile
+    from tandem.place.run.supervisor.files import DaemonFile
     from tandem.place.state import state_dir
 
     directory = state_dir()

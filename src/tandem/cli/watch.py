@@ -417,7 +417,7 @@ def _stores() -> list[str]:
 
     stores = [absolute_uri(default_store_uri())]
     if os.path.lexists(state_dir_path()):  # none made here; one it may not use is refused
-        from tandem.place.run.tracking import manager_store
+        from tandem.place.run.metrics.tracking import manager_store
 
         manager = manager_store(state_dir())
         if manager not in stores:

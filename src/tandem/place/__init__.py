@@ -2,8 +2,8 @@
 
 ``tandem submit -- COMMAND`` queues a job; a daemon (started on first use) places jobs on
 the server's cores, RAM and GPUs with a policy (:mod:`tandem.place.policies`), runs each
-under a supervisor that outlives the daemon (:mod:`tandem.place.run.shim`), classifies how it
-ended (:mod:`tandem.place.run.failures`) and retries out-of-memory endings with escalating
+under a supervisor that outlives the daemon (:mod:`tandem.place.run.supervisor.shim`), classifies how it
+ended (:mod:`tandem.place.run.supervisor.failures`) and retries out-of-memory endings with escalating
 placements. State lives in SQLite (:mod:`tandem.place.state`).
 
 Rooms, each with a docstring of what it owns and may import:

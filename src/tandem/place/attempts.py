@@ -1,8 +1,8 @@
 """The running attempts as the daemon follows them: start, follow, finish, adopt.
 
 - **start**: the attempt is recorded before its supervisor starts (so no attempt runs
-  twice), its spec written (:class:`~tandem.place.run.files.AttemptSpec`), its MLflow run opened
-  (:mod:`tandem.place.run.tracking`; the supervisor starts the job once the run exists, and
+  twice), its spec written (:class:`~tandem.place.run.supervisor.files.AttemptSpec`), its MLflow run opened
+  (:mod:`tandem.place.run.metrics.tracking`; the supervisor starts the job once the run exists, and
   tells it the run's id), and the launcher starts the supervisor;
 - **follow** (each tick): the supervisor's ``usage.json`` (memory, pids), the job's GPU
   memory from NVML, when a probe has settled, and how it ended (``result.json``, or a
@@ -31,10 +31,10 @@ from tandem.place.records import AttemptPlacement
 from tandem.place.reserve import Learned, Measuring
 from tandem.place.resources import Reservation
 from tandem.place.retry import retry
-from tandem.place.run import tracking
-from tandem.place.run.files import AttemptSpec, Result, ShimInfo, Usage, load, save
-from tandem.place.run.launch import Launch, Launcher, stop_orphaned_job
-from tandem.place.run.proctrack import host_id, supervisor_runs
+from tandem.place.run.launchers.launch import Launch, Launcher, stop_orphaned_job
+from tandem.place.run.metrics import tracking
+from tandem.place.run.supervisor.files import AttemptSpec, Result, ShimInfo, Usage, load, save
+from tandem.place.run.supervisor.proctrack import host_id, supervisor_runs
 from tandem.place.scheduler import Placement
 from tandem.place.state import Attempt, Job, State
 

@@ -34,7 +34,7 @@ class DaemonError(Exception):
 def daemon_socket(state_dir: Path) -> Path:
     """Where the daemon of ``state_dir`` listens: as it wrote it in ``daemon.json`` (so a shell
     with another runtime directory, cron's, finds the same daemon), else where it would."""
-    from tandem.place.run.files import DaemonFile
+    from tandem.place.run.supervisor.files import DaemonFile
 
     info = DaemonFile.read(state_dir)
     if info is not None and info.socket and Path(info.socket).exists():
@@ -108,28 +108,6 @@ class DaemonRefused(DaemonError):
 
 class DaemonDiskFull(DaemonError):
     """The state's disk would not take the request's write (full, failing): nothing was done."""
-
-
-def tell_not_started(socket: str, job_id: int, attempt: int, why: str, within: float) -> bool:
-    """A supervisor's word that attempt ``attempt`` of job ``job_id`` never started its job
-    (:class:`~tandem.place.protocol.NotStarted`): over the daemon's socket (no disk needed),
-    again each second until the daemon has recorded it, for up to ``within`` seconds. Until
-    then the supervisor lives on, so that its attempt is never taken for one that died (lost).
-    Whether the daemon recorded it."""
-    deadline = time.monotonic() + within
-    report = protocol.NotStarted(job_id, attempt, why)
-    while True:
-        try:
-            request_at(Path(socket), report, timeout=10.0)
-            return True
-        except (DaemonNotRunning, DaemonTimeout, DaemonLost, DaemonDiskFull):
-            # Not there (restarting), or its disk refused the record: again. (Any other
-            # answer, an older daemon's "unknown request" say, will not change.)
-            if time.monotonic() > deadline:
-                return False
-            time.sleep(1.0)
-        except DaemonError:
-            return False
 
 
 def is_running(state_dir: Path) -> bool:
@@ -263,7 +241,7 @@ def ensure_daemon(state_dir: Path) -> None:
 
 def daemon_pid(state_dir: Path) -> int | None:
     """The pid the last daemon of ``state_dir`` wrote in ``daemon.json`` (None if unknown)."""
-    from tandem.place.run.files import DaemonFile
+    from tandem.place.run.supervisor.files import DaemonFile
 
     info = DaemonFile.read(state_dir)
     return None if info is None else info.pid

@@ -43,15 +43,15 @@ from tandem.place.devices import Monitor, Nvml, detect_capacity
 from tandem.place.diskwait import DiskWait
 from tandem.place.identity import StateMoved, keep_records, moved
 from tandem.place.model import Capacity, format_size
-from tandem.place.paths import RAY_TROUBLE, StateError, disk_trouble, private_dir
+from tandem.place.paths import RAY_TROUBLE, StateError, private_dir
 from tandem.place.policies import make_policy
 from tandem.place.producers import Producers
 from tandem.place.queue import WaitingJobs
 from tandem.place.requests import HANDLERS, Parts, failure
-from tandem.place.run import ray_head
-from tandem.place.run.files import DaemonFile
-from tandem.place.run.launch import LocalLauncher, RayLauncher, reap_children
-from tandem.place.run.proctrack import create_time
+from tandem.place.run.launchers.launch import LocalLauncher, RayLauncher, reap_children
+from tandem.place.run.services import ray_head
+from tandem.place.run.supervisor.files import DaemonFile, disk_trouble
+from tandem.place.run.supervisor.proctrack import create_time
 from tandem.place.scheduler import Placement, plan_nodes
 from tandem.place.starting import jobs_per_node, start_job
 from tandem.place.state import Job, State
@@ -89,7 +89,7 @@ class Daemon:
         self.policy = make_policy(config.policy)
         backend = None
         if config.backend == "ray":
-            from tandem.place.run.ray_backend import RayBackend
+            from tandem.place.run.launchers.ray_backend import RayBackend
 
             # Without an address: this machine's head of the daemon's own, which outlives it.
             if not config.address:  # its own head lets in only this user's processes
@@ -123,7 +123,7 @@ class Daemon:
         self._next_sample = 0.0
         self.tracker = None
         if config.track:
-            from tandem.place.run.tracking import daemon_tracker
+            from tandem.place.run.metrics.tracking import daemon_tracker
 
             self.tracker = daemon_tracker(state.dir, config.store)
         tracked = self.tracker is not None and not self.tracker.why_not
@@ -136,7 +136,7 @@ class Daemon:
         )
         self.mps = None
         if config.mps:
-            from tandem.place.run.mps import MpsManager
+            from tandem.place.run.services.mps import MpsManager
 
             self.mps = MpsManager(_ipc.runtime_dir())
         parts = (self.attempts, self.admission, self.producers, self.disk, self.launcher)  # what handlers use

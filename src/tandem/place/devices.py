@@ -1,7 +1,7 @@
 """What the daemon has and how busy it is: capacity at start, measurements every second.
 
 Capacity: the cores this process may run on (its CPU affinity, so a cpuset, and its
-cgroup's CPU quota), the RAM (the host's, or its cgroup's limit: :mod:`~tandem.place.run.cgroups`),
+cgroup's CPU quota), the RAM (the host's, or its cgroup's limit: :mod:`~tandem.place.run.supervisor.cgroups`),
 and the GPUs NVML lists (through ``watch``'s NVML code), each narrowed by the daemon's
 options: inside a container, a Slurm allocation or a systemd slice, what it was given.
 Measurements: the host's CPU use and free RAM (psutil; under a memory limit, what the limit
@@ -13,7 +13,7 @@ Without NVML (no driver, no nvidia-ml-py) there are no GPUs and the manager sche
 cores and RAM only.
 
 On a Ray cluster every node is measured where it is: an agent there (a
-:class:`~tandem.place.run.ray_backend.NodeAgent`) runs a :class:`Monitor` of its own and
+:class:`~tandem.place.run.launchers.ray_backend.NodeAgent`) runs a :class:`Monitor` of its own and
 hands its :meth:`Monitor.sample_of` to the daemon, whose Monitor keeps each node's last
 (:meth:`Monitor.take`): the same readings as this host's, by node.
 """
@@ -33,7 +33,7 @@ import psutil
 from tandem.place.decide import GpuReading
 from tandem.place.model import Capacity, GpuInfo, format_size
 from tandem.place.resources import Cap, Resources
-from tandem.place.run import cgroups
+from tandem.place.run.supervisor import cgroups
 
 log = logging.getLogger(__name__)
 

@@ -2,7 +2,7 @@
 
 A start writes (the daemon its attempt's spec and records, the supervisor its first file)
 before the job runs; on a full disk each such write fails, the job goes back to the queue
-(:func:`tandem.place.paths.disk_trouble`), and without a hold every scheduling pass would
+(:func:`tandem.place.run.supervisor.files.disk_trouble`), and without a hold every scheduling pass would
 start it again: a supervisor process and an attempt each time, for as long as the disk is
 full. After a start the disk stopped, no job starts for ``HOLD_S``; then until a probe write
 in the state directory succeeds. The waiting jobs say so (``tandem ls``).

@@ -2,7 +2,7 @@
 
 A state database gets a random id when the daemon makes it (``meta.id``). The daemon writes
 that id, and the file's identity on disk (device and inode), in ``daemon.json``; each
-attempt's spec records it (:class:`~tandem.place.run.files.AttemptSpec`: which database a
+attempt's spec records it (:class:`~tandem.place.run.supervisor.files.AttemptSpec`: which database a
 folder's attempt is of), and each attempt's folder has a name no other attempt has
 (:func:`attempt_folder`). A reader compares them: a database that was removed under its
 daemon, replaced by another file, or lost while no daemon ran (the jobs' folders are there,
@@ -17,7 +17,7 @@ daemon starts an empty queue (:func:`check_may_start`, which also refuses a read
 directory): ``tandem daemon restore`` puts it back (:func:`restore_saved`).
 
 A daemon is alive when its pid still runs as the process that started then (its start time
-in clock ticks, :func:`~tandem.place.run.proctrack.create_time`) and belongs to this user:
+in clock ticks, :func:`~tandem.place.run.supervisor.proctrack.create_time`) and belongs to this user:
 never by a command line, which any user's process may show.
 """
 
@@ -33,8 +33,8 @@ import psutil
 
 from tandem.dirs import private_file
 from tandem.place.paths import StateError, StateReadOnly, read_only
-from tandem.place.run.files import DaemonFile
-from tandem.place.run.proctrack import same_process
+from tandem.place.run.supervisor.files import DaemonFile
+from tandem.place.run.supervisor.proctrack import same_process
 
 DB_FILE = "place.db"
 SAVED_GLOB = "place.db.saved-*"  # a daemon's copy of a database removed under it

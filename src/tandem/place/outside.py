@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from tandem.place.model import PRODUCER_ROLE, RUNNING, SUCCEEDED, WAITING_STATES
-from tandem.place.run.proctrack import create_time, same_process
+from tandem.place.run.supervisor.proctrack import create_time, same_process
 from tandem.place.state import Job
 
 REPORT = "served-by.json"  # beside a producer job's share.json: who served its share instead

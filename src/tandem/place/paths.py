@@ -3,36 +3,25 @@ way in), with a refusal raised as the manager's :class:`StateError`."""
 
 from __future__ import annotations
 
-import errno
 import json
 import os
-import socket
 import sqlite3
 import time
 from pathlib import Path
 
 from tandem.dirs import StateDirError, state_dir_path
 from tandem.dirs import state_dir as _open
-from tandem.place.run.files import DaemonFile
+from tandem.place.run.supervisor.fence import unreachable
+from tandem.place.run.supervisor.files import DaemonFile
 
 __all__ = [
-    "StateError", "StateReadOnly", "disk_trouble", "private_dir", "read_only", "set_aside_lost_jobs",
+    "StateError", "StateReadOnly", "private_dir", "read_only", "set_aside_lost_jobs",
     "state_dir", "state_dir_path",
 ]  # fmt: skip
 
-# What a write says when the disk will not take it (full, failing, read-only, over quota).
 # In the state directory: the daemon's kept configuration; why its Ray cluster does not answer.
 CONFIG_FILE = "daemon-config.json"
 RAY_TROUBLE = "ray-trouble.txt"
-
-_DISK_ERRNOS = {errno.ENOSPC, errno.EIO, errno.EROFS, errno.EDQUOT}
-_DISK_WORDS = (
-    "disk is full",
-    "disk i/o error",
-    "readonly database",
-    "read-only file system",
-    "no space left",
-)
 
 
 class StateError(StateDirError):
@@ -55,16 +44,6 @@ def private_dir(path: Path) -> Path:
         return _open(path)
     except StateDirError as exc:
         raise StateError(str(exc)) from None
-
-
-def disk_trouble(exc: BaseException) -> bool:
-    """Did ``exc`` come from a disk that will not take writes now (full, failing, read-only)?
-    Such a failure is the disk's, not the job's: the job waits and is tried again."""
-    if isinstance(exc, OSError) and exc.errno in _DISK_ERRNOS:
-        return True
-    if isinstance(exc, (sqlite3.OperationalError, StateError)):
-        return any(word in str(exc).lower() for word in _DISK_WORDS)
-    return False
 
 
 def read_only(directory: Path) -> str | None:
@@ -165,9 +144,9 @@ def set_aside_lost_jobs(directory: Path, database: Path) -> str | None:
 
 def _still_running(aside: Path) -> list[int]:
     """The pids of the supervisors still running over attempts set aside (each writes into its
-    own folder wherever it is moved: :mod:`tandem.place.run.shim`)."""
-    from tandem.place.run.files import ShimInfo, load
-    from tandem.place.run.proctrack import same_process
+    own folder wherever it is moved: :mod:`tandem.place.run.supervisor.shim`)."""
+    from tandem.place.run.supervisor.files import ShimInfo, load
+    from tandem.place.run.supervisor.proctrack import same_process
 
     found = []
     for folder in aside.glob("*/*"):
@@ -175,19 +154,6 @@ def _still_running(aside: Path) -> list[int]:
         if shim is not None and same_process(shim.pid, shim.ctime):
             found.append(shim.pid)
     return sorted(found)
-
-
-def unreachable(address: str, timeout: float) -> str | None:
-    """Why nothing answers at ``HOST:PORT`` (a Ray head's address), or None: something
-    listens there, or ``address`` is of another form (``auto``, ``ray://...``: Ray's own)."""
-    host, sep, port = address.rpartition(":")
-    if not sep or not port.isdigit() or "/" in host:
-        return None
-    try:
-        socket.create_connection((host, int(port)), timeout=timeout).close()
-    except OSError as exc:
-        return str(exc)
-    return None
 
 
 def cluster_trouble(state_dir: Path) -> str | None:

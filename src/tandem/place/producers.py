@@ -17,7 +17,7 @@ with the group it fed). This module holds what is a producer's own:
   ``producer_linger_s``, and
   that stop ends it as succeeded; one that ends by itself fails its group's running jobs
   with its own error (and the waiting ones, unless it is retried); it weighs as much as its
-  group's running jobs (:mod:`tandem.place.run.weights`); what a stopped one used is learnt.
+  group's running jobs (:mod:`tandem.place.run.supervisor.weights`); what a stopped one used is learnt.
 """
 
 from __future__ import annotations
@@ -41,9 +41,9 @@ from tandem.place.outside import serving
 from tandem.place.reads import StateReads
 from tandem.place.reserve import Learned, producer_key, producer_reservation
 from tandem.place.resources import Resources
-from tandem.place.run import weights
-from tandem.place.run.files import read_json, write_json
-from tandem.place.run.launch import signal_shim
+from tandem.place.run.launchers.launch import signal_shim
+from tandem.place.run.supervisor import weights
+from tandem.place.run.supervisor.files import read_json, write_json
 from tandem.place.state import Job, Share, State
 from tandem.units import format_cores
 
@@ -356,7 +356,7 @@ class Producers:
     @staticmethod
     def start_weights() -> None:
         """At the daemon's start: sweep the CPU cgroups a killed daemon's attempts left, and
-        say once how jobs and producers are weighted (:mod:`tandem.place.run.weights`)."""
+        say once how jobs and producers are weighted (:mod:`tandem.place.run.supervisor.weights`)."""
         weights.sweep()
         weighted, how = weights.available()
         (log.info if weighted else log.warning)("CPU weights: %s", how)

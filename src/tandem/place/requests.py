@@ -27,16 +27,16 @@ from tandem.place.config import DaemonConfig
 from tandem.place.diskwait import DiskWait
 from tandem.place.identity import StateMoved
 from tandem.place.model import FINAL_STATES, RUNNING, STATES, WAITING_STATES, Capacity, JobSpec, format_size
-from tandem.place.paths import disk_trouble
 from tandem.place.producers import Producers, group_jobs, is_producer
 from tandem.place.resources import Resources
-from tandem.place.run.launch import Launcher
+from tandem.place.run.launchers.launch import Launcher
+from tandem.place.run.supervisor.files import disk_trouble
 from tandem.place.scheduler import Waiting, fits_a_node
 from tandem.place.state import Job, State
 from tandem.units import format_cores
 
 if TYPE_CHECKING:
-    from tandem.place.run.tracking import Tracker
+    from tandem.place.run.metrics.tracking import Tracker
 
 log = logging.getLogger(__name__)
 
@@ -378,7 +378,7 @@ def not_started(request: p.NotStarted, d: Parts) -> Handled:
     del d.attempts.active[request.job_id]
     d.launcher.forget(a)
     if d.attempts.tracked:  # its MLflow run, opened as it started, is closed: it will have no other end
-        from tandem.place.run import tracking
+        from tandem.place.run.metrics import tracking
 
         try:
             tags = {"tandem.state": "requeued", "tandem.cause": f"not started: {why}"}

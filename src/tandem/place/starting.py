@@ -60,7 +60,7 @@ def start_job(
     if mps is not None and len(chosen) == 1 and not p.alone:
         server = mps.ensure(chosen[0].uuid)
         if server is not None:
-            from tandem.place.run.mps import client_env
+            from tandem.place.run.services.mps import client_env
 
             env.update(client_env(chosen[0].uuid, server.dirs, p.reservation.gpu_mem, job.gpu_share))
             with_mps = True

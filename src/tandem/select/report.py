@@ -148,7 +148,7 @@ def report_for(sel: Selection, state: StateReads | None, baseline_run: str | Non
     report``, ``select show`` and the dashboard all show."""
     stores = [mlflow_store_uri()]
     if state is not None:
-        from tandem.place.run.tracking import manager_store  # lazily: the CLI starts fast
+        from tandem.place.run.metrics.tracking import manager_store  # lazily: the CLI starts fast
 
         stores.insert(0, manager_store(state.dir))
     out = report(sel, jobs_of(sel.id, state), baseline_run, stores)

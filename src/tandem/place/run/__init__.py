@@ -1,14 +1,18 @@
-"""tandem.place.run: one job's processes, apart from the daemon that decides.
+"""tandem.place.run: the processes of a job and beside jobs, apart from the daemon that decides.
 
-What it owns: the per-job supervisor (:mod:`.shim`, ``python -m tandem.place.run.shim``)
-that outlives the daemon, starts the job, owns its process tree (:mod:`.proctrack`), meters
-it and writes its result; the files the daemon and the supervisor pass each other
-(:mod:`.files`); how an ending is classified (:mod:`.failures`); starting a supervisor
-locally or under a Ray actor on its node (:mod:`.launch`, :mod:`.ray_backend`); MPS daemons per GPU
-(:mod:`.mps`); and the MLflow helper that writes every job's metrics (:mod:`.tracking`).
+One subpackage a process, each with the doors it may import through (its ``Doors:``
+paragraph, checked by ``tests/test_house.py``):
 
-What it may import: the manager's words (:mod:`tandem.place.model`), its wire protocol
-(:mod:`tandem.place.protocol`, to wake the daemon), :mod:`tandem.watch` and
-:mod:`tandem._ipc`. Never the daemon, its state or the simulator: a supervisor must run,
-and end its job cleanly, with no daemon and no state file it can read.
+- :mod:`.supervisor`: the per-job supervisor (``python -m tandem.place.run.supervisor.shim``)
+  that outlives the daemon, starts the job, owns its process tree, meters it and writes its
+  result, and the files it and the daemon pass each other;
+- :mod:`.launchers`: the daemon's side of starting a supervisor, locally or under a Ray
+  actor on its node;
+- :mod:`.metrics`: the MLflow helper that writes every job's metrics, and the daemon's side
+  of it;
+- :mod:`.services`: what the manager keeps running beside its jobs: its own Ray head, an MPS
+  control daemon per GPU.
+
+Doors: tandem.place.run.supervisor, tandem.place.run.launchers, tandem.place.run.metrics,
+tandem.place.run.services.
 """

@@ -42,10 +42,11 @@ import psutil
 
 from tandem._safepath import module_command
 from tandem.place.model import GpuInfo
-from tandem.place.paths import private_dir, unreachable
-from tandem.place.run.files import read_json, write_json
-from tandem.place.run.proctrack import create_time, same_process
-from tandem.place.run.ray_backend import GPU_MEM_RESOURCE, MIB
+from tandem.place.paths import private_dir
+from tandem.place.run.launchers.ray_backend import GPU_MEM_RESOURCE, MIB
+from tandem.place.run.supervisor.fence import unreachable
+from tandem.place.run.supervisor.files import read_json, write_json
+from tandem.place.run.supervisor.proctrack import create_time, same_process
 
 HEAD_FILE = "ray-head.json"  # in the state's private directory
 TOKEN_FILE = "ray-token"  # the head's authentication token, 0600, beside it

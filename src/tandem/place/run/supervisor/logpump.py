@@ -1,6 +1,6 @@
 """The supervisor's copy of its job's output: a thread that reads the job's pipe into
 ``output.log``, capped by rotation, and loses output, never the job, when the disk refuses it
-(:mod:`tandem.place.run.shim`)."""
+(:mod:`tandem.place.run.supervisor.shim`)."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """How an attempt's supervisor is started and reached: on this machine, or under a Ray actor.
 
-Both launchers run the same supervisor (:mod:`tandem.place.run.shim`) over the same attempt
+Both launchers run the same supervisor (:mod:`tandem.place.run.supervisor.shim`) over the same attempt
 directory; they differ in how it starts, how its life is checked and how a cancel reaches
 it. The daemon talks to one of them through :class:`Launcher`.
 """
@@ -18,9 +18,9 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from tandem._safepath import module_command
 from tandem.place.model import Capacity, GpuInfo
-from tandem.place.run.files import ShimInfo, Started, load
-from tandem.place.run.proctrack import JobProcesses, create_time, same_process
-from tandem.place.run.ray_backend import PENDING, RUNNING, actor_name
+from tandem.place.run.launchers.ray_backend import PENDING, RUNNING, actor_name
+from tandem.place.run.supervisor.files import ShimInfo, Started, load
+from tandem.place.run.supervisor.proctrack import JobProcesses, create_time, same_process
 
 if TYPE_CHECKING:
     from tandem.place.devices import NodeSample
@@ -89,7 +89,7 @@ class LocalLauncher:
     def start(self, a: Launched, what: Launch) -> str:
         with open(what.dir / "shim.log", "ab") as shim_log:
             proc = subprocess.Popen(
-                module_command("tandem.place.run.shim", str(what.dir)),
+                module_command("tandem.place.run.supervisor.shim", str(what.dir)),
                 cwd=what.cwd if os.path.isdir(what.cwd) else "/",
                 stdin=subprocess.DEVNULL,
                 stdout=shim_log,

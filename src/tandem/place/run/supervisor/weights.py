@@ -6,7 +6,7 @@ where the cpu controller can be written:
 
 - cgroup v1 (a ``cpu`` hierarchy, writable as root): a cgroup ``tandem-w-...`` beside the
   supervisor's own, whose ``cpu.shares`` is :data:`DEFAULT_SHARES` times the weight;
-- cgroup v2: the attempt's own cgroup (:func:`tandem.place.run.proctrack.make_cgroup`), where
+- cgroup v2: the attempt's own cgroup (:func:`tandem.place.run.supervisor.proctrack.make_cgroup`), where
   the cpu controller is delegated to it (a ``cpu.weight`` file), :data:`DEFAULT_WEIGHT` times
   the weight.
 
@@ -29,7 +29,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from tandem.place.run.cgroups import Cgroups
+from tandem.place.run.supervisor.cgroups import Cgroups
 
 log = logging.getLogger(__name__)
 

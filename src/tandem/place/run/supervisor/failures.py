@@ -13,7 +13,7 @@ The OOM evidence, each piece read by a helper here:
 - host OOM: the kernel's OOM killer sends SIGKILL, which looks exactly like ``kill -9`` from the
   return code alone. The evidence is an ``oom_kill`` counter that grew while the job ran (its
   own cgroup's, its memory cgroup's v1 or v2, else the host's: the supervisor's
-  :class:`~tandem.place.run.cgroups.OomWatch`) or the kernel's "Killed process" line
+  :class:`~tandem.place.run.supervisor.cgroups.OomWatch`) or the kernel's "Killed process" line
   (:func:`kernel_oom_killed`). A SIGKILL without either is reported as a signal, never
   guessed to be an OOM.
 
@@ -149,8 +149,8 @@ def classify(
     (see :func:`oom_kill_count`; pass the difference from before the start if the cgroup is
     shared). ``kernel_oom``: whether the kernel logged killing the job's process; the line from
     :func:`kernel_oom_killed` may be passed as is and then becomes the Ending's ``line``.
-    ``oom_where``: which counter ``oom_kills`` comes from (:class:`~tandem.place.run.cgroups.OomWatch`),
-    said in the cause.
+    ``oom_where``: which counter ``oom_kills`` comes from
+    (:class:`~tandem.place.run.supervisor.cgroups.OomWatch`), said in the cause.
     """
     exit_code = returncode if returncode >= 0 else None
     sig = signal_name(-returncode) if returncode < 0 else None

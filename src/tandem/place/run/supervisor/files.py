@@ -1,5 +1,5 @@
 """The files of one attempt, as typed records: the one definition of what the daemon, the
-supervisor (:mod:`tandem.place.run.shim`) and the Ray actor pass each other.
+supervisor (:mod:`tandem.place.run.supervisor.shim`) and the Ray actor pass each other.
 
 Everything goes through the attempt's folder (``<state dir>/jobs/<job>/<n>.<random>/``: a name
 no other attempt has, of this database or a lost one), each record written whole (write,
@@ -22,19 +22,23 @@ file               written by     record
 from __future__ import annotations
 
 import dataclasses
+import errno
 import json
 import os
 import signal
+import sqlite3
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar, TypeVar
+
+from tandem.dirs import StateDirError
 
 R = TypeVar("R")
 
 # The signal a supervisor under a Ray actor asks the kernel for when the actor's process
 # dies (PR_SET_PDEATHSIG; the actor names its pid in ORPHAN_PARENT): its node's Ray stopped
 # or the actor was ended, and the daemon runs the job again elsewhere, so it stops its job
-# at once and writes no result (:mod:`tandem.place.run.shim`).
+# at once and writes no result (:mod:`tandem.place.run.supervisor.shim`).
 ORPHAN_SIGNAL = signal.SIGUSR1
 ORPHAN_PARENT = "TANDEM_SUPERVISOR_PARENT"
 ORPHAN_GRACE_S = 2.0  # the time its job has to stop then
@@ -193,7 +197,7 @@ class Usage:
 @dataclass(frozen=True)
 class Result:
     FILE: ClassVar[str] = "result.json"
-    kind: str  # tandem.place.run.failures kinds: ok, exit, signal, gpu_oom, host_oom, cancelled, lost, ...
+    kind: str  # failures' kinds: ok, exit, signal, gpu_oom, host_oom, cancelled, lost, ...
     state: str
     exit_code: int | None
     signal: str | None
@@ -216,3 +220,24 @@ class RunRef:
     run_id: str = ""
     experiment: str = ""
     error: str | None = None
+
+
+# What a write says when the disk will not take it (full, failing, read-only, over quota).
+_DISK_ERRNOS = {errno.ENOSPC, errno.EIO, errno.EROFS, errno.EDQUOT}
+_DISK_WORDS = (
+    "disk is full",
+    "disk i/o error",
+    "readonly database",
+    "read-only file system",
+    "no space left",
+)
+
+
+def disk_trouble(exc: BaseException) -> bool:
+    """Did ``exc`` come from a disk that will not take writes now (full, failing, read-only)?
+    Such a failure is the disk's, not the job's: the job waits and is tried again."""
+    if isinstance(exc, OSError) and exc.errno in _DISK_ERRNOS:
+        return True
+    if isinstance(exc, (sqlite3.OperationalError, StateDirError)):
+        return any(word in str(exc).lower() for word in _DISK_WORDS)
+    return False

@@ -3,11 +3,11 @@
 Each job's supervisor tracks it with watch's own :class:`~tandem.watch.Run` (the samplers
 and summary of ``tandem run``: process tree, host, the job's GPUs, energy, share) into a
 spool file (:class:`~tandem.watch.stores.spool.SpoolStore`), which imports nothing. One
-helper per state directory (``python -m tandem.place.run.tracking_helper``, started with the
+helper per state directory (``python -m tandem.place.run.metrics.tracking_helper``, started with the
 daemon, at nice 10 once MLflow is imported) imports MLflow once, opens a run when an attempt
 starts and forwards its spool through watch's :class:`~tandem.watch.stores.MlflowStore`
 every ``POLL_S`` seconds: a metric sampled now is in MLflow within about 12 s (a supervisor
-appends to its spool every 10 s, ``FLUSH_S`` in :mod:`~tandem.place.run.shim`), while the
+appends to its spool every 10 s, ``FLUSH_S`` in :mod:`~tandem.place.run.supervisor.shim`), while the
 job runs. When the attempt ends, the
 daemon's record (status, how it ended, the manager's own figures) closes the run, with the
 job's output (capped: its newest part) as an artifact.
@@ -20,7 +20,7 @@ run id and spool offset, so that a new helper resumes the same run) and
 
 The run exists before its job starts: the helper looks for new attempts every
 ``START_POLL_S`` and writes each run's id into the attempt's directory
-(:class:`~tandem.place.run.files.RunRef`, ``mlflow.json``), where the supervisor waits for
+(:class:`~tandem.place.run.supervisor.files.RunRef`, ``mlflow.json``), where the supervisor waits for
 it and tells the job (``MLFLOW_TRACKING_URI``, ``MLFLOW_RUN_ID``), so that MLflow in the job
 writes to the same run. Where no run can be made, the file says why, and the job starts
 without them.
@@ -41,9 +41,9 @@ from typing import Any
 
 from tandem._safepath import module_command
 from tandem.place.model import PRODUCER_ROLE, param_value
-from tandem.place.run import tracking_ends as ends
-from tandem.place.run.files import DaemonFile, RunRef, read_json, save, write_json
-from tandem.place.run.tracking_ends import STOPPED
+from tandem.place.run.metrics import tracking_ends as ends
+from tandem.place.run.metrics.tracking_ends import STOPPED
+from tandem.place.run.supervisor.files import DaemonFile, RunRef, read_json, save, write_json
 from tandem.watch.stores.base import absolute_uri
 
 log = logging.getLogger(__name__)
@@ -194,7 +194,9 @@ class Tracker:
         if (pending or self._warm) and self.proc is None and time.monotonic() >= self._next_start:
             self._warm = False
             with open(self.state_dir / "tracking.log", "ab") as out:
-                argv = module_command("tandem.place.run.tracking_helper", str(self.state_dir), self.uri)
+                argv = module_command(
+                    "tandem.place.run.metrics.tracking_helper", str(self.state_dir), self.uri
+                )
                 self.proc = subprocess.Popen(
                     [*argv, self.experiment], stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT
                 )
@@ -202,7 +204,7 @@ class Tracker:
     def warm(self) -> None:
         """Start the helper now, before any job: the first job's run then does not wait for
         MLflow's import and a new store's tables (seconds). It ends after
-        :func:`~tandem.place.run.tracking_ends.idle_exit_s` if no job comes."""
+        :func:`~tandem.place.run.metrics.tracking_ends.idle_exit_s` if no job comes."""
         (queue_dir(self.state_dir) / "done").mkdir(parents=True, exist_ok=True)
         self._warm = True
         self.poke()

@@ -69,7 +69,10 @@ def same_process(pid: int | None, ctime: float | None) -> bool:
     return _alive(pid)
 
 
-_SUPERVISOR_MODULES = frozenset({"tandem.place.run.shim", "tandem.place.shim"})
+# Its module's name now and in earlier tandems: a supervisor started before an upgrade is found.
+_SUPERVISOR_MODULES = frozenset(
+    {"tandem.place.run.supervisor.shim", "tandem.place.run.shim", "tandem.place.shim"}
+)
 
 
 def supervisor_runs(attempt_dir: Path, recorded: float) -> bool:

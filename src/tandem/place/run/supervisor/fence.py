@@ -19,12 +19,12 @@ only the filesystem (Ray answers: the daemon does not run it again) is not fence
 from __future__ import annotations
 
 import os
+import socket
 import threading
 import time
 from pathlib import Path
 
-from tandem.place.paths import unreachable
-from tandem.place.run.files import ORPHAN_SIGNAL
+from tandem.place.run.supervisor.files import ORPHAN_SIGNAL
 
 FENCE_GCS = "TANDEM_RAY_GCS"  # the environment variable the actor names its cluster's head in
 FENCE_S = 8.0  # no heartbeat written for this long (and no head): the job stops
@@ -83,3 +83,16 @@ def start_fence(attempt_dir: Path) -> Fence | None:
     fence = Fence(attempt_dir, gcs)
     fence.start()
     return fence
+
+
+def unreachable(address: str, timeout: float) -> str | None:
+    """Why nothing answers at ``HOST:PORT`` (a Ray head's address), or None: something
+    listens there, or ``address`` is of another form (``auto``, ``ray://...``: Ray's own)."""
+    host, sep, port = address.rpartition(":")
+    if not sep or not port.isdigit() or "/" in host:
+        return None
+    try:
+        socket.create_connection((host, int(port)), timeout=timeout).close()
+    except OSError as exc:
+        return str(exc)
+    return None

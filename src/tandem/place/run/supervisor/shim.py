@@ -1,9 +1,9 @@
-"""The per-job supervisor: ``python -m tandem.place.run.shim ATTEMPT_DIR``.
+"""The per-job supervisor: ``python -m tandem.place.run.supervisor.shim ATTEMPT_DIR``.
 
 The daemon starts one supervisor per attempt in a session of its own, so it does not share
 the daemon's fate: if the daemon dies (SIGKILL included) the job keeps running and the
 supervisor still records how it ended; a restarted daemon finds it by pid and start time
-and reads its files (:mod:`tandem.place.run.files`, the one definition of them).
+and reads its files (:mod:`tandem.place.run.supervisor.files`, the one definition of them).
 
 What it does for its job:
 
@@ -17,7 +17,7 @@ What it does for its job:
 - **keeps its output**, capped: the job writes into a pipe, read here into ``output.log``,
   which rotates to ``output.log.1`` at half of ``log_max``; a disk that refuses it loses
   output, never the job;
-- **owns every process of it** (:mod:`tandem.place.run.proctrack`: a cgroup of its own where
+- **owns every process of it** (:mod:`tandem.place.run.supervisor.proctrack`: a cgroup of its own where
   one can be made, and a marker every descendant inherits): a cancel (SIGTERM here) or the
   end of the main process stops all of them, those that left the session too;
 - **outlives a full disk**: what cannot be written is said once and written when it can;
@@ -38,11 +38,10 @@ from pathlib import Path
 from typing import Any
 
 from tandem.place.model import mlflow_status
-from tandem.place.paths import disk_trouble
-from tandem.place.run import failures, proctrack, weights
-from tandem.place.run.cgroups import OomWatch
-from tandem.place.run.fence import start_fence
-from tandem.place.run.files import (
+from tandem.place.run.supervisor import failures, proctrack, weights
+from tandem.place.run.supervisor.cgroups import OomWatch
+from tandem.place.run.supervisor.fence import start_fence
+from tandem.place.run.supervisor.files import (
     ORPHAN_GRACE_S,
     ORPHAN_PARENT,
     ORPHAN_SIGNAL,
@@ -52,11 +51,21 @@ from tandem.place.run.files import (
     ShimInfo,
     Started,
     Usage,
+    disk_trouble,
     load,
     save,
 )
-from tandem.place.run.logpump import LogPump
-from tandem.place.run.proctrack import JobProcesses, create_time, host_id, join, leave, make_cgroup, wait_exit
+from tandem.place.run.supervisor.logpump import LogPump
+from tandem.place.run.supervisor.proctrack import (
+    JobProcesses,
+    create_time,
+    host_id,
+    join,
+    leave,
+    make_cgroup,
+    wait_exit,
+)
+from tandem.place.run.supervisor.telling import tell_not_started, wake_daemon
 from tandem.watch.stores.base import absolute_uri, run_env, with_run_env
 
 RESULT_RETRY_S = 3600.0  # how long a result waits for a disk that refuses it
@@ -79,7 +88,7 @@ class Shim:
         # Its attempt's own folder, held open: everything it writes goes there, wherever the
         # folder is moved (a lost database's are set aside while their jobs run), never into
         # a folder made at its path since.
-        from tandem.place.run.files import hold
+        from tandem.place.run.supervisor.files import hold
 
         self.path, self.dir = attempt_dir, hold(attempt_dir)
         self.cancelled = False
@@ -209,8 +218,6 @@ class Shim:
 
     def _not_started(self, why: str) -> int:
         """The job was not started: the daemon is told, and puts it back in the queue."""
-        from tandem.place.client import tell_not_started
-
         _say(f"the job was not started: {why}; the daemon puts it back in the queue")
         if self.spec.socket:
             tell_not_started(self.spec.socket, self.spec.job_id, self.spec.attempt, why, RESULT_RETRY_S)
@@ -323,7 +330,7 @@ class Shim:
                     )
                     return 1
                 time.sleep(0.2)
-        _wake_daemon(self.spec.socket)
+        wake_daemon(self.spec.socket)
         return 0
 
 
@@ -411,27 +418,11 @@ def _child_cpu() -> tuple[float, float] | None:
         return None
 
 
-def _wake_daemon(socket_path: str | None) -> None:
-    """Tell the daemon a result is there (best effort: it also looks every tick)."""
-    if not socket_path:
-        return
-    from tandem import _ipc
-    from tandem.place import protocol
-
-    try:
-        with _ipc.new_socket() as sock:
-            sock.settimeout(1.0)
-            sock.connect(socket_path)
-            _ipc.send_packet(sock, protocol.encode(protocol.to_wire(protocol.Wake())), timeout=1.0)
-    except OSError:
-        pass
-
-
 def main(argv: list[str]) -> int:
     if len(argv) != 1:
-        print("usage: python -m tandem.place.run.shim ATTEMPT_DIR", file=sys.stderr)
+        print("usage: python -m tandem.place.run.supervisor.shim ATTEMPT_DIR", file=sys.stderr)
         return 2
-    from tandem.place.run.files import moved_from
+    from tandem.place.run.supervisor.files import moved_from
 
     shim = Shim(Path(argv[0]))
     code = shim.run()

@@ -8,7 +8,7 @@ reservation is held there.
 
 Each attempt is a **detached, named Ray actor** (:class:`Supervisor`), pinned to the node
 chosen and holding its cores, RAM and GPU memory there, which starts the attempt's
-supervisor (:mod:`tandem.place.run.shim`) once and answers for it. Detached, it outlives
+supervisor (:mod:`tandem.place.run.supervisor.shim`) once and answers for it. Detached, it outlives
 the daemon (Ray ends a driver's tasks and their children when the driver dies); named from
 the attempt's directory (state directory, job and attempt), it is created only if absent,
 so a start is never repeated, and a restarted daemon finds it again by name to follow,
@@ -59,10 +59,9 @@ from typing import Any
 from tandem._safepath import module_command
 from tandem.place.devices import NodeSample
 from tandem.place.model import Capacity, GpuInfo, NodeInfo
-from tandem.place.paths import unreachable
 from tandem.place.resources import Resources
-from tandem.place.run.fence import FENCE_GCS
-from tandem.place.run.files import ORPHAN_PARENT
+from tandem.place.run.supervisor.fence import FENCE_GCS, unreachable
+from tandem.place.run.supervisor.files import ORPHAN_PARENT
 
 log = logging.getLogger(__name__)
 
@@ -88,7 +87,7 @@ class Supervisor:
         if self.proc is None:
             with open(Path(self.dir) / "shim.log", "ab") as shim_log:
                 self.proc = subprocess.Popen(
-                    module_command("tandem.place.run.shim", self.dir),
+                    module_command("tandem.place.run.supervisor.shim", self.dir),
                     cwd=self.cwd if os.path.isdir(self.cwd) else "/",
                     stdin=subprocess.DEVNULL,
                     stdout=shim_log,

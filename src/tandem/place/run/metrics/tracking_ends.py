@@ -1,10 +1,10 @@
-"""How the MLflow helper (:mod:`tandem.place.run.tracking`) ends what no daemon will end: the
+"""How the MLflow helper (:mod:`tandem.place.run.metrics.tracking`) ends what no daemon will end: the
 runs of attempts that ended while no daemon ran, and itself.
 
 A run is closed by its daemon's record (``<key>.end.json``). A daemon stopped while a job
 ran, or killed between its commit and that record, never writes it: without more, its run
 stays ``RUNNING`` and the helper (about 230 MB) waits for it for ever. So the helper also
-reads what the job's supervisor left (:mod:`tandem.place.run.files`): the attempt's
+reads what the job's supervisor left (:mod:`tandem.place.run.supervisor.files`): the attempt's
 ``result.json`` closes the run with the job's status; a supervisor that died without one
 (same machine only: pids mean nothing elsewhere) closes it as lost. A result is taken at
 once when no daemon serves (it said it stopped, or its process is gone), else after
@@ -34,8 +34,8 @@ import psutil
 
 from tandem.place.identity import serving_daemon
 from tandem.place.model import mlflow_status
-from tandem.place.run.files import Result, ShimInfo, Usage, load, read_json, write_json
-from tandem.place.run.proctrack import host_id, same_process
+from tandem.place.run.supervisor.files import Result, ShimInfo, Usage, load, read_json, write_json
+from tandem.place.run.supervisor.proctrack import host_id, same_process
 
 log = logging.getLogger(__name__)
 
@@ -177,6 +177,10 @@ def open_runs(state_dir: Path) -> list[str]:
     return sorted(k for k in started if not (q / f"{k}.end.json").exists())
 
 
+# The helper's module now and before the split of run/: one started before an upgrade is found.
+_HELPER_MODULES = frozenset({"tandem.place.run.metrics.tracking_helper", "tandem.place.run.tracking_helper"})
+
+
 def helper_serves(state_dir: Path) -> bool:
     """Does a helper of ``state_dir`` run (by the pid file it keeps while it runs, and its
     command line: a helper killed leaves the file, and its pid may be another's by now)?"""
@@ -185,7 +189,7 @@ def helper_serves(state_dir: Path) -> bool:
         cmdline = proc.cmdline()
         return (
             proc.status() != psutil.STATUS_ZOMBIE
-            and "tandem.place.run.tracking_helper" in cmdline
+            and bool(_HELPER_MODULES & set(cmdline))
             and str(state_dir) in cmdline
         )
     except (OSError, ValueError, psutil.Error):

@@ -1,7 +1,7 @@
-"""The MLflow helper process (``python -m tandem.place.run.tracking_helper``): it imports MLflow
+"""The MLflow helper process (``python -m tandem.place.run.metrics.tracking_helper``): it imports MLflow
 once, opens a run for each attempt that starts (:class:`_OpenRun`) and forwards its spool
 while it runs, then closes it with the daemon's record. The queue it serves, and the
-daemon's side of it, are :mod:`tandem.place.run.tracking`'s."""
+daemon's side of it, are :mod:`tandem.place.run.metrics.tracking`'s."""
 
 from __future__ import annotations
 
@@ -13,10 +13,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from tandem.place.run import tracking_ends as ends
-from tandem.place.run import weights
-from tandem.place.run.files import RunRef, read_json, write_json
-from tandem.place.run.tracking import (
+from tandem.place.run.metrics import tracking_ends as ends
+from tandem.place.run.metrics.tracking import (
     FORWARD_WEIGHT,
     MAX_TAG,
     POLL_S,
@@ -25,6 +23,8 @@ from tandem.place.run.tracking import (
     queue_dir,
     tell_job,
 )
+from tandem.place.run.supervisor import weights
+from tandem.place.run.supervisor.files import RunRef, read_json, write_json
 
 log = logging.getLogger(__name__)
 
