@@ -19,7 +19,7 @@ import pytest
 
 from tests.place.conftest import attempt_dir
 from tests.place.inproc import Step, max_overlap
-from tests.timing import scaled
+from tests.timing import scaled, until
 
 # Short settle, window and grace, for the tests' daemons.
 SHORT = ["--settle", "0.3", "--window", "2", "--grace", "1"]
@@ -274,7 +274,8 @@ def test_daemon_sigkill_and_restart_loses_nothing(cli, tmp_path: Path) -> None:
     assert cli.job(running)["state"] == "running"  # the job goes on without its manager
     r = cli("wait", str(queued), check=False)  # nothing can end it now: says so instead of hanging
     assert r.returncode == 125 and "no daemon is running" in r.stderr
-    time.sleep(1)  # the job ends while no daemon runs; its shim keeps the result
+    # The job ends while no daemon runs; its supervisor keeps the result.
+    until(lambda: (attempt_dir(cli.state, running) / "result.json").exists(), 30, "the job did not end")
     cli("daemon", "start", "--cpus", "1", *FAST)
     assert cli("wait", str(running), str(queued), timeout=60).returncode == 0
     lines = log.read_text().split("\n")

@@ -22,7 +22,7 @@ import pytest
 
 from tests.place.conftest import attempt_dir
 from tests.place.test_daemon import DATASET, FAST, READER, SHORT, _gone
-from tests.timing import scaled
+from tests.timing import scaled, until
 
 
 def _with_arg(arg: str) -> list[psutil.Process]:
@@ -269,32 +269,26 @@ def test_a_full_state_filesystem_kills_no_job_and_leaves_none_running(
     ids = [
         tandem("submit", "--cpus", "0.5", "--", sys.executable, "-c", script).stdout.strip() for _ in range(2)
     ]
-    started = _wait_for(lambda: len(list((state / "jobs").glob("*/1.*/started.json"))) == 2, 60)
-    assert started, tandem("ls").stdout
+    until(
+        lambda: len(list((state / "jobs").glob("*/1.*/started.json"))) == 2, 60, lambda: tandem("ls").stdout
+    )
     pids = [json.loads(p.read_text())["pid"] for p in (state / "jobs").glob("*/1.*/started.json")]
     filler = small / "filler"
     subprocess.run(["dd", "if=/dev/zero", f"of={filler}", "bs=64k"], capture_output=True)  # until full
     # Jobs, supervisors and the daemon all meet ENOSPC while the jobs go on printing.
     for output in (state / "jobs").glob("*/1.*/output.log"):
         size = output.stat().st_size
-        assert _wait_for(lambda o=output, n=size: not psutil.pid_exists(pids[0]) or o.stat().st_size >= n, 10)
+        until(
+            lambda o=output, n=size: not psutil.pid_exists(pids[0]) or o.stat().st_size >= n, 10, "no output"
+        )
     assert all(psutil.pid_exists(p) for p in pids), "a job died of the full disk"
     stop.touch()  # the jobs end while the disk is still full
-    assert _wait_for(lambda: not any(psutil.pid_exists(p) for p in pids), 60), "the jobs ended"
+    until(lambda: not any(psutil.pid_exists(p) for p in pids), 60, "the jobs ended", every=0.1)
     filler.unlink()
     r = tandem("wait", *ids)
     assert r.returncode == 0, (r.stderr, tandem("ls").stdout)
     assert all(j["state"] == "succeeded" for j in json.loads(tandem("ls", "--json").stdout))
     tandem("daemon", "stop")
-
-
-def _wait_for(condition, timeout: float) -> bool:
-    deadline = time.monotonic() + scaled(timeout)
-    while time.monotonic() < deadline:
-        if condition():
-            return True
-        time.sleep(0.1)
-    return bool(condition())
 
 
 @dataclass
@@ -313,7 +307,7 @@ class QueuedBehindABlocker:
         """The blocker ends, and the daemon starts the four (on whatever disk is left)."""
         self.stop.touch()
         pid = json.loads((attempt_dir(self.state, self.blocker) / "started.json").read_text())["pid"]
-        assert _wait_for(lambda: not psutil.pid_exists(pid), 60), "the blocker ended"
+        until(lambda: not psutil.pid_exists(pid), 60, "the blocker ended", every=0.1)
 
 
 def queued_behind_a_blocker(cli, tmp_path: Path, small_disk: Path) -> QueuedBehindABlocker:
@@ -328,7 +322,12 @@ def queued_behind_a_blocker(cli, tmp_path: Path, small_disk: Path) -> QueuedBehi
     stop, out = tmp_path / "stop", tmp_path / "ran"
     hold = f"import os, time\nwhile not os.path.exists({str(stop)!r}):\n    time.sleep(0.05)"
     blocker = tandem("submit", "--cpus", "2", "--", sys.executable, "-c", hold).stdout.strip()
-    assert _wait_for(lambda: (attempt_dir(state, blocker) / "started.json").exists(), 60)
+    until(
+        lambda: (attempt_dir(state, blocker) / "started.json").exists(),
+        60,
+        "the blocker did not start",
+        every=0.1,
+    )
     once = f"open({str(out)!r}, 'a').write(__import__('os').environ['TANDEM_JOB_ID'] + '\\n')"
     ids = [
         tandem("submit", "--cpus", "0.5", "--", sys.executable, "-c", once).stdout.strip() for _ in range(4)
@@ -389,7 +388,7 @@ def test_daemon_stop_returns_once_the_daemon_and_its_mlflow_helper_have_ended(cl
     job = cli.submit("--", "echo", "hi")
     assert cli("wait", str(job)).returncode == 0
     helper_file = cli.state / "track" / "helper.pid"
-    assert _wait_for(helper_file.exists, 60), "the MLflow helper wrote its job's run"
+    until(helper_file.exists, 60, "the MLflow helper wrote its job's run", every=0.1)
     daemon, helper = cli.daemon_pid(), int(helper_file.read_text())
     r = cli("daemon", "stop")
     assert "daemon stopped" in r.stderr

@@ -6,6 +6,7 @@ helper and MLflow store: tests/place/test_helper_ends.py."""
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import subprocess
 import sys
@@ -13,14 +14,15 @@ import time
 from pathlib import Path
 
 from tandem.place.run.metrics import tracking_ends as ends
-from tandem.place.run.supervisor.files import Result, ShimInfo, Usage, save, write_json
+from tandem.place.run.supervisor.files import Result, RunEnd, RunStart, ShimInfo, Usage, save, write_json
 from tandem.place.run.supervisor.proctrack import create_time, host_id
 
 
-def _attempt(tmp_path: Path) -> tuple[Path, dict]:
+def _attempt(tmp_path: Path) -> tuple[Path, RunStart]:
     adir = tmp_path / "jobs" / "7" / "1"
     adir.mkdir(parents=True)
-    return adir / "metrics.jsonl", {"started": time.time(), "job_id": 7, "attempt": 1}
+    spool = adir / "metrics.jsonl"
+    return spool, RunStart("job 7", str(spool), time.time(), job_id=7, attempt=1)
 
 
 def _result(adir: Path, state: str, kind: str, code: int | None) -> None:
@@ -30,19 +32,22 @@ def _result(adir: Path, state: str, kind: str, code: int | None) -> None:
 def test_a_result_closes_the_run_at_once_without_a_daemon_after_a_grace_with_one(tmp_path: Path) -> None:
     spool, start = _attempt(tmp_path)
     assert ends.end_without_daemon(spool, start, gone=True) is None, "no supervisor yet: it may be starting"
-    never = ends.end_without_daemon(spool, {**start, "started": time.time() - ends.NEVER_STARTED_S - 1}, True)
-    assert never is not None and never["status"] == "KILLED" and never["tags"]["tandem.state"] == "lost"
+    never = ends.end_without_daemon(
+        spool, dataclasses.replace(start, started=time.time() - ends.NEVER_STARTED_S - 1), True
+    )
+    assert never is not None and never.status == "KILLED" and never.tags["tandem.state"] == "lost"
     _result(spool.parent, "failed", "exit", 3)
     assert ends.end_without_daemon(spool, start, gone=False) is None, "a live daemon says it itself"
     end = ends.end_without_daemon(spool, start, gone=True)
-    assert end is not None and end["status"] == "FAILED" and end["by_helper"]
-    assert end["tags"]["tandem.state"] == "failed" and end["tags"]["tandem.exit_code"] == "3"
-    assert end["summary"]["peak_mem_bytes"] == 1 << 20 and end["summary"]["cpu_seconds"] == 1.5
+    assert end is not None and end.status == "FAILED" and end.by_helper
+    assert end.tags["tandem.state"] == "failed" and end.tags["tandem.exit_code"] == "3"
+    assert end.summary["peak_mem_bytes"] == 1 << 20 and end.summary["cpu_seconds"] == 1.5
     old = time.time() - ends.RESULT_GRACE_S - 1
     os.utime(spool.parent / Result.FILE, (old, old))
     assert ends.end_without_daemon(spool, start, gone=False) is not None, "a daemon that never says it"
     _result(spool.parent, "succeeded", "ok", 0)
-    assert ends.end_without_daemon(spool, start, gone=True)["status"] == "FINISHED"  # type: ignore[index]
+    finished = ends.end_without_daemon(spool, start, gone=True)
+    assert finished is not None and finished.status == "FINISHED"
 
 
 def test_a_supervisor_dead_without_a_result_is_a_lost_run_only_without_a_daemon(tmp_path: Path) -> None:
@@ -54,14 +59,14 @@ def test_a_supervisor_dead_without_a_result_is_a_lost_run_only_without_a_daemon(
     shim.wait()
     assert ends.end_without_daemon(spool, start, gone=False) is None
     end = ends.end_without_daemon(spool, start, gone=True)
-    assert end is not None and end["status"] == "FAILED" and end["tags"]["tandem.state"] == "lost"
+    assert end is not None and end.status == "FAILED" and end.tags["tandem.state"] == "lost"
     save(spool.parent, ShimInfo(shim.pid, create_time(shim.pid), "another-machine"))
     assert ends.end_without_daemon(spool, start, gone=True) is None, "pids elsewhere mean nothing here"
     # On another node, silent for long with no daemon (its node died with the cluster): lost.
     old = time.time() - ends.REMOTE_SILENT_S - 1
     os.utime(spool.parent / ShimInfo.FILE, (old, old))
     end = ends.end_without_daemon(spool, start, gone=True)
-    assert end is not None and end["tags"]["tandem.state"] == "lost" and "node" in end["tags"]["tandem.cause"]
+    assert end is not None and end.tags["tandem.state"] == "lost" and "node" in end.tags["tandem.cause"]
     save(spool.parent, Usage(time.time(), [1], 0, 0, 0.0))  # it writes again: it runs there
     assert ends.end_without_daemon(spool, start, gone=True) is None
 
@@ -89,7 +94,7 @@ def test_whether_a_daemon_serves(tmp_path: Path) -> None:
 def test_an_end_with_no_run_to_close_is_dropped_and_an_open_one_kept(tmp_path: Path) -> None:
     q = tmp_path / "track"
     q.mkdir()
-    end = {"status": "FINISHED", "tags": {}, "summary": {}, "log_file": ""}
+    end = dataclasses.asdict(RunEnd("FINISHED", {}, "", {}))
     for key in ("1-1", "2-1", "3-1"):
         write_json(q / f"{key}.end.json", end)
     write_json(q / "2-1.start.json", {})  # about to be opened

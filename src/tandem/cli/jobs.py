@@ -298,15 +298,11 @@ def _print_share_groups(st: Any, jobs: list[Any]) -> None:
         running = sum(j.state == "running" for j in members)
         waiting = sum(j.state in WAITING_STATES for j in members)
         p = producers.status(st, share.name)
-        producer = (
-            f"producer job {p['job']} (pid {p['pid']})"
-            if p["pid"]
-            else f"producer job {p['job']} {p['state']}"
-        )
-        if p["outside"]:  # a hand-started run of the same script serves it: its jobs read that one
-            producer = f"served by a producer outside the manager (pid {p['outside']})"
-        elif p["job"] is None or p["state"] not in ("running", *WAITING_STATES):
-            producer = "no producer running" + (f" (last one: {p['error']})" if p["error"] else "")
+        producer = f"producer job {p.job} (pid {p.pid})" if p.pid else f"producer job {p.job} {p.state}"
+        if p.outside:  # a hand-started run of the same script serves it: its jobs read that one
+            producer = f"served by a producer outside the manager (pid {p.outside})"
+        elif not p.live:
+            producer = "no producer running" + (f" (last one: {p.error})" if p.error else "")
         live = [
             j
             for j in jobs
@@ -371,7 +367,7 @@ def show(job_id: int, as_json: bool) -> None:
     if job.share and job.role != "producer" and job.state not in FINAL_STATES:
         from tandem.place.producers import status
 
-        elsewhere = status(st, job.share)["outside"]
+        elsewhere = status(st, job.share).outside
         if elsewhere:
             lines.append(f"  producer  served by a producer outside the manager (pid {elsewhere})")
     if data["reason"]:

@@ -345,15 +345,13 @@ class Daemon:
         if self.tracker is not None:
             self.tracker.poke()
             for done in self.tracker.take_results():
-                if done.get("job_id") is None:
+                if done.job_id is None or done.attempt is None:
                     continue  # a share's producer: its run is found by its tags
-                if done.get("run_id"):
-                    self.state.update_attempt(done["job_id"], done["attempt"], mlflow_run_id=done["run_id"])
-                    self.state.update_job(done["job_id"], mlflow_run_id=done["run_id"])
-                elif done.get("error"):
-                    self.state.event(
-                        done["job_id"], "tracking", f"not recorded in MLflow: {done.get('error')}"
-                    )
+                if done.run_id:
+                    self.state.update_attempt(done.job_id, done.attempt, mlflow_run_id=done.run_id)
+                    self.state.update_job(done.job_id, mlflow_run_id=done.run_id)
+                elif done.error:
+                    self.state.event(done.job_id, "tracking", f"not recorded in MLflow: {done.error}")
 
     def _schedule(self, now: float, waiting: list[Job], deps: Any) -> bool:
         """One pass over the waiting jobs: start what fits, say why the others wait. Whether

@@ -410,23 +410,38 @@ def ended(producer: Job) -> str:
     return cause + (f": {line}" if line and line not in cause else "")
 
 
-def status(state: StateReads, share: str) -> dict[str, Any]:
-    """The newest producer of ``share`` as ``tandem ls`` and the dashboard show it (the newest
-    running or waiting one where there is one): its job,
-    state, supervisor's pid and cores while it runs, and how it ended where it failed;
-    ``outside``: the pid of a producer outside the manager that serves it instead, or None."""
+@dataclasses.dataclass(frozen=True)
+class ProducerStatus:
+    """A share's producer as ``tandem ls``, ``show`` and the dashboard show it."""
+
+    job: int | None  # the newest producer job of the share (the newest live one if any)
+    state: str | None
+    pid: int | None  # its supervisor's, while it runs
+    cpus: float | None  # its cores, while it runs
+    started: float | None  # while it runs
+    error: str | None  # how it ended, where it failed
+    outside: int | None  # the pid of a producer outside the manager that serves it instead
+
+    @property
+    def live(self) -> bool:
+        """Does a producer of the manager run, or wait to, for the share?"""
+        return self.job is not None and self.state in (RUNNING, *WAITING_STATES)
+
+
+def status(state: StateReads, share: str) -> ProducerStatus:
+    """The newest producer of ``share`` (the newest running or waiting one where there is one)."""
     job = newest(state, share, live=True)
     last = job.attempts[-1] if job is not None and job.attempts else None
     running = job is not None and job.state == RUNNING and last is not None
-    return {
-        "job": job.id if job is not None else None,
-        "state": job.state if job is not None else None,
-        "pid": last.shim_pid if running and last is not None else None,
-        "cpus": last.placement.flat_figures()["cpus"] if running and last is not None else None,
-        "started": last.started if running and last is not None else None,
-        "error": ended(job) if job is not None and job.state in (FAILED, OOM) else None,
-        "outside": serving(share, job),
-    }
+    return ProducerStatus(
+        job=job.id if job is not None else None,
+        state=job.state if job is not None else None,
+        pid=last.shim_pid if running and last is not None else None,
+        cpus=last.placement.flat_figures()["cpus"] if running and last is not None else None,
+        started=last.started if running and last is not None else None,
+        error=ended(job) if job is not None and job.state in (FAILED, OOM) else None,
+        outside=serving(share, job),
+    )
 
 
 def group_jobs(state: State, producer: Job) -> list[Job]:

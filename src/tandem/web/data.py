@@ -146,19 +146,19 @@ class Reader:
             producer = producers.status(self.state, share.name)  # a job row of its own
             # A producer outside the manager serves it: the job row found is the one that
             # ended as not needed, never named as its producer (tandem.place.outside).
-            outside = producer["outside"]
+            outside = producer.outside
             out.append(
                 {
                     "name": share.name,
                     "source": share.spec.source,
                     "ref": share.spec.ref,
                     "batch_size": share.spec.batch_size,
-                    "producer_job": None if outside else producer["job"],
+                    "producer_job": None if outside else producer.job,
                     "outside_pid": outside,
-                    "producer_pid": producer["pid"],
-                    "cpus": producer["cpus"],
-                    "started": producer["started"],
-                    "error": producer["error"],
+                    "producer_pid": producer.pid,
+                    "cpus": producer.cpus,
+                    "started": producer.started,
+                    "error": producer.error,
                     "jobs": self.state.share_users(share.name),
                 }
             )

@@ -43,7 +43,19 @@ from tandem._safepath import module_command
 from tandem.place.model import PRODUCER_ROLE, param_value
 from tandem.place.run.metrics import tracking_ends as ends
 from tandem.place.run.metrics.tracking_ends import STOPPED
-from tandem.place.run.supervisor.files import DaemonFile, RunRef, read_json, save, write_json
+from tandem.place.run.supervisor.files import (
+    DaemonFile,
+    RunEnd,
+    RunMade,
+    RunOpen,
+    RunRef,
+    RunStart,
+    queued,
+    queued_keys,
+    read_record,
+    save,
+    write_record,
+)
 from tandem.watch.stores.base import absolute_uri
 
 log = logging.getLogger(__name__)
@@ -63,10 +75,10 @@ def queue_dir(state_dir: Path) -> Path:
     return state_dir / "track"
 
 
-def _put(state_dir: Path, name: str, record: dict[str, Any]) -> None:
+def _put(state_dir: Path, key: str, record: RunStart | RunEnd) -> None:
     q = queue_dir(state_dir)
     (q / "done").mkdir(parents=True, exist_ok=True)
-    write_json(q / name, record)
+    write_record(queued(q, key, type(record)), record)
 
 
 def run_key(job_id: int, attempt: int) -> str:
@@ -105,16 +117,16 @@ def run_started(
 ) -> None:
     """The daemon: an attempt (or a share's producer: no job) started; open its run (with the
     job's sweep point, ``params``, as the run's MLflow params)."""
-    record = {
-        "job_id": job_id,
-        "attempt": attempt,
-        "name": name,
-        "spool": str(spool),
-        "started": started,
-        "tags": {k: str(v) for k, v in tags.items()},
-        "params": {k: param_value(v) for k, v in (params or {}).items()},
-    }
-    _put(state_dir, f"{key}.start.json", record)
+    record = RunStart(
+        name=name,
+        spool=str(spool),
+        started=started,
+        job_id=job_id,
+        attempt=attempt,
+        tags={k: str(v) for k, v in tags.items()},
+        params={k: param_value(v) for k, v in (params or {}).items()},
+    )
+    _put(state_dir, key, record)
 
 
 def run_ended(
@@ -128,14 +140,14 @@ def run_ended(
 ) -> None:
     """The daemon: the attempt ended (at ``ended``, seconds since the epoch); close its run,
     with that end, once its spool is forwarded."""
-    record = {
-        "status": status,
-        "ended": ended,
-        "tags": {k: str(v) for k, v in tags.items()},
-        "log_file": str(log_file),
-        "summary": {k: v for k, v in summary.items() if v is not None},
-    }
-    _put(state_dir, f"{key}.end.json", record)
+    record = RunEnd(
+        status=status,
+        tags={k: str(v) for k, v in tags.items()},
+        log_file=str(log_file),
+        summary={k: v for k, v in summary.items() if v is not None},
+        ended=ended,
+    )
+    _put(state_dir, key, record)
 
 
 def daemon_tracker(state_dir: Path, store: str | None) -> Tracker:
@@ -213,12 +225,11 @@ class Tracker:
         """The attempts waiting for a run the failed helper did not make: their jobs start
         now, without one (it is made, later, when a helper runs again)."""
         q = queue_dir(self.state_dir)
-        for path in q.glob("*.start.json"):
-            key = path.name.removesuffix(".start.json")
-            start = read_json(path)
-            if start is None or (q / f"{key}.open.json").exists():
+        for key in queued_keys(q, RunStart):
+            start = read_record(queued(q, key, RunStart), RunStart)
+            if start is None or queued(q, key, RunOpen).exists():
                 continue
-            tell_job(Path(start["spool"]), RunRef(error=why))
+            tell_job(Path(start.spool), RunRef(error=why))
 
     def stop(self) -> None:
         """The daemon stops: its helper ends once it has written every open run (those of
@@ -228,18 +239,17 @@ class Tracker:
         if q.is_dir():
             (q / STOPPED).touch()
 
-    def take_results(self) -> list[dict[str, Any]]:
+    def take_results(self) -> list[RunMade]:
         """Take the helper's answers (each run it made: job, attempt, run id), oldest first:
         a queue's take, so each is removed as it is handed over (the daemon, their one
         consumer, records them in the state)."""
-        done = queue_dir(self.state_dir) / "done"
-        out: list[dict[str, Any]] = []
-        if not done.is_dir():
-            return out
-        for path in sorted(done.glob("*.json")):
-            data = read_json(path)
-            if data is not None:
-                out.append(data)
+        q = queue_dir(self.state_dir)
+        out: list[RunMade] = []
+        for key in queued_keys(q, RunMade):
+            path = queued(q, key, RunMade)
+            made = read_record(path, RunMade)
+            if made is not None:
+                out.append(made)
                 path.unlink(missing_ok=True)
         return out
 

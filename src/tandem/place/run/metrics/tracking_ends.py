@@ -34,7 +34,19 @@ import psutil
 
 from tandem.place.identity import serving_daemon
 from tandem.place.model import mlflow_status
-from tandem.place.run.supervisor.files import Result, ShimInfo, Usage, load, read_json, write_json
+from tandem.place.run.supervisor.files import (
+    Result,
+    RunClosed,
+    RunEnd,
+    RunStart,
+    ShimInfo,
+    Usage,
+    load,
+    queued,
+    queued_keys,
+    read_record,
+    write_record,
+)
 from tandem.place.run.supervisor.proctrack import host_id, same_process
 
 log = logging.getLogger(__name__)
@@ -69,7 +81,7 @@ def daemon_gone(state_dir: Path, q: Path, parent: int) -> bool:
     return serving_daemon(state_dir) is None
 
 
-def end_without_daemon(spool: Path, start: dict[str, Any], gone: bool) -> dict[str, Any] | None:
+def end_without_daemon(spool: Path, start: RunStart, gone: bool) -> RunEnd | None:
     """The end record (as the daemon's ``end.json``) for an open run whose attempt ended with
     no daemon to say so, or None while it runs (or a daemon may yet say it)."""
     adir = spool.parent
@@ -94,7 +106,7 @@ def end_without_daemon(spool: Path, start: dict[str, Any], gone: bool) -> dict[s
         return None
     shim = load(adir, ShimInfo)
     if shim is None:
-        if time.time() - float(start.get("started", 0)) < NEVER_STARTED_S:
+        if time.time() - start.started < NEVER_STARTED_S:
             return None
         tags = {"tandem.state": "lost", "tandem.cause": "its supervisor never started"}
         return _end("KILLED", tags, {}, adir)
@@ -121,21 +133,21 @@ def _silent_for(adir: Path) -> float:
 
 def _end(
     status: str, tags: dict[str, Any], summary: dict[str, Any], adir: Path, ended: float | None = None
-) -> dict[str, Any]:
+) -> RunEnd:
     tags = {**tags, "tandem.closed_by": "mlflow-helper"}
-    return {
-        "status": status,
-        "ended": ended,
-        "tags": {k: str(v) for k, v in tags.items() if v is not None},
-        "log_file": str(adir / "output.log"),
-        "summary": {k: v for k, v in summary.items() if v is not None},
-        "by_helper": True,
-    }
+    return RunEnd(
+        status=status,
+        tags={k: str(v) for k, v in tags.items() if v is not None},
+        log_file=str(adir / "output.log"),
+        summary={k: v for k, v in summary.items() if v is not None},
+        ended=ended,
+        by_helper=True,
+    )
 
 
 def closed_by_helper(q: Path, key: str, run_id: str) -> None:
     """Remember the run the helper closed, for an end a daemon may write later."""
-    write_json(q / f"{key}.closed.json", {"run_id": run_id, "t": time.time()})
+    write_record(queued(q, key, RunClosed), RunClosed(run_id, time.time()))
 
 
 def late_ends(q: Path, open_keys: set[str], uri: str, experiment: str) -> None:
@@ -144,37 +156,37 @@ def late_ends(q: Path, open_keys: set[str], uri: str, experiment: str) -> None:
     from tandem.watch.point import Point
     from tandem.watch.stores.mlflow_store import MlflowStore
 
-    for path in q.glob("*.end.json"):
-        key = path.name.removesuffix(".end.json")
-        if key in open_keys or (q / f"{key}.start.json").exists():
+    for key in queued_keys(q, RunEnd):
+        if key in open_keys or queued(q, key, RunStart).exists():
             continue  # its run is open, or about to be
-        closed, end = read_json(q / f"{key}.closed.json"), read_json(path)
-        if closed and closed.get("run_id") and end is not None:
+        path = queued(q, key, RunEnd)
+        closed, end = read_record(queued(q, key, RunClosed), RunClosed), read_record(path, RunEnd)
+        if closed is not None and closed.run_id and end is not None:
             try:
                 store = MlflowStore(uri, experiment)
-                store.resume(closed["run_id"])
+                store.resume(closed.run_id)
                 ms = int(time.time() * 1000)
-                store.log([Point(f"summary/{k}", float(v), ms, 0) for k, v in end["summary"].items()])
-                store.set_tags(end["tags"])
-                store.close(end["status"])
+                store.log([Point(f"summary/{k}", float(v), ms, 0) for k, v in end.summary.items()])
+                store.set_tags(end.tags)
+                store.close(end.status)
             except Exception:
                 log.exception("job %s: could not amend its run with its daemon's end; trying again", key)
                 continue
-            log.info("job %s: its run %s amended with its daemon's end", key, closed["run_id"])
+            log.info("job %s: its run %s amended with its daemon's end", key, closed.run_id)
         else:
             log.warning("job %s: an end with no run to close; dropped", key)
         path.unlink(missing_ok=True)
-        (q / f"{key}.closed.json").unlink(missing_ok=True)
-    for path in q.glob("*.closed.json"):
-        if time.time() - float((read_json(path) or {}).get("t", 0)) > KEEP_CLOSED_S:
-            path.unlink(missing_ok=True)
+        queued(q, key, RunClosed).unlink(missing_ok=True)
+    for key in queued_keys(q, RunClosed):
+        closed = read_record(queued(q, key, RunClosed), RunClosed)
+        if closed is None or time.time() - closed.t > KEEP_CLOSED_S:
+            queued(q, key, RunClosed).unlink(missing_ok=True)
 
 
 def open_runs(state_dir: Path) -> list[str]:
     """The runs of ``state_dir`` that no daemon has ended yet (those of jobs still running)."""
     q = state_dir / "track"
-    started = {p.name.removesuffix(".start.json") for p in q.glob("*.start.json")}
-    return sorted(k for k in started if not (q / f"{k}.end.json").exists())
+    return [k for k in queued_keys(q, RunStart) if not queued(q, k, RunEnd).exists()]
 
 
 # The helper's module now and before the split of run/: one started before an upgrade is found.

@@ -11,7 +11,6 @@ import os
 import sys
 import time
 from pathlib import Path
-from typing import Any
 
 from tandem.place.run.metrics import tracking_ends as ends
 from tandem.place.run.metrics.tracking import (
@@ -23,8 +22,8 @@ from tandem.place.run.metrics.tracking import (
     queue_dir,
     tell_job,
 )
-from tandem.place.run.supervisor import weights
-from tandem.place.run.supervisor.files import RunRef, read_json, write_json
+from tandem.place.run.supervisor import files, weights
+from tandem.place.run.supervisor.files import RunEnd, RunMade, RunOpen, RunRef, RunStart
 
 log = logging.getLogger(__name__)
 
@@ -32,20 +31,20 @@ log = logging.getLogger(__name__)
 class _OpenRun:
     """One attempt's MLflow run as the helper forwards it."""
 
-    def __init__(self, q: Path, key: str, start: dict[str, Any], uri: str, experiment: str) -> None:
+    def __init__(self, q: Path, key: str, start: RunStart, uri: str, experiment: str) -> None:
         from tandem.watch.stores.mlflow_store import MlflowStore
 
         self.q, self.key, self.start = q, key, start
-        self.spool = Path(start["spool"])
+        self.spool = Path(start.spool)
         self.store = MlflowStore(uri, experiment)
-        progress = read_json(q / f"{key}.open.json")
-        if progress and progress.get("run_id"):
-            self.store.resume(progress["run_id"])
-            self.offset = int(progress.get("offset", 0))
+        progress = files.read_record(files.queued(q, key, RunOpen), RunOpen)
+        if progress is not None and progress.run_id:
+            self.store.resume(progress.run_id)
+            self.offset = progress.offset
         else:
-            self.store.open(start["name"], start["tags"], int(start["started"] * 1000))
-            if start.get("params"):  # seen while it runs; its MLflow params come when it ends
-                self.store.set_tags({"tandem.params": json.dumps(start["params"])[:MAX_TAG]})
+            self.store.open(start.name, start.tags, int(start.started * 1000))
+            if start.params:  # seen while it runs; its MLflow params come when it ends
+                self.store.set_tags({"tandem.params": json.dumps(start.params)[:MAX_TAG]})
             self.offset = 0
             self._done(final=False)  # the daemon learns the run id at once
         self._save()
@@ -53,17 +52,11 @@ class _OpenRun:
         tell_job(self.spool, RunRef(self.store.uri, self.store.run_id, experiment))
 
     def _save(self) -> None:
-        write_json(self.q / f"{self.key}.open.json", {"run_id": self.store.run_id, "offset": self.offset})
+        files.write_record(files.queued(self.q, self.key, RunOpen), RunOpen(self.store.run_id, self.offset))
 
-    def _done(self, final: bool, error: str | None = None) -> None:
-        record = {
-            "job_id": self.start["job_id"],
-            "attempt": self.start["attempt"],
-            "final": final,
-            "run_id": self.store.run_id or None,
-            "error": error,
-        }
-        write_json(self.q / "done" / f"{self.key}.json", record)
+    def _done(self, final: bool) -> None:
+        made = RunMade(self.start.job_id, self.start.attempt, final, run_id=self.store.run_id or None)
+        files.write_record(files.queued(self.q, self.key, RunMade), made)
 
     def forward(self) -> None:
         """What the spool gained since the last call."""
@@ -85,26 +78,24 @@ class _OpenRun:
             self.offset = offset
             self._save()
 
-    def finish(self, end: dict[str, Any]) -> None:
+    def finish(self, end: RunEnd) -> None:
         from tandem.watch.point import Point
 
         self.forward()
         self._log_params()
         ms = int(time.time() * 1000)
-        self.store.log([Point(f"summary/{k}", float(v), ms, 0) for k, v in end["summary"].items()])
-        self.store.set_tags({**end["tags"], "tandem.mlflow_written": str(time.time())})
-        log_file = Path(end["log_file"])
+        self.store.log([Point(f"summary/{k}", float(v), ms, 0) for k, v in end.summary.items()])
+        self.store.set_tags({**end.tags, "tandem.mlflow_written": str(time.time())})
+        log_file = Path(end.log_file)
         if log_file.is_file():  # its newest part: the supervisor rotates it at half of --log-max
             self.store.log_artifact(log_file)
         # The run ends when its attempt did, not when the helper (low priority, behind on a
         # busy host) got to it: a report reads which jobs a producer's run overlapped.
-        ended = end.get("ended")
-        self.store.close(end["status"], int(ended * 1000) if ended else None)
-        if end.get("by_helper"):  # no daemon said it: one may yet (tracking_ends)
+        self.store.close(end.status, int(end.ended * 1000) if end.ended else None)
+        if end.by_helper:  # no daemon said it: one may yet (tracking_ends)
             ends.closed_by_helper(self.q, self.key, self.store.run_id)
         self._done(final=True)
-        for suffix in ("start", "end", "open"):
-            (self.q / f"{self.key}.{suffix}.json").unlink(missing_ok=True)
+        _unqueue(self.q, self.key)
 
     def _log_params(self) -> None:
         """The job's params, written once it has ended, so last: a job that logs its own
@@ -112,7 +103,7 @@ class _OpenRun:
         ``mlflow.log_params``) never meets a param tandem set (MLflow refuses to change one).
         Where the job logged another value, its own stays and tandem's is the tag
         ``tandem.param.NAME``. A failure here costs the params, never the run's closing."""
-        params = self.start.get("params") or {}
+        params = self.start.params
         try:
             differ = self.store.log_params(params)
             self.store.set_tags({f"tandem.param.{k}": params[k][:MAX_TAG] for k in differ})
@@ -126,22 +117,27 @@ def _open_new(
     """Open the run of each attempt that started since the last look (``weighted``: this
     process weighed :data:`START_WEIGHT` meanwhile, its jobs waiting, then back)."""
     seen = runs.keys() | failed
-    new = [p for p in sorted(q.glob("*.start.json")) if p.name.removesuffix(".start.json") not in seen]
+    new = [key for key in files.queued_keys(q, RunStart) if key not in seen]
     if new and weighted:
         weights.set_weight(os.getpid(), START_WEIGHT)
     try:
-        for path in new:
-            _open_one(q, path, runs, failed, uri, experiment)
+        for key in new:
+            _open_one(q, key, runs, failed, uri, experiment)
     finally:
         if new and weighted:
             weights.set_weight(os.getpid(), FORWARD_WEIGHT)
 
 
+def _unqueue(q: Path, key: str) -> None:
+    """The run's records gone from the queue: it is closed, or will not be made."""
+    for cls in (RunStart, RunEnd, RunOpen):
+        files.queued(q, key, cls).unlink(missing_ok=True)
+
+
 def _open_one(
-    q: Path, path: Path, runs: dict[str, _OpenRun], failed: set[str], uri: str, experiment: str
+    q: Path, key: str, runs: dict[str, _OpenRun], failed: set[str], uri: str, experiment: str
 ) -> None:
-    key = path.name.removesuffix(".start.json")
-    start = read_json(path)
+    start = files.read_record(files.queued(q, key, RunStart), RunStart)
     if start is not None:
         try:
             runs[key] = _OpenRun(q, key, start, uri, experiment)
@@ -149,17 +145,10 @@ def _open_one(
             logging.exception("job %s: no MLflow run", key)
             failed.add(key)
             error = f"{type(exc).__name__}: {exc}"
-            record = {
-                "job_id": start["job_id"],
-                "attempt": start["attempt"],
-                "final": True,
-                "run_id": None,
-                "error": error,
-            }
-            write_json(q / "done" / f"{key}.json", record)
-            tell_job(Path(start["spool"]), RunRef(uri, "", experiment, error))
-            for suffix in ("start", "end", "open"):
-                (q / f"{key}.{suffix}.json").unlink(missing_ok=True)
+            made = RunMade(start.job_id, start.attempt, True, error=error)
+            files.write_record(files.queued(q, key, RunMade), made)
+            tell_job(Path(start.spool), RunRef(uri, "", experiment, error))
+            _unqueue(q, key)
 
 
 def main(argv: list[str]) -> int:
@@ -219,7 +208,7 @@ def main(argv: list[str]) -> int:
             last_forward = time.monotonic()
             gone = ends.daemon_gone(state_dir, q, parent)
             for key, run in list(runs.items()):
-                end = read_json(q / f"{key}.end.json")
+                end = files.read_record(files.queued(q, key, RunEnd), RunEnd)
                 try:
                     if end is None:  # the job's own result where no daemon will say it ended
                         end = ends.end_without_daemon(run.spool, run.start, gone)

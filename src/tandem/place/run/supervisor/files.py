@@ -122,13 +122,19 @@ def moved_from(held: Path, path: Path) -> str | None:
 
 def save(directory: Path, record: Any) -> None:
     """Write ``record`` to its file in ``directory`` (OSError if it cannot be written)."""
-    write_json(directory / record.FILE, dataclasses.asdict(record))
+    write_record(directory / record.FILE, record)
 
 
 def load(directory: Path, cls: type[R]) -> R | None:
     """The record of type ``cls`` in ``directory``; None if absent, partial or not of this
     version's shape."""
-    data = read_json(directory / cls.FILE)  # type: ignore[attr-defined]
+    return read_record(directory / cls.FILE, cls)  # type: ignore[attr-defined]
+
+
+def read_record(path: Path, cls: type[R]) -> R | None:
+    """The record of type ``cls`` (a dataclass) in ``path``; None if absent, partial or not
+    of this version's shape (a field it does not know is left out)."""
+    data = read_json(path)
     if data is None:
         return None
     known = {f.name for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
@@ -220,6 +226,88 @@ class RunRef:
     run_id: str = ""
     experiment: str = ""
     error: str | None = None
+
+
+# The MLflow queue (``state/track``): the daemon's records of each attempt's run, which the
+# MLflow helper (tandem.place.run.metrics.tracking_helper) serves, and the helper's own. Each
+# names its file in the queue by the run's key (job-attempt: tandem.place.run.metrics.tracking).
+
+
+@dataclass(frozen=True)
+class RunStart:
+    """The daemon: an attempt (or a share's producer: no job) started; open its run."""
+
+    NAME: ClassVar[str] = "{key}.start.json"  # kept while the run is open
+    name: str
+    spool: str  # the attempt's spool of points, which the helper forwards
+    started: float  # seconds since the epoch
+    job_id: int | None = None
+    attempt: int | None = None
+    tags: dict[str, str] = field(default_factory=dict)
+    params: dict[str, str] = field(default_factory=dict)  # the job's sweep point
+
+
+@dataclass(frozen=True)
+class RunEnd:
+    """The attempt ended (said by the daemon, or by the helper where no daemon will): close
+    its run with this, once its spool is forwarded."""
+
+    NAME: ClassVar[str] = "{key}.end.json"
+    status: str  # MLflow's: FINISHED, FAILED, KILLED
+    tags: dict[str, str]
+    log_file: str
+    summary: dict[str, float]
+    ended: float | None = None  # seconds since the epoch
+    by_helper: bool = False  # no daemon said it: one may yet (tracking_ends)
+
+
+@dataclass(frozen=True)
+class RunOpen:
+    """The helper's progress on an open run: its id, and how far into the spool it is."""
+
+    NAME: ClassVar[str] = "{key}.open.json"
+    run_id: str
+    offset: int = 0
+
+
+@dataclass(frozen=True)
+class RunClosed:
+    """A run the helper closed with no daemon's end: kept for an end a daemon writes later."""
+
+    NAME: ClassVar[str] = "{key}.closed.json"
+    run_id: str
+    t: float  # when it was closed, seconds since the epoch
+
+
+@dataclass(frozen=True)
+class RunMade:
+    """The helper's answer to the daemon: the run it made for an attempt, or why none."""
+
+    NAME: ClassVar[str] = "done/{key}.json"
+    job_id: int | None
+    attempt: int | None
+    final: bool  # its last answer: the run is closed, or will not be made
+    run_id: str | None = None
+    error: str | None = None
+
+
+QueueRecord = RunStart | RunEnd | RunOpen | RunClosed | RunMade
+
+
+def queued(q: Path, key: str, cls: type[QueueRecord]) -> Path:
+    """The file of ``cls``'s record of run ``key`` in the MLflow queue ``q``."""
+    return q / cls.NAME.format(key=key)
+
+
+def queued_keys(q: Path, cls: type[QueueRecord]) -> list[str]:
+    """The keys of the runs with a record of ``cls`` in ``q``, in order."""
+    head, _, tail = cls.NAME.partition("{key}")
+    return sorted(p.name.removesuffix(tail) for p in (q / head).glob(f"*{tail}"))
+
+
+def write_record(path: Path, record: Any) -> None:
+    """Write ``record`` (a dataclass) to ``path`` whole."""
+    write_json(path, dataclasses.asdict(record))
 
 
 # What a write says when the disk will not take it (full, failing, read-only, over quota).
