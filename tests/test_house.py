@@ -160,6 +160,61 @@ def test_no_import_goes_around_a_packages_declared_doors() -> None:
     assert not around, "\n".join(around)
 
 
+def _face_for_type_checkers() -> dict[str, str]:
+    """The names ``tandem.place`` gives type checkers (its ``if TYPE_CHECKING:`` imports), as
+    its ``_FACE`` writes them: name -> ``MODULE:ATTRIBUTE`` or ``MODULE``, below tandem.place."""
+    modules = _modules()
+    tree = ast.parse((SRC / "place" / "__init__.py").read_text())
+    (block,) = [n for n in tree.body if isinstance(n, ast.If) and ast.unparse(n.test) == "TYPE_CHECKING"]
+    out = {}
+    for node in block.body:
+        assert isinstance(node, ast.ImportFrom) and node.module, ast.unparse(node)
+        module = node.module.removeprefix("tandem.place").removeprefix(".")
+        for a in node.names:
+            if f"{node.module}.{a.name}" not in modules:
+                out[a.asname or a.name] = f"{module}:{a.name}"
+            else:  # a module
+                out[a.asname or a.name] = f"{module}.{a.name}".lstrip(".")
+    return out
+
+
+def test_the_manager_s_face_names_each_export_once_for_runtime_and_type_checkers() -> None:
+    import subprocess
+    import sys
+
+    import tandem.place
+
+    assert _face_for_type_checkers() == tandem.place._FACE
+    for name in tandem.place._FACE:
+        assert getattr(tandem.place, name) is not None, name
+    # Importing the face imports none of the manager: the CLI starts fast.
+    code = "import sys, tandem.place; print(sorted(m for m in sys.modules if m.startswith('tandem.place.')))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]", out
+
+
+def test_the_other_packages_use_the_manager_through_its_face_only() -> None:
+    """The CLI, the dashboard, ``tandem.jobs``, ``tandem.select`` and the rest import
+    ``tandem.place`` and its face's names, never one of its modules (lazy imports too)."""
+    import tandem.place
+
+    modules = _modules()
+    around = []
+    for name, path in modules.items():
+        if _inside(name, "tandem.place"):
+            continue
+        for target in sorted(_imports(name, path)):
+            if not _inside(target, "tandem.place") or target == "tandem.place":
+                continue
+            if (
+                target.rpartition(".")[0] == "tandem.place"
+                and target.rpartition(".")[2] in tandem.place._FACE
+            ):
+                continue
+            around.append(f"{name} imports {target}")
+    assert not around, "\n".join(around)
+
+
 def test_request_handlers_do_not_import_the_daemon() -> None:
     """A handler returns what it changed and the daemon sets its own flags: requests.py
     reaches none of the daemon (no import, lazy or for types)."""

@@ -35,10 +35,21 @@ from pathlib import Path
 from typing import Any
 
 from tandem._safepath import module_command
-from tandem.place import client
-from tandem.place.model import FINAL_STATES, JobSpec, param_value, parse_gpu_mem, parse_job_cpus, parse_mem
-from tandem.place.protocol import Cancel
-from tandem.place.state import StateReader, private_dir, state_dir
+from tandem.place import (
+    FINAL_STATES,
+    Cancel,
+    JobSpec,
+    StateReader,
+    param_value,
+    parse_gpu_mem,
+    parse_job_cpus,
+    parse_mem,
+    private_dir,
+    state_dir,
+)
+from tandem.place import request as send_request
+from tandem.place import submit as send
+from tandem.place import submit_many as send_many
 
 __all__ = ["Job", "JobFailed", "call", "job", "submit", "submit_many"]
 
@@ -104,7 +115,7 @@ class Job:
 
     def cancel(self) -> bool:
         """Cancel it (a running job's process tree is stopped); False if it had ended."""
-        reply = client.request(self._dir, Cancel([self.id]))
+        reply = send_request(self._dir, Cancel([self.id]))
         return self.id in reply.cancelled
 
     def logs(self) -> str:
@@ -210,7 +221,7 @@ def submit(
     # The one check of every entry (tandem.dirs): a shared, foreign or linked directory is
     # refused here, before a daemon is started for it or a log written in it.
     directory = state_dir() if state_dir_path is None else private_dir(Path(state_dir_path))
-    reply = client.submit(directory, _spec(command, cwd, options))
+    reply = send(directory, _spec(command, cwd, options))
     return Job(reply.id, directory)
 
 
@@ -232,7 +243,7 @@ def submit_many(
     state_dir_path = options.pop("state_dir_path", None)
     specs = [_spec(c, cwd, {**options, "params": p}) for c, p in zip(commands, per_job)]
     directory = state_dir() if state_dir_path is None else private_dir(Path(state_dir_path))
-    reply = client.submit_many(directory, specs)
+    reply = send_many(directory, specs)
     return [Job(job_id, directory) for job_id in reply.ids]
 
 
@@ -263,7 +274,7 @@ def call(fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Job:
     (call_dir / "paths.json").write_text(json.dumps([p for p in paths if os.path.isdir(p)]))
     options.setdefault("name", getattr(fn, "__qualname__", None))
     command = module_command("tandem._callee", str(call_dir))
-    reply = client.submit(directory, _spec(command, None, options))
+    reply = send(directory, _spec(command, None, options))
     return Job(reply.id, directory, call_dir)
 
 

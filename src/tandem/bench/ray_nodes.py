@@ -224,7 +224,7 @@ class NodesCluster:
         server has it: ``ip netns exec`` mounts a fresh ``/sys`` without it."""
         if self.cgroups is None:
             return ""
-        from tandem.place.run.supervisor.cgroups import Cgroups
+        from tandem.place import Cgroups
 
         mount = next(m for m in Cgroups().mounts if m.point in (self.cgroups, *self.cgroups.parents))
         point = shlex.quote(str(mount.point))
@@ -298,7 +298,7 @@ def _process(pid: int) -> psutil.Process | None:
 def _memory_cgroups() -> Path | None:
     """This process's memory cgroup, where a node's own (limited) can be made: v1's memory
     hierarchy, or v2 where the memory controller is delegated to children; None elsewhere."""
-    from tandem.place.run.supervisor.cgroups import Cgroups
+    from tandem.place import Cgroups
 
     for d in Cgroups().dirs("memory"):
         v2 = (d / "cgroup.controllers").exists()

@@ -85,7 +85,7 @@ def _say_cluster_trouble() -> None:
     """Every command says it while the daemon's Ray cluster does not answer (its head lost):
     the jobs there are not followed."""
     from tandem.dirs import state_dir_path
-    from tandem.place.paths import cluster_trouble
+    from tandem.place import cluster_trouble
 
     try:
         said = cluster_trouble(state_dir_path())

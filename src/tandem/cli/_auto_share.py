@@ -27,8 +27,7 @@ SERVE_WITHIN_S = 600.0  # for the producer job to be admitted, import the datase
 def share_auto(spec_file: Path, state_dir: Path) -> None:
     """Have the daemon of STATE_DIR serve SPEC_FILE (a drop-in loader's) to this job
     ($TANDEM_JOB_ID) and its sweep; print the share's name once its producer serves."""
-    from tandem.place import protocol
-    from tandem.place.client import request
+    from tandem.place import protocol, request
     from tandem.share.serving import AutoSpec
     from tandem.share.spec import ShareSpec
 
@@ -58,9 +57,8 @@ def share_auto(spec_file: Path, state_dir: Path) -> None:
 
 def _until_served(state_dir: Path, name: str, producer: int) -> None:
     """Wait until share ``name`` is served, or its producer job has ended (its error)."""
-    from tandem.place.model import FINAL_STATES
-    from tandem.place.producers import error
-    from tandem.place.state import StateReader
+    from tandem.place import FINAL_STATES, StateReader
+    from tandem.place import producer_error as error
     from tandem.share.serving import served
 
     reader = StateReader(state_dir)
@@ -95,7 +93,7 @@ def not_needed(spec_file: Path, name: str) -> None:
     """The manager's producer of auto share ``name`` (spec ``spec_file``) found it served by a
     process outside the manager (a hand-started run of the same script): it is not needed, and
     says so (:mod:`tandem.place.outside`); it ends with exit 0, its jobs read that one."""
-    from tandem.place.outside import report
+    from tandem.place import outside_report as report
     from tandem.share.serving import server_pid
 
     click.echo(report(spec_file, name, server_pid(name)), err=True)

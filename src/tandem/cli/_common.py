@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 import click
 
 if TYPE_CHECKING:  # the state is imported when a command needs it: tandem --help stays light
-    from tandem.place.state import StateReader
+    from tandem.place import StateReader
 
 # Exit codes: one table for every command (docs/concepts/place-reliability.md), applied here: by
 # daemon_call (the daemon's answers), by the command group (a state or runtime directory that
@@ -56,13 +56,7 @@ class Exit(click.ClickException):
 
 def daemon_call(call: Any, *args: Any, **kwargs: Any) -> Any:
     """``call(*args, **kwargs)`` with the job manager client's errors as messages and exit codes."""
-    from tandem.place.client import (
-        DaemonDiskFull,
-        DaemonError,
-        DaemonNotRunning,
-        DaemonRefused,
-        DaemonTimeout,
-    )
+    from tandem.place import DaemonDiskFull, DaemonError, DaemonNotRunning, DaemonRefused, DaemonTimeout
 
     try:
         return call(*args, **kwargs)
@@ -81,7 +75,7 @@ def daemon_call(call: Any, *args: Any, **kwargs: Any) -> Any:
 def open_state() -> StateReader:
     """The job manager's state, read-only (:class:`tandem.place.reads.StateReader`: it
     makes, migrates and moves nothing), or a clear error."""
-    from tandem.place.state import StateError, StateReader, state_dir
+    from tandem.place import StateError, StateReader, state_dir
 
     directory = state_dir()  # one that may not be used: the command group's exit 2
     try:
@@ -93,8 +87,8 @@ def open_state() -> StateReader:
 def request(message: Any, timeout: float = 10.0) -> Any:
     """One request to the daemon of this state directory: its reply record
     (:mod:`tandem.place.protocol`)."""
-    from tandem.place.client import request as send
-    from tandem.place.state import state_dir
+    from tandem.place import request as send
+    from tandem.place import state_dir
 
     return daemon_call(send, state_dir(), message, timeout=timeout)
 
@@ -103,7 +97,7 @@ def request(message: Any, timeout: float = 10.0) -> Any:
 
 
 def to_size(_ctx: click.Context, _param: click.Parameter, value: str | None) -> int | None:
-    from tandem.place.model import parse_size
+    from tandem.place import parse_size
 
     if value is None:
         return None
@@ -114,7 +108,7 @@ def to_size(_ctx: click.Context, _param: click.Parameter, value: str | None) -> 
 
 
 def to_gpu_mem(_ctx: click.Context, _param: click.Parameter, value: str) -> int | None:
-    from tandem.place.model import parse_gpu_mem
+    from tandem.place import parse_gpu_mem
 
     try:
         return parse_gpu_mem(value)
@@ -123,7 +117,7 @@ def to_gpu_mem(_ctx: click.Context, _param: click.Parameter, value: str) -> int 
 
 
 def to_job_cpus(_ctx: click.Context, _param: click.Parameter, value: str) -> float:
-    from tandem.place.model import parse_job_cpus
+    from tandem.place import parse_job_cpus
 
     try:
         return parse_job_cpus(value)
@@ -132,7 +126,7 @@ def to_job_cpus(_ctx: click.Context, _param: click.Parameter, value: str) -> flo
 
 
 def to_cpus(_ctx: click.Context, _param: click.Parameter, value: str | None) -> float | None:
-    from tandem.place.model import parse_cpus
+    from tandem.place import parse_cpus
 
     if value is None:
         return None

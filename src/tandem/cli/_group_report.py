@@ -10,15 +10,13 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from tandem.place.model import params_text
+from tandem.place import params_text
 
 
 def sweep_reports(refs: tuple[str, ...], metrics: tuple[str, ...], best: str | None) -> list[dict[str, Any]]:
     """The report of each ``group:G`` among ``refs`` that is a group of the job manager."""
     from tandem.dirs import state_dir_path
-    from tandem.place.run.metrics.tracking import manager_store
-    from tandem.place.state import StateReader, state_dir
-    from tandem.place.sweep_report import group_report
+    from tandem.place import StateReader, group_report, manager_store, state_dir
     from tandem.watch.stores.mlflow_store import sqlite_path
 
     groups = [r.removeprefix("group:") for r in refs if r.startswith("group:")]

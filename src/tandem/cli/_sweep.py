@@ -8,7 +8,7 @@ from pathlib import Path
 import click
 
 from tandem.cli._common import daemon_call
-from tandem.place.model import JobSpec
+from tandem.place import JobSpec
 
 
 def submit_sweep(
@@ -16,9 +16,9 @@ def submit_sweep(
 ) -> None:
     """Expand the points here (so a bad grid or file is said before anything is sent), send
     the template and the points, print the group first, then what was made."""
-    from tandem.place.client import submit_sweep as send
-    from tandem.place.state import state_dir
-    from tandem.place.sweep import SweepError, grid_points, job_of, parse_grid, read_params, unused
+    from tandem.place import SweepError, grid_points, job_of, parse_grid, read_params, state_dir
+    from tandem.place import submit_sweep as send
+    from tandem.place import unused_params as unused
 
     if grid and params_file:
         raise click.UsageError("give --grid or --params, not both")

@@ -20,10 +20,7 @@ from typing import Any
 import click
 
 from tandem.cli._common import EXIT_NO_DAEMON, daemon_call, request, to_cpus, to_size
-from tandem.place.config import DaemonConfig
-from tandem.place.model import format_size
-from tandem.place.policies import POLICIES, Limits
-from tandem.place.resources import Cap
+from tandem.place import POLICIES, Cap, DaemonConfig, Limits, format_size
 from tandem.units import format_cores
 
 _DEFAULT = DaemonConfig()
@@ -127,10 +124,15 @@ window_option = click.option(
 def daemon_start(foreground: bool, as_json: bool, **options: Any) -> None:
     """Start the daemon (capacity defaults to what the machine has). Its configuration is
     kept in the state directory for every later daemon there."""
-    from tandem.place.client import DaemonError, is_running, start_daemon
-    from tandem.place.daemon import DaemonRunning, run_daemon
-    from tandem.place.identity import check_may_start
-    from tandem.place.state import state_dir
+    from tandem.place import (
+        DaemonError,
+        DaemonRunning,
+        check_may_start,
+        is_running,
+        run_daemon,
+        start_daemon,
+        state_dir,
+    )
 
     config = _config(options)
     directory = state_dir()
@@ -139,7 +141,7 @@ def daemon_start(foreground: bool, as_json: bool, **options: Any) -> None:
     check_may_start(directory)  # read-only, or a kept copy to restore: exit 2, nothing written
     config = _kept_backend(directory, config)
     if config.backend == "local":  # what this machine can give, checked before it is kept
-        from tandem.place.devices import Nvml, detect_capacity
+        from tandem.place import Nvml, detect_capacity
 
         nvml = Nvml() if config.gpus != "none" else None
         try:
@@ -172,7 +174,7 @@ def _kept_backend(directory: Path, config: DaemonConfig) -> DaemonConfig:
     local one that would run the cluster's queue on one machine). Given and not the kept
     one: refused while jobs run on the kept one (the new daemon would lose sight of them),
     saying how to start it, and how to switch."""
-    from tandem.place.config import CONFIG_FILE
+    from tandem.place import CONFIG_FILE
 
     if not (directory / CONFIG_FILE).exists():
         return config
@@ -182,7 +184,7 @@ def _kept_backend(directory: Path, config: DaemonConfig) -> DaemonConfig:
         return dataclasses.replace(config, backend=kept.backend, address=config.address or kept.address)
     if kept.backend == config.backend:
         return config
-    from tandem.place.reads import StateReader
+    from tandem.place import StateReader
 
     try:
         reader = StateReader(directory)
@@ -232,17 +234,14 @@ def _config(options: dict[str, Any]) -> DaemonConfig:
 @click.option("--timeout", type=float, default=30.0, show_default=True)
 def daemon_stop(timeout: float) -> None:
     """Stop the daemon. Running jobs go on; the next daemon adopts them."""
-    from tandem.place.client import daemon_pid, is_running
-    from tandem.place.run.metrics.tracking import helper_pid
-    from tandem.place.run.metrics.tracking_ends import open_runs
-    from tandem.place.state import state_dir
+    from tandem.place import daemon_pid, helper_pid, is_running, open_runs, state_dir
 
     directory = state_dir()
     if not daemon_call(is_running, directory):
         click.echo(f"no daemon serves {directory}", err=True)
         return
     pid = daemon_pid(directory)
-    from tandem.place.protocol import Stop
+    from tandem.place import Stop
 
     request(Stop())
     deadline = time.monotonic() + timeout
@@ -274,8 +273,7 @@ def daemon_stop(timeout: float) -> None:
 def daemon_restore() -> None:
     """Put back the records a daemon kept when its database was removed under it
     (place.db.saved-*), so that the next daemon goes on with their queued and running jobs."""
-    from tandem.place.identity import restore_saved
-    from tandem.place.state import state_dir
+    from tandem.place import restore_saved, state_dir
 
     click.echo(restore_saved(state_dir()), err=True)
 
@@ -296,8 +294,7 @@ def _alive(pid: int | None) -> bool:
 @click.option("--json", "as_json", is_flag=True)
 def daemon_status(as_json: bool) -> None:
     """The daemon's pid, policy, capacity and what is in use."""
-    from tandem.place.client import is_running
-    from tandem.place.state import state_dir
+    from tandem.place import is_running, state_dir
 
     if not daemon_call(is_running, state_dir()):
         if as_json:
@@ -305,7 +302,7 @@ def daemon_status(as_json: bool) -> None:
         else:
             click.echo(f"no daemon serves {state_dir()}")
         sys.exit(EXIT_NO_DAEMON)
-    from tandem.place.protocol import Status
+    from tandem.place import Status
 
     reply = request(Status())
     if as_json:
@@ -396,8 +393,8 @@ def replay(
     slowdown against running alone, utilisation, energy and OOM crashes."""
     from rich.console import Console
 
-    from tandem.place.sim import trace as traces
-    from tandem.place.sim.replay import compare, run_simulations, write_report
+    from tandem.place import compare_policies as compare
+    from tandem.place import run_simulations, traces, write_report
 
     try:
         if fmt == "philly":
@@ -418,7 +415,7 @@ def replay(
     else:
         if any(not j.spec.command for j in jobs):
             raise click.UsageError(f"{trace_path} has jobs without a command: add --simulate to simulate it")
-        from tandem.place.sim.live_replay import replay_live
+        from tandem.place import replay_live
 
         results = {}
         for policy in chosen:

@@ -33,7 +33,7 @@ def dashboard(port: int, host: str, no_open: bool, max_streams: int) -> None:
     Opens a browser on its login page (a 0600 file of yours holding a one-time code; its path
     is printed) and prints its URL; works with or without a running daemon."""
     require("dashboard", "starlette", "uvicorn")
-    from tandem.place.state import state_dir
+    from tandem.place import state_dir
     from tandem.web.server import binds_loopback_only, serve
 
     if not binds_loopback_only(host):

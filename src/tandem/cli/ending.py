@@ -24,7 +24,7 @@ from tandem.cli._common import (
     request,
     unknown_job,
 )
-from tandem.place.model import CANCELLED, FINAL_STATES, SUCCEEDED
+from tandem.place import CANCELLED, FINAL_STATES, SUCCEEDED
 
 
 @click.command("cancel")
@@ -33,7 +33,7 @@ from tandem.place.model import CANCELLED, FINAL_STATES, SUCCEEDED
 def cancel(ids: tuple[str, ...], everything: bool) -> None:
     """Cancel jobs (IDS, group:G for a group's): a waiting job leaves the queue; a running
     job's whole process tree gets SIGTERM, then SIGKILL after a grace period."""
-    from tandem.place.protocol import Cancel
+    from tandem.place import Cancel
 
     groups, ids = _groups(ids)
     if not (ids or groups or everything):
@@ -143,8 +143,7 @@ def _groups(args: tuple[str, ...]) -> tuple[list[str], tuple[str, ...]]:
 
 def _wait_for(state: Any, wanted: list[int], timeout: float | None) -> list[Any]:
     """The jobs once all have ended; exits 124 after ``timeout`` s, 125 when no daemon runs."""
-    from tandem.place.client import is_running
-    from tandem.place.state import state_dir
+    from tandem.place import is_running, state_dir
 
     deadline = None if timeout is None else time.monotonic() + timeout
     next_check = time.monotonic() + 5.0

@@ -27,15 +27,7 @@ from tandem.cli._common import (
     to_size,
     unknown_job,
 )
-from tandem.place.model import (
-    FINAL_STATES,
-    MAX_PRIORITY,
-    STATES,
-    WAITING_STATES,
-    JobSpec,
-    format_size,
-    param_value,
-)
+from tandem.place import FINAL_STATES, MAX_PRIORITY, STATES, WAITING_STATES, JobSpec, format_size, param_value
 from tandem.units import format_cores
 
 
@@ -180,13 +172,13 @@ def submit(
     problem = spec.problem()
     if problem:
         raise click.UsageError(problem)
-    from tandem.place.client import submit as send
-    from tandem.place.state import state_dir
+    from tandem.place import state_dir
+    from tandem.place import submit as send
 
     # It starts a daemon where none answers (and again if one dies while it waits).
     reply = daemon_call(send, state_dir(), spec)
     if as_json:
-        from tandem.place.views import job_json, strict_json
+        from tandem.place import job_json, strict_json
 
         job = open_state().job(reply.id)
         if job is None:  # removed (tandem rm) between its submit and this read
@@ -208,7 +200,7 @@ def submit(
 def ls(show_all: bool, limit: int, before: int | None, as_json: bool) -> None:
     """The queue: waiting and running jobs (each waiting one with the reason), and the last
     ended ones. Reads only these rows, so it stays fast over a long history."""
-    from tandem.place.views import LS_COLUMNS, job_json, ls_row, strict_json
+    from tandem.place import LS_COLUMNS, job_json, ls_row, strict_json
 
     st = open_state()
     if show_all:
@@ -242,8 +234,7 @@ def _unserved(jobs: list[Any]) -> str | None:
     their states are as last known (a running one may have ended since); else None."""
     if all(j.state in FINAL_STATES for j in jobs):
         return None
-    from tandem.place.run.supervisor.files import DaemonFile
-    from tandem.place.state import state_dir
+    from tandem.place import DaemonFile, state_dir
 
     directory = state_dir()
     # Where the last daemon listened, as it wrote it (a read: it makes no runtime directory).
@@ -288,7 +279,7 @@ def _aligned(columns: list[str], rows: list[list[str]], right: tuple[str, ...]) 
 
 def _print_share_groups(st: Any, jobs: list[Any]) -> None:
     """One line per shared dataset that jobs here use: its producer (a job) and its jobs."""
-    from tandem.place import producers
+    from tandem.place import producer_status
 
     used = {j.share for j in jobs if j.share}
     for share in st.shares():
@@ -297,7 +288,7 @@ def _print_share_groups(st: Any, jobs: list[Any]) -> None:
         members = [j for j in jobs if j.share == share.name and j.role != "producer"]
         running = sum(j.state == "running" for j in members)
         waiting = sum(j.state in WAITING_STATES for j in members)
-        p = producers.status(st, share.name)
+        p = producer_status(st, share.name)
         producer = f"producer job {p.job} (pid {p.pid})" if p.pid else f"producer job {p.job} {p.state}"
         if p.outside:  # a hand-started run of the same script serves it: its jobs read that one
             producer = f"served by a producer outside the manager (pid {p.outside})"
@@ -331,7 +322,8 @@ def _producer_where(job: Any) -> str:
 @click.option("--json", "as_json", is_flag=True)
 def show(job_id: int, as_json: bool) -> None:
     """One job: its request, attempts, placement, how it ended (with the log line), peaks."""
-    from tandem.place.views import job_json, starting, strict_json
+    from tandem.place import is_starting as starting
+    from tandem.place import job_json, strict_json
 
     st = open_state()
     job = st.job(job_id)
@@ -365,7 +357,7 @@ def show(job_id: int, as_json: bool) -> None:
     if data["selection"]:
         lines.append(f"  selection {data['selection']} (tandem select show {data['selection']})")
     if job.share and job.role != "producer" and job.state not in FINAL_STATES:
-        from tandem.place.producers import status
+        from tandem.place import producer_status as status
 
         elsewhere = status(st, job.share).outside
         if elsewhere:

@@ -12,7 +12,7 @@ from typing import Any
 import click
 
 from tandem.cli._common import Exit
-from tandem.place.model import params_text
+from tandem.place import params_text
 from tandem.select.methods import METHODS  # the registry alone: no torch
 
 EXIT_BAD_INPUT = 2
@@ -349,7 +349,7 @@ def select_report(sel_id: str, baseline_run: str | None, as_json: bool) -> None:
 
 def _manager_state() -> Any:
     """The job manager's state, if it has one (None before its first job or share)."""
-    from tandem.place.state import StateReader, state_dir_path
+    from tandem.place import StateReader, state_dir_path
 
     return StateReader(state_dir_path()) if (state_dir_path() / "place.db").exists() else None
 
@@ -357,7 +357,7 @@ def _manager_state() -> Any:
 def _state_or_none() -> Any:
     """The job manager's state; None where it has none, or it cannot be read (a report
     then counts the runs noted among the selection's uses alone)."""
-    from tandem.place.paths import StateError
+    from tandem.place import StateError
 
     try:
         return _manager_state()

@@ -23,7 +23,7 @@ import click
 
 from tandem.cli._auto_share import share_auto
 from tandem.cli._common import EXIT_USAGE, Exit, daemon_call, to_cpus, to_size
-from tandem.place.model import format_size
+from tandem.place import format_size
 from tandem.share.spec import DTYPES, OBJECT_FORMS, ShareSpec, SpecError
 
 
@@ -265,9 +265,7 @@ def share_define(cpus: float | None, mem: int | None, **options: Any) -> None:
     producer, started with the first such job and stopped after the last. Takes every
     option of tandem share serve. The reference is checked now (from its module's source
     where that suffices: an error in the module's own imports fails its producer's jobs)."""
-    from tandem.place import protocol
-    from tandem.place.client import ensure_daemon, request
-    from tandem.place.state import state_dir
+    from tandem.place import ensure_daemon, protocol, request, state_dir
     from tandem.select import SelectError
 
     # Its producer runs this interpreter: the daemon may have been started from another
@@ -303,7 +301,7 @@ def share_define(cpus: float | None, mem: int | None, **options: Any) -> None:
 def _selection_job(spec: ShareSpec) -> Any:
     """The job that makes the share's selection once (``--select``), or None; a stored
     selection it names (``--selection``) must exist. :class:`SelectError` otherwise."""
-    from tandem.place.model import JobSpec
+    from tandem.place import JobSpec
     from tandem.select import SelectError
     from tandem.select.for_share import select_command
     from tandem.select.store import load
@@ -331,9 +329,7 @@ def _selection_job(spec: ShareSpec) -> Any:
 @click.argument("names", nargs=-1, required=True)
 def share_rm(names: tuple[str, ...]) -> None:
     """Remove the definitions NAMES (not while a waiting or running job reads one)."""
-    from tandem.place import protocol
-    from tandem.place.client import ensure_daemon, request
-    from tandem.place.state import state_dir
+    from tandem.place import ensure_daemon, protocol, request, state_dir
 
     directory = state_dir()
     daemon_call(ensure_daemon, directory)

@@ -348,7 +348,7 @@ def report(
     from rich.console import Console
 
     from tandem.cli._group_report import print_sweep, sweep_html, sweep_reports
-    from tandem.place.sweep_report import ReportError, parse_best
+    from tandem.place import ReportError, parse_best
     from tandem.watch.report import (
         DEFAULT_PANELS,
         RunNotFound,
@@ -390,7 +390,7 @@ def report(
             {"run_id": r.run_id, "name": r.name, "group": r.group, "status": r.status, "summary": r.summary}
             for r in loaded
         ]
-        from tandem.place.views import strict_json  # a NaN metric is null: strict JSON
+        from tandem.place import strict_json  # a NaN metric is null: strict JSON
 
         click.echo(strict_json({"runs": summaries, "groups": sweeps}, indent=2))
     else:
@@ -417,7 +417,7 @@ def _stores() -> list[str]:
 
     stores = [absolute_uri(default_store_uri())]
     if os.path.lexists(state_dir_path()):  # none made here; one it may not use is refused
-        from tandem.place.run.metrics.tracking import manager_store
+        from tandem.place import manager_store
 
         manager = manager_store(state_dir())
         if manager not in stores:

@@ -26,8 +26,7 @@ from tandem.select.store import Selection, uses
 from tandem.watch.stores.mlflow_store import sqlite_path
 
 if TYPE_CHECKING:  # select may read place's state; place never imports select
-    from tandem.place.reads import StateReads
-    from tandem.place.records import Job
+    from tandem.place import Job, StateReads
 
 SUMMARY = {
     "wall_s": "summary/duration_s",
@@ -102,7 +101,7 @@ def serving(state: StateReads | None, sel_id: str) -> list[str]:
 def manager_jobs(state: StateReads | None, sel_id: str) -> list[Job]:
     """Every job of the job manager's that reads the selection (of a share that serves it),
     in any state, by id: its training jobs, not the share's producer rows, which serve it."""
-    from tandem.place.model import JOB_ROLE
+    from tandem.place import JOB_ROLE
 
     shares = serving(state, sel_id)
     found = [] if state is None or not shares else state.jobs(shares=tuple(shares))
@@ -148,7 +147,7 @@ def report_for(sel: Selection, state: StateReads | None, baseline_run: str | Non
     report``, ``select show`` and the dashboard all show."""
     stores = [mlflow_store_uri()]
     if state is not None:
-        from tandem.place.run.metrics.tracking import manager_store  # lazily: the CLI starts fast
+        from tandem.place import manager_store  # lazily: the CLI starts fast
 
         stores.insert(0, manager_store(state.dir))
     out = report(sel, jobs_of(sel.id, state), baseline_run, stores)

@@ -39,9 +39,7 @@ from starlette.responses import JSONResponse as _JSONResponse
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
-from tandem.place.model import STATES
-from tandem.place.paths import StateError
-from tandem.place.views import json_safe
+from tandem.place import STATES, StateError, json_safe
 from tandem.web.access import LOOPBACK_HOSTS, Access, Sessions
 from tandem.web.data import MAX_ID, NotFound, Reader, energy_of, logged_by_the_job, run_of
 from tandem.web.live import MAX_STREAMS, Streams, events
@@ -70,8 +68,7 @@ class Daemon:
         self.why_not = ""
 
     def status(self) -> dict[str, Any] | None:
-        from tandem.place import protocol
-        from tandem.place.client import DaemonError, request
+        from tandem.place import DaemonError, protocol, request
 
         if time.monotonic() - self._at >= 1.0:
             self._at = time.monotonic()
@@ -85,8 +82,7 @@ class Daemon:
         return self._status
 
     def cancel(self, job_id: int) -> dict[str, Any]:
-        from tandem.place import protocol
-        from tandem.place.client import request
+        from tandem.place import protocol, request
 
         return dataclasses.asdict(request(self.state_dir, protocol.Cancel([job_id]), 5.0))
 
@@ -208,7 +204,7 @@ def build(
         )
 
     def cancel(request: Request) -> JSONResponse:
-        from tandem.place.client import DaemonError, DaemonNotRunning
+        from tandem.place import DaemonError, DaemonNotRunning
 
         try:
             return JSONResponse(daemon.cancel(_job_id(request)))
@@ -248,7 +244,7 @@ def build(
     def group(request: Request) -> JSONResponse:
         """A sweep: its jobs as listed, and its report as ``tandem report group:NAME`` gives it
         (one computation: :func:`tandem.place.sweep_report.group_report`)."""
-        from tandem.place.sweep_report import group_report
+        from tandem.place import group_report
 
         name = request.path_params["name"]
         page = reader.jobs(group=name, limit=1000)

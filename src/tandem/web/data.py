@@ -17,10 +17,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from tandem.place import producers
-from tandem.place.model import WAITING_STATES
-from tandem.place.state import StateReader
-from tandem.place.views import job_json
+from tandem.place import WAITING_STATES, StateReader, job_json, producer_status
 
 MAX_POINTS = 2000  # a metric series is downsampled to at most this many points
 LOG_CHUNK = 64 << 10  # a log read returns at most this many bytes
@@ -143,7 +140,7 @@ class Reader:
     def shares(self) -> list[dict[str, Any]]:
         out = []
         for share in self.state.shares():
-            producer = producers.status(self.state, share.name)  # a job row of its own
+            producer = producer_status(self.state, share.name)  # a job row of its own
             # A producer outside the manager serves it: the job row found is the one that
             # ended as not needed, never named as its producer (tandem.place.outside).
             outside = producer.outside
@@ -303,7 +300,7 @@ def _buckets(
 def logged_by_the_job(keys: Iterable[str]) -> list[str]:
     """The keys a job logged itself (loss, accuracy), as the sweep report picks them: none of
     the hardware series and summaries that tandem.watch logs (``system/``, ``summary/``)."""
-    from tandem.place.sweep_report import own_metrics  # the rule's one place (imported late: numpy)
+    from tandem.place import own_metrics  # the rule's one place (imported late: numpy)
 
     return own_metrics(keys)
 
@@ -322,6 +319,6 @@ def run_of(job: dict[str, Any], attempt: int | None) -> str | None:
 def energy_of(latest: dict[str, float]) -> dict[str, float]:
     """A run's energy in joules, measured kept apart from estimated, as watch sums it for
     the run's summary, from its latest metrics (the sweep report's own reading of it)."""
-    from tandem.place.sweep_report import energy_by_kind
+    from tandem.place import energy_by_kind
 
     return {f"{kind}_joules": joules for kind, joules in energy_by_kind(latest).items()}

@@ -30,7 +30,7 @@ from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
 from starlette.responses import StreamingResponse
 
-from tandem.place.views import strict_json
+from tandem.place import strict_json
 from tandem.web.data import MAX_ID, logged_by_the_job
 
 if TYPE_CHECKING:

@@ -39,7 +39,7 @@ def host_names(host: str) -> frozenset[str]:
 def mlflow_db(state_dir: Path) -> Path | None:
     """The SQLite file of the manager's MLflow store, the one its daemon writes to (None: the
     store is not a SQLite file)."""
-    from tandem.place.run.metrics.tracking import manager_store
+    from tandem.place import manager_store
     from tandem.watch.stores.mlflow_store import sqlite_path
 
     return sqlite_path(manager_store(state_dir))
