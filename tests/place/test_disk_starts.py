@@ -18,7 +18,7 @@ import pytest
 from tandem import _ipc
 from tandem.place import diskwait, protocol
 from tandem.place.run.supervisor.files import AttemptSpec, save
-from tests.place.test_robust import _wait_for, queued_behind_a_blocker, small_disk  # noqa: F401 (a fixture)
+from tests.place.test_robust import queued_behind_a_blocker, small_disk  # noqa: F401 (a fixture)
 from tests.timing import scaled
 
 
