@@ -15,7 +15,6 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from tandem import _ipc
 from tandem._safepath import module_command
 from tandem.place import protocol
 from tandem.place.model import JobSpec
@@ -52,15 +51,8 @@ def request_at(path: Path, message: protocol.Request, timeout: float, state_dir:
     """:func:`request` to the daemon listening at ``path`` (a supervisor knows its daemon's
     socket, not its state directory)."""
     daemon = f"the daemon of {state_dir}" if state_dir else f"the daemon at {path}"
-    data, body = protocol.pack(protocol.to_wire(message))
     try:
-        with _ipc.new_socket() as sock:
-            sock.settimeout(timeout)
-            sock.connect(str(path))
-            sock.settimeout(None)
-            _ipc.send_packet(sock, data, body, timeout=timeout)
-            data, fds = _ipc.recv_packet(sock, timeout=timeout)
-            answer = protocol.unpack(data, fds)  # a large reply: read from its memory file
+        answer = protocol.exchange(path, protocol.to_wire(message), timeout)
     except (FileNotFoundError, ConnectionRefusedError):
         raise DaemonNotRunning(f"no daemon serves {state_dir or path}") from None
     except TimeoutError:
@@ -72,8 +64,6 @@ def request_at(path: Path, message: protocol.Request, timeout: float, state_dir:
         raise DaemonLost(f"lost {daemon} mid-request ({exc})") from None
     except ValueError as exc:
         raise DaemonError(f"{daemon} answered what this tandem cannot read ({exc})") from None
-    finally:
-        _ipc.close_fds(list(body))
     try:
         reply = protocol.read_reply(message.OP, answer)
     except ValueError as exc:

@@ -14,6 +14,24 @@ from typing import Any
 from tandem import _ipc
 
 
+def exchange(path: Path, message: dict[str, Any], timeout: float) -> dict[str, Any]:
+    """Send ``message`` to the daemon listening at ``path`` and return its answer, each way
+    within ``timeout`` seconds. Raises what the socket does: ``FileNotFoundError`` or
+    ``ConnectionRefusedError`` (no daemon there), ``TimeoutError``, ``EOFError`` or another
+    ``OSError`` (lost mid-request), ``ValueError`` (an answer this tandem cannot read)."""
+    data, body = pack(message)
+    try:
+        with _ipc.new_socket() as sock:
+            sock.settimeout(timeout)
+            sock.connect(str(path))
+            sock.settimeout(None)
+            _ipc.send_packet(sock, data, body, timeout=timeout)
+            answer, fds = _ipc.recv_packet(sock, timeout=timeout)
+            return unpack(answer, fds)  # a large reply: read from its memory file
+    finally:
+        _ipc.close_fds(list(body))
+
+
 def socket_path(state_dir: Path) -> Path:
     digest = hashlib.sha1(str(state_dir).encode()).hexdigest()[:10]
     return _ipc.socket_file(f"{digest}.sock", subdir="place")

@@ -50,7 +50,15 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar, TypeVar, Union
 
 from tandem.place.model import JobSpec
-from tandem.place.packets import MAX_BODY, decode, encode, pack, socket_path, unpack  # noqa: F401 (re-exported)
+from tandem.place.packets import (  # noqa: F401 (re-exported)
+    MAX_BODY,
+    decode,
+    encode,
+    exchange,
+    pack,
+    socket_path,
+    unpack,
+)
 from tandem.place.resources import Resources
 from tandem.share.spec import ShareSpec
 

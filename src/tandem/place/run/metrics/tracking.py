@@ -190,7 +190,9 @@ class Tracker:
         if not self._running:  # a daemon serves again: its helper idles before it ends
             (q / STOPPED).unlink(missing_ok=True)
             self._running = True
-        pending = q.is_dir() and any(p.name.endswith((".start.json", ".end.json")) for p in q.iterdir())
+        # One listing, every pass: a start or an end queued for the helper.
+        tails = tuple(cls.NAME.partition("{key}")[2] for cls in (RunStart, RunEnd))
+        pending = q.is_dir() and any(p.name.endswith(tails) for p in q.iterdir())
         if self.proc is not None and self.proc.poll() is not None:
             if self.proc.returncode != 0:  # it failed (an unreachable store?): wait before the next try
                 self._next_start = time.monotonic() + RETRY_AFTER_S

@@ -10,6 +10,7 @@ daemon at all: so it speaks the wire protocol itself (:mod:`tandem.place.protoco
 from __future__ import annotations
 
 import time
+from pathlib import Path
 
 from tandem import _ipc
 from tandem.place import protocol
@@ -32,20 +33,14 @@ def _recorded(socket_path: str, report: protocol.NotStarted) -> bool | None:
     """One try: True if the daemon recorded ``report``, False if it answered that it will not
     (an older daemon's "unknown request", say: that will not change), None if it is not there
     or its disk would not take the record (try again)."""
-    data, body = protocol.pack(protocol.to_wire(report))
     try:
-        with _ipc.new_socket() as sock:
-            sock.settimeout(10.0)
-            sock.connect(socket_path)
-            _ipc.send_packet(sock, data, body, timeout=10.0)
-            answer, fds = _ipc.recv_packet(sock, timeout=10.0)
-            reply = protocol.read_reply(report.OP, protocol.unpack(answer, fds))
+        reply = protocol.read_reply(
+            report.OP, protocol.exchange(Path(socket_path), protocol.to_wire(report), 10.0)
+        )
     except (OSError, EOFError):  # not there (restarting), lost mid-request, no answer in time
         return None
     except ValueError:  # an answer this tandem cannot read
         return False
-    finally:
-        _ipc.close_fds(list(body))
     if isinstance(reply, protocol.Failure):
         return None if reply.disk else False
     return True
