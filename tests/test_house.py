@@ -264,6 +264,32 @@ def test_no_class_name_defined_twice_in_a_package() -> None:
     assert not twice, twice
 
 
+_DECLARING_BASES = {"NamedTuple", "Protocol", "TypedDict", "ABC"}
+
+
+def test_no_class_declares_attributes_that_only_another_class_sets() -> None:
+    """A class is never cut in two: attributes declared bare in a class body (``name: str``,
+    no value) are fields only where something makes them so (a dataclass, a NamedTuple, a
+    TypedDict), an interface (a Protocol) or an abstract base (ABC) that its implementations
+    fill; elsewhere each attribute is set by the class's own constructor (issue 48: the
+    constructor-less halves of the consumer and the producer)."""
+    halves = []
+    for path in SRC.rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if not isinstance(node, ast.ClassDef):
+                continue
+            bare = [
+                ast.unparse(item.target)
+                for item in node.body
+                if isinstance(item, ast.AnnAssign) and item.value is None
+            ]
+            decorators = " ".join(ast.unparse(d) for d in node.decorator_list)
+            bases = {ast.unparse(b).rsplit(".", 1)[-1] for b in node.bases}
+            if bare and "dataclass" not in decorators and not bases & _DECLARING_BASES:
+                halves.append(f"{path.relative_to(ROOT)}: {node.name} declares {', '.join(bare)}")
+    assert not halves, halves
+
+
 def test_only_the_state_module_writes_a_jobs_state() -> None:
     """No module but the state module (place/state.py, with its migrations in place/schema.py)
     writes the jobs table: no SQL that updates jobs or inserts into it, no transition's inner

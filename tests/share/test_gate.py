@@ -88,17 +88,18 @@ def test_held_releases_never_deadlock_a_consumer_with_a_small_window(procs, monk
     c = Consumer("gate", timeout=30, data_timeout=20)
     assert c.transport == ("table" if table == "1" else "socket")
     gate = ReleaseGate()
-    c._gate = c._channel._gate = gate  # what a GPU consumer has
+    reader = c._reader
+    reader._gate = reader._channel._gate = gate  # what a GPU consumer has
     events: list[SlowEvent] = []
 
     def done_with_current() -> None:
-        seq = c._cur.msg.seq
-        c._segments.released(c._cur.msg.segment.slot)
-        c._cur = None
+        seq = reader._cur.msg.seq
+        reader._segments.released(reader._cur.msg.segment.slot)
+        reader._cur = None
         events.append(SlowEvent(polls=3))
         gate.hold(seq, events[-1])
 
-    c._done_with_current = done_with_current
+    reader._done_with_current = done_with_current
     ids = [i for b in c for i in b["i"].tolist()]
     c.close()
     assert ids == list(range(120))

@@ -66,7 +66,7 @@ def test_the_expected_consumers_all_start_at_the_epochs_start_and_nothing_is_mad
                 epochs = run.result(timeout=scaled(60))
                 assert all(sorted(e) == list(range(N)) for e in epochs), [len(e) for e in epochs]
         # Two epochs for all three (and the few batches made ahead): not one more per joiner.
-        assert producer._published_batches <= 2 * N // 16 + 4, producer._published_batches
+        assert producer._publisher.published_batches <= 2 * N // 16 + 4, producer._publisher.published_batches
         for c in (first, second, third):
             c.close()
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import sqlite3
+from abc import ABC, abstractmethod
 from pathlib import Path
 
 from tandem.place.identity import DB_FILE, StateLost, file_id, missing, replaced, serving_daemon
@@ -21,15 +22,17 @@ _LISTED = columns_of(Job, listed=True)  # not the environment: most of a row, an
 _QUEUED = columns_of(Job, queued=True)  # a queue of thousands is read every pass
 
 
-class StateReads:
+class StateReads(ABC):
     """The queries of the state (one connection, ``query``): the writer's
-    (:class:`tandem.place.state.State`) and the readers' (:class:`StateReader`)."""
+    (:class:`tandem.place.state.State`) and the readers' (:class:`StateReader`), which set
+    the folders declared here."""
 
     dir: Path
     jobs_dir: Path
 
+    @abstractmethod
     def query(self, sql: str, args: tuple = ()) -> list[sqlite3.Row]:
-        raise NotImplementedError
+        """The rows of ``sql`` on this side's connection."""
 
     def attempt_dir(self, attempt: Attempt) -> Path:
         """The folder of ``attempt`` (its spec, output, result)."""

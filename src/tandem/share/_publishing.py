@@ -2,11 +2,12 @@
 ``batch_transform``, if any) written into a free slot of the slab and published as an entry
 in the window.
 
-:class:`PublishingLoop` is the base of :class:`tandem.share.producer.Producer`, which sets up
-the state declared on it and runs :meth:`PublishingLoop._produce` from ``serve``. It owns the
-loop (where epochs begin and end, and the part of one more epoch that late joiners need),
-the wait for a free slot (the pacing itself is the window's), and the entries it publishes;
-the control thread (:mod:`tandem.share._control`) answers the consumers from them.
+:class:`Publisher` is a component of :class:`tandem.share.producer.Producer`, which makes
+it with the window, the slab and the control server, and runs :meth:`Publisher.run` from
+``serve``. It owns the loop (where epochs begin and end, and the part of one more epoch that
+late joiners need), the wait for a free slot (the pacing itself is the window's), and the
+entries it publishes; the control thread (:mod:`tandem.share._control`) answers the
+consumers from them.
 """
 
 from __future__ import annotations
@@ -33,30 +34,55 @@ log = logging.getLogger("tandem.share")
 _POLL_RELEASES_S = 0.002  # table consumers release in shared memory, unannounced: poll this often
 
 
-class PublishingLoop:
-    """The serving loop of :class:`~tandem.share.producer.Producer` and the entries it
-    publishes (under the lock). The producer sets the attributes below when it is made."""
+class Publisher:
+    """The serving loop of a :class:`~tandem.share.producer.Producer` and the entries it
+    publishes (under the producer's lock, shared with the control thread): made by the
+    producer with the window, the slab and the control server it publishes to."""
 
-    name: str
-    window_mem: int | None  # the window's bound in bytes (None: ``_window.size`` batches)
-    device: torch.device | None  # the slab's GPU, if the slab is on one
-    blocked_s: float
-    epochs_served: int
-    _source: Iterable[Any]
-    _transform: Callable[[Any], Any] | None
-    _transform_threads: int
-    _cond: threading.Condition
-    _window: Window
-    _slab: Slab
-    _server: ControlServer
-    _stop_reason: str | None
-    _planner: EpochPlanner | None
-    _published_batches: int
-    _progress: collections.deque  # (time, batches)
+    def __init__(
+        self,
+        name: str,
+        source: Iterable[Any],
+        window: Window,
+        slab: Slab,
+        server: ControlServer,
+        cond: threading.Condition,
+        *,
+        transform: Callable[[Any], Any] | None,
+        transform_threads: int,
+        device: torch.device | None,
+        window_mem: int | None,
+    ):
+        self.name = name
+        self._source = source
+        self._window = window
+        self._slab = slab
+        self._server = server
+        self._cond = cond
+        self._transform = transform
+        self._transform_threads = transform_threads
+        self.device = device  # the slab's GPU, if the slab is on one
+        self.window_mem = window_mem  # the window's bound in bytes (None: ``window.size`` batches)
+        # Where the producer owns the sample order (Producer.from_dataset): its plan of epochs.
+        self.planner: EpochPlanner | None = None
+        self.stop_reason: str | None = None  # why the loop is to stop: set once, by stop()
+        self.published_batches = 0
+        self.progress: collections.deque[tuple[float, int]] = collections.deque(maxlen=64)  # (time, batches)
+        self.blocked_s = 0.0  # time spent waiting for consumers to free a slot
+        self.epochs_served = 0
 
-    def _produce(self, epochs: int | None) -> None:
+    def stop(self, reason: str) -> None:
+        """Stop after the current batch (the first reason given stands); from any thread."""
+        with self._cond:
+            if self.stop_reason is None:
+                self.stop_reason = reason
+            self._window.open_to_joiners = False
+            self._cond.notify_all()
+
+    def run(self, epochs: int | None) -> None:
+        """Serve ``epochs`` epochs (None: until stopped), then publish the stream's end."""
         epoch = 0
-        while self._stop_reason is None:
+        while self.stop_reason is None:
             limit = None
             if epochs is not None and epoch >= epochs:
                 # the part of one more epoch that late joiners need to finish their last one
@@ -76,11 +102,11 @@ class PublishingLoop:
                 for batch in batches:
                     spec, leaves = flatten(batch)
                     count = self._count(spec, leaves, offset)
-                    if self._planner is not None and self._slab.kind == "host":
+                    if self.planner is not None and self._slab.kind == "host":
                         # the items' dataset indices ride along, as the last tensor: what a
                         # consumer's state_dict records (see _tree's "I" node)
                         spec = ("I", spec)
-                        leaves.append(torch.from_numpy(self._planner.sampler.order[offset : offset + count]))
+                        leaves.append(torch.from_numpy(self.planner.sampler.order[offset : offset + count]))
                     slot = self._acquire_slot()
                     if slot is None:
                         completed = False
@@ -90,7 +116,7 @@ class PublishingLoop:
                     with self._cond:
                         self._publish_batch(epoch, offset, count, slot, meta)
                     offset += count
-                    if self._stop_reason is not None or (limit is not None and offset >= limit):
+                    if self.stop_reason is not None or (limit is not None and offset >= limit):
                         # a stop that comes with the epoch's last batch still ends the epoch
                         known = self._window.samples_per_epoch
                         completed = limit is None and known is not None and offset >= known
@@ -106,14 +132,14 @@ class PublishingLoop:
                 with self._cond:
                     self._publish(self._window.epoch_end_entry(epoch, offset))
                 self.epochs_served += 1
-            if self._stop_reason is not None:
+            if self.stop_reason is not None:
                 break
             epoch += 1
         with self._cond:
-            if self._stop_reason is not None:
-                self._publish_end(self._stop_reason, finished=False)
+            if self.stop_reason is not None:
+                self.publish_end(self.stop_reason, finished=False)
             else:
-                self._publish_end(f"served {epochs} epoch(s)", finished=True)
+                self.publish_end(f"served {epochs} epoch(s)", finished=True)
 
     def _transformed(self) -> Generator[Any, None, None]:
         """One epoch of the source, through ``batch_transform`` if any: on
@@ -148,14 +174,14 @@ class PublishingLoop:
         """A run shorter than the window must not end before anyone could take it."""
         with self._cond:
             while not self._server.ever_attached:
-                if self._stop_reason is not None:
+                if self.stop_reason is not None:
                     return False
                 self._cond.wait(TICK)
             return True
 
     def _count(self, spec: tuple, leaves: list, offset: int) -> int:
-        if self._planner is not None and self._window.batch_size is not None:
-            return self._planner.count(self._window.batch_size, offset)
+        if self.planner is not None and self._window.batch_size is not None:
+            return self.planner.count(self._window.batch_size, offset)
         return sample_count(spec, leaves)
 
     def _begin_epoch(self, epoch: int, limit: int | None) -> None:
@@ -164,14 +190,14 @@ class PublishingLoop:
             set_epoch(epoch)
         with self._cond:
             self._window.epoch, self._window.offset, self._window.epoch_done = epoch, 0, False
-            if self._planner is not None:
-                self._planner.begin(epoch, [c.cut for c in self._server.consumers.values()], limit)
+            if self.planner is not None:
+                self.planner.begin(epoch, [c.cut for c in self._server.consumers.values()], limit)
 
     def _acquire_slot(self) -> int | None:
         waited_from = None
         warned_at = time.monotonic()
         with self._cond:
-            while self._stop_reason is None:
+            while self.stop_reason is None:
                 links = self._server.links()
                 slot, skipped = self._window.take_slot(links, self._window.size + 2 * len(links) + 1)
                 if skipped is not None:
@@ -195,17 +221,17 @@ class PublishingLoop:
         self._server.published(entry)
 
     def _publish_batch(self, epoch: int, offset: int, count: int, slot: int, meta: tuple[int, int]) -> None:
-        self._published_batches += 1
+        self.published_batches += 1
         if self.window_mem is not None:  # now that a batch's bytes are known
             self._window.resize(slots_for(self.window_mem, self._slab.slot_bytes, self._window.cap))
-        self._progress.append((time.monotonic(), self._published_batches))
+        self.progress.append((time.monotonic(), self.published_batches))
         self._publish(self._window.batch_entry(epoch, offset, count, self._slab.segment(slot), *meta))
 
-    def _publish_end(self, reason: str, finished: bool) -> None:
+    def publish_end(self, reason: str, finished: bool) -> None:
         if self._window.end_seq is None:
             self._publish(self._window.end_entry(reason, finished))
 
-    def _publish_failed(self, text: str) -> None:
+    def publish_failed(self, text: str) -> None:
         if self._window.end_seq is None:
             log.error("%s", text)
             self._publish(self._window.failed_entry(text))

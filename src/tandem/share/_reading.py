@@ -1,9 +1,10 @@
 """The consumer's reading of the producer's stream: its epochs and its position in the
 stream, the producer batch it holds and cuts into its own batches, and handing that back.
 
-:class:`StreamReader` is the base of :class:`tandem.share.consumer.Consumer`, which attaches
-to the producer and sets up the state declared on it. Where each epoch begins and ends is
-:func:`tandem.share._order.epoch_bounds`; the entries come through :mod:`tandem.share._channel`.
+:class:`StreamReader` is a component of :class:`tandem.share.consumer.Consumer`, which
+attaches to the producer and hands it the channel and the slab's map it made. Where each
+epoch begins and ends is :func:`tandem.share._order.epoch_bounds`; the entries come through
+:mod:`tandem.share._channel`.
 """
 
 from __future__ import annotations
@@ -12,12 +13,13 @@ import collections
 import math
 import warnings
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 
 from tandem.share import protocol
-from tandem.share._channel import Connection, SocketChannel, TableChannel, set_aside_text
+from tandem.share._channel import SocketChannel, TableChannel, set_aside_text
 from tandem.share._cuda import DeviceCopier
 from tandem.share._cuda_slab import CudaSegmentMap, remove_files_of_dead_producer
 from tandem.share._gate import ReleaseGate
@@ -55,45 +57,99 @@ class _Held:
         return (self.msg.epoch, self.msg.offset + self.msg.count)
 
 
-class StreamReader:
-    """Iteration over the producer's stream, one epoch per ``iter()``: the part of
-    :class:`~tandem.share.consumer.Consumer` that reads. The consumer sets the attributes
-    below when it attaches."""
+@dataclass(frozen=True)
+class SlabAccess:
+    """How this consumer reaches the producer's slab: its map of the segments, and for a
+    GPU consumer the copier (host slab) or the CUDA slab itself, with the gate that holds
+    a release until the GPU is done with the slot."""
 
-    name: str
-    batch_size: int | None
-    drop_last: bool
-    rank: int
-    world_size: int
-    data_timeout: float | None
-    device: torch.device
-    samples: int
-    batches: int
-    missed_batches: int
-    missed_samples: int
-    kept_batches: int
-    warn_kept: bool
-    last_indices: torch.Tensor | None
-    start: Position  # where this consumer joined the stream: its epochs run from there
-    _conn: Connection
-    _channel: SocketChannel | TableChannel
-    _segments: Segments
-    _copier: DeviceCopier | None
-    _cuda_slab: CudaSegmentMap | None
-    _gate: ReleaseGate | None
-    _cur: _Held | None
-    _lent: collections.deque[tuple[int, int, int]]  # (seq, lent_at, slot): read, still lent
-    _release: list[int]
-    _end: protocol.End | None
-    _k: int
-    _items: EpochItems
-    transform: Callable[[Any], Any] | None
-    _pos: Position
-    _samples_per_epoch: int | None
-    _producer_batch: int | None
+    segments: Segments
+    copier: DeviceCopier | None = None  # host slab, GPU consumer
+    cuda_slab: CudaSegmentMap | None = None  # CUDA slab
+    gate: ReleaseGate | None = None  # GPU consumers: releases wait for CUDA events
+
+
+class StreamReader:
+    """Iteration over the producer's stream, one epoch per :meth:`epoch`: the reading part
+    of :class:`~tandem.share.consumer.Consumer`, which attaches, makes the channel and the
+    slab's map, and gives them to it. It holds its position in the stream, the producer
+    batch it reads, what it has lent to delivered batches and not handed back, and its
+    counts."""
+
+    def __init__(
+        self,
+        channel: SocketChannel | TableChannel,
+        slab: SlabAccess,
+        welcome: protocol.Welcome,
+        *,
+        name: str,
+        batch_size: int | None,
+        drop_last: bool,
+        rank: int,
+        world_size: int,
+        data_timeout: float | None,
+        device: torch.device,
+        transform: Callable[[Any], Any] | None,
+    ):
+        self.name = name
+        self.batch_size = batch_size
+        self.drop_last = drop_last
+        self.rank = rank
+        self.world_size = world_size
+        self.data_timeout = data_timeout
+        self.device = device
+        self.transform = transform
+        self._channel = channel
+        self._segments = slab.segments
+        self._copier = slab.copier
+        self._cuda_slab = slab.cuda_slab
+        self._gate = slab.gate
+        self._producer_pid: int = welcome.pid
+        self.start: Position = (welcome.start_epoch, welcome.start_offset)  # where it joined
+        self.position: Position = self.start  # where it is: (epoch, sample offset)
+        # Known from the start for a sized source; an iterable one's is counted at the end of
+        # the producer's first pass (its EpochEnd).
+        self.samples_per_epoch: int | None = welcome.samples_per_epoch
+        self._producer_batch: int | None = welcome.batch_size
+        self.items = EpochItems()  # what this epoch has delivered, for state_dict
+        self.samples = 0
+        self.batches = 0
+        # The dataset indices of the last batch handed over (a tensor; None where the producer
+        # sends none: a source it does not order), for logging or weighting per sample.
+        self.last_indices: torch.Tensor | None = None
+        # Whether a batch kept past the contract (copied out) is warned of: the drop-in
+        # DataLoader's batches are its user's to keep, as torch's are.
+        self.warn_kept = True
+        self.missed_batches = 0
+        self.missed_samples = 0
+        self.kept_batches = 0  # batches copied out because they were kept past the contract
+        self._cur: _Held | None = None  # the producer batch being read
+        self._lent: collections.deque[tuple[int, int, int]] = collections.deque()  # (seq, lent_at, slot)
+        self._release: list[int] = []  # seqs done with, not handed back yet
+        self._end: protocol.End | None = None
+        self._k = 0  # this reader's epoch counter
+        self.closed = False
+
+    def progress(self) -> tuple[float, int, int, Position]:
+        """What the channel reports to the producer: stall, samples, batches, position."""
+        return self._channel.stall_s, self.samples, self.batches, self.position
+
+    def release(self) -> None:
+        """Hand back now every producer batch behind the batches delivered so far."""
+        if self._cur is not None and self.position >= self._cur.end:
+            self._done_with_current(keep=0)
+        self._retire(keep=0)
+        if self._release or self._gate:
+            self._channel.release(self._release, self._holding())
+
+    def close(self) -> None:
+        """Stop reading: what it holds goes with the connection (the consumer's to close)."""
+        self.closed = True
+        self._cur = None
+        self._channel.close()
 
     def __len__(self) -> int:
-        n = self._samples_per_epoch
+        n = self.samples_per_epoch
         if n is None:
             raise TypeError(
                 f"the epoch length of producer {self.name!r} is not known yet: its source states "
@@ -116,28 +172,26 @@ class StreamReader:
             head = (n - p) // pbs
         return head + tail
 
-    def __iter__(self) -> Iterator[Any]:
-        return self._epoch()
-
-    def _epoch(self) -> Iterator[Any]:
+    def epoch(self) -> Iterator[Any]:
+        """The next epoch's batches; beginning it leaves the one before."""
         begin, end = epoch_bounds(self.start, self._k)
         self._k += 1
         mine = self._k
         self._retire(keep=1)
-        self._items.begin(self._samples_per_epoch, self.world_size)
+        self.items.begin(self.samples_per_epoch, self.world_size)
         try:
             for batch in self._batches(begin, end):
                 yield batch
                 if self._k != mine:
                     return  # a newer iter() has begun the next epoch: this one was left
         except GeneratorExit:  # the client left the epoch (a break): hand back what we hold
-            if self._k == mine and not getattr(self, "_closed", False):
+            if self._k == mine and not self.closed:
                 try:
                     self._leave(end)
                 except (ShareError, OSError):
                     pass  # the producer is gone (or this process is exiting): nothing to hand back
             raise
-        self._items.end()
+        self.items.end()
 
     def _leave(self, end: Position) -> None:
         """The epoch ending at ``end`` was left early: hand back what this consumer holds, so
@@ -158,7 +212,7 @@ class StreamReader:
         self._skip_until(begin)
         size = self.batch_size
         while size is None:  # the producer's batches as they are: no assembly, no copy
-            if self._pos >= end:
+            if self.position >= end:
                 return
             if not self._readable():
                 self._advance(end, 0)
@@ -174,7 +228,7 @@ class StreamReader:
             self._retire(keep=1)
         while True:
             asm = Assembler(size)
-            while self._pos < end and asm.n < size:
+            while self.position < end and asm.n < size:
                 if not self._readable():
                     if asm.holds_views:
                         asm.materialize()  # copy out before the slot is released
@@ -192,14 +246,14 @@ class StreamReader:
             yield self._deliver(asm.result(), asm.n, views, indices)
             del indices
             self._retire(keep=1)
-            if self._pos >= end:
+            if self.position >= end:
                 return
 
     def _readable_range(self, end: Position) -> tuple[int, int]:
         """Samples ``[a, b)`` of the current producer batch that belong to this epoch."""
         assert self._cur is not None
         msg = self._cur.msg
-        a = self._pos[1] - msg.offset
+        a = self.position[1] - msg.offset
         b = msg.count if end[0] != msg.epoch else min(msg.count, end[1] - msg.offset)
         return a, b
 
@@ -213,14 +267,14 @@ class StreamReader:
         depend on where the group joined (see :mod:`tandem.share._groups`)."""
         assert self._cur is not None
         msg = self._cur.msg
-        items = self._items
+        items = self.items
         if items.skip is not None and self._indexed:  # a resumed epoch: unseen items only
             return self._take_unseen(a, b, want)
         step, stop = self.world_size, b
         if step > 1:
-            assert self._samples_per_epoch is not None
+            assert self.samples_per_epoch is not None
             a += (self.rank - (msg.offset + a)) % step
-            b = min(b, self._samples_per_epoch // step * step - msg.offset)
+            b = min(b, self.samples_per_epoch // step * step - msg.offset)
         if items.skip_samples and a < b:  # a resumed epoch of a source without indices
             k = min(items.skip_samples, len(range(a, b, step)))
             items.skip_samples -= k
@@ -229,7 +283,7 @@ class StreamReader:
         if want is not None and n > want:
             n = want
             b = stop = a + (n - 1) * step + 1
-        self._pos = (msg.epoch, msg.offset + stop)
+        self.position = (msg.epoch, msg.offset + stop)
         if not n:
             b = a
         return Piece(self._cur.piece_spec, self._cur.leaves, msg.count, a, b, step)
@@ -239,7 +293,7 @@ class StreamReader:
         resume; a group's ``j``-th unseen item of the epoch is rank ``j % W``'s, below the
         limit that gives every rank as many (see :mod:`tandem.share._resume`)."""
         assert self._cur is not None
-        msg, items = self._cur.msg, self._items
+        msg, items = self._cur.msg, self.items
         rows = torch.arange(a, b)
         unseen = rows[items.unseen(self._cur.leaves[-1][rows])]
         ordinals = items.ordinal + torch.arange(len(unseen))
@@ -254,7 +308,7 @@ class StreamReader:
             mine = mine[:want]
             stop = int(mine[-1]) + 1
         items.ordinal += int((unseen < stop).sum())
-        self._pos = (msg.epoch, msg.offset + stop)
+        self.position = (msg.epoch, msg.offset + stop)
         if not len(mine):
             return Piece(self._cur.piece_spec, self._cur.leaves, msg.count, a, a)
         return Piece(self._cur.piece_spec, self._cur.leaves, msg.count, a, stop, 1, mine)
@@ -270,7 +324,7 @@ class StreamReader:
         then through the consumer's ``transform``."""
         self.samples += samples
         self.batches += 1
-        self._items.delivered(indices, samples)
+        self.items.delivered(indices, samples)
         self.last_indices = indices
         batch = self._to_device(batch, views)
         return batch if self.transform is None else self.transform(batch)
@@ -344,7 +398,7 @@ class StreamReader:
 
     def _readable(self) -> bool:
         cur = self._cur
-        return cur is not None and cur.msg.epoch == self._pos[0] and self._pos[1] < cur.end[1]
+        return cur is not None and cur.msg.epoch == self.position[0] and self.position[1] < cur.end[1]
 
     def _skip_until(self, begin: Position) -> None:
         """Discard what is left of an epoch the caller left early (``break``, an exception,
@@ -354,17 +408,17 @@ class StreamReader:
         kept back while this consumer reads past a window of others would hold it for ever.
         The last batch delivered is still in its contract (valid through this fetch), so one
         still referenced is copied out first, without a warning."""
-        if self._pos < begin:
+        if self.position < begin:
             if self._cur is not None and self._cur.end <= begin:  # else the next epoch starts in it
                 self._done_with_current(keep=0, quiet=True)
             self._retire(keep=0, quiet=True)
-        while self._pos < begin:
+        while self.position < begin:
             if self._readable():
                 assert self._cur is not None
                 if self._cur.msg.epoch == begin[0]:
-                    self._pos = (begin[0], min(begin[1], self._cur.end[1]))
+                    self.position = (begin[0], min(begin[1], self._cur.end[1]))
                 else:
-                    self._pos = self._cur.end
+                    self.position = self._cur.end
                 continue
             if not self._advance(begin, 0, keep=0):
                 return
@@ -386,15 +440,15 @@ class StreamReader:
         try:
             reply = self._channel.take(self._release, self._holding(), self.data_timeout)
         except ProducerGone:
-            if self._cuda_slab is not None and self._conn.producer_pid:
-                remove_files_of_dead_producer(self._conn.producer_pid)
+            if self._cuda_slab is not None and self._producer_pid:
+                remove_files_of_dead_producer(self._producer_pid)
             raise
         if isinstance(reply, protocol.Batch):
             self._on_batch(reply)
         elif isinstance(reply, protocol.EpochEnd):
-            self._pos = max(self._pos, (reply.epoch + 1, 0))
-            if self._samples_per_epoch is None:
-                self._samples_per_epoch = reply.samples  # an iterable source's first pass, counted
+            self.position = max(self.position, (reply.epoch + 1, 0))
+            if self.samples_per_epoch is None:
+                self.samples_per_epoch = reply.samples  # an iterable source's first pass, counted
         elif isinstance(reply, protocol.End):
             self._end = reply
             return self._at_end(end, have)
@@ -428,7 +482,7 @@ class StreamReader:
             )
         spec, leaves = self._segments.open(msg)
         self._cur = _Held(msg, spec, leaves)
-        self._pos = max(self._pos, (msg.epoch, msg.offset))
+        self.position = max(self.position, (msg.epoch, msg.offset))
 
     def _at_end(self, end: Position, have: int) -> bool:
         """The stream has ended. False lets the caller deliver a partial batch first."""
@@ -441,10 +495,10 @@ class StreamReader:
                 "this consumer has no further epoch"
             )
         begin = (end[0] - 1, end[1])
-        if self._pos <= begin:
+        if self.position <= begin:
             raise ProducerStopped(f"producer {self.name!r} stopped: {self._end.reason}")
         raise ProducerStopped(
             f"producer {self.name!r} stopped before the end of this consumer's epoch "
-            f"({self._end.reason}); the epoch ended at producer position {self._pos}, "
+            f"({self._end.reason}); the epoch ended at producer position {self.position}, "
             f"short of {end}"
         )

@@ -13,19 +13,19 @@ device="cuda:N")``) is the producer's GPU memory itself, shared with every consu
 GPU: never write into it (clone first); a consumer that does is warned, since the others may
 have read the changed data.
 
-This module attaches the consumer to its producer (and detaches it); how the producer's
-stream becomes the consumer's epochs and batches is :mod:`tandem.share._reading`.
+This module attaches the consumer to its producer (and detaches it), and keeps its options,
+its resumable state and its counts on view; its :class:`~tandem.share._reading.StreamReader`,
+made once attached, turns the producer's stream into the consumer's epochs and batches.
 """
 
 from __future__ import annotations
 
-import collections
 import logging
 import math
 import os
 import time
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
@@ -37,10 +37,10 @@ from tandem.share._cuda import DeviceCopier, check_device
 from tandem.share._cuda_slab import CudaSegmentMap, local_device
 from tandem.share._gate import ReleaseGate
 from tandem.share._order import Position
-from tandem.share._reading import StreamReader
+from tandem.share._reading import SlabAccess, StreamReader
 from tandem.share._registry import live_producers, socket_path, validate_name
-from tandem.share._resume import EpochItems, Identity, merge
-from tandem.share._segment_map import SegmentMap, Segments
+from tandem.share._resume import Identity, merge
+from tandem.share._segment_map import SegmentMap
 from tandem.share._tree import flatten, unflatten
 from tandem.share.errors import (
     ProducerNotFound,
@@ -53,7 +53,7 @@ log = logging.getLogger("tandem.share")
 _SAY_WAITING_AFTER_S = 2.0  # a producer starting up beside its consumers is not worth a message
 
 
-class Consumer(StreamReader):
+class Consumer:
     """Attach to the producer serving ``name`` on this host.
 
     ``batch_size``: None for the producer's batches as they are, or any positive integer.
@@ -92,7 +92,6 @@ class Consumer(StreamReader):
         if transform is not None and not callable(transform):
             raise TypeError(f"transform must be callable (batch -> batch), got {type(transform).__name__}")
         self.transform = transform
-        self._items = EpochItems()
         self.rank, self.world_size, self.group = ranks(rank, world_size, group)
         if batch_size is not None and (
             isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1
@@ -118,25 +117,8 @@ class Consumer(StreamReader):
             )
         self.data_timeout = data_timeout
         self.device = check_device(device)
-        self._copier: DeviceCopier | None = None  # host slab, GPU consumer
-        self._cuda_slab: CudaSegmentMap | None = None  # CUDA slab
-        self._gate: ReleaseGate | None = None  # GPU consumers: releases wait for CUDA events
-        self.samples = 0
-        self.batches = 0
-        # The dataset indices of the last batch handed over (a tensor; None where the producer
-        # sends none: a source it does not order), for logging or weighting per sample.
-        self.last_indices: torch.Tensor | None = None
-        # Whether a batch kept past the contract (copied out) is warned of: the drop-in
-        # DataLoader's batches are its user's to keep, as torch's are.
-        self.warn_kept = True
-        self.missed_batches = 0
-        self.missed_samples = 0
-        self._cur = None  # the producer batch being read
-        self._lent: collections.deque = collections.deque()  # read, still viewed by recent batches
-        self.kept_batches = 0  # batches copied out because they were kept past the contract
-        self._release: list[int] = []  # seqs done with, not handed back yet
-        self._end: protocol.End | None = None
-        self._k = 0  # this consumer's epoch counter
+        self._slab_access: SlabAccess | None = None
+        self._reader: StreamReader | None = None
         self._closed = False
         self._conn = Connection(self._connect(), name, self.timeout)
         # Also run when the consumer is garbage-collected or the interpreter exits.
@@ -146,30 +128,53 @@ class Consumer(StreamReader):
         self.producer_pid = self._conn.producer_pid = welcome.pid
         self.policy = welcome.policy
         self.slab = welcome.slab
-        self._segments = self._conn.segments = self._open_slab(welcome)
-        self._resources.append(self._segments)
+        self._slab_access = access = self._open_slab(welcome)
+        self._conn.segments = access.segments
+        self._resources.append(access.segments)
         # Not the bound method: the channel would keep this consumer alive in a reference
         # cycle, and a consumer the client drops must detach at once, not at the next
         # garbage collection (a DataModule that makes a new one every epoch).
         progress = _weak_progress(weakref.ref(self))
+        channel: SocketChannel | TableChannel
         if welcome.transport == "table":
             table = _table.AnnouncementTable.from_fd(self._conn.welcome_fds.pop())
-            self._channel: SocketChannel | TableChannel = TableChannel(
-                self._conn, table, welcome.table_index, self._segments, progress, self._gate
+            channel = TableChannel(
+                self._conn, table, welcome.table_index, access.segments, progress, access.gate
             )
         else:
-            self._channel = SocketChannel(self._conn, progress, self._gate)
-        self.start: Position = (welcome.start_epoch, welcome.start_offset)
-        self._pos: Position = self.start
-        self._samples_per_epoch = welcome.samples_per_epoch
+            channel = SocketChannel(self._conn, progress, access.gate)
+        self._reader = StreamReader(
+            channel,
+            access,
+            welcome,
+            name=name,
+            batch_size=batch_size,
+            drop_last=drop_last,
+            rank=self.rank,
+            world_size=self.world_size,
+            data_timeout=data_timeout,
+            device=self.device,
+            transform=transform,
+        )
         self._dataset_id = getattr(welcome, "dataset_id", "")  # a producer of an older tandem: none
-        self._producer_batch = welcome.batch_size
-        if self.world_size > 1 and self._samples_per_epoch is None:
+        if self.world_size > 1 and welcome.samples_per_epoch is None:
             self.close()
             raise ShareError(
                 f"producer {name!r} does not know its epoch length yet, which ranks need to split "
                 "every epoch alike; give its IterableDataset a length (webdataset: .with_length(n))"
             )
+
+    def __iter__(self) -> Iterator[Any]:
+        return self._reading.epoch()
+
+    def __len__(self) -> int:
+        return len(self._reading)
+
+    @property
+    def _reading(self) -> StreamReader:
+        if self._reader is None:
+            raise ShareError(f"consumer of {self.name!r} is not attached")
+        return self._reader
 
     @classmethod
     def from_env(cls, **kwargs: Any) -> Consumer:
@@ -183,18 +188,70 @@ class Consumer(StreamReader):
             )
         return cls(name, **kwargs)
 
+    # ------------------------------------------------------------------ what it has read
     @property
     def stall_s(self) -> float:
         """Seconds this consumer has waited for the producer's data."""
-        return self._channel.stall_s
+        return self._reading._channel.stall_s
 
     @property
     def transport(self) -> str:
         """How entries reach this consumer: ``"table"`` or ``"socket"`` (see ``protocol``)."""
-        return self._channel.transport
+        return self._reading._channel.transport
+
+    @property
+    def position(self) -> Position:
+        """This consumer's position in the producer's stream: (epoch, sample offset)."""
+        return self._reading.position
+
+    @property
+    def start(self) -> Position:
+        """Where this consumer joined the stream: its epochs run from there."""
+        return self._reading.start
+
+    @property
+    def samples(self) -> int:
+        """Samples delivered so far."""
+        return self._reading.samples
+
+    @property
+    def batches(self) -> int:
+        """Batches delivered so far."""
+        return self._reading.batches
+
+    @property
+    def missed_batches(self) -> int:
+        """Producer batches missed behind the window (``policy="drop"`` only)."""
+        return self._reading.missed_batches
+
+    @property
+    def missed_samples(self) -> int:
+        return self._reading.missed_samples
+
+    @property
+    def kept_batches(self) -> int:
+        """Batches copied out because they were still referenced past the contract."""
+        return self._reading.kept_batches
+
+    @property
+    def last_indices(self) -> torch.Tensor | None:
+        """The dataset indices of the last batch handed over (None where the producer sends
+        none: a source it does not order), for logging or weighting per sample."""
+        return self._reading.last_indices
+
+    @property
+    def warn_kept(self) -> bool:
+        """Whether a batch kept past the contract is warned of (once); the drop-in
+        ``DataLoader`` turns it off: its batches are its user's to keep, as torch's are."""
+        return self._reading.warn_kept
+
+    @warn_kept.setter
+    def warn_kept(self, warn: bool) -> None:
+        self._reading.warn_kept = warn
 
     def _progress(self) -> tuple[float, int, int, Position]:
-        return self._channel.stall_s, self.samples, self.batches, self._pos
+        reader = self._reader
+        return reader.progress() if reader is not None else (0.0, 0, 0, (0, 0))
 
     # ------------------------------------------------------------------ connection
     def _connect(self):
@@ -224,7 +281,7 @@ class Consumer(StreamReader):
         live = [p.name for p in live_producers()]
         return f"live producers: {', '.join(live)}" if live else "no producer is live"
 
-    def _open_slab(self, welcome: protocol.Welcome) -> Segments:
+    def _open_slab(self, welcome: protocol.Welcome) -> SlabAccess:
         """The map of the producer's slab, as ``Welcome`` says which it is."""
         if welcome.slab == "cuda":
             try:
@@ -233,19 +290,18 @@ class Consumer(StreamReader):
                 close_fds(self._conn.welcome_fds)
                 self.close()
                 raise
-            self._cuda_slab = CudaSegmentMap(slab_device, self.name)
-            self._gate = ReleaseGate()
-            return self._cuda_slab
+            cuda_slab = CudaSegmentMap(slab_device, self.name)
+            return SlabAccess(cuda_slab, cuda_slab=cuda_slab, gate=ReleaseGate())
         if welcome.slab != "host":
             close_fds(self._conn.welcome_fds)
             self.close()
             raise ProtocolError(f"unknown slab kind {welcome.slab!r} in Welcome")
         segments = SegmentMap(writable_private=self.device.type == "cpu")
-        if self.device.type == "cuda":
-            self._copier = DeviceCopier(self.device)
-            self._gate = ReleaseGate()
-            segments.on_map = self._copier.pin
-        return segments
+        if self.device.type != "cuda":
+            return SlabAccess(segments)
+        copier = DeviceCopier(self.device)
+        segments.on_map = copier.pin
+        return SlabAccess(segments, copier=copier, gate=ReleaseGate())
 
     def _hello(self) -> protocol.Welcome:
         hello = protocol.Hello(
@@ -276,27 +332,23 @@ class Consumer(StreamReader):
         """Release the producer batches behind the batches delivered so far now, not at the
         next requests. Their tensors must not be used afterwards (copy what you keep).
         """
-        if self._cur is not None and self._pos >= self._cur.end:
-            self._done_with_current(keep=0)
-        self._retire(keep=0)
-        if self._release or self._gate:
-            self._channel.release(self._release, self._holding())
+        self._reading.release()
 
     def close(self) -> None:
         """Detach from the producer (also done when the process exits or dies)."""
         if self._closed:
             return
         self._closed = True
+        access = self._slab_access
         try:
-            if self._copier is not None:
-                self._copier.close()  # copies out of shared memory finish before we let go
-            if self._cuda_slab is not None:
-                self._cuda_slab.finish()  # our last kernels may still read a slot
+            if access is not None and access.copier is not None:
+                access.copier.close()  # copies out of shared memory finish before we let go
+            if access is not None and access.cuda_slab is not None:
+                access.cuda_slab.finish()  # our last kernels may still read a slot
         finally:
             say_bye(self._conn.sock)
-            self._cur = None
-            if hasattr(self, "_channel"):
-                self._channel.close()
+            if self._reader is not None:
+                self._reader.close()
             self._finalizer()
 
     def __enter__(self) -> Consumer:
@@ -318,7 +370,7 @@ class Consumer(StreamReader):
         ``torch.distributed``: every rank calls it, as Lightning does when it saves a
         checkpoint. Without ``torch.distributed``, merge the ranks' states with
         :meth:`merge_states`."""
-        state = self._items.state(self._identity(), self.rank, self._full_epoch())
+        state = self._reading.items.state(self._identity(), self.rank, self._full_epoch())
         if self.world_size > 1:
             import torch.distributed as dist
 
@@ -337,25 +389,20 @@ class Consumer(StreamReader):
         """Resume from :meth:`state_dict`: the next epoch is the rest of the interrupted one
         (the next whole one for a state taken at an epoch's end). A state of another share or
         dataset, a malformed or out-of-range one, is a ``ValueError`` saying which."""
-        self._items.load(state, self._identity(), self._full_epoch())
+        self._reading.items.load(state, self._identity(), self._full_epoch())
 
     def _identity(self) -> Identity:
-        return Identity(self.name, self._samples_per_epoch, self._dataset_id, self.world_size)
+        return Identity(self.name, self._reading.samples_per_epoch, self._dataset_id, self.world_size)
 
     def _full_epoch(self) -> int | None:
         """The samples this consumer delivers in a whole epoch, where known."""
-        n = self._samples_per_epoch
+        n = self._reading.samples_per_epoch
         if n is None:
             return None
         n //= self.world_size
         if self.drop_last and self.batch_size is not None:
             n = n // self.batch_size * self.batch_size
         return n
-
-    @property
-    def position(self) -> Position:
-        """This consumer's position in the producer's stream: (epoch, sample offset)."""
-        return self._pos
 
 
 def ranks(rank: int | None, world_size: int | None, group: str | None) -> tuple[int, int, str]:

@@ -22,7 +22,6 @@ Pacing (``policy``):
 
 from __future__ import annotations
 
-import collections
 import contextlib
 import functools
 import logging
@@ -42,8 +41,8 @@ from tandem.share._control import ASIDE_AFTER_S, ControlServer, rate
 from tandem.share._cuda import check_device
 from tandem.share._cuda_slab import CudaSlab
 from tandem.share._identity import item_digests
-from tandem.share._order import EpochPlanner, fingerprint, planned_loader, selected, source_shape
-from tandem.share._publishing import PublishingLoop
+from tandem.share._order import fingerprint, planned_loader, selected, source_shape
+from tandem.share._publishing import Publisher
 from tandem.share._registry import Registration
 from tandem.share._slab import HostSlab, Slab, window_budget
 from tandem.share._window import AHEAD_SLOTS, MAX_SLOTS, MIN_SLOTS, PACING_POLICIES, Window
@@ -73,7 +72,7 @@ def _aside_after_s(given: float | None) -> float | None:
     return None if given == float("inf") else float(given)
 
 
-class Producer(PublishingLoop):
+class Producer:
     """Serve batches from ``source`` to every consumer that attaches to ``name``.
 
     ``source`` is any re-iterable of batches (a ``DataLoader`` or any iterable): each
@@ -143,8 +142,6 @@ class Producer(PublishingLoop):
         # rest is room for the slower ones to drift behind); given in batches, that many.
         ahead = AHEAD_SLOTS if self.window_mem is not None else None
         self._window = Window(policy, cap if self.window_mem is None else MIN_SLOTS, cap, ahead)
-        self._transform = batch_transform
-        self._transform_threads = transform_threads
         label = f"{name}:{os.getpid()}"
         self._slab: Slab = (
             CudaSlab(label, self.device)
@@ -153,14 +150,20 @@ class Producer(PublishingLoop):
         )
         self._server = ControlServer(name, self._window, self._slab, self._cond, self.stats, self.stop)
         self._server.aside_after_s = _aside_after_s(aside_after_s)
-        self._stop_reason: str | None = None
-        self._planner: EpochPlanner | None = None  # set by from_dataset: the producer owns the order
+        self._publisher = Publisher(
+            name,
+            source,
+            self._window,
+            self._slab,
+            self._server,
+            self._cond,
+            transform=batch_transform,
+            transform_threads=transform_threads,
+            device=self.device,
+            window_mem=self.window_mem,
+        )
         self._started = False
         self._closed = False
-        self._published_batches = 0
-        self._progress: collections.deque = collections.deque(maxlen=64)  # (time, batches)
-        self.blocked_s = 0.0
-        self.epochs_served = 0
         self._window.batch_size, self._window.samples_per_epoch = source_shape(source)
 
     # ----------------------------------------------------------------------------- setup
@@ -221,7 +224,7 @@ class Producer(PublishingLoop):
         )
         producer = cls(loader, name, **kwargs)
         if planner is not None:
-            producer._planner = planner
+            producer._publisher.planner = planner
             producer._window.samples_per_epoch = planner.sampler.size
             producer._server.dataset_id = fingerprint(dataset)
             if selection is None:  # a reader's indices are the dataset's own
@@ -311,17 +314,13 @@ class Producer(PublishingLoop):
 
     def stop(self, reason: str = "stopped") -> None:
         """Ask ``serve`` to stop after the current batch; safe from any thread or handler."""
-        with self._cond:
-            if self._stop_reason is None:
-                self._stop_reason = reason
-            self._window.open_to_joiners = False
-            self._cond.notify_all()
+        self._publisher.stop(reason)
 
     def close(self) -> None:
         """Tell consumers, stop the control thread, free the slab and the name."""
         if self._started:
             with self._cond:
-                self._publish_end(self._stop_reason or "producer closed", finished=False)
+                self._publisher.publish_end(self._publisher.stop_reason or "producer closed", finished=False)
                 self._server.push_final()
             if self.device is not None:
                 self._server.await_released(_RELEASE_GPU_MEMORY_S)
@@ -373,14 +372,14 @@ class Producer(PublishingLoop):
             # and the transform threads take theirs from it, and a context made on another
             # GPU (device 0) would cost memory on a GPU that other jobs use.
             with torch.cuda.device(self.device) if self.device is not None else contextlib.nullcontext():
-                self._produce(epochs)
+                self._publisher.run(epochs)
         except BaseException as exc:
             failure = exc
             where = "" if isinstance(exc, UnsupportedBatch) else f"{type(exc).__name__}: "
             with self._cond:
-                self._publish_failed(f"producer {self.name!r} failed: {where}{exc}")
+                self._publisher.publish_failed(f"producer {self.name!r} failed: {where}{exc}")
         try:
-            stopped = self._stop_reason is not None or failure is not None
+            stopped = self._publisher.stop_reason is not None or failure is not None
             self._server.drain(10.0 if stopped else self.drain_timeout)
         finally:
             restore()  # only now: a signal while draining still stops cleanly
@@ -394,7 +393,7 @@ class Producer(PublishingLoop):
             return lambda: None
 
         def handler(signum: int, _frame: object) -> None:
-            if self._stop_reason is not None:  # a second signal: stop hard
+            if self._publisher.stop_reason is not None:  # a second signal: stop hard
                 raise KeyboardInterrupt
             self.stop(f"stopped by {signal.Signals(signum).name}")
 
@@ -407,6 +406,16 @@ class Producer(PublishingLoop):
         return restore
 
     # ----------------------------------------------------------------------------- stats
+    @property
+    def epochs_served(self) -> int:
+        """Whole epochs served so far."""
+        return self._publisher.epochs_served
+
+    @property
+    def blocked_s(self) -> float:
+        """Seconds the producer waited for consumers to free a slot."""
+        return self._publisher.blocked_s
+
     def stats(self) -> protocol.StatsReply:
         now = time.monotonic()
         with self._cond:
@@ -417,9 +426,9 @@ class Producer(PublishingLoop):
                 policy=self.policy,
                 window=self._window.size,
                 epoch=self._window.epoch,
-                published=self._published_batches,
-                batches_per_s=rate(self._progress),
-                blocked_s=self.blocked_s,
+                published=self._publisher.published_batches,
+                batches_per_s=rate(self._publisher.progress),
+                blocked_s=self._publisher.blocked_s,
                 slab_bytes=self._slab.nbytes,
                 consumers=self._server.consumer_stats(now),
                 window_mem=self.window_mem,
