@@ -4,8 +4,8 @@ admission, with a fake launcher and a fake clock the test advances.
 For tests whose behaviour under test is the scheduler's, the state's or a handler's: no
 supervisor, job or daemon process is started, and no test waits on a wall clock.
 
-- :class:`FakeClock` stands in for the ``time`` module of the daemon's modules (``time()``
-  and ``monotonic()`` move only when the test advances them; a ``sleep`` advances them);
+- :class:`FakeClock` is the daemon's clock (:mod:`tandem.place.clock`: ``time()`` and
+  ``monotonic()`` move only when the test advances them; a ``sleep`` advances them);
 - :class:`FakeLauncher` is the daemon's :class:`~tandem.place.run.launchers.launch.Launcher`: an attempt
   "runs" until the test (or the script it was given) ends it with an exit code and a log
   tail, classified by the supervisor's own :func:`~tandem.place.run.supervisor.failures.classify`; while
@@ -22,7 +22,6 @@ from __future__ import annotations
 import os
 import selectors
 import shlex
-import sys
 import threading
 import time
 from collections.abc import Callable, Iterable
@@ -38,21 +37,6 @@ from tandem.place.run.launchers.launch import Launch, Launched
 from tandem.place.run.supervisor.failures import classify
 from tandem.place.run.supervisor.files import Result, ShimInfo, Usage, save
 from tandem.place.run.supervisor.proctrack import host_id
-
-# The daemon's modules that read the clock: their ``time`` is the fake one in a test.
-CLOCKED = (
-    "tandem.place.daemon",
-    "tandem.place.attempts",
-    "tandem.place.admission",
-    "tandem.place.requests",
-    "tandem.place.state",
-    "tandem.place.queue",
-    "tandem.place.active",
-    "tandem.place.views",
-    "tandem.place.producers",
-    "tandem.place.diskwait",
-    "tandem.place.devices",
-)
 
 
 class FakeClock:
@@ -78,9 +62,11 @@ class FakeClock:
         self.mono += seconds
 
     def install(self, monkeypatch: Any) -> None:
-        for name in CLOCKED:
-            module = sys.modules.get(name) or __import__(name, fromlist=["_"])
-            monkeypatch.setattr(module, "time", self)
+        """The clock of the daemon's modules until the test ends (the daemon is given it too:
+        this also covers what runs before it is made, and puts the system's back after)."""
+        from tandem.place import clock
+
+        monkeypatch.setattr(clock, "_clock", self)
 
 
 @dataclass
@@ -253,9 +239,9 @@ class InProc:
             "tandem.place.run.supervisor.weights.set_weight",
             lambda pid, w: self.weights.update({pid: w}) or True,
         )
-        # The daemon's own launcher is the fake one (a local daemon makes a LocalLauncher).
-        monkeypatch.setattr("tandem.place.daemon.LocalLauncher", lambda: self.launcher)
-        self.daemon = Daemon(State(self.state_dir), capacity, self.config)
+        self.daemon = Daemon(
+            State(self.state_dir), capacity, self.config, clock=self.clock, launcher=self.launcher
+        )
         assert self.daemon.launcher is self.launcher
         self.daemon.monitor.sample = self._measure  # type: ignore[method-assign]
         self.sel = selectors.DefaultSelector()

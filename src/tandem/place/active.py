@@ -4,11 +4,11 @@
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
+from tandem.place import clock
 from tandem.place.records import Attempt, AttemptPlacement, Job
 from tandem.place.reserve import AUTO_CPUS, MEM_MARGIN, PROBE_CORES, Learned, Measuring
 from tandem.place.resources import GIVEN, PROBE, Reservation, Resources
@@ -77,9 +77,9 @@ class Active:
     pids: tuple[int, ...] = ()
     peak_mem: int = 0
     peak_gpu_mem: int = 0
-    last_growth: float = field(default_factory=time.time)
+    last_growth: float = field(default_factory=clock.now)
     usage_t: float = 0.0
-    heard: float = field(default_factory=time.time)  # when its supervisor's usage last changed
+    heard: float = field(default_factory=clock.now)  # when its supervisor's usage last changed
     cut_off_said: bool = False  # its node's loss to Ray was said while its supervisor still wrote
     lost_seen: float = 0.0  # when its node was first seen gone to Ray (0: never)
     energy_start: dict[str, int] = field(default_factory=dict)

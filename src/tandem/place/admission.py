@@ -14,10 +14,10 @@ what changed.
 
 from __future__ import annotations
 
-import time
 from collections.abc import Iterable
 from typing import Any
 
+from tandem.place import clock
 from tandem.place.active import Active, Startup
 from tandem.place.decide import HOST_WINDOW_S, Pass, Peak, gpu_views, host_view
 from tandem.place.devices import Monitor
@@ -61,7 +61,7 @@ class Admission:
             self.capacity.total,
             active,
             self.startup,
-            time.time(),
+            clock.now(),
             mem_available=self.monitor.mem_available,
             cpu_mean=self.monitor.cpu.mean(HOST_WINDOW_S),
             cpu_p95=self.monitor.cpu.p95(HOST_WINDOW_S),
@@ -76,7 +76,7 @@ class Admission:
         active = list(active)
         if not self.capacity.nodes:
             return [NodeSlot("", self.host_slot(active), self.gpu_slots(active))]
-        now, out, readings = time.time(), [], self.monitor.readings()
+        now, out, readings = clock.now(), [], self.monitor.readings()
         for node in (n for n in self.capacity.nodes if n.alive):
             on = [a for a in active if a.placed.node == node.id]
             sample = self.monitor.node(node.id)
@@ -102,7 +102,7 @@ class Admission:
 
     def gpu_slots(self, active: Iterable[Active]) -> list[GpuSlot]:
         readings = self.monitor.readings()
-        return gpu_views(self.capacity.gpus, active, readings, self.limits.settle_s, time.time())
+        return gpu_views(self.capacity.gpus, active, readings, self.limits.settle_s, clock.now())
 
     def decisions(self, active: Iterable[Active]) -> Pass:
         """This pass's decisions on what waiting jobs reserve (tandem.place.decide)."""
@@ -251,5 +251,5 @@ class Admission:
                 still.append(job)
                 continue
             why = f"dependency {failed} ended {deps[failed][0]}"
-            self.state.cancel(job.id, why, why, time.time())
+            self.state.cancel(job.id, why, why, clock.now())
         return still

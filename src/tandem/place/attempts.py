@@ -16,11 +16,10 @@
 from __future__ import annotations
 
 import logging
-import time
 from dataclasses import replace
 from pathlib import Path
 
-from tandem.place import model, outside
+from tandem.place import clock, model, outside
 from tandem.place.active import STARTUP_SAMPLES, Active, AttemptEnd, Startup, energy_of
 from tandem.place.config import DaemonConfig
 from tandem.place.devices import Monitor
@@ -119,7 +118,7 @@ class Attempts:
                 node_env=node_env,
             ),
         )
-        record.placement, record.started = placement, (started := time.time())
+        record.placement, record.started = placement, (started := clock.now())
         self.state.start(record, job.started, f"attempt {n} on {placement.where}")
         a = Active(job, n, placement, adir, started, cpu=cpu)
         a.energy_start = {u: e for u in uuids if (e := self.monitor.energy_mj(u)) is not None}
@@ -353,7 +352,7 @@ class Attempts:
 
     def _record_end(self, a: Active, result: Result) -> AttemptEnd:
         """The job's transition for the attempt's end: retried (escalated) or finished."""
-        ended = result.ended or time.time()
+        ended = result.ended or clock.now()
         peak_mem = max(a.peak_mem, result.peak_mem or 0) or None
         peak_gpu = a.peak_gpu_mem or None
         state, cause = result.state, result.cause
@@ -423,7 +422,7 @@ class Attempts:
         """Take up the attempts a previous daemon left running."""
         for job in self.state.jobs((RUNNING,), attempts=True):
             if not job.attempts:
-                self.state.requeue(job.id, None, "running with no attempt recorded", time.time())
+                self.state.requeue(job.id, None, "running with no attempt recorded", clock.now())
                 continue
             att = job.attempts[-1]
             a = Active.adopted(job, att, self.state.attempt_dir(att), self.startup.learned)
@@ -435,4 +434,4 @@ class Attempts:
             a.lost_before = sum(at.state == "lost" for at in job.attempts)
             self.active[job.id] = a
             self.state.event(job.id, "adopted", f"attempt {att.n} (shim pid {a.shim_pid})")
-        self.follow_all(time.time())
+        self.follow_all(clock.now())

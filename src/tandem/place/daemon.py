@@ -35,9 +35,11 @@ from typing import Any
 from filelock import FileLock, Timeout
 
 from tandem import _ipc
-from tandem.place import protocol
+from tandem.place import clock, protocol
 from tandem.place.admission import Admission
 from tandem.place.attempts import Attempts
+from tandem.place.clock import current as current_clock
+from tandem.place.clock import use as use_clock
 from tandem.place.config import DaemonConfig
 from tandem.place.devices import Monitor, Nvml, detect_capacity
 from tandem.place.diskwait import DiskWait
@@ -48,7 +50,7 @@ from tandem.place.policies import make_policy
 from tandem.place.producers import Producers
 from tandem.place.queue import WaitingJobs
 from tandem.place.requests import HANDLERS, Parts, failure
-from tandem.place.run.launchers.launch import LocalLauncher, RayLauncher, reap_children
+from tandem.place.run.launchers.launch import Launcher, LocalLauncher, RayLauncher, reap_children
 from tandem.place.run.services import ray_head
 from tandem.place.run.supervisor.files import DaemonFile, disk_trouble
 from tandem.place.run.supervisor.proctrack import create_time
@@ -82,8 +84,20 @@ class DaemonRunning(Exception):
 
 class Daemon:
     def __init__(
-        self, state: State, capacity: Capacity, config: DaemonConfig, nvml: Nvml | None = None
+        self,
+        state: State,
+        capacity: Capacity,
+        config: DaemonConfig,
+        nvml: Nvml | None = None,
+        *,
+        clock: clock.Clock | None = None,
+        launcher: Launcher | None = None,
     ) -> None:
+        """``clock``: what the daemon reads the time from (default: the system's);
+        ``launcher``: what starts and follows a local daemon's attempts (default: a
+        supervisor process each). Tests give their own (``tests/place/inproc.py``)."""
+        if clock is not None:
+            use_clock(clock)
         self.state, self.config, self.nvml = state, config, nvml
         self.limits = config.limits
         self.policy = make_policy(config.policy)
@@ -102,7 +116,7 @@ class Daemon:
             nvml = None  # GPUs are Ray's now: each measured by its node's agent
         self.capacity = capacity
         trouble = state.dir / RAY_TROUBLE
-        self.launcher: RayLauncher | LocalLauncher = LocalLauncher()
+        self.launcher: Launcher = launcher if launcher is not None else LocalLauncher()
         if backend is not None:
             self.launcher = RayLauncher(backend, trouble, config.address, self.limits.window_s)
             self.launcher.samples()  # the nodes' agents made before serving: Ray's first costs seconds
@@ -112,7 +126,7 @@ class Daemon:
         self.monitor = Monitor(capacity, self.limits.window_s, nvml)
         self.socket_path = protocol.socket_path(state.dir)
         self.moved: str | None = None  # what happened to the state's file, once it is not ours
-        self.started = time.time()
+        self.started = current_clock().time()
         self.stop_requested = False
         self.wake = False
         self.dirty = True  # something changed since the last scheduling pass
@@ -170,7 +184,7 @@ class Daemon:
                     self.tick()
                 except Exception:  # one bad tick (a full disk, a vanished file) must not end the daemon
                     log.exception("tick failed; going on")
-                    time.sleep(TICK_S)
+                    clock.sleep(TICK_S)
                 listener = self._check_socket(sel, listener)
         finally:
             for key in list(sel.get_map().values()):
@@ -195,12 +209,12 @@ class Daemon:
         would stop later, and the attempts it told to stop are waited for a while (their ends
         recorded, not left "running"); running jobs and their producers are adopted later."""
         try:
-            self.attempts.follow_all(now := time.time())  # the ends not yet read (the last job's)
+            self.attempts.follow_all(now := clock.now())  # the ends not yet read (the last job's)
             self.producers.tend(now, self.queue.read(), self.attempts, linger_s=0.0)
-            deadline = time.monotonic() + min(STOP_WAIT_S, 2 * self.config.grace_s + 2)
-            while self.attempts.told_to_stop() and time.monotonic() < deadline:
-                time.sleep(0.1)
-                self.attempts.follow_all(time.time())
+            deadline = clock.monotonic() + min(STOP_WAIT_S, 2 * self.config.grace_s + 2)
+            while self.attempts.told_to_stop() and clock.monotonic() < deadline:
+                clock.sleep(0.1)
+                self.attempts.follow_all(clock.now())
         except Exception:  # a full disk: the next daemon reads their ends, stops the others
             log.exception("stopping idle producers or reading stopped jobs' ends failed")
 
@@ -263,10 +277,10 @@ class Daemon:
                 conn, _ = listener.accept()
             except BlockingIOError:
                 return
-            sel.register(conn, selectors.EVENT_READ, data=time.monotonic())
+            sel.register(conn, selectors.EVENT_READ, data=clock.monotonic())
 
     def _drop_idle(self, sel: selectors.BaseSelector, listener: Any) -> None:
-        now = time.monotonic()
+        now = clock.monotonic()
         for key in list(sel.get_map().values()):
             if key.fileobj is not listener and now - key.data > IDLE_CONNECTION_S:
                 sel.unregister(key.fileobj)
@@ -313,9 +327,9 @@ class Daemon:
     # --- the tick ---------------------------------------------------------------------------
 
     def tick(self) -> None:
-        now = time.time()
-        if time.monotonic() >= self._next_sample:
-            self._next_sample = time.monotonic() + SAMPLE_S
+        now = clock.now()
+        if clock.monotonic() >= self._next_sample:
+            self._next_sample = clock.monotonic() + SAMPLE_S
             self.monitor.sample()
             for node, sample in self.launcher.samples().items():  # a Ray cluster's nodes
                 self.monitor.take(node, sample)
@@ -325,11 +339,11 @@ class Daemon:
         if self.mps is not None:
             self.mps.release_idle({u for a in self.attempts.active.values() for u in a.uuids})
         self.dirty |= set(self.attempts.active) != before
-        since = time.monotonic() - self._last_plan
+        since = clock.monotonic() - self._last_plan
         every = max(PLAN_EVERY_S, self._pass_cpu_s / IDLE_PASS_SHARE)
         if (self.dirty and since >= PLAN_MIN_S) or since >= every:
             self.dirty = False
-            self._last_plan = time.monotonic()
+            self._last_plan = clock.monotonic()
             # The waiting jobs (what a pass needs of them) and their dependencies, read once.
             self.launcher.refresh(self.capacity)  # a Ray cluster's live nodes, as they are now
             self.attempts.reconcile(now)
@@ -385,12 +399,12 @@ class Daemon:
                 except Exception as exc:
                     if disk_trouble(exc):  # the disk's failure, not the job's: it waits and is tried again
                         log.warning("could not start job %d: %s; it waits for the disk", job.id, exc)
-                        self.attempts.put_back(job.id, f"could not start: {exc}; tried again", time.time())
+                        self.attempts.put_back(job.id, f"could not start: {exc}; tried again", clock.now())
                         self.disk.hold(str(exc))
                         continue
                     log.exception("could not start job %d", job.id)
                     attempt = len(job.attempts) + 1  # recorded, or not yet: ended either way
-                    self.state.fail(job.id, f"could not start: {exc}", time.time(), attempt=attempt)
+                    self.state.fail(job.id, f"could not start: {exc}", clock.now(), attempt=attempt)
         self.producers.spread(now, short, waiting, active.values())  # a share whose nodes are full
         self.admission.write_reasons(reasons)
         return launched

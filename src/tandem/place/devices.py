@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import logging
 import os
-import time
 from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -30,6 +29,7 @@ from typing import Any
 
 import psutil
 
+from tandem.place import clock
 from tandem.place.decide import GpuReading
 from tandem.place.model import Capacity, GpuInfo, format_size
 from tandem.place.resources import Cap, Resources
@@ -205,14 +205,14 @@ class Monitor:
         self._cgroup_cpu = (
             quota is not None and quota < host_cpus() and self._cgroups.cpu_seconds() is not None
         )
-        self._last_cpu = (time.monotonic(), self._cgroups.cpu_seconds() or 0.0)
+        self._last_cpu = (clock.monotonic(), self._cgroups.cpu_seconds() or 0.0)
         # this host's GPUs (a Ray node's are its agent's: :meth:`take`)
         self.gpus = {g.uuid: GpuMeasure(activity=Window(window_s)) for g in capacity.gpus if not g.node}
         self.nodes: dict[str, tuple[float, NodeSample]] = {}  # a Ray node -> (received, its sample)
         psutil.cpu_percent()  # the first call only sets the base
 
     def sample(self) -> None:
-        now = time.monotonic()
+        now = clock.monotonic()
         busy = psutil.cpu_percent() / 100.0
         if self._cgroup_cpu:
             used, (then, before) = self._cgroups.cpu_seconds() or 0.0, self._last_cpu
@@ -249,13 +249,13 @@ class Monitor:
 
     def take(self, node: str, sample: NodeSample) -> None:
         """Keep a Ray node's sample, as its agent sent it (dated when it was taken)."""
-        self.nodes[node] = (time.monotonic() - sample.age_s, sample)
+        self.nodes[node] = (clock.monotonic() - sample.age_s, sample)
 
     def node(self, node: str) -> NodeSample | None:
         """A Ray node's last sample, or None: none came within :data:`STALE_S` (no agent
         there yet, or it does not answer)."""
         got = self.nodes.get(node)
-        return got[1] if got is not None and time.monotonic() - got[0] <= STALE_S else None
+        return got[1] if got is not None and clock.monotonic() - got[0] <= STALE_S else None
 
     def _remote(self, uuid: str) -> GpuSample | None:
         """A Ray node's GPU as its agent measured it (its ``local`` index is NVML's there)."""

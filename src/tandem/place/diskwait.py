@@ -11,8 +11,9 @@ in the state directory succeeds. The waiting jobs say so (``tandem ls``).
 from __future__ import annotations
 
 import os
-import time
 from pathlib import Path
+
+from tandem.place import clock
 
 HOLD_S = 5.0  # after a start the disk stopped: no start for this long, then a probe each pass
 PROBE_BYTES = 1 << 16  # what a probe writes: a supervisor's first files, with room to spare
@@ -27,13 +28,13 @@ class DiskWait:
     def hold(self, why: str) -> None:
         """A start failed for the disk (``why``): hold the next ones."""
         self.why = why
-        self.until = time.monotonic() + HOLD_S
+        self.until = clock.monotonic() + HOLD_S
 
     def reason(self) -> str | None:
         """Why no job may start now (the waiting jobs' reason), or None: the disk takes writes."""
         if self.why is None:
             return None
-        if time.monotonic() >= self.until:
+        if clock.monotonic() >= self.until:
             problem = probe(self.dir)
             if problem is None:
                 self.why = None

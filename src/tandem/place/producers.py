@@ -28,13 +28,13 @@ import os
 import re
 import signal
 import sys
-import time
 import uuid
 from collections.abc import Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 from tandem._safepath import module_command
+from tandem.place import clock
 from tandem.place.config import DaemonConfig
 from tandem.place.model import FAILED, OOM, PRODUCER_ROLE, RUNNING, WAITING_STATES, Capacity, JobSpec
 from tandem.place.outside import serving
@@ -133,7 +133,7 @@ class Producers:
             share=share.name,
             group=full.group or share.name,
         )
-        job_id = self.state.add_producer(spec, gpus, time.time(), producer_key(share.name))
+        job_id = self.state.add_producer(spec, gpus, clock.now(), producer_key(share.name))
         self._moved = True
         self.state.event(
             job_id,
@@ -193,7 +193,7 @@ class Producers:
         these are, may start: those of another host than each of theirs (a producer is found
         by its share's name on its host: two on one host would collide) and than one where a
         producer of it failed lately, each with 0 jobs of its group; none on one server."""
-        now = time.time()
+        now = clock.now()
         taken = self.hosts(producers)
         taken |= {host for (name, host), until in self._failed.items() if name == share and until > now}
         return {n.id: 0 for n in self.capacity.nodes if n.alive and n.name not in taken}

@@ -9,8 +9,7 @@ queue is read again every few minutes anyway, and after the clock stepped backwa
 
 from __future__ import annotations
 
-import time
-
+from tandem.place import clock
 from tandem.place.model import WAITING_STATES
 from tandem.place.state import Job, State
 
@@ -31,9 +30,9 @@ class WaitingJobs:
         version = self.state.version()  # before the read: a write during it is seen next time
         if version == self._version:
             return list(self._jobs.values())
-        read_at, last = time.time(), self._read_at
-        if last is None or read_at < last or time.monotonic() > self._whole_due:
-            self._whole_due = time.monotonic() + WHOLE_S
+        read_at, last = clock.now(), self._read_at
+        if last is None or read_at < last or clock.monotonic() > self._whole_due:
+            self._whole_due = clock.monotonic() + WHOLE_S
             self._jobs = {j.id: j for j in self.state.queue(tuple(WAITING_STATES))}
         else:
             changed = self.state.changed_since(last - OVERLAP_S)

@@ -12,15 +12,14 @@ import dataclasses
 import hashlib
 import logging
 import os
-import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from tandem.place import clock, sweep
 from tandem.place import protocol as p
-from tandem.place import sweep
 from tandem.place.admission import Admission
 from tandem.place.attempts import Attempts
 from tandem.place.config import DaemonConfig
@@ -101,7 +100,7 @@ def submit(request: p.Submit, d: Parts) -> Handled:
     if isinstance(checked, p.Failure):
         return checked, NOTHING
     spec, gpus = checked
-    job_id, new = d.state.add_job(spec, gpus, time.time())
+    job_id, new = d.state.add_job(spec, gpus, clock.now())
     return p.Submitted(job_id, new), Changed(queued=True)
 
 
@@ -127,7 +126,7 @@ def submit_sweep(request: p.SubmitSweep, d: Parts) -> Handled:
         if problem:
             return _refused(problem), NOTHING
     # Its points are alike: what one is measured to use, the others reserve (tandem.place.reserve).
-    made = d.state.add_jobs(specs, gpus, time.time(), alike=sweep.alike_key(template))
+    made = d.state.add_jobs(specs, gpus, clock.now(), alike=sweep.alike_key(template))
     return p.SweepSubmitted([job_id for job_id, _ in made], template.group or ""), Changed(queued=True)
 
 
@@ -140,7 +139,7 @@ def submit_many(request: p.SubmitMany, d: Parts) -> Handled:
                 return one, NOTHING
             return dataclasses.replace(one, error=f"job {i + 1} of {len(request.jobs)}: {one.error}"), NOTHING
         checked.append(one)
-    made = d.state.add_jobs([s for s, _ in checked], [g for _, g in checked], time.time())
+    made = d.state.add_jobs([s for s, _ in checked], [g for _, g in checked], clock.now())
     return p.SweepSubmitted([job_id for job_id, _ in made]), Changed(queued=True)
 
 
@@ -205,7 +204,7 @@ def cancel(request: p.Cancel, d: Parts) -> Handled:
         else:
             waiting.append(job_id)
     # The waiting ones in one transaction: a sweep's thousands in well under a second.
-    d.state.cancel_waiting(waiting, "cancelled", "while waiting", time.time())
+    d.state.cancel_waiting(waiting, "cancelled", "while waiting", clock.now())
     cancelled += waiting
     return p.Cancelled(sorted(cancelled), unknown, ended), Changed(queue=True)
 
@@ -369,7 +368,7 @@ def not_started(request: p.NotStarted, d: Parts) -> Handled:
     if a is None or a.n != request.attempt:
         return p.PutBack(""), NOTHING  # not this daemon's to follow, or already dealt with
     job = d.state.job(request.job_id, attempts=False)
-    now = time.time()
+    now = clock.now()
     if job is not None and job.state == RUNNING:
         if job.cancel_requested:
             d.state.cancel(job.id, "cancelled", "before its attempt started", now, attempt=a.n)

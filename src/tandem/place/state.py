@@ -21,14 +21,13 @@ import dataclasses
 import json
 import logging
 import sqlite3
-import time
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 from tandem.dirs import private_file
-from tandem.place import model
+from tandem.place import clock, model
 from tandem.place.identity import file_id, new_db_id, opening_new
 from tandem.place.model import CANCELLED, FAILED, OOM, QUEUED, RETRYING, RUNNING, SUCCEEDED, JobSpec
 from tandem.place.paths import (  # noqa: F401 (re-exported)
@@ -230,7 +229,7 @@ class State(StateReads):
         leaves, reaches = TRANSITIONS[transition]
         if to not in reaches:
             raise IllegalTransition(f"{transition} cannot take a job to {to!r} (only {', '.join(reaches)})")
-        values = encode(Job, {**values, "state": to, "updated": time.time()})
+        values = encode(Job, {**values, "state": to, "updated": clock.now()})
         sets = ", ".join(f'"{k}" = ?' for k in values)
         marks = ", ".join("?" for _ in leaves)
         sql = f"UPDATE jobs SET {sets} WHERE id = ? AND state IN ({marks})"
@@ -245,7 +244,7 @@ class State(StateReads):
     def _event(db: sqlite3.Connection, job_id: int | None, kind: str, detail: str = "") -> None:
         db.execute(
             "INSERT INTO events (t, job_id, kind, detail) VALUES (?, ?, ?, ?)",
-            (time.time(), job_id, kind, detail),
+            (clock.now(), job_id, kind, detail),
         )
 
     def start(self, attempt: Attempt, first_start: float | None, detail: str) -> None:
@@ -281,7 +280,7 @@ class State(StateReads):
         """Its attempt ``n`` ended (``attempt``: how) and it will be tried again (``job``: the
         fields that change, its escalated reservation among them)."""
         with self.transaction() as db:
-            self._attempt_ended(db, "retry", job_id, n, RETRYING, attempt, {**job, "queued_at": time.time()})
+            self._attempt_ended(db, "retry", job_id, n, RETRYING, attempt, {**job, "queued_at": clock.now()})
             self._event(db, job_id, "retry", detail)
             for note in notes:
                 self._event(db, job_id, "note", note)
@@ -344,13 +343,13 @@ class State(StateReads):
         """Fields of a job other than its state (its run id, a cancel asked for)."""
         if "state" in values:
             raise ValueError("a job's state changes only through a transition (State.start, finish, ...)")
-        values = encode(Job, {**values, "updated": time.time()})
+        values = encode(Job, {**values, "updated": clock.now()})
         sets = ", ".join(f'"{k}" = ?' for k in values)
         self._write(f"UPDATE jobs SET {sets} WHERE id = ?", (*values.values(), job_id))
 
     def set_reasons(self, reasons: dict[int, str]) -> None:
         """Why each waiting job waits (the daemon's pass), one transaction for all."""
-        now = time.time()  # only the rows whose reason changed: a live view is sent what changed
+        now = clock.now()  # only the rows whose reason changed: a live view is sent what changed
         with self.transaction() as db:
             db.executemany(
                 "UPDATE jobs SET reason = ?, updated = ? WHERE id = ? AND reason IS NOT ?",
@@ -382,11 +381,11 @@ class State(StateReads):
     # --- measured peaks, events, settings -------------------------------------------------
 
     def record_peak(self, job_key: str, peak_mem: int | None, peak_gpu_mem: int | None, run_s: float) -> None:
-        self._write(RECORD_PEAK, (job_key, peak_mem, peak_gpu_mem, run_s, time.time()))
+        self._write(RECORD_PEAK, (job_key, peak_mem, peak_gpu_mem, run_s, clock.now()))
 
     def record_cores(self, key: str, runs: list[float]) -> None:
         """The cores learning key ``key``'s recent runs used: a restarted daemon knows them."""
-        self._write(RECORD_CORES, (key, json.dumps(runs), time.time()))
+        self._write(RECORD_CORES, (key, json.dumps(runs), clock.now()))
 
     def event(self, job_id: int | None, kind: str, detail: str = "") -> None:
         with self.transaction() as db:
@@ -403,7 +402,7 @@ class State(StateReads):
         """Define (or redefine) a share, with the selection it serves when one was given
         (``spec.selection``). ``select_job``: the job that makes its selection, queued in the
         same transaction (its id is returned and kept in the spec)."""
-        now = time.time()
+        now = clock.now()
         with self.transaction() as db:
             job_id = None
             if select_job is not None:  # a define retried with its token: the job it made
@@ -422,7 +421,7 @@ class State(StateReads):
     def bind_share(self, job_ids: list[int], name: str, group: str) -> list[int]:
         """Of ``job_ids``, those waiting with no share now read ``name`` (of no group: in ``group``)."""
         with self.transaction() as db:
-            bound = db.execute(BIND_SHARE, (name, group, time.time(), json.dumps(job_ids)))
+            bound = db.execute(BIND_SHARE, (name, group, clock.now(), json.dumps(job_ids)))
             return sorted(r[0] for r in bound)
 
     def remove_share(self, name: str) -> list[int]:

@@ -6,10 +6,10 @@ from __future__ import annotations
 import functools
 import json
 import math
-import time
 from dataclasses import fields
 from typing import Any
 
+from tandem.place import clock
 from tandem.place.fields import meta
 from tandem.place.model import PRODUCER_ROLE, RUNNING, WAITING_STATES, format_size, param_value
 from tandem.place.records import Attempt, Job
@@ -67,7 +67,7 @@ def attempt_json(a: Attempt) -> dict[str, Any]:
 def run_seconds(job: Job, now: float | None = None) -> float | None:
     if not job.attempts:
         return None
-    now = time.time() if now is None else now
+    now = clock.now() if now is None else now
     return sum((a.ended or now) - a.started for a in job.attempts if a.state != "lost")
 
 
@@ -104,7 +104,7 @@ def record_json(record: Any) -> dict[str, Any]:
 def job_json(job: Job, now: float | None = None) -> dict[str, Any]:
     """A job as ``--json`` prints it: its shown fields (declared with the record) and what is
     worked out from them. Times are seconds since the epoch."""
-    now = time.time() if now is None else now
+    now = clock.now() if now is None else now
     last = job.attempts[-1] if job.attempts else None
     shown = record_json(job)
     # A NaN or infinity a job was given (a state file of before params were kept as text): its
@@ -169,7 +169,7 @@ def starting(job: Job) -> bool:
 def ls_row(job: Job, now: float | None = None) -> list[str]:
     """The row of ``tandem ls`` (what ``--json`` says, worked out for only these columns:
     ``ls`` prints thousands)."""
-    now = time.time() if now is None else now
+    now = clock.now() if now is None else now
     placement = job.attempts[-1].placement if job.attempts else None
     where = placement.where if placement is not None else "-"
     if placement is not None and placement.mps:
