@@ -369,7 +369,7 @@ READER = (
 def test_share_group_runs_one_producer_that_stops_after_its_last_job(cli, tmp_path: Path) -> None:
     (tmp_path / "toy_data.py").write_text(DATASET)
     (tmp_path / "reader.py").write_text(READER)
-    cli("daemon", "start", "--cpus", "2", *FAST)  # share define asks the daemon (started if needed)
+    cli("daemon", "start", "--cpus", "2", "--producer-linger", "1", *FAST)  # its linger: test_producer_job
     out = cli(
         "share", "define", "toy", "--dataset", "toy_data.py:make", "--batch-size", "4", "--cpus", "0.5"
     ).stdout

@@ -69,6 +69,7 @@ def test_the_producer_is_a_job_row_its_group_waits_for_and_it_ends_succeeded(inp
     again = h.submit("--share", "toy", "--cpus", "0.5", "--", "true")
     newer = h.run_until(lambda: [p for p in _producers(h) if p["id"] != pid], within=5)
     assert len(newer) == 1 and h.job(again)["reason"].endswith(f"(job {newer[0]['id']})")
+    assert newer[0]["request"]["cpus"] < 0.5, newer  # what it used (0.1 core), not its definition's core
     assert "measured, 1 producer run" in h.cli("show", str(newer[0]["id"])).stdout
 
 

@@ -6,12 +6,10 @@ reservation. The README's sweep on two cores, as printed: tests/place/test_elast
 from __future__ import annotations
 
 import sys
-import time
 from pathlib import Path
 
 from tests.place.inproc import Step
-from tests.place.test_daemon import DATASET, FAST
-from tests.timing import until
+from tests.place.test_daemon import FAST
 
 # A training job that mostly waits on a (simulated) accelerator: it reads a batch from its
 # share, says it started, then "steps" (sleeps) until the test releases it, and reads the
@@ -148,31 +146,3 @@ def test_mem_auto_reserves_what_the_job_key_used_and_mem_given_is_hard(inproc) -
     h.wait_state(given, {"succeeded"}, within=60)
     job = h.job(given)
     assert job["reservation"]["mem_bytes"] == 300 << 20 and job["reservation"]["mem_from"] == "given"
-
-
-def test_a_shares_producer_reserves_what_its_earlier_producers_used(cli, tmp_path: Path) -> None:
-    """The producer's reservation is learnt as a job's is: its definition's the first time,
-    then what its earlier producers used (a producer of a tiny dataset: a fraction of a core),
-    its loader workers still as defined; a definition's --cpus stays a hard reservation."""
-    (tmp_path / "toy_data.py").write_text(DATASET)
-    (tmp_path / "train.py").write_text(SLEEPER)
-    cli("daemon", "start", "--cpus", "2", "--no-host-load", *FAST)
-    cli("share", "define", "toy", "--dataset", "toy_data.py:make", "--batch-size", "4")
-    first = cli.submit("--share", "toy", "--", sys.executable, "train.py", str(tmp_path))
-    until(lambda: _lines(tmp_path / "started"), 120, f"the job did not start: {cli('ls').stdout}")
-    (producer,) = _producers(cli)  # a job row of its own
-    assert producer["request"]["cpus"] == 1.0 and producer["state"] == "running"  # as defined: on 2 cores
-    # The producer's run must be long enough to say what it uses (not its start-up alone).
-    until(lambda: time.time() - producer["started"] > 11, 30, "")
-    (tmp_path / "release").write_text("")
-    assert cli("wait", str(first), timeout=120).returncode == 0
-    # Stopped after its last job (as succeeded); what it used is learnt once it is gone.
-    until(lambda: _producers_ended(cli), 60, "the producer was not stopped after its last job")
-    (tmp_path / "release").unlink()
-    second = cli.submit("--share", "toy", "--", sys.executable, "train.py", str(tmp_path))
-    until(lambda: len(_producers(cli)) == 2, 120, cli("ls").stdout)
-    newer = _producers(cli)[-1]
-    assert newer["request"]["cpus"] < 0.5, newer  # what it used (a tiny dataset), not the definition's core
-    assert "measured, 1 producer run" in cli("show", str(newer["id"])).stdout
-    (tmp_path / "release").write_text("")
-    assert cli("wait", str(second), timeout=120).returncode == 0

@@ -86,23 +86,6 @@ def test_select_then_submit_in_a_new_state_dir(cli: Cli, tmp_path: Path) -> None
     }
 
 
-def test_a_lost_database_never_gives_a_new_job_an_old_result(cli: Cli, tmp_path: Path) -> None:
-    old = cli.submit("--", "echo", "OLD")
-    assert cli("wait", str(old), timeout=60).returncode == 0
-    cli("daemon", "stop")
-    for f in cli.state.glob("place.db*"):  # lost: deleted, or never reached the disk
-        f.unlink()
-    new = cli.submit("--", "sh", "-c", "sleep 1; echo fresh")
-    assert new == old == 1, "ids start again: the old job's directory would be the new one's"
-    first = cli.job(new)
-    assert first["state"] in ("queued", "running"), first
-    assert cli("wait", str(new), timeout=60).returncode == 0
-    assert cli("logs", str(new)).stdout.strip() == "fresh"
-    (aside,) = cli.state.glob("jobs.lost-*")
-    (old_folder,) = (aside / "1").glob("1.*")
-    assert (old_folder / "output.log").read_text().strip() == "OLD", "the old job's files kept aside"
-
-
 def test_the_library_refuses_what_the_commands_refuse(cli: Cli, tmp_path: Path) -> None:
     import tandem.jobs
     from tandem.place.state import StateError
