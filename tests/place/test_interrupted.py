@@ -48,8 +48,10 @@ def test_an_interrupted_session_ends_the_daemon_and_job_it_started(
 ) -> None:
     said = tmp_path / "daemon.pid"
     env = {**os.environ, "TANDEM_INTERRUPT_ME": str(said)}
+    # faulthandler: a session that does not end is seen where it waits (its stacks dumped)
+    dump = ["-o", f"faulthandler_timeout={int(scaled(40))}"]
     inner = subprocess.Popen(
-        [sys.executable, "-m", "pytest", "-q", "-n", workers, "-p", "no:cacheprovider", str(INNER)],
+        [sys.executable, "-m", "pytest", "-q", "-n", workers, "-p", "no:cacheprovider", *dump, str(INNER)],
         cwd=ROOT,
         env=env,
         stdout=subprocess.PIPE,
@@ -73,7 +75,11 @@ def test_an_interrupted_session_ends_the_daemon_and_job_it_started(
             os.killpg(inner.pid, signal.SIGINT)  # Ctrl-C: the terminal signals its whole foreground group
         else:
             inner.send_signal(signal.SIGTERM)  # a CI job cancelled: pytest alone
-        out = inner.communicate(timeout=scaled(60))[0]
+        try:
+            out = inner.communicate(timeout=scaled(60))[0]
+        except subprocess.TimeoutExpired:
+            os.killpg(inner.pid, signal.SIGKILL)
+            pytest.fail(f"the interrupted session did not end:\n{inner.communicate()[0][-6000:]}")
         assert inner.returncode != 0, out[-3000:]
         until(
             lambda: not [p for p in tree if _alive(p)],
