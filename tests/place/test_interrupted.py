@@ -58,6 +58,9 @@ def test_an_interrupted_session_ends_the_daemon_and_job_it_started(
         stderr=subprocess.STDOUT,
         text=True,
         start_new_session=True,  # a terminal's process group of its own: pytest and its workers
+        # Ctrl-C as a terminal's session has it, whatever this worker inherited (an ignored
+        # SIGINT is inherited across exec, and Python then never raises KeyboardInterrupt)
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )
     tree: list[psutil.Process] = []
     try:
