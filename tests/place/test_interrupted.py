@@ -38,6 +38,11 @@ def _of_state(state: str) -> list[psutil.Process]:
     return list({p.pid: p for p in found}.values())
 
 
+def _default_sigint() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+
+
 @pytest.mark.parametrize(
     ("how", "workers"),
     [("SIGINT", "1"), ("SIGTERM", "1"), ("SIGTERM", "0")],
@@ -59,8 +64,9 @@ def test_an_interrupted_session_ends_the_daemon_and_job_it_started(
         text=True,
         start_new_session=True,  # a terminal's process group of its own: pytest and its workers
         # Ctrl-C as a terminal's session has it, whatever this worker inherited (an ignored
-        # SIGINT is inherited across exec, and Python then never raises KeyboardInterrupt)
-        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+        # or blocked SIGINT is inherited across exec, and Python then never raises
+        # KeyboardInterrupt)
+        preexec_fn=_default_sigint,
     )
     tree: list[psutil.Process] = []
     try:

@@ -89,7 +89,7 @@ def test_held_releases_never_deadlock_a_consumer_with_a_small_window(procs, monk
     assert c.transport == ("table" if table == "1" else "socket")
     gate = ReleaseGate()
     reader = c._reader
-    reader._gate = reader._channel._gate = gate  # what a GPU consumer has
+    reader._gate = reader.channel._gate = gate  # what a GPU consumer has
     events: list[SlowEvent] = []
 
     def done_with_current() -> None:

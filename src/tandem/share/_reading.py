@@ -99,7 +99,7 @@ class StreamReader:
         self.data_timeout = data_timeout
         self.device = device
         self.transform = transform
-        self._channel = channel
+        self.channel = channel  # how entries come and releases go (its stall, its transport)
         self._segments = slab.segments
         self._copier = slab.copier
         self._cuda_slab = slab.cuda_slab
@@ -132,21 +132,26 @@ class StreamReader:
 
     def progress(self) -> tuple[float, int, int, Position]:
         """What the channel reports to the producer: stall, samples, batches, position."""
-        return self._channel.stall_s, self.samples, self.batches, self.position
+        return self.channel.stall_s, self.samples, self.batches, self.position
 
     def release(self) -> None:
         """Hand back now every producer batch behind the batches delivered so far."""
         if self._cur is not None and self.position >= self._cur.end:
             self._done_with_current(keep=0)
         self._retire(keep=0)
+        self._send_releases()
+
+    def _send_releases(self) -> None:
+        """Tell the producer now what this reader has handed back (a GPU reader's gate:
+        what its events let go)."""
         if self._release or self._gate:
-            self._channel.release(self._release, self._holding())
+            self.channel.release(self._release, self._holding())
 
     def close(self) -> None:
         """Stop reading: what it holds goes with the connection (the consumer's to close)."""
         self.closed = True
         self._cur = None
-        self._channel.close()
+        self.channel.close()
 
     def __len__(self) -> int:
         n = self.samples_per_epoch
@@ -205,8 +210,7 @@ class StreamReader:
             if self._cur is not None and self._cur.end <= end:  # else the next epoch starts in it
                 self._done_with_current(keep=0, quiet=True)
             self._retire(keep=0, quiet=True)
-        if self._release or self._gate:
-            self._channel.release(self._release, self._holding())
+        self._send_releases()
 
     def _batches(self, begin: Position, end: Position) -> Iterator[Any]:
         self._skip_until(begin)
@@ -438,7 +442,7 @@ class StreamReader:
         if self._end is not None:
             return self._at_end(end, have)
         try:
-            reply = self._channel.take(self._release, self._holding(), self.data_timeout)
+            reply = self.channel.take(self._release, self._holding(), self.data_timeout)
         except ProducerGone:
             if self._cuda_slab is not None and self._producer_pid:
                 remove_files_of_dead_producer(self._producer_pid)
@@ -458,7 +462,7 @@ class StreamReader:
             raise ReaderSetAside(set_aside_text(self.name, reply.after_s))
         else:
             raise ProtocolError(f"unexpected {type(reply).__name__} from the producer")
-        self._channel.taken(reply.seq, self._holding())
+        self.channel.taken(reply.seq, self._holding())
         return True
 
     def _holding(self) -> int | None:

@@ -192,12 +192,12 @@ class Consumer:
     @property
     def stall_s(self) -> float:
         """Seconds this consumer has waited for the producer's data."""
-        return self._reading._channel.stall_s
+        return self._reading.channel.stall_s
 
     @property
     def transport(self) -> str:
         """How entries reach this consumer: ``"table"`` or ``"socket"`` (see ``protocol``)."""
-        return self._reading._channel.transport
+        return self._reading.channel.transport
 
     @property
     def position(self) -> Position:
@@ -221,11 +221,12 @@ class Consumer:
 
     @property
     def missed_batches(self) -> int:
-        """Producer batches missed behind the window (``policy="drop"`` only)."""
+        """Producer batches missed behind the window (``policy="skip"`` only)."""
         return self._reading.missed_batches
 
     @property
     def missed_samples(self) -> int:
+        """The samples of those batches."""
         return self._reading.missed_samples
 
     @property
