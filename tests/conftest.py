@@ -22,6 +22,25 @@ def pytest_unconfigure(config: pytest.Config) -> None:
         leftovers.end_session()
 
 
+# Files that run longest (minutes: a Ray cluster of separate nodes, sweeps of real jobs) are
+# handed out first: with ``--dist loadfile`` a file runs on one worker, so one started last
+# would run alone at the end while the other workers idle.
+LONGEST_FIRST = (
+    "tests/place/test_ray_nodes.py",
+    "tests/place/test_elastic.py",
+    "tests/place/test_ray.py",
+    "tests/place/test_auto_share.py",
+)
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    def rank(item: pytest.Item) -> int:
+        path = item.nodeid.split("::", 1)[0]
+        return LONGEST_FIRST.index(path) if path in LONGEST_FIRST else len(LONGEST_FIRST)
+
+    items.sort(key=rank)  # stable: within a file, and among the rest, the collected order
+
+
 def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
     """One worker per core this process may use, at most 4: the tests start daemons, jobs and
     producers of their own, so more workers than that only contend for the same cores."""

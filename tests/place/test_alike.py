@@ -1,20 +1,17 @@
 """Jobs of a sweep are alike: its points share one learning key (its template's), the first
 is measured and the others start at its figure, and what was learnt survives a restart of
-the daemon (kept in the state, not its memory)."""
+the daemon (kept in the state, not its memory; a share sweep's restart under a real daemon
+is test_elastic's README sweep)."""
 
 from __future__ import annotations
 
-import json
 import sqlite3
 import sys
-import time
 from pathlib import Path
 
 from tandem.place.model import JobSpec
 from tandem.place.state import State
-from tests.place.test_daemon import DATASET, FAST
-from tests.place.test_reserve import SLEEPER, _lines, _producers, _producers_ended
-from tests.timing import scaled, until
+from tests.place.test_daemon import FAST
 
 LRS = ("0.1", "0.03", "0.01", "0.003")
 
@@ -91,78 +88,6 @@ def test_a_state_file_of_schema_5_gains_learning_keys_and_cores(tmp_path: Path) 
     assert state.learnt_cores() == {"name:a": [0.5]}
     peak = state.peak("name:a")
     assert peak is not None and peak["peak_mem"] == 100 << 20  # kept beside the cores
-
-
-def _sweep(cli, tmp_path: Path) -> list[int]:  # type: ignore[no-untyped-def]
-    out = cli(
-        "submit", "--json", "--share", "toy", "--group", "lr-sweep", "--grid", "lr=" + ",".join(LRS),
-        "--name", "r18-lr{lr}", "--", sys.executable, "train.py", str(tmp_path), "{lr}",
-    ).stdout  # fmt: skip
-    return list(json.loads(out)["ids"])
-
-
-def _started(cli, ids: list[int], path: Path, deadline_s: float, least: int = 4) -> list[int]:  # type: ignore[no-untyped-def]
-    """The points that started, once ``least`` of them did within ``deadline_s`` (scaled)."""
-    until(
-        lambda: len(set(_lines(path)) & {str(i) for i in ids}) >= least,
-        deadline_s,
-        f"fewer than {least} points started within {scaled(deadline_s):.0f} s: {cli('ls').stdout}",
-    )
-    return sorted(int(i) for i in set(_lines(path)) & {str(i) for i in ids})
-
-
-def test_a_share_sweeps_points_start_together_and_after_a_restart_at_what_they_learnt(
-    cli, tmp_path: Path
-) -> None:
-    (tmp_path / "toy_data.py").write_text(DATASET)
-    (tmp_path / "train.py").write_text(SLEEPER)
-    started, release = tmp_path / "started", tmp_path / "release"
-    cli("daemon", "start", "--cpus", "2", "--no-host-load", *FAST)
-    cli("share", "define", "toy", "--dataset", "toy_data.py:make", "--batch-size", "4")
-    ids = _sweep(cli, tmp_path)
-    assert len(ids) == 4, ids
-    t0 = time.monotonic()
-    # A share group's points start together (each late joiner would make the producer serve
-    # its epochs again), none waiting for the first one's measurement...
-    began = _started(cli, ids, started, 120, least=3)
-    first_took = time.monotonic() - t0
-    reasons = [j["reason"] or "" for j in cli.json("ls")]  # type: ignore[attr-defined]
-    assert not any("measurement" in r for r in reasons), reasons
-    # ...each measured on its own run (or lent the figure of a point already measured).
-    sources = {i: cli.job(i)["reservation"]["from"] for i in began}
-    lent = "measured, job key r18-lr{lr}"
-    assert all(s in ("probe", "measured, this run") or s.startswith(lent) for s in sources.values()), sources
-    (producer,) = _producers(cli)  # a job row of its own, running
-    assert producer["state"] == "running" and producer["started"] is not None
-    # The producer's run long enough to say what it uses (10 s or more), then the points end.
-    until(lambda: time.time() - producer["started"] > 11, 30, "")
-    release.write_text("")
-    assert cli("wait", *map(str, ids), timeout=180).returncode == 0, cli("ls").stdout
-    # Its producer stopped after the last point (what it used is learnt as it ends).
-    until(lambda: _producers_ended(cli), 60, "the producer did not end")
-    cli("daemon", "stop")
-    until(lambda: cli("daemon", "status", check=False).returncode != 0, 60, "the daemon did not stop")
-    release.unlink()
-    cli("daemon", "start", "--cpus", "2", "--no-host-load", *FAST)
-    again = _sweep(cli, tmp_path)
-    t0 = time.monotonic()
-    # At once, nothing to probe: as many as their learnt reservations fit on 2 cores (4 where
-    # these jobs are measured at under 0.4 core; a loaded host measures them at more).
-    began = _started(cli, again, started, 10, least=3)
-    took = time.monotonic() - t0
-    for i in again:  # no probe: what the first sweep's points were measured at, from the state
-        job = cli.job(i)
-        shown = job["reservation"]
-        if i in began or job["state"] == "running":
-            assert shown["from"] in ("measured, job key r18-lr{lr}, 4 runs", "measured, this run"), job
-        else:
-            assert (job["reason"] or "").startswith("cores: needs"), job  # not "waits for ... measurement"
-    assert "measured, 1 producer run" in cli("show", str(_producers(cli)[-1]["id"])).stdout
-    print(f"points started: 3 within {first_took:.1f} s, {len(began)} within {took:.1f} s after a restart")
-    release.write_text("")
-    assert cli("wait", *map(str, again), timeout=180).returncode == 0, cli("ls").stdout
-    done = [line.split() for line in (tmp_path / "done").read_text().splitlines()]
-    assert len(done) == 8 and all(int(n) == 64 for _, n in done), done  # every epoch exact
 
 
 def test_a_sweep_without_a_share_measures_one_point_and_the_others_start_at_its_figure(inproc) -> None:

@@ -206,6 +206,19 @@ def test_the_readme_sweep_runs_three_of_four_at_once(cli, tmp_path: Path, outsid
         started = tmp_path / "started"
         until(lambda: len(_lines(started)) >= 3, 60, "fewer than 3 of 4 ran at once")
         if not outside:
+            # Together, none waiting for the first one's measurement, each measured on its
+            # own run (or lent the figure of a point already measured)...
+            began = [int(i) for i in _lines(started)]
+            reasons = [row["reason"] or "" for row in cli.rows()]
+            assert not any("measurement" in r for r in reasons), reasons
+            sources = {i: cli.job(i)["reservation"]["from"] for i in began}
+            lent = "measured, job key r18-lr"
+            assert all(
+                s in ("probe", "measured, this run") or s.startswith(lent) for s in sources.values()
+            ), sources
+            # ...beside their producer, a running job row of its own.
+            (producer,) = [row for row in cli.rows() if row["role"] == "producer"]
+            assert producer["state"] == "running" and producer["started"] is not None, producer
             _trivial_job_beside(cli)
         _all_done(cli, tmp_path, ids)
         if outside:  # at least 3 of 4 with a core busy from outside is what is asked of it

@@ -49,6 +49,9 @@ READER = (
     "c.close()\n"
 )
 PLAIN = "echo $TANDEM_JOB_ID >> runs.txt; hostname; sleep {}"
+# A plain job that runs until the test writes ``release`` in its folder (the nodes share the
+# filesystem): as long as the test needs it running, not a guessed length.
+HELD = "echo $TANDEM_JOB_ID >> runs.txt; hostname; while [ ! -e release ]; do sleep 0.2; done"
 
 
 @pytest.fixture(scope="module")
@@ -87,7 +90,9 @@ def start_daemon(cli: Cli, cluster: NodesCluster, flags: tuple[str, ...] | None 
 
 
 def ls(cli: Cli) -> dict[int, dict]:
-    return {j["id"]: j for j in json.loads(cli("ls", "--json", "--all").stdout)}
+    """Every job as ``tandem ls --json --all`` has it, read in this process (it is polled:
+    an interpreter a look would keep a core of the two busy)."""
+    return {j["id"]: j for j in cli.rows()}
 
 
 def node_of(job: dict) -> str | None:
@@ -254,13 +259,20 @@ def test_a_share_group_larger_than_its_node_gets_a_second_producer_on_the_other(
 
 
 def test_a_dead_node_s_jobs_run_again_on_the_head(on_cluster: Cli, cluster: NodesCluster) -> None:
-    """Last of the module: the worker dies (every process of it at once)."""
+    """After the tests that need the worker: it dies (every process of it at once)."""
     cli = on_cluster
-    ids = [cli.submit("--cpus", "1", "--", "sh", "-c", PLAIN.format(25)) for _ in range(4)]
+    ids = [cli.submit("--cpus", "1", "--", "sh", "-c", HELD) for _ in range(4)]
     wait_for(lambda: all(j["state"] == "running" for j in ls(cli).values()), 120, lambda: cli("ls").stdout)
     on_worker = [i for i in ids if node_of(ls(cli)[i]) == "worker"]
     assert len(on_worker) == 2
     cluster.nodes[1].kill()
+    # Once the worker's attempts are lost, the jobs on the head end, making room for the reruns.
+    wait_for(
+        lambda: all(ls(cli)[i]["attempts"][0]["state"] == "lost" for i in on_worker),
+        120,
+        lambda: cli("ls").stdout,
+    )
+    (cli.tmp / "release").write_text("")
     assert cli("wait", *map(str, ids), timeout=400).returncode == 0, cli("ls").stdout
     jobs = ls(cli)
     for i in on_worker:
@@ -273,11 +285,13 @@ def test_a_dead_node_s_jobs_run_again_on_the_head(on_cluster: Cli, cluster: Node
     assert "node worker: gone" in cli("daemon", "status").stdout
 
 
+# Ticks into ticks-NAME.txt for SECONDS, or (none given) until the test writes ``release``
+# (at most 5 minutes).
 TICKER = (
-    "import socket, sys, time\n"
-    "end = time.time() + float(sys.argv[1])\n"
-    "with open(f'ticks-{sys.argv[2]}.txt', 'a', buffering=1) as f:\n"
-    "    while time.time() < end:\n"
+    "import os, socket, sys, time\n"
+    "end = time.time() + (float(sys.argv[2]) if len(sys.argv) > 2 else 300)\n"
+    "with open(f'ticks-{sys.argv[1]}.txt', 'a', buffering=1) as f:\n"
+    "    while time.time() < end and not os.path.exists('release'):\n"
     "        f.write(f'{socket.gethostname()} {time.time()}\\n')\n"
     "        time.sleep(0.2)\n"
 )
@@ -302,9 +316,9 @@ def test_a_partitioned_node_s_jobs_run_once_followed_to_their_end(
     # GPU jobs of declared compute (the host's compute gate sees this machine's two cores busy
     # for every node): two on each node.
     need = ("--cpus", "1", "--gpus", "1", "--gpu-mem", "1G", "--gpu-share", "25")
-    # 90 s each: on a loaded machine Ray may take half a minute to call the cut node dead, and
-    # the jobs must still run then for the cut-off to be seen.
-    ids = [cli.submit(*need, "--", sys.executable, "ticker.py", "90", str(k)) for k in range(4)]
+    # Each runs until released once the cut-off is seen (on a loaded machine Ray may take half
+    # a minute to call the cut node dead, and the jobs must still run then).
+    ids = [cli.submit(*need, "--", sys.executable, "ticker.py", str(k)) for k in range(4)]
     wait_for(lambda: all(j["state"] == "running" for j in ls(cli).values()), 120, lambda: cli("ls").stdout)
     on_island = [i for i in ids if node_of(ls(cli)[i]) == "island"]
     assert len(on_island) == 2, cli("ls").stdout
@@ -322,6 +336,7 @@ def test_a_partitioned_node_s_jobs_run_once_followed_to_their_end(
             60,
             lambda: cli("show", str(on_island[0])).stdout,
         )
+        (cli.tmp / "release").write_text("")  # the island still shares the filesystem
         assert cli("wait", *map(str, ids), timeout=400).returncode == 0, cli("ls").stdout
     finally:
         island.heal()
@@ -352,7 +367,7 @@ def test_a_node_cut_off_from_the_cluster_and_the_disk_stops_its_jobs_before_they
     (cli.tmp / "ticker.py").write_text(TICKER)
     need = ("--cpus", "1", "--gpus", "1", "--gpu-mem", "1G", "--gpu-share", "25")
     ids = [
-        cli.submit(*need, "--", sys.executable, "ticker.py", "45", f"m{k}") for k in range(2 * len(alive()))
+        cli.submit(*need, "--", sys.executable, "ticker.py", f"m{k}", "45") for k in range(2 * len(alive()))
     ]
 
     def on_moat() -> list[int]:

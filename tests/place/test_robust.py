@@ -1,7 +1,7 @@
 """The job manager under faults and misuse, with real processes (a stopped daemon: one in
 this process that does not answer, tests/place/inproc.py): escaped processes,
 restarts that keep the configuration, another runtime directory, unsafe directories, a
-stopped daemon, idle connections, large requests, retried submits, a dead producer, a
+stopped daemon, idle connections, large requests, retried submits, a
 share group on two cores with the defaults, capped logs and a full disk."""
 
 from __future__ import annotations
@@ -201,22 +201,6 @@ def test_a_share_group_with_the_defaults_runs_on_two_cores(cli, tmp_path: Path) 
     assert len(rows) == 2 and all(int(r[2]) == 64 for r in rows)
 
 
-def test_a_producer_that_dies_fails_its_jobs_at_once_with_its_error(cli, tmp_path: Path) -> None:
-    (tmp_path / "bad_data.py").write_text("def make():\n    raise ValueError('no such bucket: s3://typo')\n")
-    cli("daemon", "start", "--cpus", "2", *FAST)
-    cli("share", "define", "bad", "--dataset", "bad_data:make")  # imports and is callable: accepted
-    t0 = time.monotonic()
-    job = cli.submit(
-        "--cpus", "0.5", "--share", "bad", "--", sys.executable, "-c", "import time; time.sleep(60)"
-    )
-    assert cli("wait", str(job), timeout=60, check=False).returncode != 0
-    assert time.monotonic() - t0 < 40  # not the consumer's 60 s timeout
-    shown = cli.job(job)
-    assert shown["state"] == "failed"
-    assert "no such bucket: s3://typo" in shown["cause"] and "its log:" in shown["cause"]
-    assert "no such bucket" in cli("ls").stdout  # the share line says how its producer ended
-
-
 def test_a_chatty_job_s_log_is_capped(cli, tmp_path: Path) -> None:
     cli("daemon", "start", "--cpus", "2", "--log-max", "1M", *FAST)
     job = cli.submit("--", sys.executable, "-c", "import sys\nfor i in range(200000): print('x' * 100)")
@@ -364,19 +348,19 @@ def test_a_full_disk_while_jobs_start_loses_none(cli, tmp_path: Path, small_disk
 
 
 def test_submits_while_the_daemon_is_killed_every_third_all_land_once(cli, tmp_path: Path) -> None:
-    """30 submits through 10 daemon SIGKILLs (before every third): each submit starts a
+    """12 submits through 4 daemon SIGKILLs (before every third): each submit starts a
     daemon where none answers, and its token keeps a retried one from making a second job."""
     cli("daemon", "start", "--cpus", "2", *FAST)
     out = tmp_path / "ran"
     ids, kills = [], 0
-    for i in range(30):
-        if i % 3 == 0:  # before the 1st, 4th, ... 28th submit
+    for i in range(12):
+        if i % 3 == 0:  # before the 1st, 4th, 7th and 10th submit
             pid = cli.daemon_pid()
             assert pid is not None and psutil.pid_exists(pid), "a submit started the daemon again"
             os.kill(pid, signal.SIGKILL)
             kills += 1
         ids.append(cli.submit("--cpus", "0.1", "--", "sh", "-c", f"echo $TANDEM_JOB_ID >> {out}"))
-    assert kills == 10 and len(set(ids)) == 30
+    assert kills == 4 and len(set(ids)) == 12
     r = cli("wait", *map(str, ids), timeout=300)
     assert r.returncode == 0, (r.stdout, r.stderr)
     ran = out.read_text().split()
