@@ -72,13 +72,25 @@ class FakeClock:
 @dataclass
 class Step:
     """How one attempt of a fake job goes: it runs ``run_s`` (None: until the test ends it),
-    using ``cores`` and ``mem``, then exits with ``exit_code`` having logged ``log``."""
+    using ``cores`` and ``mem`` (``burst_cores`` for its first ``burst_s``: a program's
+    imports at its start), then exits with ``exit_code`` having logged ``log``."""
 
     run_s: float | None = None
     exit_code: int = 0
     log: str = ""
     cores: float = 0.1
     mem: int = 50 << 20
+    burst_s: float = 0.0
+    burst_cores: float = 1.0
+
+    def cores_at(self, elapsed: float) -> float:
+        """The cores it uses ``elapsed`` seconds after its start."""
+        return self.burst_cores if elapsed < self.burst_s else self.cores
+
+    def cpu_s(self, elapsed: float) -> float:
+        """The CPU-seconds it used in its first ``elapsed`` seconds."""
+        burst = min(elapsed, self.burst_s)
+        return self.burst_cores * burst + self.cores * (elapsed - burst)
 
 
 @dataclass
@@ -168,7 +180,7 @@ class FakeLauncher:
             run.started,
             run.ended,
             run.step.mem,
-            run.step.cores * (run.ended - run.started),
+            run.step.cpu_s(run.ended - run.started),
         )
         save(run.dir, result)
 
@@ -183,8 +195,9 @@ class FakeLauncher:
             if now - run.sampled < self.interval_s:
                 continue
             run.samples, run.sampled = run.samples + 1, now
-            cpu_s = run.step.cores * (now - run.started)
-            pct = run.step.cores * 100.0 if run.samples > 1 else None  # the first sample has no rate
+            cpu_s = run.step.cpu_s(now - run.started)
+            # The first sample has no rate.
+            pct = run.step.cores_at(now - run.started) * 100.0 if run.samples > 1 else None
             save(run.dir, Usage(now, [], run.step.mem, run.step.mem, cpu_s, pct))
 
 
@@ -270,7 +283,8 @@ class InProc:
     def _measure(self) -> None:
         """The monitor's sample: the running attempts' use and the outside load, no psutil."""
         m = self.daemon.monitor
-        used = self.outside_cores + sum(r.step.cores for r in self.launcher.running())
+        now = self.clock.time()
+        used = self.outside_cores + sum(r.step.cores_at(now - r.started) for r in self.launcher.running())
         m.cpu.add(self.clock.monotonic(), min(1.0, used / max(m.capacity.total.cores, 1e-3)))
         m.mem_available = m.capacity.total.ram - sum(r.step.mem for r in self.launcher.running())
 

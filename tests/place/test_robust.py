@@ -21,7 +21,7 @@ import psutil
 import pytest
 
 from tests.place.conftest import attempt_dir
-from tests.place.test_daemon import DATASET, FAST, READER, SHORT, _gone
+from tests.place.test_daemon import FAST, SHORT, _gone
 from tests.timing import scaled, until
 
 
@@ -184,21 +184,25 @@ def test_a_large_environment_and_a_retried_submit(cli, tmp_path: Path) -> None:
     assert [j["id"] for j in cli.json("ls", "--all")].count(first.id) == 1
 
 
-def test_a_share_group_with_the_defaults_runs_on_two_cores(cli, tmp_path: Path) -> None:
-    """`share define` with its defaults, then two `submit --share` of half a core on a 2-core
-    daemon: the producer's reservation leaves room, both run to the end."""
-    (tmp_path / "hx_data.py").write_text(DATASET)
-    (tmp_path / "reader.py").write_text(READER)
-    cli("daemon", "start", "--cpus", "2")
-    cli("share", "define", "hxds", "--dataset", "hx_data:make", "--batch-size", "50", "--shuffle")
-    results = tmp_path / "results.txt"
-    ids = [
-        cli.submit("--cpus", "0.5", "--share", "hxds", "--", sys.executable, "reader.py", str(results))
-        for _ in range(2)
-    ]
-    assert cli("wait", *map(str, ids), timeout=120).returncode == 0, cli("logs", str(ids[0])).stdout
-    rows = [line.split() for line in results.read_text().splitlines()]
-    assert len(rows) == 2 and all(int(r[2]) == 64 for r in rows)
+def test_a_share_group_with_the_defaults_runs_on_two_cores(inproc, tmp_path: Path, monkeypatch) -> None:
+    """`share define` with its defaults, then two `submit --share` of half a core on a daemon
+    of 2 cores and no other flag: the producer's reservation leaves room, both run at once
+    beside it and end. (In this process: what is tested is the reservations' fit; the reads
+    of a real share group are test_daemon's and test_auto_share's.)"""
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    (tmp_path / "hx_data.py").write_text("def make():\n    return list(range(64))\n")
+    h = inproc("--cpus", "2")
+    h.cli("share", "define", "hxds", "--dataset", "hx_data:make", "--batch-size", "50", "--shuffle")
+    ids = [h.submit("--cpus", "0.5", "--share", "hxds", "--", "python", "reader.py") for _ in range(2)]
+    h.run_until(lambda: all(h.state_of(i) == "running" for i in ids), within=60)
+    (producer,) = [j for j in h.json("ls") if j["role"] == "producer"]
+    assert producer["state"] == "running", producer
+    reserved = sum(h.job(j)["reservation"]["cpus"] for j in (*ids, producer["id"]))
+    assert reserved <= 2 + 1e-6, reserved
+    for i in ids:
+        h.finish(i)
+    h.run_until(lambda: h.ended(*ids, producer["id"]), within=60)
+    assert all(h.state_of(i) == "succeeded" for i in (*ids, producer["id"]))
 
 
 def test_a_chatty_job_s_log_is_capped(cli, tmp_path: Path) -> None:
