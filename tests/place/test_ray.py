@@ -213,7 +213,9 @@ def test_the_daemon_s_own_ray_head_outlives_it_and_the_next_daemon_follows_its_j
             env=env, capture_output=True, text=True, timeout=scaled(120),
         )  # fmt: skip
         assert stranger.returncode != 0 and "InvalidAuthToken" in stranger.stderr, stranger.stderr[-2000:]
-        job = cli.submit("--", "sh", "-c", f"echo $TANDEM_JOB_ATTEMPT >> {tmp_path / 'runs.txt'}; sleep 12")
+        # It runs until released, once the next daemon follows it (not a guessed length).
+        held = f"while [ ! -e {tmp_path / 'release'} ]; do sleep 0.2; done"
+        job = cli.submit("--", "sh", "-c", f"echo $TANDEM_JOB_ATTEMPT >> {tmp_path / 'runs.txt'}; {held}")
         deadline = time.monotonic() + scaled(120)
         while not (tmp_path / "runs.txt").exists():
             assert time.monotonic() < deadline, cli("ls").stdout
@@ -222,6 +224,8 @@ def test_the_daemon_s_own_ray_head_outlives_it_and_the_next_daemon_follows_its_j
         assert psutil.pid_exists(head["pid"]), "the head died with the daemon"
         cli("daemon", "start", timeout=scaled(240))  # the kept configuration: Ray, its own head
         assert json.loads((cli.state / ray_head.HEAD_FILE).read_text()) == head  # the same head
+        until(lambda: cli.job(job)["state"] == "running", 60, lambda: cli("ls").stdout)
+        (tmp_path / "release").write_text("")
         assert cli("wait", str(job), timeout=scaled(120)).returncode == 0, cli("ls").stdout
         shown = cli.job(job)
         assert shown["state"] == "succeeded" and len(shown["attempts"]) == 1, shown

@@ -285,13 +285,13 @@ def test_a_dead_node_s_jobs_run_again_on_the_head(on_cluster: Cli, cluster: Node
     assert "node worker: gone" in cli("daemon", "status").stdout
 
 
-# Ticks into ticks-NAME.txt for SECONDS, or (none given) until the test writes ``release``
-# (at most 5 minutes).
+# Ticks into ticks-NAME.txt until the test writes ``release`` (every ticker) or
+# ``release-NAME`` (this one), at most 5 minutes.
 TICKER = (
     "import os, socket, sys, time\n"
-    "end = time.time() + (float(sys.argv[2]) if len(sys.argv) > 2 else 300)\n"
+    "end, mine = time.time() + 300, f'release-{sys.argv[1]}'\n"
     "with open(f'ticks-{sys.argv[1]}.txt', 'a', buffering=1) as f:\n"
-    "    while time.time() < end and not os.path.exists('release'):\n"
+    "    while time.time() < end and not (os.path.exists('release') or os.path.exists(mine)):\n"
     "        f.write(f'{socket.gethostname()} {time.time()}\\n')\n"
     "        time.sleep(0.2)\n"
 )
@@ -366,9 +366,9 @@ def test_a_node_cut_off_from_the_cluster_and_the_disk_stops_its_jobs_before_they
     wait_for(lambda: "moat" in alive(), 60, lambda: cli("daemon", "status").stdout)
     (cli.tmp / "ticker.py").write_text(TICKER)
     need = ("--cpus", "1", "--gpus", "1", "--gpu-mem", "1G", "--gpu-share", "25")
-    ids = [
-        cli.submit(*need, "--", sys.executable, "ticker.py", f"m{k}", "45") for k in range(2 * len(alive()))
-    ]
+    # Each runs until released: the others as soon as the node is cut (their room is where
+    # the cut-off jobs run again), the cut-off ones once their second copy ticks elsewhere.
+    ids = [cli.submit(*need, "--", sys.executable, "ticker.py", f"m{k}") for k in range(2 * len(alive()))]
 
     def on_moat() -> list[int]:
         jobs = ls(cli)
@@ -382,6 +382,16 @@ def test_a_node_cut_off_from_the_cluster_and_the_disk_stops_its_jobs_before_they
         pytest.skip("chattr +i does not work on this filesystem: its disk cannot be taken away")
     moat.cut()
     try:
+        for k in set(range(len(ids))) - set(there):
+            (cli.tmp / f"release-m{k}").write_text("")
+
+        def again_elsewhere(k: int) -> bool:
+            ticks = (cli.tmp / f"ticks-m{k}.txt").read_text().split()
+            return any(host != "moat" for host in ticks[::2])
+
+        wait_for(lambda: all(again_elsewhere(k) for k in there), 180, lambda: cli("ls").stdout)
+        for k in there:
+            (cli.tmp / f"release-m{k}").write_text("")
         assert cli("wait", *map(str, ids), timeout=400).returncode == 0, cli("ls").stdout
     finally:
         subprocess.run(["chattr", "-i", *folders], check=False)
