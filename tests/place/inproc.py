@@ -128,6 +128,9 @@ class FakeLauncher:
         self.runs[(a.job_id, a.n)] = FakeRun(a.job_id, a.n, what.dir, what, step, now, sampled=now)
         return ""
 
+    def missing(self, command: list[str], cwd: str, env: dict[str, str]) -> str | None:
+        return None  # its jobs are steps, not programs: each one is there
+
     def alive(self, a: Launched) -> bool:
         run = self.runs.get((a.job_id, a.n))
         return run is not None and run.ended is None

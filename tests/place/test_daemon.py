@@ -55,14 +55,17 @@ def test_submit_run_show_logs_wait(cli) -> None:
     cli("daemon", "start", "--cpus", "2", *FAST)
     ok = cli.submit("--name", "hello", "--cpus", "0.5", "--", "sh", "-c", "echo hello from the job")
     bad = cli.submit("--", "sh", "-c", "echo about to fail; echo 'ValueError: bad config' >&2; exit 3")
-    missing = cli.submit("--", "no-such-command-xyz")
+    # A program that is not there is refused at submit, saying what to fix (not queued to fail later).
+    missing = cli("submit", "--", "no-such-command-xyz", check=False)
+    assert missing.returncode == 2 and "no program 'no-such-command-xyz' on the job's PATH" in missing.stderr
+    script = cli("submit", "--", sys.executable, "-u", "trian.py", "--lr", "0.1", check=False)
+    assert script.returncode == 2 and f"no script 'trian.py' in {cli.tmp}" in script.stderr, script.stderr
     assert cli("wait", str(ok)).returncode == 0
     assert cli("wait", str(bad), check=False).returncode == 3  # the job's own code
     assert cli("wait", "--timeout", "soon", check=False).returncode == 125  # wait's own: apart
     two = cli.submit("--", "sh", "-c", "exit 2")
     assert cli("wait", str(two), check=False).returncode == 2  # a job's 2 is not "no such job"
     assert cli("wait", str(ok), str(bad), check=False).returncode == 1
-    cli("wait", str(missing), check=False)
     assert "hello from the job" in cli("logs", str(ok)).stdout
     job = cli.job(ok)
     for key in (
@@ -91,14 +94,12 @@ def test_submit_run_show_logs_wait(cli) -> None:
     assert failed["state"] == "failed" and failed["exit_code"] == 3
     assert failed["cause_line"] == "ValueError: bad config"  # the matching line, not the log's last
     assert len(failed["attempts"]) == 1  # a plain failure is never retried
-    nf = cli.job(missing)
-    assert nf["state"] == "failed" and nf["exit_code"] == 127 and "not found" in nf["cause"]
     listed = cli.json("ls", "--all")
-    assert [j["id"] for j in listed] == [ok, bad, missing, two]
+    assert [j["id"] for j in listed] == [ok, bad, two]  # nothing queued for the refused
     status = cli.json("daemon", "status")
     assert status["policy"] == "packing" and status["capacity"]["total"]["cores"] == 2 and "used" in status
     table = cli("ls").stdout
-    assert "exit 3" in table and "command not found" in table
+    assert "exit 3" in table and "exit 2" in table
 
 
 @pytest.mark.parametrize("policy,limit", [("exclusive", 1), ("first-fit", 2), ("packing", 2)])

@@ -173,7 +173,7 @@ def test_a_cancel_reaches_a_job_on_the_other_node_within_5_s(on_cluster: Cli) ->
     assert cli.job(remote)["state"] == "cancelled"
     # A supervisor on the worker killed, no result written: its job ends lost, never stays running.
     (other, *_) = [i for i in ids if node_of(jobs[i]) == "worker" and i != remote]
-    folder = str(cli.state / "jobs" / str(other))
+    folder = f"{cli.state / 'jobs' / str(other)}/"  # its attempts' folders (not job 1x's for job 1)
 
     def shims() -> list[psutil.Process]:
         return [p for p in psutil.process_iter(["cmdline"]) if "tandem.place.run.supervisor.shim" in " ".join(

@@ -121,8 +121,8 @@ def submit_sweep(request: p.SubmitSweep, d: Parts) -> Handled:
     first, gpus = checked
     after = first.after  # with the share's selection job, where it has one
     specs = [dataclasses.replace(s, after=after) for s in specs]
-    for spec in specs:
-        problem = spec.problem()
+    for spec in specs[1:]:  # the first was checked with its reservation
+        problem = spec.problem() or d.launcher.missing(spec.command, spec.cwd, spec.env)
         if problem:
             return _refused(problem), NOTHING
     # Its points are alike: what one is measured to use, the others reserve (tandem.place.reserve).
@@ -145,7 +145,7 @@ def submit_many(request: p.SubmitMany, d: Parts) -> Handled:
 
 def _checked(d: Parts, spec: JobSpec) -> tuple[JobSpec, int] | p.Failure:
     """The job as it will be queued, and its GPUs; or why it is refused."""
-    problem = spec.problem()
+    problem = spec.problem() or d.launcher.missing(spec.command, spec.cwd, spec.env)
     if problem:
         return _refused(problem)
     gpus = spec.gpus if spec.gpus is not None else (1 if d.capacity.gpus else 0)

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from tandem._safepath import module_command
 from tandem.place.model import Capacity, GpuInfo
+from tandem.place.run.launchers.programs import missing_program
 from tandem.place.run.launchers.ray_backend import PENDING, RUNNING, actor_name
 from tandem.place.run.supervisor.files import ShimInfo, Started, load
 from tandem.place.run.supervisor.proctrack import JobProcesses, create_time, same_process
@@ -62,6 +63,7 @@ class Launcher(Protocol):
     trouble: str | None  # why the machines it starts on do not answer (a Ray cluster's head gone)
 
     def start(self, a: Launched, what: Launch) -> str: ...
+    def missing(self, command: list[str], cwd: str, env: dict[str, str]) -> str | None: ...
     def alive(self, a: Launched) -> bool: ...
     def pending(self, a: Launched) -> bool: ...
     def cancel(self, a: Launched) -> None: ...
@@ -98,6 +100,10 @@ class LocalLauncher:
             )
         a.shim_pid, a.shim_ctime = proc.pid, create_time(proc.pid)
         return ""
+
+    def missing(self, command: list[str], cwd: str, env: dict[str, str]) -> str | None:
+        """Why the job's program cannot run here (:mod:`.programs`): said at submit."""
+        return missing_program(command, cwd, env)
 
     def alive(self, a: Launched) -> bool:
         return same_process(a.shim_pid, a.shim_ctime)
@@ -145,6 +151,10 @@ class RayLauncher:
         cores = r.resources.cores if what.ray_cores is None else what.ray_cores
         self.backend.launch(str(what.dir), what.cwd, what.node, cores, r.resources.ram, gpu_mem)
         return what.node
+
+    def missing(self, command: list[str], cwd: str, env: dict[str, str]) -> str | None:
+        """As on one server: the nodes share the jobs' directories (as they share the state)."""
+        return missing_program(command, cwd, env)
 
     def _status(self, a: Launched) -> str:
         return str(self.backend.status(actor_name(a.dir), a.node))
