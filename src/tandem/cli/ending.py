@@ -24,7 +24,7 @@ from tandem.cli._common import (
     request,
     unknown_job,
 )
-from tandem.place import CANCELLED, FINAL_STATES, SUCCEEDED
+from tandem.place import CANCELLED, DONE_STATES, FINAL_STATES, PRUNED, SUCCEEDED
 
 
 @click.command("cancel")
@@ -93,9 +93,9 @@ def _apart(exc: click.ClickException) -> click.ClickException:
 def wait(ids: tuple[str, ...], timeout: float | None) -> None:
     """Block until the jobs end (default: every job now waiting or running; a share's producer
     only where named). Exit with the job's exit code (one job), 1 if any of several did not
-    succeed, 4 if the one job was cancelled, 124 if --timeout ran out, and 125 if tandem wait
-    itself could not wait (no such job, bad input, no daemon): a job's own exit 2 is not
-    tandem's "no such job"."""
+    succeed (a trial its sweep pruned did, as asked), 4 if the one job was cancelled, 124 if
+    --timeout ran out, and 125 if tandem wait itself could not wait (no such job, bad input,
+    no daemon): a job's own exit 2 is not tandem's "no such job"."""
     st = open_state()
     groups, ids = _groups(ids)
     # A share's producer (a job row, role producer) is not waited for unless named: it ends
@@ -122,6 +122,9 @@ def wait(ids: tuple[str, ...], timeout: float | None) -> None:
         j = jobs[0]
         if j.state == SUCCEEDED:
             sys.exit(0)
+        if j.state == PRUNED:  # its sweep stopped it early, as asked: not a failure
+            click.echo(f"job {j.id} {j.cause}", err=True)
+            sys.exit(0)
         if j.state == CANCELLED:
             click.echo(
                 f"job {j.id} was cancelled{f' ({j.cause})' if j.cause != 'cancelled' else ''}", err=True
@@ -129,7 +132,7 @@ def wait(ids: tuple[str, ...], timeout: float | None) -> None:
             sys.exit(EXIT_CANCELLED)
         click.echo(f"job {j.id} {j.state}: {j.cause or ''}", err=True)
         sys.exit(j.exit_code if j.exit_code not in (None, 0) else EXIT_FAILED)
-    bad = [j for j in jobs if j.state != SUCCEEDED]
+    bad = [j for j in jobs if j.state not in DONE_STATES]
     for j in bad:
         click.echo(f"job {j.id} {j.state}: {j.cause or ''}", err=True)
     sys.exit(EXIT_FAILED if bad else 0)

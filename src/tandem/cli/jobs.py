@@ -118,6 +118,18 @@ def _reserved(value: str | None, source: str, what: str) -> str:
     help="A sweep: one job per JSON object (a line) of FILE, as --grid.",
 )
 @click.option(
+    "--prune",
+    type=click.Choice(["asha", "median"]),
+    help="Stop the trials of a sweep that do worse early (asynchronous successive halving: grace 1 "
+    "step, reduction 3; or the median rule), by --metric as each logs it to its MLflow run; a stopped "
+    "trial ends pruned.",
+)
+@click.option(
+    "--metric",
+    metavar="NAME:min|max",
+    help="The metric --prune judges by, as the job logs it (mlflow.log_metric(NAME, v, step=epoch)).",
+)
+@click.option(
     "--cwd", type=click.Path(file_okay=False, path_type=Path), help="Working directory [default: .]."
 )
 @click.option("--json", "as_json", is_flag=True, help="Print the job as JSON.")

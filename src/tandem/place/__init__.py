@@ -56,9 +56,11 @@ if TYPE_CHECKING:  # the same names as _FACE, for type checkers (the house test 
     from tandem.place.identity import check_may_start, restore_saved
     from tandem.place.model import (
         CANCELLED,
+        DONE_STATES,
         FINAL_STATES,
         JOB_ROLE,
         MAX_PRIORITY,
+        PRUNED,
         STATES,
         SUCCEEDED,
         WAITING_STATES,
@@ -136,6 +138,8 @@ _FACE: dict[str, str] = {
     "check_may_start": "identity:check_may_start",
     "restore_saved": "identity:restore_saved",
     "CANCELLED": "model:CANCELLED",
+    "DONE_STATES": "model:DONE_STATES",
+    "PRUNED": "model:PRUNED",
     "FINAL_STATES": "model:FINAL_STATES",
     "JOB_ROLE": "model:JOB_ROLE",
     "JobSpec": "model:JobSpec",

@@ -58,6 +58,7 @@ class AttemptEnd:
     peak_gpu_mem: int | None
     energy: float | None
     wait_s: float
+    pruned_rung: int | None = None  # the rung its --prune rule stopped it at
 
 
 @dataclass

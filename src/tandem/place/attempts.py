@@ -336,6 +336,12 @@ class Attempts:
                 "tandem.cause": end.cause or "",
                 "tandem.exit_code": result.exit_code,
             }
+            if end.state == model.PRUNED:  # where its sweep stopped it, as the sweep report lists it
+                tags |= {
+                    "tandem.pruned": "true",
+                    "tandem.pruned.rung": end.pruned_rung,
+                    "tandem.pruned.reason": end.cause or "",
+                }
             summary = {
                 "run_s": end.ended - a.started,
                 "wait_s": end.wait_s,
@@ -356,7 +362,11 @@ class Attempts:
         peak_mem = max(a.peak_mem, result.peak_mem or 0) or None
         peak_gpu = a.peak_gpu_mem or None
         state, cause = result.state, result.cause
-        if a.fail_cause is not None and state == CANCELLED:
+        job = self.state.job(a.job.id, attempts=False)
+        assert job is not None
+        if job.pruned is not None and state in (CANCELLED, FAILED):  # its --prune rule stopped it
+            state, cause = model.PRUNED, job.pruned
+        elif a.fail_cause is not None and state == CANCELLED:
             state, cause = FAILED, a.fail_cause
         elif (stop := a.stop_cause or self._stopped_before(a, state)) is not None and state != model.OOM:
             state, cause = SUCCEEDED, stop  # the daemon stopped it: however it took the stop
@@ -372,8 +382,6 @@ class Attempts:
             "peak_gpu_mem": peak_gpu,
             "cpu_seconds": result.cpu_seconds,
         }
-        job = self.state.job(a.job.id, attempts=False)
-        assert job is not None
         energy = energy_of(a, self.active.values(), self.monitor.energy_mj)
         common = {
             "exit_code": result.exit_code,
@@ -414,7 +422,8 @@ class Attempts:
                 job.id, a.n, state, ending, {**common, "ended": ended}, detail, result.notes, made
             )
         wait_s = (job.started or a.started) - job.submitted
-        return AttemptEnd(state, cause, again is not None, ended, peak_mem, peak_gpu, energy, wait_s)
+        rung = job.pruned_rung if state == model.PRUNED else None
+        return AttemptEnd(state, cause, again is not None, ended, peak_mem, peak_gpu, energy, wait_s, rung)
 
     # --- after a restart ----------------------------------------------------------------------
 

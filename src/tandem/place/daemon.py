@@ -48,6 +48,7 @@ from tandem.place.model import Capacity, format_size
 from tandem.place.paths import RAY_TROUBLE, StateError, private_dir
 from tandem.place.policies import make_policy
 from tandem.place.producers import Producers
+from tandem.place.pruning import Pruner
 from tandem.place.queue import WaitingJobs
 from tandem.place.requests import HANDLERS, Parts, failure
 from tandem.place.run.launchers.launch import Launcher, LocalLauncher, RayLauncher, reap_children
@@ -148,6 +149,7 @@ class Daemon:
         self.admission = Admission(
             state, capacity, self.limits, self.monitor, self.producers, self.attempts.startup
         )
+        self.pruner = Pruner(state, self.tracker.uri if tracked and self.tracker is not None else None)
         self.mps = None
         if config.mps:
             from tandem.place.run.services.mps import MpsManager
@@ -335,6 +337,7 @@ class Daemon:
                 self.monitor.take(node, sample)
         before = set(self.attempts.active)
         self.attempts.follow_all(now)
+        self.dirty |= bool(self.pruner.prune(self.attempts))  # trials their sweep stops early
         reap_children()
         if self.mps is not None:
             self.mps.release_idle({u for a in self.attempts.active.values() for u in a.uuids})

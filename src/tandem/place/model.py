@@ -12,19 +12,23 @@ from dataclasses import dataclass, field, fields
 from typing import Any
 
 from tandem.place.fields import column
+from tandem.place.prune import Rule
 from tandem.place.resources import Resources
 from tandem.units import MAX_BYTES, format_size, parse_size  # noqa: F401 (re-exported: place's words)
 
 QUEUED, RUNNING, RETRYING = "queued", "running", "retrying"
 SUCCEEDED, FAILED, OOM, CANCELLED = "succeeded", "failed", "oom", "cancelled"
-STATES = (QUEUED, RUNNING, RETRYING, SUCCEEDED, FAILED, OOM, CANCELLED)
-FINAL_STATES = frozenset({SUCCEEDED, FAILED, OOM, CANCELLED})
+PRUNED = "pruned"  # stopped early by its sweep's --prune rule (tandem.place.prune): never retried
+STATES = (QUEUED, RUNNING, RETRYING, SUCCEEDED, FAILED, OOM, CANCELLED, PRUNED)
+FINAL_STATES = frozenset({SUCCEEDED, FAILED, OOM, CANCELLED, PRUNED})
+DONE_STATES = frozenset({SUCCEEDED, PRUNED})  # ended as meant: tandem wait's 0
 
 
 def mlflow_status(state: str) -> str:
     """The MLflow run status of a job's ending state: the one mapping (the supervisor's, the
-    daemon's and the MLflow helper's runs all end by it)."""
-    return {SUCCEEDED: "FINISHED", CANCELLED: "KILLED"}.get(state, "FAILED")
+    daemon's and the MLflow helper's runs all end by it). A pruned trial is KILLED, as Ray
+    Tune and Optuna's MLflow callbacks end a stopped trial's run."""
+    return {SUCCEEDED: "FINISHED", CANCELLED: "KILLED", PRUNED: "KILLED"}.get(state, "FAILED")
 
 
 WAITING_STATES = frozenset({QUEUED, RETRYING})
@@ -162,6 +166,10 @@ class JobSpec:
     after: list[int] = column(default_factory=list, queued=True)
     token: str | None = column(None, shown=False)
     params: dict[str, Any] = field(default_factory=dict)  # the job's parameters (a sweep's point)
+    # Stop it early where its group's trials do better (tandem.place.prune): asha or median,
+    # by the metric NAME:min|max it logs to its MLflow run each step.
+    prune: str | None = column(None, queued=True)
+    metric: str | None = column(None, queued=True)
 
     @property
     def job_key(self) -> str:
@@ -198,7 +206,17 @@ class JobSpec:
             return f"--group: use up to {MAX_NAME} printable characters (no control characters)"
         if not isinstance(self.params, dict) or not isinstance(self.env, dict):
             return "params: a mapping of names to values"
+        if self.prune is not None:
+            try:
+                prune_rule(self)
+            except ValueError as exc:
+                return str(exc)
         return _command_problem(self.command, self.env, self.params)
+
+
+def prune_rule(spec: JobSpec) -> Rule | None:
+    """The job's --prune rule (None: it is not pruned); ValueError where it is not one."""
+    return None if spec.prune is None else Rule.of(spec.prune, spec.metric)
 
 
 @dataclass(frozen=True)

@@ -175,6 +175,9 @@ class Job(JobSpec):
     started: float | None = column(None, queued=True)
     ended: float | None = None
     cancel_requested: bool = column(False, queued=True, shown=False)
+    # Its --prune rule stopped it (tandem.place.pruning): why, and at which rung (its report count).
+    pruned: str | None = None
+    pruned_rung: int | None = None
     queued_at: float | None = column(None, queued=True, shown=False)  # when it last became able to start
     escalation: int = column(0, queued=True, shown=False)
     peak_mem: int | None = column(None, json_key="peak_mem_bytes")

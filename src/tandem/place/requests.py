@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from tandem.place import clock, sweep
+from tandem.place import clock, pruning, sweep
 from tandem.place import protocol as p
 from tandem.place.admission import Admission
 from tandem.place.attempts import Attempts
@@ -146,6 +146,9 @@ def submit_many(request: p.SubmitMany, d: Parts) -> Handled:
 def _checked(d: Parts, spec: JobSpec) -> tuple[JobSpec, int] | p.Failure:
     """The job as it will be queued, and its GPUs; or why it is refused."""
     problem = spec.problem() or d.launcher.missing(spec.command, spec.cwd, spec.env)
+    if problem is None and spec.prune is not None:
+        tracked = d.tracker is not None and not d.tracker.why_not
+        problem = pruning.why_not(d.tracker.uri if tracked and d.tracker is not None else None)
     if problem:
         return _refused(problem)
     gpus = spec.gpus if spec.gpus is not None else (1 if d.capacity.gpus else 0)

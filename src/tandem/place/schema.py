@@ -22,7 +22,7 @@ from tandem.place.fields import meta, reader, same, sql_declaration, stored_fiel
 from tandem.place.model import WAITING_STATES
 from tandem.place.records import Attempt, Job, Share
 
-SCHEMA_VERSION = 7
+SCHEMA_VERSION = 8
 
 # Each record's table: its name and what is declared beyond its columns.
 TABLES: dict[type, tuple[str, str]] = {
@@ -203,6 +203,15 @@ def _job_roles(db: sqlite3.Connection) -> None:
         db.execute("DROP TABLE shares_6")
 
 
+def _pruning(db: sqlite3.Connection) -> None:
+    """Schema 8 prunes a sweep's trials: a job's rule (``prune``, ``metric``) and what it
+    decided (``pruned``, ``pruned_rung``); a table an earlier step made anew has them."""
+    have = {r[1] for r in db.execute("PRAGMA table_info(jobs)")}
+    for name, kind in (("prune", "TEXT"), ("metric", "TEXT"), ("pruned", "TEXT"), ("pruned_rung", "INTEGER")):
+        if name not in have:
+            db.execute(f"ALTER TABLE jobs ADD COLUMN {name} {kind}")
+
+
 # MIGRATIONS[n]: what takes schema n to n + 1 (CREATE TABLE IF NOT EXISTS only makes what
 # is missing, not what an old table lacks): SQL statements, or functions of the database.
 MIGRATIONS: dict[int, list[Any]] = {
@@ -224,6 +233,7 @@ MIGRATIONS: dict[int, list[Any]] = {
     4: [_attempt_folders],
     5: [_learning_keys],
     6: [_job_roles],
+    7: [_pruning],
 }
 
 assert set(MIGRATIONS) == set(range(1, SCHEMA_VERSION)), "a schema version without its migration"

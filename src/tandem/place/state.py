@@ -29,7 +29,7 @@ from typing import Any
 from tandem.dirs import private_file
 from tandem.place import clock, model
 from tandem.place.identity import file_id, new_db_id, opening_new
-from tandem.place.model import CANCELLED, FAILED, OOM, QUEUED, RETRYING, RUNNING, SUCCEEDED, JobSpec
+from tandem.place.model import CANCELLED, FAILED, OOM, PRUNED, QUEUED, RETRYING, RUNNING, SUCCEEDED, JobSpec
 from tandem.place.paths import (  # noqa: F401 (re-exported)
     StateError,
     private_dir,
@@ -64,7 +64,7 @@ TRANSITIONS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
     "start": (_WAITING, (RUNNING,)),  # an attempt recorded, its supervisor about to start
     "requeue": ((RUNNING,), _WAITING),  # its attempt never ran (or no attempt was recorded)
     "retry": ((RUNNING,), (RETRYING,)),  # its attempt ended; it is tried again (escalated)
-    "finish": ((RUNNING,), (SUCCEEDED, FAILED, OOM, CANCELLED)),  # its last attempt ended
+    "finish": ((RUNNING,), (SUCCEEDED, FAILED, OOM, CANCELLED, PRUNED)),  # its last attempt ended
     "fail": (_NOT_ENDED, (FAILED,)),  # it cannot run (its producer died, it could not start)
     "cancel": (_NOT_ENDED, (CANCELLED,)),  # cancelled before any attempt of it ran
 }

@@ -31,7 +31,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from tandem.place.model import FINAL_STATES, PRODUCER_ROLE, params_text
+from tandem.place.model import FINAL_STATES, PRODUCER_ROLE, PRUNED, params_text
 from tandem.place.records import Job
 from tandem.place.views import run_seconds
 from tandem.watch.report import energy_totals
@@ -164,12 +164,13 @@ def group_report(
     """The report of the manager's group ``group`` (None where it has no job): see the module
     docstring. ``state``: a :class:`tandem.place.state.State`; ``runs_db``: the manager's
     MLflow store's SQLite file (None: no metrics, CPU-seconds from the manager alone)."""
-    goal = parse_best(best)
     # A share's producer (a job row of its own) is counted as what fed the group, not a point.
     rows_of_group: list[Job] = state.jobs(group=group, attempts=True)
     jobs = [j for j in rows_of_group if j.role != PRODUCER_ROLE]
     if not jobs:
         return None
+    # Best by what was asked, else by the metric its --prune rule judged by.
+    goal = parse_best(best) or parse_best(next((j.metric for j in jobs if j.metric), None))
     with _runs_db(runs_db) as db:
         runs = [a.mlflow_run_id for j in jobs for a in j.attempts if a.mlflow_run_id]
         # Its producers' shares too: a drop-in loader's (auto) is read by jobs that do not say so.
@@ -190,7 +191,8 @@ def group_report(
         "group": group,
         "jobs": rows,
         "metric_keys": keys,
-        "best": _best(rows, goal),
+        "best": _best([r for r in rows if r["state"] != PRUNED] or rows, goal),  # of those run to their end
+        "pruned": _pruned(jobs),
         "producers": producers,
         "totals": _totals(rows, producers, jobs),
         "saving": _saving(jobs, rows, producers, private, latest, batch_sizes),
@@ -211,11 +213,29 @@ def _row(job: Job, latest: dict[str, dict[str, float]]) -> dict[str, Any]:
         "share": job.share,
         "params": job.params,
         "run_s": run_seconds(job),
+        "pruned_rung": job.pruned_rung,
         **_cost(job, latest),
         "samples_read": sum(samples) if samples else None,
         "mlflow_run_id": last_run,
         "metrics": {k: v for k, v in values.items() if not _HIDDEN.match(k)},
         "all_metrics": set(values),
+    }
+
+
+def _pruned(jobs: list[Job]) -> dict[str, Any] | None:
+    """What the group's --prune rule stopped, by rung (None: it has no rule)."""
+    ruled = [j for j in jobs if j.prune is not None]
+    if not ruled:
+        return None
+    by_rung: dict[int, list[int]] = {}
+    for j in ruled:
+        if j.state == PRUNED and j.pruned_rung is not None:
+            by_rung.setdefault(j.pruned_rung, []).append(j.id)
+    return {
+        "rule": f"{ruled[0].prune} by {ruled[0].metric}",
+        "trials": len(ruled),
+        "count": sum(map(len, by_rung.values())),
+        "by_rung": {str(r): ids for r, ids in sorted(by_rung.items())},
     }
 
 
@@ -415,6 +435,16 @@ def said(report: dict[str, Any]) -> list[str]:
                 f"best by {best['metric']} ({best['goal']}): job {best['job']}, {best['value']:.4g}"
                 + (f" ({params})" if params else "")
             )
+    pruned = report["pruned"]
+    if pruned is not None:
+        where = "; ".join(
+            f"at rung {rung}: job{'s' if len(ids) > 1 else ''} {', '.join(map(str, ids))}"
+            for rung, ids in pruned["by_rung"].items()
+        )
+        out.append(
+            f"pruned {pruned['count']} of {pruned['trials']} trials early ({pruned['rule']})"
+            + (f": {where}" if where else "")
+        )
     s = report["saving"]
     if s is None:
         if not report["producers"]:

@@ -6,7 +6,7 @@
 const view = document.getElementById("view");
 const liveBadge = document.getElementById("live");
 const WAITING = new Set(["queued", "retrying"]);
-const STATES = ["queued", "running", "retrying", "succeeded", "failed", "oom", "cancelled"];
+const STATES = ["queued", "running", "retrying", "succeeded", "failed", "oom", "cancelled", "pruned"];
 const DEFAULT_KEYS = ["system/process_tree/cpu_percent", "system/process_tree/pss_bytes",
   "system/gpu_0/utilization_percent", "system/gpu_0/run_memory_bytes", "system/host/cpu_percent"];
 

@@ -1,0 +1,134 @@
+"""The daemon's pruner: each second, the reports of its running ``--prune`` trials' groups
+read from the MLflow store, and the trials :func:`tandem.place.prune.decide` names stopped.
+
+A trial logs its metric to the run tandem made for it (``mlflow.log_metric("loss", v,
+step=epoch)``: ``MLFLOW_RUN_ID`` is set in its environment), so its reports are rows of the
+store's ``metrics`` table under that run. The manager's store is a SQLite file: it is read
+here read-only, by SQL (a few rows a trial; no MLflow import in the daemon), and a pass
+whose read meets a writer's lock waits for the next. A stopped trial's decision is written
+to its job row first (``pruned``: why, ``pruned_rung``), then its attempt is stopped: it ends
+``pruned`` (:meth:`tandem.place.attempts.Attempts.finish`), never retried, its run KILLED and
+tagged ``tandem.pruned``. Its share group's producer sees a reader leave, as at a cancel.
+"""
+
+from __future__ import annotations
+
+import logging
+import sqlite3
+from collections import defaultdict
+from pathlib import Path
+from urllib.parse import unquote
+
+from tandem.place import clock
+from tandem.place.attempts import Attempts
+from tandem.place.model import RUNNING, prune_rule
+from tandem.place.prune import Report, decide
+from tandem.place.records import Job
+from tandem.place.state import State
+
+log = logging.getLogger(__name__)
+
+EVERY_S = 1.0  # between two reads of the store
+
+
+def sqlite_path(uri: str | None) -> Path | None:
+    """The file of a ``sqlite:///`` MLflow store URI, as SQLAlchemy reads it (``sqlite:///x.db``
+    relative, ``sqlite:////abs/x.db`` absolute); None: not one."""
+    if not uri or not uri.startswith("sqlite:///"):
+        return None
+    path = unquote(uri.removeprefix("sqlite:///").partition("?")[0])
+    return Path(path) if path else None
+
+
+def why_not(uri: str | None) -> str | None:
+    """Why a daemon tracking to ``uri`` cannot prune (None: it can)."""
+    if uri is None:
+        return "--prune reads each trial's metric from its MLflow run, and this daemon makes none (no mlflow)"
+    if sqlite_path(uri) is None:
+        return (
+            f"--prune reads each trial's metric from the manager's MLflow store, a SQLite file; this "
+            f"daemon's is {uri}: start it with --store sqlite:///PATH (the default) to prune"
+        )
+    return None
+
+
+def read_reports(db: Path, metric: str, runs: dict[str, int]) -> dict[int, list[Report]]:
+    """Each trial's reports of ``metric``, by job id (``runs``: its run id's job)."""
+    if not runs or not db.exists():
+        return {}
+    marks = ",".join("?" * len(runs))
+    conn = sqlite3.connect(f"{db.resolve().as_uri()}?mode=ro", uri=True, timeout=0.2)
+    try:
+        rows = conn.execute(
+            f"SELECT run_uuid, step, value, timestamp FROM metrics WHERE key = ? AND run_uuid IN ({marks})",
+            (metric, *runs),
+        ).fetchall()
+    finally:
+        conn.close()
+    out: dict[int, list[Report]] = defaultdict(list)
+    for run_id, step, value, at in rows:
+        out[runs[run_id]].append(Report(int(step), float(value), int(at)))
+    return out
+
+
+class Pruner:
+    """Stops the running trials their group's ``--prune`` rule says to, a second apart."""
+
+    def __init__(self, state: State, store_uri: str | None) -> None:
+        self.state = state
+        self.db = sqlite_path(store_uri)
+        self._next = 0.0
+        self._stopped: set[int] = set()  # told to stop by this daemon (its row says so too)
+
+    def prune(self, attempts: Attempts) -> list[int]:
+        """Stop what the rules say to among the running attempts; the jobs stopped."""
+        groups = {
+            a.job.group
+            for a in attempts.active.values()
+            if a.job.prune is not None and a.job.group is not None and a.job.pruned is None
+        }
+        if self.db is None or not groups or clock.monotonic() < self._next:
+            return []
+        self._next = clock.monotonic() + EVERY_S
+        stopped = []
+        for group in sorted(g for g in groups if g is not None):
+            # The group's every trial with a run, ended or stopped too: each sets the bar for
+            # those that reach a rung after it. Read now: a run id is recorded once made.
+            members = [j for j in self.state.jobs(group=group) if j.prune is not None]
+            for (method, metric), trials in _by_rule(members).items():
+                rule = prune_rule(trials[0])
+                assert rule is not None
+                running = {
+                    j.id
+                    for j in trials
+                    if j.state == RUNNING
+                    and j.pruned is None
+                    and j.id in attempts.active
+                    and j.id not in self._stopped
+                }
+                if not running:
+                    continue
+                runs = {j.mlflow_run_id: j.id for j in trials if j.mlflow_run_id}
+                try:
+                    reports = read_reports(self.db, rule.metric, runs)
+                except sqlite3.Error as exc:  # a writer holds it (or it is not MLflow's yet): next pass
+                    log.debug(
+                        "pruning %s by %s %s: the MLflow store not read: %s", group, method, metric, exc
+                    )
+                    continue
+                for stop in decide(rule, reports, running):
+                    why = stop.reason(rule)
+                    self.state.update_job(stop.trial, pruned=why, pruned_rung=stop.rung, cancel_requested=1)
+                    self.state.event(stop.trial, "pruned", why)
+                    self._stopped.add(stop.trial)
+                    attempts.stop(stop.trial)
+                    stopped.append(stop.trial)
+        return stopped
+
+
+def _by_rule(jobs: list[Job]) -> dict[tuple[str, str], list[Job]]:
+    """A group's trials by their rule (a group is one sweep: one rule, as a rule)."""
+    out: dict[tuple[str, str], list[Job]] = defaultdict(list)
+    for j in jobs:
+        out[(j.prune or "", j.metric or "")].append(j)
+    return out
