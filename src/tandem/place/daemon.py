@@ -48,6 +48,7 @@ from tandem.place.model import Capacity, format_size
 from tandem.place.paths import RAY_TROUBLE, StateError, private_dir
 from tandem.place.policies import make_policy
 from tandem.place.producers import Producers
+from tandem.place.pruning import EVERY_S as PRUNE_EVERY_S
 from tandem.place.pruning import Pruner
 from tandem.place.queue import WaitingJobs
 from tandem.place.requests import HANDLERS, Parts, failure
@@ -136,6 +137,7 @@ class Daemon:
         self._pass_cpu_s = 0.0  # the last scheduling pass's CPU time
         self._last_plan = 0.0
         self._next_sample = 0.0
+        self._next_tick = 0.0
         self.tracker = None
         if config.track:
             from tandem.place.run.metrics.tracking import daemon_tracker
@@ -170,7 +172,10 @@ class Daemon:
             self.producers.start_weights()
             log.info("serving %s with policy %s", self.state.dir, self.policy.name)
             while not self.stop_requested:
-                ready = sel.select(timeout=0 if self.wake else PLAN_MIN_S if self.dirty else TICK_S)
+                wait = 0 if self.wake else PLAN_MIN_S if self.dirty else TICK_S
+                if self.pruner.watching:  # a pruned sweep's fast trials: its reports read more often
+                    wait = min(wait, PRUNE_EVERY_S)
+                ready = sel.select(timeout=wait)
                 if self._state_moved():
                     break
                 for key, _ in ready:
@@ -181,7 +186,11 @@ class Daemon:
                 if self.moved is not None:  # seen while answering: no tick writes on
                     break
                 self._drop_idle(sel, listener)
+                if not (ready or self.wake or self.dirty) and clock.monotonic() < self._next_tick:
+                    self.dirty |= bool(self.pruner.prune(self.attempts))  # between ticks: the pruner alone
+                    continue
                 self.wake = False
+                self._next_tick = clock.monotonic() + TICK_S
                 try:
                     self.tick()
                 except Exception:  # one bad tick (a full disk, a vanished file) must not end the daemon
