@@ -65,7 +65,9 @@ def train(lr: float, loader_class: type, report: Callable[[int, float], None]) -
             "exact": exact,
             "loss": mean,
         }
-        (out / f"trial-lr{lr:g}.json").write_text(json.dumps(record))
+        part = out / f".trial-lr{lr:g}.json.{os.getpid()}"  # whole or not at all: it may be stopped
+        part.write_text(json.dumps(record))
+        os.replace(part, out / f"trial-lr{lr:g}.json")
         report(epoch, mean)
     if not all(exact):
         raise RuntimeError(f"lr {lr}: an epoch was not the dataset exactly once: {exact}")

@@ -212,7 +212,7 @@ def submit(
 def ls(show_all: bool, limit: int, before: int | None, as_json: bool) -> None:
     """The queue: waiting and running jobs (each waiting one with the reason), and the last
     ended ones. Reads only these rows, so it stays fast over a long history."""
-    from tandem.place import LS_COLUMNS, job_json, ls_row, strict_json
+    from tandem.place import LS_COLUMNS, job_json, ls_row, strict_json_lines
 
     st = open_state()
     if show_all:
@@ -224,7 +224,7 @@ def ls(show_all: bool, limit: int, before: int | None, as_json: bool) -> None:
         jobs, more = sorted(ended + active, key=lambda j: j.id), False
     unserved = _unserved(jobs)
     if as_json:
-        click.echo(strict_json([job_json(j) for j in jobs], indent=2))
+        click.echo(strict_json_lines([job_json(j) for j in jobs]))  # one job a line
         if unserved:
             click.echo(unserved, err=True)
         return

@@ -109,6 +109,7 @@ if TYPE_CHECKING:  # the same names as _FACE, for type checkers (the house test 
         json_safe,
         ls_row,
         strict_json,
+        strict_json_lines,
     )
     from tandem.place.views import (
         starting as is_starting,
@@ -200,6 +201,7 @@ _FACE: dict[str, str] = {
     "json_safe": "views:json_safe",
     "ls_row": "views:ls_row",
     "strict_json": "views:strict_json",
+    "strict_json_lines": "views:strict_json_lines",
 }
 
 __all__ = sorted(_FACE)

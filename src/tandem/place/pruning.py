@@ -121,7 +121,7 @@ class Pruner:
                 for stop in decide(rule, reports, running):
                     why = stop.reason(rule)
                     self.state.update_job(stop.trial, pruned=why, pruned_rung=stop.rung, cancel_requested=1)
-                    self.state.event(stop.trial, "pruned", why)
+                    self.state.event(stop.trial, "stopping", why)  # its end, once stopped, says "pruned"
                     self._stopped.add(stop.trial)
                     attempts.stop(stop.trial)
                     stopped.append(stop.trial)
