@@ -184,7 +184,13 @@ def test_a_cancel_reaches_a_job_on_the_other_node_within_5_s(on_cluster: Cli) ->
     shim.kill()
     wait_for(lambda: cli.job(other)["state"] != "running", 60, lambda: cli("show", str(other)).stdout)
     job = cli.job(other)
-    assert job["state"] == "failed" and "supervisor died" in job["cause"], job
+    said = (
+        job["state"],
+        job["cause"],
+        [(a["state"], a.get("cause")) for a in job["attempts"]],
+        cli("show", str(other)).stdout,
+    )
+    assert job["state"] == "failed" and "supervisor died" in job["cause"], said
     cli("cancel", "--all")
 
 

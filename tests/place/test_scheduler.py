@@ -266,6 +266,25 @@ def test_packing_counts_what_jobs_use_beyond_their_declaration() -> None:
     assert len(plan([one], h, [], make_policy("first-fit"), LIMITS, 0.0).placements) == 1
 
 
+def test_under_cpu_weights_jobs_over_their_declaration_give_a_newcomer_its_share() -> None:
+    """Two half-core jobs past their start-up that use a core each (CPU-bound, on idle cores):
+    under CPU weights the kernel shares the cores out as a newcomer starts, so two more
+    half-core jobs start beside them (each gets its half); a job of more than its fair share,
+    or one beside a start-up burst, still waits. Without weights, it waits as before."""
+    steady = dict(
+        cpus_total=2, jobs=2, all_jobs=2, cpus_reserved=1.0, cpus_over=(1.0, 7), cpu_mean=1.0, cpu_p95=1.0
+    )
+    half = [waiting(i, 0, float(i), cpus=0.5, mem=0) for i in range(2)]
+    outcome = plan(half, host(**steady, weighted=True), [], make_policy("packing"), LIMITS, 0.0)
+    assert [p.job_id for p in outcome.placements] == [0, 1]  # four half-core jobs at once on 2 cores
+    one = [waiting(9, 0, 0.0, cpus=1, mem=0)]
+    assert plan(one, host(**steady, weighted=True), [], make_policy("packing"), LIMITS, 0.0).placements == []
+    burst = host(**steady, weighted=True, cpus_starting=1.0)
+    assert [p.job_id for p in plan(half, burst, [], make_policy("packing"), LIMITS, 0.0).placements] == []
+    unweighted = plan(half, host(**steady), [], make_policy("packing"), LIMITS, 0.0)
+    assert unweighted.placements == [] and unweighted.reasons[0].startswith("held back: jobs use 1.0 cores")
+
+
 def test_the_host_is_judged_over_its_last_seconds() -> None:
     from tandem.place.devices import Window
 

@@ -61,11 +61,16 @@ def _computed(cli: Cli) -> dict:
 
 
 def _written(cli: Cli, ids: list[int]) -> None:
-    """Until the manager's MLflow helper has written every job's run whole (summary, metric)."""
+    """Until the manager's MLflow helper has written every job's run whole (summary, metric),
+    and its producers' (a producer ends after its group's last job: its run a moment later)."""
     deadline = time.monotonic() + scaled(90)
     while True:
-        rows = {r["id"]: r for r in _computed(cli)["jobs"]}
-        if all(rows[i]["cpu_s"] is not None and "val_loss" in rows[i]["metrics"] for i in ids if i in rows):
+        report = _computed(cli)
+        rows = {r["id"]: r for r in report["jobs"]}
+        jobs_written = all(
+            rows[i]["cpu_s"] is not None and "val_loss" in rows[i]["metrics"] for i in ids if i in rows
+        )
+        if jobs_written and all(p["cpu_s"] is not None for p in report["producers"]):
             return
         assert time.monotonic() < deadline, rows
         time.sleep(0.5)

@@ -5,6 +5,7 @@ written (the fallback, nice 0, is the loader workers' default: tests/share)."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -190,3 +191,26 @@ def test_the_mlflow_helper_forwards_at_a_tenth_of_a_jobs_weight(cli, tmp_path: P
 
 def _shares(weight: float) -> int:
     return max(2, round(weights.DEFAULT_SHARES * weight))
+
+
+def test_four_cpu_bound_half_core_jobs_run_at_once_on_two_cores(cli, tmp_path: Path) -> None:
+    """Four jobs of ``--cpus 0.5`` that each spin a whole core (CPU-bound, as a training loop
+    with nothing to wait on): the first two use the idle cores beyond their half, and under
+    CPU weights the kernel gives the next ones their halves back, so all four run at once
+    (at most 2 did when that use held them back). The defaults otherwise (host load
+    measured)."""
+    release = tmp_path / "release"
+    spin = f"import os\nwhile not os.path.exists({str(release)!r}):\n    pass\n"
+    (tmp_path / "spin.py").write_text(spin)
+    cli("daemon", "start", "--cpus", "2", "--no-track", "--settle", "0.3", "--grace", "1")
+    ids = [cli.submit("--cpus", "0.5", "--", sys.executable, "spin.py") for _ in range(4)]
+    try:
+        deadline = time.monotonic() + scaled(90)
+        while sum(cli.job(i)["state"] == "running" for i in ids) < 4:
+            assert time.monotonic() < deadline, cli("ls").stdout
+            time.sleep(0.2)
+        reserved = json.loads(cli("daemon", "status", "--json").stdout)["used"]["reserved"]["cores"]
+        assert reserved <= 2 + 1e-9, reserved
+    finally:
+        release.write_text("")
+    assert cli("wait", *map(str, ids), timeout=120).returncode == 0, cli("ls").stdout

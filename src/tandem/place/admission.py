@@ -40,9 +40,11 @@ class Admission:
         monitor: Monitor,
         producers: Producers,
         startup: Startup,
+        weighted: bool = False,
     ) -> None:
         self.state, self.capacity, self.limits = state, capacity, limits
         self.monitor, self.producers, self.startup = monitor, producers, startup
+        self.weighted = weighted  # this host's jobs run under CPU weights (decide.host_view)
         self._reasons: dict[int, str] = {}  # as last written
         self._peaks: dict[str, Peak] = {}
         self._peaks_version: tuple[int, int] | None = None
@@ -65,6 +67,7 @@ class Admission:
             mem_available=self.monitor.mem_available,
             cpu_mean=self.monitor.cpu.mean(HOST_WINDOW_S),
             cpu_p95=self.monitor.cpu.p95(HOST_WINDOW_S),
+            weighted=self.weighted,
         )
 
     def node_slots(self, active: Iterable[Active]) -> list[NodeSlot]:

@@ -54,6 +54,7 @@ from tandem.place.queue import WaitingJobs
 from tandem.place.requests import HANDLERS, Parts, failure
 from tandem.place.run.launchers.launch import Launcher, LocalLauncher, RayLauncher, reap_children
 from tandem.place.run.services import ray_head
+from tandem.place.run.supervisor import weights
 from tandem.place.run.supervisor.files import DaemonFile, disk_trouble
 from tandem.place.run.supervisor.proctrack import create_time
 from tandem.place.scheduler import Placement, plan_nodes
@@ -148,8 +149,11 @@ class Daemon:
             state, capacity, config, self.monitor, self.launcher, tracked, str(self.socket_path)
         )
         self.producers = Producers(state, capacity, config, self.attempts.startup.learned)
+        # Jobs this host's supervisors start run under CPU weights where its cgroups allow
+        # (a fake launcher's do not): what they use beyond their declaration is shared out.
+        weighted = isinstance(self.launcher, LocalLauncher) and weights.available()[0]
         self.admission = Admission(
-            state, capacity, self.limits, self.monitor, self.producers, self.attempts.startup
+            state, capacity, self.limits, self.monitor, self.producers, self.attempts.startup, weighted
         )
         self.pruner = Pruner(state, self.tracker.uri if tracked and self.tracker is not None else None)
         self.mps = None

@@ -210,18 +210,24 @@ class Pass:
         )
 
 
-def _over_declared(running: list[RunningAttempt], startup: Startup) -> tuple[float, int | None]:
+def _over_declared(running: list[RunningAttempt], startup: Startup) -> tuple[float, int | None, float]:
     """Cores the running jobs use beyond what they declared (a job that declared too little,
-    a start-up burst), and the job most over its share: as last measured, and for a job
-    still starting, at least what its program used at start before."""
-    over = []
+    a start-up burst), the job most over its share, and how much of it is jobs still
+    starting: as last measured, and for a job still starting, at least what its program
+    used at start before."""
+    over, starting = [], 0.0
     for a in running:
         used, cores = a.cpus_used or 0.0, a.reservation.resources.cores
         if a.samples < STARTUP_SAMPLES:
             used = max(used, startup.cores(a.job.command))
+            starting += max(0.0, used - cores)
         if used > cores:
             over.append((used - cores, a.job.id))
-    return (sum(o for o, _ in over), max(over)[1]) if over else (0.0, None)
+    return (sum(o for o, _ in over), max(over)[1], starting) if over else (0.0, None, 0.0)
+
+
+def _over_fields(over: tuple[float, int | None, float]) -> dict[str, Any]:
+    return {"cpus_over": over[:2], "cpus_starting": over[2]}
 
 
 def _busy_cores(
@@ -254,11 +260,14 @@ def host_view(
     mem_available: int | None,
     cpu_mean: float | None,
     cpu_p95: float | None,
+    weighted: bool = False,
 ) -> HostSlot:
     """The host as the scheduler sees it: the running jobs' reservations (share groups'
     producers among them), the measured free RAM and busy share of the cores over
     :data:`HOST_WINDOW_S`, what jobs use over their declaration, and the busy cores a job
-    of learnt cores must leave."""
+    of learnt cores must leave. ``weighted``: the jobs run under CPU weights (each its
+    cgroup's; :mod:`tandem.place.run.supervisor.weights`), so that the kernel gives a
+    newcomer its share of cores that running jobs use beyond what they declared."""
     running = list(running)
     # A producer is reserved as a job is, but it is no job of the policies' counts (one CPU
     # job at a time, alone): its group's jobs run beside it.
@@ -273,7 +282,8 @@ def host_view(
         mem_available=mem_available,
         cpu_mean=cpu_mean,
         cpu_p95=cpu_p95,
-        cpus_over=_over_declared(jobs, startup),
+        **_over_fields(_over_declared(jobs, startup)),
+        weighted=weighted,
         jobs=len(cpu_jobs),
         all_jobs=len(jobs),
         alone=any(a.alone for a in cpu_jobs),

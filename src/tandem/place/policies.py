@@ -102,6 +102,8 @@ class HostSlot:
     cpu_mean: float | None = None  # fraction of all cores busy, over the window
     cpu_p95: float | None = None
     cpus_over: tuple[float, int | None] = (0.0, None)  # cores used beyond declared, and the job most over
+    cpus_starting: float = 0.0  # of those, what jobs still starting use (an import's burst)
+    weighted: bool = False  # jobs run under CPU weights: the kernel shares cores out by them
     jobs: int = 0  # CPU-only jobs running
     all_jobs: int = 0  # every job running (GPU jobs use the host's cores and RAM too)
     alone: bool = False  # a job that must run alone on the host is running
@@ -207,7 +209,14 @@ class Packing(Policy):
         # declared too little) hold back a newcomer that the cores they use would not leave room for.
         over, who = host.cpus_over
         total, reserved = host.total.cores, host.reserved.cores
-        if over > 0 and reserved + over + need.cores > total + 1e-9:
+        # Under CPU weights (one a job), jobs past their start-up that use idle cores beyond
+        # their declaration give a newcomer its share back as it starts: it is held back
+        # only where its fair share of the cores is less than it declared. Start-up bursts
+        # are still waited out (not every import of a sweep at once).
+        fair = total / (host.all_jobs + 1)
+        shared_out = host.weighted and need.cores <= fair + 1e-9
+        reclaimed = shared_out and host.cpus_starting <= 1e-9
+        if over > 0 and reserved + over + need.cores > total + 1e-9 and not reclaimed:
             left = max(0.0, total - reserved - over)
             return (
                 f"held back: jobs use {over:.1f} cores more than they declared (job {who} most; a starting "
@@ -217,6 +226,8 @@ class Packing(Policy):
         if not limits.host_load or host.jobs == 0 or host.cpu_mean is None or host.cpu_p95 is None:
             return None
         busy = host.cpu_mean * total
+        if shared_out:  # what jobs past their start-up use beyond their declaration goes back to it
+            busy -= max(0.0, over - host.cpus_starting)
         # Only use beyond the reservations counts (an under-declared job, load from outside
         # the manager); a slack of half a core, or 5% of a big host, for start-up bursts.
         if busy <= reserved + max(0.5, 0.05 * total):

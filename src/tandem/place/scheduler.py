@@ -431,6 +431,7 @@ def _reserve(job: Waiting, p: Placement, host: HostSlot, gpus: list[GpuSlot]) ->
         ):  # its start-up, for the rest of the pass
             over, who = host.cpus_over
             host.cpus_over = (over + job.startup_cpus - need.cores, who if who is not None else job.id)
+            host.cpus_starting += job.startup_cpus - need.cores
         return
     for g in gpus:
         if g.index in p.gpus:
