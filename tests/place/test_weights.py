@@ -197,12 +197,13 @@ def test_four_cpu_bound_half_core_jobs_run_at_once_on_two_cores(cli, tmp_path: P
     """Four jobs of ``--cpus 0.5`` that each spin a whole core (CPU-bound, as a training loop
     with nothing to wait on): the first two use the idle cores beyond their half, and under
     CPU weights the kernel gives the next ones their halves back, so all four run at once
-    (at most 2 did when that use held them back). The defaults otherwise (host load
-    measured)."""
+    (at most 2 did when that use held them back). Without the host-load gate: what is
+    tested is the jobs' own use, and on a host busy from outside that gate rightly holds
+    them back (the unit test of the policy covers both together)."""
     release = tmp_path / "release"
     spin = f"import os\nwhile not os.path.exists({str(release)!r}):\n    pass\n"
     (tmp_path / "spin.py").write_text(spin)
-    cli("daemon", "start", "--cpus", "2", "--no-track", "--settle", "0.3", "--grace", "1")
+    cli("daemon", "start", "--cpus", "2", "--no-track", "--no-host-load", "--settle", "0.3", "--grace", "1")
     ids = [cli.submit("--cpus", "0.5", "--", sys.executable, "spin.py") for _ in range(4)]
     try:
         deadline = time.monotonic() + scaled(90)
