@@ -31,7 +31,6 @@ from __future__ import annotations
 import argparse
 import ctypes
 import json
-import os
 import platform
 import shutil
 import subprocess
@@ -41,7 +40,7 @@ import time
 from pathlib import Path
 
 import psutil
-from sweep_vs import PR_SET_CHILD_SUBREAPER, CpuGroup, children_cpu_s, environment, reap
+from sweep_vs import PR_SET_CHILD_SUBREAPER, environment, measure_arm
 
 ROOT = Path(__file__).resolve().parent
 TRIAL = ROOT / "sweep_prune_trial.py"
@@ -97,36 +96,10 @@ def run_ray(work: Path, lrs: list[str], epochs: int) -> None:
 def run_arm(arm: str, args: argparse.Namespace) -> dict:
     work = Path(tempfile.mkdtemp(prefix=f"sprune-{arm}-"))
     env = environment(work, args)
-    busy0 = psutil.cpu_times()
-    group = CpuGroup(work.name)
-    cpu0 = children_cpu_s()
-    t0 = time.time()
-    with open(work / "arm.log", "wb") as log:
-        runner = subprocess.Popen(
-            [sys.executable, __file__, "--run-arm", arm, "--work", str(work), "--lrs", args.lrs,
-             "--epochs", str(args.epochs)],
-            cwd=work, env=env, stdout=log, stderr=subprocess.STDOUT, preexec_fn=group.join,
-        )  # fmt: skip
-    rc = None
-    deadline = time.monotonic() + args.timeout
-    while rc is None:  # reap whatever ends meanwhile (orphans included) until the arm ends
-        try:
-            pid, status = os.waitpid(-1, os.WNOHANG)
-        except ChildProcessError:
-            break
-        if pid == runner.pid:
-            rc = os.waitstatus_to_exitcode(status)
-        elif not pid:
-            if time.monotonic() > deadline:
-                runner.kill()
-            time.sleep(0.05)
-    leftovers = reap(time.monotonic() + args.linger)
-    reaped, in_group = children_cpu_s() - cpu0, group.cpu_s()
-    group.remove()
-    busy1 = psutil.cpu_times()
-    host_busy = sum(
-        getattr(busy1, f) - getattr(busy0, f) for f in ("user", "nice", "system", "irq", "softirq")
-    )
+    command = [sys.executable, __file__, "--run-arm", arm, "--work", str(work), "--lrs", args.lrs,
+               "--epochs", str(args.epochs)]  # fmt: skip
+    run = measure_arm(command, work, env, args.timeout, args.linger)
+    rc, t0 = run.exit_code, run.t0
     trials = [json.loads(p.read_text()) for p in sorted((work / "trials").glob("trial-*.json"))]
     states = json.loads((work / "states.json").read_text()) if (work / "states.json").exists() else {}
     log_tail = (work / "arm.log").read_text(errors="replace")[-3000:]
@@ -135,7 +108,6 @@ def run_arm(arm: str, args: argparse.Namespace) -> dict:
     best = min(trials, key=lambda t: t["loss"], default=None)
     full = [t for t in trials if t["epochs"] == args.epochs]
     failed = [k for k, s in states.items() if s in ("failed", "oom", "error", "cancelled")]
-    cpu = max(reaped, in_group or 0.0)
     return {
         "arm": arm,
         "exit_code": rc,
@@ -152,16 +124,16 @@ def run_arm(arm: str, args: argparse.Namespace) -> dict:
         and not failed
         and all(all(t["exact"]) for t in trials),
         "makespan_s": max((t["end"] for t in trials), default=t0) - t0,
-        "cpu_s": cpu,
-        "cpu_s_cgroup": in_group,
-        "cgroup": group.kind,
-        "cpu_s_reaped_children": reaped,
-        "other_load_cpu_s": host_busy - cpu,
+        "cpu_s": run.cpu_s,
+        "cpu_s_cgroup": run.cpu_s_cgroup,
+        "cgroup": run.cgroup,
+        "cpu_s_reaped_children": run.cpu_s_reaped_children,
+        "other_load_cpu_s": run.other_load_cpu_s,
         "states": states,
         "per_trial": [
             {k: t[k] for k in ("lr", "epochs", "loss")} | {"end_s": round(t["end"] - t0, 2)} for t in trials
         ],
-        "leftovers_killed": leftovers,
+        "leftovers_killed": run.leftovers_killed,
         "log_tail": log_tail if rc != 0 else "",
     }
 

@@ -28,7 +28,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from sweep_vs_trial import BATCH, CLASSES, FEATURES, config, train_set
+from sweep_vs_trial import BATCH, config, mlp, train_set
 from torch import nn
 
 
@@ -36,11 +36,7 @@ def train(lr: float, loader_class: type, report: Callable[[int, float], None]) -
     start = time.time()
     cfg = config()
     items, epochs = int(cfg["items"]), int(cfg["epochs"])
-    torch.manual_seed(0)
-    model = nn.Sequential(
-        nn.Linear(FEATURES, 256), nn.ReLU(), nn.Linear(256, 256), nn.ReLU(), nn.Linear(256, CLASSES)
-    )
-    opt = torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9)
+    model, opt = mlp(lr)
     loader = loader_class(train_set(), batch_size=BATCH, shuffle=True)
     out = Path(os.environ.get("SWEEPVS_OUT", "."))
     out.mkdir(parents=True, exist_ok=True)

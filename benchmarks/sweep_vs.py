@@ -50,6 +50,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import psutil
@@ -199,21 +200,35 @@ def reap(deadline: float) -> list[str]:
         time.sleep(0.05)
 
 
-def run_arm(arm: str, args: argparse.Namespace) -> dict:
-    work = Path(tempfile.mkdtemp(prefix=f"svs-{arm}-"))
-    env = environment(work, args)
-    load = os.getloadavg()
+@dataclass
+class ArmRun:
+    """What one arm's process (and every process it started) took, as the kernel counts it."""
+
+    exit_code: int | None
+    t0: float  # wall clock at its launch
+    wall_s: float
+    cpu_s: float  # the larger of the two lower bounds below
+    cpu_s_cgroup: float | None
+    cgroup: str
+    cpu_s_reaped_children: float
+    other_load_cpu_s: float  # what the rest of the machine used meanwhile
+    leftovers_killed: list[str]
+
+
+def measure_arm(command: list[str], work: Path, env: dict[str, str], timeout: float, linger: float) -> ArmRun:
+    """Run ``command`` (an arm) in ``work`` in a CPU cgroup of its own, reaping whatever
+    ends meanwhile (this process is a child subreaper: orphans come to it) until it ends,
+    then its leftovers (``linger`` seconds, then ended)."""
     busy0 = psutil.cpu_times()
     group = CpuGroup(work.name)
     cpu0 = children_cpu_s()
     t0 = time.time()
     with open(work / "arm.log", "wb") as log:
         runner = subprocess.Popen(
-            [sys.executable, __file__, "--run-arm", arm, "--work", str(work), "--lrs", args.lrs],
-            cwd=work, env=env, stdout=log, stderr=subprocess.STDOUT, preexec_fn=group.join,
-        )  # fmt: skip
+            command, cwd=work, env=env, stdout=log, stderr=subprocess.STDOUT, preexec_fn=group.join
+        )
     rc = None
-    deadline = time.monotonic() + args.timeout
+    deadline = time.monotonic() + timeout
     while rc is None:  # reap whatever ends meanwhile (orphans included) until the arm ends
         try:
             pid, status = os.waitpid(-1, os.WNOHANG)
@@ -227,7 +242,7 @@ def run_arm(arm: str, args: argparse.Namespace) -> dict:
                 runner.kill()
             time.sleep(0.05)
     arm_s = time.time() - t0
-    leftovers = reap(time.monotonic() + args.linger)
+    leftovers = reap(time.monotonic() + linger)
     reaped = children_cpu_s() - cpu0
     in_group = group.cpu_s()
     group.remove()
@@ -237,6 +252,16 @@ def run_arm(arm: str, args: argparse.Namespace) -> dict:
     busy1 = psutil.cpu_times()
     fields = ("user", "nice", "system", "irq", "softirq")
     host_busy = sum(getattr(busy1, f) - getattr(busy0, f) for f in fields)
+    return ArmRun(rc, t0, arm_s, cpu, in_group, group.kind, reaped, host_busy - cpu, leftovers)
+
+
+def run_arm(arm: str, args: argparse.Namespace) -> dict:
+    work = Path(tempfile.mkdtemp(prefix=f"svs-{arm}-"))
+    env = environment(work, args)
+    load = os.getloadavg()
+    command = [sys.executable, __file__, "--run-arm", arm, "--work", str(work), "--lrs", args.lrs]
+    run = measure_arm(command, work, env, args.timeout, args.linger)
+    rc, t0, cpu = run.exit_code, run.t0, run.cpu_s
     trials = [json.loads(p.read_text()) for p in sorted((work / "trials").glob("trial-*.json"))]
     finished = [t for t in trials if len(t["exact"]) == args.epochs and all(t["exact"])]
     log_tail = (work / "arm.log").read_text(errors="replace")[-3000:]
@@ -250,16 +275,16 @@ def run_arm(arm: str, args: argparse.Namespace) -> dict:
         "trials_finished_exact": len(finished),
         "ok": rc == 0 and len(finished) == len(lrs_of(args)),
         "makespan_s": max((t["end"] for t in trials), default=t0) - t0,
-        "arm_wall_s": arm_s,
+        "arm_wall_s": run.wall_s,
         "cpu_s": cpu,
-        "cpu_s_cgroup": in_group,
-        "cgroup": group.kind,
-        "cpu_s_reaped_children": reaped,
+        "cpu_s_cgroup": run.cpu_s_cgroup,
+        "cgroup": run.cgroup,
+        "cpu_s_reaped_children": run.cpu_s_reaped_children,
         "trial_loops_cpu_s": loops,
         "rest_cpu_s": cpu - loops,
-        "other_load_cpu_s": host_busy - cpu,  # what the rest of the machine used meanwhile
+        "other_load_cpu_s": run.other_load_cpu_s,  # what the rest of the machine used meanwhile
         "load_before": load,
-        "leftovers_killed": leftovers,
+        "leftovers_killed": run.leftovers_killed,
         "per_trial": [
             {
                 "lr": t["lr"],

@@ -85,16 +85,21 @@ def _cpu_s() -> float:
     return own.ru_utime + own.ru_stime + kids.ru_utime + kids.ru_stime
 
 
+def mlp(lr: float) -> tuple[nn.Module, torch.optim.Optimizer]:
+    """The trial's model (seeded: every arm trains the same one) and its SGD at ``lr``."""
+    torch.manual_seed(0)
+    model = nn.Sequential(
+        nn.Linear(FEATURES, 256), nn.ReLU(), nn.Linear(256, 256), nn.ReLU(), nn.Linear(256, CLASSES)
+    )
+    return model, torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9)
+
+
 def train(lr: float, loader: str = "private") -> dict:
     """One trial; returns (and writes) what it did. Raises if an epoch was not exact."""
     start, cpu0 = time.time(), _cpu_s()
     cfg = config()
     items, epochs = int(cfg["items"]), int(cfg["epochs"])
-    torch.manual_seed(0)
-    model = nn.Sequential(
-        nn.Linear(FEATURES, 256), nn.ReLU(), nn.Linear(256, 256), nn.ReLU(), nn.Linear(256, CLASSES)
-    )
-    opt = torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9)
+    model, opt = mlp(lr)
     if loader == "share":
         from tandem.share import Consumer
 
