@@ -112,6 +112,26 @@ class Cli:
 
         return self._read(shown)
 
+    def status(self) -> dict:
+        """What ``tandem daemon status --json`` says of a serving daemon, asked from this
+        process (tests poll it: an interpreter a look costs a third of a core-second);
+        through the CLI where the request fails (its error is the test's)."""
+        import dataclasses
+
+        from tandem.place import Status
+        from tandem.place.client import DaemonError, request
+
+        try:
+            reply = request(self.state, Status())
+        except DaemonError:
+            return json.loads(self("daemon", "status", "--json").stdout)
+        return {**dataclasses.asdict(reply), "running": True}
+
+    def events(self, job_id: int) -> list[str]:
+        """Job ``job_id``'s events as ``tandem show`` lists them (kind: text), read in this
+        process."""
+        return self._read(lambda reader: [f"{e['kind']}: {e['detail']}" for e in reader.events(job_id)])
+
     def stop_daemon(self) -> None:
         """Cancel the jobs still listed and stop the daemon, if one is running."""
         if self.daemon_pid() is None:  # no daemon ever started here (no CLI to start to say so)

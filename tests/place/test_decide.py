@@ -2,8 +2,9 @@
 (tandem.place.decide): on one job set, with the same running jobs, the same things learnt and
 the same measurements, the daemon's admission and the simulator's pass start the same jobs
 in the same places and give the others the same reasons. And the simulator gains what the
-shared core does: probes of --cpus auto measured one at a time, alike jobs starting at the
-first one's figure, what was learnt reserved by the next job of the key."""
+shared core does: probes of --cpus auto started side by side within what the host has (none
+waits for another's measurement), what was learnt reserved by the next job of the key and by
+the script's other commands."""
 
 from __future__ import annotations
 
@@ -39,8 +40,8 @@ TRACE = [
     _job("given", 1.0),  # 1: runs
     _job("auto-a", 0.0),  # 2: runs, a probe of its key
     _job("gpu-share", 1.0, gpus=1, gpu_mem=10 * GiB, gpu_share=60),  # 3: runs on the GPU
-    _job("auto-a", 0.0),  # 4: alike to 2: waits for its measurement
-    _job("auto-new", 0.0),  # 5: another probe: waits (one measured at a time)
+    _job("auto-a", 0.0),  # 4: alike to 2, still a probe: starts beside it (no wait)
+    _job("auto-new", 0.0),  # 5: another probe: starts too (8 cores, a core each to start)
     _job("learnt", 0.0),  # 6: its key's cores learnt: starts at them
     _job("gpu-learnt", 1.0, gpus=1, gpu_mem=None),  # 7: GPU memory learnt for its key
     _job("gpu-share2", 0.5, gpus=1, gpu_mem=4 * GiB, gpu_share=50),  # 8: 60 + 50 > 100: waits
@@ -149,26 +150,47 @@ def test_the_simulator_and_the_daemons_admission_reach_the_same_decisions(tmp_pa
 
     assert daemon_started == sim_started
     assert reasons == sim.reasons
-    # The job set exercises each decision: the learnt ones start, the rest wait for a reason.
-    assert set(daemon_started) == {6, 7}, (daemon_started, reasons)
-    assert "waits for job 2's measurement" in reasons[4] and "one new job is measured at a time" in reasons[5]
+    # The job set exercises each decision: the learnt ones and the probes start (none waits
+    # for another's measurement), the rest wait for a reason.
+    assert set(daemon_started) == {4, 5, 6, 7}, (daemon_started, reasons)
+    assert not any("measurement" in r for r in reasons.values()), reasons
     assert reasons[8].startswith("GPU") or "compute" in reasons[8], reasons[8]
     assert "RAM" in reasons[9], reasons[9]
 
 
-def test_the_simulator_probes_a_new_key_then_starts_the_alike_jobs_at_its_measurement() -> None:
-    """Three alike jobs of --cpus auto: the first runs alone as a probe until measured (its
-    start-up, then its samples), the other two then start together at its figure; a job of
-    the key submitted after they ended starts at once at what was learnt."""
+def test_the_simulator_starts_new_keys_side_by_side_and_the_next_one_at_what_was_learnt() -> None:
+    """Three alike jobs of --cpus auto and another new one on 8 cores: all start at once
+    (each counted at a core for its start-up; none waits for another's measurement); a job
+    of the key submitted after they ended starts at once at what was learnt."""
     trace = [_job("sweep", 0.0) for _ in range(3)] + [_job("other", 0.0)]
     trace.append(trace_job(3000.0, "sweep", "python sweep.py", 0.0, GiB, 0, None, 60.0, 0.5))
     result = simulate(trace, "packing", 0, cpus=8.0, mem=64 * GiB)
     start = {j.id: j.start for j in result.jobs}
     assert all(j.state == SUCCEEDED for j in result.jobs), result.jobs
-    assert start[1] == 0.0
-    assert start[2] == start[3] and start[2] is not None and start[2] >= 20.0  # after job 1's measurement
-    assert start[4] is not None and start[4] > 0.0  # one probe at a time
+    assert [start[i] for i in (1, 2, 3, 4)] == [0.0] * 4, start
     assert start[5] == 3000.0  # its key learnt: no probe, no wait
+
+
+def _starts(cores_used: float, n: int) -> list[tuple[float, float]]:
+    trace = [
+        trace_job(0.0, f"p{i}", f"python p{i}.py", 0.0, GiB, 0, None, 60.0, cores_used) for i in range(n)
+    ]
+    result = simulate(trace, "packing", 0, cpus=2.0, mem=64 * GiB)
+    assert all(j.state == SUCCEEDED for j in result.jobs), result.jobs
+    return sorted((j.start, j.end) for j in result.jobs if j.start is not None and j.end is not None)
+
+
+def test_on_two_cores_new_jobs_start_side_by_side_within_what_the_host_has() -> None:
+    """Conservatively: new jobs of --cpus auto start two at once on 2 idle cores (each counted
+    at a whole core while it starts), the next ones as those bursts end and are measured;
+    CPU-bound ones (a core each) never more than the cores at once, light ones (0.3 of a
+    core) six within seconds, none waiting a run's length for another's measurement."""
+    heavy = _starts(1.0, 6)
+    assert [s for s, _ in heavy[:2]] == [0.0, 0.0] and heavy[2][0] > 0.0, heavy
+    assert max(sum(1 for s, e in heavy if s <= t < e) for t, _ in heavy) == 2, heavy
+    light = _starts(0.3, 8)
+    assert [s for s, _ in light[:2]] == [0.0, 0.0], light
+    assert sum(1 for s, _ in light if s < 10.0) == 6, light  # 6 x 0.3 cores + margins: the host's 2
 
 
 def test_a_reservation_says_where_each_figure_came_from() -> None:

@@ -4,8 +4,8 @@ waiting.
 From the running attempts, the live producers and the measurements it builds the host and
 GPU slots (:class:`~tandem.place.policies.HostSlot`, ``GpuSlot``); from the waiting jobs
 the scheduler's :class:`~tandem.place.scheduler.Waiting`, through the pure decisions the
-simulator makes too (:mod:`tandem.place.decide`: what a job reserves, the probes, the
-views), adding what is the daemon's own: dependencies and share groups (a job of a share group whose
+simulator makes too (:mod:`tandem.place.decide`: what a job reserves, the views),
+adding what is the daemon's own: dependencies and share groups (a job of a share group whose
 producer is not running carries its charge apart: the pass charges it to whichever job of
 the group it starts first, which starts the producer); it resolves dependencies (a job
 after one that failed is cancelled); and it keeps why each waiting job waits, writing only
@@ -151,10 +151,7 @@ class Admission:
             if why is not None:
                 reasons[job.id] = why
                 continue
-            reserved = decide.admit(job)  # what it reserves, or why it waits for a measurement
-            if isinstance(reserved, str):
-                reasons[job.id] = reserved
-                continue
+            reserved = decide.reserve(job)
             fields = self._group(job, share, running, in_share, in_group)
             if isinstance(fields, str):
                 reasons[job.id] = fields

@@ -326,7 +326,7 @@ class Attempts:
             totals = result.cpu_seconds / run_s if result.cpu_seconds and run_s > 1 else None
             used = a.cpu.measured() or totals
             if used is not None:
-                self.startup.learned.seen(a.job.learning_key, used)
+                self.startup.learned.seen_job(a.job, used)
         if end.peak_mem or end.peak_gpu_mem:
             self.state.record_peak(a.job.learning_key, end.peak_mem, end.peak_gpu_mem, end.ended - a.started)
         if self.tracked:

@@ -25,9 +25,7 @@ from tandem.place.reserve import (
     AUTO_CPUS,
     Learned,
     Measuring,
-    key_words,
     mem_reservation,
-    probing_keys,
     running_figures,
 )
 from tandem.place.resources import GIVEN, LEARNT, PROBE, Reservation, Resources
@@ -122,28 +120,16 @@ def reserve(
     )
 
 
-def _probe_reason(probing: int | None, running: set[int]) -> str | None:
-    """Why a job of --cpus auto never seen before waits while job ``probing`` is measured."""
-    if probing is None:
-        return None
-    measured = (
-        f"job {probing}'s measurement"
-        if probing in running
-        else f"job {probing}, the next new job to be measured"
-    )
-    return (
-        f"cores: --cpus auto, a job not seen before; waits for {measured} (one new job is measured at a time)"
-    )
-
-
 class Pass:
     """One scheduling pass's decisions on the waiting jobs, in queue order: what each
-    reserves and whether it may be considered (:meth:`admit`), and what the scheduler is
-    shown of it (:meth:`waiting`). Jobs of ``--cpus auto`` never seen before are measured
-    one at a time (:mod:`tandem.place.reserve`), but the jobs of a share group: they run
-    together whatever their cores (scheduler.share_bound). A job alike to a running one (its
-    learning key) starts at that one's measurement; one alike to a probe queued before it
-    waits for that one, not a probe itself."""
+    reserves (:meth:`reserve`) and what the scheduler is shown of it (:meth:`waiting`).
+    No job waits for another's measurement: jobs of ``--cpus auto`` never seen before
+    (probes, :mod:`tandem.place.reserve`) start side by side within what the host has,
+    each counted at what its program used at start (a whole core for one never seen) until
+    its own samples are in: on an idle 2-core host two start in one pass and the next ones
+    as the first bursts end (the scheduler's ``startup_cpus`` and the host's measured busy
+    cores). A job alike to a running one that was measured (its learning key) starts at
+    that one's figure."""
 
     def __init__(
         self,
@@ -156,37 +142,12 @@ class Pass:
         running = list(running)
         self.learned, self.peaks, self.startup = learned, peaks, startup
         self.gpu_mem_margin = gpu_mem_margin
-        self.running = {r.job.id for r in running}
-        self.figures, self.probes = running_figures(running), probing_keys(running)
-        probing = next((r.job.id for r in running if r.probing and not r.job.share), None)
-        self.probe_reason = _probe_reason(probing, self.running)
+        self.figures = running_figures(running)
 
     def reserve(self, job: Job) -> Reservation:
+        """What ``job`` reserves as it would start in this pass (the scheduler decides
+        whether that fits now)."""
         return reserve(job, self.learned, self.figures, self.peaks.get(job.learning_key), self.gpu_mem_margin)
-
-    def admit(self, job: Job) -> Reservation | str:
-        """What ``job`` reserves, or why it waits for a measurement (a probe of its key, or
-        the one probe at a time). A probe admitted holds back the ones queued behind it."""
-        reserved = self.reserve(job)
-        if not reserved.probe:
-            return reserved
-        # A share group's points do not wait for the first one's measurement: each that
-        # joins late makes the producer serve its epochs again (scheduler.share_bound).
-        if job.learning_key in self.probes and not job.share:
-            first = self.probes[job.learning_key]
-            measured = (
-                f"job {first}'s measurement" if first in self.running else f"job {first}, to be measured"
-            )
-            return (
-                f"cores: --cpus auto; waits for {measured}, a job "
-                f"alike (job key {key_words(job.learning_key)}), then starts at it"
-            )
-        if not job.share and self.probe_reason is not None:
-            return self.probe_reason  # one string for the whole queue behind it
-        self.probes[job.learning_key] = job.id  # the others of its key wait for it
-        if not job.share:
-            self.probe_reason = _probe_reason(job.id, self.running)
-        return reserved
 
     def waiting(self, job: Job, reserved: Reservation, since: float, **share: Any) -> Waiting:
         """What the scheduler is shown of ``job``; ``share``: its share group's fields of

@@ -5,22 +5,27 @@ learning key (:attr:`tandem.place.records.Job.learning_key`: its ``--name``, els
 line; a sweep's point, its template's, so the points of a sweep are alike) were
 measured to use: the 95th percentile of its process tree's cores over a run (its own
 processes: a share's producer is supervised and charged apart), times 1.2 plus 0.05, at
-least 0.1. A job never seen before is a *probe*: it reserves :data:`PROBE_CORES`, starts only
-while the host's measured load leaves room, one probe at a time, and once it has
-:data:`PROBE_SAMPLES` samples past its start-up its reservation becomes its measurement
-(a CPU-bound job reserves about a core within seconds). A running job's reservation then
-follows its use over its last :data:`FOLLOW_SAMPLES` samples, down as well as up. The
-samples of its start-up burst (imports) are not counted: while it lasts, what the job uses
-beyond its reservation holds other jobs back, and once it is over the job's measurement is
-what it goes on to use (see :data:`STARTUP_MAX_SAMPLES`). Jobs alike to a running one wait
-for its measurement, then start at once at that figure (:func:`running_figures`: each
-follows its own use up from there), not probed one after another.
-What was learnt is kept in the state (``peaks.cpu_runs``): a restarted daemon knows it.
+least 0.1. A key with no run of its own takes what its script's other commands were
+measured at (:func:`script_key`: ``python train.py --lr 0.1`` and ``--lr 0.01`` submitted
+apart, or each point with a ``--name`` of its own). A job never seen before is a *probe*:
+it reserves :data:`PROBE_CORES`, and once it has :data:`PROBE_SAMPLES` samples past its
+start-up its reservation becomes its measurement (a CPU-bound job reserves about a core
+within seconds). No job waits for another's measurement: probes start side by side where
+the host's measured load leaves room, each counted meanwhile at what its program used at
+start (a whole core for one never seen: :class:`tandem.place.active.Startup`). A running
+job's reservation then follows its use over its last :data:`FOLLOW_SAMPLES` samples, down
+as well as up. The samples of its start-up burst (imports) are not counted: while it lasts,
+what the job uses beyond its reservation holds other jobs back, and once it is over the
+job's measurement is what it goes on to use (see :data:`STARTUP_MAX_SAMPLES`). Jobs alike to
+a running one that was measured start at once at that figure (:func:`running_figures`:
+each follows its own use up from there). What was learnt is kept in the state
+(``peaks.cpu_runs``): a restarted daemon knows it.
 """
 
 from __future__ import annotations
 
 import math
+import os
 from collections.abc import Callable, Iterable, Mapping
 from typing import Protocol
 
@@ -69,6 +74,28 @@ def mem_reservation(given: int, learned_peak: int | None, key: str) -> tuple[int
     return 0, "auto: none until measured"
 
 
+SCRIPT_PREFIX = "script:"
+_SHELLS = frozenset({"sh", "bash", "zsh", "dash", "env", "nohup", "time", "xargs"})
+
+
+def script_key(command: list[str]) -> str | None:
+    """The key a job's script is learnt under beside its own: ``python train.py`` (the
+    interpreter's name and the script), ``python -m pkg.train``, or a program's name; None
+    where the command does not say which code runs (``python -c``, a shell, ``env``)."""
+    if not command:
+        return None
+    program = os.path.basename(command[0])
+    if program in _SHELLS:
+        return None
+    if program.startswith("python"):
+        if len(command) > 2 and command[1] == "-m":
+            return f"{SCRIPT_PREFIX}{program} -m {command[2]}"
+        if len(command) > 1 and not command[1].startswith("-"):
+            return f"{SCRIPT_PREFIX}{program} {command[1]}"
+        return None
+    return f"{SCRIPT_PREFIX}{program}"
+
+
 def key_words(key: str) -> str:
     """A job key as a person reads it (its name, else its command)."""
     return key.split(":", 1)[1] if ":" in key else key
@@ -93,6 +120,13 @@ class Learned:
             self._write(key, runs)
         self._runs[key] = runs
 
+    def seen_job(self, job: Job, cores: float) -> None:
+        """A successful run of ``job`` used ``cores``: learnt for its key and its script's."""
+        self.seen(job.learning_key, cores)
+        script = script_key(job.command)
+        if script is not None and script != job.learning_key:
+            self.seen(script, cores)
+
     def runs(self, key: str) -> list[float]:
         return list(self._runs.get(key, ()))
 
@@ -113,6 +147,12 @@ class Learned:
         alike = (running or {}).get(key)
         if alike is not None:
             return alike[0], f"measured, job key {key_words(key)}, job {alike[1]} running", False
+        script = script_key(job.command)
+        runs = self._runs.get(script) if script is not None else None
+        if runs:
+            n = len(runs)
+            source = f"measured, script {key_words(script or '')}, {n} run{'s' * (n != 1)}"
+            return margin(max(runs)), source, False
         return PROBE_CORES, "probe", True
 
 
@@ -134,11 +174,6 @@ def running_figures(running: Iterable[Running]) -> dict[str, tuple[float, int]]:
             if key not in out or r.cpu.cores > out[key][0]:
                 out[key] = (r.cpu.cores, r.job.id)
     return out
-
-
-def probing_keys(running: Iterable[Running]) -> dict[str, int]:
-    """Per learning key, the running job that is its probe (not yet measured)."""
-    return {r.job.learning_key: r.job.id for r in running if r.cpu is not None and r.cpu.probe}
 
 
 def producer_key(share: str) -> str:

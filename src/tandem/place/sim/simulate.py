@@ -4,7 +4,8 @@
 event (an arrival, a job's end, a job's memory settling, an out-of-memory check, a waiting
 job crossing the starvation limit, a job's samples) it decides through the daemon's own
 functions (:mod:`tandem.place.decide`: what each waiting job reserves, given, learnt from
-the runs of its key before or from a running job alike, or a probe measured one at a time;
+the runs of its key or its script before or from a running job alike, or a probe started
+beside the others within what the host has;
 the host's and GPUs' views) and calls the real :func:`tandem.place.scheduler.plan` with the
 real policy object: no admission or placement logic lives here. Only the measurements are
 modelled (:mod:`tandem.place.sim.simrun`: cores, the host's window, SM activity), and:
@@ -231,10 +232,7 @@ class _Sim:
         decide = self._decisions(self.runs)
         out = []
         for job in sorted(self.waiting.values(), key=lambda j: j.id):
-            reserved = job.fixed or decide.admit(job.job)
-            if isinstance(reserved, str):
-                self.reasons[job.id] = reserved
-                continue
+            reserved = job.fixed or decide.reserve(job.job)
             if job.fixed is None and all_given(job.job):
                 job.fixed = reserved  # learnt figures never change it: not decided again
             out.append(decide.waiting(job.job, reserved, job.job.queued_at or job.job.submitted))
@@ -348,7 +346,7 @@ class _Sim:
         if how == SUCCEEDED:
             measured = r.cpu.measured() if r.cpu is not None and r.cpu.auto else None
             if measured is not None:  # what its key reserves next
-                self.startup.learned.seen(key, measured)
+                self.startup.learned.seen_job(job.job, measured)
             job.state, job.end = SUCCEEDED, self.now
             return
         self.crashes += 1
