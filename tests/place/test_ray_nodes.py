@@ -180,6 +180,11 @@ def test_a_cancel_reaches_a_job_on_the_other_node_within_5_s(on_cluster: Cli) ->
 
     # "running" is said once its actor is asked to start it: the supervisor may come later.
     (shim,) = until(shims, 60, lambda: f"no supervisor of job {other}: {cli('show', str(other)).stdout}")
+    # Killed once its program runs (its first line is in runs.txt): a supervisor killed before
+    # it started the job is another case (the attempt is lost, never started, and run again).
+    runs = cli.tmp / "runs.txt"
+    started = lambda: runs.exists() and str(other) in runs.read_text().split()  # noqa: E731
+    until(started, 60, lambda: f"job {other}'s program never started: {cli('show', str(other)).stdout}")
     shim.kill()
     wait_for(lambda: cli.job(other)["state"] != "running", 60, lambda: cli("show", str(other)).stdout)
     job = cli.job(other)
