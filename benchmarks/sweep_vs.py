@@ -30,6 +30,15 @@ for their training loop and private loaders; the rest is everything else (interp
 imports, tandem's producer, daemon and helpers, Ray's processes). Every trial must finish,
 with every epoch exactly the dataset (its indices counted), else the arm fails.
 
+**By role** (the tandem arm): while it runs, ``benchmarks/manager_cost.py``'s ``Watcher``
+reads every descendant's ``/proc/PID/stat`` ten times a second, and each process this
+script reaps is read as a zombie first, so every CPU-second is given to one role: the
+trials (each job's process tree, its supervisor's reaped children; of it, the loop the
+trial reports and what it spends beside it: interpreter, imports, the consumer), the
+producer, the supervisors, the daemon, the MLflow helper and the commands (the arm's
+process and the ``tandem`` commands it ran). The table is printed and written to the
+``.md``; each job's figures are in the JSON.
+
     python benchmarks/sweep_vs.py [--quick] [--arms tandem,ray,submitit] [--out benchmarks/results]
 
 Writes ``sweep_vs[-LABEL].json`` and ``.md``. ``--quick``: 400 items, 2 epochs (a check
@@ -49,11 +58,13 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
 import psutil
+from manager_cost import Watcher, account  # beside this file: run as a script, its folder is on sys.path
 
 ROOT = Path(__file__).resolve().parent
 TRIAL = ROOT / "sweep_vs_trial.py"
@@ -178,13 +189,13 @@ def children_cpu_s() -> float:
     return ru.ru_utime + ru.ru_stime
 
 
-def reap(deadline: float) -> list[str]:
+def reap(deadline: float, watcher: Watcher | None = None) -> list[str]:
     """Reap every descendant (orphans come to this subreaper) until none is left; past
     ``deadline``, end what is left (its command lines are returned)."""
     killed: list[str] = []
     while True:
         try:
-            pid, _ = os.waitpid(-1, os.WNOHANG)
+            pid, _ = _reaped(watcher)
         except ChildProcessError:
             return killed
         if pid:
@@ -215,10 +226,27 @@ class ArmRun:
     leftovers_killed: list[str]
 
 
-def measure_arm(command: list[str], work: Path, env: dict[str, str], timeout: float, linger: float) -> ArmRun:
+def _reaped(watcher: Watcher | None) -> tuple[int, int]:
+    """One ended child of this process reaped (pid, wait status), read as a zombie first by
+    ``watcher`` where there is one; (0, 0) where none has ended."""
+    if watcher is None:
+        return os.waitpid(-1, os.WNOHANG)
+    info = os.waitid(os.P_ALL, 0, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+    if info is None:
+        return 0, 0
+    proc = watcher.reap(info.si_pid)
+    return info.si_pid, proc.status if proc is not None and proc.status is not None else 0
+
+
+def measure_arm(
+    command: list[str], work: Path, env: dict[str, str], timeout: float, linger: float,
+    watcher: Watcher | None = None,
+) -> ArmRun:  # fmt: skip
     """Run ``command`` (an arm) in ``work`` in a CPU cgroup of its own, reaping whatever
     ends meanwhile (this process is a child subreaper: orphans come to it) until it ends,
-    then its leftovers (``linger`` seconds, then ended)."""
+    then its leftovers (``linger`` seconds, then ended). With ``watcher``, each process is
+    also read by role (``benchmarks/manager_cost.py``'s ``Watcher``, in a thread of this
+    process, outside the arm's cgroup)."""
     busy0 = psutil.cpu_times()
     group = CpuGroup(work.name)
     cpu0 = children_cpu_s()
@@ -231,7 +259,7 @@ def measure_arm(command: list[str], work: Path, env: dict[str, str], timeout: fl
     deadline = time.monotonic() + timeout
     while rc is None:  # reap whatever ends meanwhile (orphans included) until the arm ends
         try:
-            pid, status = os.waitpid(-1, os.WNOHANG)
+            pid, status = _reaped(watcher)
         except ChildProcessError:
             break
         if pid == runner.pid:
@@ -242,7 +270,7 @@ def measure_arm(command: list[str], work: Path, env: dict[str, str], timeout: fl
                 runner.kill()
             time.sleep(0.05)
     arm_s = time.time() - t0
-    leftovers = reap(time.monotonic() + linger)
+    leftovers = reap(time.monotonic() + linger, watcher)
     reaped = children_cpu_s() - cpu0
     in_group = group.cpu_s()
     group.remove()
@@ -260,10 +288,19 @@ def run_arm(arm: str, args: argparse.Namespace) -> dict:
     env = environment(work, args)
     load = os.getloadavg()
     command = [sys.executable, __file__, "--run-arm", arm, "--work", str(work), "--lrs", args.lrs]
-    run = measure_arm(command, work, env, args.timeout, args.linger)
+    watcher = Watcher() if arm == "tandem" else None
+    thread = threading.Thread(target=watcher.run, daemon=True) if watcher is not None else None
+    if thread is not None:
+        thread.start()
+    run = measure_arm(command, work, env, args.timeout, args.linger, watcher)
     rc, t0, cpu = run.exit_code, run.t0, run.cpu_s
     trials = [json.loads(p.read_text()) for p in sorted((work / "trials").glob("trial-*.json"))]
     finished = [t for t in trials if len(t["exact"]) == args.epochs and all(t["exact"])]
+    roles = None
+    if watcher is not None and thread is not None:
+        watcher.stop.set()
+        thread.join()
+        roles = by_role(watcher, sum(t["loop_cpu_s"] for t in trials))
     log_tail = (work / "arm.log").read_text(errors="replace")[-3000:]
     if not args.keep:
         shutil.rmtree(work, ignore_errors=True)
@@ -285,6 +322,7 @@ def run_arm(arm: str, args: argparse.Namespace) -> dict:
         "other_load_cpu_s": run.other_load_cpu_s,  # what the rest of the machine used meanwhile
         "load_before": load,
         "leftovers_killed": run.leftovers_killed,
+        "by_role": roles,
         "per_trial": [
             {
                 "lr": t["lr"],
@@ -300,6 +338,58 @@ def run_arm(arm: str, args: argparse.Namespace) -> dict:
         ],
         "log_tail": log_tail if rc != 0 else "",
     }
+
+
+def by_role(watcher: Watcher, loops: float) -> dict:
+    """The tandem arm's CPU-s by role, from the kernel's figures per process (each read as a
+    zombie where this process reaped it, else its last read): see ``manager_cost.account``.
+    *Commands* are the arm's own process and the ``tandem`` commands it ran."""
+    arm = next(p for p in watcher.procs.values() if p.role == "commands" and "--run-arm" in p.argv)
+    r = account({"wall_s": 0.0, "procs": list(watcher.procs.values()), "bash": arm.pid, "stop": -1,
+                 "timeline": []})  # fmt: skip
+    trials = [j for j in r["jobs"] if j["what"] != "producer"]
+    parts = r["manager_parts"]
+    return {
+        "trials": r["training_cpu_s"],
+        "trial_loops": loops,
+        "trials_beside_their_loops": r["training_cpu_s"] - loops,
+        "trials_n": len(trials),
+        "producer": r["producer_cpu_s"],
+        "supervisors": parts["supervisors"],
+        "supervisors_n": len(r["jobs"]),
+        "daemon": parts["daemon"],
+        "mlflow_helper": parts["mlflow_helper"],
+        "manager_other": parts["other_read"],
+        "manager": r["manager_cpu_s"],
+        "manager_share_of_jobs": r["ratio_to_jobs_and_producer"],
+        "commands": r["commands_cpu_s"],
+        "all": r["all_cpu_s"],
+        "jobs": r["jobs"],
+    }
+
+
+def role_table(roles: dict) -> str:
+    """The tandem arm's attribution table (the benchmarks page's)."""
+    n = max(1, roles["trials_n"])
+    rows = [
+        (f"trials ({roles['trials_n']} process trees)", roles["trials"],
+         f"{roles['trials'] / n:.2f} a trial"),
+        ("  their training loops", roles["trial_loops"], f"{roles['trial_loops'] / n:.2f} a trial"),
+        ("  beside the loop (interpreter, imports, consumer)", roles["trials_beside_their_loops"],
+         f"{roles['trials_beside_their_loops'] / n:.2f} a trial"),
+        ("producer (its tree)", roles["producer"], "the loading, once for all"),
+        (f"supervisors ({roles['supervisors_n']})", roles["supervisors"], ""),
+        ("daemon", roles["daemon"], ""),
+        ("MLflow helper", roles["mlflow_helper"], ""),
+        ("manager, other", roles["manager_other"], ""),
+        ("manager: all of it", roles["manager"],
+         f"{100 * (roles['manager_share_of_jobs'] or 0):.1f}% of the jobs' (trials and producer)"),
+        ("commands", roles["commands"], "the arm's process: tandem share define, submit, wait, daemon stop"),
+        ("all", roles["all"], "reaped here, each read as a zombie"),
+    ]  # fmt: skip
+    lines = ["| tandem arm, by role | CPU-s | |", "|---|---:|---|"]
+    lines += [f"| {a} | {b:.2f} | {c} |" for a, b, c in rows]
+    return "\n".join(lines)
 
 
 def lrs_of(args: argparse.Namespace) -> list[str]:
@@ -360,6 +450,9 @@ def main() -> int:
               f"{r['trials_finished_exact']} trials exact, exit {r['exit_code']}"
               + (f"\n{r['log_tail']}" if not r["ok"] else ""), file=sys.stderr, flush=True)  # fmt: skip
     print(table(results))
+    roles = next((r["by_role"] for r in results if r.get("by_role")), None)
+    if roles is not None:
+        print(role_table(roles))
     command = "python benchmarks/sweep_vs.py " + " ".join(sys.argv[1:])
     payload = {
         "command": command.strip(),
@@ -393,7 +486,9 @@ def main() -> int:
         f"\n\n{table(results)}\n\n1-min load average before each arm: {loads}. CPU-s used by the rest of the "
         f"machine during each arm: {other}. CPU-s counted by cgroup: "
         f"{', '.join(sorted({r['cgroup'] for r in results}))}.\n"
-    )
+        + (f"\nWhere the tandem arm's CPU went, by role (the kernel's figures per process):\n\n"
+           f"{role_table(roles)}\n" if roles is not None else "")
+    )  # fmt: skip
     return 0 if all(r["ok"] for r in results) else 1
 
 

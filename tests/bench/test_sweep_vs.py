@@ -44,3 +44,28 @@ def test_an_arm_runs_every_trial_and_counts_its_cpu(tmp_path):
     assert r["cpu_s"] > r["trial_loops_cpu_s"] + 1.0 > 1.0
     assert 0 < r["makespan_s"] <= r["arm_wall_s"]
     assert "| submitit |" in (tmp_path / "sweep_vs-t.md").read_text()
+
+
+def test_the_tandem_arm_is_attributed_by_role_and_the_roles_add_up(tmp_path):
+    """The tandem arm under its defaults (a real daemon, supervisors, MLflow helper and
+    producer): every CPU-second reaped is given to one role, and the table says so."""
+    tiny = ["--items", "40", "--clip-s", "0.1", "--epochs", "2", "--out", str(tmp_path), "--label", "t"]
+    cmd = [sys.executable, str(BENCH / "sweep_vs.py"), "--arms", "tandem", "--lrs", "0.1,0.01", *tiny]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout + done.stderr
+    (r,) = json.loads((tmp_path / "sweep_vs-t.json").read_text())["results"]
+    assert r["ok"] and r["trials_finished_exact"] == 2, r
+    roles = r["by_role"]
+    assert roles["trials_n"] == 2 and roles["supervisors_n"] == 3  # two trials and their producer
+    assert roles["trials"] > roles["trial_loops"] > 0 and roles["producer"] > 0
+    assert roles["daemon"] > 0 and roles["mlflow_helper"] > 0 and roles["commands"] > 0
+    # Figures read two ways agree: each job's tree from /proc and from its supervisor's
+    # result.json; the supervisors as what is left and as read; all that was reaped here, each
+    # read as a zombie, and the arm's CPU as getrusage counts it.
+    for job in roles["jobs"]:
+        assert job["tree_cpu_s"] is not None and job["result_json_cpu_s"] is not None, job
+        assert abs(job["tree_cpu_s"] - job["result_json_cpu_s"]) < 0.1, job
+    read = sum(j["supervisor_cpu_s"] for j in roles["jobs"])
+    assert abs(roles["supervisors"] - read) < 0.5, (roles["supervisors"], read)
+    assert abs(roles["all"] - r["cpu_s_reaped_children"]) < 0.5, (roles["all"], r)
+    assert "| tandem arm, by role |" in (tmp_path / "sweep_vs-t.md").read_text()
