@@ -10,6 +10,11 @@ training script; see its docstring) over ``--lrs`` (8 learning rates), each in a
   sweepvs --group sweep-vs --grid lr=... --name trial-lr{lr} -- python .../sweep_vs_trial.py
   --lr {lr}``, ``tandem wait group:sweep-vs``; then ``tandem daemon stop``. A fresh state
   directory, so a fresh daemon that has learnt nothing. The trials read one shared producer.
+- **plain**: tandem's share without its manager, the same commands a user could start by
+  hand: one ``tandem share serve sweepvs`` (the share's options; stopped with a Ctrl-C once
+  the last trial has ended) and the 8 trials reading it, all started at once. A trial's own
+  process here (its CPU-s, interpreter and imports included, from ``getrusage``) is what the
+  tandem arm's trials are held to.
 - **ray**: a fresh local Ray instance (``ray.init(address="local")``, a new temp dir) and
   ``tune.Tuner(tune.with_resources(trainable, {"cpu": 0.5}), param_space={"lr":
   tune.grid_search(...)})``: each trial its own ``DataLoader``; ``ray.shutdown()`` at the end.
@@ -39,7 +44,7 @@ producer, the supervisors, the daemon, the MLflow helper and the commands (the a
 process and the ``tandem`` commands it ran). The table is printed and written to the
 ``.md``; each job's figures are in the JSON.
 
-    python benchmarks/sweep_vs.py [--quick] [--arms tandem,ray,submitit] [--out benchmarks/results]
+    python benchmarks/sweep_vs.py [--quick] [--arms tandem,plain,ray,submitit] [--out benchmarks/results]
 
 Writes ``sweep_vs[-LABEL].json`` and ``.md``. ``--quick``: 400 items, 2 epochs (a check
 that it runs, not a figure).
@@ -70,7 +75,7 @@ ROOT = Path(__file__).resolve().parent
 TRIAL = ROOT / "sweep_vs_trial.py"
 LRS = "0.3,0.1,0.03,0.01,0.003,0.001,0.0003,0.0001"
 PR_SET_CHILD_SUBREAPER = 36
-ARMS = ("tandem", "ray", "submitit")
+ARMS = ("tandem", "plain", "ray", "submitit")
 
 
 # ------------------------------------------------------------------ the arms (each in its own process)
@@ -90,6 +95,24 @@ def run_tandem(work: Path, lrs: list[str]) -> None:
             raise SystemExit("tandem wait: a trial failed")
     finally:
         tandem("daemon", "stop")
+
+
+def run_plain(work: Path, lrs: list[str]) -> None:
+    """tandem's share without its manager: one producer (``tandem share serve`` with the
+    share's options) and the trials reading it, all started at once as plain processes; the
+    producer serves until the last trial has ended (a trial whose interpreter starts late
+    still reads its epochs), then is stopped as a user stops it (Ctrl-C). What a trial costs
+    outside the manager, to hold the tandem arm's trials to."""
+    serve = ["tandem", "share", "serve", "sweepvs", "--dataset", f"{TRIAL}:train_set", "--batch-size", "64",
+             "--shuffle"]  # fmt: skip
+    producer = subprocess.Popen(serve, cwd=work)
+    env = dict(os.environ, TANDEM_SHARE="sweepvs")
+    trials = [subprocess.Popen([sys.executable, str(TRIAL), "--lr", lr], cwd=work, env=env) for lr in lrs]
+    codes = [t.wait() for t in trials]
+    producer.send_signal(signal.SIGINT)
+    producer.wait(120)
+    if any(codes):
+        raise SystemExit(f"plain: the trials exited {codes}")
 
 
 def run_ray(work: Path, lrs: list[str]) -> None:
@@ -319,6 +342,10 @@ def run_arm(arm: str, args: argparse.Namespace) -> dict:
         "cpu_s_reaped_children": run.cpu_s_reaped_children,
         "trial_loops_cpu_s": loops,
         "rest_cpu_s": cpu - loops,
+        # a trial's own process, mean (Ray's workers may run several: not one trial's)
+        "trial_process_cpu_s": (
+            sum(t["process_cpu_s"] for t in trials) / len(trials) if trials and arm != "ray" else None
+        ),
         "other_load_cpu_s": run.other_load_cpu_s,  # what the rest of the machine used meanwhile
         "load_before": load,
         "leftovers_killed": run.leftovers_killed,
@@ -329,6 +356,7 @@ def run_arm(arm: str, args: argparse.Namespace) -> dict:
                 "start_s": round(t["start"] - t0, 2),
                 "end_s": round(t["end"] - t0, 2),
                 "loop_cpu_s": round(t["loop_cpu_s"], 2),
+                "process_cpu_s": round(t["process_cpu_s"], 2) if "process_cpu_s" in t else None,
                 "samples_per_epoch": t["samples_per_epoch"],
                 "exact": t["exact"],
                 "torch_threads": t["torch_threads"],
@@ -399,15 +427,24 @@ def lrs_of(args: argparse.Namespace) -> list[str]:
 def table(results: list[dict]) -> str:
     ray = next((r for r in results if r["arm"] == "ray" and r["ok"]), None)
     lines = [
-        "| arm | makespan, s | vs Ray Tune | CPU-s, all | trial loops | the rest | trials finished, exact |",
-        "|---|---:|---:|---:|---:|---:|---:|",
+        "| arm | makespan, s | vs Ray Tune | CPU-s, all | trial loops | the rest | a trial's process | "
+        "trials finished, exact |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for r in results:
         ratio = f"{r['makespan_s'] / ray['makespan_s']:.2f}x" if ray and r["ok"] else "-"
+        own = "-" if r.get("trial_process_cpu_s") is None else f"{r['trial_process_cpu_s']:.2f}"
         lines.append(
             f"| {r['arm']} | {r['makespan_s']:.1f} | {ratio} | {r['cpu_s']:.1f} | "
-            f"{r['trial_loops_cpu_s']:.1f} | {r['rest_cpu_s']:.1f} | "
+            f"{r['trial_loops_cpu_s']:.1f} | {r['rest_cpu_s']:.1f} | {own} | "
             f"{r['trials_finished_exact']}/{r['trials']}{'' if r['ok'] else ' FAILED'} |"
+        )
+    by_arm = {r["arm"]: r for r in results if r["ok"]}
+    if "tandem" in by_arm and "plain" in by_arm and by_arm["plain"].get("trial_process_cpu_s"):
+        under, outside = by_arm["tandem"]["trial_process_cpu_s"], by_arm["plain"]["trial_process_cpu_s"]
+        lines.append(
+            f"\nA trial's own process under the manager: {under:.2f} CPU-s, outside it (plain): "
+            f"{outside:.2f}: **{under / outside:.2f}x**."
         )
     return "\n".join(lines)
 
@@ -430,8 +467,8 @@ def main() -> int:
     ap.add_argument("--work", type=Path, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.run_arm:
-        arm = {"tandem": run_tandem, "ray": run_ray, "submitit": run_submitit}[args.run_arm]
-        arm(args.work, lrs_of(args))
+        runs = {"tandem": run_tandem, "plain": run_plain, "ray": run_ray, "submitit": run_submitit}
+        runs[args.run_arm](args.work, lrs_of(args))
         return 0
     if args.quick:
         args.items, args.epochs = 400, 2

@@ -131,6 +131,9 @@ def train(lr: float, loader: str = "private") -> dict:
         "start": start,
         "end": time.time(),
         "loop_cpu_s": _cpu_s() - cpu0,
+        # the whole process's so far (its interpreter and imports too): a trial's own cost, where
+        # the process is the trial's alone (not a Ray worker's, which may run others)
+        "process_cpu_s": _cpu_s(),
         "torch_threads": torch.get_num_threads(),
         "samples_per_epoch": per_epoch,
         "exact": exact,

@@ -46,15 +46,20 @@ def test_an_arm_runs_every_trial_and_counts_its_cpu(tmp_path):
     assert "| submitit |" in (tmp_path / "sweep_vs-t.md").read_text()
 
 
-def test_the_tandem_arm_is_attributed_by_role_and_the_roles_add_up(tmp_path):
+def test_the_tandem_arm_is_attributed_by_role_and_held_to_its_trials_outside_the_manager(tmp_path):
     """The tandem arm under its defaults (a real daemon, supervisors, MLflow helper and
-    producer): every CPU-second reaped is given to one role, and the table says so."""
+    producer): every CPU-second reaped is given to one role, and the table says so; the plain
+    arm (the share's producer and the trials, by hand) gives a trial's own cost outside it."""
     tiny = ["--items", "40", "--clip-s", "0.1", "--epochs", "2", "--out", str(tmp_path), "--label", "t"]
-    cmd = [sys.executable, str(BENCH / "sweep_vs.py"), "--arms", "tandem", "--lrs", "0.1,0.01", *tiny]
+    cmd = [sys.executable, str(BENCH / "sweep_vs.py"), "--arms", "tandem,plain", "--lrs", "0.1,0.01", *tiny]
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stdout + done.stderr
-    (r,) = json.loads((tmp_path / "sweep_vs-t.json").read_text())["results"]
-    assert r["ok"] and r["trials_finished_exact"] == 2, r
+    r, plain = json.loads((tmp_path / "sweep_vs-t.json").read_text())["results"]
+    assert r["arm"] == "tandem" and r["ok"] and r["trials_finished_exact"] == 2, r
+    assert plain["arm"] == "plain" and plain["ok"] and plain["trials_finished_exact"] == 2, plain
+    assert plain["by_role"] is None and all(t["process_cpu_s"] > t["loop_cpu_s"] for t in plain["per_trial"])
+    assert r["trial_process_cpu_s"] > 0 and plain["trial_process_cpu_s"] > 0
+    assert "A trial's own process under the manager" in (tmp_path / "sweep_vs-t.md").read_text()
     roles = r["by_role"]
     assert roles["trials_n"] == 2 and roles["supervisors_n"] == 3  # two trials and their producer
     assert roles["trials"] > roles["trial_loops"] > 0 and roles["producer"] > 0
