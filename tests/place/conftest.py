@@ -133,13 +133,34 @@ class Cli:
         return self._read(lambda reader: [f"{e['kind']}: {e['detail']}" for e in reader.events(job_id)])
 
     def stop_daemon(self) -> None:
-        """Cancel the jobs still listed and stop the daemon, if one is running."""
-        if self.daemon_pid() is None:  # no daemon ever started here (no CLI to start to say so)
+        """Cancel the jobs still listed and stop the daemon, if one is running: the requests
+        ``tandem cancel --all`` and ``tandem daemon stop`` send, sent from this process (every
+        test with a daemon ends here: three interpreters cost about a core-second), then until
+        its process has ended, as ``daemon stop`` waits; through the CLI where a request fails."""
+        pid = self.daemon_pid()
+        if pid is None:  # no daemon ever started here (no CLI to start to say so)
             return
-        if self("daemon", "status", check=False).returncode != 0:
+        from tandem.place import Cancel, Stop
+        from tandem.place.client import DaemonError, DaemonNotRunning, request
+
+        try:
+            # every waiting and running job, as `ls` lists them
+            request(self.state, Cancel([], everything=True), timeout=scaled(40))
+            request(self.state, Stop())
+        except DaemonNotRunning:
             return
-        self("cancel", "--all", check=False)  # every waiting and running job, as `ls` lists them
-        self("daemon", "stop", check=False)
+        except DaemonError:  # it answered wrongly, or not at all: what the CLI says is the teardown's
+            if self("daemon", "status", check=False).returncode == 0:
+                self("cancel", "--all", check=False)
+                self("daemon", "stop", check=False)
+            return
+        try:
+            daemon = psutil.Process(pid)
+            daemon.wait(timeout=scaled(10))
+        except psutil.NoSuchProcess:
+            pass
+        except psutil.TimeoutExpired:  # as `daemon stop` does past its timeout
+            daemon.terminate()
 
     def daemon_pid(self) -> int | None:
         try:
