@@ -120,6 +120,7 @@ class Proc:
     total: float | None = None  # wait4's total, where this process reaped it
     status: int | None = None  # and its wait status
     final: bool = False  # own and kids read as a zombie
+    ppid: int = 0  # its parent when first seen (an orphan's later parent is this script)
 
 
 @dataclass
@@ -168,8 +169,17 @@ class Watcher:
                 if (pid, start) not in self.procs:
                     argv = cmdline(pid)
                     parent = by_pid.get(parents[pid][0])
-                    self.procs[(pid, start)] = Proc(pid, start, self.role_of(pid, parent, argv), argv)
-                    by_pid[pid] = self.procs[(pid, start)]
+                    proc = Proc(pid, start, self.role_of(pid, parent, argv), argv, ppid=parents[pid][0])
+                    self.procs[(pid, start)] = by_pid[pid] = proc
+            # One read between its fork and its exec had its parent's command line (a
+            # supervisor taken for its daemon, and so its job for the manager's): each live
+            # one's command line again, and every role anew, parents (started first) first.
+            for p in sorted(self.procs.values(), key=lambda p: p.start):
+                if p.final:
+                    continue
+                if (argv := cmdline(p.pid)) and mine.get(p.pid) == p.start:
+                    p.argv = argv
+                p.role = self.role_of(p.pid, by_pid.get(p.ppid), p.argv)
 
     def read(self) -> None:
         with self.lock:
