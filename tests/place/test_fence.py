@@ -18,7 +18,7 @@ import pytest
 
 from tandem.place.run.supervisor import fence
 from tandem.place.run.supervisor.files import ORPHAN_SIGNAL
-from tests.timing import until
+from tests.timing import scaled, until
 
 
 @pytest.fixture
@@ -79,6 +79,32 @@ def test_a_node_that_lost_only_the_cluster_is_not_fenced(signalled: threading.Ev
         assert not signalled.is_set() and f.why is None
     finally:
         f.stop()
+
+
+def test_a_fence_stopped_while_it_looks_at_the_head_signals_nothing(
+    signalled: threading.Event, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Its supervisor stops it while its look at the head is under way (the head does not
+    answer): ``stop`` returns once that look has ended, and no signal comes (after ``stop``,
+    the supervisor may have put SIGUSR1's default back: a signal then would kill it)."""
+    looking, answer = threading.Event(), threading.Event()
+
+    def slow_refusal(address: str, timeout: float) -> str:
+        looking.set()
+        answer.wait(30)
+        return "refused"
+
+    monkeypatch.setattr(fence, "unreachable", slow_refusal)
+    f = fence.Fence(tmp_path / "gone", "127.0.0.1:1")  # every write fails: it looks at the head
+    f.start()
+    until(looking.is_set, 30, "the fence never looked at the head")
+    stopping = threading.Thread(target=f.stop)
+    stopping.start()
+    until(lambda: f._done.is_set(), 10, "stop() did not say so")
+    assert stopping.is_alive()  # it waits for the look under way
+    answer.set()
+    stopping.join(scaled(10))
+    assert not stopping.is_alive() and not signalled.is_set() and f.why is None
 
 
 def test_outside_ray_there_is_no_fence(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -40,13 +40,19 @@ class Fence:
         self.written = time.monotonic()  # the last heartbeat that went through
         self.why: str | None = None  # why it fenced
         self._done = threading.Event()
+        self._watching: threading.Thread | None = None
 
     def start(self) -> None:
         threading.Thread(target=self._write, name="fence-heartbeat", daemon=True).start()
-        threading.Thread(target=self._watch, name="fence-watch", daemon=True).start()
+        self._watching = threading.Thread(target=self._watch, name="fence-watch", daemon=True)
+        self._watching.start()
 
     def stop(self) -> None:
+        """No signal comes from it once this returns: a look at the head under way (at most
+        its 2 s) is waited for, and what it finds is dropped."""
         self._done.set()
+        if self._watching is not None and self._watching is not threading.current_thread():
+            self._watching.join(timeout=10)
 
     def _write(self) -> None:
         while not self._done.is_set():
@@ -65,7 +71,7 @@ class Fence:
             if silent < FENCE_S:
                 continue
             why = unreachable(self.gcs, 2.0)
-            if why is not None:
+            if why is not None and not self._done.is_set():  # stopped meanwhile: no fence
                 self._done.set()
                 self.why = (
                     f"cut off: no write to the state directory for {silent:.0f} s and the Ray head "
