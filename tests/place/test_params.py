@@ -49,8 +49,8 @@ def _closed_run(client, run_id: str):  # type: ignore[no-untyped-def]
         time.sleep(0.3)
 
 
-def _sweep(cli: Cli, group: str, *command: str) -> list[dict]:
-    grid = ["--grid", f"x={','.join(GRID)}", "--name", f"{group}-{{x}}"]
+def _sweep(cli: Cli, group: str, *command: str, named: bool = True) -> list[dict]:
+    grid = ["--grid", f"x={','.join(GRID)}", *(["--name", f"{group}-{{x}}"] if named else [])]
     out = cli("submit", "--cpus", "0.5", "--group", group, *grid, "--json", "--", *command)
     ids = json.loads(out.stdout)["ids"]
     assert len(ids) == 4, "four strings, four points (1.0 and 1.0000000000000001 are two)"
@@ -65,7 +65,7 @@ def test_grid_values_are_the_text_typed_and_a_job_logging_its_own_params_succeed
     cli("daemon", "start", "--cpus", "2", "--no-host-load", "--settle", "0.3", "--grace", "1")
     (cli.tmp / "job.py").write_text(SELF_LOGGING)
     plain = _sweep(cli, "plain", sys.executable, "-c", "import sys; print(sys.argv[1])", "{x}")
-    logging = _sweep(cli, "own", sys.executable, "job.py", "{x}")
+    logging = _sweep(cli, "own", sys.executable, "job.py", "{x}", named=False)
     client = MlflowClient(tracking_uri=cli.json("daemon", "status")["tracking"])
 
     for job, x in zip(plain, GRID):
@@ -83,6 +83,7 @@ def test_grid_values_are_the_text_typed_and_a_job_logging_its_own_params_succeed
         assert job["state"] == "succeeded", cli("logs", str(job["id"])).stdout
         assert job["params"] == {"x": x} and job["command"][-1] == x
         run = _closed_run(client, job["mlflow_run_id"])
+        assert run.info.run_name == f"job.py x={x}"  # unnamed: its script and its sweep point
         assert run.data.params["x"] == own[x]
         if own[x] == x:
             assert "tandem.param.x" not in run.data.tags

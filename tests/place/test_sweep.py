@@ -10,6 +10,7 @@ import time
 
 import pytest
 
+from tandem.place.model import run_name
 from tandem.place.sweep import MAX_LINE, SweepError, fill, grid_points, parse_grid, read_params
 
 
@@ -224,3 +225,12 @@ def test_cancel_a_group_and_then_everything(inproc):
     assert all(j["state"] == "cancelled" for j in h.json("ls", "--all"))
     run = cli("cancel", check=False)
     assert run.returncode == 2 and "--all" in run.stderr
+
+
+def test_an_unnamed_jobs_run_is_called_by_its_script_and_its_sweep_point() -> None:
+    assert run_name(None, ["python", "train.py", "0.1"], {"lr": "0.1"}) == "train.py lr=0.1"
+    module = ["/usr/bin/python3", "-m", "pkg.train"]
+    assert run_name(None, module, {"lr": 0.1, "wd": 0}) == "pkg.train lr=0.1 wd=0"
+    assert run_name(None, ["python", "-c", "print()"], {}) == "python"
+    assert run_name(None, ["sh", "-c", "true"], None) == "sh"
+    assert run_name("mine", ["python", "train.py"], {"lr": 1}) == "mine"  # its --name, as given

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import logging
 from dataclasses import replace
-from pathlib import Path
 
 from tandem.place import clock, model, outside
 from tandem.place.active import STARTUP_SAMPLES, Active, AttemptEnd, Startup, energy_of
@@ -98,7 +97,7 @@ class Attempts:
             node_name=self.capacity.node_name(p.node) if p.node else None,
             ray_cpus=p.cores_held,
         )
-        name, producer = job.name or Path(job.command[0]).name, job.role == model.PRODUCER_ROLE
+        name, producer = model.run_name(job.name, job.command, job.params), job.role == model.PRODUCER_ROLE
         save(
             adir,
             AttemptSpec(

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import re
 from dataclasses import dataclass, field, fields
 from typing import Any
@@ -292,6 +293,21 @@ def param_value(value: Any) -> str:
 def params_text(params: dict[str, Any] | None) -> str:
     """``k=v`` pairs, space apart ("" for none)."""
     return " ".join(f"{k}={param_value(v)}" for k, v in (params or {}).items())
+
+
+def run_name(name: str | None, command: list[str], params: dict[str, Any] | None) -> str:
+    """What a job's MLflow run (and the report's row of it) is called: its ``--name``, else
+    its program (the script an interpreter runs: ``train.py``; ``pkg.train`` for ``-m``) and
+    its sweep point, ``train.py lr=0.1``: the runs of one sweep tell apart."""
+    if name:
+        return name
+    program = os.path.basename(command[0]) if command else "job"
+    if program.startswith("python") and len(command) > 1:
+        if command[1] == "-m" and len(command) > 2:
+            program = command[2]
+        elif not command[1].startswith("-"):
+            program = os.path.basename(command[1])
+    return " ".join(filter(None, [program, params_text(params)]))
 
 
 def job_key(name: str | None, command: list[str]) -> str:
