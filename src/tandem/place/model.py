@@ -295,18 +295,27 @@ def params_text(params: dict[str, Any] | None) -> str:
     return " ".join(f"{k}={param_value(v)}" for k, v in (params or {}).items())
 
 
+def python_code(command: list[str]) -> tuple[str, str] | None:
+    """The code a Python interpreter's command runs: ``("-m", MODULE)`` or ``("", SCRIPT)``;
+    None where the command is not an interpreter naming one (``python -c``, another program)."""
+    if len(command) < 2 or not os.path.basename(command[0]).startswith("python"):
+        return None
+    if command[1] == "-m":
+        return ("-m", command[2]) if len(command) > 2 else None
+    return None if command[1].startswith("-") else ("", command[1])
+
+
 def run_name(name: str | None, command: list[str], params: dict[str, Any] | None) -> str:
     """What a job's MLflow run (and the report's row of it) is called: its ``--name``, else
     its program (the script an interpreter runs: ``train.py``; ``pkg.train`` for ``-m``) and
     its sweep point, ``train.py lr=0.1``: the runs of one sweep tell apart."""
     if name:
         return name
-    program = os.path.basename(command[0]) if command else "job"
-    if program.startswith("python") and len(command) > 1:
-        if command[1] == "-m" and len(command) > 2:
-            program = command[2]
-        elif not command[1].startswith("-"):
-            program = os.path.basename(command[1])
+    if (code := python_code(command)) is not None:
+        kind, code_name = code
+        program = code_name if kind == "-m" else os.path.basename(code_name)
+    else:
+        program = os.path.basename(command[0]) if command else "job"
     return " ".join(filter(None, [program, params_text(params)]))
 
 

@@ -29,7 +29,7 @@ import os
 from collections.abc import Callable, Iterable, Mapping
 from typing import Protocol
 
-from tandem.place.model import AUTO_CPUS
+from tandem.place.model import AUTO_CPUS, python_code
 from tandem.place.records import Job
 from tandem.place.resources import Reservation
 
@@ -88,11 +88,8 @@ def script_key(command: list[str]) -> str | None:
     if program in _SHELLS:
         return None
     if program.startswith("python"):
-        if len(command) > 2 and command[1] == "-m":
-            return f"{SCRIPT_PREFIX}{program} -m {command[2]}"
-        if len(command) > 1 and not command[1].startswith("-"):
-            return f"{SCRIPT_PREFIX}{program} {command[1]}"
-        return None
+        code = python_code(command)
+        return None if code is None else f"{SCRIPT_PREFIX}{program} {' '.join(filter(None, code))}"
     return f"{SCRIPT_PREFIX}{program}"
 
 
