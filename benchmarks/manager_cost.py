@@ -133,6 +133,18 @@ class Watcher:
     timeline: list[tuple[float, dict[str, float]]] = field(default_factory=list)  # each second
     stop: threading.Event = field(default_factory=threading.Event)
     lock: threading.Lock = field(default_factory=threading.Lock)
+    thread: threading.Thread | None = None  # what runs it, from start() to finish()
+
+    def start(self) -> None:
+        """Watch from now on, in a thread of this process."""
+        self.thread = threading.Thread(target=self.run, daemon=True)
+        self.thread.start()
+
+    def finish(self) -> None:
+        """Stop watching (its figures stay)."""
+        self.stop.set()
+        if self.thread is not None:
+            self.thread.join()
 
     def role_of(self, pid: int, parent: Proc | None, argv: list[str]) -> str:
         line = " ".join(argv)
@@ -221,6 +233,14 @@ class Watcher:
             p.status = status
         return p
 
+    def reap_one(self) -> tuple[int, Proc | None] | None:
+        """One ended child of this process read as a zombie, then reaped: its pid and record;
+        None where none has ended (ChildProcessError where it has no child)."""
+        info = os.waitid(os.P_ALL, 0, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+        if info is None:
+            return None
+        return info.si_pid, self.reap(info.si_pid)
+
 
 def reap_until(w: Watcher, done: callable, deadline: float) -> None:  # type: ignore[valid-type]
     """Reap this process's ending children (each read as a zombie first) until ``done()``."""
@@ -228,13 +248,11 @@ def reap_until(w: Watcher, done: callable, deadline: float) -> None:  # type: ig
         if time.monotonic() > deadline:
             raise SystemExit("the sweep did not end in time")
         try:
-            info = os.waitid(os.P_ALL, 0, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+            reaped = w.reap_one()
         except ChildProcessError:
-            info = None
-        if info is None:
+            reaped = None
+        if reaped is None:
             time.sleep(0.05)
-            continue
-        w.reap(info.si_pid)
 
 
 def prepare(work: Path, images: int, epochs: int) -> dict[str, str]:
@@ -268,8 +286,7 @@ def sweep(work: Path, env: dict[str, str], block: str) -> dict:
     if libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) != 0:
         raise SystemExit("cannot become a child subreaper (Linux only)")
     w = Watcher()
-    thread = threading.Thread(target=w.run, daemon=True)
-    thread.start()
+    w.start()
     t0 = time.monotonic()
     bash = subprocess.Popen(["bash", "-c", block], cwd=work, env=env)
     reap_until(w, lambda: any(p.pid == bash.pid and p.final for p in w.procs.values()), t0 + 3600)
@@ -287,8 +304,7 @@ def sweep(work: Path, env: dict[str, str], block: str) -> dict:
             return True
 
     reap_until(w, nothing_left, time.monotonic() + 300)
-    w.stop.set()
-    thread.join()
+    w.finish()
     return {
         "wall_s": wall,
         "procs": list(w.procs.values()),

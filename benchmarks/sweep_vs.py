@@ -63,7 +63,6 @@ import signal
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -254,11 +253,10 @@ def _reaped(watcher: Watcher | None) -> tuple[int, int]:
     ``watcher`` where there is one; (0, 0) where none has ended."""
     if watcher is None:
         return os.waitpid(-1, os.WNOHANG)
-    info = os.waitid(os.P_ALL, 0, os.WEXITED | os.WNOHANG | os.WNOWAIT)
-    if info is None:
+    if (reaped := watcher.reap_one()) is None:
         return 0, 0
-    proc = watcher.reap(info.si_pid)
-    return info.si_pid, proc.status if proc is not None and proc.status is not None else 0
+    pid, proc = reaped
+    return pid, proc.status if proc is not None and proc.status is not None else 0
 
 
 def measure_arm(
@@ -312,17 +310,15 @@ def run_arm(arm: str, args: argparse.Namespace) -> dict:
     load = os.getloadavg()
     command = [sys.executable, __file__, "--run-arm", arm, "--work", str(work), "--lrs", args.lrs]
     watcher = Watcher() if arm == "tandem" else None
-    thread = threading.Thread(target=watcher.run, daemon=True) if watcher is not None else None
-    if thread is not None:
-        thread.start()
+    if watcher is not None:
+        watcher.start()
     run = measure_arm(command, work, env, args.timeout, args.linger, watcher)
     rc, t0, cpu = run.exit_code, run.t0, run.cpu_s
     trials = [json.loads(p.read_text()) for p in sorted((work / "trials").glob("trial-*.json"))]
     finished = [t for t in trials if len(t["exact"]) == args.epochs and all(t["exact"])]
     roles = None
-    if watcher is not None and thread is not None:
-        watcher.stop.set()
-        thread.join()
+    if watcher is not None:
+        watcher.finish()
         roles = by_role(watcher, sum(t["loop_cpu_s"] for t in trials))
     log_tail = (work / "arm.log").read_text(errors="replace")[-3000:]
     if not args.keep:
@@ -356,7 +352,7 @@ def run_arm(arm: str, args: argparse.Namespace) -> dict:
                 "start_s": round(t["start"] - t0, 2),
                 "end_s": round(t["end"] - t0, 2),
                 "loop_cpu_s": round(t["loop_cpu_s"], 2),
-                "process_cpu_s": round(t["process_cpu_s"], 2) if "process_cpu_s" in t else None,
+                "process_cpu_s": round(t["process_cpu_s"], 2),
                 "samples_per_epoch": t["samples_per_epoch"],
                 "exact": t["exact"],
                 "torch_threads": t["torch_threads"],
