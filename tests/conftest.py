@@ -15,6 +15,9 @@ from tests import leftovers
 
 def pytest_configure(config: pytest.Config) -> None:
     leftovers.start_session(controller=not hasattr(config, "workerinput"))
+    config.addinivalue_line(
+        "markers", "tracked: its daemon tracks its jobs in MLflow (tests/place/conftest.py: on_cluster)"
+    )
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
@@ -27,6 +30,7 @@ def pytest_unconfigure(config: pytest.Config) -> None:
 # would run alone at the end while the other workers idle.
 LONGEST_FIRST = (
     "tests/place/test_ray_nodes.py",
+    "tests/place/test_ray_nodes_lost.py",
     "tests/place/test_elastic.py",
     "tests/place/test_ray.py",
     "tests/place/test_auto_share.py",

@@ -11,13 +11,16 @@ import sys
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import psutil
 import pytest
 
 from tests.place.inproc import InProc
 from tests.timing import scaled
+
+if TYPE_CHECKING:
+    from tandem.bench.ray_nodes import NodesCluster
 
 TANDEM = [sys.executable, "-m", "tandem.cli"]
 
@@ -227,3 +230,42 @@ def inproc(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Callable
     yield start
     for daemon in made:
         daemon.close()
+
+
+# The Ray tests on separate nodes (tests/place/nodes.py): a module's cluster, a daemon on it
+# for each test. Here so that both modules of them share one definition.
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[NodesCluster]:
+    from tandem.bench.ray_nodes import NodesCluster
+    from tests.leftovers import note_cluster
+
+    root = tmp_path_factory.mktemp("nodes")
+    note_cluster(root)  # undone at the session's end if this process cannot (interrupted)
+    c = NodesCluster(root)
+    try:
+        c.add_node("head")
+        c.add_node("worker")
+        yield c
+    finally:
+        c.close()
+
+
+@pytest.fixture
+def on_cluster(cluster: NodesCluster, tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[Cli]:
+    """A state directory whose daemon (started in the head's network) runs on ``cluster``:
+    its jobs tracked in MLflow where the test is marked ``tracked`` (as users get it), else
+    ``--no-track`` (an MLflow helper's import is seconds of a core, and no other test there
+    reads MLflow)."""
+    from tests.place.nodes import DATASET, READER, start_daemon
+
+    gen = _cli_in(tmp_path)
+    cli = next(gen)
+    cli.env.update(RAY_AUTH_MODE="disabled", **cluster.ray_env)  # as the nodes have it
+    (tmp_path / "data.py").write_text(DATASET)
+    (tmp_path / "reader.py").write_text(READER)
+    untracked = () if request.node.get_closest_marker("tracked") else ("--no-track",)
+    start_daemon(cli, cluster, ("--backend", "ray", "--address", cluster.address, *untracked))
+    try:
+        yield cli
+    finally:
+        next(gen, None)

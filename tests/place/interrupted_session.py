@@ -11,7 +11,7 @@ from tests.place.conftest import Cli
 
 
 def test_holds_a_daemon_until_interrupted(cli: Cli) -> None:
-    cli("daemon", "start", "--cpus", "1", "--mem", "1G")
+    cli("daemon", "start", "--cpus", "1", "--mem", "1G", "--no-track")
     job = cli.submit("--", "sleep", "300")
     cli.wait_state(job, {"running"}, timeout=60)
     said = Path(os.environ["TANDEM_INTERRUPT_ME"])

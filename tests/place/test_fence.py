@@ -2,7 +2,7 @@
 it signals its process (as if the supervisor's actor had died) only when its heartbeat
 cannot be written *and* the Ray head does not answer; a node that lost only one of the two
 is left running. The fence of a real supervisor on a node cut off from both is in
-tests/place/test_ray_nodes.py."""
+tests/place/test_ray_nodes_lost.py."""
 
 from __future__ import annotations
 

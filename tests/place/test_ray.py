@@ -132,7 +132,7 @@ def test_ray_backend_without_a_cluster_is_a_clear_error(cli) -> None:
     # dead Ray daemon's queue never runs on one machine unasked), here with its cluster gone.
     r = cli("daemon", "start", "--foreground", check=False, timeout=180)
     assert r.returncode == 1 and "no Ray cluster answers at 127.0.0.1:1" in r.stderr, r.stderr
-    cli("daemon", "start", "--backend", "local", "--cpus", "1")  # asked, nothing runs: it switches
+    cli("daemon", "start", "--backend", "local", "--cpus", "1", "--no-track")  # asked: it switches
     assert cli.json("daemon", "status")["backend"] == "local"
 
 
@@ -204,7 +204,7 @@ def test_the_daemon_s_own_ray_head_outlives_it_and_the_next_daemon_follows_its_j
     from tandem.place.run.services import ray_head
 
     try:
-        cli("daemon", "start", "--backend", "ray", *FAST, timeout=scaled(240))
+        cli("daemon", "start", "--backend", "ray", "--no-track", *FAST, timeout=scaled(240))
         head = json.loads((cli.state / ray_head.HEAD_FILE).read_text())
         # It lets in only its user's processes: a client without the token is refused.
         env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_AUTH")}

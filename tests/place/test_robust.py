@@ -49,7 +49,7 @@ def test_processes_that_left_the_session_end_with_the_job_and_with_a_cancel(cli)
 
 
 def test_a_restarted_daemon_keeps_its_configuration_and_any_runtime_dir_finds_it(cli, tmp_path: Path) -> None:
-    cli("daemon", "start", "--cpus", "1", "--mem", "2G", "--policy", "first-fit", *SHORT)
+    cli("daemon", "start", "--cpus", "1", "--mem", "2G", "--policy", "first-fit", "--no-track", *SHORT)
     os.kill(cli.daemon_pid(), signal.SIGKILL)
     time.sleep(0.5)
     job = cli.submit("--cpus", "0.5", "--", "true")  # starts a new daemon

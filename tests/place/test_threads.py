@@ -27,7 +27,7 @@ def test_the_jobs_own_setting_wins() -> None:
 def test_a_job_of_the_daemon_gets_its_share_and_keeps_its_own(cli) -> None:
     for var in THREAD_VARS:
         cli.env.pop(var, None)
-    cli("daemon", "start", "--cpus", "2")
+    cli("daemon", "start", "--cpus", "2", "--no-track")  # no MLflow: threads are the point
     given = cli.submit("--cpus", "1.5", "--", "python", "-c", PRINT_THREADS)
     auto = cli.submit("--", "python", "-c", PRINT_THREADS)
     cli.env["OMP_NUM_THREADS"] = "5"
