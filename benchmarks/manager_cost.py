@@ -1,19 +1,17 @@
 """What the job manager itself costs: its processes' CPU time against its jobs', on the
 README's sweep.
 
-The sweep is the README's "A sweep that shares one dataset" block, run as printed (taken
-from README.md at run time) by ``bash`` in a fresh ``HOME`` (so a fresh state directory,
-``~/.local/state/tandem``, and a fresh MLflow store in it) with a private
-``TANDEM_RUNTIME_DIR``: ``tandem share define imagenet --dataset mypkg.data:train_set ...``,
-four ``tandem submit --share imagenet ... -- python train.py --lr LR``, ``tandem ls``,
-``tandem wait`` and ``tandem report group:lr-sweep``; then ``tandem daemon stop``, which
-returns once the daemon has ended and its MLflow helper has written every run. What the
-block leaves to the user is in ``benchmarks/manager_sweep/``, copied beside the images:
-``mypkg/data.py`` (``--images`` JPEGs of 64x64 px in 8 classes, made here, decoded,
-randomly cropped to 56 px and flipped) and ``train.py`` (a ResNet-18, SGD, ``--epochs``
-epochs over ``Consumer.from_env(batch_size=128)``). The daemon runs with its defaults. It
-measures whichever ``tandem`` Python imports: ``PYTHONPATH=<a checkout>/src`` measures
-another commit's.
+The sweep is the README's "A first shared sweep", run as printed (both taken from README.md at
+run time): its ``train.py`` (a plain PyTorch script whose ``DataLoader`` is tandem's drop-in,
+over a dataset whose items cost CPU; the loss logged to MLflow each epoch) written into an
+empty folder, and its ``bash`` block (``tandem submit --group lr-sweep --grid lr=... --
+python train.py {lr}``, ``tandem ls``, ``tandem wait``, ``tandem report group:lr-sweep``) run
+there by ``bash`` in a fresh ``HOME`` (so a fresh state directory, ``~/.local/state/tandem``,
+and a fresh MLflow store in it) with a private ``TANDEM_RUNTIME_DIR``; then ``tandem daemon
+stop``, which returns once the daemon has ended and its MLflow helper has written every run.
+The daemon runs with its defaults; the trainings' loaders ask it for one producer of their
+data. It measures whichever ``tandem`` Python imports: ``PYTHONPATH=<a checkout>/src``
+measures another commit's.
 
 **How CPU time is attributed**, exactly (the kernel's figures, never a sample's):
 
@@ -35,10 +33,10 @@ another commit's.
   the helper's too when it outlives the daemon (else its last read); the supervisors' is
   the rest.
 
-    python benchmarks/manager_cost.py [--images 3000] [--epochs 3] [--out benchmarks/results]
+    python benchmarks/manager_cost.py [--out benchmarks/results]
 
-Writes ``manager_cost.json`` and ``manager_cost.md`` to ``--out``. Target (issue 25, part 7):
-Manager under 2% of the training jobs' CPU time.
+Writes ``manager_cost.json`` and ``manager_cost.md`` to ``--out``; exits 1 where the target
+is not met. Target (issue 49): the manager at most 3% of the training jobs' CPU.
 """
 
 from __future__ import annotations
@@ -66,18 +64,23 @@ ROOT = Path(__file__).resolve().parent
 REPO = ROOT.parent
 CLK = os.sysconf("SC_CLK_TCK")
 PR_SET_CHILD_SUBREAPER = 36
-TARGET = 0.02
-
-SWEEP_FILES = ROOT / "manager_sweep"  # train.py and mypkg/, what the block leaves to the user
+TARGET = 0.03
 
 
-def readme_sweep() -> str:
-    """The README's sweep block, as printed."""
+def readme_sweep() -> tuple[str, str]:
+    """The README's sweep as printed: its ``train.py`` and its block of commands."""
     text = (REPO / "README.md").read_text()
-    for block in re.findall(r"```bash\n(.*?)```", text, re.S):
-        if "tandem share define" in block and "tandem submit --share" in block:
-            return block
-    raise SystemExit("README.md has no sweep block (tandem share define ... tandem submit --share)")
+    script = next(
+        (b for b in re.findall(r"```python\n(.*?)```", text, re.S) if b.startswith("# train.py")), None
+    )
+    block = next(
+        (b for b in re.findall(r"```bash\n(.*?)```", text, re.S) if "tandem submit --group" in b), None
+    )
+    if script is None or block is None:
+        raise SystemExit(
+            "README.md has no sweep (a ```python block '# train.py' and a ```bash 'tandem submit --group')"
+        )
+    return script, block
 
 
 def stat(pid: int) -> tuple[int, float, float, int] | None:
@@ -255,14 +258,10 @@ def reap_until(w: Watcher, done: callable, deadline: float) -> None:  # type: ig
             time.sleep(0.05)
 
 
-def prepare(work: Path, images: int, epochs: int) -> dict[str, str]:
-    """The user's side of the sweep in ``work``: the images, ``train.py``, ``mypkg``, a fresh
-    ``HOME``, a private runtime directory; the environment the block runs in."""
-    from tandem.bench.images import make_image_folder
-
-    root = make_image_folder(work / "data", images=images, classes=8, min_side=64, max_side=64)
-    shutil.copy(SWEEP_FILES / "train.py", work / "train.py")
-    shutil.copytree(SWEEP_FILES / "mypkg", work / "mypkg", ignore=shutil.ignore_patterns("__pycache__"))
+def prepare(work: Path, script: str) -> dict[str, str]:
+    """The user's side of the sweep in ``work``: the README's ``train.py``, a fresh ``HOME``,
+    a private runtime directory; the environment the block runs in."""
+    (work / "train.py").write_text(script)
     home, runtime = work / "home", work / "run"
     home.mkdir()
     runtime.mkdir(mode=0o700)
@@ -272,11 +271,6 @@ def prepare(work: Path, images: int, epochs: int) -> dict[str, str]:
         HOME=str(home),
         TANDEM_RUNTIME_DIR=str(runtime),
         PATH=f"{Path(sys.executable).parent}:{env.get('PATH', '/usr/bin:/bin')}",
-        PYTHONPATH=os.pathsep.join(
-            filter(None, [str(work), env.get("PYTHONPATH")])
-        ),  # mypkg, as if installed
-        SWEEP_DATA=str(root),
-        SWEEP_EPOCHS=str(epochs),
     )
     return env
 
@@ -411,16 +405,14 @@ def table(r: dict) -> str:
 
 def main() -> int:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--images", type=int, default=3000)
-    ap.add_argument("--epochs", type=int, default=3, help="train.py's default number of epochs")
     ap.add_argument("--out", type=Path, default=ROOT / "results")
     ap.add_argument("--label", default="", help="suffix of the result files")
     ap.add_argument("--keep", action="store_true", help="keep the work directory (state, logs, data)")
     args = ap.parse_args()
-    block = readme_sweep()
+    script, block = readme_sweep()
     load_before = os.getloadavg()
     work = Path(tempfile.mkdtemp(prefix="manager-cost-"))
-    env = prepare(work, args.images, args.epochs)
+    env = prepare(work, script)
     print(f"work dir {work}; the README's sweep:\n{block}", file=sys.stderr)
     run = sweep(work, env, block)
     r = account(run)
@@ -434,21 +426,20 @@ def main() -> int:
             file=sys.stderr,
         )
         return 1
-    ok = r["ratio_to_training"] is not None and r["ratio_to_training"] < TARGET
+    ok = r["ratio_to_training"] is not None and r["ratio_to_training"] <= TARGET
     print(table(r))
     print(
         f"manager {r['manager_cpu_s']:.2f} CPU-s = {100 * r['ratio_to_training']:.2f}% of the training jobs' "
         f"{r['training_cpu_s']:.1f} CPU-s "
         f"({100 * r['ratio_to_jobs_and_producer']:.2f}% with the producer's); "
-        f"target < {100 * TARGET:g}%: {'met' if ok else 'NOT met'}; sweep wall {r['wall_s']:.0f} s"
+        f"target <= {100 * TARGET:g}%: {'met' if ok else 'NOT met'}; sweep wall {r['wall_s']:.0f} s"
     )
     label = f"-{args.label}" if args.label else ""
     args.out.mkdir(parents=True, exist_ok=True)
     payload = {
-        "command": "python benchmarks/manager_cost.py"
-        + (f" --images {args.images}" if args.images != 3000 else "")
-        + (f" --epochs {args.epochs}" if args.epochs != 3 else ""),
+        "command": "python benchmarks/manager_cost.py",
         "sweep": block,
+        "train_py": script,
         "machine": {
             "cores": psutil.cpu_count(),
             "platform": platform.platform(),

@@ -1,1 +1,0 @@
-"""The package the README's sweep names (``mypkg.data:train_set``), for ``benchmarks/manager_cost.py``."""
