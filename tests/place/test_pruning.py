@@ -48,7 +48,7 @@ def test_a_pruned_sweep_stops_the_worse_trials_and_runs_the_best_to_its_end(cli:
         assert j["pruned_rung"] in (1, 3) and j["cause"].startswith(
             f"pruned (asha) at rung {j['pruned_rung']}"
         )
-        assert "loss" in j["cause"] and "trial(s) that reached it before" in j["cause"], j["cause"]
+        assert "loss" in j["cause"] and "other trial(s) that reached it" in j["cause"], j["cause"]
     shown = cli("show", str(pruned[0]["id"])).stdout
     assert "pruned" in shown and "rung" in shown, shown
     from mlflow.tracking import MlflowClient

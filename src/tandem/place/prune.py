@@ -7,19 +7,24 @@ run (:class:`Report`: its step, value and when it was logged); the daemon reads 
 the count of distinct steps it reported (step = epoch or iteration, counted from 0 or 1
 alike), so ``rung r`` is its r-th report.
 
-``asha``: asynchronous successive halving, as Ray Tune's ``ASHAScheduler`` stops trials
-(Li et al., 2020): rungs at ``grace * reduction**k`` reports (1, 3, 9, 27, ... by default); a
-trial reaching a rung is compared with the trials that reached it before it (by the time
-they logged it), and stops if its value is worse than their ``1/reduction`` best quantile
-(linear interpolation, as numpy's percentile). The first to reach a rung goes on.
+``asha``: asynchronous successive halving (Li et al., 2020), with Ray Tune's
+``ASHAScheduler``'s defaults and bar: rungs at ``grace * reduction**k`` reports (1, 3, 9, 27,
+... by default); a trial that reached a rung stops if its value there is worse than the
+``1/reduction`` best quantile (linear interpolation, as numpy's percentile) of the other
+trials' values at that rung. Ray compares a trial only with those that reached the rung
+before it, which works where its resources stagger the trials; tandem runs a sweep's trials
+side by side (one producer feeds them all), so they reach each rung within seconds of each
+other and the first ones would go unjudged. So a trial is compared with every trial that
+reached the rung, before or after it, for as long as it runs: one let on because it was
+first stops once the rung's best share, among all that reached it, leaves it out (as ASHA's
+promotions would not have promoted it). A trial alone at a rung goes on.
 
 ``median``: the median stopping rule (Optuna's ``MedianPruner``, Golovin et al., 2017): from
 ``grace`` reports on, a trial stops at the first report worse than the median of the values
 the trials before it had at the same report, once at least ``MEDIAN_MIN_BEFORE`` had one.
 
-Decided from the reports alone, ordered by their own times, each decision is the same
-whenever and however often it is made: a daemon that restarts, or that sees a trial's
-reports late, decides what it would have decided as they came.
+Decided from the reports alone: a daemon that restarts, or that sees reports late, stops the
+running trials that the reports so far leave out, never one they keep.
 """
 
 from __future__ import annotations
@@ -83,7 +88,7 @@ class Report:
 @dataclass(frozen=True)
 class Pruned:
     """A trial to stop: where (its rung, the report count), its value there, the bar it
-    missed and how many trials before it set that bar."""
+    missed and how many other trials' values at the rung set that bar."""
 
     trial: int
     rung: int
@@ -94,9 +99,12 @@ class Pruned:
     def reason(self, rule: Rule) -> str:
         bar = "median" if rule.method == "median" else f"best 1/{rule.reduction} bar"
         worse = "above" if rule.mode == "min" else "below"
+        who = (
+            "trial(s) that reached it before" if rule.method == "median" else "other trial(s) that reached it"
+        )
         return (
             f"pruned ({rule.method}) at rung {self.rung}: {rule.metric} {self.value:.6g} is {worse} the "
-            f"{bar} {self.bar:.6g} of the {self.among} trial(s) that reached it before"
+            f"{bar} {self.bar:.6g} of the {self.among} {who}"
         )
 
 
@@ -128,22 +136,24 @@ def _bar(rule: Rule, before: list[float]) -> float | None:
 
 
 def decide(rule: Rule, reports: Mapping[int, Sequence[Report]], running: set[int]) -> list[Pruned]:
-    """The trials of ``running`` to stop now, each at the first rung it missed, judged
-    against every trial of ``reports`` (the group's, ended or stopped too) that reached the
-    rung before it."""
+    """The trials of ``running`` to stop now, each at the first rung it missed: for ASHA
+    judged against every other trial of ``reports`` (the group's, ended or stopped too) that
+    reached the rung; for the median rule against those that reached it before it."""
     steps = {trial: progress(rs) for trial, rs in reports.items()}
     stops = []
     for trial in sorted(running):
         mine = steps.get(trial, [])
         for rung in rule.rungs(len(mine)):
             at = mine[rung - 1]
-            before = [
+            others = [
                 theirs[rung - 1].value
                 for other, theirs in steps.items()
-                if other != trial and len(theirs) >= rung and (theirs[rung - 1].at, other) < (at.at, trial)
+                if other != trial
+                and len(theirs) >= rung
+                and (rule.method == "asha" or (theirs[rung - 1].at, other) < (at.at, trial))
             ]
-            bar = _bar(rule, before)
+            bar = _bar(rule, others)
             if bar is not None and rule.worse(at.value, bar):
-                stops.append(Pruned(trial, rung, at.value, bar, len(before)))
+                stops.append(Pruned(trial, rung, at.value, bar, len(others)))
                 break
     return stops
