@@ -17,11 +17,11 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 from tandem.watch.stores.base import default_store_uri
 from tandem.watch.stores.csv_file import read_points
 from tandem.watch.stores.mlflow_store import sqlite_path
+from tandem.watch.stores.runs_reader import RunsReader, StoredRun, open_reader
 
 GROUP_TAG = "group"
 SHARE_TAG = "tandem.share"  # a job manager run's shared dataset
@@ -50,8 +50,8 @@ class RunData:
 
 
 # --- loading ------------------------------------------------------------------------------
-def _client(uri: str | None):  # type: ignore[no-untyped-def]
-    """A client of an existing store: a lookup must not create one (MLflow would, 1 MB)."""
+def _reader(uri: str | None) -> RunsReader:
+    """The reader of an existing store: a lookup must not create one (MLflow would, 1 MB)."""
     uri = uri or default_store_uri()
     db = sqlite_path(uri)
     if db is not None and not db.is_file():
@@ -61,21 +61,16 @@ def _client(uri: str | None):  # type: ignore[no-untyped-def]
             "mlflow.db is"
         )
     try:
-        from mlflow.tracking import MlflowClient
+        return open_reader(uri)
     except ImportError:
         raise RunNotFound(
-            "looking runs up by name, id or group needs MLflow (pip install mlflow); "
+            "looking runs up by name, id or group in this store needs MLflow (pip install mlflow); "
             "run directories of `tandem run --sink csv|parquet` need none"
         ) from None
-    from tandem.watch.stores.mlflow_store import _quiet_mlflow
-
-    client = MlflowClient(tracking_uri=uri)
-    _quiet_mlflow()
-    return client
 
 
-def _clients(uris: Sequence[str]) -> list[tuple[str, Any]]:
-    """(uri, client) of each of ``uris`` that exists, in order, each once; RunNotFound naming
+def _readers(uris: Sequence[str]) -> list[tuple[str, RunsReader]]:
+    """(uri, reader) of each of ``uris`` that exists, in order, each once; RunNotFound naming
     where it looked if none does."""
     uris = list(dict.fromkeys(uris))
     missing = [db for u in uris if (db := sqlite_path(u)) is not None and not db.is_file()]
@@ -85,20 +80,12 @@ def _clients(uris: Sequence[str]) -> list[tuple[str, Any]]:
             f"no MLflow store found: looked for {looked}; give --store URI or set "
             "MLFLOW_TRACKING_URI, or run this where the runs' mlflow.db is"
         )
-    return [(u, _client(u)) for u in uris if (db := sqlite_path(u)) is None or db.is_file()]
-
-
-def _all_experiments(client) -> list[str]:  # type: ignore[no-untyped-def]
-    return [e.experiment_id for e in client.search_experiments()]
+    return [(u, _reader(u)) for u in uris if (db := sqlite_path(u)) is None or db.is_file()]
 
 
 def recent_runs(uri: str | None = None, limit: int = 10) -> list[tuple[str, str, str]]:
     """(run id, name, group) of the newest runs in the store, newest first."""
-    client = _client(uri)
-    runs = client.search_runs(
-        _all_experiments(client), max_results=limit, order_by=["attributes.start_time DESC"]
-    )
-    return [(r.info.run_id, r.info.run_name or "", r.data.tags.get(GROUP_TAG, "")) for r in runs]
+    return [(r.run_id, r.name, r.tags.get(GROUP_TAG, "")) for r in _reader(uri).recent(limit)]
 
 
 def _not_found(ref: str, uris: Sequence[str]) -> RunNotFound:
@@ -117,21 +104,13 @@ def _not_found(ref: str, uris: Sequence[str]) -> RunNotFound:
     return RunNotFound(f"no run {ref!r} in {where}. Recent runs:\n{lines}")
 
 
-def _from_mlflow(client, mlrun, keys: Sequence[str] | None = None) -> RunData:  # type: ignore[no-untyped-def]
-    info = mlrun.info
-    data = RunData(
-        info.run_id,
-        info.run_name or info.run_id,
-        int(info.start_time or 0),
-        dict(mlrun.data.tags),
-        info.status,
-    )
-    for key, value in mlrun.data.metrics.items():
+def _loaded(reader: RunsReader, run: StoredRun, keys: Sequence[str] | None = None) -> RunData:
+    data = RunData(run.run_id, run.name, run.start_ms, dict(run.tags), run.status)
+    for key, value in run.metrics.items():
         if key.startswith("summary/"):
-            data.summary[key.removeprefix("summary/")] = float(value)
+            data.summary[key.removeprefix("summary/")] = value
         elif keys is None or any(re.fullmatch(k, key) for k in keys):
-            history = client.get_metric_history(info.run_id, key)
-            data.series[key] = sorted((m.timestamp, m.value) for m in history)
+            data.series[key] = reader.history(run.run_id, key)
     return data
 
 
@@ -152,61 +131,37 @@ def _from_dir(path: Path) -> RunData:
     return data
 
 
-def _quote(value: str) -> str:
-    return value.replace("'", "\\'")  # inside an MLflow filter string's quotes
-
-
-def _producers_of(client, runs: list, group: str) -> list:  # type: ignore[no-untyped-def,type-arg]
+def _producers_of(reader: RunsReader, runs: list[StoredRun], group: str) -> list[StoredRun]:
     """The runs of the shared producers that fed ``runs`` (job manager runs tagged
     ``tandem.share``): the group's work includes its loading, so its figures count them.
     Those that ran within the group's span, shown in its column."""
-    shares = {r.data.tags.get(SHARE_TAG) for r in runs} - {None, ""}
+    shares = {r.tags.get(SHARE_TAG) for r in runs} - {None, ""}
     if not shares or not runs:
         return []
-    start = min(r.info.start_time or 0 for r in runs)
-    end = max(r.info.end_time or r.info.start_time or 0 for r in runs)
-    have = {r.info.run_id for r in runs}
+    start = min(r.start_ms for r in runs)
+    end = max(r.end_ms or r.start_ms for r in runs)
+    have = {r.run_id for r in runs}
     out = []
-    for share in sorted(shares):  # type: ignore[type-var]
-        for r in client.search_runs(
-            _all_experiments(client),
-            filter_string=f"tags.`{ROLE_TAG}` = 'producer' and tags.`{SHARE_TAG}` = '{_quote(share)}'",  # type: ignore[arg-type]
-        ):
-            ends = r.info.end_time or end
-            if r.info.run_id not in have and (r.info.start_time or 0) <= end and ends >= start:
-                r.data.tags[GROUP_TAG] = group  # counted in the group it fed
+    for share in sorted(s for s in shares if s):
+        for r in reader.tagged({ROLE_TAG: "producer", SHARE_TAG: share}):
+            ends = r.end_ms or end
+            if r.run_id not in have and r.start_ms <= end and ends >= start:
+                r.tags[GROUP_TAG] = group  # counted in the group it fed
                 out.append(r)
     return out
 
 
-def _lookup(client, ref: str) -> list:  # type: ignore[no-untyped-def,type-arg]
+def _lookup(reader: RunsReader, ref: str) -> list[StoredRun]:
     """The runs of one store that ``ref`` names (a group's with the producers that fed it)."""
-    experiments = _all_experiments(client)
     if ref.startswith("group:"):
         group = ref.removeprefix("group:")
-        found = client.search_runs(
-            experiments,
-            filter_string=f"tags.{GROUP_TAG} = '{_quote(group)}'",
-            order_by=["attributes.start_time ASC"],
-        )
-        return found + _producers_of(client, found, group)
+        found = reader.tagged({GROUP_TAG: group})
+        return found + _producers_of(reader, found, group)
     if ref.startswith("job:"):
-        return client.search_runs(
-            experiments,
-            filter_string=f"tags.`{JOB_TAG}` = '{int(ref.removeprefix('job:'))}'",
-            order_by=["attributes.start_time ASC"],
-        )
+        return reader.tagged({JOB_TAG: str(int(ref.removeprefix("job:")))})
     if _RUN_ID.match(ref):
-        try:
-            return [client.get_run(ref)]
-        except Exception:
-            return []
-    return client.search_runs(
-        experiments,
-        filter_string=f"attributes.run_name = '{_quote(ref)}'",
-        order_by=["attributes.start_time DESC"],
-        max_results=1,
-    )
+        return [run] if (run := reader.get(ref)) is not None else []
+    return [run] if (run := reader.named(ref)) is not None else []
 
 
 def load_runs(
@@ -217,11 +172,11 @@ def load_runs(
     ``uri``: the store (default: ``$MLFLOW_TRACKING_URI``, else ``./mlflow.db``); ``also``:
     further stores (``tandem report`` adds the job manager's). A store that does not exist
     is passed over; RunNotFound if none exists."""
-    for ref in refs:  # said before any store is opened (opening one imports MLflow: seconds)
+    for ref in refs:  # said before any store is opened (opening one may import MLflow: seconds)
         if ref.startswith("job:") and not ref.removeprefix("job:").isdigit():
             raise RunNotFound(f"{ref!r}: a job is named by its number, as `tandem ls` shows it (job:12)")
     out: list[RunData] = []
-    clients: list[tuple[str, Any]] | None = None
+    readers: list[tuple[str, RunsReader]] | None = None
     for ref in refs:
         path = Path(ref)
         # A file-store run's directory, or the --out directory that holds them.
@@ -230,19 +185,19 @@ def load_runs(
         if path.is_dir() and run_dirs:
             out.extend(_from_dir(d) for d in run_dirs)
             continue
-        if clients is None:
-            clients = _clients([uri or default_store_uri(), *also])
+        if readers is None:
+            readers = _readers([uri or default_store_uri(), *also])
         gather = ref.startswith(("group:", "job:"))  # from every store; an id or a name: the first
-        found = []
-        for _, client in clients:
-            runs = _lookup(client, ref)
-            found += [(client, r) for r in runs]
+        found: list[tuple[RunsReader, StoredRun]] = []
+        for _, reader in readers:
+            runs = _lookup(reader, ref)
+            found += [(reader, r) for r in runs]
             if runs and not gather:
                 break
         if not found:
-            raise _not_found(ref, [u for u, _ in clients])
-        if gather and len(clients) > 1:
-            found.sort(key=lambda cr: cr[1].info.start_time or 0)
-        out.extend(_from_mlflow(c, r, keys) for c, r in found)
+            raise _not_found(ref, [u for u, _ in readers])
+        if gather and len(readers) > 1:
+            found.sort(key=lambda rr: rr[1].start_ms)
+        out.extend(_loaded(reader, r, keys) for reader, r in found)
     seen: set[str] = set()
     return [r for r in out if not (r.run_id in seen or seen.add(r.run_id))]  # type: ignore[func-returns-value]
