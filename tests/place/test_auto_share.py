@@ -94,6 +94,7 @@ def test_a_sweep_of_a_dropin_script_reads_one_producer_job_every_epoch_exact(
 
 def test_a_jobs_second_loader_of_other_data_gets_a_producer_of_its_own(cli: Cli, tmp_path: Path) -> None:
     (tmp_path / "train.py").write_text(SCRIPT)
+    cli("daemon", "start", "--no-track")  # producers are the point here, not MLflow runs
     job_id = cli.submit("--", sys.executable, "train.py", "6", "--val")
     _succeeded(cli, job_id)
     outcome = _outcome(cli, job_id)
@@ -109,6 +110,7 @@ def test_a_jobs_second_loader_of_other_data_gets_a_producer_of_its_own(cli: Cli,
 def test_the_same_script_submitted_three_times_reads_one_producer(cli: Cli, tmp_path: Path) -> None:
     """No sweep, no group: the same command submitted again is bound to the first's share."""
     (tmp_path / "train.py").write_text(SCRIPT)
+    cli("daemon", "start", "--no-track")  # producers are the point here, not MLflow runs
     jobs = [cli.submit("--", sys.executable, "train.py", "6") for _ in range(3)]
     for job_id in jobs:
         _succeeded(cli, job_id)
@@ -123,6 +125,7 @@ def test_a_stopped_daemon_leaves_no_producer_lingering(cli: Cli, tmp_path: Path)
     tuner's next trials find it). ``tandem daemon stop`` then stops it: no daemon would stop
     it later. The next daemon records it as stopped, succeeded."""
     (tmp_path / "train.py").write_text(SCRIPT)
+    cli("daemon", "start", "--no-track")  # the next start keeps it
     job_id = cli.submit("--", sys.executable, "train.py", "6")
     _succeeded(cli, job_id)
     (producer,) = _producers(cli)

@@ -13,7 +13,7 @@ from pathlib import Path
 
 from tests.place.conftest import Cli
 from tests.place.test_daemon import DATASET
-from tests.timing import scaled
+from tests.timing import scaled, until
 
 # Reads its epoch from the share where it has one, else from the dataset itself (a job
 # loading for itself); logs a loss that depends on its --lr, so the best is known.
@@ -137,7 +137,15 @@ def test_the_sweep_report_rows_best_producer_totals_and_saving(cli: Cli) -> None
     from mlflow.tracking import MlflowClient
 
     store = f"sqlite:///{cli.state / 'mlflow.db'}"
-    assert MlflowClient(store).get_run(rows[ids[1]]["mlflow_run_id"]).data.params == {"lr": "0.01"}
+    # The helper writes a run's params as it closes it, a moment after the job's end.
+    client = MlflowClient(store)
+    run = until(
+        lambda: (r := client.get_run(rows[ids[1]]["mlflow_run_id"])).data.params and r,
+        60,
+        "job 2's run never got its params",
+        every=0.5,
+    )
+    assert run.data.params == {"lr": "0.01"}
     # The table as a person reads it: the point, the metric, the producer, the best and the saving.
     text = cli("report", "group:sweep", "--best", "val_loss:min", "-o", str(cli.tmp / "r.png")).stdout
     assert "lr=0.01" in text and "producer" in text and f"best by val_loss (min): job {ids[1]}" in text
