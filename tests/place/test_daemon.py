@@ -63,7 +63,8 @@ def test_submit_run_show_logs_wait(cli) -> None:
     assert cli("wait", str(ok)).returncode == 0
     assert cli("wait", str(bad), check=False).returncode == 3  # the job's own code
     assert cli("wait", "--timeout", "soon", check=False).returncode == 125  # wait's own: apart
-    two = cli.submit("--", "sh", "-c", "exit 2")
+    # A program that ends at once with no error word: its last line is why, in ls and show.
+    two = cli.submit("--", "sh", "-c", "echo loading data; echo 'no such file: data/train.csv'; exit 2")
     assert cli("wait", str(two), check=False).returncode == 2  # a job's 2 is not "no such job"
     assert cli("wait", str(ok), str(bad), check=False).returncode == 1
     assert "hello from the job" in cli("logs", str(ok)).stdout
@@ -99,7 +100,8 @@ def test_submit_run_show_logs_wait(cli) -> None:
     status = cli.json("daemon", "status")
     assert status["policy"] == "packing" and status["capacity"]["total"]["cores"] == 2 and "used" in status
     table = cli("ls").stdout
-    assert "exit 3" in table and "exit 2" in table
+    assert "exit 3: ValueError: bad config" in table and "exit 2: no such file: data/train.csv" in table
+    assert "log       no such file: data/train.csv" in cli("show", str(two)).stdout
 
 
 @pytest.mark.parametrize("policy,limit", [("exclusive", 1), ("first-fit", 2), ("packing", 2)])

@@ -287,9 +287,10 @@ def test_plain_exit_names_the_exception_line():
     assert not end.retryable
 
 
-def test_plain_exit_without_an_error_line():
-    assert classify(2, "step 100 loss 0.3\nstep 200 loss 0.2\n").line is None
-    assert classify(3, "").line is None
+def test_a_plain_exit_says_the_last_line_it_wrote_where_no_line_looks_like_an_error():
+    assert classify(2, "step 100 loss 0.3\nstep 200 loss 0.2\n\n").line == "step 200 loss 0.2"
+    assert classify(1, "loading data\nno such file: data/train.csv\n").line == "no such file: data/train.csv"
+    assert classify(3, "").line is None and classify(3, "\n \n").line is None
     line = classify(2, "train.py: error: the following arguments are required: --data\n").line
     assert line == "train.py: error: the following arguments are required: --data"
 

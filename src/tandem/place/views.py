@@ -185,6 +185,8 @@ def ls_row(job: Job, now: float | None = None) -> list[str]:
     cause = "" if job.state in ("running", "succeeded") else (job.cause or "")
     if job.state in WAITING_STATES:
         cause = waiting_reason(job) or ""
+    if job.state == "failed" and job.cause_line and job.cause_line not in cause:
+        cause = f"{cause}: {job.cause_line}"  # what it said last: why, most often
     if job.state == "retrying" and job.attempts:
         cause = f"{job.attempts[-1].cause} (retry {len(job.attempts)}/{job.retries}); {cause}"
     return [

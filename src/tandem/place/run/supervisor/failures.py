@@ -115,7 +115,8 @@ def find_gpu_oom(text: str) -> str | None:
 
 
 def _error_line(text: str) -> str | None:
-    """The last line that looks like the error: a Python exception line, else an error word."""
+    """The last line that looks like the error: a Python exception line, else an error word,
+    else the last line the job wrote (``SystemExit("no such file: data.csv")`` says it so)."""
     lines = [line.strip() for line in _ANSI.sub("", text).splitlines()]
     for line in reversed(lines):
         if _PY_EXCEPTION.match(line):
@@ -123,7 +124,7 @@ def _error_line(text: str) -> str | None:
     for line in reversed(lines):
         if _ERRORISH.search(line):
             return _clip(line)
-    return None
+    return next((_clip(line) for line in reversed(lines) if line), None)
 
 
 def signal_name(signum: int) -> str:
