@@ -99,9 +99,20 @@ def test_the_sweep_report_rows_best_producer_totals_and_saving(cli: Cli) -> None
         "--json", "--", sys.executable, "train.py", "{lr}",
     )  # fmt: skip
     ids = json.loads(out.stdout)["ids"]
+    # While the sweep runs its report is partial, and says so first.
+    early = _computed(cli)
+    going = sum(r["state"] not in ("succeeded", "failed", "cancelled", "pruned") for r in early["jobs"])
+    assert (early["partial"] or {}).get("jobs", 0) == going, (early["partial"], early["jobs"])
+    if going:
+        assert early["said"][0].startswith(f"PARTIAL: {going} of 3 job(s)"), early["said"]
     _ended(cli, ids)
     _written(cli, ids)
     sweep = _report(cli, "--best", "val_loss:min")
+    # Its jobs have ended; their producer may serve on a while for the next (its linger).
+    partial = sweep["partial"]
+    assert partial is None or (partial["jobs"], partial["producers"]) == (0, 1), partial
+    if partial:
+        assert sweep["said"].pop(0).startswith("PARTIAL: 1 producer(s) still running"), sweep["said"]
     rows = {r["id"]: r for r in sweep["jobs"]}
     assert sorted(rows) == ids
     assert [rows[i]["params"] for i in ids] == [{"lr": "0.1"}, {"lr": "0.01"}, {"lr": "0.001"}]

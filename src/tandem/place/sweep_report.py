@@ -189,6 +189,7 @@ def group_report(
     producers = [p for p in producers if p["group_jobs"]]
     out = {
         "group": group,
+        "partial": _partial(jobs, rows_of_group),
         "jobs": rows,
         "metric_keys": keys,
         "best": _best([r for r in rows if r["state"] != PRUNED] or rows, goal),  # of those run to their end
@@ -199,6 +200,16 @@ def group_report(
     }
     out["said"] = said(out)
     return out
+
+
+def _partial(jobs: list[Job], rows_of_group: list[Job]) -> dict[str, int] | None:
+    """What still runs (or waits) while the report is made: its figures are those so far and
+    grow until these end (None: every job and producer of the group has ended)."""
+    jobs_on = sum(j.state not in FINAL_STATES for j in jobs)
+    producers_on = sum(j.role == PRODUCER_ROLE and j.state not in FINAL_STATES for j in rows_of_group)
+    if not jobs_on and not producers_on:
+        return None
+    return {"jobs": jobs_on, "of_jobs": len(jobs), "producers": producers_on}
 
 
 def _row(job: Job, latest: dict[str, dict[str, float]]) -> dict[str, Any]:
@@ -425,6 +436,15 @@ def _num(v: float | None) -> str:
 def said(report: dict[str, Any]) -> list[str]:
     """The best job and what sharing saved, in words (the CLI and the dashboard print these)."""
     out = [_totals_said(report["totals"])]
+    partial = report.get("partial")
+    if partial is not None:
+        still = [f"{partial['jobs']} of {partial['of_jobs']} job(s)"] if partial["jobs"] else []
+        still += [f"{partial['producers']} producer(s)"] if partial["producers"] else []
+        out.insert(
+            0,
+            f"PARTIAL: {' and '.join(still)} still running or waiting: the figures are those so far "
+            "(the sums, the saving and the best grow or change until they end; no makespan yet)",
+        )
     best = report["best"]
     if best is not None:
         if best["job"] is None:
