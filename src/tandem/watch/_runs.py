@@ -85,7 +85,11 @@ def _readers(uris: Sequence[str]) -> list[tuple[str, RunsReader]]:
 
 def recent_runs(uri: str | None = None, limit: int = 10) -> list[tuple[str, str, str]]:
     """(run id, name, group) of the newest runs in the store, newest first."""
-    return [(r.run_id, r.name, r.tags.get(GROUP_TAG, "")) for r in _reader(uri).recent(limit)]
+    reader = _reader(uri)
+    try:
+        return [(r.run_id, r.name, r.tags.get(GROUP_TAG, "")) for r in reader.recent(limit)]
+    finally:
+        reader.close()
 
 
 def _not_found(ref: str, uris: Sequence[str]) -> RunNotFound:
@@ -176,28 +180,32 @@ def load_runs(
         if ref.startswith("job:") and not ref.removeprefix("job:").isdigit():
             raise RunNotFound(f"{ref!r}: a job is named by its number, as `tandem ls` shows it (job:12)")
     out: list[RunData] = []
-    readers: list[tuple[str, RunsReader]] | None = None
-    for ref in refs:
-        path = Path(ref)
-        # A file-store run's directory, or the --out directory that holds them.
-        inside = sorted(m.parent for m in path.glob("*/run.json"))
-        run_dirs = [path] if (path / "run.json").is_file() else inside
-        if path.is_dir() and run_dirs:
-            out.extend(_from_dir(d) for d in run_dirs)
-            continue
-        if readers is None:
-            readers = _readers([uri or default_store_uri(), *also])
-        gather = ref.startswith(("group:", "job:"))  # from every store; an id or a name: the first
-        found: list[tuple[RunsReader, StoredRun]] = []
+    readers: list[tuple[str, RunsReader]] = []
+    try:
+        for ref in refs:
+            path = Path(ref)
+            # A file-store run's directory, or the --out directory that holds them.
+            inside = sorted(m.parent for m in path.glob("*/run.json"))
+            run_dirs = [path] if (path / "run.json").is_file() else inside
+            if path.is_dir() and run_dirs:
+                out.extend(_from_dir(d) for d in run_dirs)
+                continue
+            if not readers:
+                readers = _readers([uri or default_store_uri(), *also])
+            gather = ref.startswith(("group:", "job:"))  # from every store; an id or a name: the first
+            found: list[tuple[RunsReader, StoredRun]] = []
+            for _, reader in readers:
+                runs = _lookup(reader, ref)
+                found += [(reader, r) for r in runs]
+                if runs and not gather:
+                    break
+            if not found:
+                raise _not_found(ref, [u for u, _ in readers])
+            if gather and len(readers) > 1:
+                found.sort(key=lambda rr: rr[1].start_ms)
+            out.extend(_loaded(reader, r, keys) for reader, r in found)
+    finally:
         for _, reader in readers:
-            runs = _lookup(reader, ref)
-            found += [(reader, r) for r in runs]
-            if runs and not gather:
-                break
-        if not found:
-            raise _not_found(ref, [u for u, _ in readers])
-        if gather and len(readers) > 1:
-            found.sort(key=lambda rr: rr[1].start_ms)
-        out.extend(_loaded(reader, r, keys) for reader, r in found)
+            reader.close()
     seen: set[str] = set()
     return [r for r in out if not (r.run_id in seen or seen.add(r.run_id))]  # type: ignore[func-returns-value]

@@ -68,6 +68,8 @@ class RunsReader(Protocol):
         """Every value of a metric: ``(timestamp ms, value)``, oldest first."""
         ...
 
+    def close(self) -> None: ...
+
 
 class NotAStore(Exception):
     """A SQLite file without MLflow's tables (as this reader knows them)."""
