@@ -529,9 +529,10 @@ def start_producer(spec: AutoSpec) -> None:
 
 def ask_manager(spec: AutoSpec, starter: list[str]) -> None:
     """Have the job manager serve ``spec`` from a producer job of its daemon's (``starter``:
-    ``tandem share auto``, which returns once it serves, or fails with its producer's error)."""
-    if _live(spec.name):
-        return
+    ``tandem share auto``, which returns once it serves, or fails with its producer's error).
+    Asked even where the share is served already (a job of the same command started before
+    its first reader asked, so not bound to it): the daemon then counts this job in the
+    share's group, and its producer lives while the job reads."""
     spec_file = runtime_dir() / f"{spec.name}.managed.spec"  # the producer job reads it
     spec.write(spec_file)
     done = subprocess.run(
