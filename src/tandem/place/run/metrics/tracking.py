@@ -4,8 +4,9 @@ Each job's supervisor tracks it with watch's own :class:`~tandem.watch.Run` (the
 and summary of ``tandem run``: process tree, host, the job's GPUs, energy, share) into a
 spool file (:class:`~tandem.watch.stores.spool.SpoolStore`), which imports nothing. One
 helper per state directory (``python -m tandem.place.run.metrics.tracking_helper``, started with the
-daemon, at nice 10 once MLflow is imported) imports MLflow once, opens a run when an attempt
-starts and forwards its spool through watch's :class:`~tandem.watch.stores.MlflowStore`
+daemon, at nice 10 once its store is open) opens a run when an attempt starts and forwards
+its spool through watch's :class:`~tandem.watch.stores.MlflowStore` (a SQLite store written
+straight into its tables, any other through MLflow, imported once)
 every ``POLL_S`` seconds: a metric sampled now is in MLflow within about 12 s (a supervisor
 appends to its spool every 10 s, ``FLUSH_S`` in :mod:`~tandem.place.run.supervisor.shim`), while the
 job runs. When the attempt ends, the
@@ -217,7 +218,7 @@ class Tracker:
 
     def warm(self) -> None:
         """Start the helper now, before any job: the first job's run then does not wait for
-        MLflow's import and a new store's tables (seconds). It ends after
+        a new store's tables, or MLflow's import where the store needs MLflow (seconds). It ends after
         :func:`~tandem.place.run.metrics.tracking_ends.idle_exit_s` if no job comes."""
         (queue_dir(self.state_dir) / "done").mkdir(parents=True, exist_ok=True)
         self._warm = True

@@ -1,5 +1,6 @@
-"""The MLflow helper process (``python -m tandem.place.run.metrics.tracking_helper``): it imports MLflow
-once, opens a run for each attempt that starts (:class:`_OpenRun`) and forwards its spool
+"""The MLflow helper process (``python -m tandem.place.run.metrics.tracking_helper``): it opens
+the store once (a SQLite store's tables written directly, any other through MLflow, imported
+once), opens a run for each attempt that starts (:class:`_OpenRun`) and forwards its spool
 while it runs, then closes it with the daemon's record. The queue it serves, and the
 daemon's side of it, are :mod:`tandem.place.run.metrics.tracking`'s."""
 
@@ -166,14 +167,15 @@ def main(argv: list[str]) -> int:
 
     pid_file = q / "helper.pid"
     pid_file.write_text(str(os.getpid()))
-    # Starting jobs wait for their runs: MLflow's import, the tables and the first runs go
-    # before what competes for the cores meanwhile (a new share's producer, weighing as much
-    # as the jobs waiting here, pre-decoding; measured on 2 cores: the helper got ~0.6 of a
-    # core, its first runs came 6.3 s after it started). What follows (forwarding samples
+    # Starting jobs wait for their runs: the store (MLflow's import where it needs MLflow), its
+    # tables and the first runs go before what competes for the cores meanwhile (a new share's
+    # producer, weighing as much as the jobs waiting here, pre-decoding; measured on 2 cores
+    # with MLflow imported: the helper got ~0.6 of a core, its first runs came 6.3 s after it
+    # started). What follows (forwarding samples
     # beside the running jobs) yields to them.
     first = weights.enter(f"helper-{os.getpid()}", START_WEIGHT)
     began, cpu = time.monotonic(), time.process_time()
-    MlflowStore(uri, experiment).prepare()  # the import and the tables, once
+    MlflowStore(uri, experiment).prepare()  # the tables and the experiment (MLflow's import), once
     prepared = time.monotonic()
     runs: dict[str, _OpenRun] = {}
     failed: set[str] = set()
@@ -235,7 +237,7 @@ def main(argv: list[str]) -> int:
 if __name__ == "__main__":
     code = main(sys.argv[1:])
     # Everything is written (each write commits): skip the interpreter's teardown, which
-    # after MLflow's import costs about 0.5 CPU-s, a tenth of the manager's own on a sweep.
+    # after MLflow's import (a store other than SQLite) costs about 0.5 CPU-s.
     logging.shutdown()
     sys.stdout.flush()
     os._exit(code)
