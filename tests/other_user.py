@@ -4,6 +4,7 @@ are skipped, saying why, elsewhere."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import pwd
 import secrets
@@ -81,6 +82,20 @@ def _open_the_way(paths: list[Path]) -> list[tuple[Path, int]]:
 
 @pytest.fixture(scope="session")
 def other_user() -> Iterator[OtherUser]:
+    with local_user() as user:
+        yield user
+
+
+@pytest.fixture(scope="session")
+def two_users() -> Iterator[tuple[OtherUser, OtherUser]]:
+    """Two more local users (a lab's server: tests/place/test_system.py)."""
+    with local_user() as first, local_user() as second:
+        yield first, second
+
+
+@contextlib.contextmanager
+def local_user() -> Iterator[OtherUser]:
+    """A new local user for the block (``useradd``; removed after, with what they left)."""
     if os.getuid() != 0:
         pytest.skip("needs a second local user: run as root (useradd) to test what another user can do")
     if shutil.which("useradd") is None:

@@ -26,6 +26,7 @@ import os
 import select
 import socket
 import stat
+import struct
 from pathlib import Path
 
 MAX_PACKET = 1 << 16  # control messages are small; a producer's statistics are the largest
@@ -300,6 +301,24 @@ def recv_packet(sock: socket.socket, timeout: float | None = None) -> tuple[byte
         close_fds(fds)
         raise EOFError("peer closed the connection")
     return data, fds
+
+
+def peer_credentials(sock: socket.socket) -> tuple[int, int, int, tuple[int, ...]]:
+    """Who is at the other end of a connected Unix socket, as the kernel says (``SO_PEERCRED``,
+    taken when it connected): ``(pid, uid, gid, supplementary groups)``, the groups read from
+    ``/proc/<pid>/status`` (empty where it is gone or hidden)."""
+    size = struct.calcsize("3i")
+    pid, uid, gid = struct.unpack("3i", sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, size))
+    groups: tuple[int, ...] = ()
+    try:
+        with open(f"/proc/{pid}/status") as status:
+            for line in status:
+                if line.startswith("Groups:"):
+                    groups = tuple(int(g) for g in line.split()[1:])
+                    break
+    except (OSError, ValueError):
+        pass
+    return pid, uid, gid, groups
 
 
 def close_fds(fds: list[int]) -> None:

@@ -62,3 +62,20 @@ def mlflow_store_uri(state_dir: Path | None = None) -> str:
     directory's ``mlflow.db`` (the job manager's jobs, its producers, the selections)."""
     directory = state_dir if state_dir is not None else state_dir_path()
     return os.environ.get("MLFLOW_TRACKING_URI") or f"sqlite:///{directory / 'mlflow.db'}"
+
+
+# A lab's server: one system manager (``tandem daemon start --system``, run by root) for every
+# user of the host. Its state in /var/lib/tandem (root's only), its socket in /run/tandem (every
+# user may connect: who they are comes from the kernel). ``TANDEM_SYSTEM_DIR`` moves both
+# (``<dir>/state``, ``<dir>/daemon.sock``), for tests and containers.
+SYSTEM_STATE_DIR = Path("/var/lib/tandem")
+SYSTEM_SOCKET = Path("/run/tandem/daemon.sock")
+
+
+def system_paths() -> tuple[Path, Path]:
+    """``(state directory, socket)`` of the host's system manager (neither made here)."""
+    given = os.environ.get("TANDEM_SYSTEM_DIR")
+    if given:
+        base = Path(os.path.abspath(os.path.expanduser(given)))
+        return base / "state", base / "daemon.sock"
+    return SYSTEM_STATE_DIR, SYSTEM_SOCKET

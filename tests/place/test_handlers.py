@@ -11,7 +11,7 @@ import pytest
 from tandem.place import protocol as p
 from tandem.place.config import DaemonConfig
 from tandem.place.daemon import Daemon
-from tandem.place.model import Capacity, JobSpec
+from tandem.place.model import DAEMON_PEER, Capacity, JobSpec
 from tandem.place.requests import HANDLERS, NOTHING, Changed
 from tandem.place.resources import Resources
 from tandem.place.state import State
@@ -37,7 +37,7 @@ def test_each_request_type_has_a_handler_of_request_and_parts() -> None:
 
 def test_a_submit_queues_the_job_and_says_so_the_daemon_plans_at_once(daemon: Daemon) -> None:
     job = JobSpec(["true"], "/", cpus=0.5)
-    reply, changed = HANDLERS[p.Submit](p.Submit(job), daemon.parts)
+    reply, changed = HANDLERS[p.Submit](p.Submit(job), daemon.parts, DAEMON_PEER)
     assert isinstance(reply, p.Submitted) and changed == Changed(queued=True)
     assert _flags(daemon) == (False, False, False), "a handler sets none of the daemon's flags"
     assert daemon.state.job(reply.id) is not None
@@ -47,7 +47,7 @@ def test_a_submit_queues_the_job_and_says_so_the_daemon_plans_at_once(daemon: Da
 
 def test_a_refused_request_changes_nothing(daemon: Daemon) -> None:
     too_big = JobSpec(["true"], "/", cpus=64.0)
-    reply, changed = HANDLERS[p.Submit](p.Submit(too_big), daemon.parts)
+    reply, changed = HANDLERS[p.Submit](p.Submit(too_big), daemon.parts, DAEMON_PEER)
     assert isinstance(reply, p.Failure) and reply.refused and "64 cores" in reply.error
     assert changed == NOTHING and daemon.state.jobs() == []
     assert isinstance(daemon.handle(p.SubmitSweep(too_big, [])), p.Failure)
@@ -56,11 +56,11 @@ def test_a_refused_request_changes_nothing(daemon: Daemon) -> None:
 
 def test_a_submit_of_many_queues_all_or_none_naming_the_one_refused(daemon: Daemon) -> None:
     fits, too_big = JobSpec(["true"], "/", cpus=0.5), JobSpec(["true"], "/", cpus=64.0)
-    reply, changed = HANDLERS[p.SubmitMany](p.SubmitMany([fits, fits, too_big]), daemon.parts)
+    reply, changed = HANDLERS[p.SubmitMany](p.SubmitMany([fits, fits, too_big]), daemon.parts, DAEMON_PEER)
     assert isinstance(reply, p.Failure) and reply.refused and reply.error.startswith("job 3 of 3: ")
     assert "64 cores" in reply.error and changed == NOTHING and daemon.state.jobs() == []
     wire = p.read_request(p.to_wire(p.SubmitMany([fits, JobSpec(["echo", "b"], "/", cpus=1.0)])))
-    reply, changed = HANDLERS[p.SubmitMany](wire, daemon.parts)
+    reply, changed = HANDLERS[p.SubmitMany](wire, daemon.parts, DAEMON_PEER)
     assert isinstance(reply, p.SweepSubmitted) and changed == Changed(queued=True)
     assert [daemon.state.job(i).command for i in reply.ids] == [["true"], ["echo", "b"]]  # type: ignore[union-attr]
     with pytest.raises(p.ProtocolError, match="list of job objects"):
@@ -70,14 +70,14 @@ def test_a_submit_of_many_queues_all_or_none_naming_the_one_refused(daemon: Daem
 def test_cancel_shares_status_and_stop_each_say_what_they_changed(daemon: Daemon) -> None:
     job_id = daemon.handle(p.Submit(JobSpec(["true"], "/", cpus=0.5))).id  # type: ignore[union-attr]
     daemon.wake = daemon.dirty = False
-    reply, changed = HANDLERS[p.Cancel](p.Cancel([job_id]), daemon.parts)
+    reply, changed = HANDLERS[p.Cancel](p.Cancel([job_id]), daemon.parts, DAEMON_PEER)
     assert isinstance(reply, p.Cancelled) and reply.cancelled == [job_id] and changed == Changed(queue=True)
     spec = ShareSpec(name="s", source="dataset", ref="x:y")
-    reply, changed = HANDLERS[p.DefineShare](p.DefineShare(spec), daemon.parts)
+    reply, changed = HANDLERS[p.DefineShare](p.DefineShare(spec), daemon.parts, DAEMON_PEER)
     assert isinstance(reply, p.ShareDefined) and changed == Changed(queued=True, shares=True)
-    reply, changed = HANDLERS[p.RemoveShares](p.RemoveShares(["s"]), daemon.parts)
+    reply, changed = HANDLERS[p.RemoveShares](p.RemoveShares(["s"]), daemon.parts, DAEMON_PEER)
     assert isinstance(reply, p.SharesRemoved) and reply.removed == ["s"] and changed == Changed(shares=True)
-    reply, changed = HANDLERS[p.Status](p.Status(), daemon.parts)
+    reply, changed = HANDLERS[p.Status](p.Status(), daemon.parts, DAEMON_PEER)
     assert isinstance(reply, p.DaemonStatus) and changed == NOTHING and reply.capacity.total.cores == 2.0
     assert _flags(daemon) == (False, False, False)
     daemon.handle(p.RemoveShares(["s"]))
@@ -89,12 +89,16 @@ def test_a_job_and_its_shares_producer_are_reserved_together(daemon: Daemon) -> 
     """What a job of a share needs is its own and its producer's (it starts it): refused where
     the two do not fit together, with the producer's part said."""
     daemon.handle(p.DefineShare(ShareSpec(name="s", source="dataset", ref="x:y", cpus=1.5)))
-    alone = HANDLERS[p.Submit](p.Submit(JobSpec(["true"], "/", cpus=1.0)), daemon.parts)[0]
+    alone = HANDLERS[p.Submit](p.Submit(JobSpec(["true"], "/", cpus=1.0)), daemon.parts, DAEMON_PEER)[0]
     assert isinstance(alone, p.Submitted)
-    reply, changed = HANDLERS[p.Submit](p.Submit(JobSpec(["true"], "/", cpus=1.0, share="s")), daemon.parts)
+    reply, changed = HANDLERS[p.Submit](
+        p.Submit(JobSpec(["true"], "/", cpus=1.0, share="s")), daemon.parts, DAEMON_PEER
+    )
     assert isinstance(reply, p.Failure) and reply.refused and changed == NOTHING
     assert "asks for 2.5 cores" in reply.error and "producer reserves 1.5 cores" in reply.error, reply.error
-    fits = HANDLERS[p.Submit](p.Submit(JobSpec(["true"], "/", cpus=0.5, share="s")), daemon.parts)[0]
+    fits = HANDLERS[p.Submit](
+        p.Submit(JobSpec(["true"], "/", cpus=0.5, share="s")), daemon.parts, DAEMON_PEER
+    )[0]
     assert isinstance(fits, p.Submitted)
 
 

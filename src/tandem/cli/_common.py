@@ -74,8 +74,13 @@ def daemon_call(call: Any, *args: Any, **kwargs: Any) -> Any:
 
 def open_state() -> StateReader:
     """The job manager's state, read-only (:class:`tandem.place.reads.StateReader`: it
-    makes, migrates and moves nothing), or a clear error."""
-    from tandem.place import StateError, StateReader, state_dir
+    makes, migrates and moves nothing), or a clear error. Where the host's system manager
+    runs, its state as it lets this user see it (:class:`tandem.place.RemoteState`)."""
+    from tandem.place import RemoteState, StateError, StateReader, state_dir, system_manager
+
+    system = system_manager()
+    if system is not None:
+        return RemoteState(system)  # type: ignore[return-value]  # the reads the commands make
 
     directory = state_dir()  # one that may not be used: the command group's exit 2
     try:

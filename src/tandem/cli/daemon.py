@@ -119,6 +119,29 @@ window_option = click.option(
     metavar="ADDR",
     help="With --backend ray: the cluster to join [default: a head of its own here, which outlives it].",
 )
+@click.option(
+    "--system",
+    is_flag=True,
+    help="Manage the whole host for every user (run as root): state in /var/lib/tandem, socket "
+    "/run/tandem/daemon.sock ($TANDEM_SYSTEM_DIR moves both); each job runs as its submitter.",
+)
+@click.option(
+    "--admin-group", metavar="GROUP", help="With --system: its members may act on any job, as root may."
+)
+@click.option(
+    "--max-jobs-per-user", type=click.IntRange(min=1), help="With --system: a user's jobs running at once."
+)
+@click.option(
+    "--max-cores-per-user",
+    callback=to_cpus,
+    help="With --system: the cores a user's running jobs reserve at most.",
+)
+@click.option(
+    "--max-gpu-mem-per-user",
+    callback=to_size,
+    metavar="SIZE",
+    help="With --system: the GPU memory a user's running jobs reserve at most.",
+)
 @click.option("--foreground", is_flag=True, help="Run here instead of in the background.")
 @click.option("--json", "as_json", is_flag=True)
 def daemon_start(foreground: bool, as_json: bool, **options: Any) -> None:
@@ -135,7 +158,7 @@ def daemon_start(foreground: bool, as_json: bool, **options: Any) -> None:
     )
 
     config = _config(options)
-    directory = state_dir()
+    directory = _system_dir(config) if config.system else state_dir()
     if daemon_call(is_running, directory):
         raise click.ClickException(f"a daemon already serves {directory} (tandem daemon status)")
     check_may_start(directory)  # read-only, or a kept copy to restore: exit 2, nothing written
@@ -204,9 +227,52 @@ def _kept_backend(directory: Path, config: DaemonConfig) -> DaemonConfig:
     )
 
 
+def _system_dir(config: DaemonConfig) -> Path:
+    """A system manager's state directory, made (root's, 0700) with its socket's folder (which
+    every user may pass through to the socket, never list)."""
+    from tandem.dirs import system_paths
+    from tandem.place import private_dir
+
+    if os.geteuid() != 0:
+        raise click.UsageError(
+            "--system manages the host for every user and runs each job as its submitter: start it "
+            "as root (sudo tandem daemon start --system), or through its systemd unit "
+            "(docs/howto/lab-server.md)"
+        )
+    directory, socket = system_paths()
+    for folder in {directory.parent, socket.parent}:
+        folder.mkdir(mode=0o711, parents=True, exist_ok=True)
+        if folder.stat().st_uid != 0:
+            raise click.UsageError(f"{folder}: not root's; a system manager's folders must be root's only")
+        os.chmod(folder, 0o711 if folder == socket.parent else folder.stat().st_mode & 0o7755)
+    try:
+        return private_dir(directory)
+    except Exception as exc:  # StateError: another owner, a link, open to others
+        raise click.UsageError(str(exc)) from None
+
+
 def _config(options: dict[str, Any]) -> DaemonConfig:
     if options["address"] and options["backend"] != "ray":
         raise click.UsageError("--address is for --backend ray")
+    system = options["system"]
+    per_user = ("admin_group", "max_jobs_per_user", "max_cores_per_user", "max_gpu_mem_per_user")
+    for name in per_user:
+        if options[name] is not None and not system:
+            raise click.UsageError(f"--{name.replace('_', '-')} is for --system")
+    admin_group = options.pop("admin_group")
+    if admin_group is not None:
+        import grp
+
+        try:
+            options["admin_gid"] = grp.getgrnam(admin_group).gr_gid
+        except KeyError:
+            raise click.BadParameter(
+                f"no group {admin_group!r} on this host", param_hint="'--admin-group'"
+            ) from None
+    if system:
+        from tandem.dirs import system_paths
+
+        options["socket"] = str(system_paths()[1])
     limits = dataclasses.replace(
         _LIMITS,
         **{
@@ -309,6 +375,18 @@ def daemon_status(as_json: bool) -> None:
         click.echo(json.dumps({**dataclasses.asdict(reply), "running": True}, indent=2))
         return
     cap, used = reply.capacity, reply.used
+    from tandem.place import system_manager
+
+    system = system_manager()
+    if system is not None:  # the host's manager serves this user's commands: say so, and of their own
+        click.echo(f"the host's system manager (socket {system}) serves your commands")
+        from tandem.place import DaemonFile
+
+        own = DaemonFile.read(state_dir())
+        if own is not None and own.socket and Path(own.socket).is_socket():
+            click.echo(
+                f"  your own daemon of {state_dir()} also runs; it serves no command while this one does"
+            )
     click.echo(f"daemon {reply.pid}  policy {reply.policy}  state {reply.state_dir}")
     free = f", {format_size(used.measured_free.ram)} free" if used.measured_free is not None else ""
     held, total = used.reserved, cap.total

@@ -40,7 +40,8 @@ def cancel(ids: tuple[str, ...], everything: bool) -> None:
         raise click.UsageError("name the jobs: tandem cancel ID..., group:G, or --all")
     wanted = job_ids(ids, "'IDS'")
     st = open_state()  # an unknown job is said as every command says it, daemon or not
-    unknown = [i for i in wanted if st.job(i, attempts=False) is None]
+    # another user's job, from the host's manager: refused (exit 2), said as the manager says it
+    unknown = [i for i in wanted if daemon_call(st.job, i, attempts=False) is None]
     known = [i for i in wanted if i not in unknown]
     if not (known or groups or everything):
         for i in unknown[1:]:

@@ -216,11 +216,11 @@ def ls(show_all: bool, limit: int, before: int | None, as_json: bool) -> None:
 
     st = open_state()
     if show_all:
-        jobs = st.jobs(attempts=True, last=limit, before=before)
+        jobs = daemon_call(st.jobs, attempts=True, last=limit, before=before)
         more = bool(jobs) and st.any_before(jobs[0].id)
     else:
-        active = st.jobs(tuple(s for s in STATES if s not in FINAL_STATES), attempts=True)
-        ended = st.jobs(tuple(FINAL_STATES), attempts=True, last=10)
+        active = daemon_call(st.jobs, tuple(s for s in STATES if s not in FINAL_STATES), attempts=True)
+        ended = daemon_call(st.jobs, tuple(FINAL_STATES), attempts=True, last=10)
         jobs, more = sorted(ended + active, key=lambda j: j.id), False
     unserved = _unserved(jobs)
     if as_json:
@@ -233,7 +233,12 @@ def ls(show_all: bool, limit: int, before: int | None, as_json: bool) -> None:
         return
     now = time.time()
     rows = [[printable(v) for v in ls_row(j, now)] for j in jobs]
-    click.echo(_aligned(LS_COLUMNS, rows, right=("id", "tries", "wait", "run", "mem", "gpu mem")))
+    columns = LS_COLUMNS
+    if any(j.owner not in (None, os.getuid()) for j in jobs):  # the host's manager: whose each job is
+        columns = [columns[0], "user", *columns[1:]]
+        names: dict[int | None, str] = {}
+        rows = [[row[0], _user(j.owner, names), *row[1:]] for row, j in zip(rows, jobs, strict=True)]
+    click.echo(_aligned(columns, rows, right=("id", "tries", "wait", "run", "mem", "gpu mem")))
     if more:
         click.echo(f"older jobs: tandem ls --all --before {jobs[0].id}")
     _print_share_groups(st, jobs)
@@ -241,12 +246,27 @@ def ls(show_all: bool, limit: int, before: int | None, as_json: bool) -> None:
         click.echo(unserved, err=True)
 
 
+def _user(uid: int | None, names: dict[int | None, str]) -> str:
+    """A job owner's login name (its uid where the host has none)."""
+    if uid not in names:
+        import pwd
+
+        try:
+            names[uid] = pwd.getpwuid(uid).pw_name if uid is not None else "-"
+        except KeyError:
+            names[uid] = str(uid)
+    return names[uid]
+
+
 def _unserved(jobs: list[Any]) -> str | None:
     """Where jobs wait or run and no daemon serves the state directory, a line saying that
     their states are as last known (a running one may have ended since); else None."""
     if all(j.state in FINAL_STATES for j in jobs):
         return None
-    from tandem.place import DaemonFile, state_dir
+    from tandem.place import DaemonFile, state_dir, system_manager
+
+    if system_manager() is not None:  # the host's manager answered this command's reads
+        return None
 
     directory = state_dir()
     # Where the last daemon listened, as it wrote it (a read: it makes no runtime directory).
@@ -338,7 +358,7 @@ def show(job_id: int, as_json: bool) -> None:
     from tandem.place import job_json, strict_json
 
     st = open_state()
-    job = st.job(job_id)
+    job = daemon_call(st.job, job_id)  # another user's, from the host's manager: refused
     if job is None:
         raise unknown_job(job_id)
     data = job_json(job)
@@ -408,10 +428,22 @@ def show(job_id: int, as_json: bool) -> None:
 def logs(job_id: int, follow: bool, raw: bool) -> None:
     """A job's output (every attempt, in order)."""
     st = open_state()
-    job = st.job(job_id)
+    job = daemon_call(st.job, job_id)  # another user's, from the host's manager: refused
     if job is None:
         raise unknown_job(job_id)
     out: Any = sys.stdout.buffer if raw else _Escaped(sys.stdout.buffer)
+    if hasattr(st, "logs"):  # the host's manager reads it for its owner (no follow: the whole of it)
+        parts = daemon_call(st.logs, job_id)
+        for n, older, data in parts:
+            if len(parts) > 1:
+                out.write(f"== attempt {n} ==\n".encode())
+            if older:
+                out.write(b"[older output rotated away; its newest part:]\n" + older)
+            out.write(data)
+        out.flush()
+        if isinstance(out, _Escaped):
+            out.close()
+        return
     shown: dict[int, tuple[int, int]] = {}  # attempt -> (inode, offset) of output.log shown
 
     def dump() -> None:

@@ -49,6 +49,7 @@ if TYPE_CHECKING:  # the same names as _FACE, for type checkers (the house test 
         submit,
         submit_many,
         submit_sweep,
+        system_manager,
     )
     from tandem.place.config import CONFIG_FILE, DaemonConfig
     from tandem.place.daemon import DaemonRunning, run_daemon
@@ -82,6 +83,7 @@ if TYPE_CHECKING:  # the same names as _FACE, for type checkers (the house test 
     from tandem.place.protocol import Cancel, Status, Stop
     from tandem.place.reads import StateReads
     from tandem.place.records import Job
+    from tandem.place.remote import RemoteState
     from tandem.place.resources import Cap
     from tandem.place.run.metrics.tracking import helper_pid, manager_store
     from tandem.place.run.metrics.tracking_ends import open_runs
@@ -130,6 +132,7 @@ _FACE: dict[str, str] = {
     "submit": "client:submit",
     "submit_many": "client:submit_many",
     "submit_sweep": "client:submit_sweep",
+    "system_manager": "client:system_manager",
     "CONFIG_FILE": "config:CONFIG_FILE",
     "DaemonConfig": "config:DaemonConfig",
     "DaemonRunning": "daemon:DaemonRunning",
@@ -168,6 +171,7 @@ _FACE: dict[str, str] = {
     "protocol": "protocol",
     "StateReads": "reads:StateReads",
     "Job": "records:Job",
+    "RemoteState": "remote:RemoteState",
     "Cap": "resources:Cap",
     "helper_pid": "run.metrics.tracking:helper_pid",
     "manager_store": "run.metrics.tracking:manager_store",

@@ -16,6 +16,7 @@
 from __future__ import annotations
 
 import logging
+import os
 from dataclasses import replace
 
 from tandem.place import clock, model, outside
@@ -98,6 +99,8 @@ class Attempts:
             ray_cpus=p.cores_held,
         )
         name, producer = model.run_name(job.name, job.command, job.params), job.role == model.PRODUCER_ROLE
+        # A system manager (root) runs each job as its submitter; a user's daemon as itself.
+        as_owner = os.geteuid() == 0 and job.owner not in (None, 0)
         save(
             adir,
             AttemptSpec(
@@ -112,9 +115,14 @@ class Attempts:
                 log_max=self.config.log_max,
                 socket=self.socket,
                 track=self.tracked,
-                mlflow_env=self.tracked and not producer,  # a job is told its run's id (one run per job)
+                # a job is told its run's id (one run per job); not a submitter's job under a system
+                # manager: the store is the manager's, which they may not write
+                mlflow_env=self.tracked and not producer and not as_owner,
                 db_id=self.state.id,
                 node_env=node_env,
+                user=job.owner if as_owner else None,
+                group=(job.owner_gid if job.owner_gid is not None else job.owner) if as_owner else None,
+                groups=tuple(job.owner_groups) if as_owner else (),
             ),
         )
         record.placement, record.started = placement, (started := clock.now())

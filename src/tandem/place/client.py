@@ -30,10 +30,34 @@ class DaemonError(Exception):
     """The daemon is not there, did not answer, or refused the request."""
 
 
+def system_manager() -> Path | None:
+    """The socket of the host's system manager where one answers (``tandem daemon start
+    --system``: :func:`tandem.dirs.system_paths`), else None: then each user's own daemon."""
+    import socket
+
+    from tandem.dirs import system_paths
+
+    path = system_paths()[1]
+    try:
+        if not path.is_socket():
+            return None
+        with socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET) as s:
+            s.settimeout(2.0)
+            s.connect(str(path))
+        return path
+    except OSError:  # gone, refused (a socket left by a dead manager), not ours to reach
+        return None
+
+
 def daemon_socket(state_dir: Path) -> Path:
-    """Where the daemon of ``state_dir`` listens: as it wrote it in ``daemon.json`` (so a shell
-    with another runtime directory, cron's, finds the same daemon), else where it would."""
+    """Where the daemon of ``state_dir`` listens: the host's system manager where one runs
+    (every user's commands go to it), else as the daemon wrote it in ``daemon.json`` (so a
+    shell with another runtime directory, cron's, finds the same daemon), else where it would."""
     from tandem.place.run.supervisor.files import DaemonFile
+
+    system = system_manager()
+    if system is not None:
+        return system
 
     info = DaemonFile.read(state_dir)
     if info is not None and info.socket and Path(info.socket).exists():
@@ -155,6 +179,9 @@ def submit_many(
 
 
 def _until_answered(state_dir: Path, message: protocol.Request, timeout: float, within: float) -> Any:
+    system = system_manager()
+    if system is not None:  # the host's manager: no daemon of the user's own is started
+        return request_at(system, message, timeout)
     deadline = time.monotonic() + within
     while True:
         try:

@@ -39,6 +39,14 @@ class DaemonConfig:
     backend: str = "local"  # or "ray"
     address: str | None = None  # the Ray cluster (None: start one)
     log_max: int = DEFAULT_LOG_MAX
+    # A system manager (tandem daemon start --system): every user of the host submits to it,
+    # each job runs as its submitter; its socket (``socket``) is open to all of them.
+    system: bool = False
+    socket: str | None = None  # where it listens (None: the state directory's own, private)
+    admin_gid: int | None = None  # a group whose members may act on any job (as root may)
+    max_jobs_per_user: int | None = None  # running at once, per user (None: no limit)
+    max_cores_per_user: float | None = None
+    max_gpu_mem_per_user: int | None = None
 
     def to_json(self) -> str:
         return json.dumps(dataclasses.asdict(self), indent=1, sort_keys=True)

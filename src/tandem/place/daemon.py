@@ -35,7 +35,7 @@ from typing import Any
 from filelock import FileLock, Timeout
 
 from tandem import _ipc
-from tandem.place import clock, protocol
+from tandem.place import clock, fairshare, protocol
 from tandem.place.admission import Admission
 from tandem.place.attempts import Attempts
 from tandem.place.clock import current as current_clock
@@ -43,15 +43,17 @@ from tandem.place.clock import use as use_clock
 from tandem.place.config import DaemonConfig
 from tandem.place.devices import Monitor, Nvml, detect_capacity
 from tandem.place.diskwait import DiskWait
+from tandem.place.fairshare import UserLimits, Users
 from tandem.place.identity import StateMoved, keep_records, moved
-from tandem.place.model import Capacity, format_size
+from tandem.place.model import DAEMON_PEER, Capacity, Peer, format_size
 from tandem.place.paths import RAY_TROUBLE, StateError, private_dir
 from tandem.place.policies import make_policy
 from tandem.place.producers import Producers
 from tandem.place.pruning import EVERY_S as PRUNE_EVERY_S
 from tandem.place.pruning import Pruner
 from tandem.place.queue import WaitingJobs
-from tandem.place.requests import HANDLERS, Parts, failure
+from tandem.place.requests import HANDLERS, Parts, failure, peer_of
+from tandem.place.resources import Resources
 from tandem.place.run.launchers.launch import Launcher, LocalLauncher, RayLauncher, reap_children
 from tandem.place.run.services import ray_head
 from tandem.place.run.supervisor import weights
@@ -77,6 +79,7 @@ PLAN_EVERY_S = 2.0
 # less often, so that they take at most this share of a core. A change still gets its pass
 # at once. With 10,000 queued, about one pass every 10 s instead of 2.
 IDLE_PASS_SHARE = 0.005
+USE_EVERY_S = 10.0  # a system manager reads its users' decayed use again this often
 STOP_WAIT_S = 15.0  # at its stop: the longest wait for the attempts it told to stop
 IDLE_CONNECTION_S = 2.0  # a client that connected and sent nothing is dropped after this
 
@@ -127,7 +130,7 @@ class Daemon:
             trouble.unlink(missing_ok=True)  # (a switch is refused while any of its jobs runs)
             ray_head.stop(state.dir)
         self.monitor = Monitor(capacity, self.limits.window_s, nvml)
-        self.socket_path = protocol.socket_path(state.dir)
+        self.socket_path = Path(config.socket) if config.socket else protocol.socket_path(state.dir)
         self.moved: str | None = None  # what happened to the state's file, once it is not ours
         self.started = current_clock().time()
         self.stop_requested = False
@@ -161,6 +164,13 @@ class Daemon:
             from tandem.place.run.services.mps import MpsManager
 
             self.mps = MpsManager(_ipc.runtime_dir())
+        # A system manager's users (fair share, limits): the host they share, their use as last read.
+        self._host = Resources(capacity.total.cores, gpu_mem=sum(g.mem_total for g in capacity.gpus))
+        self._user_limits = UserLimits(
+            config.max_jobs_per_user, config.max_cores_per_user, config.max_gpu_mem_per_user
+        )
+        self._use: tuple[float, dict[int, float]] | None = None
+        self._use_of: frozenset[int] = frozenset()  # the attempts running when it was read
         parts = (self.attempts, self.admission, self.producers, self.disk, self.launcher)  # what handlers use
         self.parts = Parts(state, capacity, config, *parts, self.policy.name, self.started, self.tracker)
 
@@ -236,6 +246,8 @@ class Daemon:
     def _listen(self, sel: selectors.BaseSelector) -> Any:
         self.socket_path.unlink(missing_ok=True)  # a dead daemon's; the lock says it is dead
         listener = _ipc.listen(self.socket_path)
+        if self.config.system:  # every user of the host may connect: who they are comes from the kernel
+            os.chmod(self.socket_path, 0o666)
         self._socket_ino = os.stat(self.socket_path).st_ino
         sel.register(listener, selectors.EVENT_READ)
         # Where clients find us: a shell with another runtime directory (cron has no
@@ -292,16 +304,22 @@ class Daemon:
                 conn, _ = listener.accept()
             except BlockingIOError:
                 return
-            sel.register(conn, selectors.EVENT_READ, data=clock.monotonic())
+            try:  # who connected, as the kernel says: each request is theirs
+                peer = peer_of(conn, self.config.admin_gid)
+            except OSError:
+                conn.close()
+                continue
+            sel.register(conn, selectors.EVENT_READ, data=(clock.monotonic(), peer))
 
     def _drop_idle(self, sel: selectors.BaseSelector, listener: Any) -> None:
         now = clock.monotonic()
         for key in list(sel.get_map().values()):
-            if key.fileobj is not listener and now - key.data > IDLE_CONNECTION_S:
+            if key.fileobj is not listener and now - key.data[0] > IDLE_CONNECTION_S:
                 sel.unregister(key.fileobj)
                 key.fileobj.close()  # type: ignore[union-attr]
 
     def _answer(self, sel: selectors.BaseSelector, conn: Any) -> None:
+        peer: Peer = sel.get_key(conn).data[1]
         sel.unregister(conn)
         with conn:
             try:
@@ -312,7 +330,7 @@ class Daemon:
             try:
                 if self.moved is not None or self._state_moved():  # nothing written into no file
                     raise StateMoved(self.moved)
-                reply = self.handle(protocol.read_request(request))
+                reply = self.handle(protocol.read_request(request), peer)
             except Exception as exc:  # a bad request must not take the daemon down
                 reply = failure(exc, request.get("op"), self.state.dir)
             if reply is None:
@@ -328,12 +346,13 @@ class Daemon:
             finally:
                 _ipc.close_fds(list(body))
 
-    def handle(self, request: protocol.Request) -> protocol.Reply | None:
-        """The reply to ``request`` (None: a wake, which has none); what it changed sets our flags."""
+    def handle(self, request: protocol.Request, peer: Peer = DAEMON_PEER) -> protocol.Reply | None:
+        """The reply to ``request`` from ``peer`` (None: a wake, which has none); what it
+        changed sets our flags."""
         if isinstance(request, protocol.Wake):
             self.wake = True
             return None
-        reply, changed = HANDLERS[type(request)](request, self.parts)
+        reply, changed = HANDLERS[type(request)](request, self.parts, peer)
         self.stop_requested |= changed.stop
         self.dirty |= changed.queued or changed.queue or changed.shares
         self.wake |= changed.queued
@@ -399,7 +418,8 @@ class Daemon:
             queue = []
         if queue:
             nodes = self.admission.node_slots(active.values())
-            outcome = plan_nodes(queue, nodes, self.policy, self.limits, now)
+            users = self._users(now) if self.config.system else None
+            outcome = plan_nodes(queue, nodes, self.policy, self.limits, now, users)
             reasons.update(outcome.reasons)
             short = outcome.short
             on_node = jobs_per_node(active.values(), outcome.placements)  # once this pass's run
@@ -424,6 +444,36 @@ class Daemon:
         self.producers.spread(now, short, waiting, active.values())  # a share whose nodes are full
         self.admission.write_reasons(reasons)
         return launched
+
+    def _users(self, now: float) -> Users:
+        """The system manager's users as a pass sees them (:mod:`tandem.place.fairshare`):
+        their decayed use, read again when a job started or ended and every
+        :data:`USE_EVERY_S`, and their running jobs."""
+        running_now = frozenset(self.attempts.active)
+        if self._use is None or now - self._use[0] >= USE_EVERY_S or running_now != self._use_of:
+            self._use_of = running_now  # a job that ended since: its use counts at once
+            attempts = self.state.attempts_since(now - 5 * fairshare.HALF_LIFE_S, limit=20_000)
+            owners = self.state.owners({a.job_id for a in attempts})
+            held = [
+                fairshare.Held(
+                    owner,
+                    fairshare.host_share(a.placement.reservation.resources, self._host),
+                    a.started,
+                    a.ended,
+                )
+                for a in attempts
+                if (owner := owners.get(a.job_id)) is not None and a.placement.reservation is not None
+            ]
+            self._use = (now, fairshare.decayed_use(held, now))
+        running: dict[int, list[float]] = {}
+        for a in self.attempts.active.values():
+            r = a.placed.reservation
+            if a.job.owner is not None and r is not None:
+                row = running.setdefault(a.job.owner, [0, 0.0, 0])
+                row[0] += 1
+                row[1] += r.resources.cores
+                row[2] += r.resources.gpu_mem * max(r.resources.gpus, 1) if r.resources.gpu_mem else 0
+        return Users(self._use[1], running, self._user_limits, self._host)
 
     def _launch(self, job: Job, p: Placement, on_host: int) -> None:
         """Start ``job`` where ``p`` says; ``on_host``: the jobs on its node once this pass's run."""

@@ -167,6 +167,7 @@ class Pass:
             startup_cpus=None
             if job.gpus or reserved.cores_why.startswith("measured")
             else self.startup.cores(job.command),
+            owner=job.owner,
             **share,
         )
 

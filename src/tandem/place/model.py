@@ -133,6 +133,28 @@ def _command_problem(command: list[str], env: dict[str, str], params: dict[str, 
     return None
 
 
+@dataclass(frozen=True)
+class Peer:
+    """Who sent a request, as the kernel says (``SO_PEERCRED`` of the daemon's socket, the
+    peer's supplementary groups from ``/proc``): never anything a client writes. A job is
+    its submitter's (:attr:`owner`), run as them by a system manager. ``admin``: may act on
+    any job (root, the daemon's own user, a configured admin group)."""
+
+    uid: int
+    gid: int
+    pid: int = 0
+    groups: tuple[int, ...] = ()
+    admin: bool = False
+
+    def may_act_on(self, owner: int | None) -> bool:
+        """May this peer act on (cancel, read, wait for) a job or share of ``owner``?
+        One with no owner was made before owners were kept: the daemon's own user's."""
+        return self.admin or owner == self.uid
+
+
+DAEMON_PEER = Peer(os.getuid(), os.getgid(), os.getpid(), admin=True)  # the daemon itself, in-process
+
+
 @dataclass
 class JobSpec:
     """A job as submitted: what to run and what it reserves. One record from ``tandem submit``

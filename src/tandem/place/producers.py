@@ -133,7 +133,7 @@ class Producers:
             share=share.name,
             group=full.group or share.name,
         )
-        job_id = self.state.add_producer(spec, gpus, clock.now(), producer_key(share.name))
+        job_id = self.state.add_producer(spec, gpus, clock.now(), producer_key(share.name), owner=full.owner)
         self._moved = True
         self.state.event(
             job_id,

@@ -163,6 +163,28 @@ class AutoShare:
     spec: ShareSpec
 
 
+@dataclass(frozen=True)
+class ReadJobs:
+    """Read the state through the daemon (a system manager's users may not read its file):
+    the jobs in ``states`` (all: empty), the newest ``last`` before ``before``; or the job
+    ``job_id`` with its attempts and events. Another user's jobs come without their command,
+    working directory, parameters, names or log lines; another user's job asked by id is refused."""
+
+    OP: ClassVar[str] = "read-jobs"
+    states: list[str] = field(default_factory=list)
+    last: int | None = None
+    before: int | None = None
+    job_id: int | None = None
+
+
+@dataclass(frozen=True)
+class ReadLog:
+    """A job of the asker's own: each attempt's output (its rotated part first)."""
+
+    OP: ClassVar[str] = "read-log"
+    job_id: int = 0
+
+
 Request = Union[
     Submit,
     SubmitSweep,
@@ -175,7 +197,10 @@ Request = Union[
     RemoveShares,
     NotStarted,
     AutoShare,
+    ReadJobs,
+    ReadLog,
 ]
+
 REQUESTS: dict[str, type] = {
     cls.OP: cls
     for cls in (
@@ -190,6 +215,8 @@ REQUESTS: dict[str, type] = {
         RemoveShares,
         NotStarted,
         AutoShare,
+        ReadJobs,
+        ReadLog,
     )
 }
 OPS = tuple(REQUESTS)
@@ -327,6 +354,26 @@ class PutBack:
     state: str = ""  # the job's state now (queued, retrying, cancelled); "": no such attempt runs
 
 
+@dataclass(frozen=True)
+class JobRows:
+    """Jobs as their rows hold them (:func:`tandem.place.schema.row_values`), each with its
+    attempts' rows under ``attempts``; ``events`` of the one job asked by id; ``shares``: the
+    asker's share rows; ``older``: a job older than the first is there (paging)."""
+
+    jobs: list[dict[str, Any]] = field(default_factory=list)
+    events: list[dict[str, Any]] = field(default_factory=list)
+    shares: list[dict[str, Any]] = field(default_factory=list)
+    older: bool = False
+
+
+@dataclass(frozen=True)
+class LogParts:
+    """A job's output: for each attempt (in order), ``n``, ``older`` (the part rotated away)
+    and ``data``, base64."""
+
+    attempts: list[dict[str, Any]] = field(default_factory=list)
+
+
 Reply = Union[
     Failure,
     Submitted,
@@ -338,6 +385,8 @@ Reply = Union[
     AutoShared,
     SharesRemoved,
     PutBack,
+    JobRows,
+    LogParts,
 ]
 REPLIES: dict[str, type] = {
     "submit": Submitted,
@@ -350,6 +399,8 @@ REPLIES: dict[str, type] = {
     "remove-shares": SharesRemoved,
     "not-started": PutBack,
     "auto-share": AutoShared,
+    "read-jobs": JobRows,
+    "read-log": LogParts,
 }
 
 

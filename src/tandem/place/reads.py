@@ -115,6 +115,14 @@ class StateReads(ABC):
         sql = "SELECT * FROM attempts WHERE ended IS NULL OR ended >= ? ORDER BY started DESC LIMIT ?"
         return [decode(Attempt, r) for r in self.query(sql, (t, limit))]
 
+    def owners(self, job_ids: set[int]) -> dict[int, int | None]:
+        """Each of these jobs' owner (its submitter's uid)."""
+        rows = self.query(
+            "SELECT id, owner FROM jobs WHERE id IN (SELECT value FROM json_each(?))",
+            (json.dumps(sorted(job_ids)),),
+        )
+        return {int(r[0]): r[1] for r in rows}
+
     def counts(self) -> dict[str, int]:
         """How many jobs are in each state."""
         return {row[0]: row[1] for row in self.query("SELECT state, count(*) FROM jobs GROUP BY state")}

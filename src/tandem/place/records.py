@@ -188,6 +188,12 @@ class Job(JobSpec):
         None, shown=False
     )  # why it waits, as the daemon's last pass saw it (shown: views)
     updated: float | None = None  # when its row last changed (what a live view asks for)
+    # Who submitted it, as the kernel said (the socket's peer: never what a client says): it
+    # runs as that user under a system manager (tandem.place.fairshare weighs users by it).
+    # None: made before owners were kept (the daemon's own user's).
+    owner: int | None = column(None, queued=True)
+    owner_gid: int | None = column(None, shown=False)
+    owner_groups: list[int] = column(default_factory=list, shown=False)
     attempts: list[Attempt] = column(default_factory=list, stored=False, shown=False)
 
     @property
@@ -207,3 +213,4 @@ class Share:
     spec: ShareSpec = column(encode=ShareSpec.to_json, decode=ShareSpec.from_json)
     defined: float = 0.0
     selection: str | None = None
+    owner: int | None = None  # who defined it (the socket's peer); None: before owners were kept

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from tandem import _ipc
 from tandem.place import clock, pruning, sweep
 from tandem.place import protocol as p
 from tandem.place.admission import Admission
@@ -25,7 +26,16 @@ from tandem.place.attempts import Attempts
 from tandem.place.config import DaemonConfig
 from tandem.place.diskwait import DiskWait
 from tandem.place.identity import StateMoved
-from tandem.place.model import FINAL_STATES, RUNNING, STATES, WAITING_STATES, Capacity, JobSpec, format_size
+from tandem.place.model import (
+    FINAL_STATES,
+    RUNNING,
+    STATES,
+    WAITING_STATES,
+    Capacity,
+    JobSpec,
+    Peer,
+    format_size,
+)
 from tandem.place.producers import Producers, group_jobs, is_producer
 from tandem.place.resources import Resources
 from tandem.place.run.launchers.launch import Launcher
@@ -71,6 +81,14 @@ NOTHING = Changed()
 Handled = tuple[p.Reply, Changed]
 
 
+def peer_of(conn: Any, admin_gid: int | None) -> Peer:
+    """Who is connected on ``conn`` (:func:`tandem._ipc.peer_credentials`), and whether they
+    may act on any job: root, the daemon's own user, a member of ``admin_gid``."""
+    pid, uid, gid, groups = _ipc.peer_credentials(conn)
+    admin = uid in (0, os.getuid()) or (admin_gid is not None and (gid == admin_gid or admin_gid in groups))
+    return Peer(uid, gid, pid, groups, admin)
+
+
 def failure(exc: Exception, op: object, state_dir: Path) -> p.Failure:
     """The reply to a request (``op``) that raised ``exc``: refused (a request this daemon
     cannot read), the state's file gone, the disk full (free space, try again), or the error."""
@@ -91,20 +109,22 @@ def _refused(error: str) -> p.Failure:
     return p.Failure(f"refused: {error}", refused=True)
 
 
-def stop(_request: p.Stop, _d: Parts) -> Handled:
+def stop(_request: p.Stop, _d: Parts, peer: Peer) -> Handled:
+    if not peer.admin:
+        return _refused("only root (or the manager's admin group) may stop this manager"), NOTHING
     return p.Stopping(), Changed(stop=True)
 
 
-def submit(request: p.Submit, d: Parts) -> Handled:
-    checked = _checked(d, request.job)
+def submit(request: p.Submit, d: Parts, peer: Peer) -> Handled:
+    checked = _checked(d, request.job, peer)
     if isinstance(checked, p.Failure):
         return checked, NOTHING
     spec, gpus = checked
-    job_id, new = d.state.add_job(spec, gpus, clock.now())
+    job_id, new = d.state.add_job(spec, gpus, clock.now(), owner=peer)
     return p.Submitted(job_id, new), Changed(queued=True)
 
 
-def submit_sweep(request: p.SubmitSweep, d: Parts) -> Handled:
+def submit_sweep(request: p.SubmitSweep, d: Parts, peer: Peer) -> Handled:
     if not request.points:
         return _refused("the sweep has no point"), NOTHING
     template = request.job
@@ -115,7 +135,7 @@ def submit_sweep(request: p.SubmitSweep, d: Parts) -> Handled:
         specs = [sweep.job_of(template, pt, i, request.fill_env) for i, pt in enumerate(request.points)]
     except sweep.SweepError as exc:
         return _refused(str(exc)), NOTHING
-    checked = _checked(d, specs[0])  # one request, one reservation: the first stands for all
+    checked = _checked(d, specs[0], peer)  # one request, one reservation: the first stands for all
     if isinstance(checked, p.Failure):
         return checked, NOTHING
     first, gpus = checked
@@ -126,25 +146,25 @@ def submit_sweep(request: p.SubmitSweep, d: Parts) -> Handled:
         if problem:
             return _refused(problem), NOTHING
     # Its points are alike: what one is measured to use, the others reserve (tandem.place.reserve).
-    made = d.state.add_jobs(specs, gpus, clock.now(), alike=sweep.alike_key(template))
+    made = d.state.add_jobs(specs, gpus, clock.now(), alike=sweep.alike_key(template), owner=peer)
     return p.SweepSubmitted([job_id for job_id, _ in made], template.group or ""), Changed(queued=True)
 
 
-def submit_many(request: p.SubmitMany, d: Parts) -> Handled:
+def submit_many(request: p.SubmitMany, d: Parts, peer: Peer) -> Handled:
     checked = []
     for i, spec in enumerate(request.jobs):
-        one = _checked(d, spec)
+        one = _checked(d, spec, peer)
         if isinstance(one, p.Failure):
             if len(request.jobs) == 1:
                 return one, NOTHING
             return dataclasses.replace(one, error=f"job {i + 1} of {len(request.jobs)}: {one.error}"), NOTHING
         checked.append(one)
-    made = d.state.add_jobs([s for s, _ in checked], [g for _, g in checked], clock.now())
+    made = d.state.add_jobs([s for s, _ in checked], [g for _, g in checked], clock.now(), owner=peer)
     return p.SweepSubmitted([job_id for job_id, _ in made]), Changed(queued=True)
 
 
-def _checked(d: Parts, spec: JobSpec) -> tuple[JobSpec, int] | p.Failure:
-    """The job as it will be queued, and its GPUs; or why it is refused."""
+def _checked(d: Parts, spec: JobSpec, peer: Peer) -> tuple[JobSpec, int] | p.Failure:
+    """The job as it will be queued for ``peer``, and its GPUs; or why it is refused."""
     problem = spec.problem() or d.launcher.missing(spec.command, spec.cwd, spec.env)
     if problem is None and spec.prune is not None:
         tracked = d.tracker is not None and not d.tracker.why_not
@@ -155,6 +175,10 @@ def _checked(d: Parts, spec: JobSpec) -> tuple[JobSpec, int] | p.Failure:
     # What it would reserve as it starts (tandem.place.decide, as each pass decides it).
     need = d.admission.decisions(()).reserve(Job(**{**spec.to_dict(), "gpus": gpus}))
     share = d.state.share(spec.share) if spec.share else None
+    if share is not None and not peer.may_act_on(share.owner):
+        return _refused(
+            f"--share {spec.share}: that shared dataset is another user's; define one of your own"
+        )
     if spec.share and share is None:
         return _refused(
             f"--share {spec.share}: no such shared dataset; define it first: "
@@ -178,19 +202,28 @@ def _checked(d: Parts, spec: JobSpec) -> tuple[JobSpec, int] | p.Failure:
         # The group's selection is made once, by its own job: every job of the group waits for it.
         spec = dataclasses.replace(spec, after=[*spec.after, share.spec.select_job])
     for dep in spec.after:
-        if d.state.job(int(dep), attempts=False) is None:
-            return _refused(f"--after {dep}: no such job")
+        after = d.state.job(int(dep), attempts=False)
+        if after is None or not peer.may_act_on(after.owner):  # another's: as if there were none
+            return _refused(f"--after {dep}: no such job of yours")
     return spec, gpus
 
 
-def cancel(request: p.Cancel, d: Parts) -> Handled:
+def cancel(request: p.Cancel, d: Parts, peer: Peer) -> Handled:
     cancelled, unknown, ended, waiting = [], [], [], []
     ids = [int(i) for i in request.ids]
     listed = {}  # a group's or every job, read once, without their environments
     if request.group is not None or request.everything:
         live = tuple(s for s in STATES if s not in FINAL_STATES)
-        listed = {j.id: j for j in d.state.jobs(live, group=None if request.everything else request.group)}
+        every = d.state.jobs(live, group=None if request.everything else request.group)
+        listed = {j.id: j for j in every if peer.may_act_on(j.owner)}  # a user's --all: their own
         ids += list(listed)
+    others = [
+        i
+        for i in ids
+        if (j := listed.get(i) or d.state.job(i, attempts=False)) and not peer.may_act_on(j.owner)
+    ]
+    if others:
+        return _refused(f"job {others[0]} is another user's: you may cancel only your own jobs"), NOTHING
     refused = None if request.everything else _feeds(d, ids, listed)
     if refused is not None:
         return _refused(refused), NOTHING
@@ -232,7 +265,7 @@ def _feeds(d: Parts, ids: list[int], listed: dict[int, Job]) -> str | None:
     return None
 
 
-def status(_request: p.Status, d: Parts) -> Handled:
+def status(_request: p.Status, d: Parts, peer: Peer) -> Handled:
     active = d.attempts.active.values()
     host = d.admission.host_slot(active)
     gpus = [p.GpuCapacity(g.index, g.uuid, g.mem_total) for g in d.capacity.gpus]
@@ -294,7 +327,10 @@ def _nodes(d: Parts) -> list[p.NodeUse]:
     return out
 
 
-def define_share(request: p.DefineShare, d: Parts) -> Handled:
+def define_share(request: p.DefineShare, d: Parts, peer: Peer) -> Handled:
+    known = d.state.share(request.spec.name)
+    if known is not None and not peer.may_act_on(known.owner):
+        return _refused(f"share {request.spec.name!r} is another user's: choose another name"), NOTHING
     job = request.select_job
     if job is not None:
         problem = job.problem()
@@ -302,12 +338,12 @@ def define_share(request: p.DefineShare, d: Parts) -> Handled:
             return _refused(f"its selection job: {problem}"), NOTHING
     # As submit resolves it: a selection job that trains a proxy gets a GPU where there is one.
     gpus = 0 if job is None else (job.gpus if job.gpus is not None else (1 if d.capacity.gpus else 0))
-    job_id = d.state.define_share(request.spec, job, gpus)
+    job_id = d.state.define_share(request.spec, job, gpus, owner=peer)
     # Its selection job, where it has one, is queued: a pass at once, as after a submit.
     return p.ShareDefined(request.spec.name, job_id), Changed(queued=True, shares=True)
 
 
-def auto_share(request: p.AutoShare, d: Parts) -> Handled:
+def auto_share(request: p.AutoShare, d: Parts, peer: Peer) -> Handled:
     """A running job's drop-in loader asks for its data to be shared: the share defined (the
     loader's fingerprint names it), its producer queued unless one is queued or runs, the job
     reading it (of no group: in the share's, the producer's, :meth:`Producers.make`), and the
@@ -317,12 +353,17 @@ def auto_share(request: p.AutoShare, d: Parts) -> Handled:
     (:meth:`Producers.tend`): a job's second loader, of other data, reads its own auto share
     without saying so."""
     job = d.state.job(request.job_id, attempts=False)
-    if job is None or job.state != RUNNING or is_producer(job):
-        return _refused(f"job {request.job_id} is not a running job of this daemon's"), NOTHING
+    if job is None or job.state != RUNNING or is_producer(job) or not peer.may_act_on(job.owner):
+        return _refused(f"job {request.job_id} is not a running job of yours on this daemon"), NOTHING
     spec = request.spec
     share = d.state.share(spec.name)
+    if share is not None and not peer.may_act_on(share.owner):
+        return _refused(
+            f"another user's job reads the same data as auto share {spec.name!r}, and a share serves "
+            "one user's jobs: submit with --share NAME of a share of yours"
+        ), NOTHING
     if share is None or share.spec != spec:
-        d.state.define_share(spec)
+        d.state.define_share(spec, owner=peer)
         share = d.state.share(spec.name)
     assert share is not None  # defined just now, by the state's one writer
     # Its sweep: the waiting jobs alike (by job key) in its group, read before it joins one.
@@ -348,10 +389,11 @@ def auto_share(request: p.AutoShare, d: Parts) -> Handled:
     return p.AutoShared(spec.name, producer, bound), Changed(queued=True, shares=True)
 
 
-def remove_shares(request: p.RemoveShares, d: Parts) -> Handled:
+def remove_shares(request: p.RemoveShares, d: Parts, peer: Peer) -> Handled:
     removed, unknown, in_use = [], [], {}
     for name in request.names:
-        if d.state.share(name) is None:
+        share = d.state.share(name)
+        if share is None or not peer.may_act_on(share.owner):  # another's: not this user's to remove
             unknown.append(name)
         elif users := d.state.remove_share(name):  # the check and the delete: one transaction
             in_use[name] = users
@@ -360,11 +402,13 @@ def remove_shares(request: p.RemoveShares, d: Parts) -> Handled:
     return p.SharesRemoved(removed, unknown, in_use), Changed(shares=True)
 
 
-def not_started(request: p.NotStarted, d: Parts) -> Handled:
+def not_started(request: p.NotStarted, d: Parts, peer: Peer) -> Handled:
     """A supervisor that could not start its job (the disk refused its first write): the job
     back in the queue, or ended if it was cancelled meanwhile, and no start until the disk takes
     writes. Recorded before the answer: a supervisor that gets none (this write failed too, or
     the daemon restarted) asks again, and stays alive until then, so it is never taken as lost."""
+    if not peer.admin:  # a supervisor runs as the manager's user
+        return _refused("only the manager's supervisors say a job did not start"), NOTHING
     why = request.why or "its supervisor could not start it"
     d.disk.hold(why)
     a = d.attempts.active.get(request.job_id)
@@ -393,8 +437,89 @@ def not_started(request: p.NotStarted, d: Parts) -> Handled:
     return p.PutBack(job.state if job is not None else ""), Changed(queue=True)
 
 
-# Each request's handler: (the request, the daemon's parts) -> (its reply, what it changed).
-HANDLERS: dict[type, Callable[[Any, Parts], Handled]] = {
+def read_jobs(request: p.ReadJobs, d: Parts, peer: Peer) -> Handled:
+    """The state as ``peer`` may see it (a system manager's users may not read its file):
+    their own jobs whole, others' without what they ran (:func:`_unseen`)."""
+    if request.job_id is not None:
+        job = d.state.job(request.job_id)
+        if job is None:
+            return p.JobRows(), NOTHING
+        if not peer.may_act_on(job.owner):
+            return _refused(f"job {job.id} is another user's: you may read only your own jobs"), NOTHING
+        events = [dict(e) for e in d.state.events(job.id)]
+        return p.JobRows([_row(job)], events, _shares_of(d, peer)), NOTHING
+    jobs = d.state.jobs(
+        tuple(request.states) or None, attempts=True, last=request.last, before=request.before
+    )
+    older = bool(jobs) and request.last is not None and d.state.any_before(jobs[0].id)
+    rows = [_row(j if peer.may_act_on(j.owner) else _unseen(j)) for j in jobs]
+    return p.JobRows(rows, [], _shares_of(d, peer), older), NOTHING
+
+
+def _row(job: Job) -> dict[str, Any]:
+    """A job as its row holds it, with its attempts' rows."""
+    from tandem.place.records import Attempt
+    from tandem.place.schema import row_values
+
+    return {**row_values(job), "attempts": [row_values(a) for a in job.attempts if isinstance(a, Attempt)]}
+
+
+def _unseen(job: Job) -> Job:
+    """Another user's job as a user sees it: its owner, state, times and resources; not what
+    it runs, where, with what parameters, its names or its output's lines."""
+    attempts = [dataclasses.replace(a, cause_line=None) for a in job.attempts]
+    return dataclasses.replace(
+        job,
+        command=[],
+        cwd="",
+        env={},
+        name=None,
+        params={},
+        share=None,
+        group=None,
+        token=None,
+        job_key="",
+        learn_key="",
+        cause_line=None,
+        reason=None,
+        attempts=attempts,
+    )
+
+
+def _shares_of(d: Parts, peer: Peer) -> list[dict[str, Any]]:
+    from tandem.place.schema import row_values
+
+    return [row_values(s) for s in d.state.shares() if peer.may_act_on(s.owner)]
+
+
+def read_log(request: p.ReadLog, d: Parts, peer: Peer) -> Handled:
+    """A job's output, for its owner only."""
+    import base64
+
+    job = d.state.job(request.job_id)
+    if job is None:
+        return _refused(f"no job {request.job_id}"), NOTHING
+    if not peer.may_act_on(job.owner):
+        return _refused(f"job {job.id} is another user's: you may read only your own jobs"), NOTHING
+    parts = []
+    for a in job.attempts:
+        folder = d.state.attempt_dir(a)
+        read = [
+            (folder / name).read_bytes() if (folder / name).is_file() else b""
+            for name in ("output.log.1", "output.log")
+        ]
+        parts.append(
+            {
+                "n": a.n,
+                "older": base64.b64encode(read[0]).decode(),
+                "data": base64.b64encode(read[1]).decode(),
+            }
+        )
+    return p.LogParts(parts), NOTHING
+
+
+# Each request's handler: (the request, the daemon's parts, who sent it) -> (its reply, what it changed).
+HANDLERS: dict[type, Callable[[Any, Parts, Peer], Handled]] = {
     p.Submit: submit,
     p.SubmitSweep: submit_sweep,
     p.SubmitMany: submit_many,
@@ -405,4 +530,6 @@ HANDLERS: dict[type, Callable[[Any, Parts], Handled]] = {
     p.RemoveShares: remove_shares,
     p.NotStarted: not_started,
     p.AutoShare: auto_share,
+    p.ReadJobs: read_jobs,
+    p.ReadLog: read_log,
 }

@@ -39,6 +39,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from operator import attrgetter
 
+from tandem.place.fairshare import Users, fair_order
 from tandem.place.model import format_size
 from tandem.place.policies import GpuSlot, HostSlot, Limits, MostFreeMemory, Policy
 from tandem.place.resources import Reservation, Resources
@@ -65,6 +66,7 @@ class Waiting:
     # Under Ray, the nodes it may go to, each with its share group's jobs running there (those
     # where its group's producers run; a share's next producer: those where none does); None: any.
     nodes: dict[str, int] | None = None
+    owner: int | None = None  # its submitter (a system manager's user; fair share between them)
 
     @property
     def alone(self) -> bool:
@@ -134,10 +136,16 @@ def plan(
 
 
 def plan_nodes(
-    queue: Sequence[Waiting], nodes: Sequence[NodeSlot], policy: Policy, limits: Limits, now: float
+    queue: Sequence[Waiting],
+    nodes: Sequence[NodeSlot],
+    policy: Policy,
+    limits: Limits,
+    now: float,
+    users: Users | None = None,
 ) -> Plan:
     """The jobs to start now, in order, each on one node where it fits, and the reasons the
-    others wait. ``nodes`` are not changed."""
+    others wait. ``nodes`` are not changed. ``users``: a system manager's users, their use
+    (the order between them: fair share) and limits (:mod:`tandem.place.fairshare`)."""
     copy = dataclasses.replace
     slots = [NodeSlot(n.node, copy(n.host), [copy(g) for g in n.gpus], n.name, n.cpus_held) for n in nodes]
     out = Plan()
@@ -148,9 +156,17 @@ def plan_nodes(
     refused: dict[tuple[object, ...], str] = {}
     # Per share, per node: its jobs placed this pass.
     placed: dict[str, dict[str, int]] = {}
-    for job in order(queue):
+    ordered = order(queue)
+    if users is not None:
+        ordered = fair_order(
+            ordered, attrgetter("owner"), lambda w: users.weight(w.need.resources), users.standing()
+        )
+    for job in ordered:
         if blocker is not None:
             out.reasons[job.id] = blocker
+            continue
+        if users is not None and (over := users.over(job.owner, job.need.resources)):
+            out.reasons[job.id] = over  # its user's other jobs hold their limit: the others' go on
             continue
         job = _this_pass(job, placed)
         need = _need_key(job)
@@ -167,6 +183,8 @@ def plan_nodes(
                 on = placed.setdefault(job.share, {})
                 on[placement.node] = on.get(placement.node, 0) + 1
             out.placements.append(placement)
+            if users is not None:
+                users.add(job.owner, job.need.resources)
             continue
         out.reasons[job.id] = refused[need] = placement
         out.short.append(job.id)

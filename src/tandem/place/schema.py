@@ -15,14 +15,14 @@ import dataclasses
 import functools
 import json
 import sqlite3
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from tandem.place.fields import meta, reader, same, sql_declaration, stored_fields, to_column
 from tandem.place.model import WAITING_STATES
 from tandem.place.records import Attempt, Job, Share
 
-SCHEMA_VERSION = 8
+SCHEMA_VERSION = 9
 
 # Each record's table: its name and what is declared beyond its columns.
 TABLES: dict[type, tuple[str, str]] = {
@@ -101,7 +101,7 @@ def _readers(cls: type) -> dict[str, Callable[[Any], Any]]:
     return {f.name: reader(f) for f in stored_fields(cls)}
 
 
-def decode(cls: type, row: sqlite3.Row) -> Any:
+def decode(cls: type, row: sqlite3.Row | Mapping[str, Any]) -> Any:
     """The record a row (all or some of its columns) holds."""
     return decode_all(cls, [row])[0]
 
@@ -124,7 +124,7 @@ def _unread(cls: type, names: tuple[str, ...]) -> tuple[dict[str, Any], tuple[tu
     return defaults, tuple(factories)
 
 
-def decode_all(cls: type, rows: list[sqlite3.Row]) -> list[Any]:
+def decode_all(cls: type, rows: Sequence[sqlite3.Row | Mapping[str, Any]]) -> list[Any]:
     """The records rows of one query hold (their columns looked up once, not per row; only
     the columns kept otherwise than as they are converted). A plain record (no slots, no
     ``__post_init__``) is filled in directly, not through its constructor: ``tandem ls``
@@ -137,7 +137,7 @@ def decode_all(cls: type, rows: list[sqlite3.Row]) -> list[Any]:
     unread = None if hasattr(cls, "__slots__") or hasattr(cls, "__post_init__") else _unread(cls, names)
     out = []
     for row in rows:
-        values = dict(zip(names, row))
+        values = dict(row) if isinstance(row, Mapping) else dict(zip(names, row))  # a reply's, or the file's
         for k, read in convert:
             if (v := values[k]) is not None:
                 values[k] = read(v)
@@ -241,6 +241,21 @@ def _pruning(db: sqlite3.Connection) -> None:
             db.execute(f"ALTER TABLE jobs ADD COLUMN {name} {kind}")
 
 
+def _owners(db: sqlite3.Connection) -> None:
+    """Schema 9 keeps who submitted each job and defined each share (a system manager's
+    users); rows made before are the daemon's own user's (None)."""
+    have = {r[1] for r in db.execute("PRAGMA table_info(jobs)")}
+    for name, kind in (
+        ("owner", "INTEGER"),
+        ("owner_gid", "INTEGER"),
+        ("owner_groups", "TEXT NOT NULL DEFAULT '[]'"),
+    ):
+        if name not in have:
+            db.execute(f"ALTER TABLE jobs ADD COLUMN {name} {kind}")
+    if "owner" not in {r[1] for r in db.execute("PRAGMA table_info(shares)")}:
+        db.execute("ALTER TABLE shares ADD COLUMN owner INTEGER")
+
+
 # MIGRATIONS[n]: what takes schema n to n + 1 (CREATE TABLE IF NOT EXISTS only makes what
 # is missing, not what an old table lacks): SQL statements, or functions of the database.
 MIGRATIONS: dict[int, list[Any]] = {
@@ -263,6 +278,7 @@ MIGRATIONS: dict[int, list[Any]] = {
     5: [_learning_keys],
     6: [_job_roles],
     7: [_pruning],
+    8: [_owners],
 }
 
 assert set(MIGRATIONS) == set(range(1, SCHEMA_VERSION)), "a schema version without its migration"

@@ -29,7 +29,18 @@ from typing import Any
 from tandem.dirs import private_file
 from tandem.place import clock, model
 from tandem.place.identity import file_id, new_db_id, opening_new
-from tandem.place.model import CANCELLED, FAILED, OOM, PRUNED, QUEUED, RETRYING, RUNNING, SUCCEEDED, JobSpec
+from tandem.place.model import (
+    CANCELLED,
+    FAILED,
+    OOM,
+    PRUNED,
+    QUEUED,
+    RETRYING,
+    RUNNING,
+    SUCCEEDED,
+    JobSpec,
+    Peer,
+)
 from tandem.place.paths import (  # noqa: F401 (re-exported)
     StateError,
     private_dir,
@@ -186,38 +197,74 @@ class State(StateReads):
 
     # --- jobs: submitted, and changed only by the named transitions ------------------------
 
-    def add_job(self, spec: JobSpec, gpus: int, now: float) -> tuple[int, bool]:
-        """Queue a submitted job; its id, and whether it is new (a submit retried with the
-        same token gets the job the first one made)."""
+    def add_job(self, spec: JobSpec, gpus: int, now: float, owner: Peer | None = None) -> tuple[int, bool]:
+        """Queue a submitted job (``owner``: its submitter); its id, and whether it is new (a
+        submit retried with the same token gets the job the first one made)."""
         with self.transaction() as db:
-            return self._add_job(db, spec, gpus, now)
+            return self._add_job(db, spec, gpus, now, owner=owner)
 
     def add_jobs(
-        self, specs: list[JobSpec], gpus: int | list[int], now: float, alike: str = ""
+        self,
+        specs: list[JobSpec],
+        gpus: int | list[int],
+        now: float,
+        alike: str = "",
+        owner: Peer | None = None,
     ) -> list[tuple[int, bool]]:
         """Queue several jobs (a sweep's, ``tandem.jobs.submit_many``'s): one transaction,
         all of them or none; ``gpus`` each one's (one figure: all the same); ``alike``: the
         learning key they share (a sweep template's, :func:`tandem.place.sweep.alike_key`)."""
         each = gpus if isinstance(gpus, list) else [gpus] * len(specs)
         with self.transaction() as db:
-            return [self._add_job(db, spec, g, now, alike=alike) for spec, g in zip(specs, each, strict=True)]
+            return [
+                self._add_job(db, spec, g, now, alike=alike, owner=owner)
+                for spec, g in zip(specs, each, strict=True)
+            ]
 
-    def add_producer(self, spec: JobSpec, gpus: int, now: float, key: str) -> int:
-        """Queue a share group's producer: a job row of role producer (the daemon's own)."""
+    def add_producer(self, spec: JobSpec, gpus: int, now: float, key: str, owner: int | None = None) -> int:
+        """Queue a share group's producer: a job row of role producer (the daemon's own),
+        run as ``owner`` (its share's first reader's user; None: the daemon's)."""
         with self.transaction() as db:
             job_id = self._add_job(db, spec, gpus, now, "a share group's producer", key)[0]
-            db.execute("UPDATE jobs SET role = ? WHERE id = ?", (model.PRODUCER_ROLE, job_id))
+            db.execute(
+                "UPDATE jobs SET role = ?, owner = ? WHERE id = ?", (model.PRODUCER_ROLE, owner, job_id)
+            )
+            if owner is not None:  # as its reader's newest job: their primary group and groups
+                row = db.execute(
+                    "SELECT owner_gid, owner_groups FROM jobs WHERE owner = ? AND role = 'job' "
+                    "AND owner_gid IS NOT NULL ORDER BY id DESC LIMIT 1",
+                    (owner,),
+                ).fetchone()
+                if row is not None:
+                    db.execute("UPDATE jobs SET owner_gid = ?, owner_groups = ? WHERE id = ?", (*row, job_id))
             return job_id
 
     def _add_job(
-        self, db: sqlite3.Connection, spec: JobSpec, gpus: int, now: float, detail: str = "", alike: str = ""
+        self,
+        db: sqlite3.Connection,
+        spec: JobSpec,
+        gpus: int,
+        now: float,
+        detail: str = "",
+        alike: str = "",
+        owner: Peer | None = None,
     ) -> tuple[int, bool]:
         if spec.token:
-            known = db.execute("SELECT id FROM jobs WHERE token = ?", (spec.token,)).fetchone()
+            known = db.execute(
+                "SELECT id FROM jobs WHERE token = ? AND owner IS ?",
+                (spec.token, owner.uid if owner else None),
+            ).fetchone()
             if known is not None:
                 return int(known[0]), False
         key, times = spec.job_key, {"submitted": now, "queued_at": now, "updated": now}
-        values = row_values(Job(**spec.to_dict()), gpus=gpus, job_key=key, learn_key=alike or key, **times)
+        who = (
+            {}
+            if owner is None
+            else {"owner": owner.uid, "owner_gid": owner.gid, "owner_groups": list(owner.groups)}
+        )
+        values = row_values(
+            Job(**spec.to_dict()), gpus=gpus, job_key=key, learn_key=alike or key, **times, **who
+        )
         del values["id"]
         job_id = _insert(db, "jobs", values)
         self._event(db, job_id, "submitted", detail)
@@ -398,7 +445,9 @@ class State(StateReads):
 
     # --- shared datasets (tandem share define) ------------------------------------------------
 
-    def define_share(self, spec: ShareSpec, select_job: JobSpec | None = None, gpus: int = 0) -> int | None:
+    def define_share(
+        self, spec: ShareSpec, select_job: JobSpec | None = None, gpus: int = 0, owner: Peer | None = None
+    ) -> int | None:
         """Define (or redefine) a share, with the selection it serves when one was given
         (``spec.selection``). ``select_job``: the job that makes its selection, queued in the
         same transaction (its id is returned and kept in the spec)."""
@@ -407,14 +456,16 @@ class State(StateReads):
             job_id = None
             if select_job is not None:  # a define retried with its token: the job it made
                 what = f"makes the selection of share {spec.name!r}"
-                job_id, _ = self._add_job(db, select_job, gpus, now, what)
+                job_id, _ = self._add_job(db, select_job, gpus, now, what, owner=owner)
                 spec = dataclasses.replace(spec, select_job=job_id)
             _insert(  # a redefinition: the same row, its spec and selection replaced
                 db,
                 "shares",
-                row_values(Share(spec.name, spec, now, selection=spec.selection)),
+                row_values(
+                    Share(spec.name, spec, now, selection=spec.selection, owner=owner.uid if owner else None)
+                ),
                 "ON CONFLICT(name) DO UPDATE SET spec = excluded.spec, defined = excluded.defined, "
-                "selection = excluded.selection",
+                "selection = excluded.selection",  # its owner stays (a redefinition is the owner's)
             )
         return job_id
 

@@ -164,6 +164,10 @@ class AttemptSpec:
     # Variables the job takes from the node its supervisor runs on, not from its submitter's
     # shell (under Ray: where that node keeps its sockets, so its jobs find its producers)
     node_env: tuple[str, ...] = ()
+    # Who the job runs as (a system manager's job: its submitter); None: as the supervisor.
+    user: int | None = None
+    group: int | None = None
+    groups: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True)

@@ -155,6 +155,7 @@ class Shim:
                 stdout=write_fd,
                 stderr=write_fd,
                 start_new_session=True,
+                **_as_submitter(spec),
             )
         except OSError as exc:
             os.close(read_fd)
@@ -416,6 +417,15 @@ def _child_cpu() -> tuple[float, float] | None:
         return r.ru_utime, r.ru_stime
     except (ImportError, OSError):
         return None
+
+
+def _as_submitter(spec: AttemptSpec) -> dict[str, Any]:
+    """Popen's arguments that run the job as its submitter (a system manager's job: user,
+    primary group, supplementary groups as the kernel gave them at submit); none for a
+    job that runs as the supervisor does."""
+    if spec.user is None:
+        return {}
+    return {"user": spec.user, "group": spec.group, "extra_groups": list(spec.groups)}
 
 
 def main(argv: list[str]) -> int:

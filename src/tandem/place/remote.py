@@ -1,0 +1,85 @@
+"""The state read through the host's system manager (``tandem daemon start --system``): its
+file is root's, so each user's ``ls``, ``show``, ``logs`` and ``wait`` ask the manager, which
+answers with what that user may see (:func:`tandem.place.requests.read_jobs`: their own jobs
+whole, others' without what they ran). :class:`RemoteState` answers the reads those commands
+make of a :class:`~tandem.place.reads.StateReader`, from the manager's replies."""
+
+from __future__ import annotations
+
+import base64
+from pathlib import Path
+from typing import Any
+
+from tandem.place import protocol
+from tandem.place.client import DaemonRefused, request_at
+from tandem.place.records import Attempt, Job, Share
+from tandem.place.schema import decode, decode_all
+
+
+class RemoteState:
+    """What ``ls``, ``show``, ``logs`` and ``wait`` read, asked of the manager at ``socket``."""
+
+    def __init__(self, socket: Path, timeout: float = 30.0) -> None:
+        self.socket, self.timeout = socket, timeout
+        self.dir = socket.parent  # what messages name
+        self._shares: list[Share] = []
+        self._older = False
+        self._events: list[dict[str, Any]] = []
+
+    def _ask(self, message: protocol.ReadJobs) -> protocol.JobRows:
+        reply: protocol.JobRows = request_at(self.socket, message, self.timeout)
+        self._shares = decode_all(Share, reply.shares)
+        self._older = reply.older
+        return reply
+
+    @staticmethod
+    def _job(row: dict[str, Any]) -> Job:
+        attempts = row.pop("attempts", [])
+        job: Job = decode(Job, row)
+        job.attempts = decode_all(Attempt, attempts)
+        return job
+
+    def job(self, job_id: int, attempts: bool = True) -> Job | None:
+        """``job_id``, or None where there is none. Another user's: ``DaemonRefused``."""
+        reply = self._ask(protocol.ReadJobs(job_id=job_id))
+        self._events = reply.events
+        return self._job(dict(reply.jobs[0])) if reply.jobs else None
+
+    def jobs(
+        self,
+        states: tuple[str, ...] | None = None,
+        attempts: bool = False,
+        last: int | None = None,
+        before: int | None = None,
+    ) -> list[Job]:
+        reply = self._ask(protocol.ReadJobs(list(states or ()), last, before))
+        return [self._job(dict(row)) for row in reply.jobs]
+
+    def any_before(self, _job_id: int) -> bool:
+        """Whether the last listing (of ``--all``) left older jobs out."""
+        return self._older
+
+    def attempts(self, job_id: int) -> list[Attempt]:
+        job = self.job(job_id)
+        return job.attempts if job is not None else []
+
+    def events(self, job_id: int) -> list[dict[str, Any]]:
+        self.job(job_id)
+        return list(self._events)
+
+    def share(self, name: str) -> Share | None:
+        return next((s for s in self._shares if s.name == name), None)
+
+    def shares(self) -> list[Share]:
+        return list(self._shares)
+
+    def logs(self, job_id: int) -> list[tuple[int, bytes, bytes]]:
+        """Each attempt's output: ``(n, the part rotated away, the rest)``."""
+        reply: protocol.LogParts = request_at(self.socket, protocol.ReadLog(job_id), self.timeout)
+        return [(a["n"], base64.b64decode(a["older"]), base64.b64decode(a["data"])) for a in reply.attempts]
+
+    def close(self) -> None:
+        pass
+
+
+__all__ = ["DaemonRefused", "RemoteState"]

@@ -1,0 +1,111 @@
+"""A lab's server: one system manager (``tandem daemon start --system``, run as root) for two
+real local users (``useradd``) who submit with plain ``tandem submit`` (``TANDEM_SYSTEM_DIR``
+set, nothing else). Each job runs as its submitter; the cores reserved never pass the
+manager's 2; the second user's first job starts before the first user's third (fair share);
+a user cannot cancel, show or read the logs of the other's job, and their ``ls`` shows it
+without its command; requests are the kernel's peer's, never what a client says."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tandem.place.reads import StateReader
+from tests.other_user import OtherUser, two_users  # noqa: F401 (the fixture)
+from tests.timing import scaled, until
+
+# Busy (a core) until the test says go (once all 8 jobs are queued: the first ones hold the
+# cores meanwhile), then a second more; then says who it ran as.
+JOB = (
+    "import os, sys, time\nwhile not os.path.exists(sys.argv[1]): pass\nt = time.process_time()\n"
+    "while time.process_time() - t < 1: pass\nprint('uid', os.getuid())"
+)
+
+
+@pytest.fixture
+def system(two_users: tuple[OtherUser, OtherUser]) -> Iterator[Path]:  # noqa: F811
+    """A system manager of 2 cores and 4G, its folder where both users may reach its socket."""
+    base = Path(tempfile.mkdtemp(prefix="tandem-system-"))
+    env = {**os.environ, "TANDEM_SYSTEM_DIR": str(base)}
+    start = [sys.executable, "-m", "tandem.cli", "daemon", "start", "--system", "--cpus", "2"]
+    start += ["--mem", "4G"]
+    done = subprocess.run(start, env=env, capture_output=True, text=True, timeout=scaled(60))
+    assert done.returncode == 0, done.stderr
+    try:
+        yield base
+    finally:
+        stop = [sys.executable, "-m", "tandem.cli", "daemon", "stop"]
+        subprocess.run(stop, env=env, capture_output=True, text=True, timeout=scaled(60))
+        shutil.rmtree(base, ignore_errors=True)
+
+
+def _tandem(user: OtherUser, base: Path, *args: str) -> subprocess.CompletedProcess:
+    return user.run(user.tandem(*args), env=user.env(TANDEM_SYSTEM_DIR=str(base)), timeout=scaled(60))
+
+
+def _submit(user: OtherUser, base: Path) -> int:
+    done = _tandem(user, base, "submit", "--", user.python, "-c", JOB, str(base / "go"))
+    assert done.returncode == 0, done.stderr
+    return int(done.stdout.strip())
+
+
+def test_two_users_one_manager_fair_share_each_job_as_its_submitter(
+    system: Path,
+    two_users: tuple[OtherUser, OtherUser],  # noqa: F811
+) -> None:
+    if os.geteuid() != 0:
+        pytest.skip("a system manager runs as root")
+    a, b = two_users
+    mine = [_submit(a, system) for _ in range(6)]
+    theirs = [_submit(b, system) for _ in range(2)]
+    reader = StateReader(system / "state")  # root reads the manager's file
+    try:
+        (system / "go").touch()  # all 8 queued: those running go on to their end
+        until(
+            lambda: [j.state for j in reader.jobs()] == ["succeeded"] * 8,
+            240,
+            lambda: f"the 8 jobs did not all succeed: {[(j.id, j.state, j.cause) for j in reader.jobs()]}",
+        )
+        jobs = {j.id: j for j in reader.jobs(attempts=True)}
+        for job_id, user in [(i, a) for i in mine] + [(i, b) for i in theirs]:
+            job = jobs[job_id]
+            assert job.owner == user.uid and job.owner_gid == user.gid
+            out = (reader.attempt_dir(job.attempts[-1]) / "output.log").read_text()
+            assert f"uid {user.uid}" in out, out  # it ran as its submitter
+        # The cores reserved at any moment never pass the manager's 2.
+        spans = [
+            (at.started, at.ended or at.started, at.placement.reservation.resources.cores)
+            for j in jobs.values()
+            for at in j.attempts
+            if at.placement.reservation is not None
+        ]
+        for t, _, _ in spans:
+            assert sum(c for s, e, c in spans if s <= t < e) <= 2.0 + 1e-9
+        # Fair share: the second user's first job before the first user's third.
+        assert jobs[theirs[0]].started is not None and jobs[mine[2]].started is not None
+        timeline = [(i, round(e["t"] - jobs[1].submitted, 2), e["kind"]) for i in jobs for e in reader.events(i)]
+        assert jobs[theirs[0]].started < jobs[mine[2]].started, str(sorted(timeline, key=lambda e: e[1]))
+    finally:
+        reader.close()
+    # The first user may not touch or read the second's job, and sees it without its command.
+    for args in (("cancel", str(theirs[0])), ("show", str(theirs[0])), ("logs", str(theirs[0]))):
+        done = _tandem(a, system, *args)
+        assert done.returncode == 2 and "another user's" in done.stderr, (args, done.stdout, done.stderr)
+    listed = _tandem(a, system, "ls")
+    assert listed.returncode == 0 and b.name in listed.stdout and a.name in listed.stdout
+    other = next(r for r in json.loads(_tandem(a, system, "ls", "--json").stdout) if r["id"] == theirs[0])
+    assert other["command"] == [] and other["cwd"] == "" and other["owner"] == b.uid
+    own = _tandem(a, system, "show", str(mine[0]))
+    assert own.returncode == 0 and "-c" in own.stdout
+    assert f"uid {a.uid}" in _tandem(a, system, "logs", str(mine[0])).stdout
+    # Only root (or the admin group) stops the manager.
+    stop = _tandem(a, system, "daemon", "stop")
+    assert stop.returncode != 0 and "only root" in stop.stderr
