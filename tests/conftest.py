@@ -58,6 +58,8 @@ def runtime_dir(monkeypatch):
     # Short path: Unix socket paths are limited to 107 bytes.
     path = tempfile.mkdtemp(prefix="tdm-")
     monkeypatch.setenv("TANDEM_RUNTIME_DIR", path)
+    # No test reaches a system manager the host may run (/run/tandem): one that wants one sets its own.
+    monkeypatch.setenv("TANDEM_SYSTEM_DIR", os.path.join(path, "no-system-manager"))
     yield path
     shutil.rmtree(path, ignore_errors=True)
 

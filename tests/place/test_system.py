@@ -91,7 +91,9 @@ def test_two_users_one_manager_fair_share_each_job_as_its_submitter(
             assert sum(c for s, e, c in spans if s <= t < e) <= 2.0 + 1e-9
         # Fair share: the second user's first job before the first user's third.
         assert jobs[theirs[0]].started is not None and jobs[mine[2]].started is not None
-        timeline = [(i, round(e["t"] - jobs[1].submitted, 2), e["kind"]) for i in jobs for e in reader.events(i)]
+        timeline = [
+            (i, round(e["t"] - jobs[1].submitted, 2), e["kind"]) for i in jobs for e in reader.events(i)
+        ]
         assert jobs[theirs[0]].started < jobs[mine[2]].started, str(sorted(timeline, key=lambda e: e[1]))
     finally:
         reader.close()
@@ -109,3 +111,77 @@ def test_two_users_one_manager_fair_share_each_job_as_its_submitter(
     # Only root (or the admin group) stops the manager.
     stop = _tandem(a, system, "daemon", "stop")
     assert stop.returncode != 0 and "only root" in stop.stderr
+
+
+ATTACKS = r"""
+import json, socket, sys
+from pathlib import Path
+from tandem.place import protocol
+from tandem.place.client import DaemonError, request_at
+from tandem.place.model import JobSpec
+sock, victim = Path(sys.argv[1]), int(sys.argv[2])
+said = {}
+def attempt(name, message):
+    try:
+        said[name] = repr(request_at(sock, message, 10.0))
+    except DaemonError as exc:
+        said[name] = f"refused: {exc}"
+# A request that names another user: the field is not the protocol's, the peer is who counts.
+wire = {**protocol.to_wire(protocol.Cancel([victim])), "uid": 0, "owner": 0}
+said["forged"] = json.dumps(protocol.exchange(sock, wire, 10.0))
+attempt("cancel", protocol.Cancel([victim]))
+attempt("cancel_all", protocol.Cancel([], everything=True))
+attempt("read", protocol.ReadJobs(job_id=victim))
+attempt("log", protocol.ReadLog(victim))
+attempt("not_started", protocol.NotStarted(victim, 1, "x"))
+attempt("stop", protocol.Stop())
+# A flood of connections held open: the manager closes this user's beyond its cap.
+held = []
+for _ in range(200):
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    s.connect(str(sock))
+    held.append(s)
+print(json.dumps(said))
+sys.stdout.flush()
+sys.stdin.readline()  # held open until the test has checked the other user is answered
+"""
+
+
+def test_another_users_requests_are_refused_whatever_the_request_says(
+    system: Path,
+    two_users: tuple[OtherUser, OtherUser],  # noqa: F811
+) -> None:
+    if os.geteuid() != 0:
+        pytest.skip("a system manager runs as root")
+    a, b = two_users
+    victim = _submit(b, system)
+    attacker = a.popen(
+        [a.python, "-c", ATTACKS, str(system / "daemon.sock"), str(victim)],
+        env=a.env(TANDEM_SYSTEM_DIR=str(system)),
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert attacker.stdout is not None and attacker.stdin is not None
+        said = json.loads(attacker.stdout.readline() or "{}")
+        assert said, attacker.stderr.read() if attacker.stderr else ""
+        for name in ("forged", "cancel", "read", "log", "not_started", "stop"):
+            assert "another user" in said[name] or "only" in said[name], (name, said[name])
+        assert "cancelled=[]" in said["cancel_all"]  # --all of a user: their own, none here
+        listed = _tandem(b, system, "ls")  # the flood held open: the other user is answered
+        assert listed.returncode == 0 and str(victim) in listed.stdout, listed.stderr
+        attacker.stdin.write("\n")
+        attacker.stdin.flush()
+    finally:
+        attacker.kill()
+        attacker.wait()
+    (system / "go").touch()
+    reader = StateReader(system / "state")
+    try:
+        until(
+            lambda: (j := reader.job(victim)) is not None and j.state == "succeeded", 120, "the victim's job"
+        )
+    finally:
+        reader.close()

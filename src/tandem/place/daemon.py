@@ -82,6 +82,9 @@ IDLE_PASS_SHARE = 0.005
 USE_EVERY_S = 10.0  # a system manager reads its users' decayed use again this often
 STOP_WAIT_S = 15.0  # at its stop: the longest wait for the attempts it told to stop
 IDLE_CONNECTION_S = 2.0  # a client that connected and sent nothing is dropped after this
+# Connections one user may hold open at once (not yet answered): a flood of them from one user
+# (a system manager's) is closed unread beyond this, so that it holds no one else's descriptors.
+CONNECTIONS_PER_USER = 32
 
 
 class DaemonRunning(Exception):
@@ -308,6 +311,10 @@ class Daemon:
                 peer = peer_of(conn, self.config.admin_gid)
             except OSError:
                 conn.close()
+                continue
+            held = sum(1 for k in sel.get_map().values() if k.data is not None and k.data[1].uid == peer.uid)
+            if not peer.admin and held >= CONNECTIONS_PER_USER:
+                conn.close()  # this user's flood: the others' requests go on being answered
                 continue
             sel.register(conn, selectors.EVENT_READ, data=(clock.monotonic(), peer))
 
