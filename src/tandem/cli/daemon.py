@@ -357,11 +357,17 @@ def _alive(pid: int | None) -> bool:
 
 
 @daemon.command("status")
+@click.option("--system", is_flag=True, help="The host's system manager's (its users, by fair share).")
 @click.option("--json", "as_json", is_flag=True)
-def daemon_status(as_json: bool) -> None:
-    """The daemon's pid, policy, capacity and what is in use."""
-    from tandem.place import is_running, state_dir
+def daemon_status(system: bool, as_json: bool) -> None:
+    """The daemon's pid, policy, capacity and what is in use (a system manager: by user)."""
+    from tandem.place import is_running, state_dir, system_manager
 
+    if system and system_manager() is None:
+        from tandem.dirs import system_paths
+
+        click.echo(f"no system manager serves this host (socket {system_paths()[1]})", err=True)
+        sys.exit(EXIT_NO_DAEMON)
     if not daemon_call(is_running, state_dir()):
         if as_json:
             click.echo(json.dumps({"running": False, "state_dir": str(state_dir())}))
@@ -375,11 +381,9 @@ def daemon_status(as_json: bool) -> None:
         click.echo(json.dumps({**dataclasses.asdict(reply), "running": True}, indent=2))
         return
     cap, used = reply.capacity, reply.used
-    from tandem.place import system_manager
-
-    system = system_manager()
-    if system is not None:  # the host's manager serves this user's commands: say so, and of their own
-        click.echo(f"the host's system manager (socket {system}) serves your commands")
+    host_manager = system_manager()
+    if host_manager is not None:  # the host's manager serves this user's commands: say so, and of their own
+        click.echo(f"the host's system manager (socket {host_manager}) serves your commands")
         from tandem.place import DaemonFile
 
         own = DaemonFile.read(state_dir())
@@ -394,6 +398,20 @@ def daemon_status(as_json: bool) -> None:
         f"  cores {format_cores(held.cores)}/{total.cores:g} reserved   RAM {format_size(held.ram)}/"
         f"{format_size(total.ram)} reserved{free}   jobs running {used.jobs}"
     )
+    if reply.users:
+        import pwd
+
+        click.echo("  users (fair share: the first goes next)")
+        for u in reply.users:
+            try:
+                name = pwd.getpwuid(u.uid).pw_name
+            except KeyError:
+                name = str(u.uid)
+            gpu = f", {format_size(u.gpu_mem)} GPU memory" if u.gpu_mem else ""
+            click.echo(
+                f"    {name}: {u.running} running ({format_cores(u.cores)} cores{gpu}), {u.waiting} waiting; "
+                f"use {u.use:g} host-s"
+            )
     for g, u in zip(cap.gpus, used.gpus):
         click.echo(
             f"  GPU {g.index} {g.uuid}: {u.jobs} job(s), {format_size(u.mem_reserved_bytes)}/"

@@ -175,7 +175,9 @@ class Daemon:
         self._use: tuple[float, dict[int, float]] | None = None
         self._use_of: frozenset[int] = frozenset()  # the attempts running when it was read
         parts = (self.attempts, self.admission, self.producers, self.disk, self.launcher)  # what handlers use
-        self.parts = Parts(state, capacity, config, *parts, self.policy.name, self.started, self.tracker)
+        self.parts = Parts(
+            state, capacity, config, *parts, self.policy.name, self.started, self.tracker, self._users
+        )
 
     # --- life cycle -----------------------------------------------------------------------
 

@@ -314,6 +314,19 @@ class NodeUse:
 
 
 @dataclass(frozen=True)
+class UserUse:
+    """One user of a system manager: their jobs running and waiting, what the running ones
+    reserve, and their fair-share standing (decayed use, host-seconds: the least goes next)."""
+
+    uid: int
+    running: int
+    waiting: int
+    cores: float
+    gpu_mem: int
+    use: float
+
+
+@dataclass(frozen=True)
 class DaemonStatus:
     pid: int
     policy: str
@@ -327,6 +340,8 @@ class DaemonStatus:
     used: Use
     jobs: dict[str, int]  # jobs by state
     nodes: list[NodeUse] = field(default_factory=list)  # a Ray cluster's (none on one server)
+    system: bool = False  # the host's system manager (every user's)
+    users: list[UserUse] = field(default_factory=list)  # a system manager's users, by fair share
 
 
 @dataclass(frozen=True)

@@ -25,6 +25,7 @@ from tandem.place.admission import Admission
 from tandem.place.attempts import Attempts
 from tandem.place.config import DaemonConfig
 from tandem.place.diskwait import DiskWait
+from tandem.place.fairshare import Users
 from tandem.place.identity import StateMoved
 from tandem.place.model import (
     FINAL_STATES,
@@ -65,6 +66,7 @@ class Parts:
     policy: str  # its name
     started: float  # when the daemon started
     tracker: Tracker | None
+    users: Callable[[float], Users]  # a system manager's users now (tandem.place.fairshare)
 
 
 @dataclass(frozen=True, slots=True)
@@ -291,8 +293,29 @@ def status(_request: p.Status, d: Parts, peer: Peer) -> Handled:
         used=p.Use(reserved=host.reserved, measured_free=free, jobs=len(d.attempts.active), gpus=used_gpus),
         jobs=d.state.counts(),
         nodes=nodes,
+        system=d.config.system,
+        users=_users(d) if d.config.system else [],
     )
     return reply, NOTHING
+
+
+def _users(d: Parts) -> list[p.UserUse]:
+    """A system manager's users as fair share sees them (the least use first)."""
+    users = d.users(clock.now())
+    waiting: dict[int, int] = {}
+    for job in d.state.jobs(tuple(WAITING_STATES)):
+        if job.owner is not None:
+            waiting[job.owner] = waiting.get(job.owner, 0) + 1
+    standing = users.standing()
+    out = []
+    for uid in sorted(standing.keys() | waiting.keys(), key=lambda u: (standing.get(u, 0.0), u)):
+        jobs, cores, gpu_mem = users.running.get(uid, [0, 0.0, 0])
+        out.append(
+            p.UserUse(
+                uid, int(jobs), waiting.get(uid, 0), cores, int(gpu_mem), round(standing.get(uid, 0.0), 1)
+            )
+        )
+    return out
 
 
 def _measured_free(total: Resources, busy: float | None, ram_free: int | None) -> Resources | None:
