@@ -108,6 +108,19 @@ def test_two_users_one_manager_fair_share_each_job_as_its_submitter(
     own = _tandem(a, system, "show", str(mine[0]))
     assert own.returncode == 0 and "-c" in own.stdout
     assert f"uid {a.uid}" in _tandem(a, system, "logs", str(mine[0])).stdout
+    # Root sees the host's users by fair share.
+    env = {**os.environ, "TANDEM_SYSTEM_DIR": str(system)}
+    status = subprocess.run(
+        [sys.executable, "-m", "tandem.cli", "daemon", "status", "--system"],
+        env=env,
+        capture_output=True,
+        text=True,
+    )
+    assert (
+        status.returncode == 0
+        and f"{a.name}: 0 running" in status.stdout
+        and f"{b.name}: 0 running" in status.stdout
+    )
     # Only root (or the admin group) stops the manager.
     stop = _tandem(a, system, "daemon", "stop")
     assert stop.returncode != 0 and "only root" in stop.stderr
