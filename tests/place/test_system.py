@@ -116,11 +116,8 @@ def test_two_users_one_manager_fair_share_each_job_as_its_submitter(
         capture_output=True,
         text=True,
     )
-    assert (
-        status.returncode == 0
-        and f"{a.name}: 0 running" in status.stdout
-        and f"{b.name}: 0 running" in status.stdout
-    )
+    assert status.returncode == 0, status.stderr
+    assert f"{a.name}: 0 running" in status.stdout and f"{b.name}: 0 running" in status.stdout, status.stdout
     # Only root (or the admin group) stops the manager.
     stop = _tandem(a, system, "daemon", "stop")
     assert stop.returncode != 0 and "only root" in stop.stderr
