@@ -30,7 +30,7 @@ def test_a_state_file_of_schema_6_opens_with_its_jobs_of_role_job(tmp_path: Path
     db.commit()
     db.close()
     state = State(tmp_path)
-    assert state.setting("schema") == str(SCHEMA_VERSION) == "8"
+    assert state.setting("schema") == str(SCHEMA_VERSION) == "9"
     (job,) = state.jobs()
     assert job.role == JOB_ROLE
     assert job_json(job)["role"] == "job"

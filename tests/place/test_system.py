@@ -101,6 +101,9 @@ def test_two_users_one_manager_fair_share_each_job_as_its_submitter(
     for args in (("cancel", str(theirs[0])), ("show", str(theirs[0])), ("logs", str(theirs[0]))):
         done = _tandem(a, system, *args)
         assert done.returncode == 2 and "another user's" in done.stderr, (args, done.stdout, done.stderr)
+    waited = _tandem(a, system, "wait", str(theirs[0]))
+    assert waited.returncode == 125 and "another user's" in waited.stderr, waited.stderr
+    assert _tandem(a, system, "wait").returncode == 0  # all of their own: ended
     listed = _tandem(a, system, "ls")
     assert listed.returncode == 0 and b.name in listed.stdout and a.name in listed.stdout
     other = next(r for r in json.loads(_tandem(a, system, "ls", "--json").stdout) if r["id"] == theirs[0])

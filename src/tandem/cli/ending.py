@@ -3,6 +3,7 @@ they end; ids or ``group:G``). ``wait`` reads the state file; ``cancel`` talks t
 
 from __future__ import annotations
 
+import os
 import sys
 import time
 from typing import Any
@@ -101,18 +102,27 @@ def wait(ids: tuple[str, ...], timeout: float | None) -> None:
     groups, ids = _groups(ids)
     # A share's producer (a job row, role producer) is not waited for unless named: it ends
     # after its group's last job, and one that fails fails its jobs.
+    mine = (None, os.getuid())  # under the host's manager, the jobs of others are theirs to wait for
     wanted = (
         job_ids(ids, "'IDS'")
         if ids or groups
-        else [j.id for j in st.jobs() if j.state not in FINAL_STATES and j.role != "producer"]
+        else [
+            j.id
+            for j in st.jobs()
+            if j.state not in FINAL_STATES and j.role != "producer" and j.owner in mine
+        ]
     )
     for group in groups:
-        members = [j.id for j in st.jobs(group=group) if j.role != "producer"]
+        members = [j.id for j in st.jobs(group=group) if j.role != "producer" and j.owner in mine]
         if not members:
             raise click.BadParameter(f"group {group!r} has no job", param_hint="'IDS'")
         wanted += members
     for i in wanted:
-        if st.job(i, attempts=False) is None:
+        try:
+            found = daemon_call(st.job, i, attempts=False)  # another user's: refused
+        except click.ClickException as exc:
+            raise _apart(exc) from None
+        if found is None:
             raise unknown_job(i)
     try:
         jobs = _wait_for(st, wanted, timeout)

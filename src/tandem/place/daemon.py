@@ -454,12 +454,13 @@ class Daemon:
         self.admission.write_reasons(reasons)
         return launched
 
-    def _users(self, now: float) -> Users:
+    def _users(self, now: float, fresh: bool = False) -> Users:
         """The system manager's users as a pass sees them (:mod:`tandem.place.fairshare`):
-        their decayed use, read again when a job started or ended and every
-        :data:`USE_EVERY_S`, and their running jobs."""
+        their decayed use, read again when a job started or ended, every :data:`USE_EVERY_S`
+        and where ``fresh`` (a status), and their running jobs."""
         running_now = frozenset(self.attempts.active)
-        if self._use is None or now - self._use[0] >= USE_EVERY_S or running_now != self._use_of:
+        stale = self._use is None or now - self._use[0] >= USE_EVERY_S or running_now != self._use_of
+        if fresh or stale:
             self._use_of = running_now  # a job that ended since: its use counts at once
             attempts = self.state.attempts_since(now - 5 * fairshare.HALF_LIFE_S, limit=20_000)
             owners = self.state.owners({a.job_id for a in attempts})
@@ -482,6 +483,7 @@ class Daemon:
                 row[0] += 1
                 row[1] += r.resources.cores
                 row[2] += r.resources.gpu_mem * max(r.resources.gpus, 1) if r.resources.gpu_mem else 0
+        assert self._use is not None
         return Users(self._use[1], running, self._user_limits, self._host)
 
     def _launch(self, job: Job, p: Placement, on_host: int) -> None:

@@ -175,6 +175,7 @@ class ReadJobs:
     last: int | None = None
     before: int | None = None
     job_id: int | None = None
+    group: str | None = None  # of this group only, and the asker's own jobs of it
 
 
 @dataclass(frozen=True)

@@ -51,8 +51,10 @@ class RemoteState:
         attempts: bool = False,
         last: int | None = None,
         before: int | None = None,
+        group: str | None = None,
     ) -> list[Job]:
-        reply = self._ask(protocol.ReadJobs(list(states or ()), last, before))
+        """As :meth:`~tandem.place.reads.StateReads.jobs`; of a ``group``, this user's only."""
+        reply = self._ask(protocol.ReadJobs(list(states or ()), last, before, group=group))
         return [self._job(dict(row)) for row in reply.jobs]
 
     def any_before(self, _job_id: int) -> bool:

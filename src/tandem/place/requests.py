@@ -66,7 +66,7 @@ class Parts:
     policy: str  # its name
     started: float  # when the daemon started
     tracker: Tracker | None
-    users: Callable[[float], Users]  # a system manager's users now (tandem.place.fairshare)
+    users: Callable[[float, bool], Users]  # a system manager's users now (tandem.place.fairshare)
 
 
 @dataclass(frozen=True, slots=True)
@@ -301,7 +301,7 @@ def status(_request: p.Status, d: Parts, peer: Peer) -> Handled:
 
 def _users(d: Parts) -> list[p.UserUse]:
     """A system manager's users as fair share sees them (the least use first)."""
-    users = d.users(clock.now())
+    users = d.users(clock.now(), True)
     waiting: dict[int, int] = {}
     for job in d.state.jobs(tuple(WAITING_STATES)):
         if job.owner is not None:
@@ -472,8 +472,14 @@ def read_jobs(request: p.ReadJobs, d: Parts, peer: Peer) -> Handled:
         events = [dict(e) for e in d.state.events(job.id)]
         return p.JobRows([_row(job)], events, _shares_of(d, peer)), NOTHING
     jobs = d.state.jobs(
-        tuple(request.states) or None, attempts=True, last=request.last, before=request.before
+        tuple(request.states) or None,
+        attempts=True,
+        last=request.last,
+        before=request.before,
+        group=request.group,
     )
+    if request.group is not None:  # a group's name says nothing of whose: the asker's of it
+        jobs = [j for j in jobs if peer.may_act_on(j.owner)]
     older = bool(jobs) and request.last is not None and d.state.any_before(jobs[0].id)
     rows = [_row(j if peer.may_act_on(j.owner) else _unseen(j)) for j in jobs]
     return p.JobRows(rows, [], _shares_of(d, peer), older), NOTHING
