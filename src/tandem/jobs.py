@@ -39,6 +39,7 @@ from tandem.place import (
     FINAL_STATES,
     Cancel,
     JobSpec,
+    RemoteState,
     StateReader,
     param_value,
     parse_gpu_mem,
@@ -46,6 +47,7 @@ from tandem.place import (
     parse_mem,
     private_dir,
     state_dir,
+    system_manager,
 )
 from tandem.place import request as send_request
 from tandem.place import submit as send
@@ -76,9 +78,15 @@ class Job:
     def __repr__(self) -> str:
         return f"Job({self.id}, {self.state!r})"
 
+    def _reader(self) -> Any:
+        """The state as this user reads it: through the host's system manager where one runs
+        (its file is root's), else the state directory's file."""
+        system = system_manager()
+        return RemoteState(system) if system is not None else StateReader(self._dir)
+
     def refresh(self) -> Job:
         """Read the job's record again (``state`` does, too)."""
-        with StateReader(self._dir) as reader:
+        with self._reader() as reader:
             return self._read(reader)
 
     def _read(self, reader: StateReader) -> Job:
@@ -104,7 +112,7 @@ class Job:
     def wait(self, timeout: float | None = None) -> str:
         """Block until the job ends; its final state. ``TimeoutError`` after ``timeout`` s."""
         deadline = None if timeout is None else time.monotonic() + timeout
-        with StateReader(self._dir) as reader:  # one reader for the whole wait, as state's
+        with self._reader() as reader:  # one reader for the whole wait, as state's
             while True:
                 state = self._read(reader)._record.state
                 if state in FINAL_STATES:
@@ -121,7 +129,9 @@ class Job:
     def logs(self) -> str:
         """Its output so far, every attempt in order."""
         parts = []
-        with StateReader(self._dir) as st:
+        with self._reader() as st:
+            if isinstance(st, RemoteState):  # the host's manager reads it for its owner
+                return "".join((old + data).decode(errors="replace") for _, old, data in st.logs(self.id))
             for a in st.attempts(self.id):
                 path = st.attempt_dir(a) / "output.log"
                 try:
@@ -133,7 +143,7 @@ class Job:
     def metrics(self) -> dict[str, float]:
         """The latest value of each metric of its last attempt's MLflow run (the job's own
         ``mlflow.log_metric`` calls land there, and tandem's ``system/*``, ``summary/*``)."""
-        with StateReader(self._dir) as reader:
+        with self._reader() as reader:
             attempts = reader.attempts(self.id)
         run_id = next((a.mlflow_run_id for a in reversed(attempts) if a.mlflow_run_id), None)
         if run_id is None:

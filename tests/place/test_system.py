@@ -198,3 +198,11 @@ def test_another_users_requests_are_refused_whatever_the_request_says(
         )
     finally:
         reader.close()
+    # The Python API goes through the host's manager too: a job of theirs, waited for and read.
+    api = (
+        "import tandem.jobs as tj\n"
+        f"j = tj.submit([{a.python!r}, '-c', 'import os; print(\"uid\", os.getuid())'])\n"
+        "print(j.wait(120), j.logs().strip())\n"
+    )
+    done = a.run([a.python, "-c", api], env=a.env(TANDEM_SYSTEM_DIR=str(system)), timeout=scaled(120))
+    assert done.returncode == 0 and done.stdout.split() == ["succeeded", "uid", str(a.uid)], done.stderr

@@ -83,5 +83,11 @@ class RemoteState:
     def close(self) -> None:
         pass
 
+    def __enter__(self) -> RemoteState:
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.close()
+
 
 __all__ = ["DaemonRefused", "RemoteState"]
