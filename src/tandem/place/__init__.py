@@ -11,9 +11,10 @@ Rooms, each with a docstring of what it owns and may import:
 
 - ``tandem.place`` itself: the daemon and what it decides with. ``model`` (sizes, requests,
   states), ``resources`` (a reservation and where its figures came from), ``policies``,
-  ``scheduler``, ``decide`` and ``retry`` (pure: the same code runs in the daemon and the
-  simulator), ``devices`` (capacity and measurements), ``records`` and ``state`` (the one
-  writer of the state file), ``protocol`` and ``client`` (the socket), ``daemon``,
+  ``scheduler``, ``decide``, ``retry`` and ``fairshare`` (pure: the same code runs in the daemon
+  and the simulator), ``devices`` (capacity and measurements), ``records`` and ``state`` (the one
+  writer of the state file), ``protocol``, ``client`` and ``remote`` (the socket, and the
+  state read through a system manager), ``daemon``,
   ``requests``, ``admission``, ``attempts``, ``producers`` and ``views``.
 - :mod:`tandem.place.run`: the processes of a job and beside jobs (the supervisor, the
   launchers, the MLflow helper, the Ray head and MPS), a subpackage each with its doors. It

@@ -3,7 +3,11 @@
 One ``SOCK_SEQPACKET`` Unix socket per state directory, in tandem's private runtime
 directory (:mod:`tandem._ipc`): ``place/<hash of the state directory>.sock``. A client
 connects, sends one request packet, reads one reply packet, closes. Reads (``ls``,
-``show``, ``logs``, ``wait``) go to the state file, not here.
+``show``, ``logs``, ``wait``) go to the state file, not here, except under the host's system
+manager (``tandem daemon start --system``: its socket ``/run/tandem/daemon.sock``, its file
+root's), where they are :class:`ReadJobs` and :class:`ReadLog`. Each request is the socket
+peer's, as the kernel says (``SO_PEERCRED``: :class:`tandem.place.model.Peer`), never a
+field of the request.
 
 Every message is one record below, named once: the client builds a request record, the
 daemon reads it back with :func:`read_request` and answers with a reply record, which the
@@ -24,6 +28,8 @@ request         fields                       reply
 :class:`DefineShare` ``spec``, ``select_job``  :class:`ShareDefined`: ``name``, ``select_job``
 :class:`RemoveShares` ``names``              :class:`SharesRemoved`: ``removed``, ``unknown``, ``in_use``
 :class:`NotStarted` ``job_id``, ``attempt``, ``why``  :class:`PutBack`: ``state`` (the job's now)
+:class:`ReadJobs` ``states``, ``last``, ``job_id``  :class:`JobRows`: ``jobs`` (others' redacted), ``events``
+:class:`ReadLog` ``job_id``                  :class:`LogParts`: each attempt's output (its owner's only)
 ==============  ===========================  ==============================================
 
 A supervisor that could not start its job (the state's disk refused its first write) sends

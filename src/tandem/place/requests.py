@@ -1,9 +1,12 @@
 """The daemon's requests, one handler each (pueue's design): ``submit``, ``submit_sweep``, ``cancel``,
-``status``, ``stop``, ``define-share``, ``remove-shares``, and a supervisor's ``not-started``. Each
-is a function of its request record (:mod:`tandem.place.protocol`) and of what it may read and
-write (:class:`Parts`: the state, the running attempts, ...; not the daemon), and returns the
-reply record and what it changed (:class:`Changed`), which the daemon acts on (a scheduling
-pass, a stop). A refusal says what to change (``refused``: the client's exit 2).
+``status``, ``stop``, ``define-share``, ``remove-shares``, a supervisor's ``not-started``, a
+loader's ``auto-share``, and a system manager's users' reads (``read-jobs``, ``read-log``). Each
+is a function of its request record (:mod:`tandem.place.protocol`), of what it may read and
+write (:class:`Parts`: the state, the running attempts, ...; not the daemon) and of who sent
+it (:class:`~tandem.place.model.Peer`, the socket's: a user acts on their own jobs and shares
+only, root and the admin group on all), and returns the reply record and what it changed
+(:class:`Changed`), which the daemon acts on (a scheduling pass, a stop). A refusal says what
+to change (``refused``: the client's exit 2).
 """
 
 from __future__ import annotations
