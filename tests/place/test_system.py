@@ -206,3 +206,8 @@ def test_another_users_requests_are_refused_whatever_the_request_says(
     )
     done = a.run([a.python, "-c", api], env=a.env(TANDEM_SYSTEM_DIR=str(system)), timeout=scaled(120))
     assert done.returncode == 0 and done.stdout.split() == ["succeeded", "uid", str(a.uid)], done.stderr
+    # Share groups are not served by a system manager yet: refused, saying so.
+    shared = _tandem(a, system, "submit", "--share", "data", "--", a.python, "-c", "pass")
+    assert shared.returncode == 2 and "not served by the host's system manager" in shared.stderr, (
+        shared.stderr
+    )

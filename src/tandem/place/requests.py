@@ -180,6 +180,12 @@ def _checked(d: Parts, spec: JobSpec, peer: Peer) -> tuple[JobSpec, int] | p.Fai
     # What it would reserve as it starts (tandem.place.decide, as each pass decides it).
     need = d.admission.decisions(()).reserve(Job(**{**spec.to_dict(), "gpus": gpus}))
     share = d.state.share(spec.share) if spec.share else None
+    if spec.share and d.config.system:
+        return _refused(
+            f"--share {spec.share}: share groups are not served by the host's system manager yet "
+            "(its producers would run in its own folders); submit without --share (a drop-in loader "
+            "then reads privately), or use a daemon of your own"
+        )
     if share is not None and not peer.may_act_on(share.owner):
         return _refused(
             f"--share {spec.share}: that shared dataset is another user's; define one of your own"
@@ -354,6 +360,8 @@ def _nodes(d: Parts) -> list[p.NodeUse]:
 
 
 def define_share(request: p.DefineShare, d: Parts, peer: Peer) -> Handled:
+    if d.config.system:
+        return _refused("share groups are not served by the host's system manager yet"), NOTHING
     known = d.state.share(request.spec.name)
     if known is not None and not peer.may_act_on(known.owner):
         return _refused(f"share {request.spec.name!r} is another user's: choose another name"), NOTHING
@@ -383,6 +391,8 @@ def auto_share(request: p.AutoShare, d: Parts, peer: Peer) -> Handled:
         return _refused(f"job {request.job_id} is not a running job of yours on this daemon"), NOTHING
     spec = request.spec
     share = d.state.share(spec.name)
+    if d.config.system:  # its jobs are not told to ask (starting.py): one that asks is refused
+        return _refused("share groups are not served by the host's system manager yet"), NOTHING
     if share is not None and not peer.may_act_on(share.owner):
         return _refused(
             f"another user's job reads the same data as auto share {spec.name!r}, and a share serves "

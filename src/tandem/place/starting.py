@@ -53,8 +53,9 @@ def start_job(
         env.update(thread_env(job.env, job.cpus, node_cpus, on_host))
     if job.share and not is_producer(job):
         env["TANDEM_SHARE"] = job.share
-    if not is_producer(job) and not ray:  # on this host: its drop-in
-        # loaders ask this daemon for a producer job (tandem.share.loader), not start their own
+    if not is_producer(job) and not ray and not config.system:  # on this host: its drop-in
+        # loaders ask this daemon for a producer job (tandem.share.loader), not start their own;
+        # under a system manager (no share groups yet) they read privately, saying why
         env["TANDEM_SHARE_STARTER"] = json.dumps(auto_share_command(state_dir))
     with_mps = False
     if mps is not None and len(chosen) == 1 and not p.alone:
