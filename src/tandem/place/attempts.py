@@ -27,7 +27,7 @@ from tandem.place.identity import attempt_folder
 from tandem.place.model import CANCELLED, FAILED, RUNNING, SUCCEEDED, Capacity, GpuInfo, format_size
 from tandem.place.producers import STOPPED, selections_made
 from tandem.place.records import AttemptPlacement
-from tandem.place.reserve import Learned, Measuring
+from tandem.place.reserve import PROBE_CORES, SYSTEM_PROBE_CORES, Learned, Measuring
 from tandem.place.resources import Reservation
 from tandem.place.retry import retry
 from tandem.place.run.launchers.launch import Launch, Launcher, stop_orphaned_job
@@ -60,7 +60,8 @@ class Attempts:
         self.monitor, self.launcher, self.tracked, self.socket = monitor, launcher, tracked, socket
         self.active: dict[int, Active] = {}
         self.host = host_id()
-        self.startup = Startup(Learned(state.learnt_cores(), state.record_cores))
+        probe = SYSTEM_PROBE_CORES if config.system else PROBE_CORES
+        self.startup = Startup(Learned(state.learnt_cores(), state.record_cores, probe))
 
     # --- start ------------------------------------------------------------------------------
 

@@ -159,8 +159,10 @@ class Pass:
             reserved,
             job.escalation,
             waiting_since=since,
-            # A producer's cores are its definition's or learnt: it may start on measured room.
-            elastic=job.cpus == AUTO_CPUS or job.role == PRODUCER_ROLE,
+            # A producer's cores are its definition's or learnt: it may start on measured room
+            # (a probe too, except a system manager's: Learned.probes_elastic).
+            elastic=(job.cpus == AUTO_CPUS and (reserved.cores_from != PROBE or self.learned.probes_elastic))
+            or job.role == PRODUCER_ROLE,
             # A job whose use is known (learnt for its key, or a running job alike's) is
             # not held back by the start-up of the jobs starting with it: a sweep's
             # points start together, their imports sharing the cores for seconds.

@@ -34,6 +34,7 @@ from tandem.place.records import Job
 from tandem.place.resources import Reservation
 
 PROBE_CORES = 0.25
+SYSTEM_PROBE_CORES = 1.0  # a system manager's (tandem daemon start --system): see Learned
 PROBE_SAMPLES = 2  # samples (one a second) past start-up before a probe counts as measured
 # A start-up burst (importing torch, MLflow, Lightning: a whole core for seconds) is not what
 # a job goes on to use: a job of --cpus auto is starting while its use stays at least half its
@@ -107,9 +108,16 @@ class Learned:
         self,
         stored: dict[str, list[float]] | None = None,
         write: Callable[[str, list[float]], None] | None = None,
+        probe_cores: float = PROBE_CORES,
     ) -> None:
         self._runs: dict[str, list[float]] = {k: v[-KEEP_RUNS:] for k, v in (stored or {}).items()}
         self._write = write
+        # What a job of cores never measured reserves, and whether it may start on measured room
+        # beyond that: a system manager's (every user's) a core, and no, so that no user's
+        # unmeasured jobs crowd the host (before the host's measurement shows them) ahead of
+        # another user's.
+        self.probe_cores = probe_cores
+        self.probes_elastic = probe_cores == PROBE_CORES
 
     def seen(self, key: str, cores: float) -> None:
         runs = [*self._runs.get(key, ()), cores][-KEEP_RUNS:]
@@ -150,7 +158,7 @@ class Learned:
             n = len(runs)
             source = f"measured, script {key_words(script or '')}, {n} run{'s' * (n != 1)}"
             return margin(max(runs)), source, False
-        return PROBE_CORES, "probe", True
+        return self.probe_cores, "probe", True
 
 
 class Running(Protocol):
