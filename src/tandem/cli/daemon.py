@@ -19,7 +19,7 @@ from typing import Any
 
 import click
 
-from tandem.cli._common import EXIT_NO_DAEMON, daemon_call, request, to_cpus, to_size
+from tandem.cli._common import EXIT_NO_DAEMON, daemon_call, request, to_cpus, to_size, user_name
 from tandem.place import POLICIES, Cap, DaemonConfig, Limits, format_size
 from tandem.units import format_cores
 
@@ -273,6 +273,13 @@ def _config(options: dict[str, Any]) -> DaemonConfig:
         from tandem.dirs import system_paths
 
         options["socket"] = str(system_paths()[1])
+    from tandem.place import UserLimits
+
+    options["user_limits"] = UserLimits(
+        options.pop("max_jobs_per_user"),
+        options.pop("max_cores_per_user"),
+        options.pop("max_gpu_mem_per_user"),
+    )
     limits = dataclasses.replace(
         _LIMITS,
         **{
@@ -399,18 +406,12 @@ def daemon_status(system: bool, as_json: bool) -> None:
         f"{format_size(total.ram)} reserved{free}   jobs running {used.jobs}"
     )
     if reply.users:
-        import pwd
-
         click.echo("  users (fair share: the first goes next)")
         for u in reply.users:
-            try:
-                name = pwd.getpwuid(u.uid).pw_name
-            except KeyError:
-                name = str(u.uid)
             gpu = f", {format_size(u.gpu_mem)} GPU memory" if u.gpu_mem else ""
             click.echo(
-                f"    {name}: {u.running} running ({format_cores(u.cores)} cores{gpu}), {u.waiting} waiting; "
-                f"use {u.use:g} host-s"
+                f"    {user_name(u.uid)}: {u.running} running ({format_cores(u.cores)} cores{gpu}), "
+                f"{u.waiting} waiting; use {u.use:g} host-s"
             )
     for g, u in zip(cap.gpus, used.gpus):
         click.echo(

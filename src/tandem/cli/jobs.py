@@ -26,6 +26,7 @@ from tandem.cli._common import (
     to_job_cpus,
     to_size,
     unknown_job,
+    user_name,
 )
 from tandem.place import FINAL_STATES, MAX_PRIORITY, STATES, WAITING_STATES, JobSpec, format_size, param_value
 from tandem.units import format_cores
@@ -236,26 +237,13 @@ def ls(show_all: bool, limit: int, before: int | None, as_json: bool) -> None:
     columns = LS_COLUMNS
     if any(j.owner not in (None, os.getuid()) for j in jobs):  # the host's manager: whose each job is
         columns = [columns[0], "user", *columns[1:]]
-        names: dict[int | None, str] = {}
-        rows = [[row[0], _user(j.owner, names), *row[1:]] for row, j in zip(rows, jobs, strict=True)]
+        rows = [[row[0], user_name(j.owner), *row[1:]] for row, j in zip(rows, jobs, strict=True)]
     click.echo(_aligned(columns, rows, right=("id", "tries", "wait", "run", "mem", "gpu mem")))
     if more:
         click.echo(f"older jobs: tandem ls --all --before {jobs[0].id}")
     _print_share_groups(st, jobs)
     if unserved:
         click.echo(unserved, err=True)
-
-
-def _user(uid: int | None, names: dict[int | None, str]) -> str:
-    """A job owner's login name (its uid where the host has none)."""
-    if uid not in names:
-        import pwd
-
-        try:
-            names[uid] = pwd.getpwuid(uid).pw_name if uid is not None else "-"
-        except KeyError:
-            names[uid] = str(uid)
-    return names[uid]
 
 
 def _unserved(jobs: list[Any]) -> str | None:

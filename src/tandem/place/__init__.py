@@ -55,6 +55,7 @@ if TYPE_CHECKING:  # the same names as _FACE, for type checkers (the house test 
     from tandem.place.config import CONFIG_FILE, DaemonConfig
     from tandem.place.daemon import DaemonRunning, run_daemon
     from tandem.place.devices import Nvml, detect_capacity
+    from tandem.place.fairshare import UserLimits
     from tandem.place.identity import check_may_start, restore_saved
     from tandem.place.model import (
         CANCELLED,
@@ -140,6 +141,7 @@ _FACE: dict[str, str] = {
     "run_daemon": "daemon:run_daemon",
     "Nvml": "devices:Nvml",
     "detect_capacity": "devices:detect_capacity",
+    "UserLimits": "fairshare:UserLimits",
     "check_may_start": "identity:check_may_start",
     "restore_saved": "identity:restore_saved",
     "CANCELLED": "model:CANCELLED",

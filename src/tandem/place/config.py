@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from tandem.place.fairshare import UserLimits
 from tandem.place.paths import CONFIG_FILE
 from tandem.place.policies import DEFAULT_POLICY, Limits
 from tandem.place.resources import Cap
@@ -44,9 +45,9 @@ class DaemonConfig:
     system: bool = False
     socket: str | None = None  # where it listens (None: the state directory's own, private)
     admin_gid: int | None = None  # a group whose members may act on any job (as root may)
-    max_jobs_per_user: int | None = None  # running at once, per user (None: no limit)
-    max_cores_per_user: float | None = None
-    max_gpu_mem_per_user: int | None = None
+    # What one user's running jobs may hold (--max-jobs-per-user, --max-cores-per-user,
+    # --max-gpu-mem-per-user; None: no limit).
+    user_limits: UserLimits = field(default_factory=UserLimits)
 
     def to_json(self) -> str:
         return json.dumps(dataclasses.asdict(self), indent=1, sort_keys=True)
@@ -61,6 +62,11 @@ class DaemonConfig:
         if isinstance(values.get("limits"), dict):
             lim = {f.name for f in dataclasses.fields(Limits)}
             values["limits"] = Limits(**{k: v for k, v in values["limits"].items() if k in lim})
+        if isinstance(values.get("user_limits"), dict):
+            per_user = {f.name for f in dataclasses.fields(UserLimits)}
+            values["user_limits"] = UserLimits(
+                **{k: v for k, v in values["user_limits"].items() if k in per_user}
+            )
         return cls(**{k: v for k, v in values.items() if k in known})
 
     def save(self, state_dir: Path) -> None:

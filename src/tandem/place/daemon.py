@@ -43,7 +43,7 @@ from tandem.place.clock import use as use_clock
 from tandem.place.config import DaemonConfig
 from tandem.place.devices import Monitor, Nvml, detect_capacity
 from tandem.place.diskwait import DiskWait
-from tandem.place.fairshare import UserLimits, Users
+from tandem.place.fairshare import Users
 from tandem.place.identity import StateMoved, keep_records, moved
 from tandem.place.model import DAEMON_PEER, Capacity, Peer, format_size
 from tandem.place.paths import RAY_TROUBLE, StateError, private_dir
@@ -169,9 +169,6 @@ class Daemon:
             self.mps = MpsManager(_ipc.runtime_dir())
         # A system manager's users (fair share, limits): the host they share, their use as last read.
         self._host = Resources(capacity.total.cores, gpu_mem=sum(g.mem_total for g in capacity.gpus))
-        self._user_limits = UserLimits(
-            config.max_jobs_per_user, config.max_cores_per_user, config.max_gpu_mem_per_user
-        )
         self._use: tuple[float, dict[int, float]] | None = None
         self._use_of: frozenset[int] = frozenset()  # the attempts running when it was read
         parts = (self.attempts, self.admission, self.producers, self.disk, self.launcher)  # what handlers use
@@ -475,16 +472,12 @@ class Daemon:
                 if (owner := owners.get(a.job_id)) is not None and a.placement.reservation is not None
             ]
             self._use = (now, fairshare.decayed_use(held, now))
-        running: dict[int, list[float]] = {}
-        for a in self.attempts.active.values():
-            r = a.placed.reservation
-            if a.job.owner is not None and r is not None:
-                row = running.setdefault(a.job.owner, [0, 0.0, 0])
-                row[0] += 1
-                row[1] += r.resources.cores
-                row[2] += r.resources.gpu_mem * max(r.resources.gpus, 1) if r.resources.gpu_mem else 0
         assert self._use is not None
-        return Users(self._use[1], running, self._user_limits, self._host)
+        users = Users(self._use[1], {}, self.config.user_limits, self._host)
+        for a in self.attempts.active.values():  # what each user's running jobs hold now
+            if a.placed.reservation is not None:
+                users.add(a.job.owner, a.placed.reservation.resources)
+        return users
 
     def _launch(self, job: Job, p: Placement, on_host: int) -> None:
         """Start ``job`` where ``p`` says; ``on_host``: the jobs on its node once this pass's run."""

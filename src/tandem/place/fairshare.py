@@ -114,12 +114,16 @@ class UserLimits:
         return None
 
 
+def gpu_mem_held(need: Resources) -> int:
+    """The GPU memory a job holds in all: per GPU (``gpu_mem``) times its GPUs."""
+    return need.gpu_mem * max(need.gpus, 1) if need.gpu_mem else 0
+
+
 def host_share(need: Resources, host: Resources) -> float:
     """A job's share of the host (``host.gpu_mem``: all its GPUs' memory): its cores' share
     and its GPU memory's, added."""
-    gpu_mem = need.gpu_mem * max(need.gpus, 1) if need.gpu_mem else 0
     cores = need.cores / host.cores if host.cores else 0.0
-    return cores + (gpu_mem / host.gpu_mem if host.gpu_mem else 0.0)
+    return cores + (gpu_mem_held(need) / host.gpu_mem if host.gpu_mem else 0.0)
 
 
 @dataclass
@@ -152,14 +156,13 @@ class Users:
         if owner is None or not self.limits.any():
             return None
         jobs, cores, gpu_mem = self.running.get(owner, [0, 0.0, 0])
-        held = need.gpu_mem * max(need.gpus, 1) if need.gpu_mem else 0
-        return self.limits.over((int(jobs), cores, int(gpu_mem)), (need.cores, held))
+        return self.limits.over((int(jobs), cores, int(gpu_mem)), (need.cores, gpu_mem_held(need)))
 
     def add(self, owner: int | None, need: Resources) -> None:
-        """``owner``'s job of ``need`` placed: counted for their limits and standing."""
+        """``owner``'s job of ``need`` placed (or running): counted for their limits and standing."""
         if owner is None:
             return
         row = self.running.setdefault(owner, [0, 0.0, 0])
         row[0] += 1
         row[1] += need.cores
-        row[2] += need.gpu_mem * max(need.gpus, 1) if need.gpu_mem else 0
+        row[2] += gpu_mem_held(need)

@@ -323,7 +323,8 @@ class NodeUse:
 @dataclass(frozen=True)
 class UserUse:
     """One user of a system manager: their jobs running and waiting, what the running ones
-    reserve, and their fair-share standing (decayed use, host-seconds: the least goes next)."""
+    reserve, and their decayed use (host-seconds). A status lists users in fair-share order,
+    which also counts what their running jobs hold now (:meth:`tandem.place.fairshare.Users.standing`)."""
 
     uid: int
     running: int

@@ -24,7 +24,7 @@ class RemoteState:
         self.dir = socket.parent  # what messages name
         self._shares: list[Share] = []
         self._older = False
-        self._events: list[dict[str, Any]] = []
+        self._events: tuple[int | None, list[dict[str, Any]]] = (None, [])  # of the job last read
 
     def _ask(self, message: protocol.ReadJobs) -> protocol.JobRows:
         reply: protocol.JobRows = request_at(self.socket, message, self.timeout)
@@ -42,7 +42,7 @@ class RemoteState:
     def job(self, job_id: int, attempts: bool = True) -> Job | None:
         """``job_id``, or None where there is none. Another user's: ``DaemonRefused``."""
         reply = self._ask(protocol.ReadJobs(job_id=job_id))
-        self._events = reply.events
+        self._events = (job_id, reply.events)
         return self._job(dict(reply.jobs[0])) if reply.jobs else None
 
     def jobs(
@@ -66,8 +66,10 @@ class RemoteState:
         return job.attempts if job is not None else []
 
     def events(self, job_id: int) -> list[dict[str, Any]]:
-        self.job(job_id)
-        return list(self._events)
+        """Its events, as the job's last read brought them (``show`` reads the job first)."""
+        if self._events[0] != job_id:
+            self.job(job_id)
+        return list(self._events[1])
 
     def share(self, name: str) -> Share | None:
         return next((s for s in self._shares if s.name == name), None)

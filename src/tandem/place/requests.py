@@ -222,24 +222,23 @@ def _checked(d: Parts, spec: JobSpec, peer: Peer) -> tuple[JobSpec, int] | p.Fai
 def cancel(request: p.Cancel, d: Parts, peer: Peer) -> Handled:
     cancelled, unknown, ended, waiting = [], [], [], []
     ids = [int(i) for i in request.ids]
-    listed = {}  # a group's or every job, read once, without their environments
+    listed: dict[int, Job] = {}  # every job named or meant, read once, without their environments
     if request.group is not None or request.everything:
         live = tuple(s for s in STATES if s not in FINAL_STATES)
         every = d.state.jobs(live, group=None if request.everything else request.group)
         listed = {j.id: j for j in every if peer.may_act_on(j.owner)}  # a user's --all: their own
         ids += list(listed)
-    others = [
-        i
-        for i in ids
-        if (j := listed.get(i) or d.state.job(i, attempts=False)) and not peer.may_act_on(j.owner)
-    ]
+    for job_id in ids:
+        if job_id not in listed and (named := d.state.job(job_id, attempts=False)) is not None:
+            listed[job_id] = named
+    others = [i for i in ids if i in listed and not peer.may_act_on(listed[i].owner)]
     if others:
         return _refused(f"job {others[0]} is another user's: you may cancel only your own jobs"), NOTHING
     refused = None if request.everything else _feeds(d, ids, listed)
     if refused is not None:
         return _refused(refused), NOTHING
     for job_id in ids:
-        job = listed.get(job_id) or d.state.job(job_id, attempts=False)
+        job = listed.get(job_id)
         if job is None:
             unknown.append(job_id)
         elif job.state in FINAL_STATES:
@@ -257,10 +256,11 @@ def cancel(request: p.Cancel, d: Parts, peer: Peer) -> Handled:
 
 
 def _feeds(d: Parts, ids: list[int], listed: dict[int, Job]) -> str | None:
-    """Why the cancel of ``ids`` is refused: one is a share group's producer whose group has
-    jobs not ended that it leaves unfed (it stops by itself after their last), or None."""
+    """Why the cancel of ``ids`` (``listed``: each of them there is, as read) is refused: one
+    is a share group's producer whose group has jobs not ended that it leaves unfed (it stops
+    by itself after their last), or None."""
     for job_id in ids:
-        job = listed.get(job_id) or d.state.job(job_id, attempts=False)
+        job = listed.get(job_id)
         if job is None or not is_producer(job) or job.state in FINAL_STATES:
             continue
         unfed = [j.id for j in group_jobs(d.state, job) if j.id not in ids]
@@ -321,7 +321,7 @@ def _users(d: Parts) -> list[p.UserUse]:
         jobs, cores, gpu_mem = users.running.get(uid, [0, 0.0, 0])
         out.append(
             p.UserUse(
-                uid, int(jobs), waiting.get(uid, 0), cores, int(gpu_mem), round(standing.get(uid, 0.0), 1)
+                uid, int(jobs), waiting.get(uid, 0), cores, int(gpu_mem), round(users.use.get(uid, 0.0), 1)
             )
         )
     return out
