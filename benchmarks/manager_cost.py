@@ -59,6 +59,8 @@ from pathlib import Path
 import psutil
 
 import tandem
+from tandem.place.run.supervisor.files import SHIM_LOG
+from tandem.place.run.supervisor.proctrack import FORKSERVER_MODULE as FORKSERVER
 
 ROOT = Path(__file__).resolve().parent
 REPO = ROOT.parent
@@ -97,16 +99,29 @@ def stat(pid: int) -> tuple[int, float, float, int] | None:
 
 
 def cmdline(pid: int) -> list[str]:
+    """``pid``'s command line; for a supervisor forked by the daemon's fork server (whose
+    command line it keeps), the one it would have had on its own (``... shim ATTEMPT_DIR``:
+    the folder of the ``shim.log`` its stdout is), so that it is read as the others are."""
     try:
         with open(f"/proc/{pid}/cmdline", "rb") as f:
-            return [a.decode(errors="replace") for a in f.read().split(b"\0") if a]
+            argv = [a.decode(errors="replace") for a in f.read().split(b"\0") if a]
     except OSError:
         return []
+    if FORKSERVER in argv:
+        try:
+            out = os.readlink(f"/proc/{pid}/fd/1")
+        except OSError:
+            out = ""
+        if out.endswith("/" + SHIM_LOG):
+            return [*argv[:-1], SUPERVISOR, out.removesuffix("/" + SHIM_LOG)]
+    return argv
 
 
+SUPERVISOR = "tandem.place.run.supervisor.shim"
 ROLES = (
     ("tandem.place.daemon", "daemon"),
-    ("tandem.place.run.supervisor.shim", "supervisor"),
+    (SUPERVISOR, "supervisor"),
+    (FORKSERVER, "supervisors' fork server"),  # counted with the supervisors (the manager's rest)
     ("tandem.place.run.metrics.tracking", "mlflow helper"),
     ("serve-spec", "producer"),
 )

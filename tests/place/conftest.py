@@ -23,6 +23,9 @@ if TYPE_CHECKING:
     from tandem.bench.ray_nodes import NodesCluster
 
 TANDEM = [sys.executable, "-m", "tandem.cli"]
+# Commands that serve, or run a program until it ends: run as a process of their own (the
+# others run in the test's process, :meth:`Cli.here_is_enough`).
+OWN_PROCESS = frozenset({"run", "ui", "dashboard", "demo", "bench", ("share", "serve"), ("select", "run")})
 
 
 class Cli:
@@ -31,20 +34,58 @@ class Cli:
         self.state = state
         self.tmp = tmp
 
-    def __call__(self, *args: str, check: bool = True, timeout: float = 60) -> subprocess.CompletedProcess:
-        proc = subprocess.run(
-            [*TANDEM, *args],
-            env=self.env,
-            capture_output=True,
-            text=True,
-            timeout=scaled(timeout),
-            cwd=self.tmp,
-        )
+    def __call__(
+        self, *args: str, check: bool = True, timeout: float = 60, process: bool = False
+    ) -> subprocess.CompletedProcess:
+        """``tandem ARGS`` in ``tmp`` with ``env``: in this process where the command only asks
+        a serving daemon or reads the state (:meth:`here`), else (``process``, or a command
+        that may start a daemon or serve) as its own interpreter."""
+        if not process and self.here_is_enough(args):
+            proc = self.here(args)
+        else:
+            proc = subprocess.run(
+                [*TANDEM, *args],
+                env=self.env,
+                capture_output=True,
+                text=True,
+                timeout=scaled(timeout),
+                cwd=self.tmp,
+            )
         if check and proc.returncode != 0:
             raise AssertionError(
                 f"tandem {' '.join(args)} -> {proc.returncode}\n{proc.stdout}\n{proc.stderr}"
             )
         return proc
+
+    def here_is_enough(self, args: tuple[str, ...]) -> bool:
+        """Whether ``tandem ARGS`` may run in this process: every command but those that serve
+        or run a program until it ends (an interpreter a call costs about a tenth of a
+        core-second, and the place tests make hundreds). A daemon such a call starts is this
+        process's child: once it has ended it is a zombie until the next process this one starts
+        reaps it, which tandem takes for ended (never alive)."""
+        words = tuple(a for a in args if not a.startswith("-"))[:2]
+        return bool(words) and words[0] not in OWN_PROCESS and words not in OWN_PROCESS
+
+    def here(self, args: tuple[str, ...]) -> subprocess.CompletedProcess:
+        """``tandem ARGS`` run by click in this process, with this runner's environment (all
+        of it, nothing else) and working directory; its exit code, stdout and stderr as a
+        process's. An exception the CLI lets out is raised here: the test fails on it (a user
+        would have seen a traceback)."""
+        from click.testing import CliRunner
+
+        from tandem.cli import main
+
+        saved_env, saved_cwd = dict(os.environ), os.getcwd()
+        os.environ.clear()
+        os.environ.update(self.env)
+        try:
+            os.chdir(self.tmp)
+            result = CliRunner().invoke(main, list(args), prog_name="tandem", catch_exceptions=False)
+        finally:
+            os.chdir(saved_cwd)
+            os.environ.clear()
+            os.environ.update(saved_env)
+        return subprocess.CompletedProcess([*TANDEM, *args], result.exit_code, result.stdout, result.stderr)
 
     def json(self, *args: str) -> object:
         return json.loads(self(*args, "--json").stdout)

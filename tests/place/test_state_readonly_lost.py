@@ -12,6 +12,7 @@ import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
+import psutil
 import pytest
 
 from tests.place.conftest import Cli, attempt_dir
@@ -93,6 +94,9 @@ def test_a_database_lost_under_its_daemon_is_restored_never_silently_emptied(
     until(lambda: list(cli.state.glob("place.db.saved-*")), 30, "the daemon keeps a copy")
     until(lambda: cli("daemon", "status", check=False).returncode == 3, 30, "the daemon stops")
     assert pid is not None
+    # Its process ends after its socket closes (it holds its lock until then): a restore
+    # while it still ends is refused, as one while it serves.
+    until(lambda: not _running(pid), 30, "the daemon's process ends")
     (saved,) = cli.state.glob("place.db.saved-*")
 
     for args in (("submit", "--", "echo", "three"), ("daemon", "start")):
@@ -112,3 +116,10 @@ def test_a_database_lost_under_its_daemon_is_restored_never_silently_emptied(
     assert cli("wait", str(running), str(queued), str(third), timeout=60).returncode == 0
     assert [cli("logs", str(j)).stdout.strip() for j in (running, queued, third)] == ["one", "two", "three"]
     assert cli("daemon", "restore", check=False).returncode == 2, "nothing left to restore"
+
+
+def _running(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import os
+import select
 import signal
 import subprocess
 import time
@@ -20,8 +21,9 @@ from tandem._safepath import module_command
 from tandem.place.model import Capacity, GpuInfo
 from tandem.place.run.launchers.programs import missing_program
 from tandem.place.run.launchers.ray_backend import PENDING, RUNNING, actor_name
-from tandem.place.run.supervisor.files import ShimInfo, Started, load
-from tandem.place.run.supervisor.proctrack import JobProcesses, create_time, same_process
+from tandem.place.run.supervisor import forkserver
+from tandem.place.run.supervisor.files import SHIM_LOG, ShimInfo, Started, load
+from tandem.place.run.supervisor.proctrack import FORKSERVER_MODULE, JobProcesses, create_time, same_process
 
 if TYPE_CHECKING:
     from tandem.place.devices import NodeSample
@@ -82,23 +84,78 @@ def signal_shim(a: Launched, sig: int) -> None:
             pass
 
 
+class SupervisorForks:
+    """The daemon's end of :mod:`~tandem.place.run.supervisor.forkserver`: started on the
+    first supervisor asked of it, and again after it has died; :meth:`start` gives the
+    forked supervisor's pid, or None where the fork server could not start it (the caller
+    then starts an interpreter of its own: a supervisor is never lost to this)."""
+
+    ANSWER_S = 10.0  # how long a fork's pid may take (the server's imports, on a busy machine)
+
+    def __init__(self) -> None:
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self, attempt_dir: Path, cwd: str) -> int | None:
+        try:
+            if self.proc is None or self.proc.poll() is not None:
+                self.proc = subprocess.Popen(
+                    module_command(FORKSERVER_MODULE),
+                    cwd="/",
+                    stdin=subprocess.PIPE,
+                    stdout=subprocess.PIPE,
+                )
+            assert self.proc.stdin is not None and self.proc.stdout is not None
+            self.proc.stdin.write(forkserver.request_line(attempt_dir, cwd))
+            self.proc.stdin.flush()
+            ready, _, _ = select.select([self.proc.stdout], [], [], self.ANSWER_S)
+            pid = int(self.proc.stdout.readline()) if ready else 0
+            if pid > 0:
+                return pid
+            why = "no answer" if not ready else "no supervisor"
+        except (OSError, ValueError) as exc:
+            why = f"{type(exc).__name__}: {exc}"
+        log.warning("the supervisors' fork server failed (%s): starting one on its own", why)
+        self.close()
+        return None
+
+    def close(self) -> None:
+        """End the fork server (its stdin closed); the supervisors it started go on."""
+        proc, self.proc = self.proc, None
+        if proc is None:
+            return
+        try:
+            if proc.stdin is not None:
+                proc.stdin.close()
+            proc.wait(5)
+        except (OSError, subprocess.TimeoutExpired):
+            proc.kill()
+            proc.wait()
+
+
 class LocalLauncher:
     """The supervisor as a process of this machine, in a session of its own (it outlives
-    the daemon); its pid and start time identify it."""
+    the daemon); its pid and start time identify it. It is forked from the daemon's fork
+    server (:class:`SupervisorForks`), or else started as an interpreter of its own."""
 
     trouble: str | None = None  # this machine always answers
 
+    def __init__(self) -> None:
+        self.forks = SupervisorForks()
+
     def start(self, a: Launched, what: Launch) -> str:
-        with open(what.dir / "shim.log", "ab") as shim_log:
-            proc = subprocess.Popen(
-                module_command("tandem.place.run.supervisor.shim", str(what.dir)),
-                cwd=what.cwd if os.path.isdir(what.cwd) else "/",
-                stdin=subprocess.DEVNULL,
-                stdout=shim_log,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-            )
-        a.shim_pid, a.shim_ctime = proc.pid, create_time(proc.pid)
+        cwd = what.cwd if os.path.isdir(what.cwd) else "/"
+        pid = self.forks.start(what.dir, cwd)
+        if pid is None:
+            with open(what.dir / SHIM_LOG, "ab") as shim_log:
+                pid = subprocess.Popen(
+                    module_command("tandem.place.run.supervisor.shim", str(what.dir)),
+                    cwd=cwd,
+                    stdin=subprocess.DEVNULL,
+                    stdout=shim_log,
+                    stderr=subprocess.STDOUT,
+                    start_new_session=True,
+                ).pid
+        a.shim_pid, a.shim_ctime = pid, create_time(pid)
         return ""
 
     def missing(self, command: list[str], cwd: str, env: dict[str, str]) -> str | None:
@@ -127,7 +184,7 @@ class LocalLauncher:
         pass
 
     def shutdown(self) -> None:
-        pass
+        self.forks.close()
 
 
 class RayLauncher:

@@ -61,7 +61,7 @@ from tandem.place.devices import NodeSample
 from tandem.place.model import Capacity, GpuInfo, NodeInfo
 from tandem.place.resources import Resources
 from tandem.place.run.supervisor.fence import FENCE_GCS, unreachable
-from tandem.place.run.supervisor.files import ORPHAN_PARENT
+from tandem.place.run.supervisor.files import ORPHAN_PARENT, SHIM_LOG
 
 log = logging.getLogger(__name__)
 
@@ -85,7 +85,7 @@ class Supervisor:
     def start(self) -> str:
         """Start the supervisor (once: a second call finds it started); this node's name."""
         if self.proc is None:
-            with open(Path(self.dir) / "shim.log", "ab") as shim_log:
+            with open(Path(self.dir) / SHIM_LOG, "ab") as shim_log:
                 self.proc = subprocess.Popen(
                     module_command("tandem.place.run.supervisor.shim", self.dir),
                     cwd=self.cwd if os.path.isdir(self.cwd) else "/",

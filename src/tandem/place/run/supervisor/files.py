@@ -16,6 +16,7 @@ file               written by     record
 ``output.log``     supervisor     the job's stdout and stderr (capped and rotated)
 ``metrics.jsonl``  supervisor     the run's points, tags and artifacts, for MLflow
 ``mlflow.json``    MLflow helper  :class:`RunRef`: the attempt's MLflow run, once made
+``shim.log``       supervisor     its own stdout and stderr (:data:`SHIM_LOG`)
 =================  =============  ===============================================
 """
 
@@ -34,6 +35,8 @@ from typing import Any, ClassVar, TypeVar
 from tandem.dirs import StateDirError
 
 R = TypeVar("R")
+
+SHIM_LOG = "shim.log"  # the supervisor's stdout and stderr, whoever started it
 
 # The signal a supervisor under a Ray actor asks the kernel for when the actor's process
 # dies (PR_SET_PDEATHSIG; the actor names its pid in ORPHAN_PARENT): its node's Ray stopped

@@ -30,6 +30,8 @@ from pathlib import Path
 
 import psutil
 
+from tandem.place.run.supervisor.files import SHIM_LOG
+
 log = logging.getLogger(__name__)
 
 MARKER_VAR = "TANDEM_JOB_MARKER"
@@ -75,6 +77,20 @@ _SUPERVISOR_MODULES = frozenset(
 )
 
 
+# Its fork server's (:mod:`tandem.place.run.supervisor.forkserver`): a supervisor forked
+# there has this command line, not the shim's.
+FORKSERVER_MODULE = "tandem.place.run.supervisor.forkserver"
+
+
+def forked_for(pid: int, attempt_dir: Path) -> bool:
+    """Is process ``pid`` (whose command line is the fork server's) a supervisor forked for
+    ``attempt_dir``? Its stdout is that folder's ``shim.log``."""
+    try:
+        return os.readlink(f"/proc/{pid}/fd/1") == str(attempt_dir / SHIM_LOG)
+    except OSError:
+        return False
+
+
 def supervisor_runs(attempt_dir: Path, recorded: float) -> bool:
     """Is a supervisor for ``attempt_dir`` running, its pid not recorded? Only a process of
     this user started after the attempt was recorded, over this folder (no other has its name)."""
@@ -85,6 +101,8 @@ def supervisor_runs(attempt_dir: Path, recorded: float) -> bool:
             continue
         # A supervisor started by a tandem from before the move to place.run has the old name.
         if _SUPERVISOR_MODULES.intersection(cmdline) and target in cmdline:
+            return True
+        if FORKSERVER_MODULE in cmdline and forked_for(p.pid, attempt_dir):
             return True
     return False
 

@@ -1,0 +1,103 @@
+"""Supervisors started by fork from one process that has imported them:
+``python -m tandem.place.run.supervisor.forkserver``, a child of the daemon.
+
+A supervisor started as an interpreter of its own (``python -m
+tandem.place.run.supervisor.shim DIR``) spends about 0.15 CPU-s importing what it runs
+before its job starts: on a sweep of short trials that was a third of the manager's CPU
+(issue 49). This process imports it once; for each attempt the daemon writes one line on its
+stdin, ``{"dir": ATTEMPT_DIR, "cwd": CWD}``, and it forks a supervisor that leaves this
+process's session (it outlives the daemon as one started on its own does), writes to the
+attempt's ``shim.log``, runs in ``CWD`` (``/`` where that is gone) and runs the shim's
+``main`` as its interpreter would; the fork's pid is the line it answers on stdout.
+
+It never starts a thread: a fork copies only the thread that forks, and locks another thread
+held would stay held in the supervisor. It reaps the supervisors that end before it does; the
+others are reparented, as the daemon's were. It ends when its stdin closes (its daemon ended
+or was killed): the supervisors it started go on.
+
+A supervisor forked here has this module's command line, so a daemon that lost its pid finds
+it by the ``shim.log`` it writes to (:func:`~tandem.place.run.supervisor.proctrack.forked_for`),
+not by its arguments.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sys
+import traceback
+from pathlib import Path
+from typing import Any
+
+from tandem.place.run.supervisor.files import SHIM_LOG
+
+
+def request_line(attempt_dir: Path, cwd: str) -> bytes:
+    """What the daemon writes to start a supervisor for ``attempt_dir`` in ``cwd``."""
+    return (json.dumps({"dir": str(attempt_dir), "cwd": cwd}) + "\n").encode()
+
+
+def _reap(_signum: int, _frame: Any) -> None:
+    while True:
+        try:
+            pid, _status = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if pid == 0:
+            return
+
+
+def _supervise(attempt_dir: str, cwd: str) -> int:
+    """In the fork: become a supervisor as ``python -m ...shim attempt_dir`` would be."""
+    signal.signal(signal.SIGCHLD, signal.SIG_DFL)  # the shim waits for its job
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    os.setsid()
+    log = os.open(os.path.join(attempt_dir, SHIM_LOG), os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+    null = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(null, 0)
+    os.dup2(log, 1)
+    os.dup2(log, 2)
+    os.close(null)
+    os.close(log)
+    os.chdir(cwd if os.path.isdir(cwd) else "/")
+    from tandem.place.run.supervisor import shim  # imported already, by main
+
+    sys.argv = [shim.__file__, attempt_dir]
+    try:
+        return shim.main([attempt_dir])
+    except SystemExit as exc:
+        return exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+    except BaseException:
+        traceback.print_exc()
+        return 1
+
+
+def main() -> int:
+    # What a supervisor runs, imported once here rather than once per supervisor: the shim,
+    # and the tracking it starts beside its job. Here, not at the top: the daemon imports
+    # this module for :func:`request_line` and runs none of it.
+    from tandem.place.run.supervisor import shim  # noqa: F401
+    from tandem.watch.stores.spool import SpoolStore  # noqa: F401
+    from tandem.watch.tracker import Run  # noqa: F401
+
+    signal.signal(signal.SIGCHLD, _reap)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # a Ctrl-C is the daemon's to handle
+    for line in sys.stdin:
+        try:
+            asked = json.loads(line)
+            attempt_dir, cwd = str(asked["dir"]), str(asked["cwd"])
+        except (ValueError, KeyError, TypeError):
+            print("0", flush=True)  # not a request: no supervisor
+            continue
+        pid = os.fork()
+        if pid == 0:
+            # The fork ends as an interpreter does (its threads joined, its output flushed),
+            # never back in this loop.
+            raise SystemExit(_supervise(attempt_dir, cwd))
+        print(pid, flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
