@@ -81,6 +81,11 @@ def main() -> int:
     from tandem.watch.stores.spool import SpoolStore  # noqa: F401
     from tandem.watch.tracker import Run  # noqa: F401
 
+    try:  # what its GPU sampler loads (guarded there too: a machine may have no NVML)
+        import pynvml  # noqa: F401
+    except ImportError:
+        pass
+
     signal.signal(signal.SIGCHLD, _reap)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # a Ctrl-C is the daemon's to handle
     for line in sys.stdin:
