@@ -127,18 +127,20 @@ class Job:
         return self.id in reply.cancelled
 
     def logs(self) -> str:
-        """Its output so far, every attempt in order."""
-        parts = []
-        with self._reader() as st:
-            if isinstance(st, RemoteState):  # the host's manager reads it for its owner
-                return "".join((old + data).decode(errors="replace") for _, old, data in st.logs(self.id))
-            for a in st.attempts(self.id):
-                path = st.attempt_dir(a) / "output.log"
-                try:
-                    parts.append(path.read_text(errors="replace"))
-                except OSError:
-                    pass
-        return "".join(parts)
+        """Its output so far, every attempt in order (the part rotated away first)."""
+        from tandem.place import LOG_READ_MAX
+
+        seen: dict[int, tuple[int, int]] = {}
+        written: dict[int, bytearray] = {}
+        with self._reader() as st:  # or the host's manager, which reads it for its owner
+            more = True
+            while more:
+                parts = st.log_parts(self.id, seen)
+                for part in parts:
+                    written.setdefault(part.n, bytearray()).extend((part.older or b"") + part.data)
+                    seen[part.n] = (part.inode, part.offset + len(part.data))
+                more = any(len(part.data) >= LOG_READ_MAX for part in parts)
+        return "".join(data.decode(errors="replace") for _, data in sorted(written.items()))
 
     def metrics(self) -> dict[str, float]:
         """The latest value of each metric of its last attempt's MLflow run (the job's own

@@ -6,6 +6,7 @@ real supervisor and job here; a plain process stands in for the actor's."""
 
 from __future__ import annotations
 
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -13,7 +14,7 @@ from pathlib import Path
 import psutil
 
 from tandem.place.run.supervisor.files import ORPHAN_PARENT, AttemptSpec, Result, Started, load, save
-from tests.timing import until
+from tests.timing import scaled, until
 
 # The actor's part: start the supervisor in a session of its own, naming itself, then wait.
 ACTOR = (
@@ -53,3 +54,28 @@ def test_a_supervisor_whose_actor_dies_stops_its_job_and_writes_no_result(tmp_pa
     finally:
         actor.kill()
         actor.wait()
+
+
+def test_a_supervisor_whose_attempt_folder_is_removed_ends_with_its_job(tmp_path: Path) -> None:
+    """Its folder removed while its job runs (a state directory deleted after `daemon stop`,
+    say): once its job ends, it ends too, saying why, instead of waiting an hour for a disk
+    that would take the result (seen: a supervisor 30 minutes after its job)."""
+    adir = tmp_path / "attempt"
+    adir.mkdir()
+    go = tmp_path / "go"
+    job = [sys.executable, "-c", f"import os, time\nwhile not os.path.exists({str(go)!r}): time.sleep(0.05)"]
+    save(adir, AttemptSpec(job, str(tmp_path), {}, job_id=7, attempt=1, track=False))
+    log = tmp_path / "shim.log"
+    with open(log, "ab") as out:
+        shim = subprocess.Popen(
+            [sys.executable, "-m", "tandem.place.run.supervisor.shim", str(adir)], stdout=out, stderr=out
+        )
+    try:
+        until(lambda: load(adir, Started) is not None, 60, lambda: log.read_text())
+        shutil.rmtree(adir)
+        go.touch()
+        assert shim.wait(timeout=scaled(30)) == 1, log.read_text()
+        assert "its attempt folder was removed" in log.read_text()
+    finally:
+        shim.kill()
+        shim.wait()

@@ -202,6 +202,27 @@ def test_another_users_requests_are_refused_whatever_the_request_says(
     )
     done = a.run([a.python, "-c", api], env=a.env(TANDEM_SYSTEM_DIR=str(system)), timeout=scaled(120))
     assert done.returncode == 0 and done.stdout.split() == ["succeeded", "uid", str(a.uid)], done.stderr
+    # `logs -f` follows a job of theirs through the manager, as it writes, to its end.
+    go_on = system / "go-on"
+    said = "import os, sys, time\nprint('one', flush=True)\n"
+    said += "while not os.path.exists(sys.argv[1]): time.sleep(0.05)\nprint('two', flush=True)"
+    job = int(_tandem(a, system, "submit", "--", a.python, "-c", said, str(go_on)).stdout)
+    follower = a.popen(
+        a.tandem("logs", "-f", str(job)),
+        env=a.env(TANDEM_SYSTEM_DIR=str(system)),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert follower.stdout is not None and follower.stdout.readline() == "one\n"
+        assert follower.poll() is None, "it follows the job while it runs"
+        go_on.touch()
+        out, err = follower.communicate(timeout=scaled(60))
+        assert follower.returncode == 0 and out == "two\n", (out, err)
+    finally:
+        follower.kill()
+        follower.wait()
     # Share groups are not served by a system manager yet: refused, saying so.
     shared = _tandem(a, system, "submit", "--share", "data", "--", a.python, "-c", "pass")
     assert shared.returncode == 2 and "not served by the host's system manager" in shared.stderr, (

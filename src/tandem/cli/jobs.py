@@ -223,7 +223,7 @@ def ls(show_all: bool, limit: int, before: int | None, as_json: bool) -> None:
         active = daemon_call(st.jobs, tuple(s for s in STATES if s not in FINAL_STATES), attempts=True)
         ended = daemon_call(st.jobs, tuple(FINAL_STATES), attempts=True, last=10)
         jobs, more = sorted(ended + active, key=lambda j: j.id), False
-    unserved = _unserved(jobs)
+    unserved = _unserved(st, jobs)
     if as_json:
         click.echo(strict_json_lines([job_json(j) for j in jobs]))  # one job a line
         if unserved:
@@ -246,15 +246,13 @@ def ls(show_all: bool, limit: int, before: int | None, as_json: bool) -> None:
         click.echo(unserved, err=True)
 
 
-def _unserved(jobs: list[Any]) -> str | None:
-    """Where jobs wait or run and no daemon serves the state directory, a line saying that
-    their states are as last known (a running one may have ended since); else None."""
-    if all(j.state in FINAL_STATES for j in jobs):
-        return None
-    from tandem.place import DaemonFile, state_dir, system_manager
+def _unserved(st: Any, jobs: list[Any]) -> str | None:
+    """Where jobs wait or run and no daemon serves the state directory ``st`` read, a line
+    saying that their states are as last known (a running one may have ended since); else None."""
+    from tandem.place import DaemonFile, RemoteState, state_dir
 
-    if system_manager() is not None:  # the host's manager answered this command's reads
-        return None
+    if all(j.state in FINAL_STATES for j in jobs) or isinstance(st, RemoteState):
+        return None  # the host's manager answered this command's reads: it serves
 
     directory = state_dir()
     # Where the last daemon listened, as it wrote it (a read: it makes no runtime directory).
@@ -355,7 +353,7 @@ def show(job_id: int, as_json: bool) -> None:
     r = data["reservation"]
     cores = None if r["cpus"] is None else format_cores(r["cpus"])
     ram = format_size(r["mem_bytes"]) if r["mem_bytes"] else None
-    unserved = _unserved([job])
+    unserved = _unserved(st, [job])
     if as_json:
         click.echo(strict_json(data, indent=2))
         if unserved:
@@ -419,45 +417,28 @@ def logs(job_id: int, follow: bool, raw: bool) -> None:
     job = daemon_call(st.job, job_id)  # another user's, from the host's manager: refused
     if job is None:
         raise unknown_job(job_id)
+    from tandem.place import LOG_READ_MAX
+
     out: Any = sys.stdout.buffer if raw else _Escaped(sys.stdout.buffer)
-    if hasattr(st, "logs"):  # the host's manager reads it for its owner (no follow: the whole of it)
-        parts = daemon_call(st.logs, job_id)
-        for n, older, data in parts:
-            if len(parts) > 1:
-                out.write(f"== attempt {n} ==\n".encode())
-            if older:
-                out.write(b"[older output rotated away; its newest part:]\n" + older)
-            out.write(data)
-        out.flush()
-        if isinstance(out, _Escaped):
-            out.close()
-        return
-    shown: dict[int, tuple[int, int]] = {}  # attempt -> (inode, offset) of output.log shown
+    shown: dict[int, tuple[int, int]] = {}  # attempt -> (inode, end) of output.log shown
 
     def dump() -> None:
-        attempts = st.attempts(job_id)
-        for a in attempts:
-            path = st.attempt_dir(a) / "output.log"
-            if a.n not in shown:
-                if len(attempts) > 1:
-                    out.write(f"== attempt {a.n} ==\n".encode())
-                older = path.with_name("output.log.1")  # the part rotated away (--log-max)
-                if older.is_file():
-                    out.write(b"[older output rotated away; its newest part:]\n" + older.read_bytes())
-            try:
-                with open(path, "rb") as f:
-                    inode = os.fstat(f.fileno()).st_ino
-                    known, offset = shown.get(a.n, (inode, 0))
-                    if known != inode:  # rotated since: the new file from its start
-                        out.write(b"[log rotated]\n")
-                        offset = 0
-                    f.seek(offset)
-                    data = f.read()
-            except OSError:
-                inode, offset, data = 0, 0, b""
-            shown[a.n] = (inode, offset + len(data))
-            out.write(data)
-        out.flush()
+        # Read in this process, or by the host's manager for the job's owner: the same parts,
+        # each at most LOG_READ_MAX a look (the rest at the next).
+        more = True
+        while more:
+            parts = daemon_call(st.log_parts, job_id, shown)
+            for part in parts:
+                if part.n not in shown and len(parts) > 1:
+                    out.write(f"== attempt {part.n} ==\n".encode())
+                if part.older:  # the part rotated away (--log-max), the first time
+                    out.write(b"[older output rotated away; its newest part:]\n" + part.older)
+                if part.n in shown and shown[part.n][0] != part.inode:  # rotated since: the new file
+                    out.write(b"[log rotated]\n")
+                shown[part.n] = (part.inode, part.offset + len(part.data))
+                out.write(part.data)
+            out.flush()
+            more = any(len(part.data) >= LOG_READ_MAX for part in parts)
 
     try:
         dump()

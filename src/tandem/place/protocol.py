@@ -186,10 +186,12 @@ class ReadJobs:
 
 @dataclass(frozen=True)
 class ReadLog:
-    """A job of the asker's own: each attempt's output (its rotated part first)."""
+    """A job of the asker's own: each attempt's output since ``seen`` (``[n, inode, end]``
+    of each attempt shown so far: ``tandem logs -f`` asks again for what came since)."""
 
     OP: ClassVar[str] = "read-log"
     job_id: int = 0
+    seen: list[list[int]] = field(default_factory=list)
 
 
 Request = Union[
@@ -391,8 +393,9 @@ class JobRows:
 
 @dataclass(frozen=True)
 class LogParts:
-    """A job's output: for each attempt (in order), ``n``, ``older`` (the part rotated away)
-    and ``data``, base64."""
+    """A job's output: for each attempt (in order), ``n``, ``inode``, ``offset``, ``data``
+    and ``older`` (the part rotated away; null where the asker saw the attempt already), the
+    bytes base64 (:class:`~tandem.place.reads.LogPart`)."""
 
     attempts: list[dict[str, Any]] = field(default_factory=list)
 

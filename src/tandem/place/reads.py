@@ -7,8 +7,10 @@ writer's connection, are :mod:`tandem.place.state`'s."""
 from __future__ import annotations
 
 import json
+import os
 import sqlite3
 from abc import ABC, abstractmethod
+from dataclasses import dataclass
 from pathlib import Path
 
 from tandem.place.identity import DB_FILE, StateLost, file_id, missing, replaced, serving_daemon
@@ -20,6 +22,49 @@ from tandem.place.schema import SCHEMA, SCHEMA_VERSION, columns_of, decode, deco
 NOT_ENDED = (QUEUED, RUNNING, RETRYING)
 _LISTED = columns_of(Job, listed=True)  # not the environment: most of a row, and secrets
 _QUEUED = columns_of(Job, queued=True)  # a queue of thousands is read every pass
+
+
+@dataclass(frozen=True)
+class LogPart:
+    """What an attempt wrote since a reader's last look (:meth:`StateReads.log_parts`):
+    ``data`` from byte ``offset`` of its ``output.log`` (the file ``inode``: another one
+    than the reader saw is a rotation, read from its start), and ``older``, the part rotated
+    away to ``output.log.1``, the first time the reader sees the attempt (else None)."""
+
+    n: int
+    inode: int
+    offset: int
+    data: bytes
+    older: bytes | None
+
+
+# How much of a log one look returns: a follower gets the rest at its next look.
+LOG_READ_MAX = 8 << 20
+
+
+def read_log_parts(folders: list[tuple[int, Path]], seen: dict[int, tuple[int, int]]) -> list[LogPart]:
+    """Each attempt's output since ``seen`` (attempt ``n`` -> the ``(inode, end)`` shown of
+    it); ``folders``: each attempt's ``n`` and folder, in order."""
+    parts = []
+    for n, folder in folders:
+        older = None
+        if n not in seen:
+            try:
+                older = (folder / "output.log.1").read_bytes()
+            except OSError:
+                older = b""
+        try:
+            with open(folder / "output.log", "rb") as f:
+                inode = os.fstat(f.fileno()).st_ino
+                known_inode, offset = seen.get(n, (inode, 0))
+                if known_inode != inode:
+                    offset = 0
+                f.seek(offset)
+                data = f.read(LOG_READ_MAX)
+        except OSError:
+            inode, offset, data = 0, 0, b""
+        parts.append(LogPart(n, inode, offset, data, older))
+    return parts
 
 
 class StateReads(ABC):
@@ -37,6 +82,10 @@ class StateReads(ABC):
     def attempt_dir(self, attempt: Attempt) -> Path:
         """The folder of ``attempt`` (its spec, output, result)."""
         return self.jobs_dir / str(attempt.job_id) / (attempt.folder or str(attempt.n))
+
+    def log_parts(self, job_id: int, seen: dict[int, tuple[int, int]]) -> list[LogPart]:
+        """Job ``job_id``'s output, each attempt's since ``seen`` (:func:`read_log_parts`)."""
+        return read_log_parts([(a.n, self.attempt_dir(a)) for a in self.attempts(job_id)], seen)
 
     def job(self, job_id: int, attempts: bool = True) -> Job | None:
         rows = self.query("SELECT * FROM jobs WHERE id = ?", (job_id,))

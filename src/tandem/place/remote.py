@@ -12,6 +12,7 @@ from typing import Any
 
 from tandem.place import protocol
 from tandem.place.client import DaemonRefused, request_at
+from tandem.place.reads import LogPart
 from tandem.place.records import Attempt, Job, Share
 from tandem.place.schema import decode, decode_all
 
@@ -77,10 +78,21 @@ class RemoteState:
     def shares(self) -> list[Share]:
         return list(self._shares)
 
-    def logs(self, job_id: int) -> list[tuple[int, bytes, bytes]]:
-        """Each attempt's output: ``(n, the part rotated away, the rest)``."""
-        reply: protocol.LogParts = request_at(self.socket, protocol.ReadLog(job_id), self.timeout)
-        return [(a["n"], base64.b64decode(a["older"]), base64.b64decode(a["data"])) for a in reply.attempts]
+    def log_parts(self, job_id: int, seen: dict[int, tuple[int, int]]) -> list[LogPart]:
+        """As :meth:`~tandem.place.reads.StateReads.log_parts`, read by the manager for the
+        job's owner."""
+        asked = protocol.ReadLog(job_id, [[n, inode, end] for n, (inode, end) in seen.items()])
+        reply: protocol.LogParts = request_at(self.socket, asked, self.timeout)
+        return [
+            LogPart(
+                a["n"],
+                a["inode"],
+                a["offset"],
+                base64.b64decode(a["data"]),
+                None if a["older"] is None else base64.b64decode(a["older"]),
+            )
+            for a in reply.attempts
+        ]
 
     def close(self) -> None:
         pass

@@ -535,28 +535,27 @@ def _shares_of(d: Parts, peer: Peer) -> list[dict[str, Any]]:
 
 
 def read_log(request: p.ReadLog, d: Parts, peer: Peer) -> Handled:
-    """A job's output, for its owner only."""
+    """A job's output since what the asker saw of it, for its owner only."""
     import base64
 
-    job = d.state.job(request.job_id)
+    job = d.state.job(request.job_id, attempts=False)
     if job is None:
         return _refused(f"no job {request.job_id}"), NOTHING
     if not peer.may_act_on(job.owner):
         return _refused(f"job {job.id} is another user's: you may read only your own jobs"), NOTHING
-    parts = []
-    for a in job.attempts:
-        folder = d.state.attempt_dir(a)
-        read = [
-            (folder / name).read_bytes() if (folder / name).is_file() else b""
-            for name in ("output.log.1", "output.log")
-        ]
-        parts.append(
-            {
-                "n": a.n,
-                "older": base64.b64encode(read[0]).decode(),
-                "data": base64.b64encode(read[1]).decode(),
-            }
-        )
+    try:
+        seen = {int(n): (int(inode), int(end)) for n, inode, end in request.seen}
+    except (TypeError, ValueError):
+        return _refused("read-log: seen is a list of [attempt, inode, end]"), NOTHING
+
+    def b64(data: bytes | None) -> str | None:
+        return None if data is None else base64.b64encode(data).decode()
+
+    parts = [
+        {"n": part.n, "inode": part.inode, "offset": part.offset}
+        | {"data": b64(part.data), "older": b64(part.older)}
+        for part in d.state.log_parts(job.id, seen)
+    ]
     return p.LogParts(parts), NOTHING
 
 

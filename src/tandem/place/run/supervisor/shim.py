@@ -321,6 +321,10 @@ class Shim:
                 save(self.dir, result)
                 break
             except OSError as exc:
+                if not disk_trouble(exc):  # its folder removed, say: no wait makes it writable
+                    why = "its attempt folder was removed" if _removed(self.dir) else exc.strerror
+                    _say(f"could not write the result ({why}): the job ended {ending.state} ({ending.cause})")
+                    return 1
                 if not said:
                     said = True
                     _say(f"cannot write the result yet ({exc.strerror}); retrying")
@@ -406,6 +410,14 @@ def _say(text: str) -> None:
         print(f"tandem: {text}", file=sys.stderr, flush=True)
     except (OSError, ValueError):
         pass
+
+
+def _removed(folder: Path) -> bool:
+    """Was ``folder`` (held open: :func:`~tandem.place.run.supervisor.files.hold`) removed?"""
+    try:
+        return os.stat(folder).st_nlink == 0
+    except OSError:
+        return True
 
 
 def _child_cpu() -> tuple[float, float] | None:
