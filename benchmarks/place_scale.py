@@ -25,12 +25,14 @@ import argparse
 import json
 import os
 import platform
+import re
 import resource
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
+import urllib.parse
 import urllib.request
 from pathlib import Path
 
@@ -81,6 +83,26 @@ def fill_history(state_dir: Path, n: int) -> None:
     state.close()
 
 
+def log_in(base: str, runtime_dir: Path) -> str:
+    """A session token, as a browser gets one: the one-time code of the 0600 login page
+    ``tandem dashboard`` wrote, posted from the dashboard's own origin."""
+    parts = urllib.parse.urlsplit(base)
+    page = runtime_dir / "dashboard" / f"login-{parts.port}.html"
+    deadline = time.monotonic() + 30
+    while not page.exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    found = re.search(r"#login=([\w-]+)", page.read_text())
+    if found is None:
+        raise RuntimeError(f"no login code in {page}")
+    req = urllib.request.Request(
+        base + "api/login",
+        data=json.dumps({"code": found.group(1)}).encode(),
+        headers={"Origin": base.rstrip("/"), "Content-Type": "application/json"},
+    )
+    with urllib.request.urlopen(req, timeout=30) as r:
+        return json.loads(r.read())["token"]
+
+
 def get_ms(url: str, token: str) -> float:
     req = urllib.request.Request(url, headers={"Authorization": f"Bearer {token}"})
     t0 = time.perf_counter()
@@ -103,7 +125,8 @@ def dashboard(env: dict[str, str], results: dict[str, float]) -> None:
                               stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)  # fmt: skip
     try:
         line = server.stdout.readline() if server.stdout else ""
-        base, token = line.split(": ", 1)[1].strip().split("?token=")
+        base = line.split(": ", 1)[1].strip()
+        token = log_in(base, Path(env["TANDEM_RUNTIME_DIR"]))
         for name, path in (("api_jobs_ms", "api/jobs"), ("api_queue_ms", "api/queue")):
             get_ms(base + path, token)  # the first request warms the reader
             results[name] = statistics.median(get_ms(base + path, token) for _ in range(20))
