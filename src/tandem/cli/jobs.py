@@ -429,14 +429,7 @@ def logs(job_id: int, follow: bool, raw: bool) -> None:
         while more:
             parts = daemon_call(st.log_parts, job_id, shown)
             for part in parts:
-                if part.n not in shown and len(parts) > 1:
-                    out.write(f"== attempt {part.n} ==\n".encode())
-                if part.older:  # the part rotated away (--log-max), the first time
-                    out.write(b"[older output rotated away; its newest part:]\n" + part.older)
-                if part.n in shown and shown[part.n][0] != part.inode:  # rotated since: the new file
-                    out.write(b"[log rotated]\n")
-                shown[part.n] = (part.inode, part.offset + len(part.data))
-                out.write(part.data)
+                out.write(log_text(part, shown, several=len(parts) > 1))
             out.flush()
             more = any(len(part.data) >= LOG_READ_MAX for part in parts)
 
@@ -453,6 +446,21 @@ def logs(job_id: int, follow: bool, raw: bool) -> None:
             out.close()
     except KeyboardInterrupt:
         sys.exit(EXIT_INTERRUPTED)
+
+
+def log_text(part: Any, shown: dict[int, tuple[int, int]], several: bool) -> bytes:
+    """What ``logs`` prints of ``part`` (:class:`~tandem.place.reads.LogPart`), given what it
+    showed of each attempt (``shown``: its file's inode and the end shown; updated here);
+    ``several``: the job has several attempts, each under a header of its own."""
+    said = b""
+    if part.n not in shown and several:
+        said += f"== attempt {part.n} ==\n".encode()
+    if part.older:  # the part rotated away (--log-max), the first time
+        said += b"[older output rotated away; its newest part:]\n" + part.older
+    if shown.get(part.n, (0, 0))[0] not in (0, part.inode):  # another file: rotated since
+        said += b"[log rotated]\n"  # (inode 0: there was no file yet, so nothing rotated)
+    shown[part.n] = (part.inode, part.offset + len(part.data))
+    return said + part.data
 
 
 class _Escaped:
