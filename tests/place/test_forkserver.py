@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 
 import psutil
+import pytest
 
 from tandem.place.run.supervisor.files import ShimInfo, load
 from tandem.place.run.supervisor.proctrack import FORKSERVER_MODULE, supervisor_runs
@@ -89,3 +90,26 @@ def test_a_forked_supervisor_is_found_by_its_shim_log_not_its_command_line(tmp_p
     finally:
         forked.kill()
         forked.wait()
+
+
+def test_a_fork_server_that_cannot_answer_is_left_alone_for_a_while(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """One that cannot start (here: no such module) gives no pid: the supervisor starts on its
+    own, and the next starts do not try the server again (each would wait for it) until its
+    back-off has passed."""
+    from tandem.place.run.launchers import launch
+
+    monkeypatch.setattr(launch, "FORKSERVER_MODULE", "tandem.no_such_fork_server")
+    forks = launch.SupervisorForks()
+    assert forks.start(tmp_path, "/") is None and forks.proc is None and forks.failed_at is not None
+    monkeypatch.setattr(launch, "FORKSERVER_MODULE", FORKSERVER_MODULE)
+    assert forks.start(tmp_path, "/") is None and forks.proc is None, "within its back-off: not tried"
+    forks.failed_at -= forks.BACKOFF_S
+    pid = forks.start(tmp_path, "/")  # no spec there: the fork starts, says so in shim.log and ends
+    try:
+        assert pid is not None and forks.proc is not None
+        log = tmp_path / "shim.log"
+        until(lambda: log.exists() and "no readable spec.json" in log.read_text(), 30, "the fork's word")
+    finally:
+        forks.close()

@@ -91,11 +91,17 @@ class SupervisorForks:
     then starts an interpreter of its own: a supervisor is never lost to this)."""
 
     ANSWER_S = 10.0  # how long a fork's pid may take (the server's imports, on a busy machine)
+    # After a failure, supervisors start on their own this long: a machine too loaded for the
+    # server to answer in ANSWER_S does not hold each start (and the daemon's loop) that long.
+    BACKOFF_S = 60.0
 
     def __init__(self) -> None:
         self.proc: subprocess.Popen[bytes] | None = None
+        self.failed_at: float | None = None
 
     def start(self, attempt_dir: Path, cwd: str) -> int | None:
+        if self.failed_at is not None and time.monotonic() - self.failed_at < self.BACKOFF_S:
+            return None
         try:
             if self.proc is None or self.proc.poll() is not None:
                 self.proc = subprocess.Popen(
@@ -114,7 +120,9 @@ class SupervisorForks:
             why = "no answer" if not ready else "no supervisor"
         except (OSError, ValueError) as exc:
             why = f"{type(exc).__name__}: {exc}"
-        log.warning("the supervisors' fork server failed (%s): starting one on its own", why)
+        said = "the supervisors' fork server failed (%s): supervisors start on their own for %g s"
+        log.warning(said, why, self.BACKOFF_S)
+        self.failed_at = time.monotonic()
         self.close()
         return None
 

@@ -66,8 +66,11 @@ def _supervise(attempt_dir: str, cwd: str) -> int:
     sys.argv = [shim.__file__, attempt_dir]
     try:
         return shim.main([attempt_dir])
-    except SystemExit as exc:
-        return exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+    except SystemExit as exc:  # as the interpreter ends on it: a message is said, then exit 1
+        if exc.code is None or isinstance(exc.code, int):
+            return exc.code or 0
+        print(exc.code, file=sys.stderr, flush=True)
+        return 1
     except BaseException:
         traceback.print_exc()
         return 1
