@@ -38,9 +38,13 @@ print("logged", raw)
 """
 
 
-def _closed_run(client, run_id: str):  # type: ignore[no-untyped-def]
-    """The run once the manager's helper has closed it (params are written as it closes)."""
+def _closed_run(client, cli: Cli, job_id: int):  # type: ignore[no-untyped-def]
+    """Job ``job_id``'s run once the manager's helper has closed it (params are written as it
+    closes; the job's row names its run once the helper has said so, after the job ended)."""
     deadline = time.monotonic() + scaled(90)
+    while (run_id := cli.job(job_id)["mlflow_run_id"]) is None:
+        assert time.monotonic() < deadline, f"job {job_id}'s run is not named"
+        time.sleep(0.1)
     while True:
         run = client.get_run(run_id)
         if run.info.status != "RUNNING" and "tandem.mlflow_written" in run.data.tags:
@@ -55,7 +59,10 @@ def _sweep(cli: Cli, group: str, *command: str, named: bool = True) -> list[dict
     ids = json.loads(out.stdout)["ids"]
     assert len(ids) == 4, "four strings, four points (1.0 and 1.0000000000000001 are two)"
     assert cli("wait", *map(str, ids), timeout=300).returncode == 0, cli("ls").stdout
-    return [cli.job(i) for i in ids]
+    jobs = [cli.job(i) for i in ids]
+    # An ended job names its MLflow run at once (its end and its run in one write).
+    assert all(j["mlflow_run_id"] for j in jobs), [(j["id"], j["mlflow_run_id"]) for j in jobs]
+    return jobs
 
 
 @pytest.mark.skipif(importlib.util.find_spec("lightning") is None, reason="needs Lightning")
@@ -72,7 +79,7 @@ def test_grid_values_are_the_text_typed_and_a_job_logging_its_own_params_succeed
         assert job["state"] == "succeeded" and job["params"] == {"x": x}
         assert job["command"][-1] == x and job["name"] == f"plain-{x}"
         assert cli("logs", str(job["id"])).stdout == x + "\n"
-        run = _closed_run(client, job["mlflow_run_id"])
+        run = _closed_run(client, cli, job["id"])
         assert run.data.params == {"x": x}, "the string typed, not 1000.0 or True"
         assert json.loads(run.data.tags["tandem.params"]) == {"x": x}
         assert "tandem.param.x" not in run.data.tags
@@ -82,7 +89,7 @@ def test_grid_values_are_the_text_typed_and_a_job_logging_its_own_params_succeed
     for job, x in zip(logging, GRID):
         assert job["state"] == "succeeded", cli("logs", str(job["id"])).stdout
         assert job["params"] == {"x": x} and job["command"][-1] == x
-        run = _closed_run(client, job["mlflow_run_id"])
+        run = _closed_run(client, cli, job["id"])
         assert run.info.run_name == f"job.py x={x}"  # unnamed: its script and its sweep point
         assert run.data.params["x"] == own[x]
         if own[x] == x:

@@ -32,7 +32,7 @@ from tandem.place.resources import Reservation
 from tandem.place.retry import retry
 from tandem.place.run.launchers.launch import Launch, Launcher, stop_orphaned_job
 from tandem.place.run.metrics import tracking
-from tandem.place.run.supervisor.files import AttemptSpec, Result, ShimInfo, Usage, load, save
+from tandem.place.run.supervisor.files import AttemptSpec, Result, RunRef, ShimInfo, Usage, load, save
 from tandem.place.run.supervisor.proctrack import host_id, supervisor_runs
 from tandem.place.scheduler import Placement
 from tandem.place.state import Attempt, Job, State
@@ -390,6 +390,12 @@ class Attempts:
             "peak_gpu_mem": peak_gpu,
             "cpu_seconds": result.cpu_seconds,
         }
+        # Its MLflow run, named with its end: the helper's word of it may come a tick after
+        # the result, and a reader of the ended job would find no run.
+        ref = load(a.dir, RunRef)
+        run_id = ref.run_id if ref is not None and ref.run_id and not ref.error else None
+        if run_id is not None:
+            ending["mlflow_run_id"] = run_id
         energy = energy_of(a, self.active.values(), self.monitor.energy_mj)
         common = {
             "exit_code": result.exit_code,
@@ -400,6 +406,8 @@ class Attempts:
             "peak_gpu_mem": max(job.peak_gpu_mem or 0, peak_gpu or 0) or None,
             "energy_joules": (job.energy_joules or 0.0) + energy if energy is not None else job.energy_joules,
         }
+        if run_id is not None:
+            common["mlflow_run_id"] = run_id
         largest = max((g.mem_total for g in self.capacity.gpus), default=0) or None
         usable = int(self.capacity.largest_mem * (1 - self.config.limits.host_mem_headroom))
         again = None
