@@ -128,18 +128,15 @@ class Job:
 
     def logs(self) -> str:
         """Its output so far, every attempt in order (the part rotated away first)."""
-        from tandem.place import LOG_READ_MAX
+        from tandem.place import log_looks
 
         seen: dict[int, tuple[int, int]] = {}
         written: dict[int, bytearray] = {}
         with self._reader() as st:  # or the host's manager, which reads it for its owner
-            more = True
-            while more:
-                parts = st.log_parts(self.id, seen)
+            for parts in log_looks(st.log_parts, self.id, seen):
                 for part in parts:
                     written.setdefault(part.n, bytearray()).extend((part.older or b"") + part.data)
-                    seen[part.n] = (part.inode, part.offset + len(part.data))
-                more = any(len(part.data) >= LOG_READ_MAX for part in parts)
+                    seen[part.n] = (part.inode, part.end)
         return "".join(data.decode(errors="replace") for _, data in sorted(written.items()))
 
     def metrics(self) -> dict[str, float]:

@@ -74,3 +74,15 @@ def test_what_logs_prints_of_each_part_said_once_and_a_rotation_only_of_a_file_s
     again: dict[int, tuple[int, int]] = {1: (78, 4)}
     first = log_text(LogPart(2, 90, 0, b"x\n", b"old\n"), again, several=True)
     assert first == b"== attempt 2 ==\n[older output rotated away; its newest part:]\nold\nx\n"
+
+
+def test_a_log_longer_than_one_look_is_read_in_as_many_looks_as_it_takes(tmp_path) -> None:
+    from tandem.place.reads import LOG_READ_MAX, log_looks, read_log_parts
+
+    (tmp_path / "output.log").write_bytes(b"x" * LOG_READ_MAX + b"tail\n")
+    seen: dict[int, tuple[int, int]] = {}
+    looks = []
+    for parts in log_looks(lambda _job, s: read_log_parts([(1, tmp_path)], s), 7, seen):
+        looks.append(b"".join(p.data for p in parts))
+        seen.update({p.n: (p.inode, p.end) for p in parts})
+    assert [len(look) for look in looks] == [LOG_READ_MAX, 5] and looks[1] == b"tail\n"

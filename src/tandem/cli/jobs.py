@@ -417,21 +417,17 @@ def logs(job_id: int, follow: bool, raw: bool) -> None:
     job = daemon_call(st.job, job_id)  # another user's, from the host's manager: refused
     if job is None:
         raise unknown_job(job_id)
-    from tandem.place import LOG_READ_MAX
+    from tandem.place import log_looks
 
     out: Any = sys.stdout.buffer if raw else _Escaped(sys.stdout.buffer)
     shown: dict[int, tuple[int, int]] = {}  # attempt -> (inode, end) of output.log shown
 
     def dump() -> None:
-        # Read in this process, or by the host's manager for the job's owner: the same parts,
-        # each at most LOG_READ_MAX a look (the rest at the next).
-        more = True
-        while more:
-            parts = daemon_call(st.log_parts, job_id, shown)
+        # Read in this process, or by the host's manager for the job's owner: the same parts.
+        for parts in log_looks(lambda job, seen: daemon_call(st.log_parts, job, seen), job_id, shown):
             for part in parts:
                 out.write(log_text(part, shown, several=len(parts) > 1))
             out.flush()
-            more = any(len(part.data) >= LOG_READ_MAX for part in parts)
 
     try:
         dump()
@@ -459,7 +455,7 @@ def log_text(part: Any, shown: dict[int, tuple[int, int]], several: bool) -> byt
         said += b"[older output rotated away; its newest part:]\n" + part.older
     if shown.get(part.n, (0, 0))[0] not in (0, part.inode):  # another file: rotated since
         said += b"[log rotated]\n"  # (inode 0: there was no file yet, so nothing rotated)
-    shown[part.n] = (part.inode, part.offset + len(part.data))
+    shown[part.n] = (part.inode, part.end)
     return said + part.data
 
 

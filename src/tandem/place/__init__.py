@@ -83,7 +83,7 @@ if TYPE_CHECKING:  # the same names as _FACE, for type checkers (the house test 
     from tandem.place.producers import error as producer_error
     from tandem.place.producers import status as producer_status
     from tandem.place.protocol import Cancel, Status, Stop
-    from tandem.place.reads import LOG_READ_MAX, StateReads
+    from tandem.place.reads import StateReads, log_looks
     from tandem.place.records import Job
     from tandem.place.remote import RemoteState
     from tandem.place.resources import Cap
@@ -173,7 +173,7 @@ _FACE: dict[str, str] = {
     "Stop": "protocol:Stop",
     "protocol": "protocol",
     "StateReads": "reads:StateReads",
-    "LOG_READ_MAX": "reads:LOG_READ_MAX",
+    "log_looks": "reads:log_looks",
     "Job": "records:Job",
     "RemoteState": "remote:RemoteState",
     "Cap": "resources:Cap",

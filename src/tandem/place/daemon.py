@@ -54,11 +54,11 @@ from tandem.place.pruning import Pruner
 from tandem.place.queue import WaitingJobs
 from tandem.place.requests import HANDLERS, Parts, failure, peer_of
 from tandem.place.resources import Resources
-from tandem.place.run.launchers.launch import Launcher, LocalLauncher, RayLauncher, reap_children
+from tandem.place.run.launchers.launch import Launcher, LocalLauncher, RayLauncher
 from tandem.place.run.services import ray_head
 from tandem.place.run.supervisor import weights
 from tandem.place.run.supervisor.files import DaemonFile, disk_trouble
-from tandem.place.run.supervisor.proctrack import create_time
+from tandem.place.run.supervisor.proctrack import create_time, reap_children
 from tandem.place.scheduler import Placement, plan_nodes
 from tandem.place.starting import jobs_per_node, start_job
 from tandem.place.state import Job, State

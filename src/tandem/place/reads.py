@@ -10,6 +10,7 @@ import json
 import os
 import sqlite3
 from abc import ABC, abstractmethod
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -37,12 +38,29 @@ class LogPart:
     data: bytes
     older: bytes | None
 
+    @property
+    def end(self) -> int:
+        """Where the reader's next look starts in this file."""
+        return self.offset + len(self.data)
+
 
 # How much of a log one look returns: a follower gets the rest at its next look.
 LOG_READ_MAX = 8 << 20
+Seen = dict[int, tuple[int, int]]  # attempt n -> (inode, end) of its output.log shown so far
 
 
-def read_log_parts(folders: list[tuple[int, Path]], seen: dict[int, tuple[int, int]]) -> list[LogPart]:
+def log_looks(read: Callable[[int, Seen], list[LogPart]], job_id: int, seen: Seen) -> Iterator[list[LogPart]]:
+    """Each look ``read(job_id, seen)`` (a reader's ``log_parts``) gives, again while one
+    came back full (:data:`LOG_READ_MAX`): everything written so far. The caller moves
+    ``seen`` past each look's parts before it asks for the next."""
+    while True:
+        parts = read(job_id, seen)
+        yield parts
+        if not any(len(part.data) >= LOG_READ_MAX for part in parts):
+            return
+
+
+def read_log_parts(folders: list[tuple[int, Path]], seen: Seen) -> list[LogPart]:
     """Each attempt's output since ``seen`` (attempt ``n`` -> the ``(inode, end)`` shown of
     it); ``folders``: each attempt's ``n`` and folder, in order."""
     parts = []
@@ -83,7 +101,7 @@ class StateReads(ABC):
         """The folder of ``attempt`` (its spec, output, result)."""
         return self.jobs_dir / str(attempt.job_id) / (attempt.folder or str(attempt.n))
 
-    def log_parts(self, job_id: int, seen: dict[int, tuple[int, int]]) -> list[LogPart]:
+    def log_parts(self, job_id: int, seen: Seen) -> list[LogPart]:
         """Job ``job_id``'s output, each attempt's since ``seen`` (:func:`read_log_parts`)."""
         return read_log_parts([(a.n, self.attempt_dir(a)) for a in self.attempts(job_id)], seen)
 

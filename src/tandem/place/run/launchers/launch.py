@@ -297,15 +297,3 @@ def stop_orphaned_job(attempt_dir: Path, grace_s: float) -> bool:
         procs.stop(grace_s)
     procs.close()  # its cgroup, which the supervisor could not remove
     return stopped
-
-
-def reap_children() -> None:
-    """Collect the exit of every child that ended: supervisors and producers the daemon
-    started are its children until they exit, and would stay zombies otherwise."""
-    while True:
-        try:
-            pid, _status = os.waitpid(-1, os.WNOHANG)
-        except ChildProcessError:
-            return
-        if pid == 0:
-            return

@@ -28,24 +28,14 @@ import signal
 import sys
 import traceback
 from pathlib import Path
-from typing import Any
 
 from tandem.place.run.supervisor.files import SHIM_LOG
+from tandem.place.run.supervisor.proctrack import reap_children
 
 
 def request_line(attempt_dir: Path, cwd: str) -> bytes:
     """What the daemon writes to start a supervisor for ``attempt_dir`` in ``cwd``."""
     return (json.dumps({"dir": str(attempt_dir), "cwd": cwd}) + "\n").encode()
-
-
-def _reap(_signum: int, _frame: Any) -> None:
-    while True:
-        try:
-            pid, _status = os.waitpid(-1, os.WNOHANG)
-        except ChildProcessError:
-            return
-        if pid == 0:
-            return
 
 
 def _supervise(attempt_dir: str, cwd: str) -> int:
@@ -89,7 +79,7 @@ def main() -> int:
     except ImportError:
         pass
 
-    signal.signal(signal.SIGCHLD, _reap)
+    signal.signal(signal.SIGCHLD, lambda _signum, _frame: reap_children())
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # a Ctrl-C is the daemon's to handle
     for line in sys.stdin:
         try:

@@ -91,6 +91,19 @@ def forked_for(pid: int, attempt_dir: Path) -> bool:
         return False
 
 
+def reap_children() -> None:
+    """Collect the exit of every child that ended, without waiting: the daemon's (supervisors
+    and producers are its children until they exit) and the fork server's (its forks), which
+    would stay zombies otherwise."""
+    while True:
+        try:
+            pid, _status = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if pid == 0:
+            return
+
+
 def supervisor_runs(attempt_dir: Path, recorded: float) -> bool:
     """Is a supervisor for ``attempt_dir`` running, its pid not recorded? Only a process of
     this user started after the attempt was recorded, over this folder (no other has its name)."""
