@@ -72,6 +72,10 @@ NAMESPACE = "tandem"
 
 PENDING, RUNNING, ENDED, GONE = "pending", "running", "ended", "gone"
 NODES_WAIT_S = 5.0  # the longest a pass waits for Ray's list of nodes
+# A poll answers in milliseconds; one unanswered this long has its actor looked up by name
+# again (a dead actor's name is freed at once), lest a death Ray never told this driver
+# leave the attempt running for good (seen once, on a busy CI machine)
+POLL_STALE_S = 10.0
 
 
 class Supervisor:
@@ -194,6 +198,7 @@ class RayBackend:
         self.handles: dict[str, Any] = {}  # actor name -> handle
         self.starts: dict[str, Any] = {}  # actor name -> its start() (done: the supervisor runs)
         self.polls: dict[str, Any] = {}  # actor name -> its poll() in flight
+        self.polled: dict[str, float] = {}  # actor name -> when its poll in flight was sent
         self.lost: dict[str, str] = {}  # actor name -> why its node is gone
         self.ended: set[str] = set()  # actor names whose supervisor exited
         self._gpu_index: dict[tuple[str, int], int] = {}  # (node, its GPU) -> the daemon's index
@@ -333,9 +338,12 @@ class RayBackend:
             self.ray.get(self.starts[name])
             poll = self.polls.get(name)
             if poll is None or not self._ready(poll):
-                self.polls.setdefault(name, actor.poll.remote())
+                if poll is None:
+                    self.polls[name], self.polled[name] = actor.poll.remote(), time.monotonic()
                 # Ray has its node for dead (this pass's list): a poll of it may wait for minutes
-                return RUNNING if not node or node in self._alive else self._lose(name, node)
+                if node and node not in self._alive:
+                    return self._lose(name, node)
+                return GONE if self._vanished(name) else RUNNING
             code = self.ray.get(self.polls.pop(name))
         except self.ray.exceptions.ActorUnavailableError:  # unreachable for now: asked again
             self.polls.pop(name, None)
@@ -349,10 +357,28 @@ class RayBackend:
             log.warning("the actor of %s: %s", name, exc)
             return GONE
         if code is None:
-            self.polls[name] = actor.poll.remote()
+            self.polls[name], self.polled[name] = actor.poll.remote(), time.monotonic()
             return RUNNING
         self.ended.add(name)
         return ENDED
+
+    def _vanished(self, name: str) -> bool:
+        """Has the actor of ``name`` died unheard: its poll unanswered for
+        :data:`POLL_STALE_S` and no live actor of its name in Ray's registry (asked again
+        each :data:`POLL_STALE_S`)?"""
+        sent = self.polled.get(name)
+        if sent is None or time.monotonic() - sent < POLL_STALE_S:
+            return False
+        self.polled[name] = time.monotonic()
+        try:
+            self.ray.get_actor(name, namespace=NAMESPACE)
+        except ValueError:  # no actor of that name: it died, and its poll was never failed
+            log.warning("the actor of %s died without its poll being answered: taken for ended", name)
+            self.polls.pop(name, None)
+            return True
+        except Exception as exc:  # Ray does not answer: the poll stands
+            log.debug("looking up the actor of %s: %s", name, exc)
+        return False
 
     def _node_alive(self, node: str) -> bool:
         """Is ``node`` alive, as Ray says now (read again: an actor's death on a node's
@@ -375,7 +401,7 @@ class RayBackend:
     def forget(self, name: str) -> None:
         """The attempt is over and recorded: its actor ends (its reservation freed)."""
         actor = self._find(name)
-        for table in (self.handles, self.starts, self.polls, self.lost):
+        for table in (self.handles, self.starts, self.polls, self.polled, self.lost):
             table.pop(name, None)
         self.ended.discard(name)
         if actor is not None:
