@@ -121,7 +121,9 @@ SUPERVISOR = "tandem.place.run.supervisor.shim"
 ROLES = (
     ("tandem.place.daemon", "daemon"),
     (SUPERVISOR, "supervisor"),
-    (FORKSERVER, "supervisors' fork server"),  # counted with the supervisors (the manager's rest)
+    # its own CPU is the jobs' warm imports (torch, MLflow: supervisor/warm.py), done once for
+    # them all; the supervisors it forks are read as supervisors (cmdline)
+    (FORKSERVER, "supervisors' fork server"),
     ("tandem.place.run.metrics.tracking", "mlflow helper"),
     ("serve-spec", "producer"),
 )
@@ -166,6 +168,9 @@ class Watcher:
 
     def role_of(self, pid: int, parent: Proc | None, argv: list[str]) -> str:
         line = " ".join(argv)
+        if parent is not None and FORKSERVER in line and parent.role in ("supervisor", "job", "producer"):
+            # a warm job (a fork of its supervisor: supervisor/warm.py), or a fork of one
+            return "job" if parent.role == "supervisor" else parent.role
         for needle, role in ROLES:
             if needle in line:
                 return role
@@ -356,7 +361,9 @@ def account(run: dict) -> dict:
     orphans = sum(p.total or 0.0 for p in procs if p.role in ("job", "producer") and p.total is not None)
     training = sum(j["tree_cpu_s"] or 0.0 for j in jobs if j["what"] != "producer")
     producer = sum(j["tree_cpu_s"] or 0.0 for j in jobs if j["what"] == "producer")
-    manager = everything - commands - training - producer - orphans
+    # What the fork server did itself: the imports each warm job would have done (and forks)
+    warm = sum(p.own for p in procs if p.role == "supervisors' fork server")
+    manager = everything - commands - training - producer - orphans - warm
     daemon = [p for p in procs if p.role == "daemon"]
     helper = [p for p in procs if p.role == "mlflow helper"]
     parts = {
@@ -374,10 +381,11 @@ def account(run: dict) -> dict:
         "commands_cpu_s": commands,
         "training_cpu_s": training + orphans,
         "producer_cpu_s": producer,
+        "warm_imports_cpu_s": warm,
         "manager_cpu_s": manager,
         "manager_parts": parts,
-        "ratio_to_training": manager / (training + orphans) if training else None,
-        "ratio_to_jobs_and_producer": manager / (training + orphans + producer) if training else None,
+        "ratio_to_training": manager / (training + orphans + warm) if training else None,
+        "ratio_to_jobs_and_producer": manager / (training + orphans + producer + warm) if training else None,
         "jobs": jobs,
         "processes": [
             {
@@ -402,6 +410,7 @@ def table(r: dict) -> str:
     rows = [
         (f"training jobs ({n_jobs} trees)", r["training_cpu_s"], ""),
         ("producer (its tree)", r["producer_cpu_s"], ""),
+        ("warm imports (the fork server)", r["warm_imports_cpu_s"], "torch and MLflow, once for every job"),
         ("manager: all of it", r["manager_cpu_s"], f"{100 * (r['ratio_to_training'] or 0):.2f}% of training"),
         ("  daemon", parts["daemon"], exact[parts["daemon_exact"]]),
         (

@@ -40,7 +40,8 @@ import time
 from pathlib import Path
 
 import psutil
-from sweep_vs import PR_SET_CHILD_SUBREAPER, environment, measure_arm
+from manager_cost import Watcher
+from sweep_vs import PR_SET_CHILD_SUBREAPER, by_role, environment, measure_arm, role_table
 
 ROOT = Path(__file__).resolve().parent
 TRIAL = ROOT / "sweep_prune_trial.py"
@@ -98,7 +99,14 @@ def run_arm(arm: str, args: argparse.Namespace) -> dict:
     env = environment(work, args)
     command = [sys.executable, __file__, "--run-arm", arm, "--work", str(work), "--lrs", args.lrs,
                "--epochs", str(args.epochs)]  # fmt: skip
-    run = measure_arm(command, work, env, args.timeout, args.linger)
+    watcher = Watcher() if arm == "tandem" else None
+    if watcher is not None:
+        watcher.start()
+    run = measure_arm(command, work, env, args.timeout, args.linger, watcher)
+    roles = None
+    if watcher is not None:
+        watcher.finish()
+        roles = by_role(watcher, 0.0)
     rc, t0 = run.exit_code, run.t0
     trials = [json.loads(p.read_text()) for p in sorted((work / "trials").glob("trial-*.json"))]
     states = json.loads((work / "states.json").read_text()) if (work / "states.json").exists() else {}
@@ -134,6 +142,7 @@ def run_arm(arm: str, args: argparse.Namespace) -> dict:
             {k: t[k] for k in ("lr", "epochs", "loss")} | {"end_s": round(t["end"] - t0, 2)} for t in trials
         ],
         "leftovers_killed": run.leftovers_killed,
+        "by_role": roles,
         "log_tail": log_tail if rc != 0 else "",
     }
 
@@ -199,6 +208,9 @@ def main() -> int:
         print(f"{said} early, exit {r['exit_code']}" + (f"\n{r['log_tail']}" if not r["ok"] else ""),
               file=sys.stderr, flush=True)  # fmt: skip
     print(table(results))
+    roles = next((r["by_role"] for r in results if r.get("by_role")), None)
+    if roles is not None:
+        print(role_table(roles))
     payload = {
         "command": ("python benchmarks/sweep_prune.py " + " ".join(sys.argv[1:])).strip(),
         "when": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
@@ -217,6 +229,8 @@ def main() -> int:
         f"# A pruned sweep: tandem vs Ray Tune with ASHA ({payload['when']})\n\n`{payload['command']}`: "
         f"{len(lrs_of(args))} trials, {args.items} items x up to {args.epochs} epochs; "
         f"{psutil.cpu_count()} cores.\n\n{table(results)}\n"
+        + (f"\nWhere the tandem arm's CPU went, by role (the kernel's figures per process; the trials' "
+           f"loops are not measured apart here):\n\n{role_table(roles)}\n" if roles is not None else "")
     )
     return 0 if all(r["ok"] for r in results) else 1
 

@@ -95,21 +95,39 @@ def test_a_forked_supervisor_is_found_by_its_shim_log_not_its_command_line(tmp_p
 def test_a_fork_server_that_cannot_answer_is_left_alone_for_a_while(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """One that cannot start (here: no such module) gives no pid: the supervisor starts on its
-    own, and the next starts do not try the server again (each would wait for it) until its
-    back-off has passed."""
+    """A request never waits for its answer. One the server could not answer (here: it
+    cannot start, no such module) is *failed* once it is seen to have ended, for the caller
+    to start a supervisor of its own; the next requests do not go to a server until its
+    back-off has passed (each would wait for it). A working server's answer is read as it
+    comes: the fork's pid."""
     from tandem.place.run.launchers import launch
 
+    first, second = tmp_path / "first", tmp_path / "second"
+    first.mkdir()
+    second.mkdir()
     monkeypatch.setattr(launch, "FORKSERVER_MODULE", "tandem.no_such_fork_server")
     forks = launch.SupervisorForks()
-    assert forks.start(tmp_path, "/") is None and forks.proc is None and forks.failed_at is not None
+    assert forks.ask(first, "/"), "taken: its answer is read later"
+
+    def failed() -> bool:
+        forks.collect()
+        return first in forks.failed
+
+    until(failed, 30, "the server that could not start was not seen to end")
+    assert forks.proc is None and forks.failed_at is not None and not forks.waiting
     monkeypatch.setattr(launch, "FORKSERVER_MODULE", FORKSERVER_MODULE)
-    assert forks.start(tmp_path, "/") is None and forks.proc is None, "within its back-off: not tried"
+    assert not forks.ask(second, "/") and forks.proc is None, "within its back-off: not tried"
+    assert forks.failed_at is not None
     forks.failed_at -= forks.BACKOFF_S
-    pid = forks.start(tmp_path, "/")  # no spec there: the fork starts, says so in shim.log and ends
+    assert forks.ask(second, "/")  # no spec there: the fork starts, says so in shim.log and ends
     try:
-        assert pid is not None and forks.proc is not None
-        log = tmp_path / "shim.log"
+
+        def forked() -> bool:
+            forks.collect()
+            return second in forks.forked
+
+        until(forked, 30, "no pid read from the server")
+        log = second / "shim.log"
         until(lambda: log.exists() and "no readable spec.json" in log.read_text(), 30, "the fork's word")
     finally:
         forks.close()

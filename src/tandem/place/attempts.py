@@ -204,7 +204,8 @@ class Attempts:
                 )
                 result = Result(kind, state, None, None, cause, None, a.started, now)
             self.finish(a, result)
-        elif a.shim_pid is None and now - a.started > LOST_AFTER_S and not self.launcher.pending(a):
+        # (pending first: a supervisor the fork server could not fork is started there, at once)
+        elif a.shim_pid is None and not self.launcher.pending(a) and now - a.started > LOST_AFTER_S:
             if supervisor_runs(a.dir, a.started):
                 return
             # The daemon died between recording the attempt and starting its supervisor: the

@@ -386,6 +386,14 @@ def _order(loader: DataLoader) -> tuple[bool, int, int | None, int | None]:
 _SEED_AT_IMPORT = torch.initial_seed()
 
 
+def process_started() -> None:
+    """Told by a process forked to run a program of its own, its random generators seeded
+    anew (the job manager's warm start, :mod:`tandem.place.run.supervisor.warm`): torch's
+    seed now is the one its program starts with, not the user's."""
+    global _SEED_AT_IMPORT
+    _SEED_AT_IMPORT = torch.initial_seed()
+
+
 _GENERATOR_DEFAULT_SEED = torch.Generator().initial_seed()  # torch.Generator() not seeded: a constant
 
 

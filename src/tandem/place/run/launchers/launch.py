@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import logging
 import os
-import select
 import signal
 import subprocess
 import time
@@ -22,8 +21,14 @@ from tandem.place.model import Capacity, GpuInfo
 from tandem.place.run.launchers.programs import missing_program
 from tandem.place.run.launchers.ray_backend import PENDING, RUNNING, actor_name
 from tandem.place.run.supervisor import forkserver
-from tandem.place.run.supervisor.files import SHIM_LOG, ShimInfo, Started, load
-from tandem.place.run.supervisor.proctrack import FORKSERVER_MODULE, JobProcesses, create_time, same_process
+from tandem.place.run.supervisor.files import SHIM_LOG, AttemptSpec, ShimInfo, Started, load
+from tandem.place.run.supervisor.proctrack import (
+    FORKSERVER_MODULE,
+    JobProcesses,
+    create_time,
+    same_process,
+    supervisor_runs,
+)
 
 if TYPE_CHECKING:
     from tandem.place.devices import NodeSample
@@ -56,6 +61,7 @@ class Launched(Protocol):
 
     n: int
     dir: Path
+    started: float
     shim_pid: int | None
     shim_ctime: float | None
     remote: bool
@@ -85,56 +91,119 @@ def signal_shim(a: Launched, sig: int) -> None:
 
 
 class SupervisorForks:
-    """The daemon's end of :mod:`~tandem.place.run.supervisor.forkserver`: started on the
-    first supervisor asked of it, and again after it has died; :meth:`start` gives the
-    forked supervisor's pid, or None where the fork server could not start it (the caller
-    then starts an interpreter of its own: a supervisor is never lost to this)."""
+    """The daemon's end of :mod:`~tandem.place.run.supervisor.forkserver`, started on the
+    first supervisor asked of it and again after it has died. A request never waits: the
+    server answers each with its fork's pid, in order, read as it comes (:meth:`collect`),
+    and the supervisor shows itself in its ``shim.json`` as any does. The server may take
+    seconds for its first Python job (it imports what those jobs import: warm.py), meanwhile
+    the daemon goes on. A request it did not answer (it died, or took :data:`ANSWER_S`) is
+    *failed*: the server is ended first, so that no fork of it comes after, and the caller
+    starts a supervisor of its own where none runs (:class:`LocalLauncher`)."""
 
-    ANSWER_S = 10.0  # how long a fork's pid may take (the server's imports, on a busy machine)
+    ANSWER_S = 30.0  # how long a request may wait for its fork (the server's imports, a busy host)
     # After a failure, supervisors start on their own this long: a machine too loaded for the
-    # server to answer in ANSWER_S does not hold each start (and the daemon's loop) that long.
+    # server to answer in ANSWER_S does not have each start wait that long.
     BACKOFF_S = 60.0
 
     def __init__(self) -> None:
         self.proc: subprocess.Popen[bytes] | None = None
         self.failed_at: float | None = None
+        self.waiting: dict[Path, float] = {}  # attempt dir -> when asked, in the order asked
+        self.forked: dict[Path, tuple[int, float | None]] = {}  # attempt dir -> its fork's pid, start
+        self.failed: set[Path] = set()  # asked, never forked: the server was ended
+        self._buffer = b""
 
-    def start(self, attempt_dir: Path, cwd: str) -> int | None:
+    def ask(self, attempt_dir: Path, cwd: str) -> bool:
+        """Ask for a supervisor of ``attempt_dir`` in ``cwd``; False where the server cannot
+        take it (start one of its own)."""
+        self.collect()
         if self.failed_at is not None and time.monotonic() - self.failed_at < self.BACKOFF_S:
-            return None
+            return False
         try:
-            if self.proc is None or self.proc.poll() is not None:
+            if self.proc is None:
                 self.proc = subprocess.Popen(
                     module_command(FORKSERVER_MODULE),
                     cwd="/",
                     stdin=subprocess.PIPE,
                     stdout=subprocess.PIPE,
                 )
-            assert self.proc.stdin is not None and self.proc.stdout is not None
+                assert self.proc.stdout is not None
+                os.set_blocking(self.proc.stdout.fileno(), False)
+            assert self.proc.stdin is not None
             self.proc.stdin.write(forkserver.request_line(attempt_dir, cwd))
             self.proc.stdin.flush()
-            ready, _, _ = select.select([self.proc.stdout], [], [], self.ANSWER_S)
-            pid = int(self.proc.stdout.readline()) if ready else 0
-            if pid > 0:
-                return pid
-            why = "no answer" if not ready else "no supervisor"
         except (OSError, ValueError) as exc:
-            why = f"{type(exc).__name__}: {exc}"
+            self._fail(f"{type(exc).__name__}: {exc}")
+            return False
+        self.waiting[attempt_dir] = time.monotonic()
+        return True
+
+    def collect(self) -> None:
+        """Read the answers that came; a server that died, or left its oldest request
+        unanswered :data:`ANSWER_S`, is ended and its unanswered requests failed."""
+        proc = self.proc
+        if proc is None:
+            return
+        self._read(proc)
+        if proc.poll() is not None:
+            self._read(proc)  # what it said before it ended
+            if self.waiting:
+                self._fail(f"it ended (exit {proc.returncode})")
+            else:
+                self.close()
+        elif self.waiting and time.monotonic() - next(iter(self.waiting.values())) > self.ANSWER_S:
+            self._fail(f"no answer in {self.ANSWER_S:g} s")
+
+    def _read(self, proc: subprocess.Popen[bytes]) -> None:
+        assert proc.stdout is not None
+        while True:
+            try:
+                chunk = os.read(proc.stdout.fileno(), 65536)
+            except (BlockingIOError, OSError, ValueError):
+                break
+            if not chunk:
+                break
+            self._buffer += chunk
+        *lines, self._buffer = self._buffer.split(b"\n")
+        for line in lines:
+            if not self.waiting:
+                break
+            attempt_dir = next(iter(self.waiting))
+            del self.waiting[attempt_dir]
+            pid = int(line) if line.strip().isdigit() else 0
+            if pid > 0:
+                self.forked[attempt_dir] = (pid, create_time(pid))
+            else:
+                self.failed.add(attempt_dir)  # not forked: started on its own
+
+    def _fail(self, why: str) -> None:
         said = "the supervisors' fork server failed (%s): supervisors start on their own for %g s"
         log.warning(said, why, self.BACKOFF_S)
         self.failed_at = time.monotonic()
-        self.close()
-        return None
+        proc, self.proc = self.proc, None
+        if proc is not None:
+            proc.kill()  # no fork of it comes after this: what it did not answer is ours now
+            proc.wait()
+            self._read(proc)
+        self.failed.update(self.waiting)
+        self.waiting.clear()
+        self._buffer = b""
+
+    def forget(self, attempt_dir: Path) -> None:
+        self.waiting.pop(attempt_dir, None)
+        self.forked.pop(attempt_dir, None)
+        self.failed.discard(attempt_dir)
 
     def close(self) -> None:
-        """End the fork server (its stdin closed); the supervisors it started go on."""
+        """End the fork server (its stdin closed: it forks what it was asked, then ends);
+        the supervisors it started go on."""
         proc, self.proc = self.proc, None
         if proc is None:
             return
         try:
             if proc.stdin is not None:
                 proc.stdin.close()
-            proc.wait(5)
+            proc.wait(self.ANSWER_S if self.waiting else 5)
         except (OSError, subprocess.TimeoutExpired):
             proc.kill()
             proc.wait()
@@ -152,19 +221,22 @@ class LocalLauncher:
 
     def start(self, a: Launched, what: Launch) -> str:
         cwd = what.cwd if os.path.isdir(what.cwd) else "/"
-        pid = self.forks.start(what.dir, cwd)
-        if pid is None:
-            with open(what.dir / SHIM_LOG, "ab") as shim_log:
-                pid = subprocess.Popen(
-                    module_command("tandem.place.run.supervisor.shim", str(what.dir)),
-                    cwd=cwd,
-                    stdin=subprocess.DEVNULL,
-                    stdout=shim_log,
-                    stderr=subprocess.STDOUT,
-                    start_new_session=True,
-                ).pid
-        a.shim_pid, a.shim_ctime = pid, create_time(pid)
+        if not self.forks.ask(what.dir, cwd):  # its pid comes in its shim.json (pending, below)
+            self._start_own(a, cwd)
         return ""
+
+    def _start_own(self, a: Launched, cwd: str) -> None:
+        """A supervisor as an interpreter of its own (no fork server to ask)."""
+        with open(a.dir / SHIM_LOG, "ab") as shim_log:
+            pid = subprocess.Popen(
+                module_command("tandem.place.run.supervisor.shim", str(a.dir)),
+                cwd=cwd if os.path.isdir(cwd) else "/",
+                stdin=subprocess.DEVNULL,
+                stdout=shim_log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            ).pid
+        a.shim_pid, a.shim_ctime = pid, create_time(pid)
 
     def missing(self, command: list[str], cwd: str, env: dict[str, str]) -> str | None:
         """Why the job's program cannot run here (:mod:`.programs`): said at submit."""
@@ -174,7 +246,18 @@ class LocalLauncher:
         return same_process(a.shim_pid, a.shim_ctime)
 
     def pending(self, a: Launched) -> bool:
-        return False  # started directly: its pid is known at once
+        """Its supervisor may yet show itself: the fork server has its request, or forked it
+        and it runs. A request the server failed gets a supervisor of its own now, unless
+        one runs (forked just before the server was ended)."""
+        self.forks.collect()
+        if a.dir in self.forks.failed:
+            self.forks.failed.discard(a.dir)
+            if not supervisor_runs(a.dir, a.started):
+                spec = load(a.dir, AttemptSpec)
+                self._start_own(a, spec.cwd if spec is not None else "/")
+            return True
+        pid, born = self.forks.forked.get(a.dir, (None, None))
+        return a.dir in self.forks.waiting or same_process(pid, born)
 
     def cancel(self, a: Launched) -> None:
         signal_shim(a, signal.SIGTERM)
@@ -189,7 +272,7 @@ class LocalLauncher:
         return {}  # this machine is the daemon's: its Monitor measures it
 
     def forget(self, a: Launched) -> None:
-        pass
+        self.forks.forget(a.dir)
 
     def shutdown(self) -> None:
         self.forks.close()

@@ -8,7 +8,16 @@ before its job starts: on a sweep of short trials that was a third of the manage
 stdin, ``{"dir": ATTEMPT_DIR, "cwd": CWD}``, and it forks a supervisor that leaves this
 process's session (it outlives the daemon as one started on its own does), writes to the
 attempt's ``shim.log``, runs in ``CWD`` (``/`` where that is gone) and runs the shim's
-``main`` as its interpreter would; the fork's pid is the line it answers on stdout.
+``main`` as its interpreter would; the fork's pid is the line it answers on stdout (the
+daemon reads it when it comes: it never waits for it).
+
+At the first attempt whose Python script imports torch (or MLflow, tandem, a library on
+torch: :func:`.warm.worth_warming`), it first imports what such jobs import (:mod:`.warm`),
+once: the supervisors forked after it start their Python jobs by fork, warm, rather than as
+interpreters that import it all again. What
+it has imported is frozen out of its collections (``gc.freeze``), so that a fork's
+collections neither walk nor write those objects' pages. ``TANDEM_WARM=0`` in the daemon's
+environment: nothing is imported ahead.
 
 It never starts a thread: a fork copies only the thread that forks, and locks another thread
 held would stay held in the supervisor. It reaps the supervisors that end before it does; the
@@ -22,6 +31,7 @@ not by its arguments.
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 import signal
@@ -29,7 +39,8 @@ import sys
 import traceback
 from pathlib import Path
 
-from tandem.place.run.supervisor.files import SHIM_LOG
+from tandem.place.run.supervisor import warm
+from tandem.place.run.supervisor.files import SHIM_LOG, AttemptSpec, load
 from tandem.place.run.supervisor.proctrack import reap_children
 
 
@@ -66,6 +77,11 @@ def _supervise(attempt_dir: str, cwd: str) -> int:
         return 1
 
 
+def _worth_warming(attempt_dir: str) -> bool:
+    spec = load(Path(attempt_dir), AttemptSpec)
+    return spec is not None and warm.worth_warming(spec.command, spec.cwd)
+
+
 def main() -> int:
     # What a supervisor runs, imported once here rather than once per supervisor: the shim,
     # and the tracking it starts beside its job. Here, not at the top: the daemon imports
@@ -78,6 +94,10 @@ def main() -> int:
         import pynvml  # noqa: F401
     except ImportError:
         pass
+    # Never collected here, so never written by a collection in a fork: a supervisor's and a
+    # warm job's collections skip them (they went over torch's objects, copying their pages)
+    gc.freeze()
+    warming = os.environ.get(warm.OFF) != "0"
 
     signal.signal(signal.SIGCHLD, lambda _signum, _frame: reap_children())
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # a Ctrl-C is the daemon's to handle
@@ -88,11 +108,19 @@ def main() -> int:
         except (ValueError, KeyError, TypeError):
             print("0", flush=True)  # not a request: no supervisor
             continue
+        if warming and _worth_warming(attempt_dir):
+            # At the first job of a script that imports torch (or MLflow, tandem): what such
+            # jobs import first, so that their supervisors fork them warm (warm.py). Seconds,
+            # once; the daemon does not wait.
+            warming = False
+            warm.preimport()
+            gc.freeze()
         pid = os.fork()
         if pid == 0:
-            # The fork ends as an interpreter does (its threads joined, its output flushed),
-            # never back in this loop.
-            raise SystemExit(_supervise(attempt_dir, cwd))
+            # The fork ends as an interpreter does (its threads joined, atexit run, its output
+            # flushed), never back in this loop; but without taking apart every module it has
+            # (torch's, MLflow's: a fifth of a second a supervisor), which the kernel frees.
+            os._exit(warm.end_as_interpreter(_supervise(attempt_dir, cwd)))
         print(pid, flush=True)
     return 0
 

@@ -22,11 +22,11 @@ import logging
 import os
 import select
 import signal
-import subprocess
 import time
 from collections.abc import Callable
 from collections.abc import Set as AbstractSet
 from pathlib import Path
+from typing import Protocol
 
 import psutil
 
@@ -293,7 +293,15 @@ class JobProcesses:
                 time.sleep(0.05)
 
 
-def wait_exit(proc: subprocess.Popen, stop: Callable[[], bool], poll_s: float = 0.1) -> None:
+class Child(Protocol):
+    """A job's main process as the supervisor waits for it: a ``Popen``, or a warm fork's."""
+
+    pid: int
+
+    def poll(self) -> int | None: ...
+
+
+def wait_exit(proc: Child, stop: Callable[[], bool], poll_s: float = 0.1) -> None:
     """Return once ``proc`` has ended or ``stop()`` is true, asleep meanwhile: on a pidfd, which
     turns readable when the process exits, and on the signal wakeup fd, which a signal with a
     Python handler writes to (so a handler that makes ``stop()`` true wakes it at once). From

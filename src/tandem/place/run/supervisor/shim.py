@@ -38,7 +38,7 @@ from pathlib import Path
 from typing import Any
 
 from tandem.place.model import mlflow_status
-from tandem.place.run.supervisor import failures, proctrack, weights
+from tandem.place.run.supervisor import failures, proctrack, warm, weights
 from tandem.place.run.supervisor.cgroups import OomWatch
 from tandem.place.run.supervisor.fence import start_fence
 from tandem.place.run.supervisor.files import (
@@ -146,17 +146,24 @@ class Shim:
         started = time.time()
         log_path = self.dir / "output.log"
         read_fd, write_fd = os.pipe()
+        env = with_run_env({**_node_env(spec), **procs.env()}, run_ids)
+        # a Python job whose interpreter would import what this one has: forked, warm (warm.py)
+        plan = warm.plan(spec.command, env, spec.cwd, bool(_as_submitter(spec)))
+        proc: subprocess.Popen[bytes] | warm.ForkedJob
         try:
-            proc = subprocess.Popen(
-                spec.command,
-                cwd=spec.cwd,
-                env=with_run_env({**_node_env(spec), **procs.env()}, run_ids),
-                stdin=subprocess.DEVNULL,
-                stdout=write_fd,
-                stderr=write_fd,
-                start_new_session=True,
-                **_as_submitter(spec),
-            )
+            if plan is not None:
+                proc = warm.start(plan, env, spec.cwd, write_fd)
+            else:
+                proc = subprocess.Popen(
+                    spec.command,
+                    cwd=spec.cwd,
+                    env=env,
+                    stdin=subprocess.DEVNULL,
+                    stdout=write_fd,
+                    stderr=write_fd,
+                    start_new_session=True,
+                    **_as_submitter(spec),
+                )
         except OSError as exc:
             os.close(read_fd)
             os.close(write_fd)
