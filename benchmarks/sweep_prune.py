@@ -229,8 +229,12 @@ def main() -> int:
         f"# A pruned sweep: tandem vs Ray Tune with ASHA ({payload['when']})\n\n`{payload['command']}`: "
         f"{len(lrs_of(args))} trials, {args.items} items x up to {args.epochs} epochs; "
         f"{psutil.cpu_count()} cores.\n\n{table(results)}\n"
-        + (f"\nWhere the tandem arm's CPU went, by role (the kernel's figures per process; the trials' "
-           f"loops are not measured apart here):\n\n{role_table(roles)}\n" if roles is not None else "")
+        + (
+            f"\nWhere the tandem arm's CPU went, by role (the kernel's figures per process; the trials' "
+            f"loops are not measured apart here):\n\n{role_table(roles)}\n"
+            if roles is not None
+            else ""
+        )
     )
     return 0 if all(r["ok"] for r in results) else 1
 

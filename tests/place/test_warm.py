@@ -35,7 +35,8 @@ seen = {
     "argv": sys.argv, "file": __file__, "name": __name__, "path0": sys.path[0], "cwd": os.getcwd(),
     "mine": os.environ.get("MINE"), "threads": torch.get_num_threads(),
     "omp": os.environ.get("OMP_NUM_THREADS"), "session": os.getsid(0) == os.getpid(),
-    "stdin": sys.stdin.read(), "warned": len(caught), "main_is_me": sys.modules["__main__"].__dict__ is globals(),
+    "stdin": sys.stdin.read(), "warned": len(caught),
+    "main_is_me": sys.modules["__main__"].__dict__ is globals(),
     "filters_default": [f for f in warnings.filters if f[2] is DeprecationWarning][:1] != [],
     "code_flags": (lambda: 0).__code__.co_flags,  # no __future__ of tandem's passed on
     "annotation": repr(late.__annotations__["x"]),
@@ -153,9 +154,10 @@ def test_plan_takes_only_this_interpreter_in_this_environment(
     assert warm.plan([sys.executable, "a.py"], env, here, True) is None, "another user: cold"
     assert warm.plan([sys.executable, "nothere.py"], env, here, False) is None
     assert warm.plan([sys.executable, "-u", "a.py"], env, here, False) is None
-    assert warm.plan(["/usr/bin/python3", "a.py"], env, here, False) is None or Path(
-        "/usr/bin/python3"
-    ).resolve() == Path(sys.executable).resolve()
+    assert (
+        warm.plan(["/usr/bin/python3", "a.py"], env, here, False) is None
+        or Path("/usr/bin/python3").resolve() == Path(sys.executable).resolve()
+    )
     assert warm.plan([sys.executable, "a.py"], {**env, "HOME": "/other"}, here, False) is None
     assert warm.plan([sys.executable, "a.py"], {**env, "PYTHONPATH": "x"}, here, False) is None
     assert warm.plan([sys.executable, "a.py"], {**env, warm.OFF: "0"}, here, False) is None
@@ -170,7 +172,8 @@ def test_warm_jobs_draw_their_own_random_numbers(cli: Cli, script: Path) -> None
     (cli.tmp / "draw.py").write_text(
         "import json, random, sys, numpy, torch\n"
         "print('WARM' if 'tandem.place' in sys.modules else 'COLD')\n"
-        "print(json.dumps([torch.initial_seed(), torch.rand(1).item(), numpy.random.rand(), random.random()]))\n"
+        "draws = [torch.initial_seed(), torch.rand(1).item(), numpy.random.rand(), random.random()]\n"
+        "print(json.dumps(draws))\n"
     )
     draws = []
     for _ in range(2):
