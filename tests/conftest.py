@@ -18,6 +18,10 @@ def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line(
         "markers", "tracked: its daemon tracks its jobs in MLflow (tests/place/conftest.py: on_cluster)"
     )
+    config.addinivalue_line(
+        "markers",
+        "warm: its daemon starts Python jobs warm, as a user's does (tests/place/conftest.py: cli)",
+    )
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:

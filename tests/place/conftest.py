@@ -220,10 +220,16 @@ def attempt_dir(state: Path, job_id: int | str, n: int = 1) -> Path:
     return found[0] if found else state / "jobs" / str(job_id) / f"{n}.not-yet"
 
 
-def _cli_in(tmp_path: Path) -> Iterator[Cli]:
+def _cli_in(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[Cli]:
     state = tmp_path / "state"
     runtime = Path(f"/tmp/tt-{os.getpid()}-{tmp_path.name[-12:]}")  # short: a Unix socket path
     env = dict(os.environ, TANDEM_STATE_DIR=str(state), TANDEM_RUNTIME_DIR=str(runtime))
+    # Python jobs start warm only in the tests marked so (their files: sweeps, MLflow runs, a
+    # share's producers, tests/place/test_warm.py): the fork server's imports ahead cost each
+    # daemon about 3.4 CPU-s, paid back from a sweep's second trial but not by a test's one
+    # or two jobs (the place tests took 412 s with every daemon warm, 318 s without).
+    if request.node.get_closest_marker("warm") is None:
+        env["TANDEM_WARM"] = "0"
     runner = Cli(env, state, tmp_path)
     yield runner
     # Cancel what is still going, stop the daemon, then make sure nothing is left behind.
@@ -247,15 +253,15 @@ def _cli_in(tmp_path: Path) -> Iterator[Cli]:
 
 
 @pytest.fixture
-def cli(tmp_path: Path) -> Iterator[Cli]:
-    yield from _cli_in(tmp_path)
+def cli(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[Cli]:
+    yield from _cli_in(tmp_path, request)
 
 
 @pytest.fixture(scope="module")
-def module_cli(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cli]:
+def module_cli(tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest) -> Iterator[Cli]:
     """One state directory (and daemon) for a module's tests, where each test makes and reads
     only its own jobs: a daemon and its MLflow helper started once, not per test."""
-    yield from _cli_in(tmp_path_factory.mktemp("module"))
+    yield from _cli_in(tmp_path_factory.mktemp("module"), request)
 
 
 @pytest.fixture
@@ -299,7 +305,7 @@ def on_cluster(cluster: NodesCluster, tmp_path: Path, request: pytest.FixtureReq
     reads MLflow)."""
     from tests.place.nodes import DATASET, READER, start_daemon
 
-    gen = _cli_in(tmp_path)
+    gen = _cli_in(tmp_path, request)
     cli = next(gen)
     cli.env.update(RAY_AUTH_MODE="disabled", **cluster.ray_env)  # as the nodes have it
     (tmp_path / "data.py").write_text(DATASET)

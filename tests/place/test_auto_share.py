@@ -18,7 +18,7 @@ import pytest
 from tests.place.conftest import Cli, attempt_dir
 from tests.timing import scaled
 
-pytestmark = pytest.mark.filterwarnings("ignore")
+pytestmark = [pytest.mark.filterwarnings("ignore"), pytest.mark.warm]  # Python jobs start warm
 
 SCRIPT = textwrap.dedent(
     """

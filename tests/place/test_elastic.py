@@ -11,6 +11,8 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 from tandem.place.policies import HostSlot, Limits, Packing
 from tandem.place.scheduler import Waiting, plan, share_bound
 from tests.place.inproc import Step
@@ -18,6 +20,8 @@ from tests.place.needs import host_slot, waiting
 from tests.place.test_daemon import DATASET
 from tests.place.test_reserve import _lines
 from tests.timing import scaled, until
+
+pytestmark = pytest.mark.warm  # Python jobs start warm, as a user's do
 
 GIB = 1 << 30
 

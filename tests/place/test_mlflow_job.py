@@ -17,9 +17,13 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 from tandem.place.run.supervisor.files import AttemptSpec, Result, RunRef, load, save
 from tests.place.conftest import Cli
 from tests.timing import scaled
+
+pytestmark = pytest.mark.warm  # Python jobs start warm, as a user's do
 
 # The fluent API with no start_run, and Lightning's logger where Lightning is installed.
 JOB = """\

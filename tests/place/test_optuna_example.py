@@ -11,6 +11,8 @@ import pytest
 
 from tests.timing import scaled
 
+pytestmark = pytest.mark.warm  # Python jobs start warm, as a user's do
+
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "optuna_sweep.py"
 
 

@@ -24,7 +24,7 @@ from tests.place.conftest import Cli, attempt_dir
 from tests.place.test_auto_share import _outcome, _producers, _succeeded
 from tests.timing import until
 
-pytestmark = pytest.mark.filterwarnings("ignore")
+pytestmark = [pytest.mark.filterwarnings("ignore"), pytest.mark.warm]  # Python jobs start warm
 
 # One script for the hand-started run and the jobs: its loader's fingerprint (its dataset,
 # pickled by value from __main__) names their share. Arguments: batch size, a pause after each

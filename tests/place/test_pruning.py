@@ -8,9 +8,13 @@ from __future__ import annotations
 import json
 import sys
 
+import pytest
+
 from tests.place.conftest import Cli
 from tests.place.test_daemon import SHORT
 from tests.timing import scaled
+
+pytestmark = pytest.mark.warm  # Python jobs start warm, as a user's do
 
 # Its loss falls with each epoch, from a start that its --lr sets (0.01 is the best); the
 # epochs are paced (a second each) so that the daemon, which reads the store each second,

@@ -11,9 +11,13 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 from tests.place.conftest import Cli
 from tests.place.test_daemon import DATASET
 from tests.timing import scaled, until
+
+pytestmark = pytest.mark.warm  # Python jobs start warm, as a user's do
 
 # Reads its epoch from the share where it has one, else from the dataset itself (a job
 # loading for itself); logs a loss that depends on its --lr, so the best is known.

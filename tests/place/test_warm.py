@@ -16,6 +16,8 @@ import pytest
 from tandem.place.run.supervisor import warm
 from tests.place.conftest import Cli
 
+pytestmark = pytest.mark.warm  # Python jobs start warm, as a user's do
+
 FAST = ("--settle", "0.3", "--grace", "1", "--no-host-load", "--no-track")
 
 SEEN = r"""
