@@ -41,6 +41,9 @@ seen = {
     "main_is_me": sys.modules["__main__"].__dict__ is globals(),
     "filters_default": [f for f in warnings.filters if f[2] is DeprecationWarning][:1] != [],
     "code_flags": (lambda: 0).__code__.co_flags,  # no __future__ of tandem's passed on
+    # what ps and top show: the job's command (a warm one retitled), its name python
+    "ps": open("/proc/self/cmdline", "rb").read().replace(b"\0", b" ").decode().strip(),
+    "comm": open("/proc/self/comm").read().strip(),
     "annotation": repr(late.__annotations__["x"]),
 }
 print(json.dumps(seen), flush=True)
@@ -148,10 +151,10 @@ def test_plan_takes_only_this_interpreter_in_this_environment(
     env = {"HOME": "/h", "PATH": str(Path(sys.executable).parent)}
     here = str(tmp_path)
     assert warm.plan([sys.executable, "a.py", "x"], env, here, False) == warm.Plan(
-        str(tmp_path / "a.py"), False, ["a.py", "x"]
+        str(tmp_path / "a.py"), False, ["a.py", "x"], False, (sys.executable, "a.py", "x")
     )
     assert warm.plan(["python", "-P", "-m", "pkg", "y"], env, here, False) == warm.Plan(
-        "pkg", True, ["pkg", "y"], True
+        "pkg", True, ["pkg", "y"], True, ("python", "-P", "-m", "pkg", "y")
     )
     assert warm.plan([sys.executable, "a.py"], env, here, True) is None, "another user: cold"
     assert warm.plan([sys.executable, "nothere.py"], env, here, False) is None

@@ -32,6 +32,7 @@ import logging
 import os
 import re
 import runpy
+import shlex
 import shutil
 import signal
 import sys
@@ -132,6 +133,7 @@ class Plan:
     module: bool
     argv: list[str]
     safe_path: bool = False  # ``-P``: no folder put first on ``sys.path``
+    command: tuple[str, ...] = ()  # as submitted: what ps and top show for it
 
 
 def plan(command: Sequence[str], env: Mapping[str, str], cwd: str, as_other_user: bool) -> Plan | None:
@@ -153,12 +155,12 @@ def plan(command: Sequence[str], env: Mapping[str, str], cwd: str, as_other_user
     if args and args[0] == "-m":
         if len(args) < 2 or not args[1] or args[1].startswith("-"):
             return None
-        return Plan(args[1], True, args[1:], safe_path)
+        return Plan(args[1], True, args[1:], safe_path, tuple(command))
     script = args[0] if args else "-"
     path = os.path.abspath(os.path.join(cwd, script))
     if script.startswith("-") or not os.path.isfile(path) or zipfile.is_zipfile(path):
         return None  # an option, no such file, or an archive: as the interpreter would
-    return Plan(path, False, args, safe_path)
+    return Plan(path, False, args, safe_path, tuple(command))
 
 
 def _interpreter(program: str, env: Mapping[str, str], cwd: str) -> str | None:
@@ -250,6 +252,7 @@ def _run(job: Plan, env: Mapping[str, str], cwd: str, output_fd: int) -> int:
     os.dup2(output_fd, 2)
     os.closerange(3, os.sysconf("SC_OPEN_MAX") if hasattr(os, "sysconf") else 65536)
     os.chdir(cwd)
+    _retitle(job.command)  # before the environment changes: setproctitle finds its area by it
     os.environ.clear()
     os.environ.update(env)
     for sig in (signal.SIGTERM, signal.SIGHUP, signal.SIGCHLD, signal.SIGUSR1, signal.SIGUSR2):
@@ -289,6 +292,20 @@ def _run_script(path: str) -> None:
     sys.modules["__main__"] = main
     # dont_inherit: not this module's __future__ imports (annotations), which compile() would pass on
     exec(compile(source, path, "exec", dont_inherit=True), main.__dict__)
+
+
+def _retitle(command: Sequence[str]) -> None:
+    """``ps``, ``top`` and the GPU tools show the job's command, not the fork server's
+    (``setproctitle``, as Ray names its workers; tools that split the command line on NULs
+    get the title as its first word, then empty ones)."""
+    if not command:
+        return
+    try:
+        import setproctitle
+    except ImportError:  # installed with tandem; without it the fork server's line shows
+        return
+    setproctitle.setproctitle(shlex.join(command))
+    setproctitle.setthreadtitle(os.path.basename(command[0])[:15])  # top's name: python
 
 
 def _fresh_state() -> None:
