@@ -7,6 +7,7 @@ daemon, and what the script saw of itself compared."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import sys
 from pathlib import Path
@@ -165,6 +166,12 @@ def test_plan_takes_only_this_interpreter_in_this_environment(
     )
     assert warm.plan([sys.executable, "a.py"], {**env, "HOME": "/other"}, here, False) is None
     assert warm.plan([sys.executable, "a.py"], {**env, "PYTHONPATH": "x"}, here, False) is None
+    assert warm.plan([sys.executable, "a.py"], {**env, "TORCH_LOGS": "+dynamo"}, here, False) is None
+    assert warm.plan([sys.executable, "a.py"], {**env, "OMP_PROC_BIND": "true"}, here, False) is None
+    settable = importlib.util.find_spec("threadpoolctl") is not None  # the BLAS's: with it (MLflow's)
+    one_thread = warm.plan([sys.executable, "a.py"], {**env, "OMP_NUM_THREADS": "1"}, here, False)
+    assert (one_thread is not None) == settable, "a thread count is set in the fork"
+    assert warm.plan([sys.executable, "a.py"], {**env, "CUDA_VISIBLE_DEVICES": "1"}, here, False) is not None
     assert warm.plan([sys.executable, "a.py"], {**env, warm.OFF: "0"}, here, False) is None
     assert warm.plan(["sh", "a.py"], env, here, False) is None
     monkeypatch.setattr(warm, "_warm", ())

@@ -48,9 +48,11 @@ from dataclasses import dataclass
 # each trial under tandem imports (MLflow, and the SQL store its run is written to at its
 # first log_metric: 0.7 CPU-s of SQLAlchemy and alembic; tandem's drop-in loader).
 WARM_MODULES = ("torch", "mlflow", "mlflow.store.tracking.sqlalchemy_store", "tandem.share")
-# The variables that change what an interpreter imports, or how: a job whose values differ
-# from the fork server's starts cold. (The thread variables are set in the fork instead.)
-_SAME_PREFIXES = ("PYTHON", "LD_")
+# The variables that change what an interpreter imports, or how, or that the imported
+# libraries read as they load (torch's flags and logs, OpenMP's and the BLAS's settings): a
+# job whose values differ from the fork server's starts cold. The thread counts are set in
+# the fork instead; CUDA's are read at CUDA's first use, which no import makes.
+_SAME_PREFIXES = ("PYTHON", "LD_", "TORCH", "PYTORCH", "OMP_", "KMP_", "GOMP_", "MKL_", "OPENBLAS_")
 _SAME_NAMES = ("HOME",)
 THREAD_VARS = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")
 OFF = "TANDEM_WARM"  # "0" in the job's environment: it starts as an interpreter of its own
@@ -122,7 +124,7 @@ def worth_warming(command: Sequence[str], cwd: str) -> bool:
 
 
 def _matters(name: str) -> bool:
-    return name.startswith(_SAME_PREFIXES) or name in _SAME_NAMES
+    return (name.startswith(_SAME_PREFIXES) or name in _SAME_NAMES) and name not in THREAD_VARS
 
 
 @dataclass(frozen=True)
@@ -238,6 +240,8 @@ def start(job: Plan, env: Mapping[str, str], cwd: str, output_fd: int) -> Forked
         code = 1
         try:
             code = _run(job, env, cwd, output_fd)
+        except BaseException:  # before the script ran (its folder gone, say): said in its log
+            traceback.print_exc()
         finally:
             os._exit(code)
     return ForkedJob(pid)
