@@ -212,3 +212,28 @@ def test_the_fork_server_imports_ahead_only_for_a_script_that_imports_torch(tmp_
     assert not warm.worth_warming(["python", "-c", "import torch"], here)
     assert not warm.worth_warming(["python", "nothere.py"], here)
     assert not warm.worth_warming(["sh", "train.py"], here)
+
+
+def test_a_warm_job_ends_as_an_interpreter_does_its_files_written_and_a_bad_script_said_alike(
+    cli: Cli, script: Path
+) -> None:
+    """What a fresh interpreter's end does that ``os._exit`` would not: a file the script
+    never closed is written out (its object finalised); a script that does not compile is
+    said in the same words, with no frame of tandem's."""
+    (cli.tmp / "unclosed.py").write_text(
+        "import sys, torch\n"
+        "print('WARM' if 'tandem.place' in sys.modules else 'COLD')\n"
+        "f = open(sys.argv[1], 'w')\n"
+        "f.write('all of it\\n' * 1000)\n"  # buffered, never flushed nor closed by the script
+    )
+    (cli.tmp / "broken.py").write_text("import torch\nx = (1,\n")
+    said = {}
+    for cold in (False, True):
+        out_file = cli.tmp / f"out-{cold}.txt"
+        job, out = _run(cli, sys.executable, "unclosed.py", str(out_file), cold=cold)
+        assert job["state"] == "succeeded" and out.splitlines()[0] == ("COLD" if cold else "WARM"), out
+        assert out_file.read_text() == "all of it\n" * 1000
+        job, out = _run(cli, sys.executable, "broken.py", cold=cold)
+        assert job["state"] == "failed" and "SyntaxError" in out
+        said[cold] = out
+    assert said[False] == said[True] and "warm.py" not in said[False], said

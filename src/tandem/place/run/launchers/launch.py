@@ -94,7 +94,8 @@ class SupervisorForks:
     """The daemon's end of :mod:`~tandem.place.run.supervisor.forkserver`, started on the
     first supervisor asked of it and again after it has died. A request never waits: the
     server answers each with its fork's pid, in order, read as it comes (:meth:`collect`),
-    and the supervisor shows itself in its ``shim.json`` as any does. The server may take
+    (each names its request's folder), and the supervisor shows itself in its ``shim.json``
+    as any does. The server may take
     seconds for its first Python job (it imports what those jobs import: warm.py), meanwhile
     the daemon goes on. A request it did not answer (it died, or took :data:`ANSWER_S`) is
     *failed*: the server is ended first, so that no fork of it comes after, and the caller
@@ -129,9 +130,16 @@ class SupervisorForks:
                 )
                 assert self.proc.stdout is not None
                 os.set_blocking(self.proc.stdout.fileno(), False)
+                assert self.proc.stdin is not None
+                os.set_blocking(self.proc.stdin.fileno(), False)
             assert self.proc.stdin is not None
-            self.proc.stdin.write(forkserver.request_line(attempt_dir, cwd))
-            self.proc.stdin.flush()
+            # One write of one line (under PIPE_BUF: whole or not at all), never waited on: a
+            # server whose pipe is full (busy importing) leaves this start to the caller.
+            line = forkserver.request_line(attempt_dir, cwd)
+            if os.write(self.proc.stdin.fileno(), line) != len(line):  # a folder of 4 KiB: cut
+                raise ValueError("a request written in part")
+        except BlockingIOError:
+            return False
         except (OSError, ValueError) as exc:
             self._fail(f"{type(exc).__name__}: {exc}")
             return False
@@ -166,11 +174,11 @@ class SupervisorForks:
             self._buffer += chunk
         *lines, self._buffer = self._buffer.split(b"\n")
         for line in lines:
-            if not self.waiting:
-                break
-            attempt_dir = next(iter(self.waiting))
+            said = forkserver.answer(line)
+            if said is None or Path(said[0]) not in self.waiting:
+                continue  # not an answer, or one for an attempt forgotten since
+            attempt_dir, pid = Path(said[0]), said[1]
             del self.waiting[attempt_dir]
-            pid = int(line) if line.strip().isdigit() else 0
             if pid > 0:
                 self.forked[attempt_dir] = (pid, create_time(pid))
             else:

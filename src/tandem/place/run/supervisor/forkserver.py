@@ -8,8 +8,9 @@ before its job starts: on a sweep of short trials that was a third of the manage
 stdin, ``{"dir": ATTEMPT_DIR, "cwd": CWD}``, and it forks a supervisor that leaves this
 process's session (it outlives the daemon as one started on its own does), writes to the
 attempt's ``shim.log``, runs in ``CWD`` (``/`` where that is gone) and runs the shim's
-``main`` as its interpreter would; the fork's pid is the line it answers on stdout (the
-daemon reads it when it comes: it never waits for it).
+``main`` as its interpreter would; it answers on stdout with one line naming the request's
+folder and the fork's pid (the daemon reads it when it comes: it never waits for it, and
+matches it by the folder).
 
 At the first attempt whose Python script imports torch (or MLflow, tandem, a library on
 torch: :func:`.warm.worth_warming`), it first imports what such jobs import (:mod:`.warm`),
@@ -21,8 +22,10 @@ environment: nothing is imported ahead.
 
 It never starts a thread: a fork copies only the thread that forks, and locks another thread
 held would stay held in the supervisor. It reaps the supervisors that end before it does; the
-others are reparented, as the daemon's were. It ends when its stdin closes (its daemon ended
-or was killed): the supervisors it started go on.
+others are reparented, as the daemon's were. It ends when its stdin closes (its daemon
+stopped: what it was asked before is forked first), and is killed with its daemon (what it
+was asked and had not forked, the next daemon puts back in the queue): the supervisors it
+started go on.
 
 A supervisor forked here has this module's command line, so a daemon that lost its pid finds
 it by the ``shim.log`` it writes to (:func:`~tandem.place.run.supervisor.proctrack.forked_for`),
@@ -41,12 +44,26 @@ from pathlib import Path
 
 from tandem.place.run.supervisor import warm
 from tandem.place.run.supervisor.files import SHIM_LOG, AttemptSpec, load
-from tandem.place.run.supervisor.proctrack import reap_children
+from tandem.place.run.supervisor.proctrack import reap_children, signal_on_parent_death
 
 
 def request_line(attempt_dir: Path, cwd: str) -> bytes:
     """What the daemon writes to start a supervisor for ``attempt_dir`` in ``cwd``."""
     return (json.dumps({"dir": str(attempt_dir), "cwd": cwd}) + "\n").encode()
+
+
+def answer(line: bytes) -> tuple[str, int] | None:
+    """The attempt folder and fork's pid of one of the server's answer lines (pid 0: it
+    did not fork); None for a line that is not one (what an import printed, say)."""
+    try:
+        said = json.loads(line)
+        return str(said["dir"]), int(said["pid"])
+    except (ValueError, KeyError, TypeError):
+        return None
+
+
+def _say(attempt_dir: str, pid: int) -> None:
+    print(json.dumps({"dir": attempt_dir, "pid": pid}), flush=True)
 
 
 def _supervise(attempt_dir: str, cwd: str) -> int:
@@ -79,7 +96,8 @@ def _supervise(attempt_dir: str, cwd: str) -> int:
 
 def _worth_warming(attempt_dir: str) -> bool:
     spec = load(Path(attempt_dir), AttemptSpec)
-    return spec is not None and warm.worth_warming(spec.command, spec.cwd)
+    # (a job that runs as another user never runs warm: its files are not read here)
+    return spec is not None and spec.user is None and warm.worth_warming(spec.command, spec.cwd)
 
 
 def main() -> int:
@@ -101,13 +119,17 @@ def main() -> int:
 
     signal.signal(signal.SIGCHLD, lambda _signum, _frame: reap_children())
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # a Ctrl-C is the daemon's to handle
+    # Killed with its daemon: the requests it had not forked yet are never forked (the next
+    # daemon takes their attempts for never started, and puts them back in the queue)
+    daemon = os.getppid()
+    if not signal_on_parent_death(signal.SIGKILL, daemon):
+        return 0
     for line in sys.stdin:
         try:
             asked = json.loads(line)
             attempt_dir, cwd = str(asked["dir"]), str(asked["cwd"])
         except (ValueError, KeyError, TypeError):
-            print("0", flush=True)  # not a request: no supervisor
-            continue
+            continue  # not a request: no answer (an answer names its request's folder)
         if warming and _worth_warming(attempt_dir):
             # At the first job of a script that imports torch (or MLflow, tandem): what such
             # jobs import first, so that their supervisors fork them warm (warm.py). Seconds,
@@ -115,13 +137,15 @@ def main() -> int:
             warming = False
             warm.preimport()
             gc.freeze()
+        if os.getppid() != daemon:  # its daemon died (before the signal came)
+            return 0
         pid = os.fork()
         if pid == 0:
             # The fork ends as an interpreter does (its threads joined, atexit run, its output
             # flushed), never back in this loop; but without taking apart every module it has
             # (torch's, MLflow's: a fifth of a second a supervisor), which the kernel frees.
             os._exit(warm.end_as_interpreter(_supervise(attempt_dir, cwd)))
-        print(pid, flush=True)
+        _say(attempt_dir, pid)
     return 0
 
 

@@ -148,7 +148,7 @@ class Shim:
         read_fd, write_fd = os.pipe()
         env = with_run_env({**_node_env(spec), **procs.env()}, run_ids)
         # a Python job whose interpreter would import what this one has: forked, warm (warm.py)
-        plan = warm.plan(spec.command, env, spec.cwd, bool(_as_submitter(spec)))
+        plan = warm.plan(spec.command, env, spec.cwd, bool(_as_submitter(spec)), in_cgroup=cgroup is not None)
         proc: subprocess.Popen[bytes] | warm.ForkedJob
         try:
             if plan is not None:

@@ -52,13 +52,16 @@ WARM_MODULES = ("torch", "mlflow", "mlflow.store.tracking.sqlalchemy_store", "ta
 # libraries read as they load (torch's flags and logs, OpenMP's and the BLAS's settings): a
 # job whose values differ from the fork server's starts cold. The thread counts are set in
 # the fork instead; CUDA's are read at CUDA's first use, which no import makes.
-_SAME_PREFIXES = ("PYTHON", "LD_", "TORCH", "PYTORCH", "OMP_", "KMP_", "GOMP_", "MKL_", "OPENBLAS_")
-_SAME_NAMES = ("HOME",)
+_SAME_PREFIXES = ("PYTHON", "LD_", "TORCH", "PYTORCH", "OMP_", "KMP_", "GOMP_", "MKL_", "OPENBLAS_", "LC_")
+# (the locale sets the streams' encoding at start; TZ is read as time is imported; TMPDIR
+# may be kept by tempfile)
+_SAME_NAMES = ("HOME", "LANG", "LANGUAGE", "TZ", "TMPDIR")
 THREAD_VARS = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")
 OFF = "TANDEM_WARM"  # "0" in the job's environment: it starts as an interpreter of its own
 
 # Set by preimport, in the fork server; a supervisor started on its own has nothing warm.
 _warm: tuple[str, ...] = ()
+_stamps: dict[str, float] = {}  # each imported module's file -> its mtime then (an upgrade: cold)
 _import_env: dict[str, str | None] = {}
 _warnings: list[object] = []
 
@@ -81,7 +84,35 @@ def preimport(modules: Sequence[str] = WARM_MODULES) -> tuple[str, ...]:
             continue
         done.append(name)
     _warm = tuple(done)
+    _stamps.clear()
+    _stamps.update(_stamped(done))
     return _warm
+
+
+def _stamped(names: Sequence[str]) -> dict[str, float]:
+    """The mtime of each of ``names``' files, and of its package's folder (pip replaces
+    files there on an upgrade)."""
+    out: dict[str, float] = {}
+    for name in names:
+        file = getattr(sys.modules.get(name), "__file__", None)
+        for path in (file, os.path.dirname(file) if file else None):
+            if path:
+                try:
+                    out[path] = os.stat(path).st_mtime
+                except OSError:
+                    out[path] = -1.0
+    return out
+
+
+def _upgraded() -> bool:
+    """Has a module imported ahead been changed on disk since (a ``pip install -U``)?"""
+    for path, then in _stamps.items():
+        try:
+            if os.stat(path).st_mtime != then:
+                return True
+        except OSError:
+            return True
+    return False
 
 
 # A job whose script imports one of these is worth importing ahead for (a sweep's trials):
@@ -114,12 +145,18 @@ def worth_warming(command: Sequence[str], cwd: str) -> bool:
     else:
         candidates = [os.path.join(cwd, args[0])]
     for path in candidates:
+        if not os.path.isfile(path):  # a FIFO or a device is never read (nor waited for)
+            continue
         try:
-            with open(path, "rb") as f:
-                if _WORTH.search(f.read(256 << 10)):
-                    return True
+            fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+            try:
+                head = os.read(fd, 256 << 10)
+            finally:
+                os.close(fd)
         except OSError:
             continue
+        if _WORTH.search(head):
+            return True
     return False
 
 
@@ -138,10 +175,19 @@ class Plan:
     command: tuple[str, ...] = ()  # as submitted: what ps and top show for it
 
 
-def plan(command: Sequence[str], env: Mapping[str, str], cwd: str, as_other_user: bool) -> Plan | None:
+def plan(
+    command: Sequence[str], env: Mapping[str, str], cwd: str, as_other_user: bool, in_cgroup: bool = True
+) -> Plan | None:
     """How ``command`` runs warm in a fork of this process, or None: it starts cold (see
-    the module's docstring for when)."""
-    if not _warm or as_other_user or env.get(OFF) == "0" or len(command) < 2:
+    the module's docstring for when). ``in_cgroup``: its processes are found by their
+    cgroup (a fork's environment, as ``/proc`` shows it, is the fork server's: it carries
+    no marker of its job)."""
+    if not _warm or as_other_user or not in_cgroup or env.get(OFF) == "0" or len(command) < 2:
+        return None
+    # Relative entries were resolved in the fork server's folder (/), not the job's
+    if any(not entry or not os.path.isabs(entry) for entry in env.get("PYTHONPATH", "/").split(os.pathsep)):
+        return None
+    if _upgraded():
         return None
     found = _interpreter(command[0], env, cwd)
     if found is None:
@@ -262,26 +308,48 @@ def _run(job: Plan, env: Mapping[str, str], cwd: str, output_fd: int) -> int:
     for sig in (signal.SIGTERM, signal.SIGHUP, signal.SIGCHLD, signal.SIGUSR1, signal.SIGUSR2):
         signal.signal(sig, signal.SIG_DFL)
     signal.signal(signal.SIGINT, signal.default_int_handler)
+    _fresh_streams()
     _fresh_state()
     _fresh_randomness()
     _set_threads(env)
+    before = set(sys.modules)
     sys.argv = list(job.argv)
     if not job.safe_path:
         sys.path.insert(0, os.getcwd() if job.module else os.path.dirname(os.path.realpath(job.target)))
     try:
         if job.module:
-            runpy.run_module(job.target, run_name="__main__", alter_sys=True)
+            _new_main(None)
+            runpy._run_module_as_main(job.target, alter_argv=True)  # type: ignore[attr-defined]
         else:
             _run_script(job.target)
         code = 0
     except SystemExit as exc:  # as the interpreter ends on it
         code = _exit_code(exc)
-    except KeyboardInterrupt:
-        code = -1
     except BaseException as exc:
         _print_exception(exc, job)
-        code = 1
-    return end_as_interpreter(code)
+        code = -1 if isinstance(exc, KeyboardInterrupt) else 1
+    return end_as_interpreter(code, before)
+
+
+def _new_main(path: str | None) -> types.ModuleType:
+    """A fresh ``__main__`` module, as the interpreter has one before it runs a program."""
+    main = types.ModuleType("__main__")
+    main.__builtins__ = builtins  # type: ignore[attr-defined]
+    if path is not None:
+        main.__file__ = path
+        main.__loader__ = importlib.machinery.SourceFileLoader("__main__", path)  # type: ignore[assignment]
+    sys.modules["__main__"] = main
+    return main
+
+
+def _fresh_streams() -> None:
+    """``sys.stdin`` anew on the fork's fd 0: the fork server's had read its next requests
+    ahead (a script reading its standard input gets end of file, as a cold one does)."""
+    old = sys.stdin
+    encoding = getattr(old, "encoding", None) or "utf-8"
+    errors = getattr(old, "errors", None) or "strict"
+    sys.stdin = open(0, encoding=encoding, errors=errors, closefd=False)  # noqa: SIM115
+    sys.__stdin__ = sys.stdin  # type: ignore[misc]
 
 
 def _run_script(path: str) -> None:
@@ -289,11 +357,7 @@ def _run_script(path: str) -> None:
     put its absolute path in ``sys.argv[0]`` while it runs, not the path as given)."""
     with open(path, "rb") as f:
         source = f.read()
-    main = types.ModuleType("__main__")
-    main.__file__ = path
-    main.__loader__ = importlib.machinery.SourceFileLoader("__main__", path)  # type: ignore[assignment]
-    main.__builtins__ = builtins  # type: ignore[attr-defined]
-    sys.modules["__main__"] = main
+    main = _new_main(path)
     # dont_inherit: not this module's __future__ imports (annotations), which compile() would pass on
     exec(compile(source, path, "exec", dont_inherit=True), main.__dict__)
 
@@ -331,6 +395,9 @@ def _fresh_randomness() -> None:
     torch = sys.modules.get("torch")
     if torch is not None:
         torch.seed()
+    multiprocessing = sys.modules.get("multiprocessing")
+    if multiprocessing is not None:  # its authentication key, as a new interpreter makes one
+        multiprocessing.current_process().authkey = os.urandom(32)
     numpy = sys.modules.get("numpy")
     if numpy is not None:
         numpy.random.seed()
@@ -373,7 +440,12 @@ def _exit_code(exc: SystemExit) -> int:
 
 
 def _print_exception(exc: BaseException, job: Plan) -> None:
-    """The traceback a fresh interpreter prints: from the job's own first frame on."""
+    """The traceback a fresh interpreter prints: from the job's own first frame on (none
+    for a script that does not compile)."""
+    if isinstance(exc, SyntaxError) and exc.filename == job.target:
+        exc = exc.with_traceback(None)
+        sys.excepthook(type(exc), exc, None)
+        return
     tb = exc.__traceback__
     while tb is not None and tb.tb_frame.f_globals.get("__name__") != "__main__":
         tb = tb.tb_next
@@ -384,22 +456,61 @@ def _print_exception(exc: BaseException, job: Plan) -> None:
         traceback.print_exception(type(exc), exc, tb)
 
 
-def end_as_interpreter(code: int) -> int:
-    """End as the interpreter does, but for taking its modules apart (the caller then
-    ``os._exit`` with the code returned): its threads joined, ``atexit`` run, its
-    output flushed. ``-1``: ended by Ctrl-C, as the interpreter is, by the signal."""
+def end_as_interpreter(code: int, since: set[str] | None = None) -> int:
+    """End as the interpreter does (the caller then calls ``os._exit`` with the code returned):
+    its threads joined, ``atexit`` run, its output flushed. With ``since`` (the modules
+    there were before the program ran), the program's own modules and ``__main__`` are
+    emptied and collected, so that what they held is finalised as at an interpreter's end
+    (a file never closed is written out), and the C library's streams flushed; the modules
+    imported ahead are left to the kernel, as a supervisor leaves all of its (taking them
+    apart is most of an interpreter's end). ``-1``: ended by Ctrl-C, as the interpreter
+    is, by the signal."""
     try:
         threading._shutdown()  # type: ignore[attr-defined]
     except BaseException:
         pass
     atexit._run_exitfuncs()
+    if since is not None:
+        _finalise(since)
     for stream in (sys.stdout, sys.stderr):
         try:
             stream.flush()
         except (OSError, ValueError):
             code = code or 120  # as the interpreter exits where it cannot flush
+    if since is not None:
+        _flush_c_streams()
     if code == -1:  # ended by Ctrl-C: as the interpreter does, by the signal itself
         signal.signal(signal.SIGINT, signal.SIG_DFL)
         os.kill(os.getpid(), signal.SIGINT)
         code = 130
     return code
+
+
+def _finalise(since: set[str]) -> None:
+    """The program's objects finalised: ``__main__``'s and its own modules' names dropped
+    (their open files closed and written, ``__del__`` run), then a collection."""
+    import gc
+
+    mine = [m for n, m in list(sys.modules.items()) if n == "__main__" or n not in since]
+    for module in mine:
+        try:
+            names = module.__dict__
+            for key in [k for k in names if not (k.startswith("__") and k.endswith("__"))]:
+                names.pop(key, None)
+        except BaseException:  # a module's __del__ that raises: as at an interpreter's end, on
+            continue
+    try:
+        gc.collect()
+    except BaseException:
+        pass
+
+
+def _flush_c_streams() -> None:
+    """What a C extension printed (``printf``, ``std::cout`` through stdio) and has not
+    flushed: written, as ``exit`` does (``os._exit`` does not)."""
+    try:
+        import ctypes
+
+        ctypes.CDLL(None).fflush(None)
+    except (OSError, AttributeError):
+        pass
