@@ -151,10 +151,10 @@ def test_plan_takes_only_this_interpreter_in_this_environment(
     (tmp_path / "a.py").write_text("")
     env = {"HOME": "/h", "PATH": str(Path(sys.executable).parent)}
     here = str(tmp_path)
-    assert warm.plan([sys.executable, "a.py", "x"], env, here, False) == warm.Plan(
+    assert warm.plan([sys.executable, "a.py", "x"], env, here, False) == warm.WarmStart(
         str(tmp_path / "a.py"), False, ["a.py", "x"], False, (sys.executable, "a.py", "x")
     )
-    assert warm.plan(["python", "-P", "-m", "pkg", "y"], env, here, False) == warm.Plan(
+    assert warm.plan(["python", "-P", "-m", "pkg", "y"], env, here, False) == warm.WarmStart(
         "pkg", True, ["pkg", "y"], True, ("python", "-P", "-m", "pkg", "y")
     )
     assert warm.plan([sys.executable, "a.py"], env, here, True) is None, "another user: cold"

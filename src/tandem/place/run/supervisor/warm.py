@@ -165,7 +165,7 @@ def _matters(name: str) -> bool:
 
 
 @dataclass(frozen=True)
-class Plan:
+class WarmStart:
     """How a job runs warm: its script (``module`` False) or module, its ``sys.argv``."""
 
     target: str
@@ -177,7 +177,7 @@ class Plan:
 
 def plan(
     command: Sequence[str], env: Mapping[str, str], cwd: str, as_other_user: bool, in_cgroup: bool = True
-) -> Plan | None:
+) -> WarmStart | None:
     """How ``command`` runs warm in a fork of this process, or None: it starts cold (see
     the module's docstring for when). ``in_cgroup``: its processes are found by their
     cgroup (a fork's environment, as ``/proc`` shows it, is the fork server's: it carries
@@ -203,12 +203,12 @@ def plan(
     if args and args[0] == "-m":
         if len(args) < 2 or not args[1] or args[1].startswith("-"):
             return None
-        return Plan(args[1], True, args[1:], safe_path, tuple(command))
+        return WarmStart(args[1], True, args[1:], safe_path, tuple(command))
     script = args[0] if args else "-"
     path = os.path.abspath(os.path.join(cwd, script))
     if script.startswith("-") or not os.path.isfile(path) or zipfile.is_zipfile(path):
         return None  # an option, no such file, or an archive: as the interpreter would
-    return Plan(path, False, args, safe_path, tuple(command))
+    return WarmStart(path, False, args, safe_path, tuple(command))
 
 
 def _interpreter(program: str, env: Mapping[str, str], cwd: str) -> str | None:
@@ -274,7 +274,7 @@ class ForkedJob:
                 pass
 
 
-def start(job: Plan, env: Mapping[str, str], cwd: str, output_fd: int) -> ForkedJob:
+def start(job: WarmStart, env: Mapping[str, str], cwd: str, output_fd: int) -> ForkedJob:
     """Fork, and run ``job`` in the fork, in a session of its own, writing to ``output_fd``."""
     for stream in (sys.stdout, sys.stderr):
         try:
@@ -293,7 +293,7 @@ def start(job: Plan, env: Mapping[str, str], cwd: str, output_fd: int) -> Forked
     return ForkedJob(pid)
 
 
-def _run(job: Plan, env: Mapping[str, str], cwd: str, output_fd: int) -> int:
+def _run(job: WarmStart, env: Mapping[str, str], cwd: str, output_fd: int) -> int:
     """In the fork: become the interpreter ``python SCRIPT`` would have started, run it."""
     os.setsid()
     null = os.open(os.devnull, os.O_RDONLY)
@@ -439,7 +439,7 @@ def _exit_code(exc: SystemExit) -> int:
     return 1
 
 
-def _print_exception(exc: BaseException, job: Plan) -> None:
+def _print_exception(exc: BaseException, job: WarmStart) -> None:
     """The traceback a fresh interpreter prints: from the job's own first frame on (none
     for a script that does not compile)."""
     if isinstance(exc, SyntaxError) and exc.filename == job.target:
