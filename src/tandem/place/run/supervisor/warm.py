@@ -83,6 +83,10 @@ def preimport(modules: Sequence[str] = WARM_MODULES) -> tuple[str, ...]:
             print(f"tandem: not imported ahead of the jobs: {name}: {exc}", file=sys.stderr, flush=True)
             continue
         done.append(name)
+    torch = sys.modules.get("torch")
+    if torch is not None and torch.cuda.is_initialized():  # an import did: a fork can use no GPU
+        print("tandem: CUDA was initialised by an import ahead: jobs start cold", file=sys.stderr, flush=True)
+        done = []
     _warm = tuple(done)
     _stamps.clear()
     _stamps.update(_stamped(done))
