@@ -147,7 +147,8 @@ def test_plan_takes_only_this_interpreter_in_this_environment(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(warm, "_warm", ("json",))
-    monkeypatch.setattr(warm, "_import_env", {"HOME": "/h", "OMP_NUM_THREADS": None})
+    monkeypatch.setattr(warm, "_import_env", {"HOME": "/h"})
+    monkeypatch.setattr(warm, "_import_threads", {"OMP_NUM_THREADS": None})
     (tmp_path / "a.py").write_text("")
     env = {"HOME": "/h", "PATH": str(Path(sys.executable).parent)}
     here = str(tmp_path)

@@ -394,9 +394,8 @@ class Attempts:
         # Its MLflow run, named with its end: the helper's word of it may come a tick after
         # the result, and a reader of the ended job would find no run.
         ref = load(a.dir, RunRef)
-        run_id = ref.run_id if ref is not None and ref.run_id and not ref.error else None
-        if run_id is not None:
-            ending["mlflow_run_id"] = run_id
+        run = {"mlflow_run_id": ref.run_id} if ref is not None and ref.run_id and not ref.error else {}
+        ending |= run
         energy = energy_of(a, self.active.values(), self.monitor.energy_mj)
         common = {
             "exit_code": result.exit_code,
@@ -407,8 +406,7 @@ class Attempts:
             "peak_gpu_mem": max(job.peak_gpu_mem or 0, peak_gpu or 0) or None,
             "energy_joules": (job.energy_joules or 0.0) + energy if energy is not None else job.energy_joules,
         }
-        if run_id is not None:
-            common["mlflow_run_id"] = run_id
+        common |= run
         largest = max((g.mem_total for g in self.capacity.gpus), default=0) or None
         usable = int(self.capacity.largest_mem * (1 - self.config.limits.host_mem_headroom))
         again = None

@@ -23,6 +23,10 @@ PRUNED = "pruned"  # stopped early by its sweep's --prune rule (tandem.place.pru
 STATES = (QUEUED, RUNNING, RETRYING, SUCCEEDED, FAILED, OOM, CANCELLED, PRUNED)
 FINAL_STATES = frozenset({SUCCEEDED, FAILED, OOM, CANCELLED, PRUNED})
 DONE_STATES = frozenset({SUCCEEDED, PRUNED})  # ended as meant: tandem wait's 0
+# What torch (intra-op threads, read at import), OpenMP, MKL and OpenBLAS read: the daemon
+# sets them to a job's share of the cores (tandem.place.threads), a warm start sets the
+# libraries' counts from them (tandem.place.run.supervisor.warm).
+THREAD_VARS = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")
 
 
 def mlflow_status(state: str) -> str:

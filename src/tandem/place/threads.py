@@ -27,8 +27,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 
-# What torch (intra-op threads, read at import), OpenMP, MKL and OpenBLAS read.
-THREAD_VARS = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")
+from tandem.place.model import THREAD_VARS  # what it sets
 
 
 def thread_count(given_cpus: float | None, host_cpus: float, jobs_on_host: int) -> int:

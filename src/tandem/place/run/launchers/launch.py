@@ -21,7 +21,7 @@ from tandem.place.model import Capacity, GpuInfo
 from tandem.place.run.launchers.programs import missing_program
 from tandem.place.run.launchers.ray_backend import PENDING, RUNNING, actor_name
 from tandem.place.run.supervisor import forkserver
-from tandem.place.run.supervisor.files import SHIM_LOG, AttemptSpec, ShimInfo, Started, load
+from tandem.place.run.supervisor.files import SHIM_LOG, ShimInfo, Started, load
 from tandem.place.run.supervisor.proctrack import (
     FORKSERVER_MODULE,
     JobProcesses,
@@ -93,11 +93,10 @@ def signal_shim(a: Launched, sig: int) -> None:
 class SupervisorForks:
     """The daemon's end of :mod:`~tandem.place.run.supervisor.forkserver`, started on the
     first supervisor asked of it and again after it has died. A request never waits: the
-    server answers each with its fork's pid, in order, read as it comes (:meth:`collect`),
-    (each names its request's folder), and the supervisor shows itself in its ``shim.json``
-    as any does. The server may take
-    seconds for its first Python job (it imports what those jobs import: warm.py), meanwhile
-    the daemon goes on. A request it did not answer (it died, or took :data:`ANSWER_S`) is
+    server answers each with its request's folder and its fork's pid, read as it comes
+    (:meth:`collect`), and the supervisor shows itself in its ``shim.json`` as any does. The
+    server may take seconds for its first Python job (it imports what those jobs import:
+    warm.py), meanwhile the daemon goes on. A request it did not answer (it died, or took :data:`ANSWER_S`) is
     *failed*: the server is ended first, so that no fork of it comes after, and the caller
     starts a supervisor of its own where none runs (:class:`LocalLauncher`)."""
 
@@ -109,9 +108,9 @@ class SupervisorForks:
     def __init__(self) -> None:
         self.proc: subprocess.Popen[bytes] | None = None
         self.failed_at: float | None = None
-        self.waiting: dict[Path, float] = {}  # attempt dir -> when asked, in the order asked
+        self.waiting: dict[Path, tuple[float, str]] = {}  # attempt dir -> when asked, its cwd (in order)
         self.forked: dict[Path, tuple[int, float | None]] = {}  # attempt dir -> its fork's pid, start
-        self.failed: set[Path] = set()  # asked, never forked: the server was ended
+        self.failed: dict[Path, str] = {}  # asked, never forked (the server was ended) -> its cwd
         self._buffer = b""
 
     def ask(self, attempt_dir: Path, cwd: str) -> bool:
@@ -143,7 +142,7 @@ class SupervisorForks:
         except (OSError, ValueError) as exc:
             self._fail(f"{type(exc).__name__}: {exc}")
             return False
-        self.waiting[attempt_dir] = time.monotonic()
+        self.waiting[attempt_dir] = (time.monotonic(), cwd)
         return True
 
     def collect(self) -> None:
@@ -159,7 +158,7 @@ class SupervisorForks:
                 self._fail(f"it ended (exit {proc.returncode})")
             else:
                 self.close()
-        elif self.waiting and time.monotonic() - next(iter(self.waiting.values())) > self.ANSWER_S:
+        elif self.waiting and time.monotonic() - next(iter(self.waiting.values()))[0] > self.ANSWER_S:
             self._fail(f"no answer in {self.ANSWER_S:g} s")
 
     def _read(self, proc: subprocess.Popen[bytes]) -> None:
@@ -179,10 +178,7 @@ class SupervisorForks:
                 continue  # not an answer, or one for an attempt forgotten since
             attempt_dir, pid = Path(said[0]), said[1]
             del self.waiting[attempt_dir]
-            if pid > 0:
-                self.forked[attempt_dir] = (pid, create_time(pid))
-            else:
-                self.failed.add(attempt_dir)  # not forked: started on its own
+            self.forked[attempt_dir] = (pid, create_time(pid))
 
     def _fail(self, why: str) -> None:
         said = "the supervisors' fork server failed (%s): supervisors start on their own for %g s"
@@ -193,14 +189,14 @@ class SupervisorForks:
             proc.kill()  # no fork of it comes after this: what it did not answer is ours now
             proc.wait()
             self._read(proc)
-        self.failed.update(self.waiting)
+        self.failed.update((folder, cwd) for folder, (_, cwd) in self.waiting.items())
         self.waiting.clear()
         self._buffer = b""
 
     def forget(self, attempt_dir: Path) -> None:
         self.waiting.pop(attempt_dir, None)
         self.forked.pop(attempt_dir, None)
-        self.failed.discard(attempt_dir)
+        self.failed.pop(attempt_dir, None)
 
     def close(self) -> None:
         """End the fork server (its stdin closed: it forks what it was asked, then ends);
@@ -258,11 +254,10 @@ class LocalLauncher:
         and it runs. A request the server failed gets a supervisor of its own now, unless
         one runs (forked just before the server was ended)."""
         self.forks.collect()
-        if a.dir in self.forks.failed:
-            self.forks.failed.discard(a.dir)
+        cwd = self.forks.failed.pop(a.dir, None)
+        if cwd is not None:
             if not supervisor_runs(a.dir, a.started):
-                spec = load(a.dir, AttemptSpec)
-                self._start_own(a, spec.cwd if spec is not None else "/")
+                self._start_own(a, cwd)
             return True
         pid, born = self.forks.forked.get(a.dir, (None, None))
         return a.dir in self.forks.waiting or same_process(pid, born)

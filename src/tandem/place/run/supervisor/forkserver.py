@@ -15,10 +15,9 @@ matches it by the folder).
 At the first attempt whose Python script imports torch (or MLflow, tandem, a library on
 torch: :func:`.warm.worth_warming`), it first imports what such jobs import (:mod:`.warm`),
 once: the supervisors forked after it start their Python jobs by fork, warm, rather than as
-interpreters that import it all again. What
-it has imported is frozen out of its collections (``gc.freeze``), so that a fork's
-collections neither walk nor write those objects' pages. ``TANDEM_WARM=0`` in the daemon's
-environment: nothing is imported ahead.
+interpreters that import it all again. What it has imported is frozen out of its collections
+(``gc.freeze``), so that a fork's collections neither walk nor write those objects' pages.
+``TANDEM_WARM=0`` in the daemon's environment: nothing is imported ahead.
 
 It never starts a thread: a fork copies only the thread that forks, and locks another thread
 held would stay held in the supervisor. It reaps the supervisors that end before it does; the
@@ -53,13 +52,14 @@ def request_line(attempt_dir: Path, cwd: str) -> bytes:
 
 
 def answer(line: bytes) -> tuple[str, int] | None:
-    """The attempt folder and fork's pid of one of the server's answer lines (pid 0: it
-    did not fork); None for a line that is not one (what an import printed, say)."""
+    """The attempt folder and fork's pid of one of the server's answer lines; None for a
+    line that is not one (what an import printed, say)."""
     try:
         said = json.loads(line)
-        return str(said["dir"]), int(said["pid"])
+        folder, pid = str(said["dir"]), int(said["pid"])
     except (ValueError, KeyError, TypeError):
         return None
+    return (folder, pid) if pid > 0 else None
 
 
 def _say(attempt_dir: str, pid: int) -> None:
@@ -85,10 +85,7 @@ def _supervise(attempt_dir: str, cwd: str) -> int:
     try:
         return shim.main([attempt_dir])
     except SystemExit as exc:  # as the interpreter ends on it: a message is said, then exit 1
-        if exc.code is None or isinstance(exc.code, int):
-            return exc.code or 0
-        print(exc.code, file=sys.stderr, flush=True)
-        return 1
+        return warm.exit_code(exc)
     except BaseException:
         traceback.print_exc()
         return 1

@@ -44,6 +44,8 @@ import zipfile
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+from tandem.place.model import THREAD_VARS
+
 # What a warm job finds imported: what a PyTorch training script imports first, and what
 # each trial under tandem imports (MLflow, and the SQL store its run is written to at its
 # first log_metric: 0.7 CPU-s of SQLAlchemy and alembic; tandem's drop-in loader).
@@ -56,23 +58,23 @@ _SAME_PREFIXES = ("PYTHON", "LD_", "TORCH", "PYTORCH", "OMP_", "KMP_", "GOMP_", 
 # (the locale sets the streams' encoding at start; TZ is read as time is imported; TMPDIR
 # may be kept by tempfile)
 _SAME_NAMES = ("HOME", "LANG", "LANGUAGE", "TZ", "TMPDIR")
-THREAD_VARS = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")
 OFF = "TANDEM_WARM"  # "0" in the job's environment: it starts as an interpreter of its own
 
 # Set by preimport, in the fork server; a supervisor started on its own has nothing warm.
 _warm: tuple[str, ...] = ()
 _stamps: dict[str, float] = {}  # each imported module's file -> its mtime then (an upgrade: cold)
-_import_env: dict[str, str | None] = {}
+_import_env: dict[str, str] = {}  # the variables that matter (_mattering), as imported with
+_import_threads: dict[str, str | None] = {}  # the thread variables, as imported with
 _warnings: list[object] = []
 
 
 def preimport(modules: Sequence[str] = WARM_MODULES) -> tuple[str, ...]:
     """Import ``modules`` (those installed) in this process, whose forks then start warm;
     which were imported. Before it, nothing of the job's kind is imported: called first."""
-    global _warm, _import_env, _warnings
+    global _warm, _import_env, _import_threads, _warnings
     _warnings = list(warnings.filters)  # a fresh interpreter's, before any import adds some
-    seen: dict[str, str | None] = {k: v for k, v in os.environ.items() if _matters(k)}
-    _import_env = seen | {v: os.environ.get(v) for v in THREAD_VARS}
+    _import_env = _mattering(os.environ)
+    _import_threads = {v: os.environ.get(v) for v in THREAD_VARS}
     done = []
     for name in modules:
         try:
@@ -128,18 +130,25 @@ _WORTH = re.compile(
 )
 
 
+def _python_args(command: Sequence[str]) -> tuple[list[str], bool] | None:
+    """The arguments of a ``python ...`` command after the interpreter, and whether a ``-P``
+    led them (taken off); None where its program is not a Python interpreter."""
+    if not command or not os.path.basename(command[0]).startswith("python"):
+        return None
+    args = list(command[1:])
+    safe_path = args[:1] == ["-P"]  # nothing put before sys.path (tandem's own commands say it)
+    return (args[1:] if safe_path else args), safe_path
+
+
 def worth_warming(command: Sequence[str], cwd: str) -> bool:
     """Would this job run warm, and does its script import torch or what imports it (read,
     never imported: the first 256 KiB of its file)? Where so, the fork server imports
     :data:`WARM_MODULES` first; a ``python -c`` or a script of the standard library's alone
     is not worth seconds of imports."""
-    if not command or not os.path.basename(command[0]).startswith("python"):
+    parsed = _python_args(command)
+    if parsed is None or not parsed[0]:
         return False
-    args = list(command[1:])
-    if args[:1] == ["-P"]:
-        args = args[1:]
-    if not args:
-        return False
+    args = parsed[0]
     if args[0] == "-m":
         name = args[1] if len(args) > 1 else ""
         if name.split(".")[0] == "tandem":
@@ -164,8 +173,13 @@ def worth_warming(command: Sequence[str], cwd: str) -> bool:
     return False
 
 
-def _matters(name: str) -> bool:
-    return (name.startswith(_SAME_PREFIXES) or name in _SAME_NAMES) and name not in THREAD_VARS
+def _mattering(env: Mapping[str, str]) -> dict[str, str]:
+    """The variables of ``env`` whose values must be the fork server's for a warm start."""
+    return {
+        k: v
+        for k, v in env.items()
+        if (k.startswith(_SAME_PREFIXES) or k in _SAME_NAMES) and k not in THREAD_VARS
+    }
 
 
 @dataclass(frozen=True)
@@ -196,14 +210,12 @@ def plan(
     found = _interpreter(command[0], env, cwd)
     if found is None:
         return None
-    if {k: v for k, v in env.items() if _matters(k)} != {k: v for k, v in _import_env.items() if _matters(k)}:
+    if _mattering(env) != _import_env or not _threads_settable(env):
         return None
-    if not _threads_settable(env):
+    parsed = _python_args(command)
+    if parsed is None:
         return None
-    args = list(command[1:])
-    safe_path = args[0] == "-P"  # nothing put before sys.path (tandem's own commands say it)
-    if safe_path:
-        args = args[1:]
+    args, safe_path = parsed
     if args and args[0] == "-m":
         if len(args) < 2 or not args[1] or args[1].startswith("-"):
             return None
@@ -237,7 +249,7 @@ def _interpreter(program: str, env: Mapping[str, str], cwd: str) -> str | None:
 def _threads_settable(env: Mapping[str, str]) -> bool:
     """Can the fork have the thread counts ``env`` asks for? torch's can always be set; the
     BLAS's (loaded with the fork server's) only with ``threadpoolctl``, or where they agree."""
-    if all(env.get(v) == _import_env.get(v) for v in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS")):
+    if all(env.get(v) == _import_threads.get(v) for v in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS")):
         return True
     return "numpy" not in sys.modules or importlib.util.find_spec("threadpoolctl") is not None
 
@@ -328,7 +340,7 @@ def _run(job: WarmStart, env: Mapping[str, str], cwd: str, output_fd: int) -> in
             _run_script(job.target)
         code = 0
     except SystemExit as exc:  # as the interpreter ends on it
-        code = _exit_code(exc)
+        code = exit_code(exc)
     except BaseException as exc:
         _print_exception(exc, job)
         code = -1 if isinstance(exc, KeyboardInterrupt) else 1
@@ -431,7 +443,9 @@ def _count(value: str | None) -> int | None:
     return n if n > 0 else None
 
 
-def _exit_code(exc: SystemExit) -> int:
+def exit_code(exc: SystemExit) -> int:
+    """The exit status of a program ended by ``exc``, as the interpreter makes it: its code,
+    or its message said on stderr and 1."""
     if exc.code is None:
         return 0
     if isinstance(exc.code, int):
