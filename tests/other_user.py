@@ -118,6 +118,7 @@ def local_user() -> Iterator[OtherUser]:
     if made.returncode != 0:
         pytest.skip(f"useradd {name} failed: {made.stderr.strip()}")
     entry = pwd.getpwnam(name)
+    _remove_runtime_dirs(entry.pw_uid)  # an earlier user's of this uid, whose run was killed before its end
     opened = _open_the_way([SOURCE, *map(Path, site.getsitepackages())])
     os.chown(home, entry.pw_uid, entry.pw_gid)
     os.chmod(home, 0o700)
@@ -139,6 +140,11 @@ def local_user() -> Iterator[OtherUser]:
         for folder, mode in opened:
             os.chmod(folder, mode)
         shutil.rmtree(home, ignore_errors=True)
-        for made in Path("/tmp").glob(f"tandem-{entry.pw_uid}*"):  # their runtime directories
-            if made.stat().st_uid == entry.pw_uid:
-                shutil.rmtree(made, ignore_errors=True)
+        _remove_runtime_dirs(entry.pw_uid)
+
+
+def _remove_runtime_dirs(uid: int) -> None:
+    """/tmp/tandem-<uid> and /tmp/tandem-<uid>-* (tandem.dirs: a user's runtime directories)."""
+    for made in [Path(f"/tmp/tandem-{uid}"), *Path("/tmp").glob(f"tandem-{uid}-*")]:
+        if made.is_dir() and not made.is_symlink():
+            shutil.rmtree(made, ignore_errors=True)
