@@ -223,8 +223,61 @@ def test_another_users_requests_are_refused_whatever_the_request_says(
     finally:
         follower.kill()
         follower.wait()
-    # Share groups are not served by a system manager yet: refused, saying so.
-    shared = _tandem(a, system, "submit", "--share", "data", "--", a.python, "-c", "pass")
-    assert shared.returncode == 2 and "not served by the host's system manager" in shared.stderr, (
-        shared.stderr
+
+
+DATASET = "import torch\n\ndef make():\n    return [torch.tensor([float(i)]) for i in range(64)]\n"
+READER = (
+    "import os, sys\n"
+    "from tandem.share import Consumer\n"
+    "c = Consumer.from_env(batch_size=8)\n"
+    "n = sum(int(b.shape[0]) for b in c)\n"
+    "runs_as = os.stat(f'/proc/{c.producer_pid}').st_uid\n"
+    "print('read', n, 'from', c.producer_pid, 'as', os.getuid(), 'its producer as', runs_as)\n"
+    "c.close()\n"
+)
+
+
+def test_a_share_group_is_served_by_a_producer_run_as_its_definer(
+    system: Path,
+    two_users: tuple[OtherUser, OtherUser],  # noqa: F811
+) -> None:
+    """A share group under the system manager: its producer runs as the user who defined it
+    and feeds their jobs (one producer, a whole epoch each); the other user may neither read
+    it nor take its name."""
+    a, b = two_users
+    for user, name, text in (
+        (a, "toy_data.py", DATASET),
+        (a, "reader.py", READER),
+        (b, "toy_data.py", DATASET),
+    ):
+        (user.home / name).write_text(text)
+        os.chown(user.home / name, user.uid, user.gid)
+    defined = _tandem(
+        a, system, "share", "define", "toy", "--dataset", "toy_data.py:make", "--batch-size", "4"
     )
+    assert defined.returncode == 0 and "defined 'toy'" in defined.stdout, defined.stderr
+    ids = []
+    for _ in range(2):
+        done = _tandem(a, system, "submit", "--share", "toy", "--cpus", "0.5", "--", a.python, "reader.py")
+        assert done.returncode == 0, done.stderr
+        ids.append(int(done.stdout))
+    # The other user: not their share, to read or to define again.
+    theirs = _tandem(b, system, "submit", "--share", "toy", "--", b.python, "-c", "pass")
+    assert theirs.returncode == 2 and "another user's" in theirs.stderr, theirs.stderr
+    again = _tandem(b, system, "share", "define", "toy", "--dataset", "toy_data.py:make")
+    assert again.returncode == 2 and "another user's" in again.stderr, again.stderr
+    waited = a.run(
+        a.tandem("wait", *map(str, ids)), env=a.env(TANDEM_SYSTEM_DIR=str(system)), timeout=scaled(240)
+    )
+    logs = [_tandem(a, system, "logs", str(i)).stdout for i in ids]
+    assert waited.returncode == 0, (waited.stderr, logs)
+    said = [line.split() for out in logs for line in out.splitlines() if line.startswith("read ")]
+    # A whole epoch each, as their user, from one producer run as its definer.
+    assert [(w[1], w[5], w[9]) for w in said] == [("64", str(a.uid), str(a.uid))] * 2, logs
+    assert said[0][3] == said[1][3], "one producer fed both"
+    reader = StateReader(system / "state")
+    try:
+        (producer,) = [j for j in reader.jobs() if j.role == "producer" and j.share == "toy"]
+        assert producer.owner == a.uid
+    finally:
+        reader.close()

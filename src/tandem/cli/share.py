@@ -227,14 +227,22 @@ def share_serve(**options: Any) -> None:
 
 
 @share.command("serve-spec", hidden=True)
-@click.argument("spec_file", type=click.Path(exists=True, dir_okay=False, path_type=Path))
+@click.argument("spec_file", type=click.Path(dir_okay=False, path_type=Path))
 def share_serve_spec(spec_file: Path) -> None:
-    """The job manager's producer: serve the share SPEC_FILE holds (its selection and its
-    loader workers resolved by the daemon)."""
+    """The job manager's producer: serve the share its environment gives ($TANDEM_SHARE_SPEC,
+    as the daemon wrote it into SPEC_FILE: its selection and its loader workers resolved),
+    else SPEC_FILE's."""
     import logging
 
+    from tandem.place.producers import SPEC_ENV
+
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s %(levelname)s: %(message)s")
-    spec = ShareSpec.from_json(spec_file.read_text())
+    # Not passed on to its loader workers, nor to anything they start.
+    given = os.environ.pop(SPEC_ENV, None)
+    try:
+        spec = ShareSpec.from_json(given if given is not None else spec_file.read_text())
+    except OSError as exc:
+        raise Exit(f"cannot read the share to serve: {spec_file}: {exc.strerror}", EXIT_USAGE) from None
     taken: Callable[[], None] | None = None
     if spec.source == "auto":  # a drop-in loader's data, which a run of its own may serve already
         from functools import partial

@@ -23,6 +23,7 @@ with the group it fed). This module holds what is a producer's own:
 from __future__ import annotations
 
 import dataclasses
+import json
 import logging
 import os
 import re
@@ -49,6 +50,10 @@ from tandem.units import format_cores
 
 if TYPE_CHECKING:
     from tandem.place.active import Active
+
+
+# The spec a producer job serves, in its environment (Producers.prepare; tandem share serve-spec).
+SPEC_ENV = "TANDEM_SHARE_SPEC"
 
 
 class RunningAttempts(Protocol):
@@ -143,10 +148,13 @@ class Producers:
         )
         return job_id
 
-    def prepare(self, job: Job) -> None:
-        """Before producer ``job`` starts: the spec it serves, written where its command reads
-        it, with the selection the state has now (given at define, or made by its selection
-        job; one from before tandem kept it: its producer makes it, or finds it stored)."""
+    def prepare(self, job: Job) -> str:
+        """Before producer ``job`` starts: the spec it serves, with the selection the state has
+        now (given at define, or made by its selection job; one from before tandem kept it: its
+        producer makes it, or finds it stored), as JSON: written where its command names it,
+        and returned for its environment (``$TANDEM_SHARE_SPEC``, which ``serve-spec`` reads
+        first: a system manager's producer runs as its definer, who may not read the manager's
+        folders)."""
         share = self.state.share(job.share or "")
         if share is None:
             raise RuntimeError(f"shared dataset {job.share!r} is not defined (tandem share define)")
@@ -163,6 +171,7 @@ class Producers:
         path.parent.mkdir(parents=True, exist_ok=True)
         write_json(path, dataclasses.asdict(served))
         self._moved = True
+        return json.dumps(dataclasses.asdict(served))
 
     @staticmethod
     def rows(

@@ -110,6 +110,14 @@ def failure(exc: Exception, op: object, state_dir: Path) -> p.Failure:
     return p.Failure(f"{type(exc).__name__}: {exc}")
 
 
+# A system manager's share groups serve a dataset's or a loader's items to their definer's jobs.
+# A selection (made by a job, stored, read back by the producer) has not been tried as its users.
+_NOT_YET_UNDER_SYSTEM = (
+    "a share of a data selection (--select, --selection) is not served by the host's system manager "
+    "yet: define it without one, or use a daemon of your own"
+)
+
+
 def _refused(error: str) -> p.Failure:
     return p.Failure(f"refused: {error}", refused=True)
 
@@ -180,12 +188,6 @@ def _checked(d: Parts, spec: JobSpec, peer: Peer) -> tuple[JobSpec, int] | p.Fai
     # What it would reserve as it starts (tandem.place.decide, as each pass decides it).
     need = d.admission.decisions(()).reserve(Job(**{**spec.to_dict(), "gpus": gpus}))
     share = d.state.share(spec.share) if spec.share else None
-    if spec.share and d.config.system:
-        return _refused(
-            f"--share {spec.share}: share groups are not served by the host's system manager yet "
-            "(its producers would run in its own folders); submit without --share (a drop-in loader "
-            "then reads privately), or use a daemon of your own"
-        )
     if share is not None and not peer.may_act_on(share.owner):
         return _refused(
             f"--share {spec.share}: that shared dataset is another user's; define one of your own"
@@ -360,11 +362,12 @@ def _nodes(d: Parts) -> list[p.NodeUse]:
 
 
 def define_share(request: p.DefineShare, d: Parts, peer: Peer) -> Handled:
-    if d.config.system:
-        return _refused("share groups are not served by the host's system manager yet"), NOTHING
-    known = d.state.share(request.spec.name)
+    spec = request.spec
+    if d.config.system and (spec.select or spec.selection):
+        return _refused(_NOT_YET_UNDER_SYSTEM), NOTHING
+    known = d.state.share(spec.name)
     if known is not None and not peer.may_act_on(known.owner):
-        return _refused(f"share {request.spec.name!r} is another user's: choose another name"), NOTHING
+        return _refused(f"share {spec.name!r} is another user's: choose another name"), NOTHING
     job = request.select_job
     if job is not None:
         problem = job.problem()
@@ -372,9 +375,9 @@ def define_share(request: p.DefineShare, d: Parts, peer: Peer) -> Handled:
             return _refused(f"its selection job: {problem}"), NOTHING
     # As submit resolves it: a selection job that trains a proxy gets a GPU where there is one.
     gpus = 0 if job is None else (job.gpus if job.gpus is not None else (1 if d.capacity.gpus else 0))
-    job_id = d.state.define_share(request.spec, job, gpus, owner=peer)
+    job_id = d.state.define_share(spec, job, gpus, owner=peer)
     # Its selection job, where it has one, is queued: a pass at once, as after a submit.
-    return p.ShareDefined(request.spec.name, job_id), Changed(queued=True, shares=True)
+    return p.ShareDefined(spec.name, job_id), Changed(queued=True, shares=True)
 
 
 def auto_share(request: p.AutoShare, d: Parts, peer: Peer) -> Handled:
@@ -392,7 +395,10 @@ def auto_share(request: p.AutoShare, d: Parts, peer: Peer) -> Handled:
     spec = request.spec
     share = d.state.share(spec.name)
     if d.config.system:  # its jobs are not told to ask (starting.py): one that asks is refused
-        return _refused("share groups are not served by the host's system manager yet"), NOTHING
+        return _refused(
+            "a drop-in loader's auto share is not served by the host's system manager yet: define "
+            "a share (tandem share define) and submit with --share NAME"
+        ), NOTHING
     if share is not None and not peer.may_act_on(share.owner):
         return _refused(
             f"another user's job reads the same data as auto share {spec.name!r}, and a share serves "

@@ -17,7 +17,7 @@ from tandem.place.active import Active
 from tandem.place.attempts import Attempts
 from tandem.place.config import DaemonConfig
 from tandem.place.model import Capacity
-from tandem.place.producers import Producers, auto_share_command, is_producer
+from tandem.place.producers import SPEC_ENV, Producers, auto_share_command, is_producer
 from tandem.place.scheduler import Placement
 from tandem.place.state import Job
 from tandem.place.threads import thread_env
@@ -48,14 +48,14 @@ def start_job(
     env["CUDA_VISIBLE_DEVICES"] = ",".join(g.visible_id for g in chosen)
     node_cpus = next((n.total.cores for n in capacity.nodes if n.id == p.node), capacity.total.cores)
     if is_producer(job):
-        producers.prepare(job)  # the spec it serves (its loader workers are its own)
+        env[SPEC_ENV] = producers.prepare(job)  # the spec it serves (its loader workers are its own)
     else:  # on_host counts its share's producer: its jobs start once it runs
         env.update(thread_env(job.env, job.cpus, node_cpus, on_host))
     if job.share and not is_producer(job):
         env["TANDEM_SHARE"] = job.share
     if not is_producer(job) and not ray and not config.system:  # on this host: its drop-in
         # loaders ask this daemon for a producer job (tandem.share.loader), not start their own;
-        # under a system manager (no share groups yet) they read privately, saying why
+        # under a system manager (no auto shares yet: --share NAME) they read privately, saying why
         env["TANDEM_SHARE_STARTER"] = json.dumps(auto_share_command(state_dir))
     with_mps = False
     if mps is not None and len(chosen) == 1 and not p.alone:
