@@ -72,6 +72,19 @@ SYSTEM_STATE_DIR = Path("/var/lib/tandem")
 SYSTEM_SOCKET = Path("/run/tandem/daemon.sock")
 
 
+SYSTEM_USERS_DIR = Path("/var/lib/tandem-users")
+
+
+def system_users_dir() -> Path:
+    """The folder of a system manager's users' own folders (``<uid>/``: their jobs' MLflow runs,
+    theirs to read; beside its state, which is root's only): ``$TANDEM_SYSTEM_DIR/users``, else
+    ``/var/lib/tandem-users``."""
+    given = os.environ.get("TANDEM_SYSTEM_DIR")
+    if given:
+        return Path(os.path.abspath(os.path.expanduser(given))) / "users"
+    return SYSTEM_USERS_DIR
+
+
 def system_paths() -> tuple[Path, Path]:
     """``(state directory, socket)`` of the host's system manager (neither made here)."""
     given = os.environ.get("TANDEM_SYSTEM_DIR")

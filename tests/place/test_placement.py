@@ -173,7 +173,7 @@ def test_a_probe_that_settles_is_written_whole_and_a_new_daemon_adopts_it_typed(
     state = State(tmp_path)
 
     def attempts() -> Attempts:
-        return Attempts(state, capacity, config, Monitor(capacity, 5.0, None), LocalLauncher(), False, "")
+        return Attempts(state, capacity, config, Monitor(capacity, 5.0, None), LocalLauncher(), None, "")
 
     job_id, _ = state.add_job(JobSpec(["true"], "/", cpus=AUTO_CPUS, gpus=1), 1, time.time())
     probe = Reservation(Resources(0.5, 1 << 20, 1), PROBE, LEARNT, PROBE, cores_why=PROBE, ram_why="measured")
@@ -242,7 +242,7 @@ def test_a_restarted_daemon_adopts_a_cpus_auto_job_at_its_recorded_reservation(t
     record = Attempt(job_id, 1, "running", AttemptPlacement(reservation=measured), time.time(), folder="1.x")
     state.start(record, None, "attempt 1")
     adopter = Attempts(
-        state, capacity, DaemonConfig(track=False), Monitor(capacity, 5.0, None), LocalLauncher(), False, ""
+        state, capacity, DaemonConfig(track=False), Monitor(capacity, 5.0, None), LocalLauncher(), None, ""
     )
     assert adopter.startup.learned.runs(state.job(job_id).learning_key) == [], "nothing learnt for its key"  # type: ignore[union-attr]
     adopter.follow_all = lambda _now: None  # type: ignore[method-assign]  # no supervisor to follow here

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import stat
 import subprocess
 import sys
 import tempfile
@@ -281,3 +282,113 @@ def test_a_share_group_is_served_by_a_producer_run_as_its_definer(
         assert producer.owner == a.uid
     finally:
         reader.close()
+
+
+LOGS_ITS_OWN = (  # MLflow takes MLFLOW_RUN_ID out of the environment as it resumes the run
+    "import os\n"
+    "print('run', os.environ.get('MLFLOW_RUN_ID'), 'store', os.environ.get('MLFLOW_TRACKING_URI'))\n"
+    "import mlflow\n"
+    "mlflow.log_metric('loss', 0.25)\n"
+)
+READ_STORE = (
+    "import sqlite3, sys\n"
+    "db = sqlite3.connect(f'file:{sys.argv[1]}?mode=ro', uri=True)\n"
+    "rows = db.execute('SELECT DISTINCT key FROM metrics WHERE run_uuid = ?', (sys.argv[2],))\n"
+    "keys = {k for (k,) in rows}\n"
+    "(status,) = db.execute('SELECT status FROM runs WHERE run_uuid = ?', (sys.argv[2],)).fetchone()\n"
+    "print(status, ' '.join(sorted(keys)))\n"
+)
+
+
+def test_a_users_jobs_runs_are_in_their_own_store_which_the_job_writes_too(
+    system: Path,
+    two_users: tuple[OtherUser, OtherUser],  # noqa: F811
+) -> None:
+    """Under the system manager a job's MLflow run is in its user's store, theirs only: the
+    job is told it (its own mlflow.log_metric lands there, beside the manager's samples), and
+    they read it (tandem report, sqlite) where the other user may not."""
+    a, b = two_users
+    done = _tandem(a, system, "submit", "--", a.python, "-c", LOGS_ITS_OWN)
+    assert done.returncode == 0, done.stderr
+    job = int(done.stdout)
+    waited = _tandem(a, system, "wait", str(job))
+    out = _tandem(a, system, "logs", str(job)).stdout
+    assert waited.returncode == 0, out
+    store = system / "users" / str(a.uid) / "mlflow" / "mlflow.db"
+    said = out.split()
+    run_id = said[said.index("run") + 1]
+    assert said[said.index("store") + 1] == f"sqlite:///{store}", out
+    shown = json.loads(_tandem(a, system, "show", str(job), "--json").stdout)
+    assert shown["mlflow_run_id"] == run_id, (shown, out)
+    # Theirs alone: the folder and the store, the way to them root's.
+    assert store.stat().st_uid == a.uid and stat.S_IMODE(store.stat().st_mode) == 0o600
+    assert store.parent.stat().st_uid == a.uid and stat.S_IMODE(store.parent.stat().st_mode) == 0o700
+    above = store.parent.parent.stat()
+    assert stat.S_IMODE(above.st_mode) == 0o711 and above.st_uid == 0
+
+    def read(user: OtherUser) -> subprocess.CompletedProcess:
+        return user.run([user.python, "-c", READ_STORE, str(store), run_id], timeout=scaled(60))
+
+    # Closed by their helper once the job ended, its samples and the job's own metric in it.
+    until(lambda: "summary/run_s" in read(a).stdout, 120, lambda: f"the run: {read(a)}")
+    status, *keys = read(a).stdout.split()
+    assert status == "FINISHED" and "loss" in keys and "summary/cpu_seconds" in keys, keys
+    assert any(k.startswith("system/") or k.startswith("proc/") for k in keys), keys  # its samples
+    theirs = read(b)
+    assert theirs.returncode != 0 and "unable to open" in theirs.stderr, theirs.stderr
+    report = _tandem(a, system, "report", f"job:{job}", "--json")
+    assert report.returncode == 0, report.stderr
+    assert [r["run_id"] for r in json.loads(report.stdout)["runs"]] == [run_id], report.stdout
+
+
+def test_a_user_who_changes_their_mlflow_folder_harms_no_one_else(
+    system: Path,
+    two_users: tuple[OtherUser, OtherUser],  # noqa: F811
+) -> None:
+    """The manager (root) writes and reads a user's MLflow queue as that user: a pipe, a link
+    to a file of root's, their queue made a link to a folder of root's stall nothing, read
+    nothing of root's, write nothing there; their jobs run on, the other user's too."""
+    a, b = two_users
+    mine = system / "users" / str(a.uid) / "mlflow"
+
+    def ran(user: OtherUser) -> int:
+        job = int(_tandem(user, system, "submit", "--", user.python, "-c", "print('done')").stdout)
+        assert _tandem(user, system, "wait", str(job)).returncode == 0, _tandem(
+            user, system, "show", str(job)
+        )
+        return job
+
+    ran(a)  # their folder and queue made
+    plant = (
+        "import os, sys\n"
+        "done = os.path.join(sys.argv[1], 'track', 'done')\n"
+        "os.mkfifo(os.path.join(done, '77-1.json'))\n"
+        "os.symlink(sys.argv[2], os.path.join(done, '78-1.json'))\n"
+    )
+    secret = system / "root-only.json"
+    secret.write_text(json.dumps({"job_id": 1, "attempt": 1, "final": True, "run_id": "root's"}))
+    os.chmod(secret, 0o600)
+    planted = a.run([a.python, "-c", plant, str(mine), str(secret)])
+    assert planted.returncode == 0, planted.stderr
+    second = ran(a)  # the pipe stalled nothing: its run made and recorded
+    until(
+        lambda: json.loads(_tandem(a, system, "show", str(second), "--json").stdout)["mlflow_run_id"],
+        60,
+        "the second job's run recorded",
+    )
+    first = json.loads(_tandem(a, system, "show", "1", "--json").stdout)
+    assert first["mlflow_run_id"] != "root's", "root's file was not read as theirs"
+    # Their queue swapped for a link to a folder of root's: nothing is written there.
+    victim = system / "victim"
+    victim.mkdir(mode=0o700)
+    swap = (
+        "import os, sys\nos.rename(sys.argv[1], sys.argv[1] + '.old')\nos.symlink(sys.argv[2], sys.argv[1])\n"
+    )
+    swapped = a.run([a.python, "-c", swap, str(mine / "track"), str(victim)])
+    assert swapped.returncode == 0, swapped.stderr
+    third = ran(a)
+    shown = _tandem(a, system, "show", str(third)).stdout
+    assert "not recorded in MLflow" in shown, shown
+    ran(b)  # the other user's jobs run on
+    assert os.listdir(victim) == [], "nothing written in root's folder"
+    assert _tandem(b, system, "ls").returncode == 0

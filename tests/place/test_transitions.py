@@ -156,7 +156,7 @@ def _attempts(state: State):  # the daemon's follower of attempts, over a fake l
     config = DaemonConfig(grace_s=1.0, interval_s=0.2)
     launcher = FakeLauncher(FakeClock(), config.interval_s)
     launcher.default = Step(run_s=0.0)  # each job ends at once, exit 0
-    return Attempts(state, capacity, config, Monitor(capacity, 5.0, None), launcher, False, "")
+    return Attempts(state, capacity, config, Monitor(capacity, 5.0, None), launcher, None, "")
 
 
 def _followed_until_ended(attempts, job_id: int, deadline_s: float = 60.0) -> None:

@@ -419,12 +419,17 @@ COMMANDS = [run_cmd, ui, report]
 def _stores() -> list[str]:
     """Where ``tandem report`` looks without --store: ``$MLFLOW_TRACKING_URI`` or
     ``./mlflow.db`` first, then the job manager's store (where its submitted jobs' runs are,
-    whatever the working directory holds)."""
+    whatever the working directory holds): under the host's system manager, this user's there."""
     from tandem.dirs import state_dir, state_dir_path
     from tandem.watch.stores import default_store_uri
     from tandem.watch.stores.base import absolute_uri
 
     stores = [absolute_uri(default_store_uri())]
+    from tandem.place import system_manager, system_user_store
+
+    if system_manager() is not None and os.getuid() != 0:  # the host's manager's jobs: in a store of theirs
+        mine = system_user_store(os.getuid())
+        return stores if mine in stores else [*stores, mine]
     if os.path.lexists(state_dir_path()):  # none made here; one it may not use is refused
         from tandem.place import manager_store
 

@@ -89,6 +89,7 @@ if TYPE_CHECKING:  # the same names as _FACE, for type checkers (the house test 
     from tandem.place.resources import Cap
     from tandem.place.run.metrics.tracking import helper_pid, manager_store
     from tandem.place.run.metrics.tracking_ends import open_runs
+    from tandem.place.run.metrics.users import system_user_store
     from tandem.place.run.supervisor.cgroups import Cgroups
     from tandem.place.run.supervisor.files import DaemonFile
     from tandem.place.sim import trace as traces
@@ -180,6 +181,7 @@ _FACE: dict[str, str] = {
     "helper_pid": "run.metrics.tracking:helper_pid",
     "manager_store": "run.metrics.tracking:manager_store",
     "open_runs": "run.metrics.tracking_ends:open_runs",
+    "system_user_store": "run.metrics.users:system_user_store",
     "Cgroups": "run.supervisor.cgroups:Cgroups",
     "DaemonFile": "run.supervisor.files:DaemonFile",
     "replay_live": "sim.live_replay:replay_live",

@@ -32,7 +32,18 @@ from tandem.place.resources import Reservation
 from tandem.place.retry import retry
 from tandem.place.run.launchers.launch import Launch, Launcher, stop_orphaned_job
 from tandem.place.run.metrics import tracking
-from tandem.place.run.supervisor.files import AttemptSpec, Result, RunRef, ShimInfo, Usage, load, save
+from tandem.place.run.metrics.tracking import Tracker
+from tandem.place.run.metrics.users import Trackers
+from tandem.place.run.supervisor.files import (
+    AttemptSpec,
+    Result,
+    RunRef,
+    ShimInfo,
+    Usage,
+    disk_trouble,
+    load,
+    save,
+)
 from tandem.place.run.supervisor.proctrack import host_id, supervisor_runs
 from tandem.place.scheduler import Placement
 from tandem.place.state import Attempt, Job, State
@@ -53,15 +64,23 @@ class Attempts:
         config: DaemonConfig,
         monitor: Monitor,
         launcher: Launcher,
-        tracked: bool,
+        trackers: Trackers | None,
         socket: str,
     ) -> None:
         self.state, self.capacity, self.config = state, capacity, config
-        self.monitor, self.launcher, self.tracked, self.socket = monitor, launcher, tracked, socket
+        self.monitor, self.launcher, self.trackers, self.socket = monitor, launcher, trackers, socket
         self.active: dict[int, Active] = {}
         self.host = host_id()
         probe = SYSTEM_PROBE_CORES if config.system else PROBE_CORES
         self.startup = Startup(Learned(state.learnt_cores(), state.record_cores, probe))
+
+    def tracker(self, job: Job) -> Tracker | None:
+        """Where ``job``'s runs are written (its user's store under a system manager), or None:
+        they are not."""
+        if self.trackers is None:
+            return None
+        tracker = self.trackers.of(job.owner, job.owner_gid)
+        return None if tracker.why_not else tracker
 
     # --- start ------------------------------------------------------------------------------
 
@@ -102,6 +121,7 @@ class Attempts:
         name, producer = model.run_name(job.name, job.command, job.params), job.role == model.PRODUCER_ROLE
         # A system manager (root) runs each job as its submitter; a user's daemon as itself.
         as_owner = os.geteuid() == 0 and job.owner not in (None, 0)
+        tracker = self.tracker(job)
         save(
             adir,
             AttemptSpec(
@@ -115,10 +135,9 @@ class Attempts:
                 interval_s=self.config.interval_s,
                 log_max=self.config.log_max,
                 socket=self.socket,
-                track=self.tracked,
-                # a job is told its run's id (one run per job); not a submitter's job under a system
-                # manager: the store is the manager's, which they may not write
-                mlflow_env=self.tracked and not producer and not as_owner,
+                track=tracker is not None,
+                # a job is told its run's id (one run per job; under a system manager, in its user's store)
+                mlflow_env=tracker is not None and not producer,
                 db_id=self.state.id,
                 node_env=node_env,
                 user=job.owner if as_owner else None,
@@ -130,13 +149,18 @@ class Attempts:
         self.state.start(record, job.started, f"attempt {n} on {placement.where}")
         a = Active(job, n, placement, adir, started, cpu=cpu)
         a.energy_start = {u: e for u in uuids if (e := self.monitor.energy_mj(u)) is not None}
-        if self.tracked:
+        if tracker is not None:
             share = self.state.share(job.share) if job.share else None
             tags = tracking.attempt_tags(job, n, placement.where, mps, share.selection if share else None)
             key = tracking.run_key(job.id, n)
-            tracking.run_started(
-                self.state.dir, key, name, tags, adir / "metrics.jsonl", started, job.id, n, job.params
-            )
+            try:
+                tracker.started(key, name, tags, adir / "metrics.jsonl", started, job.id, n, job.params)
+            except OSError as exc:
+                if tracker.owner is None or disk_trouble(exc):
+                    raise
+                # Their folder, as they changed it, refused it: the job runs untracked, saying why.
+                self.state.event(job.id, "tracking", f"not recorded in MLflow: {exc}")
+                save(adir, RunRef(error=f"its user's MLflow folder refused it: {exc}"))
         a.lost_before = sum(at.state == "lost" for at in job.attempts)
         self.active[job.id] = a
         try:
@@ -238,11 +262,9 @@ class Attempts:
             self.state.cancel(a.job.id, "cancelled", why, now, attempt=a.n)
         else:
             self.state.requeue(a.job.id, a.n, f"lost with its node: {why}; it runs again", now)
-        if self.tracked:
+        if (tracker := self.tracker(a.job)) is not None:
             tags = {"tandem.state": "lost", "tandem.cause": why}
-            tracking.run_ended(
-                self.state.dir, tracking.run_key(a.job.id, a.n), "FAILED", tags, {}, a.dir / "output.log", now
-            )
+            tracker.ended(tracking.run_key(a.job.id, a.n), "FAILED", tags, {}, a.dir / "output.log", now)
         del self.active[a.job.id]
         self.launcher.forget(a)
 
@@ -338,7 +360,7 @@ class Attempts:
                 self.startup.learned.seen_job(a.job, used)
         if end.peak_mem or end.peak_gpu_mem:
             self.state.record_peak(a.job.learning_key, end.peak_mem, end.peak_gpu_mem, end.ended - a.started)
-        if self.tracked:
+        if (tracker := self.tracker(a.job)) is not None:
             status = model.mlflow_status(end.state)
             tags = {
                 "tandem.state": "retrying" if end.retried else end.state,
@@ -360,7 +382,7 @@ class Attempts:
                 "gpu_energy_joules": end.energy,
             }
             key = tracking.run_key(a.job.id, a.n)
-            tracking.run_ended(self.state.dir, key, status, tags, summary, a.dir / "output.log", end.ended)
+            tracker.ended(key, status, tags, summary, a.dir / "output.log", end.ended)
         # Only once everything is written: a write that failed leaves it here for the next tick.
         del self.active[a.job.id]
         self.launcher.forget(a)

@@ -35,6 +35,7 @@ from typing import Any
 from filelock import FileLock, Timeout
 
 from tandem import _ipc
+from tandem.dirs import system_users_dir
 from tandem.place import clock, fairshare, protocol
 from tandem.place.admission import Admission
 from tandem.place.attempts import Attempts
@@ -55,6 +56,7 @@ from tandem.place.queue import WaitingJobs
 from tandem.place.requests import HANDLERS, Parts, failure, peer_of
 from tandem.place.resources import Resources
 from tandem.place.run.launchers.launch import Launcher, LocalLauncher, RayLauncher
+from tandem.place.run.metrics.users import Trackers
 from tandem.place.run.services import ray_head
 from tandem.place.run.supervisor import weights
 from tandem.place.run.supervisor.files import DaemonFile, disk_trouble
@@ -146,13 +148,16 @@ class Daemon:
         self._next_sample = 0.0
         self._next_tick = 0.0
         self.tracker = None
+        self.trackers: Trackers | None = None  # its own, and a system manager's users'
         if config.track:
             from tandem.place.run.metrics.tracking import daemon_tracker
 
             self.tracker = daemon_tracker(state.dir, config.store)
+            if not self.tracker.why_not:
+                self.trackers = Trackers(self.tracker, system_users_dir() if config.system else None)
         tracked = self.tracker is not None and not self.tracker.why_not
         self.attempts = Attempts(
-            state, capacity, config, self.monitor, self.launcher, tracked, str(self.socket_path)
+            state, capacity, config, self.monitor, self.launcher, self.trackers, str(self.socket_path)
         )
         self.producers = Producers(state, capacity, config, self.attempts.startup.learned)
         # Jobs this host's supervisors start run under CPU weights where its cgroups allow
@@ -161,7 +166,11 @@ class Daemon:
         self.admission = Admission(
             state, capacity, self.limits, self.monitor, self.producers, self.attempts.startup, weighted
         )
-        self.pruner = Pruner(state, self.tracker.uri if tracked and self.tracker is not None else None)
+        self.pruner = Pruner(
+            state,
+            self.tracker.uri if tracked and self.tracker is not None else None,
+            self.trackers if config.system else None,  # each user's trials in their own store
+        )
         self.mps = None
         if config.mps:
             from tandem.place.run.services.mps import MpsManager
@@ -227,9 +236,9 @@ class Daemon:
             self.launcher.shutdown()
             if self.config.backend == "ray" and not self.config.address and not self.attempts.active:
                 ray_head.stop(self.state.dir)  # no attempt runs under the daemon's own head
-            if self.tracker is not None:
-                self.tracker.poke()  # what is left to write is written (a helper started if none runs)
-                self.tracker.stop()  # and then it ends
+            for tracker in self.trackers.all() if self.trackers is not None else []:
+                tracker.poke()  # what is left to write is written (a helper started if none runs)
+                tracker.stop()  # and then it ends
 
     def _before_stop(self) -> None:
         """As it stops: idle producers (lingering for a next job) are stopped, which no daemon
@@ -397,11 +406,30 @@ class Daemon:
             self.dirty |= self.producers.moved()
             if not launched:  # what a pass that only looks costs (a start costs more, once)
                 self._pass_cpu_s = time.process_time() - started
-        if self.tracker is not None:
-            self.tracker.poke()
-            for done in self.tracker.take_results():
+        for tracker in self.trackers.all() if self.trackers is not None else []:
+            try:
+                tracker.poke()
+                answers = tracker.take_results()
+            except OSError as exc:
+                if tracker.owner is None:
+                    raise
+                # A user's folder as they changed it fails them alone, never the manager's pass.
+                log.warning("user %d's MLflow folder: %s", tracker.owner[0], exc)
+                continue
+            for done in answers:
                 if done.job_id is None or done.attempt is None:
                     continue  # a share's producer: its run is found by its tags
+                if tracker.owner is not None:  # a user's helper's answer: for a job of theirs only
+                    job = self.state.job(done.job_id, attempts=False)
+                    if job is None or job.owner != tracker.owner[0]:
+                        log.warning(
+                            "user %d's MLflow helper answered for job %d, not theirs",
+                            tracker.owner[0],
+                            done.job_id,
+                        )
+                        continue
+                    a = self.attempts.active.get(done.job_id)
+                    tracker.relay(a.dir if a is not None and a.n == done.attempt else None, done)
                 if done.run_id:
                     self.state.update_attempt(done.job_id, done.attempt, mlflow_run_id=done.run_id)
                     self.state.update_job(done.job_id, mlflow_run_id=done.run_id)

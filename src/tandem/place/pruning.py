@@ -24,6 +24,8 @@ from tandem.place.attempts import Attempts
 from tandem.place.model import RUNNING, prune_rule
 from tandem.place.prune import Report, decide
 from tandem.place.records import Job
+from tandem.place.run.metrics.as_user import acting_as
+from tandem.place.run.metrics.users import Trackers
 from tandem.place.state import State
 
 log = logging.getLogger(__name__)
@@ -74,17 +76,21 @@ def read_reports(db: Path, metric: str, runs: dict[str, int]) -> dict[int, list[
 class Pruner:
     """Stops the running trials their group's ``--prune`` rule says to (``EVERY_S`` apart)."""
 
-    def __init__(self, state: State, store_uri: str | None) -> None:
+    def __init__(self, state: State, store_uri: str | None, users: Trackers | None = None) -> None:
+        """``store_uri``: the daemon's store; ``users``: a system manager's trackers, whose
+        users' trials log their metric in their own stores (read as them: theirs to change)."""
         self.state = state
         self.db = sqlite_path(store_uri)
+        self.users = users
         self._next = 0.0
         self._stopped: set[int] = set()  # told to stop by this daemon (its row says so too)
         self.watching = False  # running trials have a rule: the daemon wakes for the next read
 
     def prune(self, attempts: Attempts) -> list[int]:
         """Stop what the rules say to among the running attempts; the jobs stopped."""
+        # A group is its user's: two users' sweeps of one name are two (a system manager's).
         groups = {
-            a.job.group
+            (a.job.owner, a.job.group)
             for a in attempts.active.values()
             if a.job.prune is not None and a.job.group is not None and a.job.pruned is None
         }
@@ -93,10 +99,16 @@ class Pruner:
             return []
         self._next = clock.monotonic() + EVERY_S
         stopped = []
-        for group in sorted(g for g in groups if g is not None):
+        for owner, group in sorted((o or 0, g) for o, g in groups if g is not None):
+            tracker = self.users.of(owner) if self.users is not None else None
+            db = sqlite_path(tracker.uri) if tracker is not None else self.db
+            if db is None:
+                continue
             # The group's every trial with a run, ended or stopped too: each sets the bar for
             # those that reach a rung after it. Read now: a run id is recorded once made.
-            members = [j for j in self.state.jobs(group=group) if j.prune is not None]
+            members = [
+                j for j in self.state.jobs(group=group) if j.prune is not None and (j.owner or 0) == owner
+            ]
             for (method, metric), trials in _by_rule(members).items():
                 rule = prune_rule(trials[0])
                 assert rule is not None
@@ -112,8 +124,12 @@ class Pruner:
                     continue
                 runs = {j.mlflow_run_id: j.id for j in trials if j.mlflow_run_id}
                 try:
-                    reports = read_reports(self.db, rule.metric, runs)
-                except sqlite3.Error as exc:  # a writer holds it (or it is not MLflow's yet): next pass
+                    with acting_as(tracker.owner if tracker is not None else None):
+                        reports = read_reports(db, rule.metric, runs)
+                except (
+                    sqlite3.Error,
+                    OSError,
+                ) as exc:  # a writer holds it (or it is not MLflow's yet): next pass
                     log.debug(
                         "pruning %s by %s %s: the MLflow store not read: %s", group, method, metric, exc
                     )

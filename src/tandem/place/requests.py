@@ -465,14 +465,13 @@ def not_started(request: p.NotStarted, d: Parts, peer: Peer) -> Handled:
             d.state.requeue(job.id, a.n, f"not started: {why}", now)
     del d.attempts.active[request.job_id]
     d.launcher.forget(a)
-    if d.attempts.tracked:  # its MLflow run, opened as it started, is closed: it will have no other end
-        from tandem.place.run.metrics import tracking
+    tracker = d.attempts.tracker(a.job)
+    if tracker is not None:  # its MLflow run, opened as it started, is closed: it will have no other end
+        from tandem.place.run.metrics.tracking import run_key
 
         try:
             tags = {"tandem.state": "requeued", "tandem.cause": f"not started: {why}"}
-            tracking.run_ended(
-                d.state.dir, tracking.run_key(a.job.id, a.n), "KILLED", tags, {}, a.dir / "output.log"
-            )
+            tracker.ended(run_key(a.job.id, a.n), "KILLED", tags, {}, a.dir / "output.log")
         except OSError as exc:  # the disk again: the run stays open, the job is queued all the same
             log.warning("job %d attempt %d: its MLflow run not closed: %s", a.job.id, a.n, exc)
     job = d.state.job(request.job_id, attempts=False)

@@ -35,7 +35,10 @@ from __future__ import annotations
 import importlib.util
 import logging
 import os
+import shutil
+import site
 import subprocess
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -43,6 +46,7 @@ from typing import Any
 from tandem._safepath import module_command
 from tandem.place.model import PRODUCER_ROLE, param_value
 from tandem.place.run.metrics import tracking_ends as ends
+from tandem.place.run.metrics.as_user import AS_ROOT, Owner, acting_as, copy_over, hand_over
 from tandem.place.run.metrics.tracking_ends import STOPPED
 from tandem.place.run.supervisor.files import (
     DaemonFile,
@@ -51,6 +55,8 @@ from tandem.place.run.supervisor.files import (
     RunOpen,
     RunRef,
     RunStart,
+    disk_trouble,
+    load,
     queued,
     queued_keys,
     read_record,
@@ -168,12 +174,26 @@ def daemon_tracker(state_dir: Path, store: str | None) -> Tracker:
 
 
 class Tracker:
-    """The daemon's side: keep the helper running while runs are open, collect run ids."""
+    """The daemon's side: keep the helper running while runs are open, collect run ids.
 
-    def __init__(self, state_dir: Path, uri: str, experiment: str = "tandem") -> None:
+    A system manager's user's (``owner``; :mod:`tandem.place.run.metrics.users`): their store
+    and queue in their own folder (``state_dir``), their helper run as them; root's reads and
+    writes there made as them (:func:`~tandem.place.run.metrics.as_user.acting_as`), and each
+    attempt's spool and log handed to them in ``handed`` (root's folder beside it), as their
+    helper cannot read the attempt's folder, nor tell its supervisor the run (:meth:`relay`)."""
+
+    def __init__(
+        self,
+        state_dir: Path,
+        uri: str,
+        experiment: str = "tandem",
+        owner: Owner | None = None,
+        handed: Path | None = None,
+    ) -> None:
         self.state_dir = state_dir
         self.uri = absolute_uri(uri)  # as the helper (same working directory) and every job see it
         self.experiment = experiment
+        self.owner, self.handed = owner, handed
         self.proc: subprocess.Popen | None = None
         self._next_start = 0.0
         self._running = False
@@ -184,9 +204,86 @@ class Tracker:
             else "mlflow is not installed (pip install 'tandem[watch]')"
         )
 
+    def started(
+        self,
+        key: str,
+        name: str,
+        tags: dict[str, Any],
+        spool: Path,
+        started: float,
+        job_id: int | None = None,
+        attempt: int | None = None,
+        params: dict[str, Any] | None = None,
+    ) -> None:
+        """An attempt started (:func:`run_started`), its spool ``spool`` (in its folder)."""
+        if self.owner is not None and self.handed is not None:
+            hand_over(spool, self.handed / f"{key}.jsonl", self.owner)
+        with acting_as(self.owner):
+            run_started(self.state_dir, key, name, tags, spool, started, job_id, attempt, params)
+
+    def ended(
+        self,
+        key: str,
+        status: str,
+        tags: dict[str, Any],
+        summary: dict[str, float | None],
+        log_file: Path,
+        ended: float | None = None,
+    ) -> None:
+        """The attempt ended (:func:`run_ended`), its output in ``log_file``. A user's folder
+        that refuses it (as they changed it) leaves their run open, saying so; a disk that
+        refuses it raises (the attempt's end is written again)."""
+        try:
+            self._ended(key, status, tags, summary, log_file, ended)
+        except OSError as exc:
+            if self.owner is None or disk_trouble(exc):
+                raise
+            log.warning(
+                "user %d: run %s not closed: their MLflow folder refused it: %s", self.owner[0], key, exc
+            )
+
+    def _ended(
+        self,
+        key: str,
+        status: str,
+        tags: dict[str, Any],
+        summary: dict[str, float | None],
+        log_file: Path,
+        ended: float | None,
+    ) -> None:
+        if self.owner is not None and self.handed is not None:
+            # Its log and artifacts (its summary, which the spool names) as they are now, theirs.
+            folder = self.handed / f"{key}.artifacts"
+            shutil.rmtree(folder, ignore_errors=True)
+            folder.mkdir(mode=0o700)
+            for path in [log_file, *sorted((log_file.parent / "artifacts").glob("*"))]:
+                copy_over(path, folder / path.name, self.owner)
+            os.chown(folder, *self.owner)  # root writes no more in it
+        with acting_as(self.owner):
+            run_ended(self.state_dir, key, status, tags, summary, log_file, ended)
+
+    def relay(self, adir: Path | None, made: RunMade) -> None:
+        """A user's helper's answer for the attempt of folder ``adir`` (None: not running
+        here): its supervisor told the run (or why there is none) as their helper, who may
+        not write there, could not; once the run is closed, what was handed to them for it goes."""
+        if self.owner is None:
+            return
+        if adir is not None and load(adir, RunRef) is None and (made.run_id or made.error):
+            ref = RunRef(self.uri, made.run_id or "", self.experiment, made.error)
+            tell_job(adir / "metrics.jsonl", ref)
+        if made.final and self.handed is not None and made.job_id is not None:
+            key = run_key(made.job_id, made.attempt or 0)
+            (self.handed / f"{key}.jsonl").unlink(missing_ok=True)
+            # Theirs now (rmtree follows no link in it).
+            shutil.rmtree(self.handed / f"{key}.artifacts", ignore_errors=True)
+
     def poke(self) -> None:
         if self.why_not:
             return
+        with acting_as(self.owner):
+            self._poke()
+
+    def _poke(self) -> None:
         q = queue_dir(self.state_dir)
         if not self._running:  # a daemon serves again: its helper idles before it ends
             (q / STOPPED).unlink(missing_ok=True)
@@ -209,12 +306,28 @@ class Tracker:
         if (pending or self._warm) and self.proc is None and time.monotonic() >= self._next_start:
             self._warm = False
             with open(self.state_dir / "tracking.log", "ab") as out:
+                python, env = _helper_python(self.owner is not None)
                 argv = module_command(
-                    "tandem.place.run.metrics.tracking_helper", str(self.state_dir), self.uri
+                    "tandem.place.run.metrics.tracking_helper", str(self.state_dir), self.uri, python=python
                 )
-                self.proc = subprocess.Popen(
-                    [*argv, self.experiment], stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT
-                )
+                argv.append(self.experiment)
+                as_them: dict[str, Any] = {}
+                if self.owner is not None and self.handed is not None:
+                    argv.append(str(self.handed))  # their runs' spools and logs: it tells no job
+                    uid, gid = self.owner
+                    as_them = dict(
+                        user=uid, group=gid, extra_groups=[], umask=0o077, cwd=self.state_dir,
+                        env={**env, "HOME": str(self.state_dir)},
+                    )  # fmt: skip
+                try:
+                    self.proc = subprocess.Popen(
+                        argv, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, **as_them
+                    )
+                except OSError as exc:  # it cannot start: its jobs start without their runs, then again
+                    self._next_start = time.monotonic() + RETRY_AFTER_S
+                    log.warning("the MLflow helper of %s cannot start: %s", self.state_dir, exc)
+                    out.write(f"the MLflow helper cannot start: {exc}\n".encode())
+                    self._no_run_yet(f"the MLflow helper cannot start: {exc}")
 
     def warm(self) -> None:
         """Start the helper now, before any job: the first job's run then does not wait for
@@ -226,21 +339,27 @@ class Tracker:
 
     def _no_run_yet(self, why: str) -> None:
         """The attempts waiting for a run the failed helper did not make: their jobs start
-        now, without one (it is made, later, when a helper runs again)."""
+        now, without one (it is made, later, when a helper runs again). (Called as the owner:
+        each attempt's folder is root's, told as root.)"""
         q = queue_dir(self.state_dir)
+        waiting = []
         for key in queued_keys(q, RunStart):
             start = read_record(queued(q, key, RunStart), RunStart)
             if start is None or queued(q, key, RunOpen).exists():
                 continue
-            tell_job(Path(start.spool), RunRef(error=why))
+            waiting.append(Path(start.spool))
+        with acting_as(None if self.owner is None else AS_ROOT):
+            for spool in waiting:
+                tell_job(spool, RunRef(error=why))
 
     def stop(self) -> None:
         """The daemon stops: its helper ends once it has written every open run (those of
         jobs still running stay open, and it goes on writing them). A file, not a signal: a
         helper just started may not yet handle one."""
-        q = queue_dir(self.state_dir)
-        if q.is_dir():
-            (q / STOPPED).touch()
+        with acting_as(self.owner):
+            q = queue_dir(self.state_dir)
+            if q.is_dir():
+                (q / STOPPED).touch()
 
     def take_results(self) -> list[RunMade]:
         """Take the helper's answers (each run it made: job, attempt, run id), oldest first:
@@ -248,13 +367,37 @@ class Tracker:
         consumer, records them in the state)."""
         q = queue_dir(self.state_dir)
         out: list[RunMade] = []
-        for key in queued_keys(q, RunMade):
-            path = queued(q, key, RunMade)
-            made = read_record(path, RunMade)
-            if made is not None:
-                out.append(made)
-                path.unlink(missing_ok=True)
+        with acting_as(self.owner):
+            for key in queued_keys(q, RunMade):
+                path = queued(q, key, RunMade)
+                made = read_record(path, RunMade)
+                if made is not None:
+                    out.append(made)
+                    path.unlink(missing_ok=True)
         return out
+
+
+def _helper_python(as_user: bool) -> tuple[str | None, dict[str, str]]:
+    """The helper's interpreter (None: this one) and environment. A user's helper (run as
+    them, as their current file-system identity is) gets only the daemon's way to its
+    interpreter and packages, nothing else of root's (a token of its store, say); where this
+    interpreter is not theirs to run (in root's home), the host's of the same version, with
+    this one's packages on its path."""
+    if not as_user:
+        return None, dict(os.environ)
+    keep = ("PATH", "PYTHONPATH", "LANG", "LC_ALL", "TZ", "TANDEM_TRACKING_IDLE_S", "TANDEM_TEST_SESSION")
+    env = {k: v for k, v in os.environ.items() if k in keep}
+    if os.access(sys.executable, os.X_OK, effective_ids=True):
+        return None, env
+    version = f"python{sys.version_info[0]}.{sys.version_info[1]}"
+    python = shutil.which(version, path="/usr/local/bin:/usr/bin:/bin")
+    if python is None:
+        return None, env  # it fails to start, saying so in tracking.log
+    import tandem
+
+    ours = [*site.getsitepackages(), str(Path(tandem.__file__).resolve().parents[1])]
+    env["PYTHONPATH"] = os.pathsep.join([*ours, *filter(None, env.get("PYTHONPATH", "").split(os.pathsep))])
+    return python, env
 
 
 def tell_job(spool: Path, ref: RunRef) -> None:

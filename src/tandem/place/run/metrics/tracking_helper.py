@@ -30,13 +30,16 @@ log = logging.getLogger(__name__)
 
 
 class _OpenRun:
-    """One attempt's MLflow run as the helper forwards it."""
+    """One attempt's MLflow run as the helper forwards it (``handed``: a system manager's
+    user's helper, its spool and log handed to it there, its supervisor told by the daemon)."""
 
-    def __init__(self, q: Path, key: str, start: RunStart, uri: str, experiment: str) -> None:
+    def __init__(
+        self, q: Path, key: str, start: RunStart, uri: str, experiment: str, handed: Path | None = None
+    ) -> None:
         from tandem.watch.stores.mlflow_store import MlflowStore
 
-        self.q, self.key, self.start = q, key, start
-        self.spool = Path(start.spool)
+        self.q, self.key, self.start, self.handed = q, key, start, handed
+        self.spool = handed / f"{key}.jsonl" if handed is not None else Path(start.spool)
         self.store = MlflowStore(uri, experiment)
         progress = files.read_record(files.queued(q, key, RunOpen), RunOpen)
         if progress is not None and progress.run_id:
@@ -50,7 +53,8 @@ class _OpenRun:
             self._done(final=False)  # the daemon learns the run id at once
         self._save()
         # The job waits for this to start (its supervisor tells it the run's id).
-        tell_job(self.spool, RunRef(self.store.uri, self.store.run_id, experiment))
+        if handed is None:
+            tell_job(self.spool, RunRef(self.store.uri, self.store.run_id, experiment))
 
     def _save(self) -> None:
         files.write_record(files.queued(self.q, self.key, RunOpen), RunOpen(self.store.run_id, self.offset))
@@ -71,7 +75,8 @@ class _OpenRun:
                 self.store.set_tags(entry["open"].get("tags") or {})
             if "tags" in entry:
                 self.store.set_tags(entry["tags"])
-            if "artifact" in entry and Path(entry["artifact"]).is_file():
+            # A user's helper may not read the attempt's folder: its artifacts are handed at its end.
+            if "artifact" in entry and self.handed is None and Path(entry["artifact"]).is_file():
                 self.store.log_artifact(Path(entry["artifact"]))
         if points:
             self.store.log(points)
@@ -87,8 +92,10 @@ class _OpenRun:
         ms = int(time.time() * 1000)
         self.store.log([Point(f"summary/{k}", float(v), ms, 0) for k, v in end.summary.items()])
         self.store.set_tags({**end.tags, "tandem.mlflow_written": str(time.time())})
-        log_file = Path(end.log_file)
-        if log_file.is_file():  # its newest part: the supervisor rotates it at half of --log-max
+        if self.handed is not None:  # a user's: its log and artifacts handed to them as it ended
+            for artifact in sorted((self.handed / f"{self.key}.artifacts").glob("*")):
+                self.store.log_artifact(artifact)
+        elif (log_file := Path(end.log_file)).is_file():  # its newest part: rotated at half of --log-max
             self.store.log_artifact(log_file)
         # The run ends when its attempt did, not when the helper (low priority, behind on a
         # busy host) got to it: a report reads which jobs a producer's run overlapped.
@@ -113,7 +120,13 @@ class _OpenRun:
 
 
 def _open_new(
-    q: Path, runs: dict[str, _OpenRun], failed: set[str], uri: str, experiment: str, weighted: bool = False
+    q: Path,
+    runs: dict[str, _OpenRun],
+    failed: set[str],
+    uri: str,
+    experiment: str,
+    weighted: bool = False,
+    handed: Path | None = None,
 ) -> None:
     """Open the run of each attempt that started since the last look (``weighted``: this
     process weighed :data:`START_WEIGHT` meanwhile, its jobs waiting, then back)."""
@@ -123,7 +136,7 @@ def _open_new(
         weights.set_weight(os.getpid(), START_WEIGHT)
     try:
         for key in new:
-            _open_one(q, key, runs, failed, uri, experiment)
+            _open_one(q, key, runs, failed, uri, experiment, handed)
     finally:
         if new and weighted:
             weights.set_weight(os.getpid(), FORWARD_WEIGHT)
@@ -136,24 +149,34 @@ def _unqueue(q: Path, key: str) -> None:
 
 
 def _open_one(
-    q: Path, key: str, runs: dict[str, _OpenRun], failed: set[str], uri: str, experiment: str
+    q: Path,
+    key: str,
+    runs: dict[str, _OpenRun],
+    failed: set[str],
+    uri: str,
+    experiment: str,
+    handed: Path | None = None,
 ) -> None:
     start = files.read_record(files.queued(q, key, RunStart), RunStart)
     if start is not None:
         try:
-            runs[key] = _OpenRun(q, key, start, uri, experiment)
+            runs[key] = _OpenRun(q, key, start, uri, experiment, handed)
         except Exception as exc:  # one bad run must not block the others
             logging.exception("job %s: no MLflow run", key)
             failed.add(key)
             error = f"{type(exc).__name__}: {exc}"
             made = RunMade(start.job_id, start.attempt, True, error=error)
             files.write_record(files.queued(q, key, RunMade), made)
-            tell_job(Path(start.spool), RunRef(uri, "", experiment, error))
+            if handed is None:  # else the daemon tells its supervisor, from the answer
+                tell_job(Path(start.spool), RunRef(uri, "", experiment, error))
             _unqueue(q, key)
 
 
 def main(argv: list[str]) -> int:
+    """``STATE_DIR URI EXPERIMENT [HANDED]``: HANDED, a system manager's user's helper (run as
+    them: :mod:`tandem.place.run.metrics.users`), where their attempts' spools and logs are."""
     state_dir, uri, experiment = Path(argv[0]), argv[1], argv[2]
+    handed = Path(argv[3]) if len(argv) > 3 else None
     logging.basicConfig(level=logging.INFO, format="%(asctime)s tracking: %(message)s")
     from filelock import FileLock, Timeout
 
@@ -179,7 +202,7 @@ def main(argv: list[str]) -> int:
     prepared = time.monotonic()
     runs: dict[str, _OpenRun] = {}
     failed: set[str] = set()
-    _open_new(q, runs, failed, uri, experiment)
+    _open_new(q, runs, failed, uri, experiment, handed=handed)
     logging.info(
         "MLflow ready in %.1f s (%.1f CPU-s, weighted: %s), %d first run(s) in %.1f s",
         prepared - began,
@@ -205,14 +228,14 @@ def main(argv: list[str]) -> int:
         mtime = os.stat(q).st_mtime_ns
         if mtime != looked[0] or time.monotonic() - looked[1] >= POLL_S:
             looked = (mtime, time.monotonic())
-            _open_new(q, runs, failed, uri, experiment, weighted)
+            _open_new(q, runs, failed, uri, experiment, weighted, handed)
         if time.monotonic() - last_forward >= POLL_S:
             last_forward = time.monotonic()
             gone = ends.daemon_gone(state_dir, q, parent)
             for key, run in list(runs.items()):
                 end = files.read_record(files.queued(q, key, RunEnd), RunEnd)
                 try:
-                    if end is None:  # the job's own result where no daemon will say it ended
+                    if end is None and handed is None:  # its result where no daemon will say it ended
                         end = ends.end_without_daemon(run.spool, run.start, gone)
                     if end is not None:
                         run.finish(end)
@@ -222,6 +245,8 @@ def main(argv: list[str]) -> int:
                 except Exception:
                     logging.exception("job %s: forwarding to MLflow failed; trying again", key)
             ends.late_ends(q, set(runs), uri, experiment)
+        if gone and handed is not None:
+            break  # it cannot read how their attempts ended: the next daemon's helper closes their runs
         if runs:
             idle_since = time.monotonic()
         # With no daemon (stopped or dead), it ends once no run is open, rather than after idling.

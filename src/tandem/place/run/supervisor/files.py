@@ -28,6 +28,7 @@ import json
 import os
 import signal
 import sqlite3
+import stat
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar, TypeVar
@@ -47,11 +48,21 @@ ORPHAN_PARENT = "TANDEM_SUPERVISOR_PARENT"
 ORPHAN_GRACE_S = 2.0  # the time its job has to stop then
 
 
+# A record is made anew, never through a link or into a pipe, and read only from a plain file:
+# a system manager (root) writes and reads its users' MLflow queues in their own folders
+# (tandem.place.run.metrics.tracking, as them), where they could put either.
+_NEW = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+_READ = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+MAX_RECORD = 16 << 20  # bytes: a record is far smaller; a larger file is none
+
+
 def write_json(path: Path, data: dict[str, Any]) -> None:
     """Write ``path`` whole: a reader sees the old file or the new one, never a part."""
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     try:
-        tmp.write_text(json.dumps(data))
+        tmp.unlink(missing_ok=True)  # left by an earlier process of this pid
+        with os.fdopen(os.open(tmp, _NEW, 0o666), "w") as f:
+            f.write(json.dumps(data))
         os.replace(tmp, path)
     except BaseException:
         tmp.unlink(missing_ok=True)  # a full disk must not also leave half a file behind
@@ -60,7 +71,10 @@ def write_json(path: Path, data: dict[str, Any]) -> None:
 
 def read_json(path: Path) -> dict[str, Any] | None:
     try:
-        data = json.loads(path.read_text())
+        with os.fdopen(os.open(path, _READ), "rb") as f:
+            if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
+                return None
+            data = json.loads(f.read(MAX_RECORD + 1))
     except (OSError, ValueError):
         return None
     return data if isinstance(data, dict) else None

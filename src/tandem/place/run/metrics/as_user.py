@@ -1,0 +1,100 @@
+"""A system manager (root) at work in a user's own folder: as that user, and in folders of its own.
+
+A system manager's users' MLflow runs are in their folders (``tandem.dirs.system_users_dir()/
+<uid>/``), which they may change as they like: a link put where root writes would make root
+write anywhere. So root's reads and writes there are made with the user's file-system identity
+(:func:`acting_as`: Linux's ``setfsuid``/``setfsgid``, which hold for the calling thread only),
+and may do there only what the user may; what root must hand them (a job's spool of points, its
+log) goes into a folder of root's beside it (:func:`user_folders`), as a file they own.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import os
+import shutil
+import stat
+from collections.abc import Iterator
+from pathlib import Path
+
+Owner = tuple[int, int]  # (uid, gid): a system manager's user, as their jobs run
+AS_ROOT: Owner = (0, 0)  # back to root's own, within a block as a user
+
+_libc = ctypes.CDLL(None, use_errno=True)
+_NEW = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+
+
+@contextlib.contextmanager
+def acting_as(owner: Owner | None) -> Iterator[None]:
+    """The block's file operations in this thread checked as ``owner``'s (None: as this
+    process's own). PermissionError where the identity cannot be taken (not root)."""
+    if owner is None:
+        yield
+        return
+    uid, gid = owner
+    # Each call returns the identity before it; one that fails changes nothing (and returns it).
+    old_gid = _libc.setfsgid(gid)
+    old_uid = _libc.setfsuid(uid)
+    try:
+        if _libc.setfsuid(uid) != uid or _libc.setfsgid(gid) != gid:
+            raise PermissionError(f"cannot act as user {uid} (group {gid}): not root")
+        yield
+    finally:
+        _libc.setfsuid(old_uid)
+        _libc.setfsgid(old_gid)
+
+
+def _root_folder(path: Path) -> Path:
+    """``path`` made (0711: its users pass through, never list) or found as root's own folder."""
+    with contextlib.suppress(FileExistsError):
+        path.mkdir(mode=0o711)
+    st = os.lstat(path)
+    if not stat.S_ISDIR(st.st_mode) or st.st_uid != 0:
+        raise PermissionError(f"{path}: not a folder of root's")
+    os.chmod(path, 0o711)
+    return path
+
+
+def user_folders(users: Path, owner: Owner) -> tuple[Path, Path]:
+    """``(theirs, handed)`` of a system manager's user under ``users``: ``<uid>/mlflow`` (theirs,
+    0700: their MLflow store and its helper's queue) and ``<uid>/spool`` (root's, 0711: the
+    files root hands them, each theirs). PermissionError where either is not as it must be."""
+    uid, gid = owner
+    users.parent.mkdir(mode=0o711, parents=True, exist_ok=True)
+    top = _root_folder(_root_folder(users) / str(uid))
+    handed = _root_folder(top / "spool")
+    theirs = top / "mlflow"
+    try:
+        theirs.mkdir(mode=0o700)
+        os.chown(theirs, uid, gid)  # root's folder above: no one else had a way in meanwhile
+    except FileExistsError:
+        pass
+    st = os.lstat(theirs)
+    if not stat.S_ISDIR(st.st_mode) or st.st_uid != uid:
+        raise PermissionError(f"{theirs}: not a folder of user {uid}'s")
+    return theirs, handed
+
+
+def hand_over(path: Path, handed: Path, owner: Owner) -> None:
+    """``path`` (a file of root's, in a folder of root's) made ``owner``'s to read (0600) as
+    ``handed`` (in their folder of root's: :func:`user_folders`), the same file: root goes on
+    writing it by its own path, which they cannot reach or change."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    try:
+        os.fchown(fd, *owner)
+        os.fchmod(fd, 0o600)
+    finally:
+        os.close(fd)
+    handed.unlink(missing_ok=True)  # a lost database's attempt of the same key
+    os.link(path, handed)
+
+
+def copy_over(path: Path, handed: Path, owner: Owner) -> None:
+    """A copy of ``path`` (root's, as it is now) for ``owner`` to read, as ``handed``."""
+    handed.unlink(missing_ok=True)
+    if not path.is_file():
+        return
+    with open(path, "rb") as src, os.fdopen(os.open(handed, _NEW, 0o600), "wb") as dst:
+        os.fchown(dst.fileno(), *owner)
+        shutil.copyfileobj(src, dst)
