@@ -3,7 +3,6 @@ own exit code, the daemon's errors as messages, and the value parsers of shared 
 
 from __future__ import annotations
 
-import functools
 import importlib.util
 from typing import TYPE_CHECKING, Any
 
@@ -163,19 +162,6 @@ def printable(text: str | None, keep: str = "") -> str:
     if text.isprintable():  # nearly always: no character by character
         return text
     return "".join(c if c.isprintable() or c in keep else repr(c)[1:-1] for c in text)
-
-
-@functools.cache  # a listing names each owner of thousands of jobs
-def user_name(uid: int | None) -> str:
-    """A job owner's login name (its uid where the host has none; ``-``: no owner kept)."""
-    import pwd
-
-    if uid is None:
-        return "-"
-    try:
-        return pwd.getpwuid(uid).pw_name
-    except KeyError:
-        return str(uid)
 
 
 def unknown_job(job_id: int) -> Exit:

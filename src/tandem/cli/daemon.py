@@ -19,8 +19,8 @@ from typing import Any
 
 import click
 
-from tandem.cli._common import EXIT_NO_DAEMON, daemon_call, request, to_cpus, to_size, user_name
-from tandem.place import POLICIES, Cap, DaemonConfig, Limits, format_size
+from tandem.cli._common import EXIT_NO_DAEMON, daemon_call, request, to_cpus, to_size
+from tandem.place import POLICIES, Cap, DaemonConfig, Limits, format_size, user_name
 from tandem.units import format_cores
 
 _DEFAULT = DaemonConfig()

@@ -26,9 +26,17 @@ from tandem.cli._common import (
     to_job_cpus,
     to_size,
     unknown_job,
+)
+from tandem.place import (
+    FINAL_STATES,
+    MAX_PRIORITY,
+    STATES,
+    WAITING_STATES,
+    JobSpec,
+    format_size,
+    param_value,
     user_name,
 )
-from tandem.place import FINAL_STATES, MAX_PRIORITY, STATES, WAITING_STATES, JobSpec, format_size, param_value
 from tandem.units import format_cores
 
 

@@ -115,6 +115,7 @@ if TYPE_CHECKING:  # the same names as _FACE, for type checkers (the house test 
         ls_row,
         strict_json,
         strict_json_lines,
+        user_name,
     )
     from tandem.place.views import (
         starting as is_starting,
@@ -208,6 +209,7 @@ _FACE: dict[str, str] = {
     "LS_COLUMNS": "views:LS_COLUMNS",
     "is_starting": "views:starting",
     "job_json": "views:job_json",
+    "user_name": "views:user_name",
     "json_safe": "views:json_safe",
     "ls_row": "views:ls_row",
     "strict_json": "views:strict_json",

@@ -182,6 +182,8 @@ class ReadJobs:
     before: int | None = None
     job_id: int | None = None
     group: str | None = None  # of this group only, and the asker's own jobs of it
+    changed_since: float | None = None  # only those whose row changed since (a live view's update)
+    counts: bool = False  # and how many jobs are in each state (the host's, every user's)
 
 
 @dataclass(frozen=True)
@@ -383,12 +385,14 @@ class PutBack:
 class JobRows:
     """Jobs as their rows hold them (:func:`tandem.place.schema.row_values`), each with its
     attempts' rows under ``attempts``; ``events`` of the one job asked by id; ``shares``: the
-    asker's share rows; ``older``: a job older than the first is there (paging)."""
+    asker's share rows; ``older``: a job older than the first is there (paging); ``counts``:
+    the jobs in each state, where asked."""
 
     jobs: list[dict[str, Any]] = field(default_factory=list)
     events: list[dict[str, Any]] = field(default_factory=list)
     shares: list[dict[str, Any]] = field(default_factory=list)
     older: bool = False
+    counts: dict[str, int] = field(default_factory=dict)  # where asked: jobs in each state
 
 
 @dataclass(frozen=True)

@@ -53,10 +53,15 @@ class RemoteState:
         last: int | None = None,
         before: int | None = None,
         group: str | None = None,
+        changed_since: float | None = None,
     ) -> list[Job]:
         """As :meth:`~tandem.place.reads.StateReads.jobs`; of a ``group``, this user's only."""
-        reply = self._ask(protocol.ReadJobs(list(states or ()), last, before, group=group))
-        return [self._job(dict(row)) for row in reply.jobs]
+        asked = protocol.ReadJobs(list(states or ()), last, before, group=group, changed_since=changed_since)
+        return [self._job(dict(row)) for row in self._ask(asked).jobs]
+
+    def counts(self) -> dict[str, int]:
+        """How many of the host's jobs are in each state."""
+        return dict(self._ask(protocol.ReadJobs(last=1, counts=True)).counts)
 
     def any_before(self, _job_id: int) -> bool:
         """Whether the last listing (of ``--all``) left older jobs out."""

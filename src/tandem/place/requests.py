@@ -495,12 +495,14 @@ def read_jobs(request: p.ReadJobs, d: Parts, peer: Peer) -> Handled:
         last=request.last,
         before=request.before,
         group=request.group,
+        changed_since=request.changed_since,
     )
     if request.group is not None:  # a group's name says nothing of whose: the asker's of it
         jobs = [j for j in jobs if peer.may_act_on(j.owner)]
     older = bool(jobs) and request.last is not None and d.state.any_before(jobs[0].id)
     rows = [_row(j if peer.may_act_on(j.owner) else _unseen(j)) for j in jobs]
-    return p.JobRows(rows, [], _shares_of(d, peer), older), NOTHING
+    counts = d.state.counts() if request.counts else {}
+    return p.JobRows(rows, [], _shares_of(d, peer), older, counts), NOTHING
 
 
 def _row(job: Job) -> dict[str, Any]:

@@ -101,6 +101,19 @@ def record_json(record: Any) -> dict[str, Any]:
     return out
 
 
+@functools.cache  # a listing names each owner of thousands of jobs
+def user_name(uid: int | None) -> str:
+    """A job owner's login name (its uid where the host has none; ``-``: no owner kept)."""
+    import pwd
+
+    if uid is None:
+        return "-"
+    try:
+        return pwd.getpwuid(uid).pw_name
+    except KeyError:
+        return str(uid)
+
+
 def job_json(job: Job, now: float | None = None) -> dict[str, Any]:
     """A job as ``--json`` prints it: its shown fields (declared with the record) and what is
     worked out from them. Times are seconds since the epoch."""
@@ -121,6 +134,7 @@ def job_json(job: Job, now: float | None = None) -> dict[str, Any]:
         "placement": _placement(last),
         "wait_s": wait_seconds(job, now),
         "run_s": run_seconds(job, now),
+        "user": None if job.owner is None else user_name(job.owner),  # its owner's login name
     }
 
 

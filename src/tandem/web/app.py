@@ -39,10 +39,11 @@ from starlette.responses import JSONResponse as _JSONResponse
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
-from tandem.place import STATES, StateError, json_safe
+from tandem.place import STATES, StateError, json_safe, user_name
 from tandem.web.access import LOOPBACK_HOSTS, Access, Sessions
 from tandem.web.data import MAX_ID, NotFound, Reader, energy_of, logged_by_the_job, run_of
 from tandem.web.live import MAX_STREAMS, Streams, events
+from tandem.web.remote import RemoteReader
 
 STATIC = Path(__file__).parent / "static"
 
@@ -79,6 +80,8 @@ class Daemon:
                 )
             except DaemonError as exc:
                 self._status, self.why_not = None, str(exc)
+            for user in (self._status or {}).get("users") or []:  # a system manager's, by name
+                user["name"] = user_name(user["uid"])
         return self._status
 
     def cancel(self, job_id: int) -> dict[str, Any]:
@@ -124,16 +127,18 @@ def build(
     hosts: frozenset[str] | None = None,
     max_streams: int = MAX_STREAMS,
     port: int = 80,
+    remote: Path | None = None,
 ) -> Any:
     """The ASGI application for ``state_dir`` (``sessions``: who is logged in, or one fixed
     session token, for a script's or a test's own server; ``hosts``: the Host names to
     accept; ``max_streams``: open event streams at most, the oldest closed first; ``port``:
-    the server's, which a Host header must name: 80, http's default, may go unnamed)."""
+    the server's, which a Host header must name: 80, http's default, may go unnamed;
+    ``remote``: the socket of the host's system manager, whose state is read through it)."""
     if isinstance(sessions, str):
         sessions = Sessions.of_token(sessions)
 
     streams = Streams(max_streams)
-    reader = Reader(state_dir, mlflow_db)
+    reader = Reader(state_dir, mlflow_db) if remote is None else RemoteReader(remote, mlflow_db)
     daemon = Daemon(state_dir)
 
     def index(request: Request) -> FileResponse:
@@ -248,7 +253,8 @@ def build(
 
         name = request.path_params["name"]
         page = reader.jobs(group=name, limit=1000)
-        sweep = group_report(reader.state, name, reader.mlflow_db)
+        # Its report reads the manager's file, a system manager's root's: not there.
+        sweep = None if reader.remote else group_report(reader.state, name, reader.mlflow_db)
         return JSONResponse(
             {
                 "group": name,

@@ -34,6 +34,8 @@ class NotFound(LookupError):
 class Reader:
     """Reads of one state directory (and its MLflow store, where it is a SQLite file)."""
 
+    remote = False  # its file read here (a system manager's, through its socket: tandem.web.remote)
+
     def __init__(self, state_dir: Path, mlflow_db: Path | None) -> None:
         self.state_dir = state_dir
         self.mlflow_db = mlflow_db

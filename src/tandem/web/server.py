@@ -10,6 +10,7 @@ page (:func:`tandem.web.access.login_file`), by its path.
 from __future__ import annotations
 
 import contextlib
+import os
 import socket
 import sys
 import webbrowser
@@ -43,6 +44,22 @@ def mlflow_db(state_dir: Path) -> Path | None:
     from tandem.watch.stores.mlflow_store import sqlite_path
 
     return sqlite_path(manager_store(state_dir))
+
+
+def _system_manager() -> tuple[Path, Path | None] | None:
+    """``(socket, MLflow file)`` of the host's system manager where one answers (every user's
+    dashboard shows its queue: :mod:`tandem.web.remote`), with this user's runs' store (root's:
+    the manager's own); None: this user's own daemon's dashboard."""
+    from tandem.dirs import system_paths
+    from tandem.place import system_manager, system_user_store
+    from tandem.watch.stores.mlflow_store import sqlite_path
+
+    socket = system_manager()
+    if socket is None:
+        return None
+    if os.getuid() == 0:
+        return socket, mlflow_db(system_paths()[0])
+    return socket, sqlite_path(system_user_store(os.getuid()))
 
 
 def bind(host: str, port: int) -> socket.socket:
@@ -79,8 +96,14 @@ def serve(
     with contextlib.suppress(OSError):  # an earlier tandem's lasting token: no longer used
         (login.parent / "token").unlink()
     sessions = Sessions(lambda code: write_login_page(login, url, code))  # rotated at each start
-    app = build(state_dir, mlflow_db(state_dir), sessions, host_names(host), max_streams, port=port)
-    print(f"tandem dashboard of {state_dir}: {url}", flush=True)
+    system = _system_manager()
+    if system is None:
+        app = build(state_dir, mlflow_db(state_dir), sessions, host_names(host), max_streams, port=port)
+        print(f"tandem dashboard of {state_dir}: {url}", flush=True)
+    else:  # the host's queue, as this user may see it; their runs in their store
+        socket, runs = system
+        app = build(socket.parent, runs, sessions, host_names(host), max_streams, port=port, remote=socket)
+        print(f"tandem dashboard of the host's system manager (socket {socket}): {url}", flush=True)
     print(
         f"  log in: open {login.as_uri()} in a browser (a one-time login, renewed after each use; "
         "from another machine, the URL in it); Ctrl-C to stop",

@@ -199,6 +199,17 @@ const JOB_COLUMNS = [
   ["why / how it ended", (j) => j.reason || j.cause_line || j.cause || ""],
   ["command", (j) => j.command.join(" "), "cmd"],
 ];
+// A system manager's page: whose each job is (others' come without what they run), and the
+// host's users by fair share (the least recent use first: whose job goes next).
+const USER_COLUMN = ["user", (j) => j.user || "-"];
+function withUsers(columns, status) { return status && status.users && status.users.length ? [columns[0], USER_COLUMN, ...columns.slice(1)] : columns; }
+function usersBox(status) {
+  if (!status || !status.users || !status.users.length) return el("div", { id: "users" });
+  const head = el("tr", {}, ["user", "running", "waiting", "cores held", "GPU memory held", "recent use"].map((c) => el("th", {}, c)));
+  const rows = status.users.map((u) => el("tr", { "data-user": u.name }, el("td", {}, u.name), el("td", {}, u.running), el("td", {}, u.waiting),
+    el("td", {}, u.cores.toFixed(1)), el("td", {}, size(u.gpu_mem || null)), el("td", {}, `${dur(u.use)} of the host`)));
+  return el("div", { id: "users" }, el("h2", {}, "users, by fair share (the first goes next)"), el("table", { id: "users-table" }, el("thead", {}, head), el("tbody", {}, rows)));
+}
 const QUEUE_COLUMNS = [["job", jobLink], ["state", (j) => stateCell(j.state)], ["waits for", (j) => j.reason || "-"],
   ["cores", (j) => j.request.cpus], ["RAM", (j) => size(j.request.mem_bytes || null)], ["command", (j) => j.command.join(" "), "cmd"]];
 
@@ -216,8 +227,8 @@ async function overview() {
     const q = [...waiting.values()].sort((a, b) => a.id - b.id);
     sections.counts.replaceWith(sections.counts = countsBox(counts));
     sections.queueHead.textContent = `queue (${counts.queued || 0} queued, ${counts.retrying || 0} retrying)`;
-    sections.queue.replaceWith(sections.queue = q.length ? jobsTable(q, QUEUE_COLUMNS, "queue") : el("p", { id: "queue", class: "dim" }, "nobody waits"));
-    sections.jobs.replaceWith(sections.jobs = jobsTable(sorted, JOB_COLUMNS, "jobs"));
+    sections.queue.replaceWith(sections.queue = q.length ? jobsTable(q, withUsers(QUEUE_COLUMNS, status), "queue") : el("p", { id: "queue", class: "dim" }, "nobody waits"));
+    sections.jobs.replaceWith(sections.jobs = jobsTable(sorted, withUsers(JOB_COLUMNS, status), "jobs"));
   };
   const select = el("select", { id: "state-filter", onchange: (e) => { location.hash = e.target.value ? `#/?state=${e.target.value}` : "#/"; } },
     el("option", { value: "" }, "all states"), STATES.map((s) => el("option", { value: s, selected: s === filter }, s)));
@@ -229,13 +240,14 @@ async function overview() {
   more.disabled = !older;
   sections.counts = el("div"); sections.queue = el("div"); sections.jobs = el("div"); sections.queueHead = el("h2", { id: "queue-head" });
   sections.cards = cards(status, gpus.why_not);
+  sections.users = usersBox(status);
   sections.timeline = timelineSvg(timeline, status ? status.capacity.gpus.length : 0);
   const shareRows = shares.shares.map((s) => el("tr", { "data-share": s.name }, el("td", {}, s.name), el("td", {}, `${s.source} ${s.ref}`),
     el("td", {}, s.outside_pid ? `served by a producer outside the manager (pid ${s.outside_pid})`
       : s.producer_pid ? `pid ${s.producer_pid}, ${s.cpus} cores` : s.error ? el("span", { class: "error" }, s.error) : "not running"),
     el("td", {}, s.jobs.length), el("td", {}, s.live ? `${s.live.batches_per_s.toFixed(1)} batches/s, blocked ${s.live.blocked_s.toFixed(1)} s, ${s.live.consumers.length} consumer(s)` : "-")));
   view.replaceChildren(
-    sections.counts, el("h2", {}, "machine"), sections.cards,
+    sections.counts, el("h2", {}, "machine"), sections.cards, sections.users,
     el("h2", {}, "timeline (up to the last hour)"), sections.timeline,
     sections.queueHead, sections.queue,
     el("h2", {}, "jobs"), el("div", { class: "toolbar" }, select, more), sections.jobs,
@@ -252,7 +264,10 @@ async function overview() {
       render();
       if (!refresh) refresh = setTimeout(async () => { refresh = null; const t = await api("/api/timeline"); sections.timeline.replaceWith(sections.timeline = timelineSvg(t, status ? status.capacity.gpus.length : 0)); }, 1000);
     },
-    status: (d) => { status = d.daemon; sections.cards.replaceWith(sections.cards = cards(status, d.why_not)); },
+    status: (d) => {
+      status = d.daemon; sections.cards.replaceWith(sections.cards = cards(status, d.why_not));
+      sections.users.replaceWith(sections.users = usersBox(status));
+    },
   });
   connect({ since });
 }
@@ -378,7 +393,8 @@ async function groupPage(name) {
   const lines = runs.map((j) => ({ label: `job ${j.id}`, path: `/api/jobs/${j.id}/metrics` }));
   const draw = async () => { if (pick.value) await drawRuns(plotBox, pick.value, lines, "time", 900, 260); };
   view.replaceChildren(el("h2", {}, `group ${name}: ${data.jobs.length} job(s)`),
-    sweepTable(data.report), selectionsTable(data.selections),
+    data.report ? sweepTable(data.report) : el("p", { class: "dim", id: "sweep" }, "its sweep's table: tandem report group:NAME on the command line"),
+    selectionsTable(data.selections),
     el("h2", {}, "metrics over time"), el("div", { class: "toolbar" }, pick), plotBox);
   await draw();
   let pending = null;
