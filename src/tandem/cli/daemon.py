@@ -307,9 +307,12 @@ def _config(options: dict[str, Any]) -> DaemonConfig:
 @click.option("--timeout", type=float, default=30.0, show_default=True)
 def daemon_stop(timeout: float) -> None:
     """Stop the daemon. Running jobs go on; the next daemon adopts them."""
-    from tandem.place import daemon_pid, helper_pid, is_running, open_runs, state_dir
+    from tandem.dirs import system_paths
+    from tandem.place import daemon_pid, helper_pid, is_running, open_runs, state_dir, system_manager
 
-    directory = state_dir()
+    # The host's system manager where one serves (every command goes to it): its own folder,
+    # where its pid is (only root may stop it, and read that).
+    directory = system_paths()[0] if system_manager() is not None and os.geteuid() == 0 else state_dir()
     if not daemon_call(is_running, directory):
         click.echo(f"no daemon serves {directory}", err=True)
         return
