@@ -237,8 +237,13 @@ class Daemon:
             if self.config.backend == "ray" and not self.config.address and not self.attempts.active:
                 ray_head.stop(self.state.dir)  # no attempt runs under the daemon's own head
             for tracker in self.trackers.all() if self.trackers is not None else []:
-                tracker.poke()  # what is left to write is written (a helper started if none runs)
-                tracker.stop()  # and then it ends
+                try:
+                    tracker.poke()  # what is left to write is written (a helper started if none runs)
+                    tracker.stop()  # and then it ends
+                except Exception:
+                    if tracker.owner is None:
+                        raise
+                    log.exception("user %d's MLflow helper not told to stop", tracker.owner[0])
 
     def _before_stop(self) -> None:
         """As it stops: idle producers (lingering for a next job) are stopped, which no daemon
@@ -410,7 +415,7 @@ class Daemon:
             try:
                 tracker.poke()
                 answers = tracker.take_results()
-            except OSError as exc:
+            except Exception as exc:
                 if tracker.owner is None:
                     raise
                 # A user's folder as they changed it fails them alone, never the manager's pass.

@@ -138,7 +138,9 @@ class Producers:
             share=share.name,
             group=full.group or share.name,
         )
-        job_id = self.state.add_producer(spec, gpus, clock.now(), producer_key(share.name), owner=full.owner)
+        # It runs as the share's definer (a system manager's user), whoever's job asked for it.
+        owner = share.owner if share.owner is not None else full.owner
+        job_id = self.state.add_producer(spec, gpus, clock.now(), producer_key(share.name), owner=owner)
         self._moved = True
         self.state.event(
             job_id,

@@ -14,7 +14,9 @@ tagged ``tandem.pruned``. Its share group's producer sees a reader leave, as at 
 from __future__ import annotations
 
 import logging
+import os
 import sqlite3
+import time
 from collections import defaultdict
 from pathlib import Path
 from urllib.parse import unquote
@@ -24,7 +26,7 @@ from tandem.place.attempts import Attempts
 from tandem.place.model import RUNNING, prune_rule
 from tandem.place.prune import Report, decide
 from tandem.place.records import Job
-from tandem.place.run.metrics.as_user import acting_as
+from tandem.place.run.metrics.as_user import Owner, acting_as, open_theirs
 from tandem.place.run.metrics.users import Trackers
 from tandem.place.state import State
 
@@ -54,22 +56,44 @@ def why_not(uri: str | None) -> str | None:
     return None
 
 
-def read_reports(db: Path, metric: str, runs: dict[str, int]) -> dict[int, list[Report]]:
-    """Each trial's reports of ``metric``, by job id (``runs``: its run id's job)."""
+READ_S = 1.0  # a read of a store that takes longer is given up (and tried at the next pass)
+
+
+def read_reports(
+    db: Path, metric: str, runs: dict[str, int], owner: Owner | None = None
+) -> dict[int, list[Report]]:
+    """Each trial's reports of ``metric``, by job id (``runs``: its run id's job). ``owner``:
+    a system manager's user's store, theirs to change: opened as them, a plain file of theirs
+    only (never a link or a pipe), read as it is once opened (SQLite's ``immutable``: no other
+    file of theirs opened after it)."""
     if not runs or not db.exists():
         return {}
     marks = ",".join("?" * len(runs))
-    conn = sqlite3.connect(f"{db.resolve().as_uri()}?mode=ro", uri=True, timeout=0.2)
+    fd = None
+    if owner is not None:
+        with acting_as(owner):
+            fd = open_theirs(db, os.O_RDONLY, owner)
+        uri = f"file:/proc/self/fd/{fd}?mode=ro&immutable=1"
+    else:
+        uri = f"{db.resolve().as_uri()}?mode=ro"
     try:
-        rows = conn.execute(
-            f"SELECT run_uuid, step, value, timestamp FROM metrics WHERE key = ? AND run_uuid IN ({marks})",
-            (metric, *runs),
-        ).fetchall()
+        conn = sqlite3.connect(uri, uri=True, timeout=0.2)
+        deadline = time.monotonic() + READ_S
+        conn.set_progress_handler(lambda: int(time.monotonic() > deadline), 10_000)  # nonzero: stop it
+        query = (
+            f"SELECT run_uuid, step, value, timestamp FROM metrics WHERE key = ? AND run_uuid IN ({marks})"
+        )
+        try:
+            rows = conn.execute(query, (metric, *runs)).fetchall()
+        finally:
+            conn.close()
     finally:
-        conn.close()
+        if fd is not None:
+            os.close(fd)
     out: dict[int, list[Report]] = defaultdict(list)
     for run_id, step, value, at in rows:
-        out[runs[run_id]].append(Report(int(step), float(value), int(at)))
+        if run_id in runs and all(isinstance(v, (int, float)) for v in (step, value, at)):
+            out[runs[run_id]].append(Report(int(step), float(value), int(at)))
     return out
 
 
@@ -124,12 +148,10 @@ class Pruner:
                     continue
                 runs = {j.mlflow_run_id: j.id for j in trials if j.mlflow_run_id}
                 try:
-                    with acting_as(tracker.owner if tracker is not None else None):
-                        reports = read_reports(db, rule.metric, runs)
-                except (
-                    sqlite3.Error,
-                    OSError,
-                ) as exc:  # a writer holds it (or it is not MLflow's yet): next pass
+                    reports = read_reports(
+                        db, rule.metric, runs, tracker.owner if tracker is not None else None
+                    )
+                except (sqlite3.Error, OSError) as exc:  # a writer holds it (or not MLflow's yet): next pass
                     log.debug(
                         "pruning %s by %s %s: the MLflow store not read: %s", group, method, metric, exc
                     )

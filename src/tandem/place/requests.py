@@ -188,7 +188,9 @@ def _checked(d: Parts, spec: JobSpec, peer: Peer) -> tuple[JobSpec, int] | p.Fai
     # What it would reserve as it starts (tandem.place.decide, as each pass decides it).
     need = d.admission.decisions(()).reserve(Job(**{**spec.to_dict(), "gpus": gpus}))
     share = d.state.share(spec.share) if spec.share else None
-    if share is not None and not peer.may_act_on(share.owner):
+    # A share's producer runs as its definer: its jobs are theirs alone (root's and an admin's
+    # jobs too would read, and run, what another user defined).
+    if share is not None and share.owner not in (None, peer.uid):
         return _refused(
             f"--share {spec.share}: that shared dataset is another user's; define one of your own"
         )
@@ -366,7 +368,7 @@ def define_share(request: p.DefineShare, d: Parts, peer: Peer) -> Handled:
     if d.config.system and (spec.select or spec.selection):
         return _refused(_NOT_YET_UNDER_SYSTEM), NOTHING
     known = d.state.share(spec.name)
-    if known is not None and not peer.may_act_on(known.owner):
+    if known is not None and known.owner not in (None, peer.uid):
         return _refused(f"share {spec.name!r} is another user's: choose another name"), NOTHING
     job = request.select_job
     if job is not None:
@@ -516,9 +518,15 @@ def _row(job: Job) -> dict[str, Any]:
 def _unseen(job: Job) -> Job:
     """Another user's job as a user sees it: its owner, state, times and resources; not what
     it runs, where, with what parameters, its names or its output's lines."""
-    attempts = [dataclasses.replace(a, cause_line=None) for a in job.attempts]
+    # Its causes and its pruning's words hold its lines and its metric's values; its run, where.
+    attempts = [dataclasses.replace(a, cause=None, cause_line=None, mlflow_run_id=None) for a in job.attempts]
     return dataclasses.replace(
         job,
+        cause=None,
+        pruned=None,
+        prune=None,
+        metric=None,
+        mlflow_run_id=None,
         command=[],
         cwd="",
         env={},

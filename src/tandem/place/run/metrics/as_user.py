@@ -12,7 +12,9 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import errno
 import os
+import platform
 import shutil
 import stat
 from collections.abc import Iterator
@@ -23,16 +25,30 @@ AS_ROOT: Owner = (0, 0)  # back to root's own, within a block as a user
 
 _libc = ctypes.CDLL(None, use_errno=True)
 _NEW = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+# setgroups(2) as a system call: the kernel sets one thread's groups (glibc's setgroups would
+# set every thread's). Root's groups are left out while acting as a user: their files only.
+_SYS_SETGROUPS = {"x86_64": 116, "aarch64": 159}.get(platform.machine())
+
+
+def _set_groups(groups: list[int]) -> bool:
+    if _SYS_SETGROUPS is None:
+        return False
+    array = (ctypes.c_uint * max(1, len(groups)))(*groups)
+    return _libc.syscall(_SYS_SETGROUPS, ctypes.c_size_t(len(groups)), array) == 0
 
 
 @contextlib.contextmanager
 def acting_as(owner: Owner | None) -> Iterator[None]:
-    """The block's file operations in this thread checked as ``owner``'s (None: as this
-    process's own). PermissionError where the identity cannot be taken (not root)."""
+    """The block's file operations in this thread checked as ``owner``'s, with their group
+    and none of root's supplementary ones (None: as this process's own). PermissionError
+    where the identity cannot be taken (not root, or a machine whose call is not known here)."""
     if owner is None:
         yield
         return
     uid, gid = owner
+    groups = os.getgroups()
+    if not _set_groups([]):
+        raise PermissionError(f"cannot act as user {uid}: this thread's groups cannot be set here")
     # Each call returns the identity before it; one that fails changes nothing (and returns it).
     old_gid = _libc.setfsgid(gid)
     old_uid = _libc.setfsuid(uid)
@@ -43,6 +59,25 @@ def acting_as(owner: Owner | None) -> Iterator[None]:
     finally:
         _libc.setfsuid(old_uid)
         _libc.setfsgid(old_gid)
+        _set_groups(groups)
+
+
+def open_theirs(path: Path, flags: int, owner: Owner | None = None, mode: int = 0o600) -> int:
+    """``path`` opened (a descriptor) never through a link, never waiting on a pipe, a plain
+    file only (of ``owner``'s, where given): what a user put in their folder cannot stall or
+    redirect root's reads and writes there. OSError otherwise."""
+    fd = os.open(path, flags | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, mode)
+    st = os.fstat(fd)
+    if not stat.S_ISREG(st.st_mode) or (owner is not None and st.st_uid != owner[0]):
+        os.close(fd)
+        raise OSError(errno.EPERM, "not a plain file of theirs", str(path))
+    os.set_blocking(fd, True)
+    return fd
+
+
+def touch_theirs(path: Path, owner: Owner | None) -> None:
+    """``path`` made (or left) as an empty marker, through :func:`open_theirs`."""
+    os.close(open_theirs(path, os.O_WRONLY | os.O_CREAT, owner))
 
 
 def _root_folder(path: Path) -> Path:

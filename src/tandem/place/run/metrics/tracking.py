@@ -32,6 +32,7 @@ SQLite store in the state directory (:func:`manager_store` says which, for ``tan
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import logging
 import os
@@ -46,7 +47,15 @@ from typing import Any
 from tandem._safepath import module_command
 from tandem.place.model import PRODUCER_ROLE, param_value
 from tandem.place.run.metrics import tracking_ends as ends
-from tandem.place.run.metrics.as_user import AS_ROOT, Owner, acting_as, copy_over, hand_over
+from tandem.place.run.metrics.as_user import (
+    AS_ROOT,
+    Owner,
+    acting_as,
+    copy_over,
+    hand_over,
+    open_theirs,
+    touch_theirs,
+)
 from tandem.place.run.metrics.tracking_ends import STOPPED
 from tandem.place.run.supervisor.files import (
     DaemonFile,
@@ -194,6 +203,7 @@ class Tracker:
         self.uri = absolute_uri(uri)  # as the helper (same working directory) and every job see it
         self.experiment = experiment
         self.owner, self.handed = owner, handed
+        self._dirs: dict[str, Path] = {}  # a user's open runs' attempt folders, by key (root's record)
         self.proc: subprocess.Popen | None = None
         self._next_start = 0.0
         self._running = False
@@ -218,6 +228,7 @@ class Tracker:
         """An attempt started (:func:`run_started`), its spool ``spool`` (in its folder)."""
         if self.owner is not None and self.handed is not None:
             hand_over(spool, self.handed / f"{key}.jsonl", self.owner)
+            self._dirs[key] = spool.parent
         with acting_as(self.owner):
             run_started(self.state_dir, key, name, tags, spool, started, job_id, attempt, params)
 
@@ -271,8 +282,9 @@ class Tracker:
         if adir is not None and load(adir, RunRef) is None and (made.run_id or made.error):
             ref = RunRef(self.uri, made.run_id or "", self.experiment, made.error)
             tell_job(adir / "metrics.jsonl", ref)
-        if made.final and self.handed is not None and made.job_id is not None:
-            key = run_key(made.job_id, made.attempt or 0)
+        if made.final and self.handed is not None and made.job_id is not None and made.attempt is not None:
+            key = run_key(made.job_id, made.attempt)  # ints (take_results): a name of root's making
+            self._dirs.pop(key, None)
             (self.handed / f"{key}.jsonl").unlink(missing_ok=True)
             # Theirs now (rmtree follows no link in it).
             shutil.rmtree(self.handed / f"{key}.artifacts", ignore_errors=True)
@@ -305,7 +317,10 @@ class Tracker:
             return  # a helper from before (the last daemon's) serves the queue until it ends
         if (pending or self._warm) and self.proc is None and time.monotonic() >= self._next_start:
             self._warm = False
-            with open(self.state_dir / "tracking.log", "ab") as out:
+            log_fd = open_theirs(
+                self.state_dir / "tracking.log", os.O_WRONLY | os.O_APPEND | os.O_CREAT, self.owner
+            )
+            with os.fdopen(log_fd, "ab") as out:
                 python, env = _helper_python(self.owner is not None)
                 argv = module_command(
                     "tandem.place.run.metrics.tracking_helper", str(self.state_dir), self.uri, python=python
@@ -347,7 +362,10 @@ class Tracker:
             start = read_record(queued(q, key, RunStart), RunStart)
             if start is None or queued(q, key, RunOpen).exists():
                 continue
-            waiting.append(Path(start.spool))
+            if self.owner is None:
+                waiting.append(Path(start.spool))
+            elif key in self._dirs:  # a user's queue names no folder of root's: its own record does
+                waiting.append(self._dirs[key] / "metrics.jsonl")
         with acting_as(None if self.owner is None else AS_ROOT):
             for spool in waiting:
                 tell_job(spool, RunRef(error=why))
@@ -359,7 +377,7 @@ class Tracker:
         with acting_as(self.owner):
             q = queue_dir(self.state_dir)
             if q.is_dir():
-                (q / STOPPED).touch()
+                touch_theirs(q / STOPPED, self.owner)
 
     def take_results(self) -> list[RunMade]:
         """Take the helper's answers (each run it made: job, attempt, run id), oldest first:
@@ -368,13 +386,34 @@ class Tracker:
         q = queue_dir(self.state_dir)
         out: list[RunMade] = []
         with acting_as(self.owner):
-            for key in queued_keys(q, RunMade):
+            for key in queued_keys(q, RunMade)[:MAX_TAKEN]:
                 path = queued(q, key, RunMade)
                 made = read_record(path, RunMade)
+                if self.owner is not None:  # a user's helper's, theirs to write: taken as they are
+                    made = _checked(made)
+                    path.unlink(missing_ok=True)
                 if made is not None:
                     out.append(made)
                     path.unlink(missing_ok=True)
         return out
+
+
+MAX_TAKEN = 1000  # a user's helper's answers taken in one pass at most
+
+
+def _checked(made: RunMade | None) -> RunMade | None:
+    """A user's helper's answer as the daemon may use it: a job and attempt by number, a run
+    id and an error as short text; None where it is not one."""
+    if made is None:
+        return None
+    numbers = (made.job_id, made.attempt)
+    if not all(isinstance(n, int) and not isinstance(n, bool) and n > 0 for n in numbers):
+        return None
+    texts = (made.run_id, made.error)
+    if not all(t is None or isinstance(t, str) for t in texts) or not isinstance(made.final, bool):
+        return None
+    run_id = made.run_id if made.run_id and made.run_id.isalnum() and len(made.run_id) <= 64 else None
+    return dataclasses.replace(made, run_id=run_id, error=made.error[:500] if made.error else None)
 
 
 def _helper_python(as_user: bool) -> tuple[str | None, dict[str, str]]:

@@ -34,6 +34,7 @@ import psutil
 
 from tandem.place.identity import serving_daemon
 from tandem.place.model import mlflow_status
+from tandem.place.run.metrics.as_user import open_theirs
 from tandem.place.run.supervisor.files import (
     Result,
     RunClosed,
@@ -197,7 +198,8 @@ def helper_serves(state_dir: Path) -> bool:
     """Does a helper of ``state_dir`` run (by the pid file it keeps while it runs, and its
     command line: a helper killed leaves the file, and its pid may be another's by now)?"""
     try:
-        proc = psutil.Process(int((state_dir / "track" / "helper.pid").read_text()))
+        with os.fdopen(open_theirs(state_dir / "track" / "helper.pid", os.O_RDONLY), "rb") as f:
+            proc = psutil.Process(int(f.read(32)))
         cmdline = proc.cmdline()
         return (
             proc.status() != psutil.STATUS_ZOMBIE

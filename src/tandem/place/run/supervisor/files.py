@@ -53,7 +53,7 @@ ORPHAN_GRACE_S = 2.0  # the time its job has to stop then
 # (tandem.place.run.metrics.tracking, as them), where they could put either.
 _NEW = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
 _READ = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
-MAX_RECORD = 16 << 20  # bytes: a record is far smaller; a larger file is none
+MAX_RECORD = 1 << 20  # bytes: a record is far smaller; a larger file is none
 
 
 def write_json(path: Path, data: dict[str, Any]) -> None:
@@ -75,7 +75,7 @@ def read_json(path: Path) -> dict[str, Any] | None:
             if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
                 return None
             data = json.loads(f.read(MAX_RECORD + 1))
-    except (OSError, ValueError):
+    except (OSError, ValueError, RecursionError):  # absent, partial; or made to be no record
         return None
     return data if isinstance(data, dict) else None
 

@@ -1,0 +1,77 @@
+"""What a system manager (root) reads of its users' own folders (their MLflow queues and
+stores): never through a link, never waiting on a pipe, never a record made to be none (a
+nesting bomb), and their helper's answers only as numbers and short text."""
+
+from __future__ import annotations
+
+import json
+import os
+import sqlite3
+from pathlib import Path
+
+import pytest
+
+from tandem.place.pruning import read_reports
+from tandem.place.run.metrics.as_user import open_theirs
+from tandem.place.run.metrics.tracking import _checked
+from tandem.place.run.supervisor.files import RunMade, read_json
+
+
+def test_a_record_is_read_from_a_plain_file_only(tmp_path: Path) -> None:
+    (tmp_path / "ok.json").write_text(json.dumps({"a": 1}))
+    assert read_json(tmp_path / "ok.json") == {"a": 1}
+    os.mkfifo(tmp_path / "pipe.json")  # an open of it for reading would wait for a writer
+    assert read_json(tmp_path / "pipe.json") is None
+    (tmp_path / "secret").write_text(json.dumps({"a": "root's"}))
+    (tmp_path / "link.json").symlink_to(tmp_path / "secret")
+    assert read_json(tmp_path / "link.json") is None
+    (tmp_path / "bomb.json").write_text("[" * 100_000)
+    assert read_json(tmp_path / "bomb.json") is None
+    with pytest.raises(OSError, match="not a plain file"):
+        open_theirs(tmp_path / "pipe.json", os.O_RDONLY)
+    with pytest.raises(OSError):
+        open_theirs(tmp_path / "link.json", os.O_RDONLY)
+
+
+@pytest.mark.parametrize(
+    "made",
+    [
+        RunMade(3, "1.artifacts/../../../x", True, run_id="abc"),  # type: ignore[arg-type]
+        RunMade(True, 1, True, run_id="abc"),
+        RunMade(3, 1, "yes", run_id="abc"),  # type: ignore[arg-type]
+        RunMade(3, 1, True, run_id=["a"]),  # type: ignore[arg-type]
+        RunMade(-3, 1, True, run_id="abc"),
+    ],
+)
+def test_a_users_helper_answer_that_is_not_numbers_and_text_is_none(made: RunMade) -> None:
+    assert _checked(made) is None
+
+
+def test_a_users_helper_answer_keeps_a_run_id_and_a_short_error() -> None:
+    made = _checked(RunMade(3, 1, False, run_id="0123abcd", error="x" * 10_000))
+    assert made is not None and made.run_id == "0123abcd" and made.error == "x" * 500
+    odd = _checked(RunMade(3, 1, False, run_id="../../etc"))
+    assert odd is not None and odd.run_id is None
+
+
+@pytest.mark.skipif(os.getuid() != 0, reason="reading as a user is a system manager's (root's)")
+def test_a_users_store_made_a_pipe_or_made_to_run_forever_is_given_up(tmp_path: Path) -> None:
+    db = tmp_path / "mlflow.db"
+    with sqlite3.connect(db) as conn:
+        conn.execute("CREATE TABLE metrics (run_uuid, key, step, value, timestamp)")
+        conn.execute("INSERT INTO metrics VALUES ('r1', 'loss', 1, 0.5, 10), ('r1', 'loss', 'x', NULL, 11)")
+    me = (os.getuid(), os.getgid())
+    assert read_reports(db, "loss", {"r1": 7}, owner=me)[7][0].value == 0.5  # the odd row left out
+    with sqlite3.connect(db) as conn:
+        conn.execute("DROP TABLE metrics")
+        conn.execute(
+            "CREATE VIEW metrics AS WITH RECURSIVE r(n) AS (SELECT 1 UNION ALL SELECT n + 1 FROM r) "
+            "SELECT 'r1' AS run_uuid, 'loss' AS key, n AS step, 1.0 AS value, 1 AS timestamp "
+            "FROM r WHERE n < 0"
+        )
+    with pytest.raises(sqlite3.OperationalError, match="interrupted"):
+        read_reports(db, "loss", {"r1": 7}, owner=me)
+    db.unlink()
+    os.mkfifo(db)
+    with pytest.raises(OSError, match="not a plain file"):
+        read_reports(db, "loss", {"r1": 7}, owner=me)
