@@ -234,11 +234,11 @@ def share_serve_spec(spec_file: Path) -> None:
     else SPEC_FILE's."""
     import logging
 
-    from tandem.place.producers import SPEC_ENV
+    from tandem.place import SHARE_SPEC_ENV
 
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s %(levelname)s: %(message)s")
     # Not passed on to its loader workers, nor to anything they start.
-    given = os.environ.pop(SPEC_ENV, None)
+    given = os.environ.pop(SHARE_SPEC_ENV, None)
     try:
         spec = ShareSpec.from_json(given if given is not None else spec_file.read_text())
     except OSError as exc:

@@ -63,7 +63,9 @@ if TYPE_CHECKING:  # the same names as _FACE, for type checkers (the house test 
         FINAL_STATES,
         JOB_ROLE,
         MAX_PRIORITY,
+        PRODUCER_ROLE,
         PRUNED,
+        RUNNING,
         STATES,
         SUCCEEDED,
         WAITING_STATES,
@@ -80,6 +82,7 @@ if TYPE_CHECKING:  # the same names as _FACE, for type checkers (the house test 
     from tandem.place.outside import report as outside_report
     from tandem.place.paths import cluster_trouble
     from tandem.place.policies import POLICIES, Limits
+    from tandem.place.producers import SPEC_ENV as SHARE_SPEC_ENV
     from tandem.place.producers import error as producer_error
     from tandem.place.producers import status as producer_status
     from tandem.place.protocol import Cancel, Status, Stop
@@ -149,6 +152,8 @@ _FACE: dict[str, str] = {
     "CANCELLED": "model:CANCELLED",
     "DONE_STATES": "model:DONE_STATES",
     "PRUNED": "model:PRUNED",
+    "PRODUCER_ROLE": "model:PRODUCER_ROLE",
+    "RUNNING": "model:RUNNING",
     "FINAL_STATES": "model:FINAL_STATES",
     "JOB_ROLE": "model:JOB_ROLE",
     "JobSpec": "model:JobSpec",
@@ -170,6 +175,7 @@ _FACE: dict[str, str] = {
     "POLICIES": "policies:POLICIES",
     "producer_error": "producers:error",
     "producer_status": "producers:status",
+    "SHARE_SPEC_ENV": "producers:SPEC_ENV",
     "Cancel": "protocol:Cancel",
     "Status": "protocol:Status",
     "Stop": "protocol:Stop",

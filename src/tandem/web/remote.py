@@ -17,8 +17,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from tandem.place import WAITING_STATES, DaemonError, RemoteState, job_json
-from tandem.place.model import PRODUCER_ROLE, RUNNING
+from tandem.place import PRODUCER_ROLE, RUNNING, WAITING_STATES, DaemonError, RemoteState, job_json
 from tandem.web.data import LOG_CHUNK, PAGE, NotFound, Reader
 
 
