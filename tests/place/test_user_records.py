@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import sqlite3
+import time
 from pathlib import Path
 
 import pytest
@@ -75,3 +76,19 @@ def test_a_users_store_made_a_pipe_or_made_to_run_forever_is_given_up(tmp_path: 
     os.mkfifo(db)
     with pytest.raises(OSError, match="not a plain file"):
         read_reports(db, "loss", {"r1": 7}, owner=me)
+
+
+def test_what_was_handed_to_a_user_and_never_taken_goes_after_a_week(tmp_path: Path) -> None:
+    from tandem.place.run.metrics.tracking import KEEP_HANDED_S, _sweep
+
+    old, new = tmp_path / "3-1.jsonl", tmp_path / "4-1.jsonl"
+    folder = tmp_path / "3-1.artifacts"
+    folder.mkdir()
+    (folder / "output.log").write_text("x")
+    for path in (old, new):
+        path.write_text("{}\n")
+    week_ago = time.time() - KEEP_HANDED_S - 60
+    for path in (old, folder):
+        os.utime(path, (week_ago, week_ago))
+    _sweep(tmp_path)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["4-1.jsonl"]

@@ -204,6 +204,7 @@ class Tracker:
         self.experiment = experiment
         self.owner, self.handed = owner, handed
         self._dirs: dict[str, Path] = {}  # a user's open runs' attempt folders, by key (root's record)
+        self._next_sweep = 0.0
         self.proc: subprocess.Popen | None = None
         self._next_start = 0.0
         self._running = False
@@ -263,13 +264,14 @@ class Tracker:
         ended: float | None,
     ) -> None:
         if self.owner is not None and self.handed is not None:
-            # Its log and artifacts (its summary, which the spool names) as they are now, theirs.
+            # Its log and artifacts (its summary, which the spool names) as they are now, theirs;
+            # the folder root's (their helper lists it, adds nothing to it).
             folder = self.handed / f"{key}.artifacts"
             shutil.rmtree(folder, ignore_errors=True)
             folder.mkdir(mode=0o700)
             for path in [log_file, *sorted((log_file.parent / "artifacts").glob("*"))]:
                 copy_over(path, folder / path.name, self.owner)
-            os.chown(folder, *self.owner)  # root writes no more in it
+            os.chmod(folder, 0o755)
         with acting_as(self.owner):
             run_ended(self.state_dir, key, status, tags, summary, log_file, ended)
 
@@ -292,6 +294,9 @@ class Tracker:
     def poke(self) -> None:
         if self.why_not:
             return
+        if self.handed is not None and time.monotonic() >= self._next_sweep:
+            self._next_sweep = time.monotonic() + SWEEP_EVERY_S
+            _sweep(self.handed)
         with acting_as(self.owner):
             self._poke()
 
@@ -399,6 +404,24 @@ class Tracker:
 
 
 MAX_TAKEN = 1000  # a user's helper's answers taken in one pass at most
+# What was handed to a user for a run their helper never closed goes after a week (their
+# helper could not start, say), looked for hourly: it does not pile up in root's folder.
+KEEP_HANDED_S, SWEEP_EVERY_S = 7 * 86400.0, 3600.0
+
+
+def _sweep(handed: Path) -> None:
+    """What ``handed`` (root's folder of a user's) holds from over :data:`KEEP_HANDED_S` ago."""
+    now = time.time()
+    for entry in handed.iterdir():
+        try:
+            if now - entry.lstat().st_mtime < KEEP_HANDED_S:
+                continue
+            if entry.is_dir() and not entry.is_symlink():
+                shutil.rmtree(entry, ignore_errors=True)
+            else:
+                entry.unlink(missing_ok=True)
+        except OSError:
+            continue
 
 
 def _checked(made: RunMade | None) -> RunMade | None:
