@@ -21,6 +21,7 @@ import pytest
 
 from tandem.place.reads import StateReader
 from tests.other_user import OtherUser, two_users  # noqa: F401 (the fixture)
+from tests.place.test_daemon import DATASET
 from tests.timing import scaled, until
 
 # Busy (a core) until the test says go (once all 8 jobs are queued: the first ones hold the
@@ -226,7 +227,7 @@ def test_another_users_requests_are_refused_whatever_the_request_says(
         follower.wait()
 
 
-DATASET = "import torch\n\ndef make():\n    return [torch.tensor([float(i)]) for i in range(64)]\n"
+# Its reader says who it ran as, and who its producer runs as.
 READER = (
     "import os, sys\n"
     "from tandem.share import Consumer\n"

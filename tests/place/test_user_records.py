@@ -13,9 +13,8 @@ from pathlib import Path
 import pytest
 
 from tandem.place.pruning import read_reports
-from tandem.place.run.metrics.as_user import open_theirs
 from tandem.place.run.metrics.tracking import _checked
-from tandem.place.run.supervisor.files import RunMade, read_json
+from tandem.place.run.supervisor.files import RunMade, open_plain, read_json
 
 
 def test_a_record_is_read_from_a_plain_file_only(tmp_path: Path) -> None:
@@ -29,9 +28,9 @@ def test_a_record_is_read_from_a_plain_file_only(tmp_path: Path) -> None:
     (tmp_path / "bomb.json").write_text("[" * 100_000)
     assert read_json(tmp_path / "bomb.json") is None
     with pytest.raises(OSError, match="not a plain file"):
-        open_theirs(tmp_path / "pipe.json", os.O_RDONLY)
+        open_plain(tmp_path / "pipe.json", os.O_RDONLY)
     with pytest.raises(OSError):
-        open_theirs(tmp_path / "link.json", os.O_RDONLY)
+        open_plain(tmp_path / "link.json", os.O_RDONLY)
 
 
 @pytest.mark.parametrize(

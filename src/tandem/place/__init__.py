@@ -87,7 +87,7 @@ if TYPE_CHECKING:  # the same names as _FACE, for type checkers (the house test 
     from tandem.place.producers import status as producer_status
     from tandem.place.protocol import Cancel, Status, Stop
     from tandem.place.reads import StateReads, log_looks
-    from tandem.place.records import Job
+    from tandem.place.records import Attempt, Job, Share
     from tandem.place.remote import RemoteState
     from tandem.place.resources import Cap
     from tandem.place.run.metrics.tracking import helper_pid, manager_store
@@ -182,7 +182,9 @@ _FACE: dict[str, str] = {
     "protocol": "protocol",
     "StateReads": "reads:StateReads",
     "log_looks": "reads:log_looks",
+    "Attempt": "records:Attempt",
     "Job": "records:Job",
+    "Share": "records:Share",
     "RemoteState": "remote:RemoteState",
     "Cap": "resources:Cap",
     "helper_pid": "run.metrics.tracking:helper_pid",

@@ -26,8 +26,9 @@ from tandem.place.attempts import Attempts
 from tandem.place.model import RUNNING, prune_rule
 from tandem.place.prune import Report, decide
 from tandem.place.records import Job
-from tandem.place.run.metrics.as_user import Owner, acting_as, open_theirs
+from tandem.place.run.metrics.as_user import Owner, acting_as
 from tandem.place.run.metrics.users import Trackers
+from tandem.place.run.supervisor.files import open_plain
 from tandem.place.state import State
 
 log = logging.getLogger(__name__)
@@ -72,7 +73,7 @@ def read_reports(
     fd = None
     if owner is not None:
         with acting_as(owner):
-            fd = open_theirs(db, os.O_RDONLY, owner)
+            fd = open_plain(db, os.O_RDONLY, owner[0])
         uri = f"file:/proc/self/fd/{fd}?mode=ro&immutable=1"
     else:
         uri = f"{db.resolve().as_uri()}?mode=ro"

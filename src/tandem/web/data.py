@@ -17,7 +17,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from tandem.place import WAITING_STATES, StateReader, job_json, producer_status
+from tandem.place import WAITING_STATES, Attempt, Share, StateReader, job_json, producer_status
 
 MAX_POINTS = 2000  # a metric series is downsampled to at most this many points
 LOG_CHUNK = 64 << 10  # a log read returns at most this many bytes
@@ -120,24 +120,7 @@ class Reader:
 
     def timeline(self, window_s: float = 3600.0) -> list[dict[str, Any]]:
         """The attempts that ran in the last ``window_s`` s: where (GPUs) and when."""
-        out = []
-        for a in self.state.attempts_since(time.time() - window_s):
-            p = a.placement
-            out.append(
-                {
-                    "job_id": a.job_id,
-                    "n": a.n,
-                    "state": a.state,
-                    "started": a.started,
-                    "ended": a.ended,
-                    "gpus": list(p.gpus),
-                    "gpu_mem_bytes": p.gpu_mem,
-                    "cause": a.cause,
-                    "peak_gpu_mem_bytes": a.peak_gpu_mem,
-                    "peak_mem_bytes": a.peak_mem,
-                }
-            )
-        return out
+        return [attempt_span(a) for a in self.state.attempts_since(time.time() - window_s)]
 
     def shares(self) -> list[dict[str, Any]]:
         out = []
@@ -147,19 +130,16 @@ class Reader:
             # ended as not needed, never named as its producer (tandem.place.outside).
             outside = producer.outside
             out.append(
-                {
-                    "name": share.name,
-                    "source": share.spec.source,
-                    "ref": share.spec.ref,
-                    "batch_size": share.spec.batch_size,
-                    "producer_job": None if outside else producer.job,
-                    "outside_pid": outside,
-                    "producer_pid": producer.pid,
-                    "cpus": producer.cpus,
-                    "started": producer.started,
-                    "error": producer.error,
-                    "jobs": self.state.share_users(share.name),
-                }
+                share_row(
+                    share,
+                    producer_job=None if outside else producer.job,
+                    outside_pid=outside,
+                    producer_pid=producer.pid,
+                    cpus=producer.cpus,
+                    started=producer.started,
+                    error=producer.error,
+                    jobs=self.state.share_users(share.name),
+                )
             )
         return out
 
@@ -272,6 +252,37 @@ class Reader:
             rows = _buckets(db, "step", run_id, key, after_ms, s0, s1, max_points)
             out[key], axis[key] = [[s, v] for s, v in rows], "step"
         return out, axis
+
+
+def attempt_span(a: Attempt) -> dict[str, Any]:
+    """An attempt on the timeline: where (GPUs) and when, and what it held."""
+    p = a.placement
+    return {
+        "job_id": a.job_id,
+        "n": a.n,
+        "state": a.state,
+        "started": a.started,
+        "ended": a.ended,
+        "gpus": list(p.gpus),
+        "gpu_mem_bytes": p.gpu_mem,
+        "cause": a.cause,
+        "peak_gpu_mem_bytes": a.peak_gpu_mem,
+        "peak_mem_bytes": a.peak_mem,
+    }
+
+
+def share_row(share: Share, **producer: Any) -> dict[str, Any]:
+    """A share group as the page lists it: its data, and its producer now (``producer``:
+    ``producer_job``, ``outside_pid``, ``producer_pid``, ``cpus``, ``started``, ``error``,
+    ``jobs``)."""
+    spec = share.spec
+    return {
+        "name": share.name,
+        "source": spec.source,
+        "ref": spec.ref,
+        "batch_size": spec.batch_size,
+        **producer,
+    }
 
 
 def _spans(

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from tandem.place import PRODUCER_ROLE, RUNNING, WAITING_STATES, DaemonError, RemoteState, job_json
-from tandem.web.data import LOG_CHUNK, PAGE, NotFound, Reader
+from tandem.web.data import LOG_CHUNK, PAGE, NotFound, Reader, attempt_span, share_row
 
 
 class RemoteReader(Reader):
@@ -69,27 +69,12 @@ class RemoteReader(Reader):
         since = time.time() - window_s
         jobs = {j.id: j for j in self.state.jobs((RUNNING,), attempts=True)}
         jobs.update({j.id: j for j in self.state.jobs(attempts=True, changed_since=since)})
-        out = []
-        for job in sorted(jobs.values(), key=lambda j: j.id):
-            for a in job.attempts:
-                if a.started is None or (a.ended is not None and a.ended < since):
-                    continue
-                p = a.placement
-                out.append(
-                    {
-                        "job_id": job.id,
-                        "n": a.n,
-                        "state": a.state,
-                        "started": a.started,
-                        "ended": a.ended,
-                        "gpus": list(p.gpus),
-                        "gpu_mem_bytes": p.gpu_mem,
-                        "cause": a.cause,
-                        "peak_gpu_mem_bytes": a.peak_gpu_mem,
-                        "peak_mem_bytes": a.peak_mem,
-                    }
-                )
-        return out
+        return [
+            attempt_span(a)
+            for job in sorted(jobs.values(), key=lambda j: j.id)
+            for a in job.attempts
+            if a.started is not None and (a.ended is None or a.ended >= since)
+        ]
 
     def shares(self) -> list[dict[str, Any]]:
         """This user's share groups, with their producers now (their running producer jobs)."""
@@ -99,19 +84,16 @@ class RemoteReader(Reader):
         for share in self.state.shares():
             producer = running.get(share.name)
             out.append(
-                {
-                    "name": share.name,
-                    "source": share.spec.source,
-                    "ref": share.spec.ref,
-                    "batch_size": share.spec.batch_size,
-                    "producer_job": producer.id if producer is not None else None,
-                    "outside_pid": None,
-                    "producer_pid": None,
-                    "cpus": producer.cpus if producer is not None else None,
-                    "started": producer.started if producer is not None else None,
-                    "error": None,
-                    "jobs": [],
-                }
+                share_row(
+                    share,
+                    producer_job=producer.id if producer is not None else None,
+                    outside_pid=None,
+                    producer_pid=None,
+                    cpus=producer.cpus if producer is not None else None,
+                    started=producer.started if producer is not None else None,
+                    error=None,
+                    jobs=[],
+                )
             )
         return out
 

@@ -79,7 +79,7 @@ class SpoolStore:
         self._append({"artifact": str(keep)})
 
     def close(self, status: str, end_ms: int | None = None) -> None:
-        self._append({"close": status})  # its end is the daemon's to say (run_ended)
+        self._append({"close": status})  # its end is the daemon's to say (Tracker.ended)
 
     def flush(self) -> bool:
         """Write what is held; whether nothing is held any more."""

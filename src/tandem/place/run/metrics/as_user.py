@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
-import errno
 import os
 import platform
 import shutil
@@ -20,11 +19,12 @@ import stat
 from collections.abc import Iterator
 from pathlib import Path
 
+from tandem.place.run.supervisor.files import NEW_FILE, open_plain
+
 Owner = tuple[int, int]  # (uid, gid): a system manager's user, as their jobs run
 AS_ROOT: Owner = (0, 0)  # back to root's own, within a block as a user
 
 _libc = ctypes.CDLL(None, use_errno=True)
-_NEW = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
 # setgroups(2) as a system call: the kernel sets one thread's groups (glibc's setgroups would
 # set every thread's). Root's groups are left out while acting as a user: their files only.
 _SYS_SETGROUPS = {"x86_64": 116, "aarch64": 159}.get(platform.machine())
@@ -62,22 +62,10 @@ def acting_as(owner: Owner | None) -> Iterator[None]:
         _set_groups(groups)
 
 
-def open_theirs(path: Path, flags: int, owner: Owner | None = None, mode: int = 0o600) -> int:
-    """``path`` opened (a descriptor) never through a link, never waiting on a pipe, a plain
-    file only (of ``owner``'s, where given): what a user put in their folder cannot stall or
-    redirect root's reads and writes there. OSError otherwise."""
-    fd = os.open(path, flags | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, mode)
-    st = os.fstat(fd)
-    if not stat.S_ISREG(st.st_mode) or (owner is not None and st.st_uid != owner[0]):
-        os.close(fd)
-        raise OSError(errno.EPERM, "not a plain file of theirs", str(path))
-    os.set_blocking(fd, True)
-    return fd
-
-
 def touch_theirs(path: Path, owner: Owner | None) -> None:
-    """``path`` made (or left) as an empty marker, through :func:`open_theirs`."""
-    os.close(open_theirs(path, os.O_WRONLY | os.O_CREAT, owner))
+    """``path`` made (or left) as an empty marker, through :func:`~tandem.place.run.supervisor.
+    files.open_plain` (of ``owner``'s, where given)."""
+    os.close(open_plain(path, os.O_WRONLY | os.O_CREAT, None if owner is None else owner[0]))
 
 
 def _root_folder(path: Path) -> Path:
@@ -130,6 +118,6 @@ def copy_over(path: Path, handed: Path, owner: Owner) -> None:
     handed.unlink(missing_ok=True)
     if not path.is_file():
         return
-    with open(path, "rb") as src, os.fdopen(os.open(handed, _NEW, 0o600), "wb") as dst:
+    with open(path, "rb") as src, os.fdopen(os.open(handed, NEW_FILE, 0o600), "wb") as dst:
         os.fchown(dst.fileno(), *owner)
         shutil.copyfileobj(src, dst)

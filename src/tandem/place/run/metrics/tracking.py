@@ -53,7 +53,6 @@ from tandem.place.run.metrics.as_user import (
     acting_as,
     copy_over,
     hand_over,
-    open_theirs,
     touch_theirs,
 )
 from tandem.place.run.metrics.tracking_ends import STOPPED
@@ -66,6 +65,7 @@ from tandem.place.run.supervisor.files import (
     RunStart,
     disk_trouble,
     load,
+    open_plain,
     queued,
     queued_keys,
     read_record,
@@ -118,52 +118,6 @@ def attempt_tags(job: Any, n: int, where: str, mps: bool, selection: str | None)
     if selection and not producer:
         tags["tandem.selection"] = selection
     return tags
-
-
-def run_started(
-    state_dir: Path,
-    key: str,
-    name: str,
-    tags: dict[str, Any],
-    spool: Path,
-    started: float,
-    job_id: int | None = None,
-    attempt: int | None = None,
-    params: dict[str, Any] | None = None,
-) -> None:
-    """The daemon: an attempt (or a share's producer: no job) started; open its run (with the
-    job's sweep point, ``params``, as the run's MLflow params)."""
-    record = RunStart(
-        name=name,
-        spool=str(spool),
-        started=started,
-        job_id=job_id,
-        attempt=attempt,
-        tags={k: str(v) for k, v in tags.items()},
-        params={k: param_value(v) for k, v in (params or {}).items()},
-    )
-    _put(state_dir, key, record)
-
-
-def run_ended(
-    state_dir: Path,
-    key: str,
-    status: str,
-    tags: dict[str, Any],
-    summary: dict[str, float | None],
-    log_file: Path,
-    ended: float | None = None,
-) -> None:
-    """The daemon: the attempt ended (at ``ended``, seconds since the epoch); close its run,
-    with that end, once its spool is forwarded."""
-    record = RunEnd(
-        status=status,
-        tags={k: str(v) for k, v in tags.items()},
-        log_file=str(log_file),
-        summary={k: v for k, v in summary.items() if v is not None},
-        ended=ended,
-    )
-    _put(state_dir, key, record)
 
 
 def daemon_tracker(state_dir: Path, store: str | None) -> Tracker:
@@ -226,12 +180,23 @@ class Tracker:
         attempt: int | None = None,
         params: dict[str, Any] | None = None,
     ) -> None:
-        """An attempt started (:func:`run_started`), its spool ``spool`` (in its folder)."""
+        """The daemon: an attempt (or a share's producer: no job) started, its spool ``spool``
+        (in its folder); its run is opened (with the job's sweep point, ``params``, as the run's
+        MLflow params)."""
+        record = RunStart(
+            name=name,
+            spool=str(spool),
+            started=started,
+            job_id=job_id,
+            attempt=attempt,
+            tags={k: str(v) for k, v in tags.items()},
+            params={k: param_value(v) for k, v in (params or {}).items()},
+        )
         if self.owner is not None and self.handed is not None:
             hand_over(spool, self.handed / f"{key}.jsonl", self.owner)
             self._dirs[key] = spool.parent
         with acting_as(self.owner):
-            run_started(self.state_dir, key, name, tags, spool, started, job_id, attempt, params)
+            _put(self.state_dir, key, record)
 
     def ended(
         self,
@@ -242,11 +207,22 @@ class Tracker:
         log_file: Path,
         ended: float | None = None,
     ) -> None:
-        """The attempt ended (:func:`run_ended`), its output in ``log_file``. A user's folder
-        that refuses it (as they changed it) leaves their run open, saying so; a disk that
-        refuses it raises (the attempt's end is written again)."""
+        """The daemon: the attempt ended (at ``ended``, seconds since the epoch), its output in
+        ``log_file``; its run is closed with that end once its spool is forwarded. A user's
+        folder that refuses it (as they changed it) leaves their run open, saying so; a disk
+        that refuses it raises (the attempt's end is written again)."""
+        record = RunEnd(
+            status=status,
+            tags={k: str(v) for k, v in tags.items()},
+            log_file=str(log_file),
+            summary={k: v for k, v in summary.items() if v is not None},
+            ended=ended,
+        )
         try:
-            self._ended(key, status, tags, summary, log_file, ended)
+            if self.owner is not None and self.handed is not None:
+                self._hand_end(key, log_file)
+            with acting_as(self.owner):
+                _put(self.state_dir, key, record)
         except OSError as exc:
             if self.owner is None or disk_trouble(exc):
                 raise
@@ -254,26 +230,16 @@ class Tracker:
                 "user %d: run %s not closed: their MLflow folder refused it: %s", self.owner[0], key, exc
             )
 
-    def _ended(
-        self,
-        key: str,
-        status: str,
-        tags: dict[str, Any],
-        summary: dict[str, float | None],
-        log_file: Path,
-        ended: float | None,
-    ) -> None:
-        if self.owner is not None and self.handed is not None:
-            # Its log and artifacts (its summary, which the spool names) as they are now, theirs;
-            # the folder root's (their helper lists it, adds nothing to it).
-            folder = self.handed / f"{key}.artifacts"
-            shutil.rmtree(folder, ignore_errors=True)
-            folder.mkdir(mode=0o700)
-            for path in [log_file, *sorted((log_file.parent / "artifacts").glob("*"))]:
-                copy_over(path, folder / path.name, self.owner)
-            os.chmod(folder, 0o755)
-        with acting_as(self.owner):
-            run_ended(self.state_dir, key, status, tags, summary, log_file, ended)
+    def _hand_end(self, key: str, log_file: Path) -> None:
+        """A user's attempt's log and artifacts (its summary, which the spool names) as they are
+        now, theirs, in a folder of root's (their helper lists it, adds nothing to it)."""
+        assert self.owner is not None and self.handed is not None
+        folder = self.handed / f"{key}.artifacts"
+        shutil.rmtree(folder, ignore_errors=True)
+        folder.mkdir(mode=0o700)
+        for path in [log_file, *sorted((log_file.parent / "artifacts").glob("*"))]:
+            copy_over(path, folder / path.name, self.owner)
+        os.chmod(folder, 0o755)
 
     def relay(self, adir: Path | None, made: RunMade) -> None:
         """A user's helper's answer for the attempt of folder ``adir`` (None: not running
@@ -322,9 +288,9 @@ class Tracker:
             return  # a helper from before (the last daemon's) serves the queue until it ends
         if (pending or self._warm) and self.proc is None and time.monotonic() >= self._next_start:
             self._warm = False
-            log_fd = open_theirs(
-                self.state_dir / "tracking.log", os.O_WRONLY | os.O_APPEND | os.O_CREAT, self.owner
-            )
+            appended = os.O_WRONLY | os.O_APPEND | os.O_CREAT
+            uid = None if self.owner is None else self.owner[0]
+            log_fd = open_plain(self.state_dir / "tracking.log", appended, uid)
             with os.fdopen(log_fd, "ab") as out:
                 python, env = _helper_python(self.owner is not None)
                 argv = module_command(

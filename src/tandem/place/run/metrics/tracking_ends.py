@@ -34,7 +34,6 @@ import psutil
 
 from tandem.place.identity import serving_daemon
 from tandem.place.model import mlflow_status
-from tandem.place.run.metrics.as_user import open_theirs
 from tandem.place.run.supervisor.files import (
     Result,
     RunClosed,
@@ -43,6 +42,7 @@ from tandem.place.run.supervisor.files import (
     ShimInfo,
     Usage,
     load,
+    open_plain,
     queued,
     queued_keys,
     read_record,
@@ -198,7 +198,7 @@ def helper_serves(state_dir: Path) -> bool:
     """Does a helper of ``state_dir`` run (by the pid file it keeps while it runs, and its
     command line: a helper killed leaves the file, and its pid may be another's by now)?"""
     try:
-        with os.fdopen(open_theirs(state_dir / "track" / "helper.pid", os.O_RDONLY), "rb") as f:
+        with os.fdopen(open_plain(state_dir / "track" / "helper.pid", os.O_RDONLY), "rb") as f:
             proc = psutil.Process(int(f.read(32)))
         cmdline = proc.cmdline()
         return (

@@ -51,9 +51,23 @@ ORPHAN_GRACE_S = 2.0  # the time its job has to stop then
 # A record is made anew, never through a link or into a pipe, and read only from a plain file:
 # a system manager (root) writes and reads its users' MLflow queues in their own folders
 # (tandem.place.run.metrics.tracking, as them), where they could put either.
-_NEW = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
-_READ = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+NEW_FILE = (
+    os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+)  # made anew, never through a link
 MAX_RECORD = 1 << 20  # bytes: a record is far smaller; a larger file is none
+
+
+def open_plain(path: Path, flags: int, uid: int | None = None, mode: int = 0o600) -> int:
+    """``path`` opened (a descriptor) never through a link, never waiting on a pipe, a plain
+    file only (of user ``uid``'s, where given): what a user put in a folder of theirs cannot
+    stall or redirect root's reads and writes there. OSError otherwise."""
+    fd = os.open(path, flags | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, mode)
+    st = os.fstat(fd)
+    if not stat.S_ISREG(st.st_mode) or (uid is not None and st.st_uid != uid):
+        os.close(fd)
+        raise OSError(errno.EPERM, "not a plain file of theirs", str(path))
+    os.set_blocking(fd, True)
+    return fd
 
 
 def write_json(path: Path, data: dict[str, Any]) -> None:
@@ -61,7 +75,7 @@ def write_json(path: Path, data: dict[str, Any]) -> None:
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     try:
         tmp.unlink(missing_ok=True)  # left by an earlier process of this pid
-        with os.fdopen(os.open(tmp, _NEW, 0o666), "w") as f:
+        with os.fdopen(os.open(tmp, NEW_FILE, 0o666), "w") as f:
             f.write(json.dumps(data))
         os.replace(tmp, path)
     except BaseException:
@@ -71,9 +85,7 @@ def write_json(path: Path, data: dict[str, Any]) -> None:
 
 def read_json(path: Path) -> dict[str, Any] | None:
     try:
-        with os.fdopen(os.open(path, _READ), "rb") as f:
-            if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
-                return None
+        with os.fdopen(open_plain(path, os.O_RDONLY), "rb") as f:
             data = json.loads(f.read(MAX_RECORD + 1))
     except (OSError, ValueError, RecursionError):  # absent, partial; or made to be no record
         return None
