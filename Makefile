@@ -1,19 +1,23 @@
 # tandem: developer and demo entry points. `make demo` and `make test` work on a fresh machine
 # (Python 3.11, pip, make; no GPU). Torch is pinned here (TORCH_PIN) to one tested version,
 # installed before tandem so that pip keeps it; the library itself only asks for torch>=2.2.
+# MLflow is pinned likewise (MLFLOW_PIN): tandem writes the SQLite stores of the MLflow versions
+# whose schema it was tested against directly (tandem.watch.stores.sqlite_writer), and its tests
+# check that it does, so a new MLflow is taken on deliberately, not by a release on PyPI.
 PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 TORCH_PIN ?= torch==2.13.0
+MLFLOW_PIN ?= mlflow==3.18.0
 STAMP := $(VENV)/.installed
 
 .PHONY: setup bytecode demo test lint docs bench-share clean
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml Makefile
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
 	$(BIN)/python -m pip install -q "$(TORCH_PIN)"
-	$(BIN)/python -m pip install -q -e ".[all,ray,dev,docs]"
+	$(BIN)/python -m pip install -q -e ".[all,ray,dev,docs]" "$(MLFLOW_PIN)"
 	touch $(STAMP)
 
 setup: $(STAMP)

@@ -47,11 +47,15 @@ print("done")
 
 
 def _ended_run(client, run_id: str):  # type: ignore[no-untyped-def]
-    """The run once the manager's helper has closed it (it forwards every 2 s)."""
+    """The run once the manager's helper has closed it (it forwards every 2 s). Its summary
+    is looked for too: MLflow's ``get_run`` reads a run's metrics and its tags in separate
+    SQLite statements, not one snapshot, so a read between them can see the helper's closing
+    tags (written last) without the summary (written just before)."""
     deadline = time.monotonic() + scaled(60)
     while True:
         run = client.get_run(run_id)
-        if run.info.status != "RUNNING" and "tandem.state" in run.data.tags:
+        closed = run.info.status != "RUNNING" and "tandem.state" in run.data.tags
+        if closed and "summary/run_s" in run.data.metrics:
             return run
         assert time.monotonic() < deadline, f"run {run_id} still {run.info.status}"
         time.sleep(0.2)
