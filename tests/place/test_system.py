@@ -260,9 +260,14 @@ def test_a_share_group_is_served_by_a_producer_run_as_its_definer(
     assert defined.returncode == 0 and "defined 'toy'" in defined.stdout, defined.stderr
     ids = []
     for _ in range(2):
-        done = _tandem(a, system, "submit", "--share", "toy", "--cpus", "0.5", "--", a.python, "reader.py")
+        submit = ["submit", "--share", "toy", "--group", "sweep", "--cpus", "0.5", "--"]
+        done = _tandem(a, system, *submit, a.python, "reader.py")
         assert done.returncode == 0, done.stderr
         ids.append(int(done.stdout))
+    # A group of the same name of the other user's: theirs, not a part of the first's sweep.
+    done = _tandem(b, system, "submit", "--group", "sweep", "--cpus", "0.5", "--", b.python, "-c", "pass")
+    assert done.returncode == 0, done.stderr
+    theirs_id = int(done.stdout)
     # The other user: not their share, to read or to define again.
     theirs = _tandem(b, system, "submit", "--share", "toy", "--", b.python, "-c", "pass")
     assert theirs.returncode == 2 and "another user's" in theirs.stderr, theirs.stderr
@@ -277,6 +282,15 @@ def test_a_share_group_is_served_by_a_producer_run_as_its_definer(
     # A whole epoch each, as their user, from one producer run as its definer.
     assert [(w[1], w[5], w[9]) for w in said] == [("64", str(a.uid), str(a.uid))] * 2, logs
     assert said[0][3] == said[1][3], "one producer fed both"
+    # Each user's `tandem report group:sweep` is their own sweep's table, read through the
+    # manager (its state is root's) and from their own store.
+    assert _tandem(b, system, "wait", str(theirs_id)).returncode == 0
+    for user, jobs in ((a, ids), (b, [theirs_id])):
+        report = _tandem(user, system, "report", "group:sweep", "--json")
+        assert report.returncode == 0, report.stderr
+        (sweep,) = json.loads(report.stdout)["groups"]
+        assert [r["id"] for r in sweep["jobs"]] == jobs, sweep
+        assert {r["state"] for r in sweep["jobs"]} == {"succeeded"}, sweep
     reader = StateReader(system / "state")
     try:
         (producer,) = [j for j in reader.jobs() if j.role == "producer" and j.share == "toy"]

@@ -98,8 +98,9 @@ def test_a_users_dashboard_shows_the_hosts_queue_by_user_and_theirs_in_full(
     two_users: tuple[OtherUser, OtherUser],  # noqa: F811
 ) -> None:
     a, b = two_users
-    mine = int(_tandem(a, system, "submit", "--name", "mine", "--", a.python, "-c", WORK).stdout)
-    theirs = int(_tandem(b, system, "submit", "--name", "secret-name", "--", b.python, "-c", WORK).stdout)
+    named = ("submit", "--group", "g", "--name")
+    mine = int(_tandem(a, system, *named, "mine", "--", a.python, "-c", WORK).stdout)
+    theirs = int(_tandem(b, system, *named, "secret-name", "--", b.python, "-c", WORK).stdout)
     for user, job in ((a, mine), (b, theirs)):
         assert _tandem(user, system, "wait", str(job)).returncode == 0
     page = Page(a, system)
@@ -124,6 +125,9 @@ def test_a_users_dashboard_shows_the_hosts_queue_by_user_and_theirs_in_full(
             "their run's metrics, from their store",
         )
         assert {t["job_id"] for t in page.get("/api/timeline")["attempts"]} >= {mine, theirs}
+        # A group of theirs: its report their own jobs of that name only, not the other's.
+        group = page.get("/api/groups/g")
+        assert [r["id"] for r in group["report"]["jobs"]] == [mine], group
         # The host's users by fair share, by name; the counts the host's.
         daemon = page.get("/api/gpus")["daemon"]
         assert {u["name"] for u in daemon["users"]} == {a.name, b.name}, daemon["users"]

@@ -14,18 +14,35 @@ from tandem.place import params_text
 
 
 def sweep_reports(refs: tuple[str, ...], metrics: tuple[str, ...], best: str | None) -> list[dict[str, Any]]:
-    """The report of each ``group:G`` among ``refs`` that is a group of the job manager."""
+    """The report of each ``group:G`` among ``refs`` that is a group of the job manager:
+    under the host's system manager, this user's group of that name, its jobs read through
+    the manager and their runs from this user's store; else their own daemon's."""
+    import os
+
     from tandem.dirs import state_dir_path
-    from tandem.place import StateReader, group_report, manager_store, state_dir
+    from tandem.place import (
+        RemoteState,
+        StateReader,
+        group_report,
+        manager_store,
+        state_dir,
+        system_manager,
+        system_user_store,
+    )
     from tandem.watch.stores.mlflow_store import sqlite_path
 
     groups = [r.removeprefix("group:") for r in refs if r.startswith("group:")]
-    if not groups or not state_dir_path().exists():
+    if not groups:
         return []
-    directory = state_dir()
-    state = StateReader(directory)
+    state: StateReader | RemoteState
+    if (socket := system_manager()) is not None:
+        state, runs_db = RemoteState(socket), sqlite_path(system_user_store(os.getuid()))
+    elif state_dir_path().exists():
+        directory = state_dir()
+        state, runs_db = StateReader(directory), sqlite_path(manager_store(directory))
+    else:
+        return []
     try:
-        runs_db = sqlite_path(manager_store(directory))
         found = (group_report(state, g, runs_db, metrics, best) for g in groups)
         return [r for r in found if r is not None]
     finally:

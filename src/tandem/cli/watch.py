@@ -427,7 +427,7 @@ def _stores() -> list[str]:
     stores = [absolute_uri(default_store_uri())]
     from tandem.place import system_manager, system_user_store
 
-    if system_manager() is not None and os.getuid() != 0:  # the host's manager's jobs: in a store of theirs
+    if system_manager() is not None:  # the host's manager's jobs: in a store of theirs (root's: its own)
         mine = system_user_store(os.getuid())
         return stores if mine in stores else [*stores, mine]
     if os.path.lexists(state_dir_path()):  # none made here; one it may not use is refused

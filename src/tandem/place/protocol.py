@@ -184,6 +184,10 @@ class ReadJobs:
     group: str | None = None  # of this group only, and the asker's own jobs of it
     changed_since: float | None = None  # only those whose row changed since (a live view's update)
     counts: bool = False  # and how many jobs are in each state (the host's, every user's)
+    shares: list[str] | None = None  # only those reading these shares, the asker's own of them
+    # and, under ``private``, the last succeeded job of each of these job keys that read no
+    # share (the asker's own): what a sweep's report compares sharing against
+    private_of: list[str] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -386,13 +390,14 @@ class JobRows:
     """Jobs as their rows hold them (:func:`tandem.place.schema.row_values`), each with its
     attempts' rows under ``attempts``; ``events`` of the one job asked by id; ``shares``: the
     asker's share rows; ``older``: a job older than the first is there (paging); ``counts``:
-    the jobs in each state, where asked."""
+    the jobs in each state, where asked; ``private``: the jobs of :attr:`ReadJobs.private_of`."""
 
     jobs: list[dict[str, Any]] = field(default_factory=list)
     events: list[dict[str, Any]] = field(default_factory=list)
     shares: list[dict[str, Any]] = field(default_factory=list)
     older: bool = False
     counts: dict[str, int] = field(default_factory=dict)  # where asked: jobs in each state
+    private: list[dict[str, Any]] = field(default_factory=list)  # where asked (private_of)
 
 
 @dataclass(frozen=True)

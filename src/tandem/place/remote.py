@@ -18,7 +18,8 @@ from tandem.place.schema import decode, decode_all
 
 
 class RemoteState:
-    """What ``ls``, ``show``, ``logs`` and ``wait`` read, asked of the manager at ``socket``."""
+    """What ``ls``, ``show``, ``logs``, ``wait``, a group's report and the dashboard read,
+    asked of the manager at ``socket``."""
 
     def __init__(self, socket: Path, timeout: float = 30.0) -> None:
         self.socket, self.timeout = socket, timeout
@@ -53,11 +54,28 @@ class RemoteState:
         last: int | None = None,
         before: int | None = None,
         group: str | None = None,
+        shares: tuple[str, ...] | None = None,
         changed_since: float | None = None,
     ) -> list[Job]:
-        """As :meth:`~tandem.place.reads.StateReads.jobs`; of a ``group``, this user's only."""
-        asked = protocol.ReadJobs(list(states or ()), last, before, group=group, changed_since=changed_since)
+        """As :meth:`~tandem.place.reads.StateReads.jobs`; of a ``group`` or ``shares``,
+        this user's only."""
+        asked = protocol.ReadJobs(
+            list(states or ()),
+            last,
+            before,
+            group=group,
+            changed_since=changed_since,
+            shares=None if shares is None else list(shares),
+        )
         return [self._job(dict(row)) for row in self._ask(asked).jobs]
+
+    def private_runs(self, job_keys: list[str]) -> dict[str, Job]:
+        """As :meth:`~tandem.place.reads.StateReads.private_runs`, of this user's jobs."""
+        if not job_keys:
+            return {}
+        reply = self._ask(protocol.ReadJobs(last=0, private_of=list(job_keys)))
+        found = [self._job(dict(row)) for row in reply.private]
+        return {job.job_key: job for job in found}
 
     def counts(self) -> dict[str, int]:
         """How many of the host's jobs are in each state."""

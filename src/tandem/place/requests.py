@@ -483,6 +483,9 @@ def not_started(request: p.NotStarted, d: Parts, peer: Peer) -> Handled:
 def read_jobs(request: p.ReadJobs, d: Parts, peer: Peer) -> Handled:
     """The state as ``peer`` may see it (a system manager's users may not read its file):
     their own jobs whole, others' without what they ran (:func:`_unseen`)."""
+    for names in (request.shares or [], request.private_of):
+        if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
+            raise p.ProtocolError("read-jobs: shares and private_of are lists of names")
     if request.job_id is not None:
         job = d.state.job(request.job_id)
         if job is None:
@@ -497,14 +500,24 @@ def read_jobs(request: p.ReadJobs, d: Parts, peer: Peer) -> Handled:
         last=request.last,
         before=request.before,
         group=request.group,
+        shares=None if request.shares is None else tuple(request.shares),
         changed_since=request.changed_since,
     )
-    if request.group is not None:  # a group's name says nothing of whose: the asker's of it
-        jobs = [j for j in jobs if peer.may_act_on(j.owner)]
+    if request.group is not None or request.shares is not None:
+        # A group's or a share's name says nothing of whose (each user names their own): the
+        # asker's of it, an admin's too, so that a sweep's report is never two users' sweeps.
+        jobs = [j for j in jobs if _own(j.owner, peer)]
     older = bool(jobs) and request.last is not None and d.state.any_before(jobs[0].id)
     rows = [_row(j if peer.may_act_on(j.owner) else _unseen(j)) for j in jobs]
     counts = d.state.counts() if request.counts else {}
-    return p.JobRows(rows, [], _shares_of(d, peer), older, counts), NOTHING
+    private = d.state.private_runs(request.private_of) if request.private_of else {}
+    private_rows = [_row(j) for j in private.values() if _own(j.owner, peer)]
+    return p.JobRows(rows, [], _shares_of(d, peer), older, counts, private_rows), NOTHING
+
+
+def _own(owner: int | None, peer: Peer) -> bool:
+    """Whether a job of ``owner`` is ``peer``'s own (one with none: the daemon's own user's)."""
+    return (owner if owner is not None else os.getuid()) == peer.uid
 
 
 def _row(job: Job) -> dict[str, Any]:

@@ -253,8 +253,9 @@ def build(
 
         name = request.path_params["name"]
         page = reader.jobs(group=name, limit=1000)
-        # Its report reads the manager's file, a system manager's root's: not there.
-        sweep = None if reader.remote else group_report(reader.state, name, reader.mlflow_db)
+        # A system manager's: its jobs read through the manager, their metrics from the
+        # store of the user who serves the page (reader.mlflow_db).
+        sweep = group_report(reader.state, name, reader.mlflow_db)
         return JSONResponse(
             {
                 "group": name,

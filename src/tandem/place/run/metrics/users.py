@@ -17,7 +17,7 @@ import pwd
 from pathlib import Path
 
 from tandem.place.run.metrics.as_user import Owner, user_folders
-from tandem.place.run.metrics.tracking import Tracker, queue_dir
+from tandem.place.run.metrics.tracking import Tracker, manager_store, queue_dir
 
 log = logging.getLogger(__name__)
 
@@ -29,9 +29,12 @@ def user_store(users: Path, uid: int) -> Path:
 
 def system_user_store(uid: int) -> str:
     """The URI of the MLflow store of the host's system manager's user ``uid`` (where their
-    jobs' runs are, for ``tandem report`` and ``mlflow ui``)."""
-    from tandem.dirs import system_users_dir
+    jobs' runs are, for ``tandem report`` and ``mlflow ui``): root's are the manager's own
+    (:meth:`Trackers.of`)."""
+    from tandem.dirs import system_paths, system_users_dir
 
+    if uid == 0:
+        return manager_store(system_paths()[0])
     return f"sqlite:///{user_store(system_users_dir(), uid)}"
 
 
