@@ -303,6 +303,12 @@ def recv_packet(sock: socket.socket, timeout: float | None = None) -> tuple[byte
     return data, fds
 
 
+def peer_uid(sock: socket.socket) -> int:
+    """The user at the other end of a connected Unix socket, as the kernel says (``SO_PEERCRED``)."""
+    size = struct.calcsize("3i")
+    return int(struct.unpack("3i", sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, size))[1])
+
+
 def peer_credentials(sock: socket.socket) -> tuple[int, int, int, tuple[int, ...]]:
     """Who is at the other end of a connected Unix socket, as the kernel says (``SO_PEERCRED``,
     taken when it connected): ``(pid, uid, gid, supplementary groups)``, the groups read from

@@ -85,6 +85,12 @@ def system_users_dir() -> Path:
     return SYSTEM_USERS_DIR
 
 
+def system_shares_dir() -> Path:
+    """The folder of the host's system manager's public shares (``<uid>/<name>.sock``: each
+    definer's producers listen in a folder of theirs, every user may reach): beside its socket."""
+    return system_paths()[1].parent / "shares"
+
+
 def system_paths() -> tuple[Path, Path]:
     """``(state directory, socket)`` of the host's system manager (neither made here)."""
     given = os.environ.get("TANDEM_SYSTEM_DIR")

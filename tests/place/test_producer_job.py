@@ -213,3 +213,15 @@ def test_the_producer_runs_the_interpreter_that_defined_its_share(inproc, tmp_pa
     h.submit("--share", "toy2", "--cpus", "0.5", "--", "true")
     (other,) = h.run_until(lambda: [p for p in _producers(h) if p["share"] == "toy2"], within=5)
     assert other["command"][0] == sys.executable
+
+
+def test_a_public_share_is_refused_by_a_users_own_daemon(
+    inproc: Any, tmp_path: Path, monkeypatch: Any
+) -> None:
+    """--public is for the host's system manager (other users' jobs): on a user's own daemon,
+    every job is theirs, and it is refused saying so; nothing is defined."""
+    h = _group(inproc, tmp_path, monkeypatch)
+    r = h.cli("share", "define", "pub", "--dataset", "pj_data:make", "--public", check=False)
+    assert r.returncode == 2 and "--public" in r.stderr and "system manager" in r.stderr, r
+    assert "Traceback" not in r.stderr
+    assert "pub" not in h.cli("share", "ls").stdout

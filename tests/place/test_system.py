@@ -299,6 +299,73 @@ def test_a_share_group_is_served_by_a_producer_run_as_its_definer(
         reader.close()
 
 
+GUEST_READER = (  # reads a whole epoch, then tries to write into the memory it read from
+    "import mmap, os\n"
+    "from tandem.share import Consumer\n"
+    "c = Consumer.from_env(batch_size=8)\n"
+    "n = sum(int(b.shape[0]) for b in c)\n"
+    "runs_as = os.stat(f'/proc/{c.producer_pid}').st_uid\n"
+    "checked = written = 0\n"
+    "for fd in os.listdir('/proc/self/fd'):\n"
+    "    try:\n"
+    "        if not os.readlink(f'/proc/self/fd/{fd}').startswith('/memfd:tandem:pub:'):\n"
+    "            continue\n"
+    "    except OSError:\n"
+    "        continue\n"
+    "    checked += 1\n"
+    "    for attempt in (lambda: os.open(f'/proc/self/fd/{fd}', os.O_RDWR),\n"
+    "                    lambda: mmap.mmap(int(fd), 4096, mmap.MAP_SHARED, mmap.PROT_WRITE)):\n"
+    "        try:\n"
+    "            attempt()\n"
+    "            written += 1\n"
+    "        except OSError:\n"
+    "            pass\n"
+    "print('read', n, 'as', os.getuid(), 'its producer as', runs_as, 'over', c.transport,\n"
+    "      'segments', checked, 'writable', written)\n"
+    "c.close()\n"
+)
+
+
+def test_a_public_share_serves_another_users_jobs_read_only(
+    system: Path,
+    two_users: tuple[OtherUser, OtherUser],  # noqa: F811
+) -> None:
+    """A share its definer marks public (`share define --public`) feeds the other user's jobs
+    too, from one producer run as its definer: they read a whole epoch as themselves, over
+    the socket, through descriptors they can neither write nor open again for writing."""
+    a, b = two_users
+    for user in (a, b):
+        for name, text in (("toy_data.py", DATASET), ("reader.py", GUEST_READER)):
+            (user.home / name).write_text(text)
+            os.chown(user.home / name, user.uid, user.gid)
+    define = ("share", "define", "pub", "--dataset", "toy_data.py:make", "--batch-size", "4", "--public")
+    defined = _tandem(a, system, *define)
+    assert defined.returncode == 0 and "defined 'pub'" in defined.stdout, defined.stderr
+    ids = {}
+    for user in (a, b):
+        done = _tandem(
+            user, system, "submit", "--share", "pub", "--cpus", "0.5", "--", user.python, "reader.py"
+        )
+        assert done.returncode == 0, done.stderr
+        ids[user.uid] = int(done.stdout)
+    said = {}
+    for user in (a, b):
+        waited = _tandem(user, system, "wait", str(ids[user.uid]))
+        out = _tandem(user, system, "logs", str(ids[user.uid])).stdout
+        assert waited.returncode == 0, (waited.stderr, out)
+        (said[user.uid],) = [line.split() for line in out.splitlines() if line.startswith("read ")]
+    # read N as UID its producer as UID over TRANSPORT segments K writable W
+    for user in (a, b):
+        words = said[user.uid]
+        assert (words[1], words[3], words[7]) == ("64", str(user.uid), str(a.uid)), words
+        assert int(words[11]) > 0, words  # it held the batches' memory it read
+    guest = said[b.uid]
+    assert guest[9] == "socket" and guest[13] == "0", guest  # read-only to the other user
+    # The other user may not take its name, nor remove it.
+    again = _tandem(b, system, "share", "define", "pub", "--dataset", "toy_data.py:make")
+    assert again.returncode == 2 and "another user's" in again.stderr, again.stderr
+
+
 LOGS_ITS_OWN = (  # MLflow takes MLFLOW_RUN_ID out of the environment as it resumes the run
     "import os\n"
     "print('run', os.environ.get('MLFLOW_RUN_ID'), 'store', os.environ.get('MLFLOW_TRACKING_URI'))\n"

@@ -268,7 +268,13 @@ def share_serve_spec(spec_file: Path) -> None:
     "cores, leaving room for a job].",
 )
 @click.option("--mem", callback=to_size, metavar="SIZE", help="RAM the producer reserves [default: none].")
-def share_define(cpus: float | None, mem: int | None, **options: Any) -> None:
+@click.option(
+    "--public",
+    is_flag=True,
+    help="Other users' jobs may read it too (the host's system manager only): from host memory, "
+    "read-only, its producer still run as you [default: your jobs only].",
+)
+def share_define(cpus: float | None, mem: int | None, public: bool, **options: Any) -> None:
     """Register NAME for the job manager: jobs submitted with --share NAME read it from one
     producer, started with the first such job and stopped after the last. Takes every
     option of tandem share serve. The reference is checked now (from its module's source
@@ -278,7 +284,7 @@ def share_define(cpus: float | None, mem: int | None, **options: Any) -> None:
 
     # Its producer runs this interpreter: the daemon may have been started from another
     # environment, which cannot import this dataset's module.
-    spec = spec_from(**options, cpus=cpus, mem=mem or 0, python=sys.executable).resolved()
+    spec = spec_from(**options, cpus=cpus, mem=mem or 0, python=sys.executable, public=public).resolved()
     directory = state_dir()
     # The daemon starts while the reference is checked: read from its module's source where
     # that settles it, else an import of the user's dataset module (torch: seconds, and the

@@ -28,6 +28,7 @@ import logging
 import os
 import re
 import signal
+import stat
 import sys
 import uuid
 from collections.abc import Iterable
@@ -81,6 +82,43 @@ FAILED_HOST_S = 300.0  # a host where a share's producer failed for good takes n
 
 def is_producer(job: Job) -> bool:
     return job.role == PRODUCER_ROLE
+
+
+def public_socket(share: Share, made: bool = False) -> Path:
+    """Where public ``share``'s producer listens: ``<system shares dir>/<definer's uid>/``, a
+    folder of the definer's (their producer makes its socket there) in one of root's that no
+    user may change, so a socket there is the definer's or none. ``made``: the folders made
+    (by the manager, root) where missing; one that is not what it should be is refused."""
+    from tandem.dirs import system_shares_dir
+
+    top = system_shares_dir()
+    folder = top / str(share.owner)
+    if made:
+        top.mkdir(mode=0o755, exist_ok=True)
+        top_st = os.lstat(top)
+        if not stat.S_ISDIR(top_st.st_mode) or top_st.st_uid != os.getuid():
+            raise RuntimeError(f"{top} is not a folder of the manager's: remove it and start the job again")
+        try:
+            folder.mkdir(mode=0o755)
+            assert share.owner is not None
+            os.chown(folder, share.owner, _primary_gid(share.owner))
+        except FileExistsError:
+            pass
+        st = os.lstat(folder)
+        if not stat.S_ISDIR(st.st_mode) or st.st_uid != share.owner:
+            raise RuntimeError(
+                f"{folder} is not user {share.owner}'s folder: remove it and start the job again"
+            )
+    return folder / f"{share.name}.sock"
+
+
+def _primary_gid(uid: int) -> int:
+    import pwd
+
+    try:
+        return pwd.getpwuid(uid).pw_gid
+    except KeyError:
+        return uid
 
 
 class Producers:
@@ -169,6 +207,8 @@ class Producers:
         # The jobs that will read it now, which start with it: it keeps its start for them.
         readers = self.state.jobs((*WAITING_STATES, RUNNING), shares=(share.name,))
         served = dataclasses.replace(served, readers=sum(not is_producer(j) for j in readers) or None)
+        if spec.public:  # where every user's jobs reach it (defined under a system manager only)
+            served = dataclasses.replace(served, listen=str(public_socket(share, made=True)))
         path = Path(job.command[job.command.index("serve-spec") + 1])  # as make() wrote it
         path.parent.mkdir(parents=True, exist_ok=True)
         write_json(path, dataclasses.asdict(served))

@@ -190,9 +190,10 @@ def _checked(d: Parts, spec: JobSpec, peer: Peer) -> tuple[JobSpec, int] | p.Fai
     share = d.state.share(spec.share) if spec.share else None
     # A share's producer runs as its definer: its jobs are theirs alone (root's and an admin's
     # jobs too would read, and run, what another user defined).
-    if share is not None and share.owner not in (None, peer.uid):
+    if share is not None and share.owner not in (None, peer.uid) and not share.spec.public:
         return _refused(
-            f"--share {spec.share}: that shared dataset is another user's; define one of your own"
+            f"--share {spec.share}: that shared dataset is another user's and not public; define one "
+            "of your own (or ask them for `tandem share define --public`)"
         )
     if spec.share and share is None:
         return _refused(
@@ -364,9 +365,14 @@ def _nodes(d: Parts) -> list[p.NodeUse]:
 
 
 def define_share(request: p.DefineShare, d: Parts, peer: Peer) -> Handled:
-    spec = request.spec
+    spec = dataclasses.replace(request.spec, listen=None)  # where it listens: the manager's to say
     if d.config.system and (spec.select or spec.selection):
         return _refused(_NOT_YET_UNDER_SYSTEM), NOTHING
+    if spec.public and not d.config.system:
+        return _refused(
+            f"share {spec.name!r}: --public lets other users' jobs read it, under the host's system "
+            "manager (tandem daemon start --system); your own daemon's jobs are all yours: leave it out"
+        ), NOTHING
     known = d.state.share(spec.name)
     if known is not None and known.owner not in (None, peer.uid):
         return _refused(f"share {spec.name!r} is another user's: choose another name"), NOTHING
@@ -559,7 +565,8 @@ def _unseen(job: Job) -> Job:
 def _shares_of(d: Parts, peer: Peer) -> list[dict[str, Any]]:
     from tandem.place.schema import row_values
 
-    return [row_values(s) for s in d.state.shares() if peer.may_act_on(s.owner)]
+    # Public ones too: the other users' jobs may read them (their definition is theirs to see).
+    return [row_values(s) for s in d.state.shares() if peer.may_act_on(s.owner) or s.spec.public]
 
 
 def read_log(request: p.ReadLog, d: Parts, peer: Peer) -> Handled:

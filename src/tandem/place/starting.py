@@ -17,10 +17,11 @@ from tandem.place.active import Active
 from tandem.place.attempts import Attempts
 from tandem.place.config import DaemonConfig
 from tandem.place.model import Capacity
-from tandem.place.producers import SPEC_ENV, Producers, auto_share_command, is_producer
+from tandem.place.producers import SPEC_ENV, Producers, auto_share_command, is_producer, public_socket
 from tandem.place.scheduler import Placement
 from tandem.place.state import Job
 from tandem.place.threads import thread_env
+from tandem.share.spec import PUBLIC_SOCKET_ENV, SHARE_OWNER_ENV
 
 # Under Ray, what a job takes from the node it runs on, not from the shell it was submitted
 # from: where that node's sockets are (its share's producer runs there, and is found there).
@@ -53,6 +54,10 @@ def start_job(
         env.update(thread_env(job.env, job.cpus, node_cpus, on_host))
     if job.share and not is_producer(job):
         env["TANDEM_SHARE"] = job.share
+        share = producers.state.share(job.share)
+        if share is not None and share.spec.public:  # its producer listens where every user reaches it
+            env[PUBLIC_SOCKET_ENV] = str(public_socket(share))
+            env[SHARE_OWNER_ENV] = str(share.owner)  # whose producer it must be (its peer's uid)
     if not is_producer(job) and not ray and not config.system:  # on this host: its drop-in
         # loaders ask this daemon for a producer job (tandem.share.loader), not start their own;
         # under a system manager (no auto shares yet: --share NAME) they read privately, saying why

@@ -22,7 +22,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from tandem._ipc import close_fds
+from tandem._ipc import close_fds, peer_uid
 from tandem.share import _table, protocol
 from tandem.share._groups import Groups, StartHold
 from tandem.share._slab import Slab
@@ -40,6 +40,8 @@ WARN_BLOCKED_S = 30.0  # say who holds things up after this long
 # $TANDEM_SHARE_ASIDE_S change it.
 ASIDE_AFTER_S = 10.0
 MAX_CONSUMERS = 64
+# Another user's consumers of a public share at once: their jobs cannot take every place.
+GUESTS = 16
 
 
 @dataclass(slots=True, kw_only=True)
@@ -54,6 +56,7 @@ class Attached:
     cut: int  # its join offset within the epoch it joined (0: at an epoch start)
     link: Link
     table_index: int
+    guest: int | None = None  # the uid of another user reading a public share (None: ours)
     segments: set[int] = field(default_factory=set)  # segment ids whose fd it has
     waiting: bool = False  # it asked for an entry not published yet
     done: bool = False  # it was sent End or Failed
@@ -101,6 +104,9 @@ class ControlServer:
         # and while items are digested on a thread of their own (see _answer_items).
         self.forking = threading.Lock()
         self.aside_after_s: float | None = ASIDE_AFTER_S
+        # A public share's (the host's system manager's): other users' jobs may read it, each
+        # as a guest (GUESTS below); else a consumer of another user is refused.
+        self.public = False
         self._tended_at = 0.0
         self._stats = stats
         self._on_error = on_error
@@ -215,6 +221,12 @@ class ControlServer:
                     self.detach(consumer, f"disconnected ({exc})")
             conn.close()
             return
+        guest = None if consumer is not None else _guest(conn)
+        if guest is not None and not isinstance(message, protocol.Hello):
+            # Another user's: only to read (their digest of items would run our dataset's code
+            # at their asking; our consumers' figures are ours).
+            _send_quietly(conn, protocol.Refused(f"{type(message).__name__} is the share's owner's to ask"))
+            return
         if isinstance(message, protocol.Items):
             # Loading items takes a while: answered beside this thread, on a connection of
             # its own (a reader's check as it attaches; not a consumer's).
@@ -230,7 +242,7 @@ class ControlServer:
             elif isinstance(message, protocol.Release) and consumer is not None:
                 self._released(consumer, message.seqs)
             elif isinstance(message, protocol.Hello) and consumer is None:
-                conns[conn] = self._attach(conn, message)
+                conns[conn] = self._attach(conn, message, guest)
             elif isinstance(message, protocol.Stats):
                 _send_quietly(conn, self._stats())
             elif isinstance(message, protocol.Bye) and consumer is not None:
@@ -340,7 +352,8 @@ class ControlServer:
             seg = message.segment  # type: ignore[attr-defined]
             attach = seg.segment_id not in c.segments
             if attach:
-                fds = (self.slab.fd(seg.slot),)
+                # A guest's a read-only descriptor: it may map our batches, never change them.
+                fds = (self.slab.fd(seg.slot) if c.guest is None else self.slab.read_only_fd(seg.slot),)
             missed_batches, missed_samples = c.missed_pending
             if attach or missed_batches:
                 message = message._replace(  # type: ignore[attr-defined]
@@ -353,6 +366,9 @@ class ControlServer:
         except OSError as exc:
             self.detach(c, f"send failed: {exc}")
             return
+        finally:
+            if c.guest is not None:
+                close_fds(list(fds))
         if entry.kind == EntryKind.BATCH:
             c.segments.add(message.segment.segment_id)  # type: ignore[attr-defined]
             end = (entry.epoch, entry.offset + entry.count)
@@ -442,7 +458,13 @@ class ControlServer:
                 c.done = True
 
     # --------------------------------------------------------- attach and detach (lock held)
-    def _attach(self, conn: socket.socket, hello: protocol.Hello) -> Attached | None:
+    def _attach(
+        self, conn: socket.socket, hello: protocol.Hello, guest: int | None = None
+    ) -> Attached | None:
+        refused = self._guest_refused(guest)
+        if refused:
+            _send_quietly(conn, protocol.Refused(refused))
+            return None
         if hello.version != protocol.PROTOCOL_VERSION:
             _send_quietly(
                 conn,
@@ -460,11 +482,14 @@ class ControlServer:
             _send_quietly(conn, protocol.Refused(f"producer {self.name!r} has {MAX_CONSUMERS} consumers"))
             return None
         if hello.world_size > 1:
-            join = self.groups.join(hello.group, hello.rank, hello.world_size, join)
+            # A guest's ranks are keyed by their user too: no other user's job joins (or holds) them.
+            key = hello.group if guest is None else f"{guest}:{hello.group}"
+            join = self.groups.join(key, hello.rank, hello.world_size, join)
         cursor, start = join
         index = self._free_indices.pop()
         self.table.reset_consumer(index, cursor)
-        use_table = self.window.policy == "wait" and hello.table and _table.supported()
+        # A guest reads over the socket only: the table is writable by every consumer mapping it.
+        use_table = self.window.policy == "wait" and hello.table and _table.supported() and guest is None
         link: Link = TableLink(self.table, index) if use_table else SocketLink(cursor, start)
         c = Attached(
             cid=self._next_cid,
@@ -475,6 +500,7 @@ class ControlServer:
             cut=start[1] if start[0] == self.window.epoch else 0,
             link=link,
             table_index=index,
+            guest=guest,
         )
         self._next_cid += 1
         welcome = protocol.Welcome(
@@ -508,6 +534,22 @@ class ControlServer:
         log.info("consumer %d (pid %d) attached at %s over the %s", c.cid, c.pid, start, link.transport)
         self.cond.notify_all()
         return c
+
+    def _guest_refused(self, guest: int | None) -> str:
+        """Why another user's consumer may not attach ("": it may, or it is no guest)."""
+        if guest is None:
+            return ""
+        if not self.public:
+            return f"share {self.name!r} is another user's, not public"
+        if self.slab.kind != "host":
+            return (
+                f"share {self.name!r} keeps its batches on a GPU: other users read a public share "
+                "from host memory"
+            )
+        theirs = sum(c.guest == guest for c in self.consumers.values())
+        if theirs >= GUESTS:
+            return f"share {self.name!r} serves at most {GUESTS} readers of each other user at once"
+        return ""
 
     def _why_no_join(self) -> str:
         """Why a consumer cannot join: the producer's failure (a full /dev/shm, say) or its
@@ -557,6 +599,15 @@ class ControlServer:
             missed_batches=c.missed_batches,
             attached_s=now - c.attached_at,
         )
+
+
+def _guest(conn: socket.socket) -> int | None:
+    """The uid of the user at the other end where it is another user (None: this one's)."""
+    try:
+        uid = peer_uid(conn)
+    except OSError:
+        return -1  # not known: a stranger
+    return None if uid == os.getuid() else uid
 
 
 def rate(progress: collections.deque) -> float:

@@ -130,6 +130,9 @@ class CudaSlab(SlotPool[_CudaSegment]):
     def fd(self, slot: int) -> int:
         return self._segment(slot).host.fd
 
+    def read_only_fd(self, slot: int) -> int:
+        raise NotImplementedError("another user reads a public share from host memory only")
+
     def write(self, slot: int, spec: Spec, leaves: list[torch.Tensor]) -> tuple[int, int]:
         """Copy a flattened batch into ``slot`` on the GPU; returns ``(meta_offset, meta_len)``.
 

@@ -61,10 +61,11 @@ def _read_pid(path: Path) -> int | None:
 class Registration:
     """The producer's claim on a name: an flock held for the producer's lifetime."""
 
-    def __init__(self, name: str):
+    def __init__(self, name: str, public: str | None = None):
         self.name = validate_name(name)
         self.lock_path = lock_path(name)
-        self.socket_path = socket_path(name)
+        # A public share listens where other users reach it (its lock stays here: its liveness).
+        self.socket_path = socket_path(name) if public is None else Path(public)
         self._fd: int | None = None
 
     def acquire(self) -> None:

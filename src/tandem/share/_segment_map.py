@@ -146,11 +146,11 @@ class SegmentMap:
     to the tensors that use it, and the slot is mapped afresh for the next batch.
     """
 
-    def __init__(self, writable_private: bool = True):
+    def __init__(self, writable_private: bool = True, trusted: bool = True):
         self._private = writable_private
         self._by_slot: dict[int, tuple[int, mmap.mmap, torch.Tensor]] = {}
         self._fds: dict[int, tuple[int, int]] = {}  # slot -> (segment id, fd): to map it again
-        self._views = SlotViews()
+        self._views = SlotViews(trusted)  # untrusted: another user's producer (a public share)
         self._used: dict[int, int] = {}  # slot -> bytes touched by the current batch
         self._resetting: dict[int, int] = {}  # slot -> ticket of its pending copy-on-write reset
         self._resetter: _Resetter | None = None

@@ -18,6 +18,7 @@ batches to a GPU map read-only and shared instead, so the pages can be pinned.
 from __future__ import annotations
 
 import ctypes
+import io
 import mmap
 import os
 import pickle
@@ -68,10 +69,29 @@ def layout(spec: Spec, leaves: list[torch.Tensor]) -> tuple[list[TensorDesc], in
     return descs, offset, pickle.dumps((spec, descs), protocol=pickle.HIGHEST_PROTOCOL)
 
 
-class SlotViews:
-    """A consumer's decoded meta and typed views of its mapped slots (host or CUDA memory)."""
+class _GuestMetaUnpickler(pickle.Unpickler):
+    """A batch's meta as a reader of another user's (public) share decodes it: the structure
+    of tensors, containers and plain values, and tensor dtypes; no other class (a namedtuple's
+    or a dataclass's of the producer's code), so their producer can run no code as them."""
 
-    def __init__(self) -> None:
+    def find_class(self, module: str, name: str) -> object:
+        if module == "torch" and isinstance(getattr(torch, name, None), torch.dtype):
+            return getattr(torch, name)
+        if module == __name__ and name == "TensorDesc":
+            return TensorDesc
+        raise protocol.ProtocolError(
+            f"another user's share sent a batch holding {module}.{name}: a public share's "
+            "batches are tensors, plain values, and tuples, lists and dicts of them"
+        )
+
+
+class SlotViews:
+    """A consumer's decoded meta and typed views of its mapped slots (host or CUDA memory).
+    ``trusted``: the producer is this user's own; else its meta is decoded as a guest's
+    (:class:`_GuestMetaUnpickler`)."""
+
+    def __init__(self, trusted: bool = True) -> None:
+        self.trusted = trusted
         # slot -> {dtype: the whole segment viewed as that dtype}; one as_strided per tensor
         self._typed: dict[int, dict[torch.dtype, torch.Tensor]] = {}
         self._meta: dict[int, tuple[bytes, tuple]] = {}  # slot -> (raw meta, decoded)
@@ -85,7 +105,7 @@ class SlotViews:
         cached = self._meta.get(slot)
         if cached is not None and cached[0] == raw:
             return cached[1]
-        decoded = pickle.loads(raw)
+        decoded = pickle.loads(raw) if self.trusted else _GuestMetaUnpickler(io.BytesIO(raw)).load()
         self._meta[slot] = (raw, decoded)
         return decoded
 
@@ -115,6 +135,9 @@ class _HostSegment:
         self.slot = slot
         self.size = size
         self.fd = os.memfd_create(f"tandem:{label}:{segment_id}", os.MFD_CLOEXEC)
+        # A memfd is made 0777: whoever holds a descriptor of it (a guest of a public share,
+        # sent a read-only one) could open it again for writing through /proc/self/fd.
+        os.fchmod(self.fd, 0o600)
         os.ftruncate(self.fd, size)
         self.mm = mmap.mmap(self.fd, size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
         self.u8 = torch.frombuffer(self.mm, dtype=torch.uint8)
@@ -154,6 +177,8 @@ class Slab(Protocol):
     def segment(self, slot: int) -> protocol.Segment: ...
 
     def fd(self, slot: int) -> int: ...
+
+    def read_only_fd(self, slot: int) -> int: ...
 
     def close(self) -> None: ...
 
@@ -249,6 +274,11 @@ class HostSlab(SlotPool[_HostSegment]):
 
     def fd(self, slot: int) -> int:
         return self._segment(slot).fd
+
+    def read_only_fd(self, slot: int) -> int:
+        """A new descriptor of ``slot``'s segment, open for reading only (the caller closes
+        it): what another user's consumer of a public share is sent."""
+        return os.open(f"/proc/self/fd/{self._segment(slot).fd}", os.O_RDONLY | os.O_CLOEXEC)
 
     def write(self, slot: int, spec: Spec, leaves: list[torch.Tensor]) -> tuple[int, int]:
         """Copy a flattened batch into ``slot``; returns ``(meta_offset, meta_len)``.

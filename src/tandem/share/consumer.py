@@ -26,11 +26,12 @@ import os
 import time
 import weakref
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import torch
 
-from tandem._ipc import close_fds
+from tandem._ipc import close_fds, peer_uid
 from tandem.share import _table, protocol
 from tandem.share._channel import Connection, SocketChannel, TableChannel, connect, say_bye
 from tandem.share._cuda import DeviceCopier, check_device
@@ -48,6 +49,7 @@ from tandem.share.errors import (
     RefusedByProducer,
     ShareError,
 )
+from tandem.share.spec import PUBLIC_SOCKET_ENV, SHARE_OWNER_ENV
 
 log = logging.getLogger("tandem.share")
 _SAY_WAITING_AFTER_S = 2.0  # a producer starting up beside its consumers is not worth a message
@@ -120,6 +122,8 @@ class Consumer:
         self._slab_access: SlabAccess | None = None
         self._reader: StreamReader | None = None
         self._closed = False
+        # Another user's producer (a public share): read as its guest (see _connect).
+        self._guest = False
         self._conn = Connection(self._connect(), name, self.timeout)
         # Also run when the consumer is garbage-collected or the interpreter exits.
         self._resources: list = []
@@ -256,13 +260,13 @@ class Consumer:
 
     # ------------------------------------------------------------------ connection
     def _connect(self):
-        path = socket_path(self.name)
+        path, owner = self._public()
         started = time.monotonic()
         said = False
         while True:
             sock = connect(str(path))
             if sock is not None:
-                return sock
+                return sock if owner is None else self._checked_peer(sock, owner)
             waited = time.monotonic() - started
             if waited >= self.timeout:
                 raise ProducerNotFound(
@@ -276,6 +280,36 @@ class Consumer:
                 live = self._live_producers()
                 log.warning("waiting up to %g s for producer %r to start (%s)", self.timeout, self.name, live)
             time.sleep(0.05)
+
+    def _public(self) -> tuple[Path, int | None]:
+        """Where this share's producer listens, and whose it must be: a public share's as
+        the job manager told its job (``$TANDEM_SHARE_SOCKET``, ``$TANDEM_SHARE_OWNER``), else
+        this user's private runtime directory's (None: theirs by where it is)."""
+        env = os.environ
+        if env.get("TANDEM_SHARE") != self.name or not env.get(PUBLIC_SOCKET_ENV):
+            return socket_path(self.name), None
+        try:
+            return Path(env[PUBLIC_SOCKET_ENV]), int(env.get(SHARE_OWNER_ENV, ""))
+        except ValueError:
+            raise ShareError(
+                f"{SHARE_OWNER_ENV}={env.get(SHARE_OWNER_ENV)!r} is not a user id: run the job through "
+                "tandem submit --share, which sets it"
+            ) from None
+
+    def _checked_peer(self, sock: Any, owner: int) -> Any:
+        """``sock`` once its peer is the share's definer (what listens there is theirs or
+        none: the socket's folder is theirs in one of root's; checked all the same). Another
+        user's producer is read as a guest: its batches' structure decoded without any class
+        of its code, over the socket only."""
+        uid = peer_uid(sock)
+        if uid != owner:
+            sock.close()
+            raise ShareError(
+                f"the producer of public share {self.name!r} runs as user {uid}, not as its "
+                f"definer {owner}: not read"
+            )
+        self._guest = uid != os.getuid()
+        return sock
 
     @staticmethod
     def _live_producers() -> str:
@@ -297,7 +331,11 @@ class Consumer:
             close_fds(self._conn.welcome_fds)
             self.close()
             raise ProtocolError(f"unknown slab kind {welcome.slab!r} in Welcome")
-        segments = SegmentMap(writable_private=self.device.type == "cpu")
+        if self._guest and welcome.slab != "host":
+            close_fds(self._conn.welcome_fds)
+            self.close()
+            raise ProtocolError(f"another user's producer {self.name!r} named a {welcome.slab} slab")
+        segments = SegmentMap(writable_private=self.device.type == "cpu", trusted=not self._guest)
         if self.device.type != "cuda":
             return SlabAccess(segments)
         copier = DeviceCopier(self.device)
@@ -310,7 +348,7 @@ class Consumer:
             pid=os.getpid(),
             batch_size=self.batch_size,
             device=str(self.device),
-            table=_table.supported(),
+            table=_table.supported() and not self._guest,
             group=self.group,
             rank=self.rank,
             world_size=self.world_size,

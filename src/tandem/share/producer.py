@@ -91,6 +91,12 @@ class Producer:
     and its epoch continues exactly on a new consumer given its ``state_dict()`` (the
     drop-in ``DataLoader`` does that itself). It never gets a wrong batch: the slots it may
     still read are not reused.
+
+    ``public`` (the host's system manager sets it for ``tandem share define --public``): the
+    socket path where it listens for every user's jobs instead of this user's private runtime
+    directory. Another user's consumer is a guest there: it reads over the socket only (no
+    announcement table), from host memory only, through read-only descriptors, and may not
+    ask for item digests or statistics; at most ``GUESTS`` of each other user at once.
     """
 
     def __init__(
@@ -106,6 +112,7 @@ class Producer:
         batch_transform: Callable[[Any], Any] | None = None,
         transform_threads: int = 1,
         aside_after_s: float | None = None,
+        public: str | None = None,
     ):
         if not isinstance(source, Iterable):
             raise TypeError(f"source must be a re-iterable of batches, got {type(source).__name__}")
@@ -129,7 +136,9 @@ class Producer:
         self.policy = policy
         self.drain_timeout = drain_timeout
         self._source = source
-        self._registration = Registration(name)
+        # ``public``: the socket of a public share (the host's system manager's, in a folder
+        # of this user's that every user may reach): other users' jobs read it there as guests.
+        self._registration = Registration(name, public)
         self._cond = threading.Condition(threading.RLock())
         self.device = slab_device if slab_device is not None and slab_device.type == "cuda" else None
         # The window: batches up to ``window_mem`` bytes (default: a share of the memory free
@@ -150,6 +159,7 @@ class Producer:
         )
         self._server = ControlServer(name, self._window, self._slab, self._cond, self.stats, self.stop)
         self._server.aside_after_s = _aside_after_s(aside_after_s)
+        self._server.public = public is not None
         self._publisher = Publisher(
             name,
             source,
@@ -298,7 +308,10 @@ class Producer:
             raise RuntimeError("this producer was closed; create a new one")
         self._registration.acquire()
         try:
-            self._server.start(listen(self._registration.socket_path))
+            listener = listen(self._registration.socket_path)
+            if self._server.public:  # any user may connect; each is admitted as _control says
+                os.chmod(self._registration.socket_path, 0o666)
+            self._server.start(listener)
         except BaseException:
             self._registration.release()
             raise

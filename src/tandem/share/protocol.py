@@ -68,6 +68,7 @@ Positions are ``(epoch, offset)`` pairs in the producer's stream; see
 from __future__ import annotations
 
 import enum
+import io
 import pickle
 import socket
 import struct
@@ -353,8 +354,27 @@ def decode(data: bytes) -> object:
         _, seq, epoch, samples = _EPOCH_END_FMT.unpack(data)
         return EpochEnd(seq=seq, epoch=epoch, samples=samples)
     if tag == _PICKLED:
-        return pickle.loads(data[1:])
+        return _MessageUnpickler(io.BytesIO(data[1:])).load()
     raise ProtocolError(f"unknown message tag {tag}")
+
+
+class _MessageUnpickler(pickle.Unpickler):
+    """Unpickles this module's messages and nothing else: a peer (another user's job, where a
+    share is public) can build no object but a message, run no code of anyone's."""
+
+    def find_class(self, module: str, name: str) -> type:
+        if module == __name__ and name in _MESSAGE_CLASSES:
+            return _MESSAGE_CLASSES[name]
+        raise ProtocolError(f"a message may not hold {module}.{name}")
+
+
+_MESSAGE_CLASSES: dict[str, type] = {
+    c.__name__: c
+    for c in (
+        Hello, Next, Release, Bye, Stats, Items, ItemsReply, Welcome, Refused, SetAside, Segment,
+        Batch, EpochEnd, End, Failed, ConsumerStats, StatsReply, EntryKind,
+    )
+}  # fmt: skip
 
 
 # --- sending and receiving ---------------------------------------------------------------------

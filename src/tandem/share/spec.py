@@ -35,6 +35,11 @@ OBJECT_FORMS = "MODULE:FUNCTION or path/to/file.py:FUNCTION"
 # "auto": what a drop-in loader (tandem.share.DataLoader) would send its workers, as the
 # loader wrote it to the file ``ref`` (an AutoSpec); defined by the job manager, never typed.
 SOURCES = ("dataset", "loader", "images", "auto")
+# What the job manager tells a job of a public share (`share define --public`, under the
+# host's system manager): where its producer listens, and whose it must be (the uid of the
+# socket's peer): a consumer of another user's producer reads it as a guest (Consumer).
+PUBLIC_SOCKET_ENV = "TANDEM_SHARE_SOCKET"
+SHARE_OWNER_ENV = "TANDEM_SHARE_OWNER"
 DTYPES = ("float32", "bfloat16", "float16")
 MAX_AUTO_PRODUCER_CPUS = 8.0
 
@@ -139,6 +144,11 @@ class ShareSpec:
     # The job manager's: the jobs that will read it as its producer starts (it keeps its
     # stream's start for them: Producer.expect_consumers).
     readers: int | None = None
+    # Other users' jobs may read it (`share define --public`; the host's system manager only),
+    # from host memory, read-only; ``listen``: where its producer listens for them (the
+    # manager's choice, set as it starts it).
+    public: bool = False
+    listen: str | None = None
 
     def __post_init__(self) -> None:
         from tandem.share._registry import validate_name
@@ -155,6 +165,13 @@ class ShareSpec:
             raise SpecError(f"unknown policy {self.policy!r}: wait or skip")
         if self.device is not None and not (self.device == "cpu" or self.device.startswith("cuda")):
             raise SpecError(f"device {self.device!r}: use cpu, cuda or cuda:N")
+        if self.public and self.source == "auto":
+            raise SpecError("a drop-in loader's share is its user's own: it is never public")
+        if self.public and self.device not in (None, "cpu"):
+            raise SpecError(
+                f"a public share keeps its batches in host memory (other users read them there): "
+                f"leave out --device {self.device}"
+            )
         # What --select's METHOD:BUDGET may say is tandem.select's to check (the command line
         # does, before defining); here only what the share itself must be.
         if self.select is not None and (self.source != "dataset" or self.selection is not None):
@@ -270,6 +287,7 @@ class ShareSpec:
             "window": self.window,
             "window_mem": self.window_mem,
             "policy": self.policy,
+            "public": self.listen if self.public else None,
         }
         if self.source == "loader":
             return Producer(load_object(self.ref)(), self.name, device=self.device, **common)
@@ -302,7 +320,7 @@ class ShareSpec:
         return Producer.from_files(
             self.ref,
             self.name,
-            device=self.device or ("cuda" if torch.cuda.is_available() else "cpu"),
+            device=self.device or ("cuda" if torch.cuda.is_available() and not self.public else "cpu"),
             batch_size=self.batch_size,
             shuffle=self.shuffle,
             seed=self.seed,
