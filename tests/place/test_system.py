@@ -320,8 +320,18 @@ GUEST_READER = (  # reads a whole epoch, then tries to write into the memory it 
     "            written += 1\n"
     "        except OSError:\n"
     "            pass\n"
+    "flood = '-'\n"
+    "if runs_as != os.getuid():  # a guest's connections beyond its 16 (this reader's one of them)\n"
+    "    import socket\n"
+    "    from tandem.share import protocol\n"
+    "    extra = [socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET) for _ in range(16)]\n"
+    "    for s in extra:\n"
+    "        s.connect(os.environ['TANDEM_SHARE_SOCKET'])\n"
+    "    flood = type(protocol.recv(extra[-1], timeout=60)[0]).__name__\n"
+    "    for s in extra:\n"
+    "        s.close()\n"
     "print('read', n, 'as', os.getuid(), 'its producer as', runs_as, 'over', c.transport,\n"
-    "      'segments', checked, 'writable', written)\n"
+    "      'segments', checked, 'writable', written, 'flood', flood)\n"
     "c.close()\n"
 )
 
@@ -332,7 +342,8 @@ def test_a_public_share_serves_another_users_jobs_read_only(
 ) -> None:
     """A share its definer marks public (`share define --public`) feeds the other user's jobs
     too, from one producer run as its definer: they read a whole epoch as themselves, over
-    the socket, through descriptors they can neither write nor open again for writing."""
+    the socket, through descriptors they can neither write nor open again for writing; a
+    flood of their connections is refused past 16."""
     a, b = two_users
     for user in (a, b):
         for name, text in (("toy_data.py", DATASET), ("reader.py", GUEST_READER)):
@@ -354,13 +365,14 @@ def test_a_public_share_serves_another_users_jobs_read_only(
         out = _tandem(user, system, "logs", str(ids[user.uid])).stdout
         assert waited.returncode == 0, (waited.stderr, out)
         (said[user.uid],) = [line.split() for line in out.splitlines() if line.startswith("read ")]
-    # read N as UID its producer as UID over TRANSPORT segments K writable W
+    # read N as UID its producer as UID over TRANSPORT segments K writable W flood REPLY
     for user in (a, b):
         words = said[user.uid]
         assert (words[1], words[3], words[7]) == ("64", str(user.uid), str(a.uid)), words
         assert int(words[11]) > 0, words  # it held the batches' memory it read
     guest = said[b.uid]
     assert guest[9] == "socket" and guest[13] == "0", guest  # read-only to the other user
+    assert guest[15] == "Refused" and said[a.uid][15] == "-", guest  # 16 connections of theirs at most
     # The other user may not take its name, nor remove it.
     again = _tandem(b, system, "share", "define", "pub", "--dataset", "toy_data.py:make")
     assert again.returncode == 2 and "another user's" in again.stderr, again.stderr

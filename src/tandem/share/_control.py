@@ -107,6 +107,7 @@ class ControlServer:
         # A public share's (the host's system manager's): other users' jobs may read it, each
         # as a guest (GUESTS below); else a consumer of another user is refused.
         self.public = False
+        self._guests: dict[socket.socket, int] = {}  # another user's connections: their uid
         self._tended_at = 0.0
         self._stats = stats
         self._on_error = on_error
@@ -204,7 +205,15 @@ class ControlServer:
             conn, _ = self._listener.accept()
         except BlockingIOError:
             return
+        guest = _guest(conn)
         conn.setblocking(True)  # protocol.send/recv never block without a timeout
+        if guest is not None:
+            refused = self._guest_refused(guest)
+            if refused:
+                _send_quietly(conn, protocol.Refused(refused))
+                conn.close()
+                return
+            self._guests[conn] = guest
         conns[conn] = None
         sel.register(conn, selectors.EVENT_READ, "conn")
 
@@ -216,13 +225,14 @@ class ControlServer:
         except (EOFError, OSError, protocol.ProtocolError) as exc:
             sel.unregister(conn)
             conns.pop(conn, None)
+            self._guests.pop(conn, None)
             if consumer is not None:
                 with self.cond:
                     self.detach(consumer, f"disconnected ({exc})")
             conn.close()
             return
-        guest = None if consumer is not None else _guest(conn)
-        if guest is not None and not isinstance(message, protocol.Hello):
+        guest = self._guests.get(conn)
+        if guest is not None and consumer is None and not isinstance(message, protocol.Hello):
             # Another user's: only to read (their digest of items would run our dataset's code
             # at their asking; our consumers' figures are ours).
             _send_quietly(conn, protocol.Refused(f"{type(message).__name__} is the share's owner's to ask"))
@@ -461,10 +471,6 @@ class ControlServer:
     def _attach(
         self, conn: socket.socket, hello: protocol.Hello, guest: int | None = None
     ) -> Attached | None:
-        refused = self._guest_refused(guest)
-        if refused:
-            _send_quietly(conn, protocol.Refused(refused))
-            return None
         if hello.version != protocol.PROTOCOL_VERSION:
             _send_quietly(
                 conn,
@@ -546,9 +552,10 @@ class ControlServer:
                 f"share {self.name!r} keeps its batches on a GPU: other users read a public share "
                 "from host memory"
             )
-        theirs = sum(c.guest == guest for c in self.consumers.values())
-        if theirs >= GUESTS:
-            return f"share {self.name!r} serves at most {GUESTS} readers of each other user at once"
+        # Another user's connections (attached or not) are counted: a guest that opens them by
+        # the thousand takes no descriptor, nor place, from the definer's jobs.
+        if sum(g == guest for g in self._guests.values()) >= GUESTS:
+            return f"share {self.name!r} serves at most {GUESTS} connections of each other user at once"
         return ""
 
     def _why_no_join(self) -> str:
