@@ -378,6 +378,78 @@ def test_a_public_share_serves_another_users_jobs_read_only(
     assert again.returncode == 2 and "another user's" in again.stderr, again.stderr
 
 
+DROP_IN = (  # a script's drop-in loader: no --share, no definition
+    "import json, os, sys\n"
+    "import torch\n"
+    "from tandem.share import DataLoader\n"
+    "class Squares(torch.utils.data.Dataset):\n"
+    "    def __len__(self):\n"
+    "        return 40\n"
+    "    def __getitem__(self, i):\n"
+    "        return torch.tensor([float(i * i)]), i\n"
+    "loader = DataLoader(Squares(), batch_size=int(sys.argv[1]), shuffle=True)\n"
+    "exact = []\n"
+    "for _ in range(2):\n"
+    "    seen = []\n"
+    "    for x, idx in loader:\n"
+    "        assert torch.equal(x[:, 0], (idx * idx).float())\n"
+    "        seen += idx.tolist()\n"
+    "    exact.append(sorted(seen) == list(range(40)))\n"
+    "pid = loader._consumer.producer_pid if loader._consumer else None\n"
+    "uid = os.stat(f'/proc/{pid}').st_uid if pid else None\n"
+    "said = {'exact': exact, 'producer': pid, 'producer_uid': uid, 'uid': os.getuid()}\n"
+    "print('outcome', json.dumps(said))\n"
+)
+
+
+def test_a_drop_in_loaders_jobs_read_an_auto_share_of_their_users(
+    system: Path,
+    two_users: tuple[OtherUser, OtherUser],  # noqa: F811
+) -> None:
+    """A drop-in loader's jobs under the system manager read an auto share as on a user's own
+    daemon: one producer job for a user's sweep, run as that user, every epoch exact; the other
+    user's job of the same script and data reads a share of its own (a producer run as them)."""
+    a, b = two_users
+    for user in (a, b):
+        (user.home / "train.py").write_text(DROP_IN)
+        os.chown(user.home / "train.py", user.uid, user.gid)
+    done = _tandem(
+        a, system, "submit", "--grid", "bs=4,5", "--cpus", "0.5", "--", a.python, "train.py", "{bs}"
+    )
+    assert done.returncode == 0, done.stderr
+    rows = json.loads(_tandem(a, system, "ls", "--json").stdout)
+    ids = {a.uid: [r["id"] for r in rows if r["role"] != "producer" and r["user"] == a.name]}
+    assert len(ids[a.uid]) == 2, rows
+    done = _tandem(b, system, "submit", "--cpus", "0.5", "--", b.python, "train.py", "4")
+    assert done.returncode == 0, done.stderr
+    ids[b.uid] = [int(done.stdout)]
+    outcomes = {}
+    for user in (a, b):
+        for job in ids[user.uid]:
+            waited = user.run(
+                user.tandem("wait", str(job)),
+                env=user.env(TANDEM_SYSTEM_DIR=str(system)),
+                timeout=scaled(300),
+            )
+            out = _tandem(user, system, "logs", str(job)).stdout
+            assert waited.returncode == 0, (waited.stderr, out)
+            (line,) = [x for x in out.splitlines() if x.startswith("outcome ")]
+            outcomes[job] = json.loads(line.removeprefix("outcome "))
+    for user in (a, b):
+        for job in ids[user.uid]:
+            o = outcomes[job]
+            assert o["exact"] == [True, True] and o["uid"] == o["producer_uid"] == user.uid, o
+    first, second = (outcomes[j]["producer"] for j in ids[a.uid])
+    assert first == second, "one producer for the user's sweep"
+    assert outcomes[ids[b.uid][0]]["producer"] != first
+    reader = StateReader(system / "state")
+    try:
+        producers = [j for j in reader.jobs() if j.role == "producer"]
+        assert sorted(p.owner for p in producers) == sorted([a.uid, b.uid]), producers
+    finally:
+        reader.close()
+
+
 LOGS_ITS_OWN = (  # MLflow takes MLFLOW_RUN_ID out of the environment as it resumes the run
     "import os\n"
     "print('run', os.environ.get('MLFLOW_RUN_ID'), 'store', os.environ.get('MLFLOW_TRACKING_URI'))\n"

@@ -13,6 +13,7 @@ from __future__ import annotations
 import os
 import time
 from pathlib import Path
+from typing import Any
 
 import click
 
@@ -23,13 +24,18 @@ SERVE_WITHIN_S = 600.0  # for the producer job to be admitted, import the datase
 
 @click.command("auto", hidden=True)
 @click.argument("spec_file", type=click.Path(exists=True, dir_okay=False, path_type=Path))
-@click.option("--state-dir", required=True, type=click.Path(file_okay=False, path_type=Path))
-def share_auto(spec_file: Path, state_dir: Path) -> None:
-    """Have the daemon of STATE_DIR serve SPEC_FILE (a drop-in loader's) to this job
-    ($TANDEM_JOB_ID) and its sweep; print the share's name once its producer serves."""
-    from tandem.place import protocol, request
+@click.option("--state-dir", type=click.Path(file_okay=False, path_type=Path))
+@click.option("--system", is_flag=True, help="Ask the host's system manager (through its socket).")
+def share_auto(spec_file: Path, state_dir: Path | None, system: bool) -> None:
+    """Have the daemon of STATE_DIR (or the host's system manager) serve SPEC_FILE (a drop-in
+    loader's) to this job ($TANDEM_JOB_ID) and its sweep; print the share's name once its
+    producer serves."""
+    from tandem.place import RemoteState, StateReader, protocol, request, request_at, system_manager
     from tandem.share.serving import AutoSpec
     from tandem.share.spec import ShareSpec
+
+    if (state_dir is None) == (not system):
+        raise Exit("tandem share auto: give --state-dir DIR or --system", EXIT_USAGE)
 
     job = os.environ.get("TANDEM_JOB_ID", "")
     if not job.isdigit():
@@ -50,18 +56,28 @@ def share_auto(spec_file: Path, state_dir: Path) -> None:
         seed=auto.seed,
         python=auto.python,
     )
-    reply = daemon_call(request, state_dir, protocol.AutoShare(int(job), spec))
-    _until_served(state_dir, reply.name, reply.producer)
+    asked = protocol.AutoShare(int(job), spec)
+    reader: StateReader | RemoteState
+    if state_dir is not None:
+        reply = daemon_call(request, state_dir, asked)
+        reader = StateReader(state_dir)
+    else:
+        socket = system_manager()
+        if socket is None:
+            raise Exit("the host's system manager does not answer: the loader reads privately", EXIT_FAILED)
+        reply = daemon_call(request_at, socket, asked, 10.0)
+        reader = RemoteState(socket)  # its producer is this user's: read through the manager
+    _until_served(reader, reply.name, reply.producer)
     click.echo(reply.name)
 
 
-def _until_served(state_dir: Path, name: str, producer: int) -> None:
-    """Wait until share ``name`` is served, or its producer job has ended (its error)."""
-    from tandem.place import FINAL_STATES, StateReader
+def _until_served(reader: Any, name: str, producer: int) -> None:
+    """Wait until share ``name`` is served, or its producer job has ended (its error), as
+    ``reader`` (the state's :class:`StateReader` or :class:`RemoteState`) says; closed here."""
+    from tandem.place import FINAL_STATES, StateReader, producer_ended
     from tandem.place import producer_error as error
     from tandem.share.serving import served
 
-    reader = StateReader(state_dir)
     deadline = time.monotonic() + SERVE_WITHIN_S
     try:
         while not served(name):
@@ -69,7 +85,10 @@ def _until_served(state_dir: Path, name: str, producer: int) -> None:
             if job is None:
                 raise Exit(f"the producer of share {name!r} (job {producer}) is gone", EXIT_FAILED)
             if job.state in FINAL_STATES:
-                raise Exit(error(reader, job), EXIT_FAILED)  # as its group's jobs are told
+                if isinstance(reader, StateReader):  # as its group's jobs are told
+                    raise Exit(error(reader, job), EXIT_FAILED)
+                said = f"the producer of share {name!r} (job {producer}) ended ({producer_ended(job)})"
+                raise Exit(f"{said}; its log: tandem logs {producer}", EXIT_FAILED)
             if time.monotonic() > deadline:
                 why = f": {job.reason}" if job.reason else ""
                 raise Exit(

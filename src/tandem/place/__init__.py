@@ -46,6 +46,7 @@ if TYPE_CHECKING:  # the same names as _FACE, for type checkers (the house test 
         ensure_daemon,
         is_running,
         request,
+        request_at,
         start_daemon,
         submit,
         submit_many,
@@ -83,6 +84,7 @@ if TYPE_CHECKING:  # the same names as _FACE, for type checkers (the house test 
     from tandem.place.paths import cluster_trouble
     from tandem.place.policies import POLICIES, Limits
     from tandem.place.producers import SPEC_ENV as SHARE_SPEC_ENV
+    from tandem.place.producers import ended as producer_ended
     from tandem.place.producers import error as producer_error
     from tandem.place.producers import status as producer_status
     from tandem.place.protocol import Cancel, Status, Stop
@@ -135,6 +137,7 @@ _FACE: dict[str, str] = {
     "ensure_daemon": "client:ensure_daemon",
     "is_running": "client:is_running",
     "request": "client:request",
+    "request_at": "client:request_at",
     "start_daemon": "client:start_daemon",
     "submit": "client:submit",
     "submit_many": "client:submit_many",
@@ -174,6 +177,7 @@ _FACE: dict[str, str] = {
     "Limits": "policies:Limits",
     "POLICIES": "policies:POLICIES",
     "producer_error": "producers:error",
+    "producer_ended": "producers:ended",
     "producer_status": "producers:status",
     "SHARE_SPEC_ENV": "producers:SPEC_ENV",
     "Cancel": "protocol:Cancel",

@@ -47,6 +47,7 @@ from tandem.place.run.launchers.launch import signal_shim
 from tandem.place.run.supervisor import weights
 from tandem.place.run.supervisor.files import read_json, write_json
 from tandem.place.state import Job, Share, State
+from tandem.share.spec import THIS_PYTHON
 from tandem.units import format_cores
 
 if TYPE_CHECKING:
@@ -426,9 +427,13 @@ def _python(share: Share) -> str:
     return python if python and os.access(python, os.X_OK) else sys.executable
 
 
-def auto_share_command(state_dir: Path) -> list[str]:
+def auto_share_command(state_dir: Path, system: bool = False) -> list[str]:
     """What a job's drop-in loader runs to have this daemon serve its data (``tandem share
-    auto SPEC``, told to the job in ``$TANDEM_SHARE_STARTER``): share knows no job manager."""
+    auto SPEC``, told to the job in ``$TANDEM_SHARE_STARTER``): share knows no job manager.
+    ``system``: the host's system manager's job, which asks it through its socket (the state
+    directory is root's)."""
+    if system:  # run by the job's own interpreter: its user may not run the manager's
+        return module_command("tandem.cli", "share", "auto", "--system", python=THIS_PYTHON)
     return module_command("tandem.cli", "share", "auto", "--state-dir", str(state_dir))
 
 

@@ -402,11 +402,6 @@ def auto_share(request: p.AutoShare, d: Parts, peer: Peer) -> Handled:
         return _refused(f"job {request.job_id} is not a running job of yours on this daemon"), NOTHING
     spec = request.spec
     share = d.state.share(spec.name)
-    if d.config.system:  # its jobs are not told to ask (starting.py): one that asks is refused
-        return _refused(
-            "a drop-in loader's auto share is not served by the host's system manager yet: define "
-            "a share (tandem share define) and submit with --share NAME"
-        ), NOTHING
     if share is not None and not peer.may_act_on(share.owner):
         return _refused(
             f"another user's job reads the same data as auto share {spec.name!r}, and a share serves "

@@ -58,10 +58,9 @@ def start_job(
         if share is not None and share.spec.public:  # its producer listens where every user reaches it
             env[PUBLIC_SOCKET_ENV] = str(public_socket(share))
             env[SHARE_OWNER_ENV] = str(share.owner)  # whose producer it must be (its peer's uid)
-    if not is_producer(job) and not ray and not config.system:  # on this host: its drop-in
-        # loaders ask this daemon for a producer job (tandem.share.loader), not start their own;
-        # under a system manager (no auto shares yet: --share NAME) they read privately, saying why
-        env["TANDEM_SHARE_STARTER"] = json.dumps(auto_share_command(state_dir))
+    if not is_producer(job) and not ray:  # on this host: its drop-in loaders ask this daemon
+        # for a producer job (tandem.share.loader), not start their own
+        env["TANDEM_SHARE_STARTER"] = json.dumps(auto_share_command(state_dir, config.system))
     with_mps = False
     if mps is not None and len(chosen) == 1 and not p.alone:
         server = mps.ensure(chosen[0].uuid)

@@ -53,6 +53,7 @@ from tandem.share._identity import anchor_indices, code_digest, item_digests, pr
 from tandem.share._pickled import NotPicklable, pickled
 from tandem.share._registry import _is_live, lock_path, runtime_dir
 from tandem.share.errors import ReaderSetAside, ShareError
+from tandem.share.spec import THIS_PYTHON
 
 log = logging.getLogger("tandem.share")
 START_TIMEOUT_S = 300.0  # for the producer to claim its name (it imports torch and the dataset)
@@ -460,6 +461,9 @@ def _spec(loader: DataLoader, shuffle: bool, seed: int) -> AutoSpec:
     # reference is only its module's and its own name (see tandem.share._identity).
     digest.update(code_digest(modules).encode())
     digest.update(repr((shuffle, seed)).encode())
+    # Its user's: under the host's system manager two users' loaders of the same data are two
+    # shares (each producer runs as its user and serves their jobs), never one name for both.
+    digest.update(f"uid {os.getuid()}".encode())
     name = f"{AUTO_PREFIX}{digest.hexdigest()[:16]}"
     workers: int | str = loader.num_workers or "auto"
     # What the reader imports by name (its dataset's module beside the script, run from
@@ -543,8 +547,9 @@ def ask_manager(spec: AutoSpec, starter: list[str]) -> None:
     share's group, and its producer lives while the job reads."""
     spec_file = runtime_dir() / f"{spec.name}.managed.spec"  # the producer job reads it
     spec.write(spec_file)
+    command = [sys.executable if part == THIS_PYTHON else part for part in starter]
     done = subprocess.run(
-        [*starter, str(spec_file)], capture_output=True, text=True, stdin=subprocess.DEVNULL
+        [*command, str(spec_file)], capture_output=True, text=True, stdin=subprocess.DEVNULL
     )
     if done.returncode != 0:
         said = (done.stderr.strip() or done.stdout.strip()).removeprefix("Error: ")

@@ -40,6 +40,10 @@ SOURCES = ("dataset", "loader", "images", "auto")
 # socket's peer): a consumer of another user's producer reads it as a guest (Consumer).
 PUBLIC_SOCKET_ENV = "TANDEM_SHARE_SOCKET"
 SHARE_OWNER_ENV = "TANDEM_SHARE_OWNER"
+# In the command a job's drop-in loader runs to have the job manager serve its data
+# ($TANDEM_SHARE_STARTER): the loader's own interpreter (the host's system manager's jobs run
+# as their users, who may not run the manager's).
+THIS_PYTHON = "{python}"
 DTYPES = ("float32", "bfloat16", "float16")
 MAX_AUTO_PRODUCER_CPUS = 8.0
 
