@@ -450,6 +450,45 @@ def test_a_drop_in_loaders_jobs_read_an_auto_share_of_their_users(
         reader.close()
 
 
+def test_a_share_of_a_selection_is_made_and_served_as_its_definer(
+    system: Path,
+    two_users: tuple[OtherUser, OtherUser],  # noqa: F811
+) -> None:
+    """`share define --select METHOD:BUDGET` under the system manager: its selection job runs
+    as the definer and leaves its id in a folder of theirs (the manager reads it as them, then
+    removes it); the producer, run as them, serves the selected items only, from their store."""
+    a, _b = two_users
+    for name, text in (("toy_data.py", DATASET), ("reader.py", READER)):
+        (a.home / name).write_text(text)
+        os.chown(a.home / name, a.uid, a.gid)
+    define = ("share", "define", "half", "--dataset", "toy_data.py:make", "--batch-size", "4")
+    defined = _tandem(a, system, *define, "--select", "random:0.5")
+    assert defined.returncode == 0 and "its selection (random:0.5) is made once by job" in defined.stderr, (
+        defined.stderr
+    )
+    done = _tandem(a, system, "submit", "--share", "half", "--cpus", "0.5", "--", a.python, "reader.py")
+    assert done.returncode == 0, done.stderr
+    job = int(done.stdout)
+    waited = a.run(a.tandem("wait", str(job)), env=a.env(TANDEM_SYSTEM_DIR=str(system)), timeout=scaled(300))
+    out = _tandem(a, system, "logs", str(job)).stdout
+    assert waited.returncode == 0, (waited.stderr, out)
+    (said,) = [line.split() for line in out.splitlines() if line.startswith("read ")]
+    assert said[1] == "32" and said[9] == str(a.uid), out  # half of 64 items, from their producer
+    reader = StateReader(system / "state")
+    try:
+        (share,) = [s for s in reader.shares() if s.name == "half"]
+        assert share.selection is not None and share.owner == a.uid
+        (selector,) = [j for j in reader.jobs() if j.name == "select-half"]
+        assert selector.state == "succeeded" and selector.owner == a.uid
+    finally:
+        reader.close()
+    stored = a.home / ".local" / "state" / "tandem" / "selections" / share.selection
+    assert stored.is_dir(), list(stored.parent.parent.rglob("*"))  # in their own store
+    # Each attempt's folder of theirs goes as it ends (the producer's once its group is done).
+    folders = system / "users" / str(a.uid) / "jobs"
+    until(lambda: not any(folders.iterdir()), 120, lambda: f"left: {list(folders.iterdir())}")
+
+
 LOGS_ITS_OWN = (  # MLflow takes MLFLOW_RUN_ID out of the environment as it resumes the run
     "import os\n"
     "print('run', os.environ.get('MLFLOW_RUN_ID'), 'store', os.environ.get('MLFLOW_TRACKING_URI'))\n"

@@ -17,7 +17,9 @@ from __future__ import annotations
 
 import logging
 import os
+import shutil
 from dataclasses import replace
+from pathlib import Path
 
 from tandem.place import clock, model, outside
 from tandem.place.active import STARTUP_SAMPLES, Active, AttemptEnd, Startup, energy_of
@@ -32,6 +34,7 @@ from tandem.place.resources import Reservation
 from tandem.place.retry import retry
 from tandem.place.run.launchers.launch import Launch, Launcher, stop_orphaned_job
 from tandem.place.run.metrics import tracking
+from tandem.place.run.metrics.as_user import acting_as, job_folder
 from tandem.place.run.metrics.tracking import Tracker
 from tandem.place.run.metrics.users import Trackers
 from tandem.place.run.supervisor.files import (
@@ -74,6 +77,30 @@ class Attempts:
         probe = SYSTEM_PROBE_CORES if config.system else PROBE_CORES
         self.startup = Startup(Learned(state.learnt_cores(), state.record_cores, probe))
 
+    def _left_dir(self, job: Job, adir: Path, made: bool = False) -> Path:
+        """Where an attempt of ``job`` (in ``adir``) may leave us files: ``adir``, or under a
+        system manager a folder of its user's (:func:`job_folder`; ``made``: new)."""
+        users = self.trackers.users if self.trackers is not None else None
+        if users is None or job.owner in (None, 0):
+            return adir
+        owner = (job.owner, job.owner_gid if job.owner_gid is not None else job.owner)
+        key = f"{job.id}-{adir.name}"
+        return job_folder(users, owner, key) if made else users / str(job.owner) / "jobs" / key
+
+    def _read_left(self, job: Job, adir: Path, read: bool) -> dict[str, str | None]:
+        """As an attempt ends: the selections a share's selection job left (``read``: it
+        succeeded; its user's folder read as them), and that folder gone."""
+        left = self._left_dir(job, adir)
+        if left == adir:
+            return selections_made(self.state, job.id, adir) if read else {}
+        assert job.owner is not None
+        owner = (job.owner, job.owner_gid if job.owner_gid is not None else job.owner)
+        try:
+            with acting_as(owner):
+                return selections_made(self.state, job.id, left) if read else {}
+        finally:
+            shutil.rmtree(left, ignore_errors=True)  # fd-based: no link of theirs is followed
+
     def tracker(self, job: Job) -> Tracker | None:
         """Where ``job``'s runs are written (its user's store under a system manager), or None:
         they are not."""
@@ -99,7 +126,10 @@ class Attempts:
         record = Attempt(job.id, n, RUNNING, AttemptPlacement(), 0.0, folder=attempt_folder(n))
         adir = self.state.attempt_dir(record)
         adir.mkdir(parents=True)
-        env = {**env, "TANDEM_JOB_DIR": str(adir)}  # its attempt's own directory (what it may leave us)
+        # Its attempt's own directory (what it may leave us); a system manager's user's job, a
+        # folder of theirs beside their runs (the attempt's is root's).
+        left = self._left_dir(job, adir, made=True)
+        env = {**env, "TANDEM_JOB_DIR": str(left)}
         uuids = tuple(g.uuid for g in chosen)
         # What it reserves is the pass's decision (tandem.place.decide.reserve), kept as it is.
         cpu = Measuring(job, self.startup.learned, start=p.reservation)
@@ -450,11 +480,12 @@ class Attempts:
         if again is not None:
             changes = {"escalation": again.escalation, "gpu_mem": again.gpu_mem, "mem": again.mem}
             why = f"attempt {a.n} ended {cause}; retrying"
+            self._read_left(job, a.dir, read=False)
             self.state.retry(job.id, a.n, ending, {**common, **changes}, why, result.notes)
         else:
             detail = "" if cause == state else cause or ""
             # A share's selection job: the selection it made, in the same transaction as its end.
-            made = selections_made(self.state, job.id, a.dir) if state == SUCCEEDED else {}
+            made = self._read_left(job, a.dir, read=state == SUCCEEDED)
             self.state.finish(
                 job.id, a.n, state, ending, {**common, "ended": ended}, detail, result.notes, made
             )

@@ -110,14 +110,6 @@ def failure(exc: Exception, op: object, state_dir: Path) -> p.Failure:
     return p.Failure(f"{type(exc).__name__}: {exc}")
 
 
-# A system manager's share groups serve a dataset's or a loader's items to their definer's jobs.
-# A selection (made by a job, stored, read back by the producer) has not been tried as its users.
-_NOT_YET_UNDER_SYSTEM = (
-    "a share of a data selection (--select, --selection) is not served by the host's system manager "
-    "yet: define it without one, or use a daemon of your own"
-)
-
-
 def _refused(error: str) -> p.Failure:
     return p.Failure(f"refused: {error}", refused=True)
 
@@ -366,8 +358,6 @@ def _nodes(d: Parts) -> list[p.NodeUse]:
 
 def define_share(request: p.DefineShare, d: Parts, peer: Peer) -> Handled:
     spec = dataclasses.replace(request.spec, listen=None)  # where it listens: the manager's to say
-    if d.config.system and (spec.select or spec.selection):
-        return _refused(_NOT_YET_UNDER_SYSTEM), NOTHING
     if spec.public and not d.config.system:
         return _refused(
             f"share {spec.name!r}: --public lets other users' jobs read it, under the host's system "

@@ -99,6 +99,21 @@ def user_folders(users: Path, owner: Owner) -> tuple[Path, Path]:
     return theirs, handed
 
 
+def job_folder(users: Path, owner: Owner, key: str) -> Path:
+    """The folder of one attempt of a system manager's user's job that the job may write
+    (``$TANDEM_JOB_DIR``: what it leaves the manager, as a share's selection job its id):
+    ``<uid>/jobs/<key>``, theirs (0700), made new in a folder of root's. The manager reads it
+    as them (:func:`acting_as`) and removes it once the attempt has ended."""
+    uid, gid = owner
+    users.parent.mkdir(mode=0o711, parents=True, exist_ok=True)
+    jobs = _root_folder(_root_folder(_root_folder(users) / str(uid)) / "jobs")
+    folder = jobs / key
+    shutil.rmtree(folder, ignore_errors=True)  # a lost database's attempt of the same key
+    folder.mkdir(mode=0o700)
+    os.chown(folder, uid, gid)  # made by root in root's folder: no one else had a way in
+    return folder
+
+
 def hand_over(path: Path, handed: Path, owner: Owner) -> None:
     """``path`` (a file of root's, in a folder of root's) made ``owner``'s to read (0600) as
     ``handed`` (in their folder of root's: :func:`user_folders`), the same file: root goes on
