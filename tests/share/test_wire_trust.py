@@ -65,3 +65,27 @@ def test_a_guest_decodes_tensors_and_plain_values_but_no_class_of_the_producers(
     calls = pickle.dumps(_Calls())
     with pytest.raises(ProtocolError):
         SlotViews(trusted=False).views(0, calls, u8)
+
+
+def test_a_guest_maps_no_memory_of_another_users_that_could_shrink_under_it() -> None:
+    """A guest's mapping of a batch's memory never loses its pages (a SIGBUS as it reads):
+    it maps a segment only if the producer sealed its size, as every host slab does."""
+    from tandem.share._segment_map import SegmentMap
+    from tandem.share._slab import HostSlab
+
+    slab = HostSlab("t", 2)
+    spec, leaves = flatten({"x": torch.arange(6.0)})
+    slab.write(0, spec, leaves)
+    sealed = slab.read_only_fd(0)
+    guest = SegmentMap(trusted=False)
+    guest.add(slab.segment(0), sealed)  # sealed: mapped
+    loose = os.memfd_create("loose")
+    os.ftruncate(loose, 1 << 20)
+    with pytest.raises(ProtocolError, match="not sealed to its size"):
+        SegmentMap(trusted=False).add(protocol.Segment("host", 7, 1, 1 << 20), loose)
+    with pytest.raises(OSError):
+        os.fstat(loose)  # closed with the refusal
+    unsealed = os.memfd_create("unsealed")
+    os.ftruncate(unsealed, 1 << 20)
+    SegmentMap(trusted=True).add(protocol.Segment("host", 8, 1, 1 << 20), unsealed)  # its own: as ever
+    slab.close()

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import collections
 import ctypes
+import fcntl
 import mmap
 import os
 import threading
@@ -18,7 +19,7 @@ from typing import Protocol
 import torch
 
 from tandem.share import protocol
-from tandem.share._slab import PAGE, SlotViews, _round_up
+from tandem.share._slab import PAGE, SIZE_SEALS, SlotViews, _round_up
 from tandem.share._tree import Spec
 
 _use_count = getattr(torch._C, "_storage_Use_Count", None)
@@ -158,6 +159,11 @@ class SegmentMap:
         self.on_map: Callable[[mmap.mmap, torch.Tensor], None] | None = None  # hook (e.g. pin for CUDA)
 
     def add(self, segment: protocol.Segment, fd: int) -> None:
+        if not self._views.trusted and not _sized_for_good(fd):
+            os.close(fd)  # another user's memory that could be cut under our mapping (SIGBUS)
+            raise protocol.ProtocolError(
+                f"segment {segment.segment_id} of another user's producer is not sealed to its size"
+            )
         self._wait_reset(segment.slot)
         old = self._fds.pop(segment.slot, None)
         if old is not None:
@@ -260,3 +266,11 @@ class SegmentMap:
         for _segment_id, fd in self._fds.values():
             os.close(fd)
         self._fds.clear()
+
+
+def _sized_for_good(fd: int) -> bool:
+    """Whether memory file ``fd`` is sealed against shrinking and growing (:class:`_HostSegment`)."""
+    try:
+        return fcntl.fcntl(fd, fcntl.F_GET_SEALS) & SIZE_SEALS == SIZE_SEALS
+    except OSError:  # not a memfd
+        return False

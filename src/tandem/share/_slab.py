@@ -18,6 +18,7 @@ batches to a GPU map read-only and shared instead, so the pages can be pinned.
 from __future__ import annotations
 
 import ctypes
+import fcntl
 import io
 import mmap
 import os
@@ -31,6 +32,7 @@ from tandem.share import protocol
 from tandem.share._tree import Spec
 
 ALIGN = 64
+SIZE_SEALS = fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW
 PAGE = mmap.PAGESIZE
 MIN_SEGMENT = 1 << 20
 _libc = ctypes.CDLL(None, use_errno=True)
@@ -134,11 +136,14 @@ class _HostSegment:
         self.segment_id = segment_id
         self.slot = slot
         self.size = size
-        self.fd = os.memfd_create(f"tandem:{label}:{segment_id}", os.MFD_CLOEXEC)
+        self.fd = os.memfd_create(f"tandem:{label}:{segment_id}", os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
         # A memfd is made 0777: whoever holds a descriptor of it (a guest of a public share,
         # sent a read-only one) could open it again for writing through /proc/self/fd.
         os.fchmod(self.fd, 0o600)
         os.ftruncate(self.fd, size)
+        # Its size for good (a slot grows by a new segment): a reader's mapping never loses
+        # its pages under it (SIGBUS), whatever its producer does; a guest checks (SegmentMap).
+        fcntl.fcntl(self.fd, fcntl.F_ADD_SEALS, SIZE_SEALS | fcntl.F_SEAL_SEAL)
         self.mm = mmap.mmap(self.fd, size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
         self.u8 = torch.frombuffer(self.mm, dtype=torch.uint8)
 
