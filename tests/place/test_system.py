@@ -489,6 +489,29 @@ def test_a_share_of_a_selection_is_made_and_served_as_its_definer(
     until(lambda: not any(folders.iterdir()), 120, lambda: f"left: {list(folders.iterdir())}")
 
 
+def test_a_users_own_daemon_beside_the_system_manager_is_said_and_stopped_with_own(
+    system: Path,
+    two_users: tuple[OtherUser, OtherUser],  # noqa: F811
+) -> None:
+    """A user's own daemon, started before the host's manager, serves no command while the
+    manager runs: each command the manager serves says so, and `daemon stop --own` stops it."""
+    a, _b = two_users
+    alone = a.run(a.tandem("daemon", "start"), env=a.env(TANDEM_SYSTEM_DIR=str(system / "none")))
+    try:
+        assert alone.returncode == 0, alone.stderr
+        listed = _tandem(a, system, "ls")
+        assert listed.returncode == 0, listed.stderr
+        assert "the host's system manager serves this command; your own daemon" in listed.stderr
+        stopped = _tandem(a, system, "daemon", "stop", "--own")
+        assert stopped.returncode == 0 and "daemon stopped" in stopped.stderr, stopped.stderr
+        listed = _tandem(a, system, "ls")
+        assert listed.returncode == 0 and "your own daemon" not in listed.stderr, listed.stderr
+        status = _tandem(a, system, "daemon", "status")
+        assert "the host's system manager" in status.stdout and "your own daemon" not in status.stdout
+    finally:
+        a.run(a.tandem("daemon", "stop"), env=a.env(TANDEM_SYSTEM_DIR=str(system / "none")))
+
+
 LOGS_ITS_OWN = (  # MLflow takes MLFLOW_RUN_ID out of the environment as it resumes the run
     "import os\n"
     "print('run', os.environ.get('MLFLOW_RUN_ID'), 'store', os.environ.get('MLFLOW_TRACKING_URI'))\n"

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import importlib
 import logging
+import os
 
 import click
 
@@ -79,6 +80,32 @@ def main(verbose: int) -> None:
     level = logging.WARNING - 10 * min(verbose, 2)
     logging.basicConfig(level=level, format="%(asctime)s %(name)s %(levelname)s: %(message)s")
     _say_cluster_trouble()
+    _say_which_manager(click.get_current_context().invoked_subcommand)
+
+
+# The commands the host's system manager serves, where one runs, instead of the user's own daemon.
+_SERVED = ("submit", "ls", "show", "logs", "wait", "cancel", "report", "dashboard")
+
+
+def _say_which_manager(command: str | None) -> None:
+    """Where both the host's system manager and the user's own daemon run, a command they serve
+    says which one it used (the host's), on stderr; a job's own commands say nothing."""
+    if command not in _SERVED or os.environ.get("TANDEM_JOB_ID"):
+        return
+    from tandem.dirs import state_dir_path
+    from tandem.place import own_daemon_too
+
+    try:
+        own = own_daemon_too(state_dir_path())
+    except Exception:  # noqa: BLE001 - the command itself says what is wrong, if anything
+        return
+    if own is not None:
+        click.echo(
+            f"tandem: the host's system manager serves this command; your own daemon of "
+            f"{state_dir_path()} also runs, and serves none while it does (tandem daemon stop "
+            "--own stops it)",
+            err=True,
+        )
 
 
 def _say_cluster_trouble() -> None:

@@ -14,6 +14,7 @@ import os
 import signal
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -305,24 +306,58 @@ def _config(options: dict[str, Any]) -> DaemonConfig:
 
 @daemon.command("stop")
 @click.option("--timeout", type=float, default=30.0, show_default=True)
-def daemon_stop(timeout: float) -> None:
+@click.option(
+    "--own",
+    is_flag=True,
+    help="Stop your own daemon (of your state directory) while the host's system manager runs, "
+    "which every other command uses instead.",
+)
+def daemon_stop(timeout: float, own: bool) -> None:
     """Stop the daemon. Running jobs go on; the next daemon adopts them."""
     from tandem.dirs import system_paths
-    from tandem.place import daemon_pid, helper_pid, is_running, open_runs, state_dir, system_manager
+    from tandem.place import (
+        Stop,
+        daemon_pid,
+        helper_pid,
+        is_running,
+        open_runs,
+        own_daemon_too,
+        request_at,
+        state_dir,
+        system_manager,
+    )
 
-    # The host's system manager where one serves (every command goes to it): its own folder,
-    # where its pid is (only root may stop it, and read that).
-    directory = system_paths()[0] if system_manager() is not None and os.geteuid() == 0 else state_dir()
-    if not daemon_call(is_running, directory):
-        click.echo(f"no daemon serves {directory}", err=True)
-        return
-    pid = daemon_pid(directory)
-    from tandem.place import Stop
+    host = system_manager()
+    running: Callable[[], bool]
+    if own and host is not None:  # beside the host's manager: asked at its own socket
+        directory = state_dir()
+        socket = own_daemon_too(directory)
+        if socket is None:
+            click.echo(f"your own daemon of {directory} does not run", err=True)
+            return
 
-    request(Stop())
+        pid = daemon_pid(directory)
+        daemon_call(request_at, socket, Stop(), 10.0)
+
+        def running() -> bool:
+            return socket.is_socket() and own_daemon_too(directory) is not None
+
+    else:
+        # The host's system manager where one serves (every command goes to it): its own
+        # folder, where its pid is (only root may stop it, and read that).
+        directory = system_paths()[0] if host is not None and os.geteuid() == 0 else state_dir()
+        if not daemon_call(is_running, directory):
+            click.echo(f"no daemon serves {directory}", err=True)
+            return
+        pid = daemon_pid(directory)
+        request(Stop())
+
+        def running() -> bool:
+            return bool(daemon_call(is_running, directory))
+
     deadline = time.monotonic() + timeout
     # Stopped is when its process has ended (not when its socket closed), and its helper with it.
-    while time.monotonic() < deadline and (daemon_call(is_running, directory) or _alive(pid)):
+    while time.monotonic() < deadline and (running() or _alive(pid)):
         time.sleep(0.1)
     if pid is not None and _alive(pid):
         os.kill(pid, signal.SIGTERM)
@@ -394,10 +429,9 @@ def daemon_status(system: bool, as_json: bool) -> None:
     host_manager = system_manager()
     if host_manager is not None:  # the host's manager serves this user's commands: say so, and of their own
         click.echo(f"the host's system manager (socket {host_manager}) serves your commands")
-        from tandem.place import DaemonFile
+        from tandem.place import own_daemon_too
 
-        own = DaemonFile.read(state_dir())
-        if own is not None and own.socket and Path(own.socket).is_socket():
+        if own_daemon_too(state_dir()) is not None:
             click.echo(
                 f"  your own daemon of {state_dir()} also runs; it serves no command while this one does"
             )

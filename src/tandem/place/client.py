@@ -49,6 +49,23 @@ def system_manager() -> Path | None:
         return None
 
 
+def own_daemon_too(state_dir: Path) -> Path | None:
+    """The socket of this user's own daemon of ``state_dir`` where it answers while the host's
+    system manager runs too (which then serves every command: this one serves none), else None."""
+    from tandem.place.run.supervisor.files import DaemonFile
+
+    if system_manager() is None or not state_dir.is_dir():
+        return None
+    info = DaemonFile.read(state_dir)
+    if info is None or not info.socket or not Path(info.socket).is_socket():
+        return None
+    try:
+        request_at(Path(info.socket), protocol.Status(), 2.0)
+    except DaemonError:
+        return None
+    return Path(info.socket)
+
+
 def daemon_socket(state_dir: Path) -> Path:
     """Where the daemon of ``state_dir`` listens: the host's system manager where one runs
     (every user's commands go to it), else as the daemon wrote it in ``daemon.json`` (so a
