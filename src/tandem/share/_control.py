@@ -40,8 +40,10 @@ WARN_BLOCKED_S = 30.0  # say who holds things up after this long
 # $TANDEM_SHARE_ASIDE_S change it.
 ASIDE_AFTER_S = 10.0
 MAX_CONSUMERS = 64
-# Another user's consumers of a public share at once: their jobs cannot take every place.
+# Other users' connections to a public share at once, of each and of all: theirs cannot take
+# every place (MAX_CONSUMERS) nor every descriptor from the definer's jobs.
 GUESTS = 16
+ALL_GUESTS = MAX_CONSUMERS // 2
 
 
 @dataclass(slots=True, kw_only=True)
@@ -556,6 +558,8 @@ class ControlServer:
         # the thousand takes no descriptor, nor place, from the definer's jobs.
         if sum(g == guest for g in self._guests.values()) >= GUESTS:
             return f"share {self.name!r} serves at most {GUESTS} connections of each other user at once"
+        if len(self._guests) >= ALL_GUESTS:
+            return f"share {self.name!r} serves at most {ALL_GUESTS} connections of other users at once"
         return ""
 
     def _why_no_join(self) -> str:
