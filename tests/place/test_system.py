@@ -352,11 +352,22 @@ def test_a_public_share_serves_another_users_jobs_read_only(
     define = ("share", "define", "pub", "--dataset", "toy_data.py:make", "--batch-size", "4", "--public")
     defined = _tandem(a, system, *define)
     assert defined.returncode == 0 and "defined 'pub'" in defined.stdout, defined.stderr
+    # The other user's job comes first, so its producer is made for them: with code of theirs
+    # on their PYTHONPATH (a sitecustomize, run by every interpreter that has it there).
+    marks = Path(tempfile.mkdtemp(prefix="tandem-marks-"))
+    marks.chmod(0o777)
+    evil = Path(tempfile.mkdtemp(prefix="tandem-evil-"))  # theirs, and every user's to read
+    (evil / "sitecustomize.py").write_text(f"import os\nopen('{marks}/ran-as-' + str(os.getuid()), 'w')\n")
+    for path, mode in ((evil, 0o755), (evil / "sitecustomize.py", 0o644)):
+        os.chown(path, b.uid, b.gid)
+        path.chmod(mode)
     ids = {}
-    for user in (a, b):
-        done = _tandem(
-            user, system, "submit", "--share", "pub", "--cpus", "0.5", "--", user.python, "reader.py"
-        )
+    for user in (b, a):
+        env = user.env(TANDEM_SYSTEM_DIR=str(system))
+        if user is b:
+            env["PYTHONPATH"] = f"{evil}{os.pathsep}{env['PYTHONPATH']}"
+        submit = ("submit", "--share", "pub", "--cpus", "0.5", "--", user.python, "reader.py")
+        done = user.run(user.tandem(*submit), env=env, timeout=scaled(60))
         assert done.returncode == 0, done.stderr
         ids[user.uid] = int(done.stdout)
     said = {}
@@ -373,6 +384,11 @@ def test_a_public_share_serves_another_users_jobs_read_only(
     guest = said[b.uid]
     assert guest[9] == "socket" and guest[13] == "0", guest  # read-only to the other user
     assert guest[15] == "Refused" and said[a.uid][15] == "-", guest  # 16 connections of theirs at most
+    # Their code ran as them (their job), never as the definer (the producer: the definer's
+    # environment as defined, not the job's that started it).
+    assert sorted(p.name for p in marks.iterdir()) == [f"ran-as-{b.uid}"]
+    shutil.rmtree(marks)
+    shutil.rmtree(evil)
     # The other user may not take its name, nor remove it.
     again = _tandem(b, system, "share", "define", "pub", "--dataset", "toy_data.py:make")
     assert again.returncode == 2 and "another user's" in again.stderr, again.stderr

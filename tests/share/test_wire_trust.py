@@ -45,6 +45,22 @@ def test_a_pickled_message_holding_anything_else_is_refused(payload: object) -> 
         protocol.decode(bytes([0]) + pickle.dumps(payload))
 
 
+@pytest.mark.parametrize(
+    "message",
+    [
+        protocol.Hello(version=4, pid=1, batch_size=None, device="cpu", table=True, world_size="2"),  # type: ignore[arg-type]
+        protocol.Release(5),  # type: ignore[arg-type]
+        protocol.Next(release="ab"),  # type: ignore[arg-type]
+        protocol.Batch(1, 0, 0, 1, protocol.Segment("host", 1, 0, "big"), 0, 0),  # type: ignore[arg-type]
+    ],
+)
+def test_a_message_whose_fields_are_not_of_their_types_is_refused(message: object) -> None:
+    """A pickle may set a field to anything: one of another type would fail far from the
+    socket (the producer's control thread), so it is refused as it is read."""
+    with pytest.raises(ProtocolError, match="not a"):
+        protocol.decode(bytes([0]) + pickle.dumps(message))
+
+
 Pair = namedtuple("Pair", "x y")
 
 

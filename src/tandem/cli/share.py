@@ -299,7 +299,9 @@ def share_define(cpus: float | None, mem: int | None, public: bool, **options: A
         started.result()
     # The daemon is the state's one writer: it stores the definition (and queues the job that
     # makes its selection) in one transaction.
-    reply = daemon_call(request, directory, protocol.DefineShare(spec, select_job))
+    # A public share's producer runs in its definer's environment, whoever's job starts it.
+    where = (dict(os.environ), os.getcwd()) if spec.public else (None, None)
+    reply = daemon_call(request, directory, protocol.DefineShare(spec, select_job, *where))
     if reply.select_job is not None:
         click.echo(
             f"{spec.name}: its selection ({spec.select}) is made once by job {reply.select_job}", err=True

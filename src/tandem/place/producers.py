@@ -56,6 +56,8 @@ if TYPE_CHECKING:
 
 # The spec a producer job serves, in its environment (Producers.prepare; tandem share serve-spec).
 SPEC_ENV = "TANDEM_SHARE_SPEC"
+# In a public share's folder of the state directory: its definer's environment and directory.
+DEFINER_FILE = "definer.json"
 
 
 class RunningAttempts(Protocol):
@@ -157,6 +159,15 @@ class Producers:
         """Queue a producer of ``share`` for the waiting job ``asked`` (whose environment,
         and so runtime directory, and working directory it runs in), ``why`` another; its id."""
         full = self.state.job(asked.id, attempts=False) or asked  # with its environment
+        env, cwd, priority, group = full.env, full.cwd, full.priority, full.group or share.name
+        if share.owner is not None and full.owner != share.owner:
+            # Another user's job (a public share's guest): the producer runs as the definer, in
+            # their environment and directory as defined, never the asker's (their PYTHONPATH
+            # or LD_PRELOAD would be their code run as the definer), nor in their group.
+            env, cwd = self._definer(share)
+            priority, group = 0, share.name
+        elif share.spec.public:  # the definer's own job: as defined too, whoever asks first
+            env, cwd = self._definer(share)
         cpus, reason = self._cores(share)
         # A GPU slab's producer keeps its batches on a GPU of its own placement (cuda:0 to it).
         gpus = 1 if share.spec.slab_on_gpu and self.capacity.gpus else 0
@@ -166,16 +177,16 @@ class Producers:
         )
         spec = JobSpec(
             command=command,
-            cwd=full.cwd if os.path.isdir(full.cwd) else "/",
-            env=dict(full.env),
+            cwd=cwd if os.path.isdir(cwd) else "/",
+            env=dict(env),
             name=f"producer {share.name}",
             cpus=cpus,
             mem=share.spec.mem,
             gpu_mem=0 if gpus else None,  # its slab is seen in the GPU's measured use, not reserved
-            priority=full.priority,
+            priority=priority,
             retries=PRODUCER_RETRIES,
             share=share.name,
-            group=full.group or share.name,
+            group=group,
         )
         # It runs as the share's definer (a system manager's user), whoever's job asked for it.
         owner = share.owner if share.owner is not None else full.owner
@@ -188,6 +199,31 @@ class Producers:
             f"reserving {format_cores(cpus)} cores ({reason})",
         )
         return job_id
+
+    def keep_definer(self, name: str, where: tuple[dict[str, str], str] | None) -> None:
+        """Keep public share ``name``'s definer's environment and directory (in the state
+        directory: root's only); None: forget them (a share not public, or removed)."""
+        path = self.state.dir / "shares" / name / DEFINER_FILE
+        if where is None:
+            path.unlink(missing_ok=True)
+            return
+        path.parent.mkdir(parents=True, exist_ok=True)
+        write_json(path, {"env": where[0], "cwd": where[1]})
+
+    def _definer(self, share: Share) -> tuple[dict[str, str], str]:
+        """Public ``share``'s producer's environment and directory: its definer's, as kept at
+        define; else (kept by none: lost) a plain one of theirs, their home its directory."""
+        kept = read_json(self.state.dir / "shares" / share.name / DEFINER_FILE)
+        if isinstance(kept, dict) and isinstance(kept.get("env"), dict) and isinstance(kept.get("cwd"), str):
+            return {str(k): str(v) for k, v in kept["env"].items()}, kept["cwd"]
+        import pwd
+
+        try:
+            user = pwd.getpwuid(share.owner if share.owner is not None else os.getuid())
+        except KeyError:
+            return {"PATH": "/usr/local/bin:/usr/bin:/bin"}, "/"
+        plain = {"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": user.pw_dir, "USER": user.pw_name}
+        return {**plain, "LOGNAME": user.pw_name, "LANG": "C.UTF-8"}, user.pw_dir
 
     def prepare(self, job: Job) -> str:
         """Before producer ``job`` starts: the spec it serves, with the selection the state has

@@ -137,6 +137,10 @@ class DefineShare:
     OP: ClassVar[str] = "define-share"
     spec: ShareSpec
     select_job: JobSpec | None = None
+    # A public share's: the definer's environment and directory, its producer's whoever's job
+    # starts it (another user's job's would run their code as the definer).
+    env: dict[str, str] | None = None
+    cwd: str | None = None
 
 
 @dataclass(frozen=True)
@@ -498,9 +502,17 @@ def read_request(data: dict[str, Any]) -> Request:
         return AutoShare(job_id, spec)
     if cls is DefineShare:
         select_job = fields.get("select_job")
+        env, cwd = fields.get("env"), fields.get("cwd")
+        if env is not None and not (
+            isinstance(env, dict) and all(isinstance(k, str) and isinstance(v, str) for k, v in env.items())
+        ):
+            raise ProtocolError("not a share definition: its env is an object of strings")
+        if cwd is not None and not isinstance(cwd, str):
+            raise ProtocolError("not a share definition: its cwd is a path")
         try:
             spec = ShareSpec.from_json(json.dumps(fields.get("spec")))
-            return DefineShare(spec, None if select_job is None else JobSpec.from_dict(select_job))
+            maker = None if select_job is None else JobSpec.from_dict(select_job)
+            return DefineShare(spec, maker, env, cwd)
         except (TypeError, ValueError, AttributeError) as exc:
             raise ProtocolError(f"not a share definition: {exc}") from None
     return _build(cls, fields)

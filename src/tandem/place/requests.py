@@ -374,6 +374,8 @@ def define_share(request: p.DefineShare, d: Parts, peer: Peer) -> Handled:
     # As submit resolves it: a selection job that trains a proxy gets a GPU where there is one.
     gpus = 0 if job is None else (job.gpus if job.gpus is not None else (1 if d.capacity.gpus else 0))
     job_id = d.state.define_share(spec, job, gpus, owner=peer)
+    # A public share's: where and how its producer runs, whoever's job starts it (Producers.make).
+    d.producers.keep_definer(spec.name, (request.env or {}, request.cwd or "/") if spec.public else None)
     # Its selection job, where it has one, is queued: a pass at once, as after a submit.
     return p.ShareDefined(spec.name, job_id), Changed(queued=True, shares=True)
 
@@ -434,6 +436,7 @@ def remove_shares(request: p.RemoveShares, d: Parts, peer: Peer) -> Handled:
             in_use[name] = users
         else:
             removed.append(name)
+            d.producers.keep_definer(name, None)
     return p.SharesRemoved(removed, unknown, in_use), Changed(shares=True)
 
 

@@ -13,6 +13,7 @@ that were waiting for it. Every wait has a timeout, so a stop is seen within ``T
 from __future__ import annotations
 
 import collections
+import contextlib
 import logging
 import os
 import selectors
@@ -44,6 +45,9 @@ MAX_CONSUMERS = 64
 # every place (MAX_CONSUMERS) nor every descriptor from the definer's jobs.
 GUESTS = 16
 ALL_GUESTS = MAX_CONSUMERS // 2
+GUEST_MESSAGES = (protocol.Hello, protocol.Next, protocol.Release, protocol.Bye)  # all they may say
+GUEST_HELLO_S = 10.0  # a guest's connection that has not attached by then is let go
+GUEST_SEND_S = 0.2  # what a send to a guest may wait (a full socket: it does not read), then let go
 
 
 @dataclass(slots=True, kw_only=True)
@@ -110,6 +114,7 @@ class ControlServer:
         # as a guest (GUESTS below); else a consumer of another user is refused.
         self.public = False
         self._guests: dict[socket.socket, int] = {}  # another user's connections: their uid
+        self._guest_since: dict[socket.socket, float] = {}  # and when, until they attach
         self._tended_at = 0.0
         self._stats = stats
         self._on_error = on_error
@@ -185,6 +190,9 @@ class ControlServer:
                 if time.monotonic() - self._tended_at >= TICK:
                     with self.cond:
                         self._tend_idle(time.monotonic())
+                    for conn, since in list(self._guest_since.items()):
+                        if time.monotonic() - since > GUEST_HELLO_S:  # a place held, not taken
+                            self._let_go(sel, conns, conn, f"no Hello within {GUEST_HELLO_S:g} s")
                 for key, _ in sel.select(timeout=TICK):
                     if key.data == "wake":
                         continue
@@ -216,6 +224,7 @@ class ControlServer:
                 conn.close()
                 return
             self._guests[conn] = guest
+            self._guest_since[conn] = time.monotonic()
         conns[conn] = None
         sel.register(conn, selectors.EVENT_READ, "conn")
 
@@ -228,40 +237,78 @@ class ControlServer:
             sel.unregister(conn)
             conns.pop(conn, None)
             self._guests.pop(conn, None)
+            self._guest_since.pop(conn, None)
             if consumer is not None:
                 with self.cond:
                     self.detach(consumer, f"disconnected ({exc})")
             conn.close()
             return
         guest = self._guests.get(conn)
-        if guest is not None and consumer is None and not isinstance(message, protocol.Hello):
-            # Another user's: only to read (their digest of items would run our dataset's code
-            # at their asking; our consumers' figures are ours).
-            _send_quietly(conn, protocol.Refused(f"{type(message).__name__} is the share's owner's to ask"))
+        if guest is not None and (
+            not isinstance(message, GUEST_MESSAGES) or (isinstance(message, protocol.Hello) and consumer)
+        ):
+            # Another user's: only to read, as one consumer a connection (their digest of items
+            # would run our dataset's code at their asking; our consumers' figures are ours).
+            # Told once, and let go: a guest that would not read our answers holds us up never.
+            self._let_go(sel, conns, conn, f"{type(message).__name__} is not another user's to ask")
             return
         if isinstance(message, protocol.Items):
+            if consumer is not None:  # its reader's check: on a connection of its own
+                _send_quietly(conn, protocol.Refused("Items are asked on a connection of their own"))
+                return
             # Loading items takes a while: answered beside this thread, on a connection of
             # its own (a reader's check as it attaches; not a consumer's).
             sel.unregister(conn)
             conns.pop(conn, None)
             threading.Thread(target=self._answer_items, args=(conn, message), daemon=True).start()
             return
-        with self.cond:
-            if isinstance(message, protocol.Next) and consumer is not None:
-                self._released(consumer, message.release)
-                consumer.link.reported(message.stall_s, message.samples, message.batches)
-                self.reply(consumer)
-            elif isinstance(message, protocol.Release) and consumer is not None:
-                self._released(consumer, message.seqs)
-            elif isinstance(message, protocol.Hello) and consumer is None:
-                conns[conn] = self._attach(conn, message, guest)
-            elif isinstance(message, protocol.Stats):
-                _send_quietly(conn, self._stats())
-            elif isinstance(message, protocol.Bye) and consumer is not None:
-                self.detach(consumer, "said goodbye")
-                conns[conn] = None
-            else:
-                _send_quietly(conn, protocol.Refused(f"unexpected {type(message).__name__}"))
+        try:
+            with self.cond:
+                self._answer(conns, conn, consumer, guest, message)
+        except Exception as exc:  # noqa: BLE001 - one peer's message that makes no sense: its loss
+            log.warning("producer %r: a consumer's %s let go: %s", self.name, type(message).__name__, exc)
+            self._let_go(sel, conns, conn, f"{type(message).__name__} not understood")
+
+    def _answer(
+        self,
+        conns: dict,
+        conn: socket.socket,
+        consumer: Attached | None,
+        guest: int | None,
+        message: object,
+    ) -> None:
+        """Answer ``message`` of ``conn``'s peer (``consumer``, once attached; lock held)."""
+        if isinstance(message, protocol.Next) and consumer is not None:
+            self._released(consumer, message.release)
+            consumer.link.reported(message.stall_s, message.samples, message.batches)
+            self.reply(consumer)
+        elif isinstance(message, protocol.Release) and consumer is not None:
+            self._released(consumer, message.seqs)
+        elif isinstance(message, protocol.Hello) and consumer is None:
+            conns[conn] = self._attach(conn, message, guest)
+            if conns[conn] is not None:
+                self._guest_since.pop(conn, None)
+        elif isinstance(message, protocol.Stats):
+            _send_quietly(conn, self._stats())
+        elif isinstance(message, protocol.Bye) and consumer is not None:
+            self.detach(consumer, "said goodbye")
+            conns[conn] = None
+        else:
+            _send_quietly(conn, protocol.Refused(f"unexpected {type(message).__name__}"))
+
+    def _let_go(self, sel: selectors.BaseSelector, conns: dict, conn: socket.socket, why: str) -> None:
+        """Refuse ``conn``'s peer (a short wait at most: it may not read) and close it."""
+        consumer = conns.pop(conn, None)
+        self._guests.pop(conn, None)
+        self._guest_since.pop(conn, None)
+        with contextlib.suppress(KeyError, ValueError):
+            sel.unregister(conn)
+        if consumer is not None:
+            with self.cond:
+                self.detach(consumer, why)
+        with contextlib.suppress(OSError):
+            protocol.send(conn, protocol.Refused(why), timeout=GUEST_SEND_S)
+        conn.close()
 
     def _answer_items(self, conn: socket.socket, message: protocol.Items) -> None:
         try:
@@ -374,8 +421,8 @@ class ControlServer:
             c.missed_batches += missed_batches
             c.missed_pending = (0, 0)
         try:
-            protocol.send(c.sock, message, fds)
-        except OSError as exc:
+            protocol.send(c.sock, message, fds, timeout=2.0 if c.guest is None else GUEST_SEND_S)
+        except OSError as exc:  # a timeout too
             self.detach(c, f"send failed: {exc}")
             return
         finally:
@@ -490,9 +537,13 @@ class ControlServer:
             _send_quietly(conn, protocol.Refused(f"producer {self.name!r} has {MAX_CONSUMERS} consumers"))
             return None
         if hello.world_size > 1:
-            # A guest's ranks are keyed by their user too: no other user's job joins (or holds) them.
-            key = hello.group if guest is None else f"{guest}:{hello.group}"
-            join = self.groups.join(key, hello.rank, hello.world_size, join)
+            if guest is not None:  # a group's hold waits for every rank: one that never comes stalls us
+                _send_quietly(
+                    conn,
+                    protocol.Refused("another user's distributed job reads a public share rank by rank only"),
+                )
+                return None
+            join = self.groups.join(hello.group, hello.rank, hello.world_size, join)
         cursor, start = join
         index = self._free_indices.pop()
         self.table.reset_consumer(index, cursor)

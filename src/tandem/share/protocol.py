@@ -67,13 +67,16 @@ Positions are ``(epoch, offset)`` pairs in the producer's stream; see
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 import io
 import pickle
 import socket
 import struct
+import types
+import typing
 from dataclasses import dataclass, field
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 from tandem._ipc import MAX_PACKET, close_fds, recv_packet, send_packet
 from tandem.share.errors import ProtocolError
@@ -354,8 +357,49 @@ def decode(data: bytes) -> object:
         _, seq, epoch, samples = _EPOCH_END_FMT.unpack(data)
         return EpochEnd(seq=seq, epoch=epoch, samples=samples)
     if tag == _PICKLED:
-        return _MessageUnpickler(io.BytesIO(data[1:])).load()
+        return _checked(_MessageUnpickler(io.BytesIO(data[1:])).load())
     raise ProtocolError(f"unknown message tag {tag}")
+
+
+def _checked(message: object) -> object:
+    """``message`` once each of its fields is of its declared type (a pickle may set a field
+    to anything: a peer's ``world_size="x"`` would fail far from here, in the producer's thread)."""
+    if type(message) not in _MESSAGE_CLASSES.values() or type(message) is EntryKind:
+        raise ProtocolError(f"not a message: {type(message).__name__}")
+    hints = _hints(type(message))
+    for name, hint in hints.items():
+        if not _is(getattr(message, name), hint):
+            raise ProtocolError(f"{type(message).__name__}.{name}: not a {hint}")
+    return message
+
+
+_HINTS: dict[type, dict[str, Any]] = {}
+
+
+def _hints(cls: type) -> dict[str, Any]:
+    """The fields of message class ``cls`` (a dataclass or a named tuple) and their types."""
+    if cls not in _HINTS:
+        names = getattr(cls, "_fields", None) or [f.name for f in dataclasses.fields(cls)]
+        every = typing.get_type_hints(cls)
+        _HINTS[cls] = {n: every[n] for n in names}
+    return _HINTS[cls]
+
+
+def _is(value: object, hint: Any) -> bool:
+    """Whether ``value`` is of type ``hint`` (the kinds of field the messages declare)."""
+    origin = typing.get_origin(hint)
+    if origin in (typing.Union, types.UnionType):
+        return any(_is(value, h) for h in typing.get_args(hint))
+    if origin is tuple:
+        item = typing.get_args(hint)[0]
+        return type(value) is tuple and all(_is(v, item) for v in value)
+    if hint is type(None):
+        return value is None
+    if hint is float:
+        return type(value) in (float, int)
+    if hint in _MESSAGE_CLASSES.values():  # a record in a record (a Batch's Segment)
+        return type(value) is hint and _checked(value) is value
+    return type(value) is hint
 
 
 class _MessageUnpickler(pickle.Unpickler):
