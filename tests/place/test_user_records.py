@@ -91,3 +91,39 @@ def test_what_was_handed_to_a_user_and_never_taken_goes_after_a_week(tmp_path: P
         os.utime(path, (week_ago, week_ago))
     _sweep(tmp_path)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["4-1.jsonl"]
+
+
+def test_a_users_job_folder_of_any_shape_is_removed_as_them_and_nothing_of_roots_with_it(
+    tmp_path: Path,
+) -> None:
+    """What a user's job leaves in its folder (``$TANDEM_JOB_DIR`` under a system manager)
+    goes as its attempt ends, whatever its shape (a tree thousands of folders deep: Python's
+    own rmtree recursion would fail) and whatever it links to (root's file stays)."""
+    import shutil
+    import tempfile
+
+    from tandem.place.run.metrics.as_user import job_folder, remove_theirs
+    from tests.other_user import local_user
+    from tests.timing import until
+
+    base = Path(tempfile.mkdtemp(prefix="tandem-users-"))  # theirs to pass through, as /var/lib is
+    base.chmod(0o711)
+    users = base / "users"
+    roots = tmp_path / "roots.txt"
+    roots.write_text("root's")
+    with local_user() as user:
+        owner = (user.uid, user.gid)
+        folder = job_folder(users, owner, "7-1")
+        assert folder.stat().st_uid == user.uid and oct(folder.stat().st_mode & 0o777) == "0o700"
+        deep = "/".join(["d"] * 3000)
+        made = user.run(
+            ["sh", "-c", f"mkdir -p {deep} && ln -s {roots} link && ln -s {tmp_path} dirlink"], cwd=folder
+        )
+        assert made.returncode == 0, made.stderr
+        remove_theirs(folder, owner)
+        until(lambda: not folder.exists(), 60, lambda: f"{folder} still there")
+        assert roots.read_text() == "root's" and (users / str(user.uid) / "jobs").is_dir()
+        # The same key again (a lost database's attempt): a new, empty folder of theirs.
+        again = job_folder(users, owner, "7-1")
+        assert list(again.iterdir()) == []
+    shutil.rmtree(base)

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import logging
 import os
-import shutil
 from dataclasses import replace
 from pathlib import Path
 
@@ -34,7 +33,7 @@ from tandem.place.resources import Reservation
 from tandem.place.retry import retry
 from tandem.place.run.launchers.launch import Launch, Launcher, stop_orphaned_job
 from tandem.place.run.metrics import tracking
-from tandem.place.run.metrics.as_user import acting_as, job_folder
+from tandem.place.run.metrics.as_user import acting_as, job_folder, remove_theirs
 from tandem.place.run.metrics.tracking import Tracker
 from tandem.place.run.metrics.users import Trackers
 from tandem.place.run.supervisor.files import (
@@ -80,9 +79,11 @@ class Attempts:
     def _left_dir(self, job: Job, adir: Path, made: bool = False) -> Path:
         """Where an attempt of ``job`` (in ``adir``) may leave us files: ``adir``, or under a
         system manager a folder of its user's (:func:`job_folder`; ``made``: new)."""
-        users = self.trackers.users if self.trackers is not None else None
-        if users is None or job.owner in (None, 0):
+        if not self.config.system or job.owner in (None, 0):
             return adir
+        from tandem.dirs import system_users_dir
+
+        users = system_users_dir()
         owner = (job.owner, job.owner_gid if job.owner_gid is not None else job.owner)
         key = f"{job.id}-{adir.name}"
         return job_folder(users, owner, key) if made else users / str(job.owner) / "jobs" / key
@@ -99,7 +100,7 @@ class Attempts:
             with acting_as(owner):
                 return selections_made(self.state, job.id, left) if read else {}
         finally:
-            shutil.rmtree(left, ignore_errors=True)  # fd-based: no link of theirs is followed
+            remove_theirs(left, owner)
 
     def tracker(self, job: Job) -> Tracker | None:
         """Where ``job``'s runs are written (its user's store under a system manager), or None:

@@ -245,18 +245,21 @@ class StateReads(ABC):
     def shares(self) -> list[Share]:
         return [decode(Share, r) for r in self.query("SELECT * FROM shares ORDER BY name")]
 
-    def private_runs(self, job_keys: list[str]) -> dict[str, Job]:
+    def private_runs(self, job_keys: list[str], owner: int | None = None) -> dict[str, Job]:
         """The last succeeded job of each of these keys that read no share (a job loading for
-        itself), with its attempts: what a sweep's report compares sharing against."""
+        itself), with its attempts: what a sweep's report compares sharing against. ``owner``:
+        of that user's jobs only (one with none: the daemon's own user's)."""
         out: dict[str, Job] = {}
-        for i in range(0, len(job_keys), 500):  # SQLite's limit on bound values
-            chunk = job_keys[i : i + 500]
+        mine = "" if owner is None else "AND coalesce(owner, ?) = ? "
+        for i in range(0, len(job_keys), 400):  # SQLite's limit on bound values
+            chunk = job_keys[i : i + 400]
             marks = ", ".join("?" for _ in chunk)
             sql = (
                 f"SELECT {_LISTED} FROM jobs WHERE job_key IN ({marks}) AND coalesce(share, '') = '' "
-                "AND state = 'succeeded' ORDER BY id"
+                f"AND state = 'succeeded' {mine}ORDER BY id"
             )
-            out.update((job.job_key, job) for job in decode_all(Job, self.query(sql, tuple(chunk))))
+            args = (*chunk, *(() if owner is None else (os.getuid(), owner)))
+            out.update((job.job_key, job) for job in decode_all(Job, self.query(sql, args)))
         self._with_attempts(list(out.values()))
         return out
 

@@ -504,8 +504,8 @@ def read_jobs(request: p.ReadJobs, d: Parts, peer: Peer) -> Handled:
     older = bool(jobs) and request.last is not None and d.state.any_before(jobs[0].id)
     rows = [_row(j if peer.may_act_on(j.owner) else _unseen(j)) for j in jobs]
     counts = d.state.counts() if request.counts else {}
-    private = d.state.private_runs(request.private_of) if request.private_of else {}
-    private_rows = [_row(j) for j in private.values() if _own(j.owner, peer)]
+    private = d.state.private_runs(request.private_of, owner=peer.uid) if request.private_of else {}
+    private_rows = [_row(j) for j in private.values()]
     return p.JobRows(rows, [], _shares_of(d, peer), older, counts, private_rows), NOTHING
 
 

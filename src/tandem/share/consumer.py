@@ -361,6 +361,13 @@ class Consumer:
         if not isinstance(reply, protocol.Welcome):
             self.close()
             raise ProtocolError(f"expected Welcome, got {type(reply).__name__}")
+        if self._guest and (reply.transport != "socket" or self._conn.welcome_fds):
+            # Another user's table would be memory of theirs we map shared, unsealed.
+            close_fds(self._conn.welcome_fds)
+            self.close()
+            raise ProtocolError(
+                f"another user's producer {self.name!r} named the {reply.transport} transport"
+            )
         if reply.transport == "table" and not self._conn.welcome_fds:
             self.close()
             raise ProtocolError("Welcome named the table transport but carried no table")

@@ -16,6 +16,9 @@ import os
 import platform
 import shutil
 import stat
+import subprocess
+import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -108,10 +111,39 @@ def job_folder(users: Path, owner: Owner, key: str) -> Path:
     users.parent.mkdir(mode=0o711, parents=True, exist_ok=True)
     jobs = _root_folder(_root_folder(_root_folder(users) / str(uid)) / "jobs")
     folder = jobs / key
-    shutil.rmtree(folder, ignore_errors=True)  # a lost database's attempt of the same key
+    if os.path.lexists(folder):  # a lost database's attempt of the same key: set aside, then gone
+        aside = jobs / f".gone-{key}-{os.getpid()}-{time.monotonic_ns()}"
+        os.rename(folder, aside)
+        remove_theirs(aside, owner)
     folder.mkdir(mode=0o700)
     os.chown(folder, uid, gid)  # made by root in root's folder: no one else had a way in
     return folder
+
+
+REMOVE_S = 300.0  # what the removal of a user's folder may take (a tree of millions of files)
+
+
+def remove_theirs(folder: Path, owner: Owner) -> None:
+    """Remove ``folder`` (a user's, in a folder of root's) and all it holds, beside the caller:
+    its contents by a ``rm -r`` run as them (whatever they put there: links are removed, never
+    followed; a tree of any depth or width costs the manager no time, nor stack), then the
+    folder itself, as root, once empty."""
+    uid, gid = owner
+
+    def remove() -> None:
+        try:
+            subprocess.run(
+                ["rm", "-rf", "--one-file-system", "--", str(folder)],
+                user=uid, group=gid, extra_groups=[], env={"PATH": "/usr/bin:/bin"}, cwd="/",
+                stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                timeout=REMOVE_S, check=False,
+            )  # fmt: skip
+        except (OSError, subprocess.SubprocessError):
+            pass
+        with contextlib.suppress(OSError):
+            os.rmdir(folder)  # theirs could not: it is in root's
+
+    threading.Thread(target=remove, name=f"remove {folder.name}", daemon=True).start()
 
 
 def hand_over(path: Path, handed: Path, owner: Owner) -> None:
