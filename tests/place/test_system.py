@@ -354,9 +354,11 @@ def test_a_public_share_serves_another_users_jobs_read_only(
     assert defined.returncode == 0 and "defined 'pub'" in defined.stdout, defined.stderr
     # The other user's job comes first, so its producer is made for them: with code of theirs
     # on their PYTHONPATH (a sitecustomize, run by every interpreter that has it there).
-    marks = Path(tempfile.mkdtemp(prefix="tandem-marks-"))
+    marks = system / "marks"  # in the manager's folder: gone with it, whatever happens
+    marks.mkdir()
     marks.chmod(0o777)
-    evil = Path(tempfile.mkdtemp(prefix="tandem-evil-"))  # theirs, and every user's to read
+    evil = system / "evil"  # theirs, and every user's to read
+    evil.mkdir()
     (evil / "sitecustomize.py").write_text(f"import os\nopen('{marks}/ran-as-' + str(os.getuid()), 'w')\n")
     for path, mode in ((evil, 0o755), (evil / "sitecustomize.py", 0o644)):
         os.chown(path, b.uid, b.gid)
@@ -387,8 +389,6 @@ def test_a_public_share_serves_another_users_jobs_read_only(
     # Their code ran as them (their job), never as the definer (the producer: the definer's
     # environment as defined, not the job's that started it).
     assert sorted(p.name for p in marks.iterdir()) == [f"ran-as-{b.uid}"]
-    shutil.rmtree(marks)
-    shutil.rmtree(evil)
     # The other user may not take its name, nor remove it.
     again = _tandem(b, system, "share", "define", "pub", "--dataset", "toy_data.py:make")
     assert again.returncode == 2 and "another user's" in again.stderr, again.stderr

@@ -108,22 +108,24 @@ def test_a_users_job_folder_of_any_shape_is_removed_as_them_and_nothing_of_roots
 
     base = Path(tempfile.mkdtemp(prefix="tandem-users-"))  # theirs to pass through, as /var/lib is
     base.chmod(0o711)
-    users = base / "users"
-    roots = tmp_path / "roots.txt"
-    roots.write_text("root's")
-    with local_user() as user:
-        owner = (user.uid, user.gid)
-        folder = job_folder(users, owner, "7-1")
-        assert folder.stat().st_uid == user.uid and oct(folder.stat().st_mode & 0o777) == "0o700"
-        deep = "/".join(["d"] * 3000)
-        made = user.run(
-            ["sh", "-c", f"mkdir -p {deep} && ln -s {roots} link && ln -s {tmp_path} dirlink"], cwd=folder
-        )
-        assert made.returncode == 0, made.stderr
-        remove_theirs(folder, owner)
-        until(lambda: not folder.exists(), 60, lambda: f"{folder} still there")
-        assert roots.read_text() == "root's" and (users / str(user.uid) / "jobs").is_dir()
-        # The same key again (a lost database's attempt): a new, empty folder of theirs.
-        again = job_folder(users, owner, "7-1")
-        assert list(again.iterdir()) == []
-    shutil.rmtree(base)
+    try:
+        users = base / "users"
+        roots = tmp_path / "roots.txt"
+        roots.write_text("root's")
+        with local_user() as user:
+            owner = (user.uid, user.gid)
+            folder = job_folder(users, owner, "7-1")
+            assert folder.stat().st_uid == user.uid and oct(folder.stat().st_mode & 0o777) == "0o700"
+            deep = "/".join(["d"] * 3000)
+            made = user.run(
+                ["sh", "-c", f"mkdir -p {deep} && ln -s {roots} link && ln -s {tmp_path} dirlink"], cwd=folder
+            )
+            assert made.returncode == 0, made.stderr
+            remove_theirs(folder, owner)
+            until(lambda: not folder.exists(), 60, lambda: f"{folder} still there")
+            assert roots.read_text() == "root's" and (users / str(user.uid) / "jobs").is_dir()
+            # The same key again (a lost database's attempt): a new, empty folder of theirs.
+            again = job_folder(users, owner, "7-1")
+            assert list(again.iterdir()) == []
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
