@@ -33,7 +33,7 @@ from tandem.place.resources import Reservation
 from tandem.place.retry import retry
 from tandem.place.run.launchers.launch import Launch, Launcher, stop_orphaned_job
 from tandem.place.run.metrics import tracking
-from tandem.place.run.metrics.as_user import acting_as, job_folder, remove_theirs
+from tandem.place.run.metrics.as_user import Owner, acting_as, job_folder, job_folder_path, remove_theirs
 from tandem.place.run.metrics.tracking import Tracker
 from tandem.place.run.metrics.users import Trackers
 from tandem.place.run.supervisor.files import (
@@ -83,10 +83,8 @@ class Attempts:
             return adir
         from tandem.dirs import system_users_dir
 
-        users = system_users_dir()
-        owner = (job.owner, job.owner_gid if job.owner_gid is not None else job.owner)
-        key = f"{job.id}-{adir.name}"
-        return job_folder(users, owner, key) if made else users / str(job.owner) / "jobs" / key
+        users, key = system_users_dir(), f"{job.id}-{adir.name}"
+        return job_folder(users, _owner(job), key) if made else job_folder_path(users, _owner(job)[0], key)
 
     def _read_left(self, job: Job, adir: Path, read: bool) -> dict[str, str | None]:
         """As an attempt ends: the selections a share's selection job left (``read``: it
@@ -94,8 +92,7 @@ class Attempts:
         left = self._left_dir(job, adir)
         if left == adir:
             return selections_made(self.state, job.id, adir) if read else {}
-        assert job.owner is not None
-        owner = (job.owner, job.owner_gid if job.owner_gid is not None else job.owner)
+        owner = _owner(job)
         try:
             with acting_as(owner):
                 return selections_made(self.state, job.id, left) if read else {}
@@ -172,7 +169,7 @@ class Attempts:
                 db_id=self.state.id,
                 node_env=node_env,
                 user=job.owner if as_owner else None,
-                group=(job.owner_gid if job.owner_gid is not None else job.owner) if as_owner else None,
+                group=_owner(job)[1] if as_owner else None,
                 groups=tuple(job.owner_groups) if as_owner else (),
             ),
         )
@@ -513,3 +510,10 @@ class Attempts:
             self.active[job.id] = a
             self.state.event(job.id, "adopted", f"attempt {att.n} (shim pid {a.shim_pid})")
         self.follow_all(clock.now())
+
+
+def _owner(job: Job) -> Owner:
+    """``(uid, gid)`` a system manager's user's job runs as (its primary group as submitted,
+    else the group of its uid's number)."""
+    assert job.owner is not None
+    return job.owner, job.owner_gid if job.owner_gid is not None else job.owner

@@ -102,6 +102,11 @@ def user_folders(users: Path, owner: Owner) -> tuple[Path, Path]:
     return theirs, handed
 
 
+def job_folder_path(users: Path, uid: int, key: str) -> Path:
+    """Where :func:`job_folder` makes user ``uid``'s folder of attempt ``key``."""
+    return users / str(uid) / "jobs" / key
+
+
 def job_folder(users: Path, owner: Owner, key: str) -> Path:
     """The folder of one attempt of a system manager's user's job that the job may write
     (``$TANDEM_JOB_DIR``: what it leaves the manager, as a share's selection job its id):
@@ -109,8 +114,8 @@ def job_folder(users: Path, owner: Owner, key: str) -> Path:
     as them (:func:`acting_as`) and removes it once the attempt has ended."""
     uid, gid = owner
     users.parent.mkdir(mode=0o711, parents=True, exist_ok=True)
-    jobs = _root_folder(_root_folder(_root_folder(users) / str(uid)) / "jobs")
-    folder = jobs / key
+    folder = job_folder_path(users, uid, key)
+    jobs = _root_folder(_root_folder(_root_folder(users) / str(uid)) / folder.parent.name)
     if os.path.lexists(folder):  # a lost database's attempt of the same key: set aside, then gone
         aside = jobs / f".gone-{key}-{os.getpid()}-{time.monotonic_ns()}"
         os.rename(folder, aside)
