@@ -39,8 +39,11 @@ READER = textwrap.dedent(
             assert torch.equal(x[:, 0], i.float())  # each item is its own
             seen += i.tolist()
             times.append(time.monotonic())
-            if len(times) == 3:
+            if len(times) == 3 and sys.argv[1:] == ["pause"]:
+                # Stays at this batch until told (it is stopped meanwhile): on a busy
+                # machine it could otherwise read all its epochs before the stop lands.
                 print("reading", flush=True)
+                sys.stdin.readline()
         epochs.append(seen)
     print(json.dumps({"epochs": epochs, "times": times}), flush=True)
     """
@@ -65,17 +68,24 @@ def test_a_stopped_reader_holds_the_others_only_until_it_is_set_aside(tmp_path: 
     env = {**os.environ, "TANDEM_SHARE_ASIDE_S": str(ASIDE_S)}
     readers = [
         subprocess.Popen(
-            [sys.executable, str(script)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env
+            [sys.executable, str(script), *(["pause"] if r == 0 else [])],
+            stdin=subprocess.PIPE if r == 0 else subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=env,
         )
-        for _ in range(3)
+        for r in range(3)
     ]
     stopped = readers[0]
     try:
-        assert stopped.stdout is not None
+        assert stopped.stdout is not None and stopped.stdin is not None
         line = stopped.stdout.readline()  # blocks until it has read a few batches
         assert line.strip() == "reading", stopped.stderr.read() if stopped.stderr else ""
         stopped.send_signal(signal.SIGSTOP)
         stopped_at = time.monotonic()
+        stopped.stdin.write("go\n")  # read once it is continued
+        stopped.stdin.flush()
         others = [r.communicate(timeout=scaled(120)) for r in readers[1:]]
         others_done = time.monotonic()
     finally:
