@@ -13,6 +13,7 @@ import pytest
 import tandem
 from tandem.share import Consumer
 from tandem.share.spec import SpecError, load_object
+from tests.timing import scaled
 
 from .share.conftest import wait_for
 
@@ -31,7 +32,7 @@ def test_serve_ls_and_consume(runtime_dir):
         cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=os.environ.copy(),
     )  # fmt: skip
     try:
-        with Consumer("cli-demo", timeout=30) as c:
+        with Consumer("cli-demo", timeout=scaled(30)) as c:
             it = iter(c)
             first = next(it)
             listing = _tandem("share", "ls", "--json")
@@ -46,7 +47,7 @@ def test_serve_ls_and_consume(runtime_dir):
             assert "…" not in table.stdout and "stall s" in table.stdout and "attached s" in table.stdout
             ids = first["i"].tolist() + [i for b in it for i in b["i"].tolist()]
         assert ids == list(range(20))
-        out, err = serve.communicate(timeout=30)
+        out, err = serve.communicate(timeout=scaled(30))
         assert serve.returncode == 0, err
         assert "served 1 epoch" in err
     finally:
@@ -65,13 +66,13 @@ def test_serve_an_image_folder_decoded_once_by_the_producer(runtime_dir, tmp_pat
         cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=os.environ.copy(),
     )  # fmt: skip
     try:
-        with Consumer("cli-img", batch_size=5, timeout=30) as c:
+        with Consumer("cli-img", batch_size=5, timeout=scaled(30)) as c:
             seen = []
             for b in c:
                 assert b["image"].shape == (5, 3, 16, 16) and b["label"].shape == (5,)
                 seen += b["index"].tolist()
         assert sorted(seen) == list(range(20))
-        _, err = serve.communicate(timeout=30)
+        _, err = serve.communicate(timeout=scaled(30))
         assert serve.returncode == 0, err
     finally:
         if serve.poll() is None:

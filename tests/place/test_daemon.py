@@ -268,7 +268,8 @@ def test_a_cancel_just_before_the_daemon_stops_is_recorded_not_left_running(cli)
 def test_daemon_sigkill_and_restart_loses_nothing(cli, tmp_path: Path) -> None:
     cli("daemon", "start", "--cpus", "1", *FAST)
     log = tmp_path / "runs.log"
-    running = cli.submit("--cpus", "1", "--", *logged_job(log, "running", 3))
+    end = tmp_path / "end"  # the running job ends when the test says, not after a time
+    running = cli.submit("--cpus", "1", "--", *logged_job(log, "running", 0, until=end))
     cli.wait_state(running, {"running"})
     queued = cli.submit("--cpus", "1", "--", *logged_job(log, "queued", 0.2))
     pid = cli.daemon_pid()
@@ -278,6 +279,7 @@ def test_daemon_sigkill_and_restart_loses_nothing(cli, tmp_path: Path) -> None:
     r = cli("wait", str(queued), check=False)  # nothing can end it now: says so instead of hanging
     assert r.returncode == 125 and "no daemon is running" in r.stderr
     # The job ends while no daemon runs; its supervisor keeps the result.
+    end.touch()
     until(lambda: (attempt_dir(cli.state, running) / "result.json").exists(), 30, "the job did not end")
     cli("daemon", "start", "--cpus", "1", *FAST)
     assert cli("wait", str(running), str(queued), timeout=60).returncode == 0
@@ -420,7 +422,7 @@ def test_each_job_is_an_mlflow_run_written_while_it_runs(cli, tmp_path: Path) ->
     # The store is the helper's to make: it is opened here once the job's run is in it (a
     # client opening the file while the helper makes it runs MLflow's migrations beside it).
     client = None
-    deadline = time.monotonic() + 120  # the helper imports MLflow once (seconds on this machine)
+    deadline = time.monotonic() + scaled(120)  # the helper imports MLflow once (seconds on this machine)
     wanted = ("system/host/cpu_percent", "system/process_tree/pss_bytes", "system/energy/cpu_joules")
     while True:
         job = cli.job(job_id)

@@ -19,7 +19,7 @@ import pytest
 from tandem.place.run.supervisor.files import ShimInfo, load
 from tandem.place.run.supervisor.proctrack import FORKSERVER_MODULE, supervisor_runs
 from tests.place.conftest import Cli, attempt_dir
-from tests.timing import until
+from tests.timing import scaled, until
 
 FAST = ("--settle", "0.3", "--grace", "1", "--no-host-load", "--no-track")
 HELD = "while [ ! -e release ]; do sleep 0.1; done; echo done $TANDEM_JOB_ID"
@@ -46,7 +46,7 @@ def test_supervisors_are_forks_of_one_server_that_the_daemon_s_death_leaves_runn
         assert os.readlink(f"/proc/{s.pid}/fd/1").endswith("/shim.log")
     # The daemon dies: its fork server ends with it (its stdin closed); the supervisors go on.
     os.kill(cli.daemon_pid() or 0, signal.SIGKILL)
-    psutil.wait_procs([server], timeout=30)
+    psutil.wait_procs([server], timeout=scaled(30))
     assert not server.is_running() or server.status() == psutil.STATUS_ZOMBIE
     assert all(s.is_running() and s.status() != psutil.STATUS_ZOMBIE for s in supervisors)
     (cli.tmp / "release").write_text("")
@@ -66,7 +66,7 @@ def test_a_dead_fork_server_costs_no_job(cli: Cli) -> None:
     ]
     assert len(servers) == 1
     servers[0].kill()
-    psutil.wait_procs(servers, timeout=30)
+    psutil.wait_procs(servers, timeout=scaled(30))
     after = [cli.submit("--cpus", "0.5", "--", "echo", str(k)) for k in range(3)]
     assert cli("wait", *map(str, after)).returncode == 0, cli("ls").stdout
     assert [cli("logs", str(j)).stdout for j in after] == ["0\n", "1\n", "2\n"]

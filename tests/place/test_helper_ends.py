@@ -46,7 +46,7 @@ def _ended_run(cli: Cli, run_id: str, helper: int) -> Any:
     until(lambda: not _alive(helper), 60, (cli.state / "tracking.log").read_text())
     after = time.time() - result.stat().st_mtime
     print(f"the helper ended {after:.1f} s after the job's result")
-    assert after < 60, "the helper ended within a minute of the job"
+    assert after < scaled(60), "the helper ended within a minute of the job (on an idle machine)"
     return MlflowClient(tracking_uri=f"sqlite:///{cli.state / 'mlflow.db'}").get_run(run_id)
 
 

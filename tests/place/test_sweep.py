@@ -12,6 +12,7 @@ import pytest
 
 from tandem.place.model import run_name
 from tandem.place.sweep import MAX_LINE, SweepError, fill, grid_points, parse_grid, read_params
+from tests.timing import scaled
 
 
 def test_grids_expand_to_the_cross_product_in_order():
@@ -75,7 +76,7 @@ def test_a_range_is_counted_before_anything_is_listed():
     axes = parse_grid(["a=0..100000000", "b=1..999999999999999999"])
     with pytest.raises(SweepError, match=r"at most 100,000 in one request"):
         grid_points(axes)
-    assert time.monotonic() - started < 1.0, "the range was listed, not counted"
+    assert time.monotonic() - started < scaled(1.0), "the range was listed, not counted"
     for bad, said in [
         (["a=0..1e3"], "whole numbers"),
         (["a=0.1..0.5"], "whole numbers"),

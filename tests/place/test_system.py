@@ -46,6 +46,8 @@ def system(two_users: tuple[OtherUser, OtherUser]) -> Iterator[Path]:  # noqa: F
     finally:
         stop = [sys.executable, "-m", "tandem.cli", "daemon", "stop"]
         subprocess.run(stop, env=env, capture_output=True, text=True, timeout=scaled(60))
+        log = base / "state" / "daemon.log"  # shown where the test failed (its teardown's output)
+        print(f"--- {log}, its end:\n{log.read_text(errors='replace')[-4000:] if log.exists() else '(none)'}")
         shutil.rmtree(base, ignore_errors=True)
 
 

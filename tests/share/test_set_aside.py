@@ -66,18 +66,19 @@ def test_a_stopped_reader_holds_the_others_only_until_it_is_set_aside(tmp_path: 
     script = tmp_path / "reader.py"
     script.write_text(READER)
     env = {**os.environ, "TANDEM_SHARE_ASIDE_S": str(ASIDE_S)}
-    readers = [
-        subprocess.Popen(
-            [sys.executable, str(script), *(["pause"] if r == 0 else [])],
-            stdin=subprocess.PIPE if r == 0 else subprocess.DEVNULL,
+
+    def reader(*args: str) -> subprocess.Popen[str]:
+        return subprocess.Popen(
+            [sys.executable, str(script), *args],
+            stdin=subprocess.PIPE if args else subprocess.DEVNULL,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,
             env=env,
         )
-        for r in range(3)
-    ]
-    stopped = readers[0]
+
+    stopped = reader("pause")
+    readers = [stopped]
     try:
         assert stopped.stdout is not None and stopped.stdin is not None
         line = stopped.stdout.readline()  # blocks until it has read a few batches
@@ -86,6 +87,9 @@ def test_a_stopped_reader_holds_the_others_only_until_it_is_set_aside(tmp_path: 
         stopped_at = time.monotonic()
         stopped.stdin.write("go\n")  # read once it is continued
         stopped.stdin.flush()
+        # The others start now: had they started with it, they could have been past the
+        # window it holds (and finished unheld) by the time it took its third batch.
+        readers += [reader(), reader()]
         others = [r.communicate(timeout=scaled(120)) for r in readers[1:]]
         others_done = time.monotonic()
     finally:

@@ -11,6 +11,7 @@ import typing
 import torch
 
 from tandem.share import Consumer, Producer, ShareError
+from tests.timing import scaled
 
 
 class RangeDataset(torch.utils.data.Dataset):
@@ -101,7 +102,7 @@ def consume(name, queue, batch_size=None, epochs=1, step_s=0.0, drop_last=False,
     back before they ran would be refilled under them, and the ids would disagree."""
     tag = tag if tag is not None else os.getpid()
     try:
-        c = Consumer(name, batch_size=batch_size, drop_last=drop_last, timeout=timeout, device=device)
+        c = Consumer(name, batch_size=batch_size, drop_last=drop_last, timeout=scaled(timeout), device=device)
         queue.put((tag, "start", c.start))
         gpu = device != "cpu"
         for e in range(epochs):
@@ -141,7 +142,7 @@ def consume(name, queue, batch_size=None, epochs=1, step_s=0.0, drop_last=False,
 def consume_forever(name, queue, step_s=0.05, device="cpu"):
     """Consume until an error; report the error type and when it happened."""
     try:
-        c = Consumer(name, timeout=30, device=device)
+        c = Consumer(name, timeout=scaled(30), device=device)
         queue.put(("start", c.start))
         while True:
             for _ in c:

@@ -7,6 +7,7 @@ import sys
 import time
 
 from tandem.watch.samplers import ProcessTreeSampler
+from tests.timing import scaled
 
 # Busy for {s} CPU-seconds (not wall seconds: the same on a loaded machine), mostly user time.
 BUSY = "import time\nend = time.process_time() + {s}\nwhile time.process_time() < end: sum(range(20000))\n"
@@ -31,12 +32,15 @@ def test_two_concurrent_runs_each_see_only_their_own_cpu_and_memory():
     try:
         samplers = {"busy": ProcessTreeSampler(busy.pid), "idle": ProcessTreeSampler(idle.pid)}
         last: dict = {}
-        deadline = time.monotonic() + 60
+        deadline = time.monotonic() + scaled(60)
         rounds = 0
+        busy_most = 0.0  # its highest rate: one interval's share of a busy machine varies
         while True:
             for name, s in samplers.items():
                 last[name] = s.sample()
             rounds += 1
+            if rounds >= 2:
+                busy_most = max(busy_most, last["busy"]["system/process_tree/cpu_percent"])
             # a rate needs two samples; six rounds as before the wait, more on a busy machine
             if rounds >= 6 and last["busy"]["system/process_tree/cpu_user_seconds"] > 0.5:
                 break
@@ -47,7 +51,7 @@ def test_two_concurrent_runs_each_see_only_their_own_cpu_and_memory():
         assert idle_cpu < 0.3 * busy_cpu, (idle_cpu, busy_cpu)
         # A spinning process gets ~35% of a core with both cores busy from outside (CI run on
         # 0b89e5b); 20 still tells it from an idle one, which the ratio above checks too.
-        assert last["busy"]["system/process_tree/cpu_percent"] > 20
+        assert busy_most > 20, busy_most
         assert last["idle"]["system/process_tree/cpu_percent"] < 20
         for name in samplers:
             assert last[name]["system/process_tree/rss_bytes"] > 1 << 20
@@ -64,7 +68,7 @@ def test_children_started_after_the_run_began_are_counted_and_kept_after_exit():
         sampler = ProcessTreeSampler(parent.pid)
         seen_processes = 0
         cpu = 0.0
-        deadline = time.monotonic() + 20
+        deadline = time.monotonic() + scaled(20)
         while parent.poll() is None and time.monotonic() < deadline:
             m = sampler.sample()
             seen_processes = max(seen_processes, int(m["system/process_tree/processes"]))

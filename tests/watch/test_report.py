@@ -121,7 +121,7 @@ def test_ui_serves_the_store_to_its_user_alone(tracked, tmp_path, request):
         env={**os.environ, "TANDEM_RUNTIME_DIR": str(runtime)},
     )
     try:
-        deadline = time.monotonic() + 90
+        deadline = time.monotonic() + scaled(90)
         while not _healthy(port):
             assert p.poll() is None, p.stderr.read().decode()[-2000:]
             assert time.monotonic() < deadline, "the MLflow UI did not come up in 90 s"

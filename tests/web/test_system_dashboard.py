@@ -11,6 +11,7 @@ import os
 import re
 import shutil
 import subprocess
+import tempfile
 from pathlib import Path
 from urllib.parse import urlsplit
 
@@ -40,7 +41,12 @@ if token:
     headers["Authorization"] = "Bearer " + token
 conn.request(method, path, body or None, headers)
 response = conn.getresponse()
-print(json.dumps([response.status, json.loads(response.read() or b"{}")]))
+raw = response.read()
+try:
+    body = json.loads(raw or b"{}")
+except ValueError:  # not the API's JSON (a server error's page): shown as it came
+    body = {"not json": raw.decode(errors="replace")}
+print(json.dumps([response.status, body]))
 """
 
 
@@ -49,18 +55,16 @@ class Page:
 
     def __init__(self, user: OtherUser, base: Path) -> None:
         self.user = user
+        self.stderr = tempfile.TemporaryFile()  # noqa: SIM115 (closed by close); read when a call fails: what the server said
         self.proc = user.popen(
             user.tandem("dashboard", "--port", "0", "--no-open"),
             env=user.env(TANDEM_SYSTEM_DIR=str(base)),
             stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
+            stderr=self.stderr,
             text=True,
         )
         line = self.proc.stdout.readline() if self.proc.stdout else ""
-        assert "system manager" in line and "http://" in line, (
-            line,
-            self.proc.stderr.read() if self.proc.stderr else "",
-        )
+        assert "system manager" in line and "http://" in line, (line, self.said())
         self.url = line.rsplit(": ", 1)[1].strip()
         parts = urlsplit(self.url)
         self.host, self.port = parts.hostname or "127.0.0.1", parts.port or 80
@@ -81,8 +85,13 @@ class Page:
 
     def get(self, path: str) -> dict:
         status, body = self.call("GET", path)
-        assert status == 200, (path, status, body)
+        assert status == 200, (path, status, body, self.said())
         return body
+
+    def said(self) -> str:
+        """What the dashboard wrote on stderr so far (its last 3,000 characters)."""
+        self.stderr.seek(0)
+        return self.stderr.read().decode(errors="replace")[-3000:]
 
     def close(self) -> None:
         self.proc.terminate()
@@ -91,6 +100,7 @@ class Page:
         except subprocess.TimeoutExpired:
             self.proc.kill()
             self.proc.wait(5)
+        self.stderr.close()
 
 
 def test_a_users_dashboard_shows_the_hosts_queue_by_user_and_theirs_in_full(

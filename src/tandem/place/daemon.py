@@ -87,6 +87,7 @@ IDLE_CONNECTION_S = 2.0  # a client that connected and sent nothing is dropped a
 # Connections one user may hold open at once (not yet answered): a flood of them from one user
 # (a system manager's) is closed unread beyond this, so that it holds no one else's descriptors.
 CONNECTIONS_PER_USER = 32
+SLOW_TICK_S = 5.0  # a pass that blocks requests longer than this is logged
 
 
 class DaemonRunning(Exception):
@@ -216,11 +217,16 @@ class Daemon:
                     continue
                 self.wake = False
                 self._next_tick = clock.monotonic() + TICK_S
+                began = clock.monotonic()
                 try:
                     self.tick()
                 except Exception:  # one bad tick (a full disk, a vanished file) must not end the daemon
                     log.exception("tick failed; going on")
                     clock.sleep(TICK_S)
+                took = clock.monotonic() - began
+                if took >= SLOW_TICK_S:  # no request was answered meanwhile: the log says why they waited
+                    load = os.getloadavg()[0]
+                    log.warning("a pass took %.1f s; requests waited for it (load %.1f)", took, load)
                 listener = self._check_socket(sel, listener)
         finally:
             for key in list(sel.get_map().values()):

@@ -39,7 +39,7 @@ from starlette.responses import JSONResponse as _JSONResponse
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
-from tandem.place import STATES, StateError, json_safe, user_name
+from tandem.place import STATES, DaemonError, StateError, json_safe, user_name
 from tandem.web.access import LOOPBACK_HOSTS, Access, Sessions
 from tandem.web.data import MAX_ID, NotFound, Reader, energy_of, logged_by_the_job, run_of
 from tandem.web.live import MAX_STREAMS, Streams, events
@@ -69,7 +69,7 @@ class Daemon:
         self.why_not = ""
 
     def status(self) -> dict[str, Any] | None:
-        from tandem.place import DaemonError, protocol, request
+        from tandem.place import protocol, request
 
         if time.monotonic() - self._at >= 1.0:
             self._at = time.monotonic()
@@ -116,7 +116,9 @@ def _bad(why: str, status: int = 400) -> JSONResponse:
 
 
 async def _unreadable(_request: Request, exc: Exception) -> JSONResponse:
-    """The state lost, replaced under its daemon, or unreadable: said as the CLI says it."""
+    """The state lost, replaced under its daemon, or unreadable: said as the CLI says it.
+    Under a system manager, the same for its socket: the manager stopped, busy past the
+    read's time limit, or lost mid-read (the page says so and asks again, never a bare 500)."""
     return _bad(str(exc), 503)
 
 
@@ -209,7 +211,7 @@ def build(
         )
 
     def cancel(request: Request) -> JSONResponse:
-        from tandem.place import DaemonError, DaemonNotRunning
+        from tandem.place import DaemonNotRunning
 
         try:
             return JSONResponse(daemon.cancel(_job_id(request)))
@@ -283,7 +285,7 @@ def build(
         Route("/api/events", live),
         Mount("/static", StaticFiles(directory=STATIC), name="static"),
     ]
-    app = Starlette(routes=routes, exception_handlers={StateError: _unreadable})
+    app = Starlette(routes=routes, exception_handlers={StateError: _unreadable, DaemonError: _unreadable})
     packed = GZipMiddleware(app, minimum_size=1024)
 
     async def compressed(scope: Any, receive: Any, send: Any) -> None:

@@ -36,7 +36,7 @@ class RemoteReader(Reader):
     def state(self) -> RemoteState:  # type: ignore[override]  # the reads the page makes
         state = getattr(self._remote, "state", None)
         if state is None:
-            state = self._remote.state = RemoteState(self.socket, timeout=10.0)
+            state = self._remote.state = RemoteState(self.socket)  # the CLI's time limit
         return state
 
     def job(self, job_id: int) -> dict[str, Any]:
