@@ -11,6 +11,7 @@ import os
 import re
 import shutil
 import subprocess
+import sys
 import tempfile
 from pathlib import Path
 from urllib.parse import urlsplit
@@ -187,3 +188,28 @@ def _browse(page: Page, a: OtherUser, b: OtherUser, mine: int, theirs: int) -> N
     seen = json.loads(done.stdout.splitlines()[-1])
     assert b.name in seen["theirs"] and "secret-name" not in seen["theirs"], seen
     assert a.name in seen["mine"] and not seen["errors"], seen
+
+
+def test_the_page_says_so_when_the_manager_stops_answering(
+    system: Path,  # noqa: F811
+    two_users: tuple[OtherUser, OtherUser],  # noqa: F811
+) -> None:
+    """Its reads are the manager's: with the manager gone, a 503 with the reason (the page shows
+    it, and asks again), never a bare 500; they are answered again once it is back."""
+    a, _ = two_users
+    page = Page(a, system)
+    try:
+        assert page.get("/api/jobs")["jobs"] == []
+        env = {**os.environ, "TANDEM_SYSTEM_DIR": str(system)}
+        manager = [sys.executable, "-m", "tandem.cli", "daemon"]
+        stop = subprocess.run([*manager, "stop"], env=env, capture_output=True, text=True, timeout=scaled(60))
+        assert stop.returncode == 0, stop.stderr
+        for path in ("/api/jobs", "/api/timeline", "/api/jobs?state=queued"):
+            status, said = page.call("GET", path)
+            assert status == 503 and "no daemon serves" in said.get("error", ""), (path, status, said)
+        started = [*manager, "start", "--system", "--cpus", "2", "--mem", "4G"]
+        again = subprocess.run(started, env=env, capture_output=True, text=True, timeout=scaled(60))
+        assert again.returncode == 0, again.stderr
+        assert page.get("/api/jobs")["jobs"] == []
+    finally:
+        page.close()
