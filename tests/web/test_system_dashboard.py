@@ -18,6 +18,8 @@ from urllib.parse import urlsplit
 
 import pytest
 
+from tandem.place import system_user_store
+from tandem.watch.stores.mlflow_store import sqlite_path
 from tests.other_user import OtherUser, two_users  # noqa: F401 (the fixture)
 from tests.place.test_system import _tandem, system  # noqa: F401 (the fixture)
 from tests.timing import scaled, until
@@ -51,15 +53,42 @@ print(json.dumps([response.status, body]))
 """
 
 
+# The page's event stream, read as the page reads it: "open", then its end ("closed") or the
+# first status event that says no manager answers, with why.
+STREAM = """
+import http.client, json, sys
+host, port, origin, token = sys.argv[1:5]
+conn = http.client.HTTPConnection(host, int(port), timeout=120)
+conn.request("GET", "/api/events", headers={"Origin": origin, "Authorization": "Bearer " + token})
+response = conn.getresponse()
+print("open", response.status, flush=True)
+kind = None
+while True:
+    line = response.readline()
+    if not line:
+        print("closed", flush=True)
+        break
+    line = line.decode().rstrip("\\n")
+    if line.startswith("event: "):
+        kind = line[len("event: "):]
+    elif line.startswith("data: ") and kind == "status" and json.loads(line[6:])["daemon"] is None:
+        print("status", json.loads(line[6:])["why_not"], flush=True)
+        break
+"""
+
+
 class Page:
     """A user's dashboard, logged in as a script of theirs would be."""
 
-    def __init__(self, user: OtherUser, base: Path) -> None:
+    def __init__(self, user: OtherUser, base: Path, runtime: Path | None = None) -> None:
+        """``runtime``: their runtime directory (``TANDEM_RUNTIME_DIR``; else /tmp/tandem-UID)."""
         self.user = user
         self.stderr = tempfile.TemporaryFile()  # noqa: SIM115 (closed by close); read when a call fails: what the server said
         self.proc = user.popen(
             user.tandem("dashboard", "--port", "0", "--no-open"),
-            env=user.env(TANDEM_SYSTEM_DIR=str(base)),
+            env=user.env(
+                TANDEM_SYSTEM_DIR=str(base), **({"TANDEM_RUNTIME_DIR": str(runtime)} if runtime else {})
+            ),
             stdout=subprocess.PIPE,
             stderr=self.stderr,
             text=True,
@@ -69,7 +98,7 @@ class Page:
         self.url = line.rsplit(": ", 1)[1].strip()
         parts = urlsplit(self.url)
         self.host, self.port = parts.hostname or "127.0.0.1", parts.port or 80
-        self.login = Path(f"/tmp/tandem-{user.uid}") / "dashboard" / f"login-{self.port}.html"
+        self.login = (runtime or Path(f"/tmp/tandem-{user.uid}")) / "dashboard" / f"login-{self.port}.html"
         until(self.login.exists, 30, "its login page")
         self.token = ""
         code = re.search(r"#login=([\w-]+)", self.login.read_text()).group(1)  # type: ignore[union-attr]
@@ -83,6 +112,11 @@ class Page:
         assert done.returncode == 0, done.stderr
         status, answer = json.loads(done.stdout)
         return status, answer
+
+    def stream(self) -> subprocess.Popen:
+        """The page's event stream, read by a script of theirs (STREAM)."""
+        args = [self.host, str(self.port), self.url.rstrip("/"), self.token]
+        return self.user.popen([self.user.python, "-c", STREAM, *args], stdout=subprocess.PIPE, text=True)
 
     def get(self, path: str) -> dict:
         status, body = self.call("GET", path)
@@ -200,6 +234,8 @@ def test_the_page_says_so_when_the_manager_stops_answering(
     page = Page(a, system)
     try:
         assert page.get("/api/jobs")["jobs"] == []
+        stream = page.stream()
+        assert stream.stdout is not None and stream.stdout.readline().split() == ["open", "200"]
         env = {**os.environ, "TANDEM_SYSTEM_DIR": str(system)}
         manager = [sys.executable, "-m", "tandem.cli", "daemon"]
         stop = subprocess.run([*manager, "stop"], env=env, capture_output=True, text=True, timeout=scaled(60))
@@ -207,9 +243,58 @@ def test_the_page_says_so_when_the_manager_stops_answering(
         for path in ("/api/jobs", "/api/timeline", "/api/jobs?state=queued"):
             status, said = page.call("GET", path)
             assert status == 503 and "no daemon serves" in said.get("error", ""), (path, status, said)
+        # The live stream stays open, and says why (it broke, with a traceback, before).
+        try:
+            said_live = stream.communicate(timeout=scaled(30))[0]
+        finally:
+            stream.kill()
+        assert said_live.startswith("status ") and "daemon" in said_live, said_live
         started = [*manager, "start", "--system", "--cpus", "2", "--mem", "4G"]
         again = subprocess.run(started, env=env, capture_output=True, text=True, timeout=scaled(60))
         assert again.returncode == 0, again.stderr
         assert page.get("/api/jobs")["jobs"] == []
     finally:
+        page.close()
+
+
+def test_roots_dashboard_shows_each_users_run_from_their_store_read_as_them(
+    system: Path,  # noqa: F811
+    two_users: tuple[OtherUser, OtherUser],  # noqa: F811
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Root (the server's administrator) sees each user's job whole, its run's metrics too,
+    read from that user's own store as them: a store they made a pipe shows nothing, and
+    holds no reader of root's."""
+    a, b = two_users
+    mine = int(_tandem(a, system, "submit", "--", a.python, "-c", WORK).stdout)
+    theirs = int(_tandem(b, system, "submit", "--", b.python, "-c", WORK).stdout)
+    for user, job in ((a, mine), (b, theirs)):
+        assert _tandem(user, system, "wait", str(job)).returncode == 0
+    root = OtherUser("root", 0, 0, tmp_path, sys.executable)
+    admin, page = Page(root, system, tmp_path / "runtime"), Page(a, system)
+    try:
+        for job in (mine, theirs):
+            until(lambda job=job: admin.get(f"/api/jobs/{job}")["mlflow_run_id"], 60, f"job {job}'s run")
+
+        def same_keys() -> list[str]:  # root's read of a's run, and a's own, the same (and some)
+            keys = admin.get(f"/api/jobs/{mine}/metrics")["keys"]
+            return keys if keys and keys == page.get(f"/api/jobs/{mine}/metrics")["keys"] else []
+
+        seen = until(same_keys, 120, "a's run's metrics, to root as to a")
+        assert any(k.startswith("system/") for k in seen), seen
+        assert until(lambda: admin.get(f"/api/jobs/{theirs}/metrics")["keys"], 120, "b's run's metrics")
+        # b makes their store a pipe: root reads b's store as b, a plain file of theirs only,
+        # and finds nothing there (opened as a path, it would have waited for a writer).
+        monkeypatch.setenv("TANDEM_SYSTEM_DIR", str(system))
+        b_store = sqlite_path(system_user_store(b.uid))
+        assert b_store is not None
+        made = b.run(["sh", "-c", f'mv "{b_store}" "{b_store}.kept" && mkfifo "{b_store}"'])
+        assert made.returncode == 0, made.stderr
+        status, said = admin.call("GET", f"/api/jobs/{theirs}/metrics")
+        assert status == 200 and said["keys"] == [] and said["series"] == {}, said
+        # And a's page: b's job is not theirs to read at all.
+        assert page.call("GET", f"/api/jobs/{theirs}/metrics")[0] == 404
+    finally:
+        admin.close()
         page.close()

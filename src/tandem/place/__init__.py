@@ -93,6 +93,7 @@ if TYPE_CHECKING:  # the same names as _FACE, for type checkers (the house test 
     from tandem.place.records import Attempt, Job, Share
     from tandem.place.remote import RemoteState
     from tandem.place.resources import Cap
+    from tandem.place.run.metrics.as_user import read_store
     from tandem.place.run.metrics.tracking import helper_pid, manager_store
     from tandem.place.run.metrics.tracking_ends import open_runs
     from tandem.place.run.metrics.users import system_user_store
@@ -196,6 +197,7 @@ _FACE: dict[str, str] = {
     "helper_pid": "run.metrics.tracking:helper_pid",
     "manager_store": "run.metrics.tracking:manager_store",
     "open_runs": "run.metrics.tracking_ends:open_runs",
+    "read_store": "run.metrics.as_user:read_store",
     "system_user_store": "run.metrics.users:system_user_store",
     "Cgroups": "run.supervisor.cgroups:Cgroups",
     "DaemonFile": "run.supervisor.files:DaemonFile",

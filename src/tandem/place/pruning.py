@@ -14,9 +14,7 @@ tagged ``tandem.pruned``. Its share group's producer sees a reader leave, as at 
 from __future__ import annotations
 
 import logging
-import os
 import sqlite3
-import time
 from collections import defaultdict
 from pathlib import Path
 from urllib.parse import unquote
@@ -26,9 +24,8 @@ from tandem.place.attempts import Attempts
 from tandem.place.model import RUNNING, prune_rule
 from tandem.place.prune import Report, decide
 from tandem.place.records import Job
-from tandem.place.run.metrics.as_user import Owner, acting_as
+from tandem.place.run.metrics.as_user import Owner, read_store
 from tandem.place.run.metrics.users import Trackers
-from tandem.place.run.supervisor.files import open_plain
 from tandem.place.state import State
 
 log = logging.getLogger(__name__)
@@ -64,33 +61,14 @@ def read_reports(
     db: Path, metric: str, runs: dict[str, int], owner: Owner | None = None
 ) -> dict[int, list[Report]]:
     """Each trial's reports of ``metric``, by job id (``runs``: its run id's job). ``owner``:
-    a system manager's user's store, theirs to change: opened as them, a plain file of theirs
-    only (never a link or a pipe), read as it is once opened (SQLite's ``immutable``: no other
-    file of theirs opened after it)."""
+    a system manager's user's store, theirs to change, read as
+    :func:`~tandem.place.run.metrics.as_user.read_store` reads one."""
     if not runs or not db.exists():
         return {}
     marks = ",".join("?" * len(runs))
-    fd = None
-    if owner is not None:
-        with acting_as(owner):
-            fd = open_plain(db, os.O_RDONLY, owner[0])
-        uri = f"file:/proc/self/fd/{fd}?mode=ro&immutable=1"
-    else:
-        uri = f"{db.resolve().as_uri()}?mode=ro"
-    try:
-        conn = sqlite3.connect(uri, uri=True, timeout=0.2)
-        deadline = time.monotonic() + READ_S
-        conn.set_progress_handler(lambda: int(time.monotonic() > deadline), 10_000)  # nonzero: stop it
-        query = (
-            f"SELECT run_uuid, step, value, timestamp FROM metrics WHERE key = ? AND run_uuid IN ({marks})"
-        )
-        try:
-            rows = conn.execute(query, (metric, *runs)).fetchall()
-        finally:
-            conn.close()
-    finally:
-        if fd is not None:
-            os.close(fd)
+    query = f"SELECT run_uuid, step, value, timestamp FROM metrics WHERE key = ? AND run_uuid IN ({marks})"
+    with read_store(db, owner, READ_S) as conn:
+        rows = conn.execute(query, (metric, *runs)).fetchall()
     out: dict[int, list[Report]] = defaultdict(list)
     for run_id, step, value, at in rows:
         if run_id in runs and all(isinstance(v, (int, float)) for v in (step, value, at)):

@@ -27,6 +27,7 @@ Every route is behind :class:`tandem.web.access.Access`. A job's environment is 
 from __future__ import annotations
 
 import dataclasses
+import sqlite3
 import time
 from pathlib import Path
 from typing import Any
@@ -118,7 +119,9 @@ def _bad(why: str, status: int = 400) -> JSONResponse:
 async def _unreadable(_request: Request, exc: Exception) -> JSONResponse:
     """The state lost, replaced under its daemon, or unreadable: said as the CLI says it.
     Under a system manager, the same for its socket: the manager stopped, busy past the
-    read's time limit, or lost mid-read (the page says so and asks again, never a bare 500)."""
+    read's time limit, or lost mid-read; and for a run's store that could not be read (locked,
+    not a database, or its read stopped at its time limit): the page says so and asks again,
+    never a bare 500."""
     return _bad(str(exc), 503)
 
 
@@ -193,12 +196,13 @@ def build(
             return JSONResponse(
                 {**answer, "keys": [], "logged_keys": [], "series": {}, "axis": {}, "energy": {}}
             )
+        owner = data.get("owner")  # whose store the run is in (a system manager's user's own)
         if by == "step":
-            series, axis = reader.steps(run, keys or None, points, after)
+            series, axis = reader.steps(run, keys or None, points, after, owner)
         else:
-            series = reader.metrics(run, keys or None, points, after)
+            series = reader.metrics(run, keys or None, points, after, owner)
             axis = dict.fromkeys(series, "time")
-        every = reader.metric_keys(run)
+        every = reader.metric_keys(run, owner)
         return JSONResponse(
             {
                 **answer,
@@ -206,7 +210,7 @@ def build(
                 "logged_keys": logged_by_the_job(every),
                 "series": series,
                 "axis": axis,
-                "energy": energy_of(reader.latest(run)),
+                "energy": energy_of(reader.latest(run, owner)),
             }
         )
 
@@ -285,7 +289,8 @@ def build(
         Route("/api/events", live),
         Mount("/static", StaticFiles(directory=STATIC), name="static"),
     ]
-    app = Starlette(routes=routes, exception_handlers={StateError: _unreadable, DaemonError: _unreadable})
+    unreadable = {StateError: _unreadable, DaemonError: _unreadable, sqlite3.Error: _unreadable}
+    app = Starlette(routes=routes, exception_handlers=unreadable)
     packed = GZipMiddleware(app, minimum_size=1024)
 
     async def compressed(scope: Any, receive: Any, send: Any) -> None:

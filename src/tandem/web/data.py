@@ -9,11 +9,12 @@ Each thread has its own connections (SQLite's rule); the server's threads reuse 
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sqlite3
 import threading
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -203,55 +204,65 @@ class Reader:
 
     # --- a run's metrics (MLflow's tables) ------------------------------------------------------
 
-    def metric_keys(self, run_id: str) -> list[str]:
-        db = self._runs()
-        if db is None:
-            return []
-        rows = db.execute("SELECT key FROM latest_metrics WHERE run_uuid = ? ORDER BY key", (run_id,))
-        return [r[0] for r in rows]
+    @contextlib.contextmanager
+    def _store(self, owner: int | None) -> Iterator[sqlite3.Connection | None]:
+        """The store of the runs of ``owner``'s jobs (None where this page has none of theirs):
+        here one, this user's, whoever the owner (a daemon's jobs are its user's)."""
+        yield self._runs()
 
-    def latest(self, run_id: str) -> dict[str, float]:
-        db = self._runs()
-        if db is None:
-            return {}
-        rows = db.execute("SELECT key, value FROM latest_metrics WHERE run_uuid = ?", (run_id,))
-        return {k: v for k, v in rows}
+    def metric_keys(self, run_id: str, owner: int | None = None) -> list[str]:
+        with self._store(owner) as db:
+            if db is None:
+                return []
+            rows = db.execute("SELECT key FROM latest_metrics WHERE run_uuid = ? ORDER BY key", (run_id,))
+            return [r[0] for r in rows]
+
+    def latest(self, run_id: str, owner: int | None = None) -> dict[str, float]:
+        with self._store(owner) as db:
+            if db is None:
+                return {}
+            rows = db.execute("SELECT key, value FROM latest_metrics WHERE run_uuid = ?", (run_id,))
+            return {k: v for k, v in rows}
 
     def metrics(
-        self, run_id: str, keys: list[str] | None = None, max_points: int = MAX_POINTS, after_ms: int = 0
+        self,
+        run_id: str,
+        keys: list[str] | None = None,
+        max_points: int = MAX_POINTS,
+        after_ms: int = 0,
+        owner: int | None = None,
     ) -> dict[str, list[list[float]]]:
-        """``key -> [[time s, value], ...]`` of a run, each series averaged into at most
-        ``max_points`` time buckets; only points after ``after_ms`` (a live update)."""
-        db = self._runs()
-        if db is None:
-            return {}
-        max_points = max(1, min(int(max_points), MAX_POINTS))
-        out: dict[str, list[list[float]]] = {}
-        for key, t0, t1, _ in _spans(db, "timestamp", run_id, keys, after_ms):
-            rows = _buckets(db, "timestamp", run_id, key, after_ms, t0, t1, max_points)
-            out[key] = [[round(t / 1000.0, 3), v] for t, v in rows]
-        return out
+        """``key -> [[time s, value], ...]`` of a run (of ``owner``'s job), each series averaged
+        into at most ``max_points`` time buckets; only points after ``after_ms`` (a live update)."""
+        with self._store(owner) as db:
+            return {} if db is None else _by_time(db, run_id, keys, max_points, after_ms)
 
     def steps(
-        self, run_id: str, keys: list[str] | None = None, max_points: int = MAX_POINTS, after_ms: int = 0
+        self,
+        run_id: str,
+        keys: list[str] | None = None,
+        max_points: int = MAX_POINTS,
+        after_ms: int = 0,
+        owner: int | None = None,
     ) -> tuple[dict[str, list[list[float]]], dict[str, str]]:
         """``key -> [[step, value], ...]`` of a run, each series averaged into at most
         ``max_points`` step buckets (points after ``after_ms`` only), and each key's axis:
         ``step``, or ``time`` where all of its points share one step (a loop that logged no
         step: MLflow's 0), whose series is then :meth:`metrics`' ``[[time s, value], ...]``."""
-        db = self._runs()
-        if db is None:
-            return {}, {}
-        max_points = max(1, min(int(max_points), MAX_POINTS))
-        out: dict[str, list[list[float]]] = {}
-        axis: dict[str, str] = {}
-        for key, s0, s1, n in _spans(db, "step", run_id, keys, after_ms):
-            if s0 == s1 and n > 1:
-                out[key], axis[key] = self.metrics(run_id, [key], max_points, after_ms).get(key, []), "time"
-                continue
-            rows = _buckets(db, "step", run_id, key, after_ms, s0, s1, max_points)
-            out[key], axis[key] = [[s, v] for s, v in rows], "step"
-        return out, axis
+        with self._store(owner) as db:
+            if db is None:
+                return {}, {}
+            max_points = max(1, min(int(max_points), MAX_POINTS))
+            out: dict[str, list[list[float]]] = {}
+            axis: dict[str, str] = {}
+            for key, s0, s1, n in _spans(db, "step", run_id, keys, after_ms):
+                if s0 == s1 and n > 1:
+                    out[key] = _by_time(db, run_id, [key], max_points, after_ms).get(key, [])
+                    axis[key] = "time"
+                    continue
+                rows = _buckets(db, "step", run_id, key, after_ms, s0, s1, max_points)
+                out[key], axis[key] = [[s, v] for s, v in rows], "step"
+            return out, axis
 
 
 def attempt_span(a: Attempt) -> dict[str, Any]:
@@ -283,6 +294,18 @@ def share_row(share: Share, **producer: Any) -> dict[str, Any]:
         "batch_size": spec.batch_size,
         **producer,
     }
+
+
+def _by_time(
+    db: sqlite3.Connection, run_id: str, keys: list[str] | None, max_points: int, after_ms: int
+) -> dict[str, list[list[float]]]:
+    """:meth:`Reader.metrics` of one store."""
+    max_points = max(1, min(int(max_points), MAX_POINTS))
+    out: dict[str, list[list[float]]] = {}
+    for key, t0, t1, _ in _spans(db, "timestamp", run_id, keys, after_ms):
+        rows = _buckets(db, "timestamp", run_id, key, after_ms, t0, t1, max_points)
+        out[key] = [[round(t / 1000.0, 3), v] for t, v in rows]
+    return out
 
 
 def _spans(

@@ -22,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import json
 import math
+import sqlite3
 import time
 from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING, Any, Protocol
@@ -30,7 +31,7 @@ from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
 from starlette.responses import StreamingResponse
 
-from tandem.place import strict_json
+from tandem.place import DaemonError, strict_json
 from tandem.web.data import MAX_ID, logged_by_the_job
 
 if TYPE_CHECKING:
@@ -129,34 +130,39 @@ async def events(
         while not closing.is_set() and not await request.is_disconnected():
             now = time.monotonic()
             out: list[str] = []
-            seen = await run_in_threadpool(reader.version)
-            if seen != version:
-                version = seen
-                looked = time.time()
-                changed = await run_in_threadpool(reader.changed, cursor["since"] - 0.5)
-                if changed:
-                    # 0.5 s of overlap: a row written as we looked is sent again rather than lost.
-                    counts = await run_in_threadpool(reader.counts)
-                    cursor["since"] = looked
-                    out.append(_event("jobs", {"jobs": changed, "counts": counts}, cursor))
-            log = None
-            if followed is not None:
-                try:
-                    log = await run_in_threadpool(reader.log, followed, _offset(cursor["log"]))
-                except LookupError:  # no such job: nothing to follow (the page says so)
-                    followed = None
-            if followed is not None and log is not None:
-                if log["text"] or log["offset"] < cursor["log"]:
-                    cursor["log"] = log["offset"]
-                    out.append(_event("log", log, cursor))
-                if now >= next_metrics:
-                    next_metrics = now + METRICS_EVERY_S
-                    update = await run_in_threadpool(
-                        _new_points, reader, followed, _offset(cursor["metrics"])
-                    )
-                    if update:
-                        cursor["metrics"] = update["after_ms"]
-                        out.append(_event("metrics", update, cursor))
+            try:
+                seen = await run_in_threadpool(reader.version)
+                if seen != version:
+                    looked = time.time()
+                    changed = await run_in_threadpool(reader.changed, cursor["since"] - 0.5)
+                    if changed:
+                        # 0.5 s of overlap: a row written as we looked is sent again rather than lost.
+                        counts = await run_in_threadpool(reader.counts)
+                        cursor["since"] = looked
+                        out.append(_event("jobs", {"jobs": changed, "counts": counts}, cursor))
+                    version = seen  # read: a read that failed is made again at the next round
+                log = None
+                if followed is not None:
+                    try:
+                        log = await run_in_threadpool(reader.log, followed, _offset(cursor["log"]))
+                    except LookupError:  # no such job: nothing to follow (the page says so)
+                        followed = None
+                if followed is not None and log is not None:
+                    if log["text"] or log["offset"] < cursor["log"]:
+                        cursor["log"] = log["offset"]
+                        out.append(_event("log", log, cursor))
+                    if now >= next_metrics:
+                        next_metrics = now + METRICS_EVERY_S
+                        update = await run_in_threadpool(
+                            _new_points, reader, followed, _offset(cursor["metrics"])
+                        )
+                        if update:
+                            cursor["metrics"] = update["after_ms"]
+                            out.append(_event("metrics", update, cursor))
+            except (DaemonError, sqlite3.Error):
+                # The host's manager (or a run's store) not answering now: the status event
+                # says why, and the next round asks again; the stream stays open.
+                pass
             if now >= next_status:
                 next_status = now + STATUS_EVERY_S
                 status = await run_in_threadpool(daemon.status)
@@ -179,7 +185,7 @@ def _new_points(reader: Any, job_id: int, after_ms: int) -> dict[str, Any] | Non
     run = job.mlflow_run_id if job is not None else None
     if not run:
         return None
-    series = reader.metrics(run, None, 2000, after_ms)
+    series = reader.metrics(run, None, 2000, after_ms, job.owner if job is not None else None)
     if not series:
         return None
     last = max(points[-1][0] for points in series.values() if points)

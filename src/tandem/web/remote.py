@@ -12,13 +12,30 @@ no file to watch), the queue, the timeline, a log from an offset.
 
 from __future__ import annotations
 
+import contextlib
+import os
+import pwd
+import sqlite3
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from tandem.place import PRODUCER_ROLE, RUNNING, WAITING_STATES, DaemonError, RemoteState, job_json
+from tandem.place import (
+    PRODUCER_ROLE,
+    RUNNING,
+    WAITING_STATES,
+    DaemonError,
+    RemoteState,
+    job_json,
+    read_store,
+    system_user_store,
+)
+from tandem.watch.stores.mlflow_store import sqlite_path
 from tandem.web.data import LOG_CHUNK, PAGE, NotFound, Reader, attempt_span, share_row
+
+THEIRS_READ_S = 2.0  # root's read of a user's store (theirs to make slow) is stopped past this
 
 
 class RemoteReader(Reader):
@@ -38,6 +55,28 @@ class RemoteReader(Reader):
         if state is None:
             state = self._remote.state = RemoteState(self.socket)  # the CLI's time limit
         return state
+
+    @contextlib.contextmanager
+    def _store(self, owner: int | None) -> Iterator[sqlite3.Connection | None]:
+        """This user's runs from their own store; to root, another user's from theirs, read
+        as them (:func:`tandem.place.read_store`: a plain file of theirs, none of its code run,
+        a time limit); to anyone else, none of another's (an admin group's member sees their
+        jobs whole, but may not read their files)."""
+        me = os.getuid()
+        if owner is None or owner == me:
+            yield self._runs()
+            return
+        with contextlib.ExitStack() as opened:
+            db = None
+            if me == 0:
+                try:
+                    gid = pwd.getpwuid(owner).pw_gid
+                    path = sqlite_path(system_user_store(owner))
+                    if path is not None:
+                        db = opened.enter_context(read_store(path, (owner, gid), THEIRS_READ_S))
+                except (KeyError, OSError):  # a user gone; no run of theirs yet; not a file of theirs
+                    db = None
+            yield db
 
     def job(self, job_id: int) -> dict[str, Any]:
         try:

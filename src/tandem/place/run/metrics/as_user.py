@@ -15,6 +15,7 @@ import ctypes
 import os
 import platform
 import shutil
+import sqlite3
 import stat
 import subprocess
 import threading
@@ -63,6 +64,35 @@ def acting_as(owner: Owner | None) -> Iterator[None]:
         _libc.setfsuid(old_uid)
         _libc.setfsgid(old_gid)
         _set_groups(groups)
+
+
+@contextlib.contextmanager
+def read_store(db: Path, owner: Owner | None, limit_s: float) -> Iterator[sqlite3.Connection]:
+    """A read-only connection to the SQLite file ``db`` (an MLflow store), its statements
+    stopped past ``limit_s`` seconds in all. ``owner``: a user's store, theirs to change:
+    opened as them, a plain file of theirs only (never a link or a pipe), read as it is once
+    opened (SQLite's ``immutable``: no other file of theirs opened after it, so a connection
+    per read), and its schema untrusted (``trusted_schema`` off: a view or trigger of theirs
+    calls no function with side effects as root). OSError where it cannot be opened so."""
+    fd = None
+    if owner is not None:
+        with acting_as(owner):
+            fd = open_plain(db, os.O_RDONLY, owner[0])
+        uri = f"file:/proc/self/fd/{fd}?mode=ro&immutable=1"
+    else:
+        uri = f"{db.resolve().as_uri()}?mode=ro"
+    try:
+        conn = sqlite3.connect(uri, uri=True, timeout=0.2)
+        try:
+            conn.execute("PRAGMA trusted_schema = OFF")
+            deadline = time.monotonic() + limit_s
+            conn.set_progress_handler(lambda: int(time.monotonic() > deadline), 10_000)  # nonzero: stop it
+            yield conn
+        finally:
+            conn.close()
+    finally:
+        if fd is not None:
+            os.close(fd)
 
 
 def touch_theirs(path: Path, owner: Owner | None) -> None:
