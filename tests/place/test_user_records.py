@@ -77,6 +77,34 @@ def test_a_users_store_made_a_pipe_or_made_to_run_forever_is_given_up(tmp_path: 
         read_reports(db, "loss", {"r1": 7}, owner=me)
 
 
+@pytest.mark.skipif(os.getuid() != 0, reason="reading as a user is a system manager's (root's)")
+def test_a_store_swapped_after_its_check_is_read_as_checked(tmp_path: Path, monkeypatch) -> None:
+    """SQLite opens a file by its name again (and resolves ``/proc/self/fd/N`` to the name the
+    file has then): a user who swaps their store after root's check, here for a link named as
+    their unlinked file would then be named, still has root read the file checked."""
+    from tandem.place.run.metrics import as_user
+
+    folder = tmp_path / "users" / "1"
+    (folder / "mlflow").mkdir(parents=True)
+    folder.chmod(0o711)
+    db, other = folder / "mlflow" / "mlflow.db", tmp_path / "root-only.db"
+    for path, value in ((db, 0.5), (other, 9.0)):
+        with sqlite3.connect(path) as conn:
+            conn.execute("CREATE TABLE metrics (run_uuid, key, step, value, timestamp)")
+            conn.execute("INSERT INTO metrics VALUES ('r1', 'loss', 1, ?, 10)", (value,))
+    connect = sqlite3.connect
+
+    def swapped_first(*args, **kwargs):  # the user's swap, between the check and SQLite's open
+        db.unlink()
+        Path(f"{db} (deleted)").symlink_to(other)
+        return connect(*args, **kwargs)
+
+    monkeypatch.setattr(as_user.sqlite3, "connect", swapped_first)
+    me = (os.getuid(), os.getgid())
+    assert read_reports(db, "loss", {"r1": 7}, owner=me)[7][0].value == 0.5
+    assert not list(folder.glob(".read-*")), "root's name for it goes with the read"
+
+
 def test_what_was_handed_to_a_user_and_never_taken_goes_after_a_week(tmp_path: Path) -> None:
     from tandem.place.run.metrics.tracking import KEEP_HANDED_S, _sweep
 

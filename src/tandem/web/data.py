@@ -21,6 +21,7 @@ from typing import Any
 from tandem.place import WAITING_STATES, Attempt, Share, StateReader, job_json, producer_status
 
 MAX_POINTS = 2000  # a metric series is downsampled to at most this many points
+MAX_KEYS = 5000  # a run's metrics shown at most (a store of another user's may say millions)
 LOG_CHUNK = 64 << 10  # a log read returns at most this many bytes
 PAGE = 100
 
@@ -214,14 +215,17 @@ class Reader:
         with self._store(owner) as db:
             if db is None:
                 return []
-            rows = db.execute("SELECT key FROM latest_metrics WHERE run_uuid = ? ORDER BY key", (run_id,))
+            rows = db.execute(
+                "SELECT key FROM latest_metrics WHERE run_uuid = ? ORDER BY key LIMIT ?", (run_id, MAX_KEYS)
+            )
             return [r[0] for r in rows]
 
     def latest(self, run_id: str, owner: int | None = None) -> dict[str, float]:
         with self._store(owner) as db:
             if db is None:
                 return {}
-            rows = db.execute("SELECT key, value FROM latest_metrics WHERE run_uuid = ?", (run_id,))
+            sql = "SELECT key, value FROM latest_metrics WHERE run_uuid = ? LIMIT ?"
+            rows = db.execute(sql, (run_id, MAX_KEYS))
             return {k: v for k, v in rows}
 
     def metrics(
@@ -318,7 +322,8 @@ def _spans(
         where += f" AND key IN ({', '.join('?' for _ in keys)})"
         args += keys
     sql = f"SELECT key, min({column}), max({column}), count(*) FROM metrics WHERE {where} GROUP BY key"
-    return db.execute(sql, args).fetchall()
+    sql += " LIMIT ?"
+    return db.execute(sql, [*args, MAX_KEYS]).fetchall()
 
 
 def _buckets(

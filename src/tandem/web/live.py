@@ -160,8 +160,8 @@ async def events(
                             cursor["metrics"] = update["after_ms"]
                             out.append(_event("metrics", update, cursor))
             except (DaemonError, sqlite3.Error):
-                # The host's manager (or a run's store) not answering now: the status event
-                # says why, and the next round asks again; the stream stays open.
+                # The host's manager not answering now (the status event says why), or a run's
+                # store unreadable for now: the next round asks again; the stream stays open.
                 pass
             if now >= next_status:
                 next_status = now + STATUS_EVERY_S

@@ -26,7 +26,7 @@ from tandem.place import (
     PRODUCER_ROLE,
     RUNNING,
     WAITING_STATES,
-    DaemonError,
+    DaemonRefused,
     RemoteState,
     job_json,
     read_store,
@@ -59,9 +59,9 @@ class RemoteReader(Reader):
     @contextlib.contextmanager
     def _store(self, owner: int | None) -> Iterator[sqlite3.Connection | None]:
         """This user's runs from their own store; to root, another user's from theirs, read
-        as them (:func:`tandem.place.read_store`: a plain file of theirs, none of its code run,
-        a time limit); to anyone else, none of another's (an admin group's member sees their
-        jobs whole, but may not read their files)."""
+        as them (:func:`tandem.place.read_store`: a plain file of theirs, its schema untrusted,
+        its values and time bounded); to anyone else, none of another's (an admin group's
+        member sees their jobs whole, but may not read their files)."""
         me = os.getuid()
         if owner is None or owner == me:
             yield self._runs()
@@ -81,7 +81,7 @@ class RemoteReader(Reader):
     def job(self, job_id: int) -> dict[str, Any]:
         try:
             return super().job(job_id)
-        except DaemonError as exc:  # another user's: the manager says so
+        except DaemonRefused as exc:  # none, or another user's: the manager says so
             raise NotFound(str(exc).removeprefix("refused: ")) from None
 
     def changed(self, since: float) -> list[dict[str, Any]]:
@@ -149,7 +149,7 @@ class RemoteReader(Reader):
         inode = self._inodes.get((job_id, n))
         try:  # from the offset, where the file is the one read last (else from its start)
             parts = self.state.log_parts(job_id, {} if inode is None else {n: (inode, offset)})
-        except DaemonError as exc:
+        except DaemonRefused as exc:  # not theirs (a manager that does not answer: a 503)
             raise NotFound(str(exc).removeprefix("refused: ")) from None
         part = next((p for p in parts if p.n == n), None)
         if part is None:

@@ -66,33 +66,78 @@ def acting_as(owner: Owner | None) -> Iterator[None]:
         _set_groups(groups)
 
 
+MAX_VALUE = 1 << 20  # the longest string, blob or row root's read of a user's store takes
+
+
 @contextlib.contextmanager
 def read_store(db: Path, owner: Owner | None, limit_s: float) -> Iterator[sqlite3.Connection]:
     """A read-only connection to the SQLite file ``db`` (an MLflow store), its statements
-    stopped past ``limit_s`` seconds in all. ``owner``: a user's store, theirs to change:
-    opened as them, a plain file of theirs only (never a link or a pipe), read as it is once
-    opened (SQLite's ``immutable``: no other file of theirs opened after it, so a connection
-    per read), and its schema untrusted (``trusted_schema`` off: a view or trigger of theirs
-    calls no function with side effects as root). OSError where it cannot be opened so."""
-    fd = None
+    stopped past ``limit_s`` seconds in all. ``owner``: a user's store, theirs to change: the
+    file opened as them, a plain file of theirs only (never a link or a pipe), and given to
+    SQLite by a name of root's (:func:`_root_name`: SQLite opens a file by its name again,
+    and resolves ``/proc/self/fd/N`` back to theirs); read as it is (``immutable``: no other
+    file of theirs opened; a write of theirs meanwhile may make it fail); its schema untrusted
+    (``trusted_schema`` off: a view or trigger of theirs calls no function with side effects)
+    and no value over ``MAX_VALUE`` bytes. OSError where it cannot be opened so."""
+    name = None
     if owner is not None:
         with acting_as(owner):
             fd = open_plain(db, os.O_RDONLY, owner[0])
-        uri = f"file:/proc/self/fd/{fd}?mode=ro&immutable=1"
+        try:
+            name = _root_name(fd, db.parent.parent)
+        finally:
+            os.close(fd)
+        uri = f"{name.as_uri()}?mode=ro&immutable=1"
     else:
         uri = f"{db.resolve().as_uri()}?mode=ro"
     try:
         conn = sqlite3.connect(uri, uri=True, timeout=0.2)
         try:
-            conn.execute("PRAGMA trusted_schema = OFF")
+            if owner is not None:
+                conn.execute("PRAGMA trusted_schema = OFF")
+                if conn.execute("PRAGMA trusted_schema").fetchone() != (0,):  # SQLite before 3.31
+                    raise OSError(f"{db}: this SQLite cannot read a store of another user's safely")
+                if hasattr(conn, "setlimit"):  # Python 3.11+
+                    conn.setlimit(sqlite3.SQLITE_LIMIT_LENGTH, MAX_VALUE)
             deadline = time.monotonic() + limit_s
             conn.set_progress_handler(lambda: int(time.monotonic() > deadline), 10_000)  # nonzero: stop it
             yield conn
         finally:
             conn.close()
     finally:
-        if fd is not None:
-            os.close(fd)
+        if name is not None:
+            name.unlink(missing_ok=True)
+
+
+_AT_FDCWD, _AT_EMPTY_PATH = -100, 0x1000
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _root_name(fd: int, folder: Path) -> Path:
+    """A new name in ``folder`` (root's own, on the same file system) for the file open as
+    ``fd``: a hard link made to the descriptor itself (linkat's AT_EMPTY_PATH), so that the
+    name is of the very file checked, in a folder no one else may change."""
+    st = os.lstat(folder)
+    if not stat.S_ISDIR(st.st_mode) or st.st_uid != 0 or st.st_mode & 0o022:
+        raise PermissionError(f"{folder}: not a folder of root's alone")
+    for left in folder.glob(".read-*.db"):  # a reader that died before removing its name
+        with contextlib.suppress(ValueError, OSError):
+            if not _alive(int(left.name.split("-")[1])):
+                left.unlink()
+    name = folder / f".read-{os.getpid()}-{threading.get_ident()}-{time.monotonic_ns()}.db"
+    if _libc.linkat(fd, b"", _AT_FDCWD, os.fsencode(name), _AT_EMPTY_PATH) != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, f"cannot name the file read: {os.strerror(err)}", str(name))
+    return name
 
 
 def touch_theirs(path: Path, owner: Owner | None) -> None:
