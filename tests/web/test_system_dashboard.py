@@ -240,7 +240,9 @@ def test_the_page_says_so_when_the_manager_stops_answering(
         manager = [sys.executable, "-m", "tandem.cli", "daemon"]
         stop = subprocess.run([*manager, "stop"], env=env, capture_output=True, text=True, timeout=scaled(60))
         assert stop.returncode == 0, stop.stderr
-        for path in ("/api/jobs", "/api/timeline", "/api/jobs?state=queued"):
+        # A job's own pages too: not "no such job", which the page would take as gone.
+        paths = ("/api/jobs", "/api/timeline", "/api/jobs?state=queued", "/api/jobs/1", "/api/jobs/1/log")
+        for path in paths:
             status, said = page.call("GET", path)
             assert status == 503 and "no daemon serves" in said.get("error", ""), (path, status, said)
         # The live stream stays open, and says why (it broke, with a traceback, before).
