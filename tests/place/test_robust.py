@@ -35,17 +35,20 @@ def _with_arg(arg: str) -> list[psutil.Process]:
 
 def test_processes_that_left_the_session_end_with_the_job_and_with_a_cancel(cli) -> None:
     cli("daemon", "start", "--cpus", "2", *FAST)
-    done = cli.submit("--", "bash", "-c", "( setsid sleep 601.25 & ); sleep 1")
-    cancelled = cli.submit("--", "bash", "-c", "( setsid sleep 602.25 & ); sleep 300")
+    # Arguments of this run's own: another run's process (a run killed before its cancel) is
+    # not this job's to end.
+    ended, cancelling = f"601.{os.getpid()}", f"602.{os.getpid()}"
+    done = cli.submit("--", "bash", "-c", f"( setsid sleep {ended} & ); sleep 1")
+    cancelled = cli.submit("--", "bash", "-c", f"( setsid sleep {cancelling} & ); sleep 300")
     assert cli("wait", str(done), timeout=60).returncode == 0
-    assert _gone([p.pid for p in _with_arg("601.25")]), "a process that left the session outlived its job"
+    assert _gone([p.pid for p in _with_arg(ended)]), "a process that left the session outlived its job"
     deadline = time.monotonic() + scaled(20)
-    while not _with_arg("602.25"):
+    while not _with_arg(cancelling):
         assert time.monotonic() < deadline
         time.sleep(0.1)
     cli("cancel", str(cancelled))
     assert cli("wait", str(cancelled), timeout=60, check=False).returncode == 4  # cancelled
-    assert _gone([p.pid for p in _with_arg("602.25")]), "a process that left the session outlived a cancel"
+    assert _gone([p.pid for p in _with_arg(cancelling)]), "a process that left the session outlived a cancel"
 
 
 def test_a_restarted_daemon_keeps_its_configuration_and_any_runtime_dir_finds_it(cli, tmp_path: Path) -> None:
