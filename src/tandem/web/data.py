@@ -256,7 +256,6 @@ class Reader:
         with self._store(owner) as db:
             if db is None:
                 return {}, {}
-            max_points = max(1, min(int(max_points), MAX_POINTS))
             out: dict[str, list[list[float]]] = {}
             axis: dict[str, str] = {}
             for key, s0, s1, n in _spans(db, "step", run_id, keys, after_ms):
@@ -304,7 +303,6 @@ def _by_time(
     db: sqlite3.Connection, run_id: str, keys: list[str] | None, max_points: int, after_ms: int
 ) -> dict[str, list[list[float]]]:
     """:meth:`Reader.metrics` of one store."""
-    max_points = max(1, min(int(max_points), MAX_POINTS))
     out: dict[str, list[list[float]]] = {}
     for key, t0, t1, _ in _spans(db, "timestamp", run_id, keys, after_ms):
         rows = _buckets(db, "timestamp", run_id, key, after_ms, t0, t1, max_points)
@@ -329,7 +327,9 @@ def _spans(
 def _buckets(
     db: sqlite3.Connection, column: str, run_id: str, key: str, after_ms: int, lo: float, hi: float, most: int
 ) -> list[tuple[float, float]]:
-    """One series averaged into at most ``most`` buckets of ``column`` from ``lo`` to ``hi``."""
+    """One series averaged into at most ``most`` buckets (1 to ``MAX_POINTS``) of ``column``
+    from ``lo`` to ``hi``."""
+    most = max(1, min(int(most), MAX_POINTS))
     width = max(1, -(-(hi - lo + 1) // most))
     return db.execute(
         f"SELECT avg({column}), avg(value) FROM metrics WHERE run_uuid = ? AND key = ? "

@@ -185,7 +185,7 @@ def _new_points(reader: Any, job_id: int, after_ms: int) -> dict[str, Any] | Non
     run = job.mlflow_run_id if job is not None else None
     if not run:
         return None
-    series = reader.metrics(run, None, 2000, after_ms, job.owner if job is not None else None)
+    series = reader.metrics(run, None, 2000, after_ms, job.owner)  # job is there: its run id was read
     if not series:
         return None
     last = max(points[-1][0] for points in series.values() if points)

@@ -23,6 +23,8 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import psutil
+
 from tandem.place.run.supervisor.files import NEW_FILE, open_plain
 
 Owner = tuple[int, int]  # (uid, gid): a system manager's user, as their jobs run
@@ -112,16 +114,6 @@ def read_store(db: Path, owner: Owner | None, limit_s: float) -> Iterator[sqlite
 _AT_FDCWD, _AT_EMPTY_PATH = -100, 0x1000
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 def _root_name(fd: int, folder: Path) -> Path:
     """A new name in ``folder`` (root's own, on the same file system) for the file open as
     ``fd``: a hard link made to the descriptor itself (linkat's AT_EMPTY_PATH), so that the
@@ -131,7 +123,7 @@ def _root_name(fd: int, folder: Path) -> Path:
         raise PermissionError(f"{folder}: not a folder of root's alone")
     for left in folder.glob(".read-*.db"):  # a reader that died before removing its name
         with contextlib.suppress(ValueError, OSError):
-            if not _alive(int(left.name.split("-")[1])):
+            if not psutil.pid_exists(int(left.name.split("-")[1])):
                 left.unlink()
     name = folder / f".read-{os.getpid()}-{threading.get_ident()}-{time.monotonic_ns()}.db"
     if _libc.linkat(fd, b"", _AT_FDCWD, os.fsencode(name), _AT_EMPTY_PATH) != 0:
